@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Set up and run the project from nothing: needs only Python 3.10+ with pip and venv.
+
+    python3 dev.py lab       JupyterLab on notebooks/ (the main job)
+    python3 dev.py test      every test: pytest over tests/ and nbval over notebooks/
+    python3 dev.py report    headless cross-check of every formula, as a table
+
+Each command creates ./.venv on first use and installs the project into it (dependencies: pyproject.toml).
+
+Torch: the project is tested with torch 2.13.0, which this script installs first unless SEQMIX_TORCH names another
+requirement (for instance SEQMIX_TORCH="torch" for the newest release). On machines whose pip finds a local CPU
+wheel of 2.13.0 that is the one taken; elsewhere pip takes PyPI's build (CUDA on Linux, which is what GPU users
+want). A CPU-only machine elsewhere can pass SEQMIX_TORCH_INDEX=https://download.pytorch.org/whl/cpu to avoid the
+multi-GB CUDA build. Once torch is in the venv, the project's range (torch>=2.3) is satisfied and nothing more is
+fetched for it.
+"""
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+PY = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+TORCH = os.environ.get("SEQMIX_TORCH", "torch==2.13.0")
+
+
+def run(*cmd, **kw):
+    print("+", " ".join(map(str, cmd)), flush=True)
+    subprocess.run(list(map(str, cmd)), check=True, cwd=ROOT, **kw)
+
+
+def ensure_env():
+    """Create .venv and install the project, once per version of pyproject.toml."""
+    if not PY.exists():
+        run(sys.executable, "-m", "venv", VENV)
+    stamp = VENV / ("installed-" + hashlib.sha256((ROOT / "pyproject.toml").read_bytes()
+                                                 + TORCH.encode()).hexdigest()[:16])
+    if stamp.exists():
+        return
+    pip = [PY, "-m", "pip", "install", "--progress-bar", "off"]
+    index = os.environ.get("SEQMIX_TORCH_INDEX")
+    run(*pip, TORCH, *(["--index-url", index] if index else []))
+    run(*pip, "-e", ".[test,lab]")
+    stamp.touch()
+
+
+def venv_env():
+    """The venv's environment; without a CUDA GPU, Triton kernels run on CPU tensors under its interpreter."""
+    env = dict(os.environ, PATH=f"{PY.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    has_cuda = subprocess.run([PY, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
+                              cwd=ROOT).returncode == 0
+    if not has_cuda:
+        env.setdefault("TRITON_INTERPRET", "1")
+    return env
+
+
+def main(argv):
+    what = argv[1] if len(argv) > 1 else "help"
+    if what not in ("lab", "test", "report"):
+        print(__doc__)
+        return 0 if what == "help" else 2
+    ensure_env()
+    env = venv_env()
+    if what == "test":
+        run(PY, "-m", "pytest", "--nbval-lax", "tests", "notebooks", *argv[2:], env=env)
+    elif what == "report":
+        run(PY, "-m", "kernels.crosscheck", *argv[2:], env=env)
+    elif not any((ROOT / "notebooks").glob("*.ipynb")):
+        print("No notebooks yet: printing the headless cross-check report instead.", flush=True)
+        run(PY, "-m", "kernels.crosscheck", env=env)
+    else:
+        run(PY, "-m", "jupyter", "lab", "notebooks", *argv[2:], env=env)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv))
+    except subprocess.CalledProcessError as e:
+        sys.exit(e.returncode)

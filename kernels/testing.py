@@ -1,0 +1,48 @@
+"""Agreement metrics shared by the tests, the notebooks and the cross-check report.
+
+The design's measure: relative RMS error ||a - b|| / ||b|| against the reference b, plus max abs error.
+Accepts NumPy arrays and torch tensors (compared in float64).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _f64(x) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def rel_rms(actual, expected) -> float:
+    """||actual - expected||_2 / ||expected||_2 (the plain norm of the difference when expected is all zero)."""
+    a, b = _f64(actual), _f64(expected)
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {a.shape} vs {b.shape}")
+    den = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / (den if den > 0 else 1.0))
+
+
+def max_abs(actual, expected) -> float:
+    a, b = _f64(actual), _f64(expected)
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
+
+
+def assert_close(actual, expected, budget: float, what: str = "value") -> float:
+    """Fails unless both are finite and rel_rms(actual, expected) <= budget; returns the error."""
+    a, b = _f64(actual), _f64(expected)
+    if not np.isfinite(b).all():
+        raise AssertionError(f"{what}: the expected value has non-finite entries")
+    if not np.isfinite(a).all():
+        raise AssertionError(f"{what}: {np.size(a) - np.isfinite(a).sum()} non-finite entries")
+    err = rel_rms(a, b)
+    if not err <= budget:
+        raise AssertionError(f"{what}: relative RMS error {err:.3e} > budget {budget:.1e} "
+                             f"(max abs error {max_abs(a, b):.3e})")
+    return err
+
+# The design's error budgets (relative RMS error against the float64 reference).
+REFERENCE_BUDGET = 1e-12   # one float64 form of a formula against another
+FP32_BUDGET = 1e-5         # torch or Triton in fp32, outputs and gradients
+FP32_CHUNKED_WKV7_BUDGET = 1e-4
+FP16_BUDGET = 5e-3         # fp16 inputs, fp32 accumulation
