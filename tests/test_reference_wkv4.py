@@ -106,3 +106,17 @@ def test_bad_input(rng, change, exc):
     change(args)
     with pytest.raises(exc):
         wkv4(**args)
+
+
+def test_source_output_step_as_printed_is_wrong(rng):
+    """ERRATA: the HF page writes N_i = e^{u+K_i-q} V_i + e^{M_i} N~_i (and likewise D_i). The two terms then carry
+    different scales (e^{-q} and 1), so the ratio is not wkv; with e^{M_i - q} it is."""
+    w, u, k, v = inputs(rng, T=6, key_scale=3.0)
+    _, (num, den, mx) = wkv4(w, u, k[:, :5], v[:, :5])          # state after 5 tokens: N~, D~, M
+    kt, vt = k[:, 5], v[:, 5]
+    q = np.maximum(u + kt, mx)
+    as_printed = (np.exp(u + kt - q) * vt + np.exp(mx) * num) / (np.exp(u + kt - q) + np.exp(mx) * den)
+    corrected = (np.exp(u + kt - q) * vt + np.exp(mx - q) * num) / (np.exp(u + kt - q) + np.exp(mx - q) * den)
+    expected = wkv4_quadratic(w, u, k, v)[:, 5]
+    assert_close(corrected, expected, REFERENCE_BUDGET, "corrected output step")
+    assert np.linalg.norm(as_printed - expected) > 1e-3 * np.linalg.norm(expected)
