@@ -5,3 +5,23 @@ with a ``backend`` argument (None: Triton for CUDA tensors, torch otherwise). Tr
 torch backend works. To run the Triton kernels on CPU tensors, set ``TRITON_INTERPRET=1`` before anything imports
 triton.
 """
+
+import os as _os
+
+
+def use_interpreter_without_gpu() -> str:
+    """Set TRITON_INTERPRET=1 when no CUDA GPU is present, so that backend='triton' runs on CPU tensors.
+
+    Call it before anything imports triton (the first cell of a notebook, the top of a script); returns
+    "interpreter" or "gpu". Importing ``kernels`` itself does not import triton.
+    """
+    import sys
+
+    import torch
+    if torch.cuda.is_available():
+        return "gpu"
+    if "triton" in sys.modules and _os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set: restart the kernel and call "
+                           "kernels.use_interpreter_without_gpu() first")
+    _os.environ["TRITON_INTERPRET"] = "1"
+    return "interpreter"

@@ -46,3 +46,11 @@ REFERENCE_BUDGET = 1e-12   # one float64 form of a formula against another
 FP32_BUDGET = 1e-5         # torch or Triton in fp32, outputs and gradients
 FP32_CHUNKED_WKV7_BUDGET = 1e-4
 FP16_BUDGET = 5e-3         # fp16 inputs, fp32 accumulation
+
+
+def check(what: str, actual, expected, budget: float) -> float:
+    """assert_close, then print one line that does not depend on the machine (nbval compares it):
+    '<what>: agree within <budget>: True'. Returns the error, for a reader who wants the number."""
+    err = assert_close(actual, expected, budget, what)
+    print(f"{what}: agree within {budget:.0e}: True")
+    return err

@@ -1,11 +1,8 @@
 """Test set-up: the Triton interpreter on CPU, NaN-poisoned kernel outputs, seeded randomness."""
-import os
+import kernels
 
-import torch
-
-# The interpreter must be chosen before triton is first imported (kernels/ imports it).
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# The interpreter must be chosen before triton is first imported (kernels._common imports it).
+kernels.use_interpreter_without_gpu()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
