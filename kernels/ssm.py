@@ -1,0 +1,438 @@
+"""Mamba's selective scan on torch tensors: a chunked torch implementation and Triton kernels, with autograd.
+
+For every batch b, channel d (of D), state index n (of N) and token t:
+
+    delta <- softplus(delta + delta_bias)                    (each when asked for)
+    x_t = exp(delta_t A) x_{t-1} + delta_t B_t u_t           (A diagonal: one number A[d, n] per state)
+    y_t = sum_n C_t x_t + D u_t,   times silu(z_t) when z is given
+
+Shapes, as in Mamba: u, delta, z (batch, D, T); A (D, N); B, C (batch, N, T); D, delta_bias (D,); state and the
+returned last_state (batch, D, N). The float64 truth is reference/ssm.py (`selective_scan`). Source: Mamba
+(arXiv:2312.00752), section 3 and Algorithm 2.
+
+How it is split up. delta_bias, softplus, the skip D u and the gate are elementwise over (batch, D, T) and run as
+ordinary torch ops on both backends (autograd differentiates them). The scan proper, (u, delta, A, B, C, state) ->
+(C_t . x_t, last state), is one torch.autograd.Function with two implementations:
+
+- torch: chunks of CHUNK_LEN tokens, grouped into blocks of up to BLOCK_ELEMENTS per (tokens, batch, D, N) tensor
+  that are processed one after the other (so memory is bounded whatever T is, and time is linear in T). Within a
+  block the recurrence runs over the positions of a chunk, each step updating every chunk of the block at once;
+  then the state entering each chunk follows with one step per chunk, and reaches each position through its
+  decay from the chunk's start, exp(A cumulative sum of delta) (log space). Those cumulative sums run from the
+  chunk's start forward (backward in the backward pass), so with A <= 0 (Mamba's A = -exp(A_log)) every exponent
+  is <= 0 and nothing overflows whatever delta is. The backward pass saves only the state at each block's start and
+  recomputes a block's states when it gets to it.
+- triton: one program per (batch, block of BLOCK_D channels); the state (BLOCK_D, N) lives in registers and the
+  program walks time sequentially. The forward kernel stores the state every CHUNK tokens (CHUNK ~ sqrt(T)); the
+  backward kernel walks the chunks in reverse, recomputes a chunk's states from its checkpoint into a scratch
+  buffer, then walks the chunk backwards. Extra memory: batch * D * N * (T / CHUNK + CHUNK) fp32, about
+  2 sqrt(T) states per channel instead of T.
+
+States and accumulation are fp32 (float64 for float64 inputs on the torch backend); outputs take the input dtype.
+A, D and delta_bias may be fp32 while the sequence inputs are fp16/bf16 (Mamba keeps these parameters in fp32).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels._common import (HAS_TRITON, check_backend_dtype, check_devices, check_same_dtype, check_tensor,
+                             new_output, resolve_backend, tl, triton)
+
+CHUNK_LEN = 16             # torch backend: tokens per chunk (the length of the in-chunk loop)
+BLOCK_ELEMENTS = 1 << 21   # torch backend: a block holds as many chunks as keep (tokens, batch, D, N) under this
+
+
+# ----------------------------------------------------------------------------------------------- torch backend
+
+def _to_chunks(x: torch.Tensor) -> torch.Tensor:
+    """(batch, K, n CHUNK_LEN) -> (CHUNK_LEN, batch, n, K), contiguous: one slice holds one position of every chunk."""
+    batch, K, t = x.shape
+    return x.reshape(batch, K, t // CHUNK_LEN, CHUNK_LEN).permute(3, 0, 2, 1).contiguous()
+
+
+def _from_chunks(x: torch.Tensor) -> torch.Tensor:
+    """(CHUNK_LEN, batch, n, K) -> (batch, K, n CHUNK_LEN)."""
+    L, batch, n, K = x.shape
+    return x.permute(1, 3, 2, 0).reshape(batch, K, n * L)
+
+
+def _chunked_scan(delta, A, alpha, hbuf, h0, reverse):
+    """h_t = alpha_t h_{t-1} + w_t (reverse: h_t = alpha_t h_{t+1} + w_t), alpha_t = exp(delta_t A), t = c L + l.
+
+    delta: (L, batch, n, D); A: (D, N); alpha: (L, batch, n, D, N). hbuf: (L + 1, batch, n, D, N): on entry its step
+    slots (forward 1..L, reverse 0..L-1) hold w; on return they hold h, and the spare slot holds each chunk's
+    entering state (forward: slot 0, the state before the chunk; reverse: slot L, the state after it). So forward
+    hbuf[:-1] is h_{t-1} and reverse hbuf[1:] is h_{t+1}, at every t. h0: (batch, D, N), the state entering the
+    block. Returns the state leaving it.
+    """
+    L, n = alpha.shape[0], alpha.shape[2]
+    steps = hbuf[:-1] if reverse else hbuf[1:]                   # (L, batch, n, D, N)
+    entry = hbuf[L] if reverse else hbuf[0]                      # (batch, n, D, N)
+    # 1. within each chunk, from a zero entering state: L - 1 steps, each over every chunk of the block at once
+    for l in (range(L - 2, -1, -1) if reverse else range(1, L)):
+        torch.addcmul(steps[l], alpha[l], steps[l + 1 if reverse else l - 1], out=steps[l])
+    # 2. the decay from the chunk's entry to each position, in log space: A times the cumulative sum of delta from
+    #    the entry. delta >= 0 and A <= 0 make every exponent <= 0: nothing overflows, whatever delta is.
+    summed = delta.flip(0).cumsum(0).flip(0) if reverse else delta.cumsum(0)   # (L, batch, n, D)
+    decay = torch.exp(summed[..., None] * A)                                   # (L, batch, n, D, N)
+    # 3. the entering states, one chunk after the other (the chunk's exit position carries it to the next)
+    exit_pos = 0 if reverse else L - 1
+    h = h0
+    for c in (range(n - 1, -1, -1) if reverse else range(n)):
+        entry[:, c] = h
+        h = torch.addcmul(steps[exit_pos, :, c], decay[exit_pos, :, c], h)
+    # 4. every position gets its chunk's entering state, decayed
+    steps.addcmul_(decay, entry)
+    return h
+
+
+def _block_states(u, delta, A, B, h0):
+    """One block (batch, ., t), t a multiple of CHUNK_LEN, in chunk layout: delta (L, batch, n, D), alpha, the
+    states (hbuf, see _chunked_scan) and the state after the block."""
+    dl = _to_chunks(delta)                                       # (L, batch, n, D)
+    alpha = torch.exp(dl[..., None] * A)                         # (L, batch, n, D, N)
+    hbuf = alpha.new_empty((CHUNK_LEN + 1,) + alpha.shape[1:])
+    torch.mul((dl * _to_chunks(u))[..., None], _to_chunks(B)[:, :, :, None, :], out=hbuf[1:])   # w = delta u B
+    h = _chunked_scan(dl, A, alpha, hbuf, h0, reverse=False)
+    return dl, alpha, hbuf, h
+
+
+def _padded(compute, *tensors):
+    """In the compute dtype, padded with zeros to a multiple of CHUNK_LEN tokens: a step with delta = 0 and u = 0
+    leaves the state as it is, so the padding changes nothing."""
+    pad = -tensors[0].shape[-1] % CHUNK_LEN
+    return [F.pad(x.to(compute), (0, pad)) if pad else x.to(compute) for x in tensors]
+
+
+def _block_slices(batch, dim, T, N):
+    """Blocks of whole chunks, each with at most BLOCK_ELEMENTS per (tokens, batch, D, N) tensor (at least a chunk)."""
+    step = CHUNK_LEN * max(1, BLOCK_ELEMENTS // (CHUNK_LEN * batch * dim * N))
+    return [slice(t0, t0 + step) for t0 in range(0, T, step)]
+
+
+def _torch_scan_forward(u, delta, A, B, C, state):
+    """(y (batch, D, T), last state (batch, D, N), the state before each block (blocks, batch, D, N))."""
+    batch, dim, T = u.shape
+    u, delta, B, C = _padded(A.dtype, u, delta, B, C)
+    y = new_output((batch, dim, u.shape[-1]), A.dtype, u.device)
+    h = torch.zeros(batch, dim, A.shape[1], dtype=A.dtype, device=u.device) if state is None else state
+    checkpoints = []
+    for sl in _block_slices(batch, dim, u.shape[-1], A.shape[1]):
+        checkpoints.append(h)
+        _, _, hbuf, h = _block_states(u[..., sl], delta[..., sl], A, B[..., sl], h)
+        y[..., sl] = _from_chunks(torch.einsum("lbcdn,lbcn->lbcd", hbuf[1:], _to_chunks(C[..., sl])))   # C_t . x_t
+    return y[..., :T], h, torch.stack(checkpoints)
+
+
+def _torch_scan_backward(u, delta, A, B, C, checkpoints, dy, dlast):
+    """Gradients of the scan, block by block from the last. With lambda_t = dL/dx_t (all paths) and
+    nu_t = alpha_t lambda_t (what reaches x_{t-1}):
+
+        nu_t = alpha_t (nu_{t+1} + dy_t C_t)    a reverse scan, nu after the last token = dlast
+        lambda_t = dy_t C_t + nu_{t+1}
+        dC_t = sum_d dy_t x_t          dB_t = sum_d lambda_t delta_t u_t       du_t = delta_t sum_n lambda_t B_t
+        d(delta_t A) = lambda_t alpha_t x_{t-1}  -> ddelta_t = sum_n (that) A + u_t sum_n lambda_t B_t,
+                                                    dA = sum_{b, t} (that) delta_t
+        dstate = nu at the first token.
+    """
+    batch, dim, T = u.shape
+    u, delta, B, C, dy = _padded(A.dtype, u, delta, B, C, dy)
+    du, ddelta, dB, dC = (new_output(x.shape, x.dtype, x.device) for x in (u, delta, B, C))
+    dA = torch.zeros_like(A)
+    nu = dlast.to(A.dtype)
+    for sl, h0 in reversed(list(zip(_block_slices(batch, dim, u.shape[-1], A.shape[1]), checkpoints))):
+        dl, alpha, xbuf, _ = _block_states(u[..., sl], delta[..., sl], A, B[..., sl], h0)
+        ul, Bl, dyl = (_to_chunks(x[..., sl]) for x in (u, B, dy))             # (L, batch, n, D or N)
+        g = dyl[..., None] * _to_chunks(C[..., sl])[:, :, :, None, :]            # dy_t C_t: (L, batch, n, D, N)
+        nubuf = torch.empty_like(xbuf)
+        torch.mul(alpha, g, out=nubuf[:-1])
+        nu = _chunked_scan(dl, A, alpha, nubuf, nu, reverse=True)
+        lam = nubuf[1:].add_(g)                                                  # lambda_t = dy_t C_t + nu_{t+1}
+        lam_B = torch.einsum("lbcdn,lbcn->lbcd", lam, Bl)                       # sum_n lambda_t B_t
+        dC[..., sl] = _from_chunks(torch.einsum("lbcd,lbcdn->lbcn", dyl, xbuf[1:]))
+        dB[..., sl] = _from_chunks(torch.einsum("lbcd,lbcdn->lbcn", dl * ul, lam))
+        du[..., sl] = _from_chunks(lam_B * dl)
+        grad_a = lam.mul_(alpha).mul_(xbuf[:-1])                                # dL/d(delta_t A): (L, batch, n, D, N)
+        ddelta[..., sl] = _from_chunks(torch.einsum("lbcdn,dn->lbcd", grad_a, A) + lam_B * ul)
+        dA += torch.einsum("lbcdn,lbcd->dn", grad_a, dl)
+    return du[..., :T], ddelta[..., :T], dA, dB[..., :T], dC[..., :T], nu
+
+
+# ---------------------------------------------------------------------------------------------- Triton backend
+
+@triton.jit
+def _scan_fwd_kernel(
+    u_ptr,        # (batch, D, T) input u, fp32/fp16/bf16
+    delta_ptr,    # (batch, D, T) fp32 step sizes (delta_bias and softplus already applied)
+    A_ptr,        # (D, N) fp32
+    B_ptr,        # (batch, N, T), u's dtype
+    C_ptr,        # (batch, N, T), u's dtype
+    state_ptr,    # (batch, D, N) fp32 state before the first token; read only when HAS_STATE
+    y_ptr,        # (batch, D, T) fp32 out: C_t . x_t
+    last_ptr,     # (batch, D, N) fp32 out: the state after the last token
+    ckpt_ptr,     # (batch, n_chunks, D, N) fp32 out: the state before each chunk of CHUNK tokens
+    dim, T, N,    # sizes: channels D, tokens, state size
+    CHUNK,        # tokens per chunk (checkpoint spacing)
+    HAS_STATE: tl.constexpr,
+    BLOCK_D: tl.constexpr,   # channels per program
+    BLOCK_N: tl.constexpr,   # N rounded up to a power of two
+):
+    pid_b = tl.program_id(0).to(tl.int64)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_d, mask_n = offs_d < dim, offs_n < N
+    mask_dn = mask_d[:, None] & mask_n[None, :]
+    dn = offs_d[:, None] * N + offs_n[None, :]                   # offsets in a (D, N) matrix
+    A = tl.load(A_ptr + dn, mask=mask_dn, other=0.0)
+    if HAS_STATE:
+        x = tl.load(state_ptr + pid_b * dim * N + dn, mask=mask_dn, other=0.0)
+    else:
+        x = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
+    seq = pid_b * dim * T + offs_d * T                           # row starts in (batch, D, T) tensors
+    bc = pid_b * N * T + offs_n * T                              # row starts in (batch, N, T) tensors
+    n_chunks = tl.cdiv(T, CHUNK)
+    for c in range(n_chunks):
+        tl.store(ckpt_ptr + (pid_b * n_chunks + c) * dim * N + dn, x, mask=mask_dn)
+        for t in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, T)):
+            u = tl.load(u_ptr + seq + t, mask=mask_d, other=0.0).to(tl.float32)
+            dt = tl.load(delta_ptr + seq + t, mask=mask_d, other=0.0)
+            Bt = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
+            Ct = tl.load(C_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
+            x = tl.exp(dt[:, None] * A) * x + (dt * u)[:, None] * Bt[None, :]
+            tl.store(y_ptr + seq + t, tl.sum(x * Ct[None, :], axis=1), mask=mask_d)
+    tl.store(last_ptr + pid_b * dim * N + dn, x, mask=mask_dn)
+
+
+@triton.jit
+def _scan_bwd_kernel(
+    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr,   # the forward inputs, as in _scan_fwd_kernel
+    ckpt_ptr,     # (batch, n_chunks, D, N) fp32: the states before each chunk, from the forward kernel
+    dy_ptr,       # (batch, D, T) fp32 gradient of y
+    dlast_ptr,    # (batch, D, N) fp32 gradient of the last state
+    scratch_ptr,  # (batch, D blocks, CHUNK, BLOCK_D, BLOCK_N) fp32 workspace: one chunk's states x_{t-1}
+    du_ptr,       # (batch, D, T) fp32 out
+    ddelta_ptr,   # (batch, D, T) fp32 out
+    dA_ptr,       # (batch, D, N) fp32 out: this batch's share of dA (the caller sums over batch)
+    dB_ptr,       # (batch, N, T) fp32, zero on entry: atomic sums over the blocks of channels
+    dC_ptr,       # (batch, N, T) fp32, zero on entry: likewise
+    dstate_ptr,   # (batch, D, N) fp32 out: gradient of the state before the first token
+    dim, T, N,    # sizes
+    CHUNK,        # tokens per chunk, as in the forward call
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid_b = tl.program_id(0).to(tl.int64)
+    pid_d = tl.program_id(1)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_d, mask_n = offs_d < dim, offs_n < N
+    mask_dn = mask_d[:, None] & mask_n[None, :]
+    dn = offs_d[:, None] * N + offs_n[None, :]
+    A = tl.load(A_ptr + dn, mask=mask_dn, other=0.0)
+    seq = pid_b * dim * T + offs_d * T
+    bc = pid_b * N * T + offs_n * T
+    scratch = (scratch_ptr + (pid_b * tl.num_programs(1) + pid_d) * CHUNK * BLOCK_D * BLOCK_N
+               + tl.arange(0, BLOCK_D)[:, None] * BLOCK_N + offs_n[None, :])
+    nu = tl.load(dlast_ptr + pid_b * dim * N + dn, mask=mask_dn, other=0.0)   # dL/dx_t via the later tokens
+    dA = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
+    n_chunks = tl.cdiv(T, CHUNK)
+    for i in range(n_chunks):
+        c = n_chunks - 1 - i
+        t0 = c * CHUNK
+        length = tl.minimum(CHUNK, T - t0)
+        # recompute the chunk's states from its checkpoint; keep x_{t-1} for every t
+        x = tl.load(ckpt_ptr + (pid_b * n_chunks + c) * dim * N + dn, mask=mask_dn, other=0.0)
+        for t in range(t0, t0 + length):
+            tl.store(scratch + (t - t0) * BLOCK_D * BLOCK_N, x)
+            u = tl.load(u_ptr + seq + t, mask=mask_d, other=0.0).to(tl.float32)
+            dt = tl.load(delta_ptr + seq + t, mask=mask_d, other=0.0)
+            Bt = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
+            x = tl.exp(dt[:, None] * A) * x + (dt * u)[:, None] * Bt[None, :]
+        # walk the chunk backwards
+        for j in range(length):
+            t = t0 + length - 1 - j
+            x_prev = tl.load(scratch + (t - t0) * BLOCK_D * BLOCK_N)
+            u = tl.load(u_ptr + seq + t, mask=mask_d, other=0.0).to(tl.float32)
+            dt = tl.load(delta_ptr + seq + t, mask=mask_d, other=0.0)
+            Bt = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
+            Ct = tl.load(C_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + seq + t, mask=mask_d, other=0.0)
+            alpha = tl.exp(dt[:, None] * A)
+            x = alpha * x_prev + (dt * u)[:, None] * Bt[None, :]
+            lam = nu + dy[:, None] * Ct[None, :]                  # dL/dx_t
+            tl.atomic_add(dC_ptr + bc + t, tl.sum(dy[:, None] * x, axis=0), mask=mask_n)
+            tl.atomic_add(dB_ptr + bc + t, tl.sum(lam * (dt * u)[:, None], axis=0), mask=mask_n)
+            lam_B = tl.sum(lam * Bt[None, :], axis=1)
+            grad_a = lam * alpha * x_prev                         # dL/d(delta_t A)
+            dA += grad_a * dt[:, None]
+            tl.store(du_ptr + seq + t, lam_B * dt, mask=mask_d)
+            tl.store(ddelta_ptr + seq + t, tl.sum(grad_a * A, axis=1) + lam_B * u, mask=mask_d)
+            nu = alpha * lam
+    tl.store(dA_ptr + pid_b * dim * N + dn, dA, mask=mask_dn)
+    tl.store(dstate_ptr + pid_b * dim * N + dn, nu, mask=mask_dn)
+
+
+@dataclass(frozen=True)
+class _LaunchConfig:
+    BLOCK_D: int      # channels per program
+    BLOCK_N: int      # N rounded up to a power of two
+    chunk: int        # tokens between checkpoints, ~sqrt(T): checkpoints and scratch then cost about the same
+    num_warps: int
+
+
+def _launch_config(T: int, N: int) -> _LaunchConfig:
+    """16 channels per program: for batch 1 and D = 1536 that is 96 programs, enough to spread over a GPU's SMs.
+    A (16, 16) state tile over 4 warps is 2 elements per thread: 56-80 registers (fewer warps cost more registers,
+    up to 255 at 1 warp). Checkpoints every ~sqrt(T) tokens (8 to 256)."""
+    block_n = triton.next_power_of_2(N)
+    chunk = min(256, max(8, triton.next_power_of_2(math.isqrt(T))))
+    return _LaunchConfig(BLOCK_D=16, BLOCK_N=block_n, chunk=chunk, num_warps=max(1, min(4, 16 * block_n // 64)))
+
+
+def _triton_scan_forward(u, delta, A, B, C, state):
+    batch, dim, T = u.shape
+    N = A.shape[1]
+    cfg = _launch_config(T, N)
+    y = new_output((batch, dim, T), torch.float32, u.device)
+    last = new_output((batch, dim, N), torch.float32, u.device)
+    checkpoints = new_output((batch, triton.cdiv(T, cfg.chunk), dim, N), torch.float32, u.device)
+    _scan_fwd_kernel[(batch, triton.cdiv(dim, cfg.BLOCK_D))](
+        u, delta, A, B, C, last if state is None else state, y, last, checkpoints, dim, T, N, cfg.chunk,
+        HAS_STATE=state is not None, BLOCK_D=cfg.BLOCK_D, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
+    return y, last, checkpoints
+
+
+def _triton_scan_backward(u, delta, A, B, C, checkpoints, dy, dlast):
+    batch, dim, T = u.shape
+    N = A.shape[1]
+    cfg = _launch_config(T, N)
+    grid = (batch, triton.cdiv(dim, cfg.BLOCK_D))
+    scratch = torch.empty((batch, grid[1], cfg.chunk, cfg.BLOCK_D, cfg.BLOCK_N), dtype=torch.float32,
+                          device=u.device)
+    du, ddelta = (new_output((batch, dim, T), torch.float32, u.device) for _ in range(2))
+    dA_per_batch, dstate = (new_output((batch, dim, N), torch.float32, u.device) for _ in range(2))
+    dB, dC = (torch.zeros((batch, N, T), dtype=torch.float32, device=u.device) for _ in range(2))
+    _scan_bwd_kernel[grid](
+        u, delta, A, B, C, checkpoints, dy.float().contiguous(), dlast.float().contiguous(), scratch,
+        du, ddelta, dA_per_batch, dB, dC, dstate, dim, T, N, cfg.chunk,
+        BLOCK_D=cfg.BLOCK_D, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
+    return du, ddelta, dA_per_batch.sum(0), dB, dC, dstate
+
+
+# -------------------------------------------------------------------------------------------------- autograd
+
+class _SelectiveScan(torch.autograd.Function):
+    """(u, delta, A, B, C, state) -> (y, last state): y_t = C_t . x_t, x_t = exp(delta_t A) x_{t-1} + delta_t B_t u_t.
+    delta and A come in the compute dtype (fp32, or float64), u, B, C in the input dtype; state is None (zero) or
+    in the compute dtype. y and the last state come out in the compute dtype."""
+
+    @staticmethod
+    def forward(ctx, u, delta, A, B, C, state, backend):
+        run = _torch_scan_forward if backend == "torch" else _triton_scan_forward
+        y, last, checkpoints = run(u, delta, A, B, C, state)
+        ctx.save_for_backward(u, delta, A, B, C, checkpoints)
+        ctx.backend, ctx.has_state = backend, state is not None
+        return y, last
+
+    @staticmethod
+    def backward(ctx, dy, dlast):
+        u, delta, A, B, C, checkpoints = ctx.saved_tensors
+        run = _torch_scan_backward if ctx.backend == "torch" else _triton_scan_backward
+        du, ddelta, dA, dB, dC, dstate = run(u, delta, A, B, C, checkpoints, dy.contiguous(), dlast.contiguous())
+        return (du.to(u.dtype), ddelta.to(delta.dtype), dA.to(A.dtype), dB.to(B.dtype), dC.to(C.dtype),
+                dstate if ctx.has_state else None, None)
+
+
+# ---------------------------------------------------------------------------------------------------- public
+
+def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, state=None,
+                   backend=None):
+    """Mamba's selective scan: x_t = exp(delta_t A) x_{t-1} + delta_t B_t u_t, y_t = C_t . x_t + D u_t, times
+    silu(z_t) when z is given; delta <- softplus(delta + delta_bias) first when asked.
+
+    u, delta, z: (batch, D, T); A: (D, N); B, C: (batch, N, T); D, delta_bias: (D,); state: (batch, D, N) or None.
+    Returns (y (batch, D, T) in the input dtype, last_state (batch, D, N) fp32, float64 for float64 inputs); feed
+    last_state back as state to continue the sequence. u, delta, B, C, z share one dtype (fp32, fp16, bf16, or
+    float64 on the torch backend); A, D, delta_bias take that dtype or fp32. backend: None (Triton for CUDA tensors,
+    torch otherwise), "torch" or "triton" (on CPU tensors the Triton interpreter, TRITON_INTERPRET=1).
+    Differentiable in every tensor argument on both backends. Source: Mamba (arXiv:2312.00752), Algorithm 2.
+    """
+    check_tensor("u", u, (None, None, None))
+    batch, dim, T = u.shape
+    if min(batch, dim, T) < 1:
+        raise ValueError(f"u must have shape (batch, D, T) with every size >= 1, got {tuple(u.shape)}")
+    check_tensor("delta", delta, (batch, dim, T))
+    check_tensor("A", A, (dim, None))
+    N = A.shape[1]
+    if N < 1:
+        raise ValueError(f"A must have shape ({dim}, N) with N >= 1, got {tuple(A.shape)}")
+    check_tensor("B", B, (batch, N, T))
+    check_tensor("C", C, (batch, N, T))
+    optional = {"D": (D, (dim,)), "z": (z, (batch, dim, T)), "delta_bias": (delta_bias, (dim,)),
+                "state": (state, (batch, dim, N))}
+    for name, (x, shape) in optional.items():
+        if x is not None:
+            check_tensor(name, x, shape)
+    if not isinstance(delta_softplus, bool):
+        raise TypeError(f"delta_softplus must be a bool, got {type(delta_softplus).__name__}")
+    device = check_devices(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias, state=state)
+    backend = resolve_backend(backend, device)
+    dtype = check_same_dtype(u=u, delta=delta, B=B, C=C, z=z)
+    check_backend_dtype(backend, dtype)
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    for name, x in (("A", A), ("D", D), ("delta_bias", delta_bias)):
+        if x is not None and x.dtype not in (dtype, compute):
+            raise TypeError(f"{name} must have dtype {dtype} (the inputs') or {compute}, got {x.dtype}")
+    if state is not None and state.dtype != compute:
+        raise TypeError(f"state must have dtype {compute} (states are kept in {compute} for {dtype} inputs), "
+                        f"got {state.dtype}")
+
+    dt = delta.to(compute)
+    if delta_bias is not None:
+        dt = dt + delta_bias.to(compute)[:, None]
+    if delta_softplus:
+        # Above the threshold softplus(x) is taken as x; at torch's default, 20, that is off by e^-20 = 2e-9, which
+        # float64 sees. At 40 it is off by 4e-18, and exp(40) is still far from overflowing fp32.
+        dt = F.softplus(dt, threshold=40.0)
+    y, last = _SelectiveScan.apply(u.contiguous(), dt.contiguous(), A.to(compute).contiguous(), B.contiguous(),
+                                   C.contiguous(), None if state is None else state.contiguous(), backend)
+    if D is not None:
+        y = y + D.to(compute)[:, None] * u.to(compute)
+    if z is not None:
+        y = y * F.silu(z.to(compute))
+    return y.to(dtype), last
+
+
+# ------------------------------------------------------------------------------------------- ahead of time
+
+def aot_kernels():
+    """Forward and backward kernels at Mamba sizes (D = 1536 and 8192, N = 16, T = 2048), fp32 and bf16 inputs.
+    D and T are runtime arguments: the compiled kernel depends only on the launch configuration and the dtypes."""
+    from kernels.aot import AotKernel
+    if not HAS_TRITON:
+        return []
+    kernels = []
+    for dim in (1536, 8192):
+        cfg = _launch_config(2048, 16)
+        for dtype in ("fp32", "bf16"):
+            seq = f"*{dtype}"
+            sizes = {"dim": "i32", "T": "i32", "N": "i32", "CHUNK": "i32"}
+            blocks = {"BLOCK_D": cfg.BLOCK_D, "BLOCK_N": cfg.BLOCK_N}
+            fwd = {"u_ptr": seq, "delta_ptr": "*fp32", "A_ptr": "*fp32", "B_ptr": seq, "C_ptr": seq,
+                   "state_ptr": "*fp32", "y_ptr": "*fp32", "last_ptr": "*fp32", "ckpt_ptr": "*fp32", **sizes,
+                   "HAS_STATE": "constexpr", "BLOCK_D": "constexpr", "BLOCK_N": "constexpr"}
+            bwd = {"u_ptr": seq, "delta_ptr": "*fp32", "A_ptr": "*fp32", "B_ptr": seq, "C_ptr": seq,
+                   **{name: "*fp32" for name in ("ckpt_ptr", "dy_ptr", "dlast_ptr", "scratch_ptr", "du_ptr",
+                                                 "ddelta_ptr", "dA_ptr", "dB_ptr", "dC_ptr", "dstate_ptr")},
+                   **sizes, "BLOCK_D": "constexpr", "BLOCK_N": "constexpr"}
+            kernels += [
+                AotKernel(f"ssm_scan_fwd D={dim} N=16 {dtype}", _scan_fwd_kernel, fwd, {"HAS_STATE": True, **blocks},
+                          num_warps=cfg.num_warps),
+                AotKernel(f"ssm_scan_bwd D={dim} N=16 {dtype}", _scan_bwd_kernel, bwd, blocks,
+                          num_warps=cfg.num_warps),
+            ]
+    return kernels
