@@ -114,3 +114,13 @@ def test_log_n_scale():
 def test_bad_input(rng, call):
     with pytest.raises(ValueError):
         call(*rng.normal(size=(3, 2, 6, 8)))
+
+
+def test_source_rerope_far_score_identity(rng):
+    """ERRATA: the source writes a2_ij = (R^w q_i)^T k_j = q_i^T R^w k_j. Transposing a rotation reverses it, so the
+    right-hand side is q_i^T R^{-w} k_j (the computed left-hand side, which the reference uses, is right)."""
+    q, k = rng.normal(size=(2, 16))
+    w = 7
+    computed = apply_rope(q, w) @ k
+    assert abs(computed - q @ rotation_matrix(-w, 16) @ k) < 1e-12 * np.linalg.norm(q) * np.linalg.norm(k)
+    assert abs(computed - q @ rotation_matrix(w, 16) @ k) > 1e-2 * np.linalg.norm(q) * np.linalg.norm(k)
