@@ -1,0 +1,419 @@
+"""RWKV-7's WKV (the generalized delta rule): a chunked torch path and Triton forward/backward kernels, with autograd.
+
+    S_t = S_{t-1} diag(w_t) + (S_{t-1} a_t) b_t^T + v_t k_t^T,   w_t = exp(log_w_t),   y_t = S_t r_t
+
+Shapes: r, log_w, k, v, a, b (B, T, H, N) -> y (B, T, H, N); state (B, H, N, N) indexed [value, key], fp32
+(float64 for float64 inputs). log_w is the log decay, -exp(w) for BlinkDL's raw w, so <= 0 in RWKV-7; the kernels
+compute any finite log_w, and are overflow-free for log_w <= 0 (decays in (0, 1]). Float64 truth, with the
+glossary: reference/wkv7.py. Sources: the RWKV-7 post https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 and
+RWKV-7 "Goose", arXiv:2503.14456.
+
+Torch path: the chunked WY / UT-transform form (reference/wkv7.py's ``wkv7_chunked`` derives it). Cut time into
+chunks of L = 16 steps; c_i is the cumulative log decay from the chunk's start and S_0 the state entering it.
+For all chunks at once: the (L, L) couplings A_ab, A_ak (j < i) and Q_rb, Q_rk (j <= i), entries
+sum_n x_i[n] y_j[n] exp(c_i[n] - c_j[n]) (c_{i-1} for A); the inverse of the unit lower-triangular I - A_ab by
+forward substitution over halves (the UT transform), which gives W = (I - A_ab)^{-1} (a_i e^{c_{i-1}})_i, the chunk's WY
+factor (P_1 ... P_L = diag(e^{c_L}) + W^T B^), and U0 = (I - A_ab)^{-1} A_ak V. Then a loop over chunks (T / L
+steps, none over tokens) with matmuls of (L, N) by (N, N):
+
+    U = W S_0^T + U0 (row i: u_i = S_{i-1} a_i),   Y = (R~ + Q_rb W) S_0^T + Q_rb U0 + Q_rk V,
+    S_L = S_0 diag(e^{c_L}) + U^T B^ + V^T K^      (R~_i = r_i e^{c_i}, B^_j = b_j e^{c_L - c_j}, same for K^)
+
+Work is linear in T. Numerics of the couplings: the fast way factors exp(c_i - c_j) = e^{c_i} e^{-c_j}, one
+matmul of (L, N) by (N, L) per coupling. But e^{-c_j} grows with the decay accumulated inside the chunk (by
+e^{0.61} a step at RWKV-7's strongest decay, 0.545: e^{39} over 64 steps, inf in fp32 after ~145 steps, and
+after a few steps of stronger decays), its product with a tiny e^{c_i} then loses everything, and the rounding
+of c (relative to |c|) becomes a relative error of the factor. So the factored form runs only when every chunk's
+spread of c is at most RANGE = 20 (factors below e^20, error within ~20 fp32 roundings); RWKV-7's decays give at
+most 0.61 L = 9.7 at L = 16, so trained models always take it. Otherwise `_block_couplings` builds the couplings
+from blocks doubling in size, each pair of blocks factored at the step between them with log decays summed
+locally: every exponential is a decay (<= 1 for log_w <= 0), none overflows and no large sums cancel, however
+strong the decays. The other exponentials are decays too, summed from the chunk's start (e^{c_i}) or back from
+its end (B^, K^). Gradients come from autograd through these operations (a graph of O(T N (1 + N / L)) floats).
+
+Triton path: a sequential scan. One program per (batch, head, block of value rows) holds its rows of S in fp32
+registers (rows of S evolve independently: row i of S diag(w) + (S a) b^T + v k^T needs only row i) and walks time.
+The forward saves the state every CK = 16 steps when a gradient is wanted. The backward walks chunks of CK steps
+from the last: it reloads the chunk's checkpoint, re-runs the chunk forward to store each step's entering state in
+a scratch buffer, then walks the chunk in reverse with G = dL/dS_t:
+
+    G += dy_t r_t^T;  dr_t = S_t^T dy_t;  dv_t = G k_t;  dk_t = G^T v_t;  q = G b_t;  db_t = G^T (S_{t-1} a_t);
+    da_t = S_{t-1}^T q;  dlog_w_t = w_t * colsum(G * S_{t-1});  G <- G diag(w_t) + q a_t^T   (= dL/dS_{t-1})
+
+The key-vector gradients (dr, dk, da, db, dlog_w) are sums over value rows: each program adds its rows' share
+with fp32 atomic adds (no per-block copies of them in memory; on a GPU the order of the adds, hence the last bits
+of these gradients, can differ between runs). T need not be a multiple of anything: steps past T read log_w = 0
+and zeros elsewhere, which leaves the state unchanged.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels._common import (check_backend_dtype, check_devices, check_same_dtype, check_tensor, new_output,
+                             resolve_backend, tl, triton)
+
+CHUNK = 16          # torch path: steps per chunk (a power of two, for the halving in _block_couplings)
+RANGE = 20.0        # torch path: the widest spread of log decay inside a chunk that the factored couplings take
+CHECKPOINT = 16     # Triton path: steps between saved states; the backward re-runs at most this many steps
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Torch path
+# ----------------------------------------------------------------------------------------------------------------
+
+def _block_couplings(x, ys, log_w, inclusive):
+    """[C_s for y_s in ys], C_s[..., i, j] = sum_n x[..., i, n] y_s[..., j, n] exp(D_ij[n]) for j <= i (inclusive)
+    or j < i, else 0; D_ij = log_w summed over steps j+1 .. i (inclusive) or j+1 .. i-1: c_i - c_j or c_{i-1} - c_j.
+
+    x, y_s, log_w: (..., L, N), L a power of two -> each C_s (..., L, L). The lower triangle is the two diagonal
+    half-blocks (the same, recursively) and the quadrant of rows i after the middle step e and columns j <= e,
+    whose decay splits at e into log_w summed over j+1 .. e and over e+1 .. i (or i-1). Both sums are local (no
+    difference of two large cumulative sums, which would cancel) and both exponentials are decays (<= 1 for
+    log_w <= 0), so nothing overflows, however strong the decays.
+    """
+    L = x.shape[-2]
+    if L == 1:
+        return [(x * y).sum(-1, keepdim=True) if inclusive else torch.zeros_like(x[..., :1]) for y in ys]
+    h = L // 2
+    halves = lambda t: t.unflatten(-2, (2, h))                          # (..., 2, h, N): the halves as a batch
+    inner = _block_couplings(halves(x), [halves(y) for y in ys], halves(log_w), inclusive)
+    first, second = log_w[..., :h, :], log_w[..., h:, :]
+    to_e = F.pad(first[..., 1:, :].flip(-2).cumsum(-2).flip(-2), (0, 0, 0, 1))    # steps j+1 .. e, (..., h, N)
+    from_e = second.cumsum(-2) if inclusive else F.pad(second[..., :-1, :].cumsum(-2), (0, 0, 1, 0))  # e+1 .. i
+    left = x[..., h:, :] * torch.exp(from_e)                             # (..., h, N)
+    out = []
+    for y, halves_c in zip(ys, inner):
+        quadrant = left @ (y[..., :h, :] * torch.exp(to_e)).transpose(-1, -2)          # (..., h, h)
+        upper = torch.cat([halves_c[..., 0, :, :], torch.zeros_like(quadrant)], -1)
+        lower = torch.cat([quadrant, halves_c[..., 1, :, :]], -1)
+        out.append(torch.cat([upper, lower], -2))                        # (..., L, L)
+    return out
+
+
+def _unit_lower_inverse(A):
+    """(I - A)^{-1} for strictly lower-triangular A (..., L, L), L a power of two: forward substitution by halves,
+    [[X, 0], [-A21, Z]]^{-1} = [[X^-1, 0], [Z^-1 A21 X^-1, Z^-1]], the two diagonal halves inverted together."""
+    L = A.shape[-1]
+    if L == 1:
+        return torch.ones_like(A)
+    h = L // 2
+    inverses = _unit_lower_inverse(torch.stack([A[..., :h, :h], A[..., h:, h:]], -3))   # (..., 2, h, h)
+    X_inv, Z_inv = inverses.unbind(-3)
+    return torch.cat([torch.cat([X_inv, torch.zeros_like(X_inv)], -1),
+                      torch.cat([Z_inv @ A[..., h:, :h] @ X_inv, Z_inv], -1)], -2)
+
+
+def _add_matmul(C, A, B):
+    """C + A @ B for (chunks, BH, ., .) tensors, without a temporary for A @ B."""
+    return torch.baddbmm(C.flatten(0, 1), A.flatten(0, 1), B.flatten(0, 1)).view(C.shape)
+
+
+def _wkv7_torch(r, log_w, k, v, a, b, state):
+    """The chunked form in the compute dtype (fp32, or float64); returns (y, state). Differentiable by autograd."""
+    B, T, H, N = r.shape
+    L = CHUNK
+    pad = -T % L                     # padded steps: log_w = 0 and zeros elsewhere leave the state as it is
+    chunks = (T + pad) // L
+
+    def to_chunks(x):                # (B, T, H, N) -> (chunks, B H, L, N), a strided view where no padding is needed
+        x = F.pad(x, (0, 0, 0, 0, 0, pad)) if pad else x
+        return x.view(B, chunks, L, H, N).permute(1, 0, 3, 2, 4).reshape(chunks, B * H, L, N)
+
+    # CPU matmuls copy strided operands, so every matmul operand is made contiguous once. A product takes the layout
+    # of its first operand, which is why the contiguous factor comes first below.
+    r, log_w, k, a, b = map(to_chunks, (r, log_w, k, a, b))
+    v = to_chunks(v).contiguous()
+    c = log_w.cumsum(-2)                                                 # c_i, (chunks, BH, L, N), contiguous
+    decay = torch.exp(c[..., -1:, :])                                    # e^{c_L}, (chunks, BH, 1, N)
+    e_c = torch.exp(c)
+    a_t = F.pad(e_c[..., :-1, :], (0, 0, 1, 0), value=1.0) * a          # a_i e^{c_{i-1}}
+    r_t = e_c * r                                                        # r_i e^{c_i}
+    lo, hi = c.aminmax()             # every chunk's c, and 0, lie in [min(lo, 0), max(hi, 0)]: a bound on its spread
+    if (hi.clamp(min=0) - lo.clamp(max=0)).item() <= RANGE:
+        e_neg = torch.reciprocal(e_c)                                    # e^{-c_j}, below e^RANGE
+        b_s, k_s = e_neg * b, e_neg * k                                  # b_j e^{-c_j}, k_j e^{-c_j}
+        A_ab, A_ak = (a_t @ b_s.mT).tril(-1), (a_t @ k_s.mT).tril(-1)    # (chunks, BH, L, L)
+        Q_rb, Q_rk = (r_t @ b_s.mT).tril(), (r_t @ k_s.mT).tril()
+        b_hat, k_hat = b_s * decay, k_s * decay                          # b_j e^{c_L - c_j}, k_j e^{c_L - c_j}
+    else:
+        A_ab, A_ak = _block_couplings(a, [b, k], log_w, inclusive=False)
+        Q_rb, Q_rk = _block_couplings(r, [b, k], log_w, inclusive=True)
+        to_end = torch.exp(F.pad(log_w[..., 1:, :].flip(-2).cumsum(-2).flip(-2), (0, 0, 0, 1)))  # summed back
+        b_hat, k_hat = to_end * b, to_end * k                            # from the end: no c_L - c_j cancelling
+    T_inv = _unit_lower_inverse(A_ab)                                    # (I - A_ab)^{-1}
+    W = T_inv @ a_t                                                      # (chunks, BH, L, N)
+    U0 = (T_inv @ A_ak) @ v
+    R = _add_matmul(r_t, Q_rb, W)                                        # R~ + Q_rb W
+    Y0 = _add_matmul(Q_rb @ U0, Q_rk, v)                                 # Q_rb U0 + Q_rk V
+    # The loop carries S^T (keys x values): every product then takes its operands as stored.
+    bk_T = torch.cat([b_hat.mT, k_hat.mT], -1)                           # [B^; K^]^T, (chunks, BH, N, 2L)
+    decay = decay.mT                                                     # (chunks, BH, N, 1): scales rows of S^T
+    S_T = state.reshape(B * H, N, N).mT
+    ys = []
+    for i in range(chunks):
+        ys.append(torch.baddbmm(Y0[i], R[i], S_T))                       # (BH, L, N)
+        U = torch.baddbmm(U0[i], W[i], S_T)                              # rows u_j = S_{j-1} a_j
+        S_T = torch.baddbmm(S_T * decay[i], bk_T[i], torch.cat([U, v[i]], -2))   # diag(d) S^T + B^T U + K^T V
+    y = torch.stack(ys).view(chunks, B, H, L, N).permute(1, 0, 3, 2, 4).reshape(B, chunks * L, H, N)[:, :T]
+    return y, S_T.mT.reshape(B, H, N, N).contiguous()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Triton path
+# ----------------------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, T):
+    """Step t's vectors as fp32: r, w = exp(log_w), k, a, b at `keys` (N,) and v at `rows` (BLOCK_V,), with the
+    masks (t < T) for keys and rows. A step past T reads log_w = 0 and zeros: w = 1, and the step changes nothing."""
+    key_live = keys * 0 + t < T                      # the masks are tensors: the interpreter takes no scalar mask
+    row_live = rows * 0 + t < T
+    r = tl.load(r_ptr + off + keys, mask=key_live, other=0.0).to(tl.float32)
+    w = tl.exp(tl.load(log_w_ptr + off + keys, mask=key_live, other=0.0).to(tl.float32))
+    k = tl.load(k_ptr + off + keys, mask=key_live, other=0.0).to(tl.float32)
+    a = tl.load(a_ptr + off + keys, mask=key_live, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + off + keys, mask=key_live, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + off + rows, mask=row_live, other=0.0).to(tl.float32)
+    return r, w, k, v, a, b, key_live, row_live
+
+
+@triton.jit
+def _step(S, w, k, v, a, b):
+    """S diag(w) + (S a) b^T + v k^T for rows S (BLOCK_V, N) of the state."""
+    sa = tl.sum(S * a[None, :], axis=1)
+    return S * w[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :]
+
+
+@triton.jit
+def _wkv7_fwd_kernel(
+    r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs, contiguous, one float dtype
+    state0_ptr,          # (B, H, N, N) fp32 initial state, read when HAS_STATE0
+    y_ptr,               # (B, T, H, N) output, input dtype
+    state_ptr,           # (B, H, N, N) fp32 final state
+    ckpt_ptr,            # (B * H, cdiv(T, CK), N, N) fp32: states entering steps 0, CK, 2 CK, ... (SAVE_CKPT)
+    T, H,                # sequence length, heads
+    N: tl.constexpr,         # head size, a power of two
+    BLOCK_V: tl.constexpr,   # value rows (of S) per program
+    CK: tl.constexpr,        # checkpoint interval
+    HAS_STATE0: tl.constexpr,  # start from state0 (else from zeros)
+    SAVE_CKPT: tl.constexpr,   # write the checkpoints (a gradient will be wanted)
+):
+    pid_bh = tl.program_id(0)                        # batch * H + head
+    pid_v = tl.program_id(1)                         # block of value rows
+    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    keys = tl.arange(0, N)
+    tile = rows[:, None] * N + keys[None, :]         # this program's part of one (N, N) state
+    head_state = pid_bh.to(tl.int64) * N * N
+    seq = (pid_bh // H).to(tl.int64) * T * H * N + (pid_bh % H) * N   # (b, t = 0, h, 0) in the inputs
+    stride_t = tl.cast(H * N, tl.int64)
+    if HAS_STATE0:
+        S = tl.load(state0_ptr + head_state + tile)
+    else:
+        S = tl.zeros((BLOCK_V, N), dtype=tl.float32)
+    n_ckpt = tl.cdiv(T, CK)
+    for t in range(T):
+        if SAVE_CKPT:
+            if t % CK == 0:
+                tl.store(ckpt_ptr + (pid_bh.to(tl.int64) * n_ckpt + t // CK) * N * N + tile, S)
+        off = seq + t * stride_t
+        r, w, k, v, a, b, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, T)
+        S = _step(S, w, k, v, a, b)
+        y = tl.sum(S * r[None, :], axis=1)
+        tl.store(y_ptr + off + rows, y.to(y_ptr.dtype.element_ty))
+    tl.store(state_ptr + head_state + tile, S)
+
+
+@triton.jit
+def _wkv7_bwd_kernel(
+    r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs of the forward, contiguous
+    dy_ptr,              # (B, T, H, N) gradient of y, contiguous, input dtype
+    dstate_ptr,          # (B, H, N, N) fp32 gradient of the final state, read when HAS_DSTATE
+    ckpt_ptr,            # (B * H, cdiv(T, CK), N, N) fp32 checkpoints saved by the forward
+    scratch_ptr,         # (B * H * N / BLOCK_V, CK, BLOCK_V, N) fp32: each program's states inside one chunk
+    dkeys_ptr,           # (5, B, T, H, N) fp32, zeros: dr, dlog_w, dk, da, db, summed over row blocks atomically
+    dv_ptr,              # (B, T, H, N) fp32 gradient of v
+    dstate0_ptr,         # (B, H, N, N) fp32 gradient of the initial state
+    T, H,                # sequence length, heads
+    N: tl.constexpr,         # head size, a power of two
+    BLOCK_V: tl.constexpr,   # value rows per program
+    CK: tl.constexpr,        # checkpoint interval of the forward
+    HAS_DSTATE: tl.constexpr,  # the final state has a gradient (else it is zero)
+):
+    pid_bh = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    keys = tl.arange(0, N)
+    tile = rows[:, None] * N + keys[None, :]
+    local = tl.arange(0, BLOCK_V)[:, None] * N + keys[None, :]       # a tile of the scratch buffer
+    head_state = pid_bh.to(tl.int64) * N * N
+    seq = (pid_bh // H).to(tl.int64) * T * H * N + (pid_bh % H) * N
+    stride_t = tl.cast(H * N, tl.int64)
+    numel = tl.num_programs(0).to(tl.int64) * T * N                   # B * T * H * N
+    scratch = scratch_ptr + (pid_bh.to(tl.int64) * tl.num_programs(1) + pid_v) * CK * BLOCK_V * N
+    if HAS_DSTATE:
+        G = tl.load(dstate_ptr + head_state + tile)                   # dL/dS_T
+    else:
+        G = tl.zeros((BLOCK_V, N), dtype=tl.float32)
+    n_ckpt = tl.cdiv(T, CK)
+    for back in range(n_ckpt):
+        chunk = n_ckpt - 1 - back
+        # Re-run the chunk from its checkpoint, keeping the state that enters each of its steps.
+        S = tl.load(ckpt_ptr + (pid_bh.to(tl.int64) * n_ckpt + chunk) * N * N + tile)
+        for j in range(CK):
+            t = chunk * CK + j
+            off = seq + t * stride_t
+            tl.store(scratch + j * BLOCK_V * N + local, S)
+            r, w, k, v, a, b, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, T)
+            S = _step(S, w, k, v, a, b)
+        tl.debug_barrier()           # the scratch written by all threads is read back below
+        for jj in range(CK):
+            j = CK - 1 - jj
+            t = chunk * CK + j
+            off = seq + t * stride_t
+            S_prev = tl.load(scratch + j * BLOCK_V * N + local)
+            r, w, k, v, a, b, key_live, row_live = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys,
+                                                              rows, t, T)
+            dy = tl.load(dy_ptr + off + rows, mask=row_live, other=0.0).to(tl.float32)
+            sa = tl.sum(S_prev * a[None, :], axis=1)                  # S_{t-1} a_t
+            # dr = S_t^T dy, with S_t = S_{t-1} diag(w) + sa b^T + v k^T expanded (S_t is never formed)
+            dr = w * tl.sum(S_prev * dy[:, None], axis=0) + b * tl.sum(sa * dy) + k * tl.sum(v * dy)
+            G += dy[:, None] * r[None, :]                              # y_t = S_t r_t
+            q = tl.sum(G * b[None, :], axis=1)                         # G b_t = dL/d(S_{t-1} a_t)
+            tl.atomic_add(dkeys_ptr + off + keys, dr, mask=key_live)
+            tl.atomic_add(dkeys_ptr + numel + off + keys, w * tl.sum(G * S_prev, axis=0), mask=key_live)     # dlog_w
+            tl.atomic_add(dkeys_ptr + 2 * numel + off + keys, tl.sum(G * v[:, None], axis=0), mask=key_live)  # dk
+            tl.atomic_add(dkeys_ptr + 3 * numel + off + keys, tl.sum(S_prev * q[:, None], axis=0), mask=key_live)  # da
+            tl.atomic_add(dkeys_ptr + 4 * numel + off + keys, tl.sum(G * sa[:, None], axis=0), mask=key_live)  # db
+            tl.store(dv_ptr + off + rows, tl.sum(G * k[None, :], axis=1), mask=row_live)
+            G = G * w[None, :] + q[:, None] * a[None, :]               # dL/dS_{t-1}
+        tl.debug_barrier()           # done reading the scratch before the previous chunk overwrites it
+    tl.store(dstate0_ptr + head_state + tile, G)
+
+
+def _launch_config(N):
+    """(BLOCK_V, num_warps): 16 value rows per program (half the rows of smaller heads, so that a head always spans
+    two programs or more); a (16, N) fp32 tile over 4 warps is 8 (N = 64) or 16 (N = 128) registers a thread."""
+    return min(16, N // 2), 4
+
+
+def _grid(B, H, N):
+    return (B * H, N // _launch_config(N)[0])
+
+
+def _triton_forward(r, log_w, k, v, a, b, state0, save_checkpoints):
+    B, T, H, N = r.shape
+    block_v, num_warps = _launch_config(N)
+    y = new_output((B, T, H, N), r.dtype, r.device)
+    state = new_output((B, H, N, N), torch.float32, r.device)
+    ckpt = (new_output((B * H, triton.cdiv(T, CHECKPOINT), N, N), torch.float32, r.device) if save_checkpoints
+            else state)                              # not written without SAVE_CKPT
+    _wkv7_fwd_kernel[_grid(B, H, N)](
+        r, log_w, k, v, a, b, state0 if state0 is not None else state, y, state, ckpt, T, H,
+        N=N, BLOCK_V=block_v, CK=CHECKPOINT, HAS_STATE0=state0 is not None, SAVE_CKPT=save_checkpoints,
+        num_warps=num_warps)
+    return y, state, ckpt
+
+
+def _triton_backward(r, log_w, k, v, a, b, ckpt, dy, dstate):
+    B, T, H, N = r.shape
+    block_v, num_warps = _launch_config(N)
+    grid = _grid(B, H, N)
+    scratch = torch.empty((grid[0] * grid[1], CHECKPOINT, block_v, N), dtype=torch.float32, device=r.device)
+    # Every row block adds its share of the key-vector gradients: they start at zero, not as new_output.
+    dkeys = torch.zeros((5, B, T, H, N), dtype=torch.float32, device=r.device)
+    dv = new_output((B, T, H, N), torch.float32, r.device)
+    dstate0 = new_output((B, H, N, N), torch.float32, r.device)
+    _wkv7_bwd_kernel[grid](
+        r, log_w, k, v, a, b, dy, dstate if dstate is not None else dstate0, ckpt, scratch, dkeys, dv, dstate0, T, H,
+        N=N, BLOCK_V=block_v, CK=CHECKPOINT, HAS_DSTATE=dstate is not None, num_warps=num_warps)
+    dr, dlog_w, dk, da, db = dkeys.to(r.dtype)
+    return dr, dlog_w, dk, dv.to(r.dtype), da, db, dstate0
+
+
+class _Wkv7Triton(torch.autograd.Function):
+    """Triton forward (saving a checkpoint every CHECKPOINT steps) and Triton backward."""
+
+    @staticmethod
+    def forward(ctx, r, log_w, k, v, a, b, state0):
+        ctx.set_materialize_grads(False)
+        y, state, ckpt = _triton_forward(r, log_w, k, v, a, b, state0, any(ctx.needs_input_grad))
+        ctx.save_for_backward(r, log_w, k, v, a, b, ckpt)
+        return y, state
+
+    @staticmethod
+    def backward(ctx, dy, dstate):
+        r, log_w, k, v, a, b, ckpt = ctx.saved_tensors
+        dy = torch.zeros_like(r) if dy is None else dy.contiguous()
+        dstate = None if dstate is None else dstate.contiguous().float()
+        grads = _triton_backward(r, log_w, k, v, a, b, ckpt, dy, dstate)
+        return grads[:6] + (grads[6] if ctx.needs_input_grad[6] else None,)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Public function
+# ----------------------------------------------------------------------------------------------------------------
+
+def wkv7(r, log_w, k, v, a, b, state=None, backend=None):
+    """S_t = S_{t-1} diag(exp(log_w_t)) + (S_{t-1} a_t) b_t^T + v_t k_t^T,  y_t = S_t r_t.
+
+    r, log_w, k, v, a, b: (B, T, H, N), one float dtype (fp32, fp16, bf16; float64 on the torch backend), T >= 1;
+    state: (B, H, N, N) indexed [value, key], fp32 (float64 with float64 inputs), zeros when None.
+    Returns (y, state): y (B, T, H, N) in the input dtype, the state after the last step (B, H, N, N), fp32 (float64
+    for float64 inputs). Feeding a sequence in pieces, each with the state the last returned, gives the same as
+    feeding it whole. backend: None (Triton for CUDA tensors, torch otherwise), "torch" or "triton" (on CPU
+    tensors it needs TRITON_INTERPRET=1 before triton is imported); the Triton backend needs N a power of two
+    >= 4. Differentiable on both backends with respect to every input and the initial state.
+    Source: the RWKV-7 post https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 and arXiv:2503.14456.
+    """
+    check_tensor("r", r, (None, None, None, None))
+    B, T, H, N = r.shape
+    if min(B, T, H, N) < 1:
+        raise ValueError(f"r must have shape (B, T, H, N) with every size >= 1, got {tuple(r.shape)}")
+    for name, x in (("log_w", log_w), ("k", k), ("v", v), ("a", a), ("b", b)):
+        check_tensor(name, x, (B, T, H, N))
+    dtype = check_same_dtype(r=r, log_w=log_w, k=k, v=v, a=a, b=b)
+    device = check_devices(r=r, log_w=log_w, k=k, v=v, a=a, b=b, state=state)
+    backend = resolve_backend(backend, device)
+    check_backend_dtype(backend, dtype)
+    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    if state is not None:
+        check_tensor("state", state, (B, H, N, N), dtypes=(state_dtype,))
+    if backend == "torch":
+        if state is None:
+            state = torch.zeros((B, H, N, N), dtype=state_dtype, device=device)
+        y, state = _wkv7_torch(*(x.to(state_dtype) for x in (r, log_w, k, v, a, b)), state)
+        return y.to(dtype), state
+    if N < 4 or N & (N - 1):
+        raise ValueError(f"backend='triton' needs a head size N that is a power of two >= 4, got N = {N}")
+    return _Wkv7Triton.apply(*(x.contiguous() for x in (r, log_w, k, v, a, b)),
+                             None if state is None else state.contiguous())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Ahead-of-time build (python -m kernels.aot)
+# ----------------------------------------------------------------------------------------------------------------
+
+def aot_kernels():
+    """Forward (with checkpoints) and backward at head size 64 and 128, fp32 and bf16 inputs."""
+    from kernels.aot import AotKernel
+    kernels = []
+    for N in (64, 128):
+        block_v, num_warps = _launch_config(N)
+        for dtype in ("fp32", "bf16"):
+            inputs = {name: f"*{dtype}" for name in ("r_ptr", "log_w_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr")}
+            sizes = {"T": "i32", "H": "i32"}
+            kernels.append(AotKernel(
+                label=f"wkv7_fwd N={N} {dtype}", fn=_wkv7_fwd_kernel, num_warps=num_warps,
+                signature={**inputs, "state0_ptr": "*fp32", "y_ptr": f"*{dtype}", "state_ptr": "*fp32",
+                           "ckpt_ptr": "*fp32", **sizes, "N": "constexpr", "BLOCK_V": "constexpr", "CK": "constexpr",
+                           "HAS_STATE0": "constexpr", "SAVE_CKPT": "constexpr"},
+                constexprs={"N": N, "BLOCK_V": block_v, "CK": CHECKPOINT, "HAS_STATE0": True, "SAVE_CKPT": True}))
+            kernels.append(AotKernel(
+                label=f"wkv7_bwd N={N} {dtype}", fn=_wkv7_bwd_kernel, num_warps=num_warps,
+                signature={**inputs, "dy_ptr": f"*{dtype}", "dstate_ptr": "*fp32", "ckpt_ptr": "*fp32",
+                           "scratch_ptr": "*fp32", "dkeys_ptr": "*fp32", "dv_ptr": "*fp32", "dstate0_ptr": "*fp32",
+                           **sizes, "N": "constexpr", "BLOCK_V": "constexpr", "CK": "constexpr",
+                           "HAS_DSTATE": "constexpr"},
+                constexprs={"N": N, "BLOCK_V": block_v, "CK": CHECKPOINT, "HAS_DSTATE": True}))
+    return kernels

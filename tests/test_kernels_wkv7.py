@@ -1,0 +1,237 @@
+"""kernels/wkv7.py against the float64 truth: outputs, final states and every gradient (the initial state's too), on
+the torch backend (chunked WY form) and the Triton backend (under the interpreter on CPU)."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import kernels.wkv7 as kw
+from kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, assert_close)
+from reference.wkv7 import wkv7 as reference_wkv7
+
+NAMES = ("r", "log_w", "k", "v", "a", "b")
+
+
+def rwkv7_inputs(rng, B, T, H, N, decay="mixed"):
+    """float64 numpy inputs as RWKV-7 makes them (a = -kk, b = kk * icl, unit kk, icl in (0, 1)), and a state.
+    decay: "strong" (decays near 0.545, RWKV-7's strongest), "weak" (near 1), "mixed", or "extreme" (log_w down to
+    -1e4: decays far below fp32's range, which the factored couplings cannot take)."""
+    r, k, v = (rng.standard_normal((B, T, H, N)) for _ in range(3))
+    kk = rng.standard_normal((B, T, H, N))
+    kk /= np.linalg.norm(kk, axis=-1, keepdims=True)
+    icl = rng.uniform(0.0, 1.0, (B, T, H, N))
+    w_raw = {"strong": (-0.6, -0.5), "weak": (-9.0, -8.0), "mixed": (-9.0, -0.5), "extreme": (-9.0, 9.2)}[decay]
+    log_w = -np.exp(rng.uniform(*w_raw, (B, T, H, N)))
+    return [r, log_w, k, v, -kk, kk * icl], rng.standard_normal((B, H, N, N))
+
+
+def recurrence(r, log_w, k, v, a, b, S):
+    """The per-token recurrence in torch, written independently of kernels/: autograd through it gives the true
+    gradients (it is checked against the NumPy reference first)."""
+    ys = []
+    for t in range(r.shape[1]):
+        Sa = (S @ a[:, t, :, :, None]).squeeze(-1)
+        S = (S * log_w[:, t, :, None, :].exp() + Sa[..., None] * b[:, t, :, None, :]
+             + v[:, t, :, :, None] * k[:, t, :, None, :])
+        ys.append((S @ r[:, t, :, :, None]).squeeze(-1))
+    return torch.stack(ys, 1), S
+
+
+def truth(x, S0, with_state, dtype, state_dtype):
+    """Output, final state and gradients of <y, gy> + <S_T, gS> in float64, from inputs and cotangents rounded to
+    the kernel's dtypes (so that only the kernel's own error is measured). Returns (x, y, S, grads, gy, gS)."""
+    x = [torch.tensor(z).to(dtype).double().requires_grad_() for z in x]
+    S0 = (torch.tensor(S0).to(state_dtype).double().requires_grad_() if with_state
+          else torch.zeros(S0.shape, dtype=torch.float64))
+    y, S = recurrence(*x, S0)
+    y_np, S_np = reference_wkv7(*(z.detach().numpy() for z in x), state=S0.detach().numpy())
+    assert_close(y, y_np, REFERENCE_BUDGET, "torch recurrence vs reference: y")
+    assert_close(S, S_np, REFERENCE_BUDGET, "torch recurrence vs reference: state")
+    gen = torch.Generator().manual_seed(7)
+    gy = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(dtype).double()
+    gS = torch.randn(S.shape, generator=gen, dtype=torch.float64).to(state_dtype).double()
+    grads = torch.autograd.grad((y * gy).sum() + (S * gS).sum(), x + ([S0] if with_state else []))
+    return x, y, S, grads, gy, gS
+
+
+def check_against_truth(rng, shape, decay, with_state, dtype, backend, budget):
+    x_np, S0_np = rwkv7_inputs(rng, *shape, decay)
+    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    x64, y_true, S_true, grads_true, gy, gS = truth(x_np, S0_np, with_state, dtype, state_dtype)
+    x = [z.detach().to(dtype).requires_grad_() for z in x64]
+    S0 = torch.tensor(S0_np, dtype=state_dtype, requires_grad=True) if with_state else None
+    y, S = kw.wkv7(*x, state=S0, backend=backend)
+    assert y.dtype == dtype and S.dtype == state_dtype
+    assert_close(y, y_true, budget, f"{backend} y")
+    assert_close(S, S_true, budget, f"{backend} final state")
+    grads = torch.autograd.grad((y * gy.to(dtype)).sum() + (S * gS.to(state_dtype)).sum(),
+                                x + ([S0] if with_state else []))
+    for name, g, g_true in zip(NAMES + ("state",), grads, grads_true):
+        assert_close(g, g_true, budget, f"{backend} d{name}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# torch backend
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(params=["factored", "blocks"])
+def couplings(request, monkeypatch):
+    """Run a test on both ways of building the in-chunk couplings: a RANGE below every spread forces the blocks."""
+    if request.param == "blocks":
+        monkeypatch.setattr(kw, "RANGE", -1.0)
+    return request.param
+
+
+@pytest.mark.parametrize("shape, decay, with_state", [
+    ((1, 1, 1, 16), "strong", False),        # T = 1
+    ((2, 37, 3, 16), "mixed", True),         # T not a multiple of the chunk, batch > 1
+    ((1, 33, 2, 64), "strong", True),        # head size 64, decays near 0.545
+    ((3, 16, 1, 5), "weak", False),          # one whole chunk, decays near 1, odd head size
+    ((1, 40, 1, 8), "weak", True),
+])
+def test_torch_fp32(rng, couplings, shape, decay, with_state):
+    check_against_truth(rng, shape, decay, with_state, torch.float32, "torch", FP32_CHUNKED_WKV7_BUDGET)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 4), (2, 21, 2, 5), (1, 35, 1, 8)])
+def test_torch_float64(rng, couplings, shape):
+    check_against_truth(rng, shape, "mixed", True, torch.float64, "torch", REFERENCE_BUDGET)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_torch_half(rng, dtype):
+    check_against_truth(rng, (2, 19, 2, 16), "mixed", True, dtype, "torch", FP16_BUDGET)
+
+
+@pytest.mark.parametrize("dtype, budget", [(torch.float64, REFERENCE_BUDGET),
+                                           (torch.float32, FP32_CHUNKED_WKV7_BUDGET)])
+def test_torch_extreme_decays_take_the_block_couplings(rng, monkeypatch, dtype, budget):
+    """Decays down to exp(-1e4): the spread of c inside a chunk exceeds RANGE, so the blocks are used (the factored
+    form would overflow: e^{-c} = inf), and the result stays exact."""
+    calls, block_couplings = [], kw._block_couplings
+    monkeypatch.setattr(kw, "_block_couplings", lambda *a, **k: calls.append(1) or block_couplings(*a, **k))
+    check_against_truth(rng, (1, 40, 2, 8), "extreme", True, dtype, "torch", budget)
+    assert calls
+
+
+@pytest.mark.parametrize("shape, fast_mode", [((1, 3, 1, 2), False), ((1, 18, 1, 3), True)])
+def test_torch_gradcheck(couplings, shape, fast_mode):
+    gen = torch.Generator().manual_seed(3)
+    B, T, H, N = shape
+    x = [torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(6)]
+    x[1] = -torch.exp(x[1])                                              # log decays
+    x[4], x[5] = x[4] / N, x[5] / N
+    S0 = torch.randn((B, H, N, N), generator=gen, dtype=torch.float64)
+    inputs = [z.requires_grad_() for z in x + [S0]]
+    assert torch.autograd.gradcheck(lambda *z: kw.wkv7(*z[:6], state=z[6], backend="torch"), inputs,
+                                    fast_mode=fast_mode)
+
+
+@settings(max_examples=20, deadline=None)
+@given(T=st.integers(2, 50), cuts=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=3),
+       seed=st.integers(0, 2**32 - 1))
+def test_torch_split_sequence_equals_whole(T, cuts, seed):
+    rng = np.random.default_rng(seed)
+    x_np, S0_np = rwkv7_inputs(rng, 2, T, 2, 4)
+    x, S0 = [torch.tensor(z) for z in x_np], torch.tensor(S0_np)
+    y_whole, S_whole = kw.wkv7(*x, state=S0, backend="torch")
+    bounds = [0] + sorted({min(T - 1, max(1, int(c * T))) for c in cuts}) + [T]
+    S, ys = S0, []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        y, S = kw.wkv7(*(z[:, lo:hi] for z in x), state=S, backend="torch")
+        ys.append(y)
+    assert_close(torch.cat(ys, 1), y_whole, REFERENCE_BUDGET, f"y in pieces {bounds}")
+    assert_close(S, S_whole, REFERENCE_BUDGET, f"state in pieces {bounds}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Triton backend (interpreter): tiny shapes, the interpreter runs every program step by step
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape, decay, with_state", [
+    ((2, 20, 1, 16), "mixed", True),         # batch > 1, T past one checkpoint interval and not a multiple of it
+    ((1, 1, 1, 16), "strong", False),        # T = 1
+    ((1, 17, 2, 16), "weak", True),          # odd T, two heads
+    ((1, 5, 1, 64), "strong", True),         # head size 64
+])
+def test_triton_fp32(rng, shape, decay, with_state):
+    check_against_truth(rng, shape, decay, with_state, torch.float32, "triton", FP32_BUDGET)
+
+
+def test_triton_fp16(rng):
+    check_against_truth(rng, (1, 19, 1, 16), "mixed", True, torch.float16, "triton", FP16_BUDGET)
+
+
+def test_triton_split_sequence_equals_whole(rng):
+    x_np, S0_np = rwkv7_inputs(rng, 1, 21, 1, 16)
+    x, S0 = [torch.tensor(z, dtype=torch.float32) for z in x_np], torch.tensor(S0_np, dtype=torch.float32)
+    y_whole, S_whole = kw.wkv7(*x, state=S0, backend="triton")
+    y1, S1 = kw.wkv7(*(z[:, :8] for z in x), state=S0, backend="triton")
+    y2, S2 = kw.wkv7(*(z[:, 8:] for z in x), state=S1, backend="triton")
+    assert_close(torch.cat([y1, y2], 1), y_whole, FP32_BUDGET, "y in pieces")
+    assert_close(S2, S_whole, FP32_BUDGET, "state in pieces")
+
+
+def test_triton_gradient_of_final_state_only(rng):
+    """A loss of the final state alone (y unused): the backward gets no gradient for y."""
+    x_np, S0_np = rwkv7_inputs(rng, 1, 6, 1, 16)
+    x = [torch.tensor(z, dtype=torch.float32, requires_grad=True) for z in x_np]
+    S0 = torch.tensor(S0_np, dtype=torch.float32, requires_grad=True)
+    _, S = kw.wkv7(*x, state=S0, backend="triton")
+    grads = torch.autograd.grad(S.square().sum(), x + [S0])
+    x64 = [z.detach().double().requires_grad_() for z in x + [S0]]
+    _, S_true = recurrence(*x64)
+    grads_true = torch.autograd.grad(S_true.square().sum(), x64, allow_unused=True, materialize_grads=True)
+    for name, g, g_true in zip(NAMES + ("state",), grads, grads_true):
+        assert_close(g, g_true, FP32_BUDGET, f"d{name}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Dispatch and bad input
+# ----------------------------------------------------------------------------------------------------------------
+
+def small_inputs(dtype=torch.float32, N=4):
+    x = [torch.randn(1, 3, 2, N, dtype=dtype) for _ in range(6)]
+    x[1] = -x[1].exp()
+    return x
+
+
+def test_default_backend_on_cpu_is_torch(monkeypatch):
+    used, torch_path = [], kw._wkv7_torch
+    monkeypatch.setattr(kw, "_wkv7_torch", lambda *a: used.append(1) or torch_path(*a))
+    kw.wkv7(*small_inputs())
+    assert used
+
+
+def test_bad_input():
+    x = small_inputs()
+    with pytest.raises(ValueError, match=r"k must have shape \(1, 3, 2, 4\), got \(1, 3, 2, 5\)"):
+        kw.wkv7(x[0], x[1], torch.zeros(1, 3, 2, 5), *x[3:])
+    with pytest.raises(ValueError, match=r"r must have shape \(\*, \*, \*, \*\), got \(3, 2, 4\)"):
+        kw.wkv7(*(z[0] for z in x))
+    with pytest.raises(ValueError, match="every size >= 1"):
+        kw.wkv7(*(z[:, :0] for z in x))
+    with pytest.raises(ValueError, match=r"state must have shape \(1, 2, 4, 4\), got \(1, 2, 4, 5\)"):
+        kw.wkv7(*x, state=torch.zeros(1, 2, 4, 5))
+    with pytest.raises(TypeError, match="state must have dtype in"):
+        kw.wkv7(*x, state=torch.zeros(1, 2, 4, 4, dtype=torch.float16))
+    with pytest.raises(TypeError, match="inputs must share one dtype"):
+        kw.wkv7(*x[:5], x[5].double())
+    with pytest.raises(TypeError, match="v must have dtype in"):
+        kw.wkv7(*x[:3], x[3].to(torch.int32), *x[4:])
+    with pytest.raises(TypeError, match="a must be a torch.Tensor, got ndarray"):
+        kw.wkv7(*x[:4], x[4].numpy(), x[5])
+    with pytest.raises(ValueError, match="inputs must be on one device"):
+        kw.wkv7(*x[:5], x[5].to("meta"))
+    with pytest.raises(ValueError, match="backend must be one of"):
+        kw.wkv7(*x, backend="cuda")
+    with pytest.raises(TypeError, match="backend='triton' takes dtypes"):
+        kw.wkv7(*small_inputs(torch.float64), backend="triton")
+    with pytest.raises(ValueError, match="power of two >= 4, got N = 6"):
+        kw.wkv7(*small_inputs(N=6), backend="triton")
+
+
+def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        kw.wkv7(*small_inputs(), backend="triton")
