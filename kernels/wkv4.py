@@ -1,0 +1,494 @@
+"""RWKV-4's WKV operator: a chunked torch path and Triton forward/backward kernels, exact for keys of any size.
+
+    wkv_t = (sum_{i<t} e^{(t-1-i) w + k_i} v_i + e^{u + k_t} v_t) / (sum_{i<t} e^{(t-1-i) w + k_i} + e^{u + k_t})
+
+Shapes: w, u (C,); k, v (B, T, C) -> wkv (B, T, C); state (num, den, max), each (B, C) fp32, in Hugging Face's
+order and meaning: num = N^ e^{-max}, den = D^ e^{-max}, where N^, D^ are the numerator and denominator sums of the
+tokens seen so far and max is the largest exponent among their terms (-1e38 before any token), so that a state of
+this op and one of transformers' ``rwkv_linear_attention_cpu`` are interchangeable. w is the per-step log decay,
+w = -exp(time_decay) <= 0. Float64 truth: reference/wkv4.py. Source: the "Rwkv attention and the recurrent
+formulas" section of https://huggingface.co/docs/transformers/model_doc/rwkv; RWKV paper arXiv:2305.13048.
+
+Torch path (chunked). Cut time into chunks of L tokens. With G_j = k_j - (j+1) w for the chunk's token j, every
+term that row tau of the chunk sees is e^{tau w} times a number of its own:
+
+    past token j < tau:   e^{(tau-1-j) w + k_j} = e^{tau w} e^{G_j}
+    current token:        e^{u + k_tau}         = e^{tau w} e^{u + w} e^{G_tau}
+    carried state:        e^{max + tau w} num   = e^{tau w} e^{max} num
+
+With E_j = e^{G_j - mu} (mu = max_j G_j) the sums over j < tau are prefix sums, one (L x L) triangular matmul for
+every channel at once, and e^{tau w + mu} cancels from the ratio. Between chunks (num, den, max) advance in closed
+form: max' = max(max + L w, mu + L w) (mu + L w is the chunk's largest term at its end) and the chunk's sums come
+in scaled by e^{mu + L w - max'}, which is exact whatever the keys: the largest term is kept at e^0 and anything
+that underflows is below fp32's resolution next to it. The prefix sums themselves are exact only while a chunk's
+exponents stay within e^-RANGE of mu; the rows of the other chunks come from the max-tracked recurrence over the
+chunk's L offsets, all such chunks at once: whole channels whose decay alone spans STEEP (|w| (L-1) large), and
+single (batch, chunk, channel) columns whose keys spread wider (keys of several hundred). Exponents are formed as
+differences of nearby numbers (key - the chunk's largest key, max - max), which keeps fp32's relative precision for
+keys of several hundred. Python loops run over chunks (a few (B, C) operations each), over blocks of BLOCK tokens
+and over the L offsets of redone chunks; none over tokens.
+
+Triton path. One program per (batch, block of channels) walks time with the max-tracked recurrence in fp32
+registers; max is kept as the exponent that set it plus a count of decays (anchor + lag w), for the same precision
+reason. The forward saves, per token, v_t - y_t, d_t = max_t - (u + k_t) and z_t = Z_t e^{-max(max_t, u + k_t)},
+where Z_t = D^_t + e^{u + k_t} is the output's denominator. The backward walks time in reverse with the adjoints of
+the represented sums and of their w-derivatives,
+
+    A_N(t) = dL/dN^_t = gy_t / Z_t + e^w A_N(t+1),   A_D(t) = -gy_t y_t / Z_t + e^w A_D(t+1),
+    B(t) = e^w (B(t+1) + A(t+1)),
+
+kept multiplied by e^{max_t}, so that every factor is one of the forward's exponentials (<= 1), rebuilt from d_t
+and z_t. Then dL/dv_i = e^{k_i} A_N(i+1) + gy_i e^{u+k_i}/Z_i, dL/dk_i = e^{k_i} (A_N(i+1) v_i + A_D(i+1)) +
+gy_i e^{u+k_i} (v_i - y_i)/Z_i, dL/du = sum_i gy_i e^{u+k_i} (v_i - y_i)/Z_i,
+dL/dw = sum_i e^{k_i} (B_N(i+1) v_i + B_D(i+1)) + B_N(0) N^_0 + B_D(0) D^_0.
+
+Gradients of the state. The state is a redundant representation: (num e^{-d}, den e^{-d}, max + d) means the same
+sums. For the initial state, dL/dnum_0 = e^{max_0} A_N(0), dL/dden_0 = e^{max_0} A_D(0), and
+dL/dmax_0 = num_0 dL/dnum_0 + den_0 dL/dden_0 (moving max_0 rescales the sums it stands for; it is not zero),
+plus the route below. The final max is itself an output, max_T = max(max_0 + T w, max_i k_i + (T-1-i) w). Its
+effective gradient g_max - num_T g_num - den_T g_den (the returned num_T, den_T are divided by e^{max_T}) flows to
+the term that attains the maximum: k_i, and w with weight T-1-i; or max_0, and w with weight T. This is what
+autograd through the stable recurrence gives (away from ties); for a loss of y alone the route carries zero.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import namedtuple
+
+import torch
+
+from kernels._common import (TORCH_DTYPES, check_backend_dtype, check_devices, check_same_dtype,
+                             check_tensor, new_output, resolve_backend, tl, triton)
+
+# The state's maximum before any token: HF's CPU loop and CUDA kernel start from this finite "minus infinity"
+# (e^{max - q} = 0 without inf - inf); keeping it makes states interchangeable with transformers'.
+INITIAL_MAX = -1e38
+
+# Torch path.
+CHUNK = 16          # tokens per chunk: one (CHUNK x CHUNK) triangular matmul gives a chunk's prefix sums
+BLOCK = 256         # tokens per call of the chunked computation, so that its intermediates stay in cache
+RANGE = 40.0        # prefix sums take chunks whose exponents lie within e^-RANGE of the largest; the rest are redone
+STEEP = 30.0        # channels whose decay alone spans e^-STEEP over a chunk are redone whole, as slabs
+FLOOR = 60.0        # exponents are clamped at -FLOOR (see below)
+STATE_FLOOR = 80.0  # the same for the carried state's factor: rows span down to e^-RANGE, and 80 - 40 leaves e^-40
+BONUS_CAP = 20.0    # e^{u + w} is formed directly; u + w above it (never in trained models) is redone
+STATE_CAP = 60.0    # a state more than e^STATE_CAP above a chunk's own terms swamps them; capped against overflow
+# Why a floor: on x86, torch.exp of a large negative number, and arithmetic on the denormals it yields, are 50-500
+# times slower than normal. e^-60 is still a normal fp32 number, and a term below e^-60 of the largest term of its
+# sum is below fp32's resolution there.
+
+
+def _exp(x, high=None, floor=FLOOR):
+    """e^x with x clamped to [-floor, high]: no denormals (see FLOOR), no overflow."""
+    return torch.clamp(x, -floor, high).exp_()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Torch path
+# ----------------------------------------------------------------------------------------------------------------
+
+def _stable_steps(w, u, k, v, num, den, mx):
+    """The max-tracked recurrence over the L offsets of chunks the prefix sums cannot take, all chunks at once.
+
+    k, v (..., L, X) with time on axis -2; w, u, num, den, mx broadcast against k[..., 0, :]. Returns each row's
+    numerator and denominator (shaped like k), both divided by e^{the row's largest exponent}. Like the Triton
+    kernel, the scale max is kept as the exponent that set it (anchor) and the steps since (lag), so that exponent
+    differences come from key differences.
+    """
+    anchor, lag = mx, torch.zeros_like(mx)
+    nums, dens = [], []
+    for tau in range(k.shape[-2]):
+        kt, vt = k[..., tau, :], v[..., tau, :]
+        gap = (anchor - kt) + lag * w                           # max - k
+        d = gap - u                                             # max - (u + k): past against the current token
+        a, e = _exp(d, 0.0), _exp(-d, 0.0)
+        nums.append(torch.addcmul(e * vt, a, num))
+        dens.append(torch.addcmul(e, a, den))
+        d = gap + w                                             # (max + w) - k: decayed past against the new key
+        a, e = _exp(d, 0.0), _exp(-d, 0.0)
+        num, den = torch.addcmul(e * vt, a, num), torch.addcmul(e, a, den)
+        kept = d >= 0
+        anchor, lag = torch.where(kept, anchor, kt), torch.where(kept, lag + 1, 0.0)
+    return torch.stack(nums, -2), torch.stack(dens, -2)
+
+
+def _torch_chunks(w, u, k, v, num, den, mx, steep):
+    """WKV over n chunks of L tokens: k, v (B, n, L, C); w, u (C,); state (B, C) -> (num_rows, den_rows (B, n, L, C),
+    the state at each chunk's start ((2, B, n, C) num and den, (B, n, C) max), the final state).
+
+    Each row's numerator and denominator are divided by a common factor that differs between rows. The rows of the
+    ``steep`` channels (decay too steep for prefix sums) are left to the caller, with a denominator of 1.
+
+    See the module docstring for the algebra. E's reference is detached (it cancels from every result); the maxima
+    at chunk boundaries stay attached, since the last one is an output. Exponent differences are formed from
+    differences of nearby numbers (key - largest key, max - max), which keeps fp32's relative precision for keys
+    of several hundred.
+    """
+    B, n, L, C = k.shape
+    lag_to_end = torch.arange(L - 1, -1, -1, dtype=k.dtype, device=k.device)[:, None] * w   # (L, C) (L-1-j) w
+    K = k.detach().amax(2, keepdim=True)                                  # (B, n, 1, C) the chunk's largest key
+    G = (k - K).add_(lag_to_end)                                          # (B, n, L, C) G_j - (K - L w)
+    mu_rel = G.amax(2, keepdim=True)                                      # (B, n, 1, C) mu - (K - L w)
+    E = (G - mu_rel.detach()).clamp_(min=-FLOOR).exp_()                   # (B, n, L, C) e^{G_j - mu}, see FLOOR
+    X = E * v
+    below = torch.ones(L, L, dtype=k.dtype, device=k.device).tril(-1)     # (L, L) strictly lower: sum over j < tau
+    SE, SX = below @ E, below @ X                                         # (B, n, L, C) prefix sums over the chunk
+    totals = torch.stack((SX[:, :, -1] + X[:, :, -1], SE[:, :, -1] + E[:, :, -1]))   # (2, B, n, C)
+
+    K, Lw = K.squeeze(2), L * w
+    mu_rel, mu_ref = mu_rel.squeeze(2), mu_rel.detach().squeeze(2)      # (B, n, C) mu - (K - L w)
+    # The maxima at chunk boundaries, HF's: max' = max(max + L w, nu) with nu = mu + L w = K + mu_rel the chunk's
+    # largest term decayed to its end (attached: it can become the state's max).
+    nu = K + mu_rel                                                       # (B, n, C)
+    maxima = [mx]
+    for i in range(n):
+        maxima.append(torch.maximum(maxima[-1] + Lw, nu[:, i]))
+    maxima = torch.stack(maxima, 1)                                       # (B, n + 1, C)
+    start, end = maxima[:, :-1], maxima[:, 1:]
+    # the closed-form update of (num, den) from one chunk boundary to the next: both factors <= 1
+    keep = _exp((start - end) + Lw)                                       # (B, n, C) e^{max_n + L w - max_{n+1}}
+    added = _exp((K - end) + mu_ref) * totals                             # (2, B, n, C) e^{nu - max_{n+1}} totals
+    sums = [torch.stack((num, den))]                                      # (2, B, C) each
+    for i in range(n):
+        sums.append(torch.addcmul(added[:, :, i], keep[:, i], sums[-1]))
+    state = (sums[-1][0], sums[-1][1], maxima[:, -1])
+    sums = torch.stack(sums[:-1], 2)                                      # (2, B, n, C) at each chunk's start
+
+    # Rows relative to e^{tau w + mu}: state e^{max - mu} (num, den), past tokens SX, SE, current e^{u + w} X, E.
+    uw = u + w
+    state_scale = _exp(((start - K) - mu_ref) + Lw, STATE_CAP, STATE_FLOOR).unsqueeze(2)   # (B, n, 1, C)
+    bonus = _exp(uw, BONUS_CAP)                                               # (C,)
+    num_rows = torch.addcmul(SX, bonus, X).add_(state_scale * sums[0].unsqueeze(2))
+    den_rows = torch.addcmul(SE, bonus, E).add_(state_scale * sums[1].unsqueeze(2))
+
+    # Other chunks whose exponents spread more than RANGE below mu get their rows from the recurrence, one (batch,
+    # chunk, channel) at a time.
+    uw = uw.detach()
+    spread = (G.detach().amin(2) - mu_ref) + uw.clamp_max(0)                                # (B, n, C)
+    redo = (spread < -RANGE) | (uw > BONUS_CAP)                                              # (B, n, C)
+    redo[..., steep] = False
+    den_rows.index_fill_(3, steep, 1.0)
+    if redo.any():
+        bi, ni, ci = redo.nonzero(as_tuple=True)                          # (F,) each: batch, chunk, channel
+        column = lambda x: x[bi, ni, :, ci].unsqueeze(-1)                 # noqa: E731  (F, L, 1)
+        rows = _stable_steps(w[ci, None], u[ci, None], column(k), column(v), sums[0][bi, ni, ci, None],
+                             sums[1][bi, ni, ci, None], start[bi, ni, ci, None])
+        where = (bi[:, None], ni[:, None], torch.arange(L, device=k.device), ci[:, None])
+        for x, exact in zip((num_rows, den_rows), rows):
+            x.index_put_(where, exact[..., 0])
+    return num_rows, den_rows, (sums, start), state
+
+
+def _torch_wkv4(w, u, k, v, num, den, mx):
+    """The chunked path over a whole sequence, BLOCK tokens at a time (full chunks), then the last T % CHUNK tokens
+    as one shorter chunk; then the rows of the steep channels, all chunks at once."""
+    B, T, C = k.shape
+    # channels whose decay alone spans STEEP in a chunk take their rows from the recurrence
+    steep = ((CHUNK - 1) * -w - (u + w).clamp_max(0) > STEEP).detach().nonzero()[:, 0]     # (C_steep,)
+    n = T // CHUNK
+    segments = [(first, min(first + BLOCK, n * CHUNK), CHUNK) for first in range(0, n * CHUNK, BLOCK)]
+    segments += [(n * CHUNK, T, T - n * CHUNK)] if T > n * CHUNK else []
+    ys, starts, state = [], [], (num, den, mx)
+    for first, end, L in segments:
+        chunks = lambda x: x[:, first:end].reshape(B, (end - first) // L, L, C)   # noqa: E731
+        num_rows, den_rows, at_start, state = _torch_chunks(w, u, chunks(k), chunks(v), *state, steep)
+        ys.append((num_rows / den_rows).reshape(B, end - first, C))
+        starts.append(at_start)
+    y = ys[0] if len(ys) == 1 else torch.cat(ys, 1)
+    if len(steep):
+        # the steep channels' rows, all chunks of one length at once
+        pick = lambda x: x.index_select(-1, steep)                        # noqa: E731
+        k_s, v_s = (x.flatten(0, 1).index_select(1, steep).view(B, T, -1) for x in (k, v))   # 2-D: a fast gather
+        y_steep = []
+        for L, group in itertools.groupby(zip(segments, starts), key=lambda pair: pair[0][2]):
+            group = list(group)                                           # consecutive segments of chunk length L
+            first, end = group[0][0][0], group[-1][0][1]
+            sums = pick(torch.cat([at_start[0] for _, at_start in group], 2))      # (2, B, n, C_steep)
+            start_max = pick(torch.cat([at_start[1] for _, at_start in group], 1))  # (B, n, C_steep)
+            chunks = lambda x: x[:, first:end].reshape(B, (end - first) // L, L, -1)   # noqa: E731
+            num_s, den_s = _stable_steps(pick(w), pick(u), chunks(k_s), chunks(v_s), sums[0], sums[1], start_max)
+            y_steep.append((num_s / den_s).reshape(B, end - first, -1))
+        y.index_copy_(2, steep, torch.cat(y_steep, 1))
+    return y, state
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Triton path
+# ----------------------------------------------------------------------------------------------------------------
+
+Launch = namedtuple("Launch", "block_c num_warps")
+
+
+def _launch_config(C: int) -> Launch:
+    """One thread per channel: 32 channels (one warp) per program, fewer when C is smaller."""
+    return Launch(min(32, triton.next_power_of_2(C)), 1)
+
+
+@triton.jit
+def _rounded_max(anchor, lag, w):
+    """max = anchor + lag w rounded to fp32, and the rounding error (anchor + lag w) - max (Knuth's two-sum)."""
+    drift = lag * w
+    mx = anchor + drift
+    back = mx - anchor
+    return mx, (anchor - (mx - back)) + (drift - back)
+
+
+@triton.jit
+def wkv4_fwd_kernel(
+    w_ptr, u_ptr,                    # (C,) per-step log decay w <= 0 and current-token bonus u, input dtype
+    k_ptr, v_ptr,                    # (B, T, C) keys and values, contiguous, input dtype
+    y_ptr,                           # (B, T, C) output wkv, input dtype
+    num0_ptr, den0_ptr, max0_ptr,    # (B, C) fp32 initial state (num, den, max), read only
+    num_ptr, den_ptr, max_ptr,       # (B, C) fp32 final state, written
+    vy_ptr, d_ptr, z_ptr,            # (B, T, C) fp32, written when SAVE: v_t - y_t, d_t, z_t (module docstring)
+    lag_ptr,                         # (B, C) fp32, written when SAVE: steps since the final max's term (T: the state's)
+    T, C,                            # sequence length, channels
+    SAVE: tl.constexpr,              # keep what the backward needs
+    BLOCK_C: tl.constexpr,           # channels per program
+):
+    b = tl.program_id(0)
+    cs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = cs < C
+    w = tl.load(w_ptr + cs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + cs, mask=mask, other=0.0).to(tl.float32)
+    num = tl.load(num0_ptr + b * C + cs, mask=mask, other=0.0)
+    den = tl.load(den0_ptr + b * C + cs, mask=mask, other=0.0)
+    # The scale max = anchor + lag * w: the exponent that set it and the steps since. Differences of exponents are
+    # then formed from differences of keys, so keys of several hundred keep fp32's relative precision.
+    anchor = tl.load(max0_ptr + b * C + cs, mask=mask, other=0.0)
+    lag = tl.zeros([BLOCK_C], dtype=tl.float32)                # exact integers up to 2^24 tokens
+    base = b.to(tl.int64) * T * C + cs
+    for t in range(T):
+        off = base + t * C
+        k = tl.load(k_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        # output: the past (num, den at scale e^max) against the current token e^{u + k}; q = the larger exponent
+        d = (anchor - k) + lag * w - u                      # max - (u + k)
+        a = tl.exp(tl.minimum(d, 0.0))                      # e^{max - q}
+        e = tl.exp(tl.minimum(-d, 0.0))                     # e^{u + k - q}
+        z = a * den + e                                     # Z_t e^{-q}, Z_t = D^_t + e^{u + k_t}
+        y = (a * num + e * v) / z
+        tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
+        if SAVE:
+            tl.store(vy_ptr + off, a * (den * v - num) / z, mask=mask)         # v - y without cancellation
+            tl.store(d_ptr + off, d, mask=mask)
+            tl.store(z_ptr + off, z, mask=mask)
+        # update: decay the past by e^w and add e^k; d = (max + w) - k decides which is the new scale
+        d = (anchor - k) + (lag + 1.0) * w
+        a = tl.exp(tl.minimum(d, 0.0))
+        e = tl.exp(tl.minimum(-d, 0.0))
+        num = a * num + e * v
+        den = a * den + e
+        kept = d >= 0.0
+        anchor = tl.where(kept, anchor, k)
+        lag = tl.where(kept, lag + 1.0, 0.0)
+    # max is returned rounded to fp32; num, den follow the rounding exactly
+    mx, err = _rounded_max(anchor, lag, w)
+    tl.store(num_ptr + b * C + cs, num * tl.exp(err), mask=mask)
+    tl.store(den_ptr + b * C + cs, den * tl.exp(err), mask=mask)
+    tl.store(max_ptr + b * C + cs, mx, mask=mask)
+    if SAVE:
+        tl.store(lag_ptr + b * C + cs, lag, mask=mask)
+
+
+@triton.jit
+def wkv4_bwd_kernel(
+    w_ptr, u_ptr, k_ptr, v_ptr,      # the forward's inputs: (C,), (C,), (B, T, C), (B, T, C), input dtype
+    vy_ptr, d_ptr, z_ptr,            # (B, T, C) fp32 saved by the forward
+    gy_ptr,                          # (B, T, C) dL/dy, input dtype
+    num0_ptr, den0_ptr, max0_ptr,    # (B, C) fp32 initial state
+    num_ptr, den_ptr,                # (B, C) fp32 final num, den
+    lag_ptr,                         # (B, C) fp32 steps since the final max's term was set (T: the initial state's)
+    gnum_ptr, gden_ptr, gmax_ptr,    # (B, C) fp32 dL/d(final num, den, max)
+    gk_ptr, gv_ptr,                  # (B, T, C) outputs dL/dk, dL/dv, input dtype
+    gw_ptr, gu_ptr,                  # (B, C) fp32 outputs: this batch row's share of dL/dw, dL/du
+    gnum0_ptr, gden0_ptr, gmax0_ptr,  # (B, C) fp32 outputs dL/d(initial num, den, max)
+    T, C,                            # sequence length, channels
+    BLOCK_C: tl.constexpr,           # channels per program
+):
+    b = tl.program_id(0)
+    cs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = cs < C
+    sc = b * C + cs
+    base = b.to(tl.int64) * T * C + cs
+    w = tl.load(w_ptr + cs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + cs, mask=mask, other=0.0).to(tl.float32)
+    max0 = tl.load(max0_ptr + sc, mask=mask, other=0.0)
+    g_num = tl.load(gnum_ptr + sc, mask=mask, other=0.0)
+    g_den = tl.load(gden_ptr + sc, mask=mask, other=0.0)
+    # the final max's own gradient, less what the returned num, den (divided by e^max) pass to it
+    g_top = (tl.load(gmax_ptr + sc, mask=mask, other=0.0) - g_num * tl.load(num_ptr + sc, mask=mask, other=0.0)
+             - g_den * tl.load(den_ptr + sc, mask=mask, other=0.0))
+    # the final max's term: token T-1-lag, or the initial state's when lag = T; redo the forward's rounding of it,
+    # since the returned num, den were scaled by e^err
+    lag = tl.load(lag_ptr + sc, mask=mask, other=0.0)
+    from_token = lag < T
+    anchor = tl.load(k_ptr + base + (T - 1 - lag).to(tl.int32) * C, mask=mask & from_token, other=0.0)
+    _, err = _rounded_max(tl.where(from_token, anchor.to(tl.float32), max0), lag, w)
+    # Adjoints of N^_t, D^_t (an, ad) and of their w-derivatives (bn, bd), times e^{max_t}: the forward's max before
+    # token t. Every factor below is a forward exponential (<= 1) rebuilt from d_t and z_t.
+    an = g_num * tl.exp(err)
+    ad = g_den * tl.exp(err)
+    bn = tl.zeros([BLOCK_C], dtype=tl.float32)
+    bd = tl.zeros([BLOCK_C], dtype=tl.float32)
+    gw = tl.zeros([BLOCK_C], dtype=tl.float32)
+    gu = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for i in range(T):
+        t = T - 1 - i
+        off = base + t * C
+        v = tl.load(v_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        gy = tl.load(gy_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        vy = tl.load(vy_ptr + off, mask=mask, other=0.0)
+        d = tl.load(d_ptr + off, mask=mask, other=0.0)
+        z = tl.load(z_ptr + off, mask=mask, other=1.0)
+        d_next = d + (u + w)                                # (max_t + w) - k_t
+        into_next = tl.exp(tl.minimum(-d_next, 0.0))        # e^{k_t - max_{t+1}}
+        decay = tl.exp(tl.minimum(d_next, 0.0))             # e^{max_t + w - max_{t+1}}
+        past = tl.exp(tl.minimum(d, 0.0)) / z               # e^{max_t} / Z_t
+        cur = gy * tl.exp(tl.minimum(-d, 0.0)) / z          # gy_t e^{u + k_t} / Z_t
+        g_bonus = cur * vy                                  # dL/d(u + k_t) through y_t
+        gv = into_next * an + cur
+        gk = into_next * (an * v + ad) + g_bonus + tl.where(lag == T - 1 - t, g_top, 0.0)
+        gu += g_bonus
+        gw += into_next * (bn * v + bd)
+        tl.store(gk_ptr + off, gk.to(gk_ptr.dtype.element_ty), mask=mask)
+        tl.store(gv_ptr + off, gv.to(gv_ptr.dtype.element_ty), mask=mask)
+        # A(t) = gy_t / Z_t (and -gy_t y_t / Z_t) + e^w A(t+1);  B(t) = e^w (B(t+1) + A(t+1))
+        bn = decay * (bn + an)
+        bd = decay * (bd + ad)
+        an = decay * an + past * gy
+        ad = decay * ad - past * gy * (v - vy)
+    num0 = tl.load(num0_ptr + sc, mask=mask, other=0.0)
+    den0 = tl.load(den0_ptr + sc, mask=mask, other=0.0)
+    gw += bn * num0 + bd * den0 + lag * g_top                # the initial state's decay, then d max_T / dw
+    tl.store(gw_ptr + sc, gw, mask=mask)
+    tl.store(gu_ptr + sc, gu, mask=mask)
+    tl.store(gnum0_ptr + sc, an, mask=mask)
+    tl.store(gden0_ptr + sc, ad, mask=mask)
+    tl.store(gmax0_ptr + sc, an * num0 + ad * den0 + tl.where(from_token, 0.0, g_top), mask=mask)
+
+
+def _grid(B, C, launch):
+    return (B, triton.cdiv(C, launch.block_c))
+
+
+def _triton_forward(w, u, k, v, num0, den0, max0, save: bool):
+    """Runs the forward kernel; returns y, the final state and (when ``save``) what the backward needs."""
+    B, T, C = k.shape
+    launch = _launch_config(C)
+    y = new_output((B, T, C), k.dtype, k.device)
+    state = tuple(new_output((B, C), torch.float32, k.device) for _ in range(3))
+    if save:
+        saved = (*(new_output((B, T, C), torch.float32, k.device) for _ in range(3)),
+                 new_output((B, C), torch.float32, k.device))
+    else:
+        saved = (y,) * 4   # never written
+    wkv4_fwd_kernel[_grid(B, C, launch)](w, u, k, v, y, num0, den0, max0, *state, *saved, T, C,
+                                         SAVE=save, BLOCK_C=launch.block_c, num_warps=launch.num_warps)
+    return y, state, (saved if save else None)
+
+
+class _TritonWkv4(torch.autograd.Function):
+    """The Triton kernels as an autograd op: (w, u, k, v, num0, den0, max0) -> (y, num, den, max)."""
+
+    @staticmethod
+    def forward(ctx, w, u, k, v, num0, den0, max0):
+        y, state, saved = _triton_forward(w, u, k, v, num0, den0, max0, save=True)
+        ctx.save_for_backward(w, u, k, v, num0, den0, max0, state[0], state[1], *saved)
+        return (y, *state)
+
+    @staticmethod
+    def backward(ctx, gy, g_num, g_den, g_max):
+        w, u, k, v, num0, den0, max0, num, den, vy, d, z, lag = ctx.saved_tensors
+        B, T, C = k.shape
+        launch = _launch_config(C)
+        gk, gv = (new_output((B, T, C), k.dtype, k.device) for _ in range(2))
+        gw, gu, g_num0, g_den0, g_max0 = (new_output((B, C), torch.float32, k.device) for _ in range(5))
+        wkv4_bwd_kernel[_grid(B, C, launch)](
+            w, u, k, v, vy, d, z, gy.contiguous(), num0, den0, max0, num, den, lag,
+            g_num.contiguous(), g_den.contiguous(), g_max.contiguous(), gk, gv, gw, gu, g_num0, g_den0, g_max0,
+            T, C, BLOCK_C=launch.block_c, num_warps=launch.num_warps)
+        return gw.sum(0).to(w.dtype), gu.sum(0).to(u.dtype), gk, gv, g_num0, g_den0, g_max0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Public op
+# ----------------------------------------------------------------------------------------------------------------
+
+def wkv4(w, u, k, v, state=None, backend=None):
+    """RWKV-4's WKV with a max-tracked state, differentiable in every input (state included):
+
+        wkv_t = (e^{max + t w} num + sum_{i<t} e^{(t-1-i) w + k_i} v_i + e^{u + k_t} v_t)
+              / (e^{max + t w} den + sum_{i<t} e^{(t-1-i) w + k_i} + e^{u + k_t})
+
+    w, u: (C,), w = -exp(time_decay) <= 0; k, v: (B, T, C); all fp32, fp16, bf16 (or float64 on the torch
+    backend), one dtype. state: (num, den, max), each (B, C), fp32 (float64 for float64 inputs), HF's layout;
+    None starts from (0, 0, -1e38). Returns (wkv (B, T, C) in the input dtype, (num, den, max)).
+    backend: "torch", "triton" or None (Triton for CUDA tensors, torch otherwise).
+    Source: the attention section of https://huggingface.co/docs/transformers/model_doc/rwkv.
+    """
+    k = check_tensor("k", k, (None, None, None), TORCH_DTYPES)
+    B, T, C = k.shape
+    v = check_tensor("v", v, (B, T, C), TORCH_DTYPES)
+    w = check_tensor("w", w, (C,), TORCH_DTYPES)
+    u = check_tensor("u", u, (C,), TORCH_DTYPES)
+    dtype = check_same_dtype(w=w, u=u, k=k, v=v)
+    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    if state is not None:
+        if not isinstance(state, (tuple, list)) or len(state) != 3:
+            got = type(state).__name__ + (f" of length {len(state)}" if isinstance(state, (tuple, list)) else "")
+            raise ValueError(f"state must be a tuple (num, den, max) of three ({B}, {C}) tensors, got {got}")
+        state = tuple(check_tensor(f"state[{i}] ({name})", s, (B, C), (state_dtype,))
+                      for i, (name, s) in enumerate(zip(("num", "den", "max"), state)))
+    device = check_devices(w=w, u=u, k=k, v=v, **({} if state is None else dict(zip(("num", "den", "max"), state))))
+    backend = resolve_backend(backend, device)
+    check_backend_dtype(backend, dtype)
+    if torch.isnan(w).any() or (w > 0).any():
+        raise ValueError("w is the per-step log decay, w = -exp(time_decay): every entry must be <= 0 and not NaN; "
+                         f"got max {w.max().item()} and {int(torch.isnan(w).sum())} NaN")
+    if state is None:
+        zeros = torch.zeros(B, C, dtype=state_dtype, device=device)
+        state = (zeros, zeros.clone(), torch.full((B, C), INITIAL_MAX, dtype=state_dtype, device=device))
+    if T == 0:
+        return k.new_empty((B, 0, C)), state
+
+    if backend == "torch":
+        y, new_state = _torch_wkv4(*(x.to(state_dtype) for x in (w, u, k, v)), *state)
+        return y.to(dtype), new_state
+    args = (w.contiguous(), u.contiguous(), k.contiguous(), v.contiguous(), *(s.contiguous() for s in state))
+    if torch.is_grad_enabled() and any(x.requires_grad for x in args):
+        y, *new_state = _TritonWkv4.apply(*args)
+    else:
+        y, new_state, _ = _triton_forward(*args, save=False)
+    return y, tuple(new_state)
+
+
+# Pointer arguments in the input dtype; the other pointers are fp32 (states, saved values).
+_IO_ARGS = ("w_ptr", "u_ptr", "k_ptr", "v_ptr", "y_ptr", "gy_ptr", "gk_ptr", "gv_ptr")
+
+
+def _signature(fn, dtype: str, constexprs) -> dict:
+    """The Triton signature of ``fn`` for inputs of ``dtype`` ("fp32", "bf16", ...)."""
+    def kind(name):
+        if name in constexprs:
+            return "constexpr"
+        if not name.endswith("_ptr"):
+            return "i32"
+        return "*" + dtype if name in _IO_ARGS else "*fp32"
+    return {name: kind(name) for name in fn.arg_names}
+
+
+def aot_kernels():
+    """The forward (with and without saving for the backward) and backward kernels at C = 768 and 4096."""
+    from kernels.aot import AotKernel
+    kernels = []
+    for C in (768, 4096):
+        launch = _launch_config(C)
+        for dtype in ("fp32", "bf16"):
+            for fn, label, constexprs in ((wkv4_fwd_kernel, "wkv4_fwd", {"SAVE": False}),
+                                          (wkv4_fwd_kernel, "wkv4_fwd_save", {"SAVE": True}),
+                                          (wkv4_bwd_kernel, "wkv4_bwd", {})):
+                constexprs = {**constexprs, "BLOCK_C": launch.block_c}
+                kernels.append(AotKernel(f"{label} C={C} {dtype}", fn, _signature(fn, dtype, constexprs),
+                                         constexprs, launch.num_warps))
+    return kernels

@@ -1,0 +1,330 @@
+"""kernels/wkv4.py: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU).
+
+Outputs and final states are checked against reference/wkv4.py; gradients against float64 autograd through
+``dense_wkv4`` below, which writes every exponent of the definition at once (no recurrence, no chunks), each row
+shifted by its own maximum. States are compared by what they represent (num e^max, den e^max): a max rounded
+differently to fp32 rescales num and den without changing the sums, so they are compared after rescaling to the
+reference's max, and the max itself separately.
+"""
+import numpy as np
+import pytest
+import torch
+
+from kernels import wkv4 as wkv4_module
+from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close
+from kernels.wkv4 import INITIAL_MAX, wkv4
+from reference import wkv4 as ref
+
+BACKENDS = ("torch", "triton")
+BUDGETS = {torch.float32: FP32_BUDGET, torch.float16: FP16_BUDGET}
+
+
+def f64(x):
+    return x.detach().double().numpy()
+
+
+def make_inputs(rng, B, T, C, dtype=torch.float32, key_scale=1.0, decay_scale=1.0, with_state=False):
+    """w, u, k, v (and a state left by a random 5-token prefix, or None) in ``dtype``: what both sides see."""
+    w = -np.exp(decay_scale * rng.normal(size=C) - 0.5)
+    u = 0.5 * rng.normal(size=C)
+    k = key_scale * rng.uniform(-1, 1, size=(B, T, C))
+    v = rng.normal(size=(B, T, C))
+    w, u, k, v = (torch.tensor(x, dtype=dtype) for x in (w, u, k, v))
+    state = None
+    if with_state:
+        prefix = key_scale * rng.uniform(-1, 1, size=(B, 5, C)), rng.normal(size=(B, 5, C))
+        state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        state = tuple(torch.tensor(s, dtype=state_dtype) for s in ref.wkv4(f64(w), f64(u), *prefix)[1])
+    return w, u, k, v, state
+
+
+def run_reference(w, u, k, v, state):
+    return ref.wkv4(f64(w), f64(u), f64(k), f64(v), None if state is None else [f64(s) for s in state])
+
+
+def assert_state_close(state, expected, budget, what):
+    """(num, den, max) against the reference's: the represented sums num e^max, den e^max, then max itself."""
+    num, den, mx = (f64(s) for s in state)
+    rescale = np.exp(mx - expected[2])                                   # 1 up to the rounding of max
+    assert_close(num * rescale, expected[0], budget, f"{what}: num")
+    assert_close(den * rescale, expected[1], budget, f"{what}: den")
+    assert_close(mx, expected[2], budget, f"{what}: max")
+
+
+def dense_wkv4(w, u, k, v, state):
+    """float64 torch, differentiable: for every query time t (and t = T for the final state) all exponents at once,
+
+        state  max_0 + t w      (weights num_0, den_0)
+        token  (t-1-i) w + k_i  for i < t   (weights v_i, 1)
+        bonus  u + k_t          for t < T   (weights v_t, 1)
+    each row divided by e^{its maximum}; row T's maximum is the final state's max (HF's: the largest exponent).
+    """
+    B, T, C = k.shape
+    num0, den0, max0 = state
+    t = torch.arange(T + 1, dtype=torch.float64)[:, None]                # (T+1, 1) query times
+    i = torch.arange(T, dtype=torch.float64)[None, :]                    # (1, T) key times
+    minus_inf = torch.tensor(-torch.inf, dtype=torch.float64)
+    tokens = torch.where((i < t)[..., None], (t - 1 - i)[..., None] * w + k[:, None], minus_inf)   # (B, T+1, T, C)
+    bonus = torch.cat([u + k, minus_inf.expand(B, 1, C)], 1)             # (B, T+1, C)
+    z = torch.cat([(max0[:, None] + t * w)[:, :, None], tokens, bonus[:, :, None]], 2)   # (B, T+1, T+2, C)
+    top = z.amax(2, keepdim=True)
+    p = torch.exp(z - top)
+
+    def weighted(of_state, of_tokens):                                  # (B, C), (B, T, C) -> (B, T+1, C)
+        per_term = torch.cat([of_state[:, None, None].expand(B, T + 1, 1, C),
+                              of_tokens[:, None].expand(B, T + 1, T, C),
+                              torch.cat([of_tokens, of_tokens[:, :1]], 1)[:, :, None]], 2)   # row T's bonus: e^-inf
+        return (p * per_term).sum(2)
+
+    num, den = weighted(num0, v), weighted(den0, torch.ones_like(v))
+    return num[:, :T] / den[:, :T], (num[:, T], den[:, T], top[:, T, 0])
+
+
+def with_grads(fn, w, u, k, v, state, gy, g_state):
+    """fn's outputs and the gradients in (w, u, k, v, num0, den0, max0) of sum(gy y) + sum(g_state . state terms).
+
+    g_state["weights"] weigh (num, den, max) themselves or, when g_state["invariant"], num / den and max + log den:
+    what the state represents, independent of how max was rounded.
+    """
+    leaves = [x.detach().clone().requires_grad_() for x in (w, u, k, v, *state)]
+    y, (num, den, mx) = fn(*leaves[:4], tuple(leaves[4:]))
+    terms = (num / den, mx + torch.log(den)) if g_state["invariant"] else (num, den, mx)
+    loss = (y.double() * gy).sum() + sum((s.double() * g).sum() for s, g in zip(terms, g_state["weights"]))
+    return y, (num, den, mx), torch.autograd.grad(loss, leaves)
+
+
+def loss_weights(rng, B, T, C, invariant=False):
+    weights = [torch.tensor(rng.normal(size=(B, C))) for _ in range(2 if invariant else 3)]
+    return torch.tensor(rng.normal(size=(B, T, C))), {"invariant": invariant, "weights": weights}
+
+
+def assert_grads_close(grads, expected, budget, names="w u k v num0 den0 max0"):
+    for name, g, e in zip(names.split(), grads, expected):
+        assert_close(g, e, budget, f"d/d{name}")
+
+
+def run_dense(w, u, k, v, state):
+    return dense_wkv4(*(x.double() for x in (w, u, k, v)), tuple(s.double() for s in state))
+
+
+SHAPES = [(1, 1, 3), (2, 7, 5), (1, 16, 4), (2, 37, 6)]   # T = 1; odd; one whole chunk; chunks and a remainder
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("B,T,C", SHAPES)
+@pytest.mark.parametrize("with_state", [False, True])
+def test_matches_reference(rng, backend, B, T, C, with_state):
+    w, u, k, v, state = make_inputs(rng, B, T, C, with_state=with_state)
+    y, new_state = wkv4(w, u, k, v, state, backend=backend)
+    y_ref, state_ref = run_reference(w, u, k, v, state)
+    assert y.dtype == torch.float32 and all(s.dtype == torch.float32 and s.shape == (B, C) for s in new_state)
+    assert_close(y, y_ref, FP32_BUDGET, "y")
+    assert_state_close(new_state, state_ref, FP32_BUDGET, "final state")
+
+
+@pytest.mark.parametrize("key_scale", [1.0, 300.0])
+def test_dense_matches_reference(rng, key_scale):
+    """The gradients' yardstick agrees with the reference first."""
+    w, u, k, v, state = make_inputs(rng, 2, 23, 4, dtype=torch.float64, key_scale=key_scale, with_state=True)
+    y, (num, den, mx) = run_dense(w, u, k, v, state)
+    y_ref, state_ref = run_reference(w, u, k, v, state)
+    assert_close(y, y_ref, REFERENCE_BUDGET, "y")
+    for name, s, e in zip(("num", "den", "max"), (num, den, mx), state_ref):
+        assert_close(s, e, REFERENCE_BUDGET, name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("B,T,C,dtype", [(1, 1, 3, torch.float32), (2, 37, 6, torch.float32),
+                                         (2, 21, 5, torch.float16)])
+def test_gradients(rng, backend, B, T, C, dtype):
+    """All seven gradients of a loss on y and on each of num, den, max against float64 autograd of the definition."""
+    w, u, k, v, state = make_inputs(rng, B, T, C, dtype=dtype, with_state=True)
+    gy, g_state = loss_weights(rng, B, T, C)
+    y, new_state, grads = with_grads(lambda *a: wkv4(*a, backend=backend), w, u, k, v, state, gy, g_state)
+    _, _, expected = with_grads(run_dense, w, u, k, v, state, gy, g_state)
+    assert y.dtype == dtype and all(g.dtype == x.dtype for g, x in zip(grads, (w, u, k, v, *state)))
+    assert_grads_close(grads, expected, BUDGETS[dtype])
+
+
+def spiky_keys(rng, B, T, C):
+    """Keys of about 1 with a few of +-300: some chunks take the prefix sums, the others are redone."""
+    k = rng.uniform(-1, 1, size=(B, T, C))
+    k[rng.random(size=k.shape) < 0.03] = 300.0 * rng.choice([-1.0, 1.0])
+    return k
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("keys", ["uniform +-300", "250 + uniform +-1", "spikes of +-300"])
+def test_large_keys(rng, backend, keys):
+    """Keys of several hundred: e^k overflows fp32 (and the plain sums overflow float64), the stable forms stay
+    exact. Around 250 fp32 keeps about 2e-5 of absolute precision, so exponents must be formed as differences.
+    Left out: d/dmax0. The initial state (max ~1) is swamped by these keys, so y hardly depends on its scale and that
+    gradient is ~e^-200, formed as num0 g_num0 + den0 g_den0 from O(1) terms that cancel (fp32 leaves ~1e-8)."""
+    B, T, C = 2, 40, 6
+    w, u, _, v, state = make_inputs(rng, B, T, C, with_state=True)
+    k = {"uniform +-300": lambda: rng.uniform(-300, 300, size=(B, T, C)),
+         "250 + uniform +-1": lambda: 250 + rng.uniform(-1, 1, size=(B, T, C)),
+         "spikes of +-300": lambda: spiky_keys(rng, B, T, C)}[keys]()
+    k = torch.tensor(k, dtype=torch.float32)
+    y, new_state = wkv4(w, u, k, v, state, backend=backend)
+    y_ref, state_ref = run_reference(w, u, k, v, state)
+    assert_close(y, y_ref, FP32_BUDGET, "y")
+    assert_state_close(new_state, state_ref, FP32_BUDGET, "final state")
+    gy, g_state = loss_weights(rng, B, T, C, invariant=True)
+    _, _, grads = with_grads(lambda *a: wkv4(*a, backend=backend), w, u, k, v, state, gy, g_state)
+    _, _, expected = with_grads(run_dense, w, u, k, v, state, gy, g_state)
+    assert_grads_close(grads, expected, FP32_BUDGET, "w u k v num0 den0")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_steep_decay(rng, backend):
+    """|w| up to ~200: a chunk's prefix sums would span e^{-3000}; those chunks are redone token by token."""
+    w, u, k, v, state = make_inputs(rng, 2, 35, 7, decay_scale=2.0, with_state=True)
+    y, new_state = wkv4(w, u, k, v, state, backend=backend)
+    y_ref, state_ref = run_reference(w, u, k, v, state)
+    assert_close(y, y_ref, FP32_BUDGET, "y")
+    assert_state_close(new_state, state_ref, FP32_BUDGET, "final state")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_split_equals_whole(rng, backend):
+    """Fed in pieces with the returned state (random cut points) = fed whole = the reference."""
+    B, T, C = 2, 39, 5
+    w, u, k, v, state = make_inputs(rng, B, T, C, with_state=True)
+    cuts = np.sort(rng.choice(np.arange(1, T), size=3, replace=False))
+    ys, carried = [], state
+    for piece in np.split(np.arange(T), cuts):
+        y, carried = wkv4(w, u, k[:, piece], v[:, piece], carried, backend=backend)
+        ys.append(y)
+    y_ref, state_ref = run_reference(w, u, k, v, state)
+    assert_close(torch.cat(ys, 1), y_ref, FP32_BUDGET, "y from pieces")
+    assert_state_close(carried, state_ref, FP32_BUDGET, "state after the pieces")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_state_is_hugging_faces(rng, backend):
+    """Our state, handed to reference/wkv4.py (HF's layout and meaning), continues the sequence there."""
+    B, T, C, cut = 2, 30, 4, 17
+    w, u, k, v, _ = make_inputs(rng, B, T, C)
+    _, state = wkv4(w, u, k[:, :cut], v[:, :cut], backend=backend)
+    y_rest, _ = ref.wkv4(f64(w), f64(u), f64(k[:, cut:]), f64(v[:, cut:]), [f64(s) for s in state])
+    assert_close(y_rest, run_reference(w, u, k, v, None)[0][:, cut:], FP32_BUDGET, "continued in the reference")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fp16(rng, backend):
+    w, u, k, v, state = make_inputs(rng, 2, 21, 5, dtype=torch.float16, with_state=True)
+    y, new_state = wkv4(w, u, k, v, state, backend=backend)
+    assert y.dtype == torch.float16 and all(s.dtype == torch.float32 for s in new_state)
+    y_ref, state_ref = run_reference(w, u, k, v, state)
+    assert_close(y, y_ref, FP16_BUDGET, "y")
+    assert_state_close(new_state, state_ref, FP16_BUDGET, "final state")
+
+
+def test_float64_torch(rng):
+    w, u, k, v, state = make_inputs(rng, 2, 37, 5, dtype=torch.float64, with_state=True)
+    y, new_state = wkv4(w, u, k, v, state, backend="torch")
+    assert y.dtype == torch.float64 and all(s.dtype == torch.float64 for s in new_state)
+    y_ref, state_ref = run_reference(w, u, k, v, state)
+    assert_close(y, y_ref, REFERENCE_BUDGET, "y")
+    assert_state_close(new_state, state_ref, REFERENCE_BUDGET, "final state")
+
+
+def spy_on_redone_rows(monkeypatch):
+    """The torch backend's rows that come from the recurrence: 'slabs' of steep channels, or single 'columns'."""
+    calls = set()
+    stable_steps = wkv4_module._stable_steps
+
+    def spy(w, u, k, *rest):
+        calls.add("slabs" if k.dim() == 4 else "columns")
+        return stable_steps(w, u, k, *rest)
+
+    monkeypatch.setattr(wkv4_module, "_stable_steps", spy)
+    return calls
+
+
+@pytest.mark.parametrize("path,key_scale,steep_w", [("prefix sums", 1.0, None), ("columns", 100.0, None),
+                                                    ("slabs", 1.0, -5.0)])
+def test_gradcheck_torch(rng, monkeypatch, path, key_scale, steep_w):
+    """torch.autograd.gradcheck in float64 through each way the torch backend computes rows: prefix sums, chunks
+    redone for their key spread, channels redone for their steep decay."""
+    calls = spy_on_redone_rows(monkeypatch)
+    w, u, k, v, state = make_inputs(rng, 2, 18, 2, dtype=torch.float64, key_scale=key_scale, decay_scale=0.3,
+                                    with_state=True)   # one chunk and a remainder
+    if steep_w is not None:
+        w[0] = steep_w
+
+    def op(w, u, k, v, num, den, mx):
+        y, new_state = wkv4(w, u, k, v, (num, den, mx), backend="torch")
+        return y, *new_state
+
+    assert torch.autograd.gradcheck(op, [x.requires_grad_() for x in (w, u, k, v, *state)], fast_mode=True)
+    assert calls == ({path} - {"prefix sums"})
+
+
+def test_long_sequence_torch(rng, monkeypatch):
+    """Several blocks of chunks, a shorter last chunk, steep channels and spiky keys, against the reference and
+    float64 autograd."""
+    calls = spy_on_redone_rows(monkeypatch)
+    B, T, C = 1, 2 * wkv4_module.BLOCK + wkv4_module.CHUNK + 5, 4
+    w, u, _, v, state = make_inputs(rng, B, T, C, decay_scale=0.3, with_state=True)
+    w[0] = -5.0
+    k = torch.tensor(spiky_keys(rng, B, T, C), dtype=torch.float32)
+    y, new_state = wkv4(w, u, k, v, state, backend="torch")
+    y_ref, state_ref = run_reference(w, u, k, v, state)
+    assert_close(y, y_ref, FP32_BUDGET, "y")
+    assert_state_close(new_state, state_ref, FP32_BUDGET, "final state")
+    gy, g_state = loss_weights(rng, B, T, C, invariant=True)
+    _, _, grads = with_grads(lambda *a: wkv4(*a, backend="torch"), w, u, k, v, state, gy, g_state)
+    _, _, expected = with_grads(run_dense, w, u, k, v, state, gy, g_state)
+    assert_grads_close(grads, expected, FP32_BUDGET)
+    assert calls == {"slabs", "columns"}
+
+
+def test_default_backend_on_cpu_is_torch(rng):
+    w, u, k, v, _ = make_inputs(rng, 1, 9, 3)
+    assert torch.equal(wkv4(w, u, k, v)[0], wkv4(w, u, k, v, backend="torch")[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_sequence(rng, backend):
+    w, u, k, v, state = make_inputs(rng, 2, 0, 3, with_state=True)
+    y, new_state = wkv4(w, u, k, v, state, backend=backend)
+    assert y.shape == (2, 0, 3) and all(torch.equal(a, b) for a, b in zip(new_state, state))
+    _, (num, den, mx) = wkv4(w, u, k, v, backend=backend)
+    assert not num.any() and not den.any() and (mx == INITIAL_MAX).all()
+
+
+def with_entry(x, index, value):
+    x = x.clone()
+    x[index] = value
+    return x
+
+
+BAD_INPUTS = {   # what changes in the arguments -> the error and what its message must say
+    "k not 3-D": (lambda a: dict(k=a["k"][0]), ValueError, r"k must have shape \(\*, \*, \*\), got \(5, 3\)"),
+    "v shape": (lambda a: dict(v=a["v"][:, :4]), ValueError, r"v must have shape \(2, 5, 3\), got \(2, 4, 3\)"),
+    "w shape": (lambda a: dict(w=a["w"][:2]), ValueError, r"w must have shape \(3\), got \(2,\)"),
+    "u shape": (lambda a: dict(u=a["u"][None]), ValueError, r"u must have shape \(3\), got \(1, 3\)"),
+    "integer k": (lambda a: dict(k=a["k"].long()), TypeError, "k must have dtype in"),
+    "mixed dtypes": (lambda a: dict(v=a["v"].half()), TypeError, "inputs must share one dtype.*v: torch.float16"),
+    "positive w": (lambda a: dict(w=with_entry(a["w"], 1, 0.5)), ValueError, "w is the per-step log decay.*max 0.5"),
+    "NaN w": (lambda a: dict(w=with_entry(a["w"], 0, float("nan"))), ValueError, "w is the per-step log.*1 NaN"),
+    "state of two": (lambda a: dict(state=a["state"][:2]), ValueError, "state must be a tuple"),
+    "state shape": (lambda a: dict(state=(a["state"][0][:1], *a["state"][1:])), ValueError,
+                    r"state\[0\] \(num\) must have shape \(2, 3\)"),
+    "state dtype": (lambda a: dict(state=(a["state"][0], a["state"][1].half(), a["state"][2])), TypeError,
+                    r"state\[1\] \(den\) must have dtype"),
+    "mixed devices": (lambda a: dict(v=a["v"].to("meta")), ValueError, "one device.*v: meta"),
+    "unknown backend": (lambda a: dict(backend="cuda"), ValueError, "backend must be one of"),
+    "float64 on Triton": (lambda a: dict(**{n: a[n].double() for n in "wukv"}, state=None, backend="triton"),
+                          TypeError, "backend='triton' takes dtypes"),
+}
+
+
+@pytest.mark.parametrize("change,error,message", BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
+def test_bad_input(rng, change, error, message):
+    w, u, k, v, state = make_inputs(rng, 2, 5, 3, with_state=True)
+    args = dict(w=w, u=u, k=k, v=v, state=state, backend="torch")
+    with pytest.raises(error, match=message):
+        wkv4(**(args | change(args)))
