@@ -1,0 +1,284 @@
+"""The Mamba model: reference (NumPy float64) vs torch model vs the peer, transformers' MambaForCausalLM.
+
+The peer runs on the CPU in fp32 (its pure-torch fallbacks of causal_conv1d and the selective scan) with random
+weights these tests draw (O(1) activations, step sizes softplus(-2 +- 0.5), A from -0.5 to -8). Sizes are tiny
+and different from each other (C = 16, D = 32, N = 5, V = 67, L = 3, and time_step_rank 3 in one config) so that
+a transposed or swapped tensor cannot go unnoticed.
+
+The peer keeps K inputs in its conv cache (ours: the K - 1 that are used again) and restarts its SSM from zero
+whenever a cached call has more than one token, so it is compared with us on prefill-then-one-token decoding;
+arbitrary splits of a sequence are checked against the whole sequence.
+"""
+import pytest
+import torch
+import transformers
+
+from kernels.models.checkpoint import save_state_dict
+from kernels.models.mamba import MambaConfig, MambaForCausalLM, MambaModel
+from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close
+from reference import mamba as ref
+
+SMALL = dict(vocab_size=67, hidden_size=16, state_size=5, num_hidden_layers=3, expand=2)
+B, T = 2, 9
+CONFIGS = {
+    "defaults-tied": {},                                            # K = 4, time_step_rank = ceil(16/16) = 1
+    "biases-K3-rank3-untied": dict(use_bias=True, conv_kernel=3, time_step_rank=3, tie_word_embeddings=False,
+                                   layer_norm_epsilon=1e-3),
+    "no-conv-bias-K2": dict(use_conv_bias=False, conv_kernel=2),
+}
+
+
+def randomize(model, seed):
+    """Draw every parameter of a Mamba model (ours or transformers', same names)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(shape):
+        return torch.randn(shape, generator=g)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("norm.weight", "norm_f.weight")):
+                p.copy_(1.0 + 0.2 * randn(p.shape))
+            elif name.endswith("A_log"):
+                p.copy_(torch.log(0.5 + 7.5 * torch.rand(p.shape, generator=g)))
+            elif name.endswith("dt_proj.bias"):
+                p.copy_(-2.0 + 0.5 * randn(p.shape))
+            elif name.endswith((".D", "embeddings.weight")):
+                p.copy_(randn(p.shape))
+            elif name.endswith(".bias"):
+                p.copy_(0.2 * randn(p.shape))
+            else:                                                   # Linear (out, in); conv1d (D, 1, K)
+                p.copy_(randn(p.shape) / (p.shape[-1] if p.dim() == 3 else p.shape[1]) ** 0.5)
+    return model
+
+
+def make_models(seed=0, **overrides):
+    """(peer in eval mode, a copy of its state dict, our MambaForCausalLM loaded from it, config dict)."""
+    config = dict(SMALL, **overrides)
+    peer = randomize(transformers.MambaForCausalLM(transformers.MambaConfig(**config)), seed).eval()
+    state_dict = {k: v.detach().clone() for k, v in peer.state_dict().items()}
+    ours = MambaForCausalLM(MambaConfig(**config))
+    ours.load_checkpoint(state_dict)
+    return peer, state_dict, ours.eval(), config
+
+
+def reference_logits(state_dict, config, ids, state=None):
+    params = {k[len("backbone."):]: v.double().numpy() for k, v in state_dict.items() if k.startswith("backbone.")}
+    hidden, state = ref.forward(params, ids.numpy(), state, eps=config.get("layer_norm_epsilon", 1e-5))
+    return hidden @ state_dict["lm_head.weight"].double().numpy().T, state
+
+
+def tokens(seed, batch=B, length=T, vocab=SMALL["vocab_size"]):
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def peer_states(cache, num_layers):
+    """The peer's cache as our state: (the last K - 1 conv inputs, h) per block."""
+    return [(cache.get_conv_state(i)[..., 1:], cache.get_recurrent_state(i)) for i in range(num_layers)]
+
+
+def assert_states_close(actual, expected, budget, what):
+    assert len(actual) == len(expected)
+    for i, ((window, h), (window_e, h_e)) in enumerate(zip(actual, expected)):
+        assert_close(window, window_e, budget, f"{what}: block {i} conv window")
+        assert_close(h, h_e, budget, f"{what}: block {i} SSM state")
+
+
+@pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
+def test_reference_and_torch_model_match_the_peer(overrides):
+    peer, state_dict, ours, config = make_models(**overrides)
+    ids = tokens(1)
+    ref_logits, ref_state = reference_logits(state_dict, config, ids)
+    with torch.no_grad():
+        theirs = peer(ids, use_cache=True, output_hidden_states=True)
+        mine = ours(ids, output_hidden_states=True)
+    assert_close(theirs.logits, ref_logits, FP32_BUDGET, "peer vs reference: logits")
+    assert_close(mine.logits, ref_logits, FP32_BUDGET, "torch vs reference: logits")
+    assert_close(mine.logits, theirs.logits, FP32_BUDGET, "torch vs peer: logits")
+    assert_states_close(peer_states(theirs.cache_params, config["num_hidden_layers"]), ref_state, FP32_BUDGET,
+                        "peer vs reference")
+    assert_states_close(mine.state, ref_state, FP32_BUDGET, "torch vs reference")
+    assert len(mine.hidden_states) == len(theirs.hidden_states) == config["num_hidden_layers"] + 1
+    for i, (m, t) in enumerate(zip(mine.hidden_states, theirs.hidden_states)):
+        assert_close(m, t, FP32_BUDGET, f"hidden_states[{i}]")
+
+
+def test_prefill_then_decode_equals_the_whole_and_the_peer():
+    peer, state_dict, ours, config = make_models(**CONFIGS["biases-K3-rank3-untied"])
+    ids, prefill = tokens(2), 4
+    ref_logits, ref_state = reference_logits(state_dict, config, ids)
+    with torch.no_grad():
+        mine = ours(ids[:, :prefill])
+        theirs = peer(ids[:, :prefill], use_cache=True)
+        my_logits, their_logits = [mine.logits], [theirs.logits]
+        for t in range(prefill, T):
+            mine = ours(ids[:, t:t + 1], state=mine.state)
+            theirs = peer(ids[:, t:t + 1], cache_params=theirs.cache_params, use_cache=True)
+            my_logits.append(mine.logits)
+            their_logits.append(theirs.logits)
+    assert_close(torch.cat(my_logits, dim=1), ref_logits, FP32_BUDGET, "torch decoding vs reference whole")
+    assert_close(torch.cat(their_logits, dim=1), ref_logits, FP32_BUDGET, "peer decoding vs reference whole")
+    assert_states_close(mine.state, ref_state, FP32_BUDGET, "torch after decoding")
+    assert_states_close(peer_states(theirs.cache_params, 3), ref_state, FP32_BUDGET, "peer after decoding")
+
+
+@pytest.mark.parametrize("cuts", [(1,), (2,), (3, 4, 7)], ids=str)
+def test_pieces_with_the_state_equal_the_whole(cuts):
+    """Any split, pieces of several tokens included (the peer cannot: it restarts its SSM on such pieces)."""
+    _, state_dict, ours, config = make_models(**CONFIGS["defaults-tied"])
+    ids = tokens(3)
+    pieces = torch.tensor_split(ids, cuts, dim=1)
+    with torch.no_grad():
+        whole = ours(ids)
+        state, logits = None, []
+        for piece in pieces:
+            before = None if state is None else [tuple(s.clone() for s in pair) for pair in state]
+            out = ours(piece, state=state)
+            if before is not None:                                  # the state passed in is left as it was
+                assert all(torch.equal(a, b) for pa, pb in zip(before, state) for a, b in zip(pa, pb))
+            state = out.state
+            logits.append(out.logits)
+    assert_close(torch.cat(logits, dim=1), whole.logits, FP32_BUDGET, "logits")
+    assert_states_close(state, whole.state, FP32_BUDGET, "torch pieces")
+    ref_whole, ref_state = reference_logits(state_dict, config, ids)
+    ref_piece_state, ref_pieces = None, []
+    for piece in pieces:
+        lg, ref_piece_state = reference_logits(state_dict, config, piece, ref_piece_state)
+        ref_pieces.append(torch.from_numpy(lg))
+    assert_close(torch.cat(ref_pieces, dim=1), ref_whole, REFERENCE_BUDGET, "reference logits")
+    assert_states_close(ref_piece_state, ref_state, REFERENCE_BUDGET, "reference pieces")
+
+
+def test_float64_model_matches_the_reference_to_rounding():
+    _, state_dict, ours, config = make_models(**CONFIGS["biases-K3-rank3-untied"])
+    ids = tokens(4)
+    ref_logits, ref_state = reference_logits(state_dict, config, ids)
+    with torch.no_grad():
+        out = ours.double()(ids)
+    assert_close(out.logits, ref_logits, REFERENCE_BUDGET, "float64 logits")
+    assert all(s.dtype == torch.float64 for pair in out.state for s in pair)
+    assert_states_close(out.state, ref_state, REFERENCE_BUDGET, "float64")
+
+
+def test_fp16_model_within_the_fp16_budget():
+    _, state_dict, ours, config = make_models(**CONFIGS["defaults-tied"])
+    ids = tokens(5)
+    ref_logits, _ = reference_logits(state_dict, config, ids)
+    with torch.no_grad():
+        out = ours.half()(ids)
+    assert out.logits.dtype == torch.float16 and all(s.dtype == torch.float32 for pair in out.state for s in pair)
+    assert_close(out.logits, ref_logits, FP16_BUDGET, "fp16 logits")
+
+
+def test_training_loss_and_gradients_match_the_peer():
+    peer, _, ours, _ = make_models(**CONFIGS["biases-K3-rank3-untied"])
+    peer.train()
+    ours.train()
+    ids = tokens(6)
+    labels = ids.clone()
+    labels[1, 2:5] = -100                                           # ignored positions
+    theirs = peer(ids, labels=labels, use_cache=False)
+    mine = ours(ids, labels=labels)
+    assert_close(mine.loss, theirs.loss, FP32_BUDGET, "loss")
+    theirs.loss.backward()
+    mine.loss.backward()
+    peer_grads = dict(peer.named_parameters())
+    for name, p in ours.named_parameters():
+        assert_close(p.grad, peer_grads[name].grad, FP32_BUDGET, f"gradient of {name}")
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("writer", ["ours", "peer", "torch.save"])
+def test_checkpoint_round_trips(writer, tied, tmp_path):
+    peer, state_dict, ours, _ = make_models(tie_word_embeddings=tied)
+    if writer == "ours":
+        ours.save_pretrained(tmp_path)
+    elif writer == "peer":
+        peer.save_pretrained(tmp_path)
+    else:
+        peer.config.save_pretrained(tmp_path)
+        torch.save(state_dict, tmp_path / "pytorch_model.bin")
+    ids = tokens(7)
+    loaded = MambaForCausalLM.from_pretrained(tmp_path)
+    base = MambaModel.from_pretrained(tmp_path)                     # the base model keeps the "backbone." part
+    with torch.no_grad():
+        expected = ours(ids)
+        assert torch.equal(loaded(ids).logits, expected.logits)
+        assert torch.equal(base(ids).last_hidden_state, ours.backbone(ids).last_hidden_state)
+        if writer == "ours":                                        # and the peer reads what we wrote
+            theirs = transformers.MambaForCausalLM.from_pretrained(tmp_path).eval()
+            assert_close(theirs(ids).logits, expected.logits, FP32_BUDGET, "peer reading our checkpoint")
+
+
+def test_greedy_generation_matches_the_peer_with_one_token_per_step():
+    peer, _, ours, _ = make_models(**CONFIGS["biases-K3-rank3-untied"])
+    prompt = tokens(8, length=5)
+    lengths = []
+    hook = ours.backbone.register_forward_pre_hook(lambda module, args: lengths.append(args[0].shape[1]))
+    out, _ = ours.generate(prompt, max_new_tokens=8)
+    hook.remove()
+    expected = prompt                                               # the peer re-reads the whole sequence
+    with torch.no_grad():
+        for _ in range(8):
+            expected = torch.cat([expected, peer(expected, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)],
+                                 dim=1)
+    assert torch.equal(out, expected)
+    assert lengths[0] == 5 and set(lengths[1:]) == {1}              # the prompt once, then one token per step
+
+
+def test_triton_backend_model():
+    _, state_dict, ours, config = make_models(**CONFIGS["biases-K3-rank3-untied"])
+    ids = tokens(9, length=6)
+    ref_logits, ref_state = reference_logits(state_dict, config, ids)
+    with torch.no_grad():
+        first = ours(ids[:, :4], backend="triton")
+        second = ours(ids[:, 4:5], state=first.state, backend="triton")
+        third = ours(ids[:, 5:], state=second.state, backend="triton")
+    logits = torch.cat([first.logits, second.logits, third.logits], dim=1)
+    assert_close(logits, ref_logits, FP32_BUDGET, "triton logits")
+    assert_states_close(third.state, ref_state, FP32_BUDGET, "triton")
+
+
+def test_bad_token_ids_are_refused():
+    _, state_dict, ours, config = make_models()
+    for bad in (torch.tensor([[0, 67]]), torch.tensor([[-1, 3]])):
+        with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 67\)"):
+            ours(bad)
+        with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 67\)"):
+            reference_logits(state_dict, config, bad)
+    with pytest.raises(TypeError, match="input_ids must be an integer tensor"):
+        ours(torch.zeros(1, 3))
+
+
+def test_bad_state_is_refused():
+    _, state_dict, ours, config = make_models()
+    with torch.no_grad():
+        state = ours(tokens(10)).state
+    bad = list(state)
+    bad[1] = (state[1][0][..., :2], state[1][1])
+    with pytest.raises(ValueError, match=r"state\[1\]\[0\] \(conv window\) must have shape \(2, 32, 3\)"):
+        ours(tokens(10), state=bad)
+    with pytest.raises(ValueError, match="state must be a list of 3 .conv window, h. pairs"):
+        ours(tokens(10), state=state[:2])
+    with pytest.raises(ValueError, match="state must be one .conv window, h. pair per block"):
+        reference_logits(state_dict, config, tokens(10), [tuple(s.numpy() for s in pair) for pair in bad])
+
+
+@pytest.mark.parametrize("damage", ["missing", "misshapen"])
+def test_bad_checkpoint_names_the_tensor(damage, tmp_path):
+    _, state_dict, ours, _ = make_models()
+    name = "backbone.layers.2.mixer.x_proj.weight"
+    if damage == "missing":
+        del state_dict[name]
+        error, message = KeyError, f"missing tensor '{name}'"
+    else:
+        state_dict[name] = state_dict[name].T.contiguous()
+        error, message = ValueError, rf"'{name}' has shape \(32, 11\), expected \(11, 32\)"
+    ours.save_pretrained(tmp_path)
+    save_state_dict(state_dict, tmp_path / "model.safetensors")
+    with pytest.raises(error, match=message):
+        MambaForCausalLM.from_pretrained(tmp_path)
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(ValueError, match="hidden_act: only 'silu'"):
+        MambaConfig(**SMALL, hidden_act="gelu")
