@@ -1,0 +1,273 @@
+"""RWKV-7 "Goose" as a torch module with BlinkDL's parameter names, so a BlinkDL RWKV-7 `.pth` loads as it is.
+
+    Rwkv7Config                sizes: vocab, n_embd, n_layer, head_size, dim_ffn and the four LoRA widths
+    Rwkv7(config)              emb -> blocks.0.ln0 -> L x (ln1 -> att, ln2 -> ffn) -> ln_out -> head
+    Rwkv7.from_checkpoint(p)   reads a `.pth` (or .safetensors); the sizes come from the tensors (head size from
+                               r_k, which is (H, N))
+    model(tokens, state=None, backend=None) -> (logits (B, T, V), state)
+    model.generate(...)        greedy or temperature/top-p continuation, one forward of one token per new token
+
+GPT mode: a call with T tokens runs the whole sequence through the WKV-7 op (kernels/wkv7.py) in each layer.
+RNN mode: calls with one token each, the returned state passed back in; both give the same logits.
+State: a list of L tuples (att_x_prev (B, C), att_kv (B, H, N, N) fp32 indexed [value, key], ffn_x_prev (B, C)).
+
+The math is that of reference/rwkv7.py (whose docstring has the glossary); sources: the RWKV-7 architecture post
+https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 and arXiv:2503.14456.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kernels.models.checkpoint import check_state_dict, check_token_ids, load_state_dict
+from kernels.models.generation import generate
+from kernels.wkv7 import wkv7
+
+GROUP_NORM_EPS = 64e-5
+# Some BlinkDL checkpoints carry a value-residual LoRA for block 0, which makes v_first and never uses it.
+UNUSED_CHECKPOINT_KEYS = ("blocks.0.att.v0", "blocks.0.att.v1", "blocks.0.att.v2")
+
+
+def _suggested_lora(C: int, scale: float, power: float) -> int:
+    return max(32, int(round(scale * C ** power / 32)) * 32)
+
+
+@dataclass
+class Rwkv7Config:
+    """Sizes of an RWKV-7 model. The LoRA widths default to one of the suggestions in BlinkDL's RWKV-7 training
+    code (it has changed between versions); `Rwkv7.from_checkpoint` reads the actual ones from the tensors."""
+    vocab_size: int = 65536
+    n_embd: int = 768
+    n_layer: int = 12
+    head_size: int = 64
+    dim_ffn: int | None = None        # 4 * n_embd
+    decay_lora: int | None = None     # w1, w2
+    a_lora: int | None = None         # a1, a2 (in-context learning rate)
+    v_lora: int | None = None         # v1, v2 (value residual, blocks 1 ...)
+    gate_lora: int | None = None      # g1, g2
+
+    def __post_init__(self):
+        C = self.n_embd
+        defaults = dict(dim_ffn=4 * C, decay_lora=_suggested_lora(C, 1.8, 0.5), a_lora=_suggested_lora(C, 1.8, 0.5),
+                        v_lora=_suggested_lora(C, 1.3, 0.5), gate_lora=_suggested_lora(C, 0.6, 0.8))
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        sizes = {k: getattr(self, k) for k in ("vocab_size", "n_embd", "n_layer", "head_size", "dim_ffn",
+                                                "decay_lora", "a_lora", "v_lora", "gate_lora")}
+        bad = {k: v for k, v in sizes.items() if not (isinstance(v, int) and v >= 1)}
+        if bad:
+            raise ValueError(f"Rwkv7Config sizes must be positive integers, got {bad}")
+        if C % self.head_size:
+            raise ValueError(f"n_embd ({C}) must be a multiple of head_size ({self.head_size})")
+
+    @property
+    def n_head(self) -> int:
+        return self.n_embd // self.head_size
+
+    @classmethod
+    def from_state_dict(cls, state_dict: dict[str, torch.Tensor]) -> "Rwkv7Config":
+        """Sizes read from a BlinkDL checkpoint: emb.weight (V, C), r_k (H, N), ffn.key.weight (F, C), w1, a1,
+        v1 (block 1), g1 (C, D)."""
+        def shape(key):
+            if key not in state_dict:
+                raise KeyError(f"checkpoint is missing tensor {key!r}")
+            if state_dict[key].dim() != 2:
+                raise ValueError(f"checkpoint tensor {key!r} must be 2-D, got shape {tuple(state_dict[key].shape)}")
+            return tuple(state_dict[key].shape)
+
+        blocks = [int(m.group(1)) for m in map(re.compile(r"blocks\.(\d+)\.").match, state_dict) if m]
+        if not blocks:
+            raise KeyError("checkpoint has no blocks.<i>.* tensors")
+        n_layer = max(blocks) + 1
+        vocab_size, n_embd = shape("emb.weight")
+        _, head_size = shape("blocks.0.att.r_k")
+        return cls(vocab_size=vocab_size, n_embd=n_embd, n_layer=n_layer, head_size=head_size,
+                   dim_ffn=shape("blocks.0.ffn.key.weight")[0], decay_lora=shape("blocks.0.att.w1")[1],
+                   a_lora=shape("blocks.0.att.a1")[1], gate_lora=shape("blocks.0.att.g1")[1],
+                   v_lora=shape("blocks.1.att.v1")[1] if n_layer > 1 else None)
+
+
+def _token_shift(x: torch.Tensor, x_prev: torch.Tensor) -> torch.Tensor:
+    """x_{t-1} - x_t for every t, x_prev standing before x_0: (B, T, C)."""
+    return torch.cat([x_prev[:, None], x[:, :-1]], dim=1) - x
+
+
+def _channel_vector(C: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(1, 1, C))
+
+
+class TimeMix(nn.Module):
+    """RWKV_Tmix_x070: the six token-shift mixes, r, w, k, v, a, g, the WKV-7 op, GroupNorm per head, bonus."""
+
+    def __init__(self, config: Rwkv7Config, layer_id: int):
+        super().__init__()
+        C, H, N = config.n_embd, config.n_head, config.head_size
+        self.layer_id = layer_id
+        for c in "rwkvag":
+            setattr(self, f"x_{c}", _channel_vector(C))
+        lora = dict(w=config.decay_lora, a=config.a_lora, g=config.gate_lora)
+        if layer_id > 0:                       # layer 0 makes v_first and has no value residual
+            lora["v"] = config.v_lora
+        for c, D in lora.items():
+            if c != "g":
+                setattr(self, f"{c}0", _channel_vector(C))
+            setattr(self, f"{c}1", nn.Parameter(torch.empty(C, D)))
+            setattr(self, f"{c}2", nn.Parameter(torch.empty(D, C)))
+        self.k_k, self.k_a = _channel_vector(C), _channel_vector(C)
+        self.r_k = nn.Parameter(torch.empty(H, N))
+        self.receptance, self.key, self.value, self.output = (nn.Linear(C, C, bias=False) for _ in range(4))
+        self.ln_x = nn.GroupNorm(H, C, eps=GROUP_NORM_EPS)
+
+    def forward(self, x, x_prev, kv, v_first, backend=None):
+        """x: layer-normed input (B, T, C); x_prev (B, C); kv (B, H, N, N) fp32; v_first (B, T, C) or None in
+        layer 0. Returns (out (B, T, C), x_prev, kv, v_first) for the next call / layer."""
+        B, T, C = x.shape
+        H, N = self.r_k.shape
+        heads = lambda z: z.reshape(B, T, H, N)                               # noqa: E731
+        xx = _token_shift(x, x_prev)
+        xr, xw, xk, xv, xa, xg = (x + xx * mix for mix in (self.x_r, self.x_w, self.x_k, self.x_v, self.x_a, self.x_g))
+        r = self.receptance(xr)
+        w = -F.softplus(-(self.w0 + torch.tanh(xw @ self.w1) @ self.w2)) - 0.5   # soft-clamped to (-inf, -0.5)
+        log_w = -torch.exp(w)                                                     # decay exp(-exp(w))
+        k = self.key(xk)
+        v = self.value(xv)
+        if self.layer_id == 0:
+            v_first = v
+        else:
+            v = v + (v_first - v) * torch.sigmoid(self.v0 + (xv @ self.v1) @ self.v2)
+        a = torch.sigmoid(self.a0 + (xa @ self.a1) @ self.a2)                    # in-context learning rate
+        g = torch.sigmoid(xg @ self.g1) @ self.g2
+        kk = F.normalize(heads(k * self.k_k), dim=-1)                            # (B, T, H, N), unit per head
+        k = k * (1 + (a - 1) * self.k_a)
+        y, kv = wkv7(heads(r), heads(log_w), heads(k), heads(v), -kk, kk * heads(a), state=kv, backend=backend)
+        y = self.ln_x(y.reshape(B * T, C)).view(B, T, C)
+        y = y + ((heads(r) * heads(k) * self.r_k).sum(-1, keepdim=True) * heads(v)).view(B, T, C)
+        return self.output(y * g), x[:, -1], kv, v_first
+
+
+class ChannelMix(nn.Module):
+    """RWKV_CMix_x070: value(relu(key(x + (x_{t-1} - x) * x_k))^2)."""
+
+    def __init__(self, config: Rwkv7Config):
+        super().__init__()
+        self.x_k = _channel_vector(config.n_embd)
+        self.key = nn.Linear(config.n_embd, config.dim_ffn, bias=False)
+        self.value = nn.Linear(config.dim_ffn, config.n_embd, bias=False)
+
+    def forward(self, x, x_prev):
+        k = torch.relu(self.key(x + _token_shift(x, x_prev) * self.x_k)) ** 2
+        return self.value(k), x[:, -1]
+
+
+class Block(nn.Module):
+    def __init__(self, config: Rwkv7Config, layer_id: int):
+        super().__init__()
+        if layer_id == 0:
+            self.ln0 = nn.LayerNorm(config.n_embd)    # normalizes the embeddings
+        self.ln1 = nn.LayerNorm(config.n_embd)
+        self.ln2 = nn.LayerNorm(config.n_embd)
+        self.att = TimeMix(config, layer_id)
+        self.ffn = ChannelMix(config)
+
+    def forward(self, x, layer_state, v_first, backend=None):
+        att_x_prev, att_kv, ffn_x_prev = layer_state
+        dx, att_x_prev, att_kv, v_first = self.att(self.ln1(x), att_x_prev, att_kv, v_first, backend)
+        x = x + dx
+        dx, ffn_x_prev = self.ffn(self.ln2(x), ffn_x_prev)
+        return x + dx, (att_x_prev, att_kv, ffn_x_prev), v_first
+
+
+class Rwkv7(nn.Module):
+    """The RWKV-7 language model; `state_dict()` keys and shapes are those of a BlinkDL RWKV-7 `.pth`."""
+
+    def __init__(self, config: Rwkv7Config):
+        super().__init__()
+        self.config = config
+        self.emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        self.ln_out = nn.LayerNorm(config.n_embd)
+        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """A plain starting point, not BlinkDL's training initialization: norms weight 1 and bias 0, every other
+        tensor N(0, std^2) (so the decays start near exp(-exp(-softplus(0) - 0.5)) = 0.74)."""
+        for module in self.modules():
+            if isinstance(module, (nn.LayerNorm, nn.GroupNorm)):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            else:
+                for p in module.parameters(recurse=False):
+                    nn.init.normal_(p, std=std)
+
+    @classmethod
+    def from_checkpoint(cls, path, dtype: torch.dtype = torch.float32) -> "Rwkv7":
+        """A model with the weights of a BlinkDL RWKV-7 checkpoint (.pth read with torch.load(weights_only=True),
+        or .safetensors). A missing, unexpected or misshapen tensor raises an error that names it."""
+        state_dict = {k: v for k, v in load_state_dict(path).items() if k not in UNUSED_CHECKPOINT_KEYS}
+        model = cls(Rwkv7Config.from_state_dict(state_dict))
+        check_state_dict({k: tuple(v.shape) for k, v in model.state_dict().items()}, state_dict)
+        model.load_state_dict(state_dict)
+        return model.to(dtype)
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The WKV state is fp32 (float64 for a float64 model); the token-shift states take the model's dtype."""
+        return torch.promote_types(self.emb.weight.dtype, torch.float32)
+
+    def zero_state(self, batch_size: int) -> list:
+        c, p = self.config, self.emb.weight
+        return [(p.new_zeros(batch_size, c.n_embd),
+                 p.new_zeros(batch_size, c.n_head, c.head_size, c.head_size, dtype=self.kv_dtype),
+                 p.new_zeros(batch_size, c.n_embd)) for _ in range(c.n_layer)]
+
+    def _check_state(self, state, B: int) -> None:
+        c, p = self.config, self.emb.weight
+        H, N, C = c.n_head, c.head_size, c.n_embd
+        if not isinstance(state, (list, tuple)) or len(state) != c.n_layer:
+            raise ValueError(f"state must be a list of {c.n_layer} tuples (att_x_prev, att_kv, ffn_x_prev), "
+                             f"got {type(state).__name__} of length {len(state) if hasattr(state, '__len__') else '-'}")
+        for i, layer in enumerate(state):
+            if len(layer) != 3:
+                raise ValueError(f"state[{i}] must be (att_x_prev, att_kv, ffn_x_prev), got {len(layer)} entries")
+            for name, x, shape, dtype in zip(("att_x_prev", "att_kv", "ffn_x_prev"), layer,
+                                             ((B, C), (B, H, N, N), (B, C)), (p.dtype, self.kv_dtype, p.dtype)):
+                if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape or x.dtype != dtype \
+                        or x.device != p.device:
+                    got = (f"{x.dtype} {tuple(x.shape)} on {x.device}" if isinstance(x, torch.Tensor)
+                           else type(x).__name__)
+                    raise ValueError(f"state[{i}] {name} must be a {dtype} tensor of shape {shape} on {p.device}, "
+                                     f"got {got}")
+
+    def forward(self, tokens: torch.Tensor, state=None, backend: str | None = None):
+        """tokens (B, T) integers in [0, V); state as returned by a previous call (zeros when None); backend of
+        the WKV-7 op (None: Triton on CUDA, torch otherwise). Returns (logits (B, T, V), state)."""
+        check_token_ids(tokens, self.config.vocab_size, name="tokens")
+        B = tokens.shape[0]
+        if state is None:
+            state = self.zero_state(B)
+        self._check_state(state, B)
+        x = self.blocks[0].ln0(self.emb(tokens.long()))
+        v_first, new_state = None, []
+        for block, layer_state in zip(self.blocks, state):
+            x, layer_state, v_first = block(x, layer_state, v_first, backend)
+            new_state.append(layer_state)
+        return self.head(self.ln_out(x)), new_state
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, state=None, temperature: float = 0.0,
+                 top_p: float = 1.0, stop_sequences=(), generator: torch.Generator | None = None,
+                 backend: str | None = None):
+        """Continue input_ids (B, T): the prompt is read once, then one forward of one token per new token through
+        the state. temperature 0 is greedy. Returns (tokens (B, T + n), state); see kernels/models/generation.py."""
+        def step(tokens, st):
+            logits, st = self(tokens, st, backend=backend)
+            return logits[:, -1], st
+        return generate(step, input_ids, max_new_tokens, state=state, temperature=temperature, top_p=top_p,
+                        stop_sequences=stop_sequences, generator=generator)
