@@ -1,0 +1,306 @@
+"""kernels.rerope against the per-pair definition score_ij = (q_i sigma_i) . R(-rel(i - j)) k_j.
+
+Chain: reference/rope.py (NumPy float64: attention_from_relative_positions, rerope_attention, rerope_decode) ->
+a float64 torch copy of the per-pair definition written here (for autograd; checked against the reference to 1e-12)
+-> torch backend (flash pieces merged by log-sum-exp) -> Triton backend (fused kernels under the interpreter, with
+16-row tiles so that short sequences exercise far, straddling and near tiles).
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._pytree import tree_leaves
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kernels import rerope
+from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close
+from reference.rope import (attention_from_relative_positions, log_n_scale, relative_positions, rerope_attention,
+                            rerope_decode)
+
+# (T, d, window, leaky_k, train_length); tiles are 16 x 16 unless a test says otherwise.
+CASES = [
+    pytest.param(37, 16, 5, None, None, id="w<tile"),
+    pytest.param(37, 32, 20, 4.0, 16, id="w>tile-leaky-logn"),
+    pytest.param(33, 16, 1, None, 8, id="w=1-logn"),
+    pytest.param(40, 16, 50, 2.0, None, id="w>T-leaky"),
+    pytest.param(29, 32, 16, None, 4, id="w=tile-logn"),
+    pytest.param(45, 16, 7, 1.5, 10, id="leaky-w<tile-logn"),
+]
+
+
+@pytest.fixture(autouse=True)
+def tiles(monkeypatch):
+    """16-row tiles for the interpreter; call with other sizes to change them."""
+    def use(block_m=16, block_n=16):
+        config = rerope.LaunchConfig(block_m, block_n, 4, 1)
+        monkeypatch.setattr(rerope, "_launch_configs", lambda head_dim, dtype: rerope.LaunchConfigs(*[config] * 3))
+    use()
+    return use
+
+
+def _inputs(rng, shape, spread=1.0):
+    return [torch.tensor(rng.standard_normal(shape) * spread) for _ in range(3)]
+
+
+def definition(q, k, v, window, leaky_k=None, train_length=None, scale=None, base=10000.0):
+    """softmax_j((q_i sigma_i) . R(-rel_ij) k_j * scale) v, causal, one rotated key per pair (float64 torch)."""
+    T, d = q.shape[-2:]
+    rel = torch.tensor(relative_positions(T, "rerope" if leaky_k is None else "leaky_rerope", window, leaky_k))
+    if train_length is not None:
+        q = q * torch.tensor(log_n_scale(np.arange(T), train_length))[:, None]
+    angle = -rel[..., None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)        # (T, T, d/2)
+    k1, k2 = k[..., None, :, : d // 2], k[..., None, :, d // 2:]                               # (B, H, 1, T, d/2)
+    k_rot = torch.cat((k1 * angle.cos() - k2 * angle.sin(), k2 * angle.cos() + k1 * angle.sin()), -1)
+    s = torch.einsum("bhid,bhijd->bhij", q, k_rot) * (1 / math.sqrt(d) if scale is None else scale)
+    s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def _grads(fn, inputs, do):
+    inputs = [x.detach().requires_grad_() for x in inputs]
+    out = fn(*inputs)
+    return out, torch.autograd.grad(out, inputs, do.to(out.dtype))
+
+
+def _check(out, grads, out_e, grads_e, budget, what):
+    assert_close(out, out_e, budget, f"{what} output")
+    for name, g, e in zip(("dq", "dk", "dv"), grads, grads_e):
+        assert_close(g, e, budget, f"{what} {name}")
+
+
+@pytest.mark.parametrize("T, d, window, leaky_k, train_length", CASES)
+def test_definition_here_matches_the_reference(rng, T, d, window, leaky_k, train_length):
+    """The torch definition used for gradients == reference's per-pair definition == the source's two-pass form."""
+    q, k, v = _inputs(rng, (2, 1, T, d))
+    mine = definition(q, k, v, window, leaky_k, train_length)
+    q_scaled = q.numpy() * (1 if train_length is None else log_n_scale(np.arange(T), train_length)[:, None])
+    rel = relative_positions(T, "rerope" if leaky_k is None else "leaky_rerope", window, leaky_k)
+    assert_close(mine, attention_from_relative_positions(q_scaled, k.numpy(), v.numpy(), rel), REFERENCE_BUDGET)
+    assert_close(mine, rerope_attention(q.numpy(), k.numpy(), v.numpy(), window, leaky_k,
+                                        train_length=train_length), REFERENCE_BUDGET)
+
+
+@pytest.mark.parametrize("T, d, window, leaky_k, train_length", CASES)
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_prefill_outputs_and_gradients(rng, backend, T, d, window, leaky_k, train_length):
+    q, k, v = _inputs(rng, (1, 2, T, d))
+    do = torch.tensor(rng.standard_normal((1, 2, T, d)))
+    out_e, grads_e = _grads(lambda *a: definition(*a, window, leaky_k, train_length), (q, k, v), do)
+    out, grads = _grads(lambda *a: rerope.rerope_attention(*a, window, leaky_k, train_length=train_length,
+                                                           backend=backend), (q.float(), k.float(), v.float()), do)
+    assert out.dtype == torch.float32 and all(g.dtype == torch.float32 for g in grads)
+    _check(out, grads, out_e, grads_e, FP32_BUDGET, backend)
+
+
+@pytest.mark.parametrize("mask_rows", [4, rerope.MASK_ROWS])
+@pytest.mark.parametrize("T, d, window, leaky_k, train_length", CASES[:3])
+def test_torch_backend_is_exact_in_float64(rng, monkeypatch, T, d, window, leaky_k, train_length, mask_rows):
+    """The pieces and their log-sum-exp merge are exact: float64 in, the definition out to 1e-12."""
+    monkeypatch.setattr(rerope, "MASK_ROWS", mask_rows)
+    q, k, v = _inputs(rng, (2, 2, T, d))
+    do = torch.tensor(rng.standard_normal((2, 2, T, d)))
+    out_e, grads_e = _grads(lambda *a: definition(*a, window, leaky_k, train_length), (q, k, v), do)
+    out, grads = _grads(lambda *a: rerope.rerope_attention(*a, window, leaky_k, train_length=train_length,
+                                                           backend="torch"), (q, k, v), do)
+    _check(out, grads, out_e, grads_e, REFERENCE_BUDGET, "float64")
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_single_position(rng, backend):
+    q, k, v = _inputs(rng, (1, 2, 1, 16))
+    out = rerope.rerope_attention(q.float(), k.float(), v.float(), 3, backend=backend)
+    assert_close(out, v, FP32_BUDGET)          # one key: softmax = 1
+
+
+@pytest.mark.parametrize("block_m, block_n", [(16, 32), (32, 16)])
+def test_triton_unequal_tiles(rng, tiles, block_m, block_n):
+    """Query and key tiles of different sizes: the window's edge and the diagonal cut tiles off their corners."""
+    tiles(block_m, block_n)
+    T, d, window, leaky_k, train_length = 43, 16, 9, 3.0, 12
+    q, k, v = _inputs(rng, (1, 2, T, d))
+    do = torch.tensor(rng.standard_normal((1, 2, T, d)))
+    out_e, grads_e = _grads(lambda *a: definition(*a, window, leaky_k, train_length), (q, k, v), do)
+    out, grads = _grads(lambda *a: rerope.rerope_attention(*a, window, leaky_k, train_length=train_length,
+                                                           backend="triton"), (q.float(), k.float(), v.float()), do)
+    _check(out, grads, out_e, grads_e, FP32_BUDGET, f"tiles {block_m}x{block_n}")
+
+
+DECODE_CASES = [
+    pytest.param(37, 16, 5, None, None, id="rerope"),
+    pytest.param(37, 32, 20, 4.0, 16, id="leaky-logn"),
+    pytest.param(23, 16, 40, 2.0, 8, id="w>T"),
+    pytest.param(1, 16, 3, None, None, id="T=1"),
+]
+
+
+@pytest.mark.parametrize("T, d, window, leaky_k, train_length", DECODE_CASES)
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_decode_is_the_last_row_of_prefill(rng, backend, T, d, window, leaky_k, train_length):
+    q, k, v = _inputs(rng, (2, 1, T, d))
+    do = torch.tensor(rng.standard_normal((2, 1, 1, d)))
+    expected = rerope_decode(q[:, :, -1:].numpy(), k.numpy(), v.numpy(), window, leaky_k, train_length=train_length)
+    opts = dict(leaky_k=leaky_k, train_length=train_length, backend=backend)
+    q32, k32, v32 = q.float(), k.float(), v.float()
+    out, grads = _grads(lambda *a: rerope.rerope_decode(*a, window, **opts), (q32[:, :, -1:], k32, v32), do)
+    assert out.shape == (2, 1, 1, d)
+    assert_close(out, expected, FP32_BUDGET, "decode vs reference")
+    assert_close(out, rerope.rerope_attention(q32, k32, v32, window, **opts)[:, :, -1:], FP32_BUDGET,
+                 "decode vs last prefill row")
+    if T > 1:   # with one key, dq and dk are exactly zero: nothing relative to compare
+        _, grads_e = _grads(lambda *a: definition(*a, window, leaky_k, train_length)[:, :, -1:], (q, k, v), do)
+        for name, g, e in zip(("dq", "dk", "dv"), grads, (grads_e[0][:, :, -1:], *grads_e[1:])):
+            assert_close(g, e, FP32_BUDGET, f"decode {name}")
+
+
+def test_torch_decode_rotates_the_cache_in_chunks(rng, monkeypatch):
+    monkeypatch.setattr(rerope, "DECODE_CHUNK", 8)
+    q, k, v = _inputs(rng, (1, 2, 29, 16))
+    expected = rerope_decode(q[:, :, -1:].numpy(), k.numpy(), v.numpy(), 6, 2.5, train_length=4)
+    out = rerope.rerope_decode(q[:, :, -1:], k, v, 6, 2.5, train_length=4, backend="torch")
+    assert_close(out, expected, REFERENCE_BUDGET)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_fp16_inputs(rng, backend):
+    T, d, window, leaky_k, train_length = 37, 32, 9, 4.0, 16
+    q, k, v = (x.half().double() for x in _inputs(rng, (1, 2, T, d)))     # exactly representable in fp16
+    do = torch.tensor(rng.standard_normal((1, 2, T, d)))
+    out_e, grads_e = _grads(lambda *a: definition(*a, window, leaky_k, train_length), (q, k, v), do)
+    out, grads = _grads(lambda *a: rerope.rerope_attention(*a, window, leaky_k, train_length=train_length,
+                                                           backend=backend), (q.half(), k.half(), v.half()), do)
+    assert out.dtype == torch.float16 and all(g.dtype == torch.float16 for g in grads)
+    _check(out, grads, out_e, grads_e, FP16_BUDGET, f"fp16 {backend}")
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_large_scores_do_not_overflow(rng, backend):
+    """Scores in the hundreds (e^s overflows fp32 past 88), with log-n scaling on top."""
+    T, d, window = 30, 16, 6
+    q, k, v = _inputs(rng, (1, 1, T, d), spread=12.0)
+    out = rerope.rerope_attention(q.float(), k.float(), v.float(), window, train_length=4, backend=backend)
+    assert_close(out, rerope_attention(q.numpy(), k.numpy(), v.numpy(), window, train_length=4), FP32_BUDGET)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_scale_and_base_arguments(rng, backend):
+    T, d, window, leaky_k = 26, 16, 6, 3.0
+    q, k, v = _inputs(rng, (1, 2, T, d))
+    expected = definition(q, k, v, window, leaky_k, scale=0.3, base=500.0)
+    out = rerope.rerope_attention(q.float(), k.float(), v.float(), window, leaky_k, scale=0.3, backend=backend,
+                                  base=500.0)
+    assert_close(out, expected, FP32_BUDGET)
+    out = rerope.rerope_decode(q[:, :, -1:].float(), k.float(), v.float(), window, leaky_k, scale=0.3,
+                               backend=backend, base=500.0)
+    assert_close(out, expected[:, :, -1:], FP32_BUDGET, "decode")
+
+
+@pytest.mark.parametrize("leaky_k", [None, 2.0])
+def test_gradcheck_torch_backend(rng, leaky_k):
+    q, k, v = (x.requires_grad_() for x in _inputs(rng, (1, 1, 9, 4)))
+    assert torch.autograd.gradcheck(
+        lambda *a: rerope.rerope_attention(*a, 3, leaky_k, train_length=4, backend="torch"), (q, k, v),
+        fast_mode=True)
+
+
+def test_chunked_pieces_match_the_definition(rng, monkeypatch):
+    """The device-independent pieces (plain torch, chunks of query rows) that non-CPU tensors use."""
+    monkeypatch.setattr(rerope, "_flash_with_lse", rerope._chunked_with_lse)
+    monkeypatch.setattr(rerope, "_flash_backward", rerope._chunked_backward)
+    monkeypatch.setattr(rerope, "QUERY_CHUNK", 8)
+    T, d, window, leaky_k, train_length = 37, 16, 9, 3.0, 8
+    q, k, v = _inputs(rng, (1, 2, T, d))
+    do = torch.tensor(rng.standard_normal((1, 2, T, d)))
+    out_e, grads_e = _grads(lambda *a: definition(*a, window, leaky_k, train_length), (q, k, v), do)
+    out, grads = _grads(lambda *a: rerope.rerope_attention(*a, window, leaky_k, train_length=train_length,
+                                                           backend="torch"), (q, k, v), do)
+    _check(out, grads, out_e, grads_e, REFERENCE_BUDGET, "chunked pieces")
+
+
+@pytest.mark.parametrize("mask_rows", [3, rerope.MASK_ROWS])
+@pytest.mark.parametrize("T", range(1, 21))
+def test_pieces_cover_every_causal_pair_once_on_its_path(monkeypatch, T, mask_rows):
+    """Feed positions through each piece's views and its own mask: every pair j <= i is seen exactly once, by the
+    path that rel(i - j) calls for (near: i - j < w)."""
+    monkeypatch.setattr(rerope, "MASK_ROWS", mask_rows)
+    positions = torch.arange(T, dtype=torch.float64)[None, None, :, None]          # (1, 1, T, 1)
+    for window in range(1, T + 3):
+        count = torch.zeros(T, T, dtype=torch.long)
+        for piece in rerope._pieces(T, window):
+            i, j, _, causal, mask = rerope._piece_args(piece, positions, positions, positions)
+            i, j = i[..., 0].long().flatten(0, -2), j[..., 0].long().flatten(0, -2)   # (pieces, L), (pieces, S)
+            seen = torch.ones(i.shape[-1], j.shape[-1], dtype=torch.bool)
+            seen = seen.tril() if causal else seen
+            seen = seen if mask is None else seen & (mask == 0)
+            for ib, jb in zip(i, j):
+                ii, jj = torch.meshgrid(ib, jb, indexing="ij")
+                ii, jj = ii[seen], jj[seen]
+                assert ((ii - jj < window) == (piece.path == "near")).all(), (T, window, piece.kind)
+                count.index_put_((ii, jj), torch.ones_like(ii), accumulate=True)
+        assert torch.equal(count, torch.ones(T, T, dtype=torch.long).tril()), (T, window)
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any aten op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.numel = max([self.numel] + [t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)])
+        return out
+
+
+@pytest.mark.parametrize("leaky_k", [None, 4.0])
+def test_torch_prefill_memory_is_linear_in_T(rng, leaky_k):
+    """No tensor of the forward or backward grows like T x T: the largest is the rotation table (<= 3 T d)."""
+    T, d = 512, 16
+    q, k, v = (x.float().requires_grad_() for x in _inputs(rng, (1, 1, T, d)))
+    with _LargestTensor() as largest:
+        rerope.rerope_attention(q, k, v, 64, leaky_k, train_length=128, backend="torch").sum().backward()
+    assert largest.numel <= 3 * T * d < T * T // 10
+
+
+def _call(fn="rerope_attention", **overrides):
+    """A call that is valid except for ``overrides``."""
+    x = torch.zeros(1, 2, 8, 16)
+    args = dict(q=x, k=x, v=x, window=4) if fn == "rerope_attention" else dict(q=x[:, :, :1], k_cache=x,
+                                                                                   v_cache=x, window=4)
+    args.update(overrides)
+    return lambda: getattr(rerope, fn)(**args)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (_call(window=0), ValueError, "window must be >= 1, got 0"),
+    (_call(window=2.5), TypeError, "window must be an int, got float"),
+    (_call(window=True), TypeError, "window must be an int, got bool"),
+    (_call(leaky_k=1.0), ValueError, r"leaky_k must be a finite number > 1 \(None for ReRoPE\), got 1.0"),
+    (_call(leaky_k=float("inf")), ValueError, "leaky_k must be a finite number > 1"),
+    (_call(train_length=1), ValueError, "train_length must be a finite number >= 2"),
+    (_call(scale=float("nan")), ValueError, "scale must be a finite number"),
+    (_call(base=0.0), ValueError, "base must be a finite number > 0"),
+    (_call(k=torch.zeros(1, 2, 9, 16)), ValueError, r"k must have shape \(1, 2, 8, 16\), got \(1, 2, 9, 16\)"),
+    (_call(v=torch.zeros(1, 2, 8, 8)), ValueError, r"v must have shape \(1, 2, 8, 16\)"),
+    (_call(q=torch.zeros(1, 2, 0, 16), k=torch.zeros(1, 2, 0, 16), v=torch.zeros(1, 2, 0, 16)), ValueError,
+     "at least one position"),
+    (_call(q=torch.zeros(1, 2, 8, 15), k=torch.zeros(1, 2, 8, 15), v=torch.zeros(1, 2, 8, 15)), ValueError,
+     "even head dim"),
+    (_call(k=torch.zeros(1, 2, 8, 16).half()), TypeError, "one dtype"),
+    (_call(q=torch.zeros(1, 2, 8, 8), k=torch.zeros(1, 2, 8, 8), v=torch.zeros(1, 2, 8, 8), backend="triton"),
+     ValueError, r"head dims d in \[16, 128\], got d = 8"),
+    (_call(q=torch.zeros(1, 2, 8, 16).double(), k=torch.zeros(1, 2, 8, 16).double(),
+           v=torch.zeros(1, 2, 8, 16).double(), backend="triton"), TypeError, "backend='triton' takes dtypes"),
+    (_call("rerope_decode", q=torch.zeros(1, 2, 2, 16)), ValueError, r"q must have shape \(\*, \*, 1, \*\)"),
+    (_call("rerope_decode", k_cache=torch.zeros(1, 2, 0, 16), v_cache=torch.zeros(1, 2, 0, 16)), ValueError,
+     r"k_cache must hold at least the query's own key \(T >= 1\)"),
+    (_call("rerope_decode", v_cache=torch.zeros(1, 2, 7, 16)), ValueError,
+     r"v_cache must have shape \(1, 2, 8, 16\), got \(1, 2, 7, 16\)"),
+    (_call("rerope_decode", k_cache=torch.zeros(2, 2, 8, 16), v_cache=torch.zeros(2, 2, 8, 16)), ValueError,
+     r"k_cache must have shape \(1, 2, \*, 16\)"),
+    (_call("rerope_decode", leaky_k=0.5), ValueError, "leaky_k must be a finite number > 1"),
+])
+def test_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
