@@ -13,6 +13,9 @@ import pytest
 import torch
 import transformers
 
+from hf_peer import check_checkpoint_round_trip, check_training_step, input_lengths, peer_greedy
+from hf_peer import make_models as make_peer_and_ours
+from hf_peer import tokens as random_tokens
 from kernels.models.checkpoint import save_state_dict
 from kernels.models.mamba import MambaConfig, MambaForCausalLM, MambaModel
 from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close
@@ -54,11 +57,8 @@ def randomize(model, seed):
 def make_models(seed=0, **overrides):
     """(peer in eval mode, a copy of its state dict, our MambaForCausalLM loaded from it, config dict)."""
     config = dict(SMALL, **overrides)
-    peer = randomize(transformers.MambaForCausalLM(transformers.MambaConfig(**config)), seed).eval()
-    state_dict = {k: v.detach().clone() for k, v in peer.state_dict().items()}
-    ours = MambaForCausalLM(MambaConfig(**config))
-    ours.load_checkpoint(state_dict)
-    return peer, state_dict, ours.eval(), config
+    peer = transformers.MambaForCausalLM(transformers.MambaConfig(**config))
+    return (*make_peer_and_ours(peer, MambaForCausalLM, MambaConfig(**config), randomize, seed), config)
 
 
 def reference_logits(state_dict, config, ids, state=None):
@@ -67,8 +67,8 @@ def reference_logits(state_dict, config, ids, state=None):
     return hidden @ state_dict["lm_head.weight"].double().numpy().T, state
 
 
-def tokens(seed, batch=B, length=T, vocab=SMALL["vocab_size"]):
-    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+def tokens(seed, batch=B, length=T):
+    return random_tokens(seed, batch, length, SMALL["vocab_size"])
 
 
 def peer_states(cache, num_layers):
@@ -171,57 +171,27 @@ def test_fp16_model_within_the_fp16_budget():
 
 def test_training_loss_and_gradients_match_the_peer():
     peer, _, ours, _ = make_models(**CONFIGS["biases-K3-rank3-untied"])
-    peer.train()
-    ours.train()
     ids = tokens(6)
     labels = ids.clone()
     labels[1, 2:5] = -100                                           # ignored positions
-    theirs = peer(ids, labels=labels, use_cache=False)
-    mine = ours(ids, labels=labels)
-    assert_close(mine.loss, theirs.loss, FP32_BUDGET, "loss")
-    theirs.loss.backward()
-    mine.loss.backward()
-    peer_grads = dict(peer.named_parameters())
-    for name, p in ours.named_parameters():
-        assert_close(p.grad, peer_grads[name].grad, FP32_BUDGET, f"gradient of {name}")
+    check_training_step(peer, ours, ids, labels)
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 @pytest.mark.parametrize("writer", ["ours", "peer", "torch.save"])
 def test_checkpoint_round_trips(writer, tied, tmp_path):
     peer, state_dict, ours, _ = make_models(tie_word_embeddings=tied)
-    if writer == "ours":
-        ours.save_pretrained(tmp_path)
-    elif writer == "peer":
-        peer.save_pretrained(tmp_path)
-    else:
-        peer.config.save_pretrained(tmp_path)
-        torch.save(state_dict, tmp_path / "pytorch_model.bin")
-    ids = tokens(7)
-    loaded = MambaForCausalLM.from_pretrained(tmp_path)
-    base = MambaModel.from_pretrained(tmp_path)                     # the base model keeps the "backbone." part
-    with torch.no_grad():
-        expected = ours(ids)
-        assert torch.equal(loaded(ids).logits, expected.logits)
-        assert torch.equal(base(ids).last_hidden_state, ours.backbone(ids).last_hidden_state)
-        if writer == "ours":                                        # and the peer reads what we wrote
-            theirs = transformers.MambaForCausalLM.from_pretrained(tmp_path).eval()
-            assert_close(theirs(ids).logits, expected.logits, FP32_BUDGET, "peer reading our checkpoint")
+    check_checkpoint_round_trip(writer, peer, state_dict, ours,
+                                (MambaForCausalLM, MambaModel, transformers.MambaForCausalLM), "backbone",
+                                tmp_path, tokens(7))
 
 
 def test_greedy_generation_matches_the_peer_with_one_token_per_step():
     peer, _, ours, _ = make_models(**CONFIGS["biases-K3-rank3-untied"])
     prompt = tokens(8, length=5)
-    lengths = []
-    hook = ours.backbone.register_forward_pre_hook(lambda module, args: lengths.append(args[0].shape[1]))
-    out, _ = ours.generate(prompt, max_new_tokens=8)
-    hook.remove()
-    expected = prompt                                               # the peer re-reads the whole sequence
-    with torch.no_grad():
-        for _ in range(8):
-            expected = torch.cat([expected, peer(expected, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)],
-                                 dim=1)
-    assert torch.equal(out, expected)
+    with input_lengths(ours.backbone) as lengths:
+        out, _ = ours.generate(prompt, max_new_tokens=8)
+    assert torch.equal(out, peer_greedy(peer, prompt, 8))
     assert lengths[0] == 5 and set(lengths[1:]) == {1}              # the prompt once, then one token per step
 
 

@@ -18,6 +18,9 @@ import pytest
 import torch
 import transformers
 
+from hf_peer import check_checkpoint_round_trip, check_training_step, input_lengths, peer_greedy
+from hf_peer import make_models as make_peer_and_ours
+from hf_peer import tokens as random_tokens
 from kernels.models.checkpoint import load_state_dict, save_state_dict
 from kernels.models.generation import sample_next
 from kernels.models.rwkv4 import STATE_NAMES, RwkvConfig, RwkvForCausalLM, RwkvModel
@@ -48,11 +51,8 @@ def randomize(model, seed):
 def make_models(seed=0, **overrides):
     """(peer in eval mode, a clean copy of its state dict, our RwkvForCausalLM loaded from it, config dict)."""
     config = dict(SMALL, **overrides)
-    peer = randomize(transformers.RwkvForCausalLM(transformers.RwkvConfig(**config)), seed)
-    state_dict = {k: v.detach().clone() for k, v in peer.state_dict().items()}
-    ours = RwkvForCausalLM(RwkvConfig(**config))
-    ours.load_checkpoint(state_dict)
-    return peer.eval(), state_dict, ours.eval(), config
+    peer = transformers.RwkvForCausalLM(transformers.RwkvConfig(**config))
+    return (*make_peer_and_ours(peer, RwkvForCausalLM, RwkvConfig(**config), randomize, seed), config)
 
 
 def reference_params(state_dict):
@@ -70,8 +70,8 @@ def reference_logits(state_dict, config, ids, state=None, rescale_every=None):
     return ref.logits(head, hidden), state
 
 
-def tokens(seed, batch=B, length=T, vocab=SMALL["vocab_size"]):
-    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+def tokens(seed, batch=B, length=T):
+    return random_tokens(seed, batch, length, SMALL["vocab_size"])
 
 
 CONFIGS = {
@@ -199,60 +199,27 @@ def test_fp16_model_within_the_fp16_budget():
 
 def test_training_loss_and_gradients_match_the_peer():
     peer, _, ours, _ = make_models(**CONFIGS["rescale-every-2-tied"])
-    peer.train()
-    ours.train()
     ids = tokens(8)
     labels = ids.clone()
     labels[0, :4] = -100                                            # ignored positions
-    theirs = peer(ids, labels=labels)
-    mine = ours(ids, labels=labels)
-    assert_close(mine.loss, theirs.loss, FP32_BUDGET, "loss")
-    theirs.loss.backward()
-    mine.loss.backward()
-    peer_grads = dict(peer.named_parameters())
-    for name, p in ours.named_parameters():
-        assert_close(p.grad, peer_grads[name].grad, FP32_BUDGET, f"gradient of {name}")
+    check_training_step(peer, ours, ids, labels)
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 @pytest.mark.parametrize("writer", ["ours", "peer", "torch.save"])
 def test_checkpoint_round_trips(writer, tied, tmp_path):
+    # the peer saves before any forward: its weights are not rescaled yet
     peer, state_dict, ours, _ = make_models(tie_word_embeddings=tied)
-    if writer == "ours":
-        ours.save_pretrained(tmp_path)
-    elif writer == "peer":
-        peer.save_pretrained(tmp_path)                              # before any forward: weights not rescaled
-    else:
-        peer.config.save_pretrained(tmp_path)
-        torch.save(state_dict, tmp_path / "pytorch_model.bin")
-    ids = tokens(9)
-    loaded = RwkvForCausalLM.from_pretrained(tmp_path)
-    base = RwkvModel.from_pretrained(tmp_path)                      # the base model keeps the "rwkv." part
-    with torch.no_grad():
-        expected = ours(ids)
-        assert torch.equal(loaded(ids).logits, expected.logits)
-        assert torch.equal(base(ids).last_hidden_state, ours.rwkv(ids).last_hidden_state)
-        if writer == "ours":                                        # and the peer reads what we wrote
-            theirs = transformers.RwkvForCausalLM.from_pretrained(tmp_path).eval()
-            assert_close(theirs(ids).logits, expected.logits, FP32_BUDGET, "peer reading our checkpoint")
-
-
-def peer_greedy(peer, prompt, steps):
-    """The peer's greedy continuation, re-reading the whole sequence for every new token (no state involved)."""
-    ids = prompt
-    with torch.no_grad():
-        for _ in range(steps):
-            ids = torch.cat([ids, peer(ids, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return ids
+    check_checkpoint_round_trip(writer, peer, state_dict, ours,
+                                (RwkvForCausalLM, RwkvModel, transformers.RwkvForCausalLM), "rwkv", tmp_path,
+                                tokens(9))
 
 
 def test_greedy_generation_matches_the_peer_with_one_token_per_step():
     peer, _, ours, _ = make_models(**CONFIGS["rescale-every-2-tied"])
     prompt = tokens(10, length=5)
-    lengths = []
-    hook = ours.rwkv.register_forward_pre_hook(lambda module, args: lengths.append(args[0].shape[1]))
-    out, state = ours.generate(prompt, max_new_tokens=8)
-    hook.remove()
+    with input_lengths(ours.rwkv) as lengths:
+        out, state = ours.generate(prompt, max_new_tokens=8)
     assert torch.equal(out, peer_greedy(peer, prompt, 8))
     assert lengths[0] == 5 and set(lengths[1:]) == {1}              # the prompt once, then one token per step
     with torch.no_grad():                                           # the state has read every returned token
