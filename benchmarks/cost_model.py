@@ -1,0 +1,570 @@
+"""A GPU cost model of the Triton kernels: bytes and FLOPs per token from each kernel's loop structure, arithmetic
+intensity, and the time an H100 SXM would need by the roofline; beside them registers, spills and shared memory
+from the ahead-of-time build (``kernels.aot``). ``python -m benchmarks.cost_model`` prints the table.
+
+What is counted, for one launch at the shape given:
+- bytes issued: every element a ``tl.load`` or ``tl.store`` touches, at its dtype's size, as the loops issue them
+  (a tile that several programs load counts once per program); masked-off lanes are not counted. DRAM bytes: each
+  tensor element once (inputs read, outputs written); the re-reads in between are taken to hit L2 (50 MB), which
+  holds them at these shapes (the K, V of one head, B and C of the scan, one step's r, k, a, b of WKV-7).
+- dot FLOPs: 2 M N K per ``tl.dot`` of (M, K) x (K, N) tiles, padded sizes included.
+- other FLOPs: elementwise fp32 work, 1 per add, multiply, max, compare or select (counts per element are written
+  beside each model); transcendentals (exp, log) apart: they run on the special-function units.
+- serial steps: iterations of the loop-carried recurrence each program walks in order (the recurrent kernels).
+
+Predicted time = the largest of: DRAM bytes / 3.35 TB/s; dot FLOPs / 990 TFLOP/s (bf16/fp16 inputs: tensor cores) or,
+for fp32 inputs (the flash kernels ask for input_precision="ieee": exact fp32 products on the FMA units), / 67 TFLOP/s;
+other FLOPs / 67 TFLOP/s (fp32 without tensor cores); transcendentals / 4.2 T/s (16 per SM per clock, 132 SMs,
+1.98 GHz). This is a lower
+bound: it assumes every unit busy at once. The recurrent kernels have few programs (for example B C / 32 warps for
+WKV-4) and a serial chain of T steps, so they are bound by latency, not by the roofline: see the grid and serial
+step columns, and README.md.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+H100 = {"name": "H100 SXM", "bandwidth": 3.35e12, "fp32": 67e12, "tensor": 990e12,
+        "sfu": 16 * 132 * 1.98e9}
+ARCH = 90
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+@dataclass
+class Cost:
+    bytes: float = 0.0
+    dot_flops: float = 0.0
+    flops: float = 0.0
+    transcendentals: float = 0.0
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.bytes + other.bytes, self.dot_flops + other.dot_flops, self.flops + other.flops,
+                    self.transcendentals + other.transcendentals)
+
+    def __mul__(self, n: float) -> Cost:
+        return Cost(self.bytes * n, self.dot_flops * n, self.flops * n, self.transcendentals * n)
+
+    __rmul__ = __mul__
+
+
+@dataclass
+class Model:
+    """One kernel at one shape: what a launch costs and how it is laid out."""
+    op: str                 # the benchmark op it belongs to (run.py's Op.name)
+    aot_label: str          # the kernel's label in its module's aot_kernels()
+    shape: str
+    tokens: int             # B T
+    dtype: str
+    cost: Cost
+    programs: int
+    serial_steps: int       # loop-carried steps per program (0: none)
+    forward: bool           # the kernel a forward (inference) call runs
+    dram_bytes: float       # each tensor element read or written once: what must cross DRAM
+    notes: str = ""
+
+
+def dot_rate(dtype: str, hw=H100) -> tuple[float, str]:
+    """FLOP/s of the kernels' tl.dot and the unit that runs it: bf16/fp16 on tensor cores; fp32 with
+    input_precision="ieee" (what attention.py and rerope.py ask for) as plain fp32 FMAs, without tensor cores."""
+    if dtype in ("fp16", "bf16"):
+        return hw["tensor"], "tensor cores"
+    return hw["fp32"], "fp32 FMA units (IEEE dots)"
+
+
+def predict(cost: Cost, dtype: str, dram_bytes: float, hw=H100) -> tuple[float, str]:
+    """Roofline time in seconds and the resource that bounds it; memory time from the DRAM bytes (re-reads beyond
+    them are taken to hit L2)."""
+    rate, unit = dot_rate(dtype, hw)
+    times = {"memory": dram_bytes / hw["bandwidth"], "fp32 units": cost.flops / hw["fp32"],
+             "special functions": cost.transcendentals / hw["sfu"], unit: cost.dot_flops / rate}
+    bound = max(times, key=times.get)
+    return times[bound], bound
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(n)))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# RWKV-4 (kernels/wkv4.py): one program per (batch, BLOCK_C channels), a loop over T tokens
+# ----------------------------------------------------------------------------------------------------------------
+
+def wkv4_fwd(B, T, C, dtype, save):
+    """wkv4_fwd_kernel. Per (token, channel): loads k, v; stores y (with SAVE also v - y, d and z, fp32).
+    Output: d = (anchor - k) + lag w - u (4), the two clamped exponents (min, negate, min: 3; 2 exp), z (2),
+    y (4): 13 FLOPs. SAVE: a (den v - num) / z (4). Update: d (4), the two exponents (3; 2 exp), num (3), den (2),
+    kept (1), anchor and lag (3): 16 FLOPs. Per (batch, channel) once: loads w, u and the initial (num, den, max);
+    the two-sum rounding of the final max (6) and e^err (2 exp); stores the final (num, den, max), with SAVE lag."""
+    s = DTYPE_BYTES[dtype]
+    per_step = Cost(bytes=3 * s + (12 if save else 0), flops=29 + (4 if save else 0), transcendentals=4)
+    per_row = Cost(bytes=2 * s + 12 + 12 + (4 if save else 0), flops=8, transcendentals=2)
+    return (T * per_step + per_row) * (B * C)
+
+
+def wkv4_bwd(B, T, C, dtype):
+    """wkv4_bwd_kernel. Per (token, channel): loads v, gy (input dtype), v - y, d, z (fp32); stores gk, gv.
+    d_next (1), into_next (2 + exp), decay (1 + exp), past (2 + exp), cur (4 + exp), g_bonus (1), gv (2), gk (8),
+    gu (1), gw (4), bn, bd (2 each), an (3), ad (5): 38 FLOPs and 4 exp. Per (batch, channel) once: loads w, u,
+    one key, max0, g_num, g_den, g_max, the final num, den, lag, the initial num, den; stores gw, gu, gnum0,
+    gden0, gmax0; about 20 FLOPs and 3 exp."""
+    s = DTYPE_BYTES[dtype]
+    per_step = Cost(bytes=4 * s + 12, flops=38, transcendentals=4)
+    per_row = Cost(bytes=3 * s + 36 + 20, flops=20, transcendentals=3)
+    return (T * per_step + per_row) * (B * C)
+
+
+def wkv4_models(B=4, T=2048, C=768):
+    from kernels.wkv4 import _launch_config
+    launch = _launch_config(C)
+    programs = B * _cdiv(C, launch.block_c)
+    shape = f"B={B} T={T} C={C}"
+    out = []
+    for dtype in ("fp32", "bf16"):
+        # every element is touched once (w and u once per batch row: negligible), so DRAM bytes = issued bytes
+        for label, cost, forward in ((f"wkv4_fwd C={C} {dtype}", wkv4_fwd(B, T, C, dtype, False), True),
+                                     (f"wkv4_fwd_save C={C} {dtype}", wkv4_fwd(B, T, C, dtype, True), False),
+                                     (f"wkv4_bwd C={C} {dtype}", wkv4_bwd(B, T, C, dtype), False)):
+            out.append(Model("wkv4", label, shape, B * T, dtype, cost, programs, T, forward, cost.bytes))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# RWKV-7 (kernels/wkv7.py): one program per (batch, head, BLOCK_V value rows of S), rows (BLOCK_V, N) in registers
+# ----------------------------------------------------------------------------------------------------------------
+
+def wkv7_fwd(B, T, H, N, dtype, block_v, ck, save):
+    """_wkv7_fwd_kernel. Per (token, program): loads r, log_w, k, a, b (N each: every program of a head loads them)
+    and v (BLOCK_V); stores y (BLOCK_V); N exp for w. Per (token, state element): S a (2), S w + sa b + v k (5),
+    S r (2) = 9 FLOPs. With SAVE_CKPT the state is stored every CK steps. Per program: the final state stored (the
+    benchmark passes no initial state, so none is loaded)."""
+    s = DTYPE_BYTES[dtype]
+    programs = B * H * (N // block_v)
+    total = (T * Cost(bytes=5 * N * s + 2 * block_v * s, transcendentals=N)) * programs
+    total += Cost(flops=9 * T * B * H * N * N, bytes=B * H * N * N * 4 * (1 + (_cdiv(T, ck) if save else 0)))
+    return total
+
+
+def wkv7_bwd(B, T, H, N, dtype, block_v, ck):
+    """_wkv7_bwd_kernel: per chunk of CK steps the forward again from the checkpoint (loads as the forward, stores
+    each entering state to the scratch buffer; 7 FLOPs per state element), then the chunk in reverse: loads the
+    scratch state, the step's vectors and dy; atomically adds the 5 key-vector gradients (N fp32 each, read and
+    written) and stores dv (BLOCK_V). Per state element: S a (2), the reductions for dr, dlog_w, dk, da, db, dv
+    (2 each), G += dy r (2), q = G b (2), G w + q a (3) = 21 FLOPs. N exp per token and program in each pass."""
+    s = DTYPE_BYTES[dtype]
+    programs = B * H * (N // block_v)
+    tile = block_v * N * 4
+    recompute = Cost(bytes=tile + 5 * N * s + block_v * s, transcendentals=N)
+    backward = Cost(bytes=tile + 5 * N * s + 2 * block_v * s + 5 * N * 8 + block_v * 4, transcendentals=N)
+    total = (T * (recompute + backward)) * programs
+    total += Cost(flops=(7 + 21) * T * B * H * N * N, bytes=B * H * N * N * 4 * (_cdiv(T, ck) + 2))
+    return total
+
+
+def wkv7_models(B=1, T=2048, H=12, N=64):
+    from kernels.wkv7 import CHECKPOINT, _launch_config
+    block_v, _ = _launch_config(N)
+    programs = B * H * (N // block_v)
+    shape = f"B={B} T={T} H={H} N={N}"
+    out = []
+    for dtype in ("fp32", "bf16"):
+        s, seq, state = DTYPE_BYTES[dtype], B * T * H * N, B * H * N * N * 4
+        # DRAM: the six inputs and y; bwd also dy, the five key gradients and dv (fp32, atomics resolve in L2),
+        # the checkpoints; the scratch buffer (64 KB per program) stays in L2
+        out += [Model("wkv7", f"wkv7_fwd N={N} {dtype}", shape, B * T, dtype,
+                      wkv7_fwd(B, T, H, N, dtype, block_v, CHECKPOINT, False), programs, T, True,
+                      7 * seq * s + state, "inference (no checkpoints); the AOT build is of the checkpointing variant"),
+                Model("wkv7", f"wkv7_bwd N={N} {dtype}", shape, B * T, dtype,
+                      wkv7_bwd(B, T, H, N, dtype, block_v, CHECKPOINT), programs, 2 * T, False,
+                      seq * (7 * s + 24) + state * (_cdiv(T, CHECKPOINT) + 2))]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Mamba selective scan (kernels/ssm.py): one program per (batch, BLOCK_D channels), state (BLOCK_D, N) in registers
+# ----------------------------------------------------------------------------------------------------------------
+
+def ssm_fwd(B, T, D, N, dtype, block_d, block_n, chunk):
+    """_scan_fwd_kernel. Per (token, program): loads u (input dtype) and delta (fp32) for BLOCK_D channels, B_t and
+    C_t (input dtype) for N states; stores y (fp32) for BLOCK_D channels. Per (token, channel, state): dt A (1),
+    exp (1 transcendental), exp * x (1), dt u B (1, dt u once per channel), add (1), x C (1), the sum over n (1):
+    6 FLOPs. Per chunk of CHUNK tokens: a checkpoint of the state stored (BLOCK_D N fp32); per program: A, the
+    initial state, the last state."""
+    s = DTYPE_BYTES[dtype]
+    programs = B * _cdiv(D, block_d)
+    per_step_program = Cost(bytes=block_d * (s + 4 + 4) + 2 * N * s)     # masked lanes (channels >= D) are few
+    per_element_step = Cost(flops=6, transcendentals=1)
+    total = (T * per_step_program) * programs + (T * per_element_step) * (B * D * N)
+    total += Cost(bytes=_cdiv(T, chunk) * B * D * N * 4 + 3 * B * D * N * 4)
+    total += Cost(flops=T * B * D)                                       # dt * u once per (token, channel)
+    return total
+
+
+def ssm_bwd(B, T, D, N, dtype, block_d, block_n, chunk):
+    """_scan_bwd_kernel: per chunk, the forward recurrence again from the checkpoint (loads u, delta, B; stores
+    x_{t-1} into the scratch buffer), then the chunk backwards: loads x_{t-1} back, u, delta, B, C, dy; two atomic
+    adds of N values (dB, dC: read and write, 8 bytes each); stores du, ddelta. Per (token, channel, state):
+    recompute 4 FLOPs + 1 exp, backward: alpha (1 + 1 exp), x (3), lam (2), dC term (2), dB term (2), lam B (2),
+    grad_a (2), dA (2), ddelta sum (2), nu (1) = 19 FLOPs + 1 exp."""
+    s = DTYPE_BYTES[dtype]
+    programs = B * _cdiv(D, block_d)
+    recompute = Cost(bytes=block_d * (s + 4) + N * s + block_d * block_n * 4)
+    backward = Cost(bytes=block_d * block_n * 4 + block_d * (s + 4 + 4) + 2 * N * s + 2 * N * 8 + block_d * 8)
+    total = (T * (recompute + backward)) * programs
+    total += (T * Cost(flops=4 + 19, transcendentals=2)) * (B * D * N)
+    total += Cost(bytes=_cdiv(T, chunk) * B * D * N * 4 + 4 * B * D * N * 4)
+    return total
+
+
+def ssm_models(B=1, T=2048, D=1536, N=16):
+    from kernels.ssm import _launch_config
+    cfg = _launch_config(T, N)
+    programs = B * _cdiv(D, cfg.BLOCK_D)
+    shape = f"B={B} T={T} D={D} N={N}"
+    args = (B, T, D, N)
+    blocks = (cfg.BLOCK_D, cfg.BLOCK_N, cfg.chunk)
+    out = []
+    for dtype in ("fp32", "bf16"):
+        s, states = DTYPE_BYTES[dtype], B * D * N * 4
+        # DRAM: u, delta, y (and dy, du, ddelta) once, B and C once (every program loads them: L2), checkpoints,
+        # A and the states; the backward's scratch stays in L2
+        out += [Model("ssm", f"ssm_scan_fwd D={D} N={N} {dtype}", shape, B * T, dtype,
+                      ssm_fwd(*args, dtype, *blocks), programs, T, True,
+                      B * D * T * (s + 8) + 2 * B * N * T * s + states * (_cdiv(T, cfg.chunk) + 3)),
+                Model("ssm", f"ssm_scan_bwd D={D} N={N} {dtype}", shape, B * T, dtype,
+                      ssm_bwd(*args, dtype, *blocks), programs, 2 * T, False,
+                      B * D * T * (s + 16) + 2 * B * N * T * (s + 4) + states * (_cdiv(T, cfg.chunk) + 4))]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Flash-style attention (kernels/attention.py) and ReRoPE (kernels/rerope.py): tiles of queries against key tiles
+# ----------------------------------------------------------------------------------------------------------------
+
+# Per score of a tile: scale, the causal/length mask (2 compares, and, select), running max, subtract, row sum:
+# 8 FLOPs and 1 exp. Per tile row: the rescale factor (1 exp) and its multiply into the accumulator (BLOCK_D).
+SCORE_FLOPS, SCORE_EXP = 8, 1
+
+
+def _rows(lo: int, hi: int, limit: int) -> int:
+    """Rows of [lo, hi) that exist (< limit): what a masked tile load reads."""
+    return max(0, min(hi, limit) - lo)
+
+
+def _key_tiles(lo: int, hi: int, block: int, T: int) -> tuple[int, int]:
+    """(tiles, rows loaded) of the loop ``for start in range(lo, hi, block)`` over rows < T."""
+    n = max(0, _cdiv(hi - lo, block))
+    return n, _rows(lo, lo + n * block, T)
+
+
+def _softmax_tile(bm, bn, bd):
+    return Cost(flops=bm * bn * SCORE_FLOPS + bm * bd + 2 * bm, transcendentals=bm * bn * SCORE_EXP + bm)
+
+
+def attention_fwd(BH, T, d, dtype, bm, bn):
+    """attention_fwd_kernel, causal: a program per BLOCK_M queries loads q, walks key tiles [0, end) loading k, v;
+    per tile 2 dots (q k^T and p v) of BLOCK_M x BLOCK_N x BLOCK_D; stores O and LSE (1 log per row)."""
+    s, bd = DTYPE_BYTES[dtype], max(16, _pow2(d))
+    total = Cost()
+    for start in range(0, T, bm):
+        rows = _rows(start, start + bm, T)
+        tiles, keys = _key_tiles(0, min(start + bm, T), bn, T)
+        total += Cost(bytes=2 * rows * d * s + rows * 4 + 2 * keys * d * s, flops=rows * d, transcendentals=bm)
+        total += tiles * (Cost(dot_flops=2 * 2 * bm * bn * bd) + _softmax_tile(bm, bn, bd))
+    return total * BH
+
+
+def attention_bwd_dq(BH, T, d, dtype, bm, bn):
+    """attention_bwd_dq_kernel: per query tile loads q, dO, LSE, D; per key tile loads k, v and does 3 dots
+    (q k^T, dO v^T, dS k); P = exp(S - LSE) and dS = P (dP - D): 8 + 3 FLOPs and 1 exp per score; stores dq."""
+    s, bd = DTYPE_BYTES[dtype], max(16, _pow2(d))
+    total = Cost()
+    for start in range(0, T, bm):
+        rows = _rows(start, start + bm, T)
+        tiles, keys = _key_tiles(0, min(start + bm, T), bn, T)
+        total += Cost(bytes=3 * rows * d * s + 8 * rows + 2 * keys * d * s, flops=rows * d)
+        total += tiles * Cost(dot_flops=3 * 2 * bm * bn * bd, flops=bm * bn * (SCORE_FLOPS + 3),
+                              transcendentals=bm * bn)
+    return total * BH
+
+
+def attention_bwd_dkdv(BH, T, d, dtype, bm, bn):
+    """attention_bwd_dkdv_kernel: per key tile loads k, v; per query tile from the diagonal on loads q, dO, LSE, D
+    and does 4 dots (q k^T, dO v^T, P^T dO, dS^T q); stores dk, dv."""
+    s, bd = DTYPE_BYTES[dtype], max(16, _pow2(d))
+    total = Cost()
+    for start in range(0, T, bn):
+        keys = _rows(start, start + bn, T)
+        first = (start // bm) * bm
+        tiles, rows = _key_tiles(first, T, bm, T)
+        total += Cost(bytes=4 * keys * d * s + 2 * rows * d * s + 8 * rows, flops=2 * keys * d)
+        total += tiles * Cost(dot_flops=4 * 2 * bm * bn * bd, flops=bm * bn * (SCORE_FLOPS + 3),
+                              transcendentals=bm * bn)
+    return total * BH
+
+
+TORCH_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def _flash_configs(module, d, dtype):
+    """The launch configurations (fwd, bwd_dq, bwd_dkdv) the module's dispatcher picks for head size d and this
+    dtype: attention uses one for all three kernels, ReRoPE one per kernel."""
+    import torch
+    torch_dtype = getattr(torch, TORCH_DTYPE[dtype])
+    if hasattr(module, "_launch_configs"):
+        return tuple(module._launch_configs(d, torch_dtype))
+    return (module._launch_config(d, torch_dtype),) * 3
+
+
+def _flash_models(op, shape, B, H, T, d, dtype, cfgs, table_bytes, costs):
+    """fwd, bwd_dq, bwd_dkdv of a flash-style op. DRAM: each of q, k, v, O (fwd), q, k, v, dO, dq (dq),
+    q, k, v, dO, dk, dv (dkdv) once, the fp32 LSE and D rows, and any table: the K and V tiles that every query
+    tile reads again (T d per head: a few MB) come from L2."""
+    s, seq, rows = DTYPE_BYTES[dtype], B * H * T * d, B * H * T * 4
+    fwd, dq, dkdv = cfgs
+    kinds = (("fwd", fwd.block_m, True, 4 * seq * s + rows), ("bwd_dq", dq.block_m, False, 5 * seq * s + 2 * rows),
+             ("bwd_dkdv", dkdv.block_n, False, 6 * seq * s + 2 * rows))
+    return [Model(op, f"{op}_{kind} d={d} {dtype}", shape, B * T, dtype, cost, B * H * _cdiv(T, block), 0, forward,
+                  dram + table_bytes) for (kind, block, forward, dram), cost in zip(kinds, costs)]
+
+
+def attention_models(B=1, H=4, T=8192, d=64):
+    import kernels.attention
+    shape = f"B={B} H={H} T={T} d={d}"
+    out = []
+    for dtype in ("fp32", "bf16"):
+        cfgs = _flash_configs(kernels.attention, d, dtype)
+        costs = [fn(B * H, T, d, dtype, c.block_m, c.block_n)
+                 for fn, c in zip((attention_fwd, attention_bwd_dq, attention_bwd_dkdv), cfgs)]
+        out += _flash_models("attention", shape, B, H, T, d, dtype, cfgs, 0, costs)
+    return out
+
+
+def _rerope_key_runs(c, T, w, bm, bn):
+    """kernels/rerope.py's _key_runs for a query tile starting at c (prefill): far-only, straddling, near-only."""
+    end = min(T, c + bm)
+    far_end = (max(c - w + 1, 0) // bn) * bn
+    near_start = min(_cdiv(max(c + bm - w, 0), bn) * bn, end)
+    return ((0, far_end, False, True), (far_end, near_start, True, True), (near_start, end, True, False))
+
+
+def _rerope_query_runs(start_n, T, w, bm, bn):
+    """kernels/rerope.py's _query_runs for a key tile starting at start_n (prefill): near-only, both, far-only."""
+    first = (start_n // bm) * bm
+    near_end = max((max(start_n + w, 0) // bm) * bm, first)
+    far_start = min(max(_cdiv(max(start_n + bn - 1 + w, 0), bm) * bm, near_end), T)
+    return ((first, min(near_end, far_start), True, False), (min(near_end, far_start), far_start, True, True),
+            (far_start, T, False, True))
+
+
+def _rotation(rows, d):
+    """One rotate-half rotation of ``rows`` rows (``_rotation`` + ``_rotate_halves``): cos and sin loaded from the
+    fp32 rotation table (rows x d/2 each), 4 multiplies and 2 adds per pair of dimensions."""
+    return Cost(bytes=rows * d * 4, flops=rows * (d // 2) * 6)
+
+
+def rerope_fwd(BH, T, d, dtype, bm, bn, w):
+    """rerope_fwd_kernel (ReRoPE, not leaky): per query tile loads q, takes log-n (1 log per row), rotates q twice
+    (near and far); per key tile of each run loads k, rotates it for the near path (the far key is the raw key),
+    loads v, 2 dots per path (the two halves, d/2 each) and the p v dot; stores O, LSE (1 log per row)."""
+    s = DTYPE_BYTES[dtype]
+    bf, bd = max(16, _pow2(d // 2)), max(16, _pow2(d))
+    total = Cost()
+    for c in range(0, T, bm):
+        rows = _rows(c, c + bm, T)
+        total += Cost(bytes=2 * rows * d * s + rows * 4, flops=3 * bm * bd + 4 * bm, transcendentals=2 * bm)
+        total += 2 * _rotation(bm, d)
+        for lo, hi, near, far in _rerope_key_runs(c, T, w, bm, bn):
+            tiles, keys = _key_tiles(lo, hi, bn, T)
+            paths = near + far
+            per_tile = Cost(dot_flops=paths * 2 * 2 * bm * bn * bf + 2 * bm * bn * bd,
+                            flops=bm * bn * (near and far)) + _softmax_tile(bm, bn, bd)
+            if near:
+                per_tile += _rotation(bn, d)
+            total += tiles * per_tile + Cost(bytes=2 * keys * d * s)
+    return total * BH
+
+
+def rerope_bwd_dq(BH, T, d, dtype, bm, bn, w):
+    """rerope_bwd_dq_kernel: as the forward's walk, plus loads of dO, LSE, D; per key tile the dP dot, and per
+    path the score dots and 2 dq dots; at the end both rotations undone (2 rotations), dq stored."""
+    s = DTYPE_BYTES[dtype]
+    bf, bd = max(16, _pow2(d // 2)), max(16, _pow2(d))
+    total = Cost()
+    for c in range(0, T, bm):
+        rows = _rows(c, c + bm, T)
+        total += Cost(bytes=3 * rows * d * s + 8 * rows, flops=3 * bm * bd + 4 * bm, transcendentals=2 * bm)
+        total += 4 * _rotation(bm, d)
+        for lo, hi, near, far in _rerope_key_runs(c, T, w, bm, bn):
+            tiles, keys = _key_tiles(lo, hi, bn, T)
+            paths = near + far
+            per_tile = Cost(dot_flops=paths * 4 * 2 * bm * bn * bf + 2 * bm * bn * bd,
+                            flops=bm * bn * (SCORE_FLOPS + 3 + 2 * (near and far)), transcendentals=bm * bn)
+            if near:
+                per_tile += _rotation(bn, d)
+            total += tiles * per_tile + Cost(bytes=2 * keys * d * s)
+    return total * BH
+
+
+def rerope_bwd_dkdv(BH, T, d, dtype, bm, bn, w):
+    """rerope_bwd_dkdv_kernel: per key tile loads k, v, rotates k (near); per query tile of each run loads q, dO,
+    LSE, D, recomputes log-n and the query rotations of the run's paths, the dP and dv dots, per path the score
+    dots and 2 dk dots; at the end the near rotation undone, dk and dv stored."""
+    s = DTYPE_BYTES[dtype]
+    bf, bd = max(16, _pow2(d // 2)), max(16, _pow2(d))
+    total = Cost()
+    for start in range(0, T, bn):
+        keys = _rows(start, start + bn, T)
+        total += Cost(bytes=4 * keys * d * s) + 2 * _rotation(bn, d)
+        for lo, hi, near, far in _rerope_query_runs(start, T, w, bm, bn):
+            tiles, rows = _key_tiles(lo, hi, bm, T)
+            paths = near + far
+            per_tile = (Cost(dot_flops=paths * 4 * 2 * bm * bn * bf + 2 * 2 * bm * bn * bd,
+                             flops=bm * bn * (SCORE_FLOPS + 3 + 2 * (near and far)) + 3 * bm * bf,
+                             transcendentals=bm * bn + bm) + paths * _rotation(bm, d))
+            total += tiles * per_tile + Cost(bytes=2 * rows * d * s + 8 * rows)
+    return total * BH
+
+
+def rerope_models(B=1, H=4, T=8192, d=64, w=512):
+    import kernels.rerope
+    shape = f"B={B} H={H} T={T} d={d} w={w}"
+    out = []
+    for dtype in ("fp32", "bf16"):
+        cfgs = _flash_configs(kernels.rerope, d, dtype)
+        costs = [fn(B * H, T, d, dtype, c.block_m, c.block_n, w)
+                 for fn, c in zip((rerope_fwd, rerope_bwd_dq, rerope_bwd_dkdv), cfgs)]
+        # the rotation table (paths NEAR and FAR_Q, cos and sin, T x d/2 fp32) is read once for all heads
+        out += _flash_models("rerope", shape, B, H, T, d, dtype, cfgs, 2 * 2 * T * (d // 2) * 4, costs)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Collecting, compiling, reporting
+# ----------------------------------------------------------------------------------------------------------------
+
+MODEL_BUILDERS = {"wkv4": wkv4_models, "wkv7": wkv7_models, "ssm": ssm_models, "attention": attention_models,
+                  "rerope": rerope_models}
+
+
+def models() -> tuple[list[Model], list[str]]:
+    """Every kernel's model whose module exists, and a note for each that does not."""
+    out, missing = [], []
+    for op, build in MODEL_BUILDERS.items():
+        try:
+            out += build()
+        except ImportError as e:
+            missing.append(f"{op}: {e}")
+    return out, missing
+
+
+def aot_figures(labels: list[str]) -> dict:
+    """Registers, spills and shared memory for sm_90 of the kernels with these labels, compiled in a fresh process
+    without TRITON_INTERPRET (the JIT must be real to build for a GPU target)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.cost_model", "--aot-json", json.dumps(labels)],
+                          capture_output=True, text=True, env=env,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _compile_labels(labels: list[str]) -> dict:
+    from kernels.aot import collect, compile_one
+    wanted = set(labels)
+    result = {}
+    for k in collect():
+        if k.label in wanted:
+            try:
+                result[k.label] = compile_one(k, ARCH)
+            except Exception as e:  # a compile error is a figure to show
+                result[k.label] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+    return result
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _us(s: float) -> str:
+    return f"{s * 1e6:.3g}"
+
+
+def _aot_cells(figures: dict | None, compiled: bool, aot: dict) -> list[str]:
+    """regs, spill, stack, shared for one kernel, or why they are missing."""
+    if not compiled:
+        return ["not built", "", "", ""]
+    if "error" in aot:
+        return ["AOT build failed", "", "", ""]
+    if figures is None:
+        return ["not in aot_kernels()", "", "", ""]
+    if "error" in figures:
+        return [figures["error"], "", "", ""]
+    return [str(figures[key]) for key in ("regs", "spill_bytes", "stack", "shared")]
+
+
+def report(compile_aot: bool = True, measured: list[dict] | None = None) -> dict:
+    """The markdown table and its rows. ``measured``: benchmark rows (on a GPU) to set beside the predictions of
+    the forward kernels at the same shapes."""
+    mods, missing = models()
+    aot = aot_figures([m.aot_label for m in mods]) if compile_aot and mods else {}
+    rows = []
+    for m in mods:
+        t, bound = predict(m.cost, m.dtype, m.dram_bytes)
+        c = m.cost
+        row = {"op": m.op, "kernel": m.aot_label, "shape": m.shape, "dtype": m.dtype, "forward": m.forward,
+               "bytes_per_token": c.bytes / m.tokens, "dram_bytes_per_token": m.dram_bytes / m.tokens,
+               "dot_flops_per_token": c.dot_flops / m.tokens,
+               "flops_per_token": c.flops / m.tokens, "transcendentals_per_token": c.transcendentals / m.tokens,
+               "intensity": (c.dot_flops + c.flops) / m.dram_bytes, "predicted_s": t, "bound": bound,
+               "programs": m.programs, "serial_steps": m.serial_steps, "aot": aot.get(m.aot_label)}
+        if measured and m.forward and m.dtype == "fp32":
+            hit = [r for r in measured if r["op"] == m.op and r["impl"] == "seqmix triton" and r["status"] == "ok"
+                   and f"T={r['T']}" in m.shape]
+            if hit:
+                row["measured_s"] = hit[0]["median_s"]
+        rows.append(row)
+    lines = [f"Predicted for an {H100['name']} (3.35 TB/s; 67 TFLOP/s fp32, also for the fp32 dots (IEEE, "
+             f"no tensor cores); 990 TFLOP/s bf16 on tensor cores; {H100['sfu'] / 1e12:.1f} T/s special functions); registers, "
+             "spills, stack and shared memory from "
+             f"`kernels.aot` for sm_{ARCH}. Per token = per (batch, position).", "",
+             "| kernel | shape | bytes/token: issued, DRAM | FLOP/token (dot + other) | exp, log /token | "
+             "FLOP/DRAM byte | "
+             "predicted | bound | programs x serial steps | regs | spill B | stack B | shared B |"
+             + (" measured / predicted |" if measured else ""),
+             "|" + "---|" * (13 + bool(measured))]
+    for r in rows:
+        lines.append(f"| {r['kernel']} | {r['shape']} | {_fmt(r['bytes_per_token'])}, "
+                     f"{_fmt(r['dram_bytes_per_token'])} | "
+                     f"{_fmt(r['dot_flops_per_token'])} + {_fmt(r['flops_per_token'])} | "
+                     f"{_fmt(r['transcendentals_per_token'])} | {r['intensity']:.3g} | {_us(r['predicted_s'])} us | "
+                     f"{r['bound']} | {r['programs']} x {r['serial_steps'] or '-'} | "
+                     + " | ".join(_aot_cells(r["aot"], compile_aot, aot)) + " |"
+                     + ((f" {r['measured_s'] / r['predicted_s']:.3g} |" if "measured_s" in r else " |")
+                        if measured else ""))
+    if "error" in aot:
+        lines.append(f"\nThe AOT build failed: {aot['error']}")
+    lines += [f"\nNo model yet: {m}" for m in missing]
+    return {"markdown": "\n".join(lines), "rows": rows}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--aot-json"]:
+        print(json.dumps(_compile_labels(json.loads(argv[1]))))
+        return 0
+    print(report(compile_aot="--no-aot" not in argv)["markdown"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

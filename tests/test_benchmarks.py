@@ -1,0 +1,137 @@
+"""benchmarks/: the peers compute what the ops compute, the harness runs end to end at tiny shapes and writes its
+report, the memory probe sees torch's allocations, and the cost model's counts match hand counts. No timing is
+asserted: speed is what the benchmarks report, not what tests check."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks import cost_model, peers, run
+from kernels.testing import FP32_BUDGET, assert_close
+from reference import attention as ref_attention
+from reference import rope as ref_rope
+from reference import ssm as ref_ssm
+from reference import wkv4 as ref_wkv4
+from reference import wkv7 as ref_wkv7
+
+needs_transformers = pytest.mark.skipif(not peers.HAS_TRANSFORMERS, reason="transformers is not installed")
+
+
+def _f32(*arrays):
+    return [torch.tensor(a, dtype=torch.float32) for a in arrays]
+
+
+@needs_transformers
+def test_hf_wkv4_matches_the_reference(rng):
+    B, T, C = 2, 9, 5
+    w, u = -np.exp(rng.normal(size=C)), rng.normal(size=C)
+    k, v = rng.normal(size=(B, T, C)), rng.normal(size=(B, T, C))
+    expected, _ = ref_wkv4.wkv4(w, u, k, v)
+    assert_close(peers.hf_wkv4(*_f32(w, u, k, v)), expected, FP32_BUDGET, "transformers' RWKV-4 loop")
+
+
+@needs_transformers
+def test_hf_selective_scan_matches_the_reference(rng):
+    B, D, N, T = 2, 3, 4, 7
+    u, delta, z = (rng.normal(size=(B, D, T)) for _ in range(3))
+    A = -np.exp(rng.normal(size=(D, N)))
+    Bm, Cm = rng.normal(size=(B, N, T)), rng.normal(size=(B, N, T))
+    D_skip, delta_bias = rng.normal(size=D), rng.normal(size=D)
+    expected, _ = ref_ssm.selective_scan(u, delta, A, Bm, Cm, D=D_skip, z=z, delta_bias=delta_bias,
+                                         delta_softplus=True)
+    actual = peers.hf_selective_scan(*_f32(u, delta, A, Bm, Cm, D_skip, z, delta_bias))
+    assert_close(actual, expected, FP32_BUDGET, "transformers' Mamba scan")
+
+
+def test_wkv7_per_token_matches_the_reference(rng):
+    B, T, H, N = 2, 6, 2, 4
+    r, k, v = (rng.normal(size=(B, T, H, N)) for _ in range(3))
+    log_w = -np.exp(rng.normal(size=(B, T, H, N)) - 1)
+    kk = rng.normal(size=(B, T, H, N))
+    kk /= np.linalg.norm(kk, axis=-1, keepdims=True)
+    a, b = -kk, kk * rng.uniform(size=(B, T, H, N))
+    expected, _ = ref_wkv7.wkv7(r, log_w, k, v, a, b)
+    assert_close(peers.wkv7_per_token(*_f32(r, log_w, k, v, a, b)), expected, FP32_BUDGET, "per-token WKV-7")
+
+
+@pytest.mark.parametrize("T, window", [(1, 1), (9, 3), (12, 20)])
+def test_rerope_two_pass_matches_the_reference(rng, T, window):
+    q, k, v = (rng.normal(size=(2, 3, T, 8)) for _ in range(3))
+    expected = ref_rope.rerope_attention(q, k, v, window)
+    assert_close(peers.rerope_two_pass(*_f32(q, k, v), window), expected, FP32_BUDGET, "two-pass ReRoPE")
+
+
+def test_sdpa_rope_is_causal_attention_after_rope(rng):
+    T = 11
+    q, k, v = (rng.normal(size=(1, 2, T, 8)) for _ in range(3))
+    pos = np.arange(T)
+    expected = ref_attention.softmax_attention(ref_rope.apply_rope(q, pos), ref_rope.apply_rope(k, pos), v)
+    assert_close(peers.sdpa_rope(*_f32(q, k, v)), expected, FP32_BUDGET, "SDPA + RoPE")
+
+
+def test_streaming_pass_copies_its_first_tensor():
+    x, y = torch.randn(3, 4), torch.randn(5)
+    out = peers.streaming_pass(x, y)
+    assert torch.equal(out, x) and out.data_ptr() != x.data_ptr()
+
+
+def test_peak_memory_sees_a_torch_allocation():
+    """The probe behind the memory column: a call that holds a 64 MiB tensor peaks at 64 MiB above its inputs."""
+    if run.DEVICE.type != "cpu":
+        pytest.skip("the resident-memory probe is the CPU one (CUDA uses torch.cuda's counters)")
+    import ctypes
+    ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 16)     # as each benchmark worker does
+    size = 64 * 2**20
+    result = run.measure(lambda x: torch.ones(size // 4) + x["a"], {"a": torch.zeros(1)}, 1, 1, 0.0)
+    # torch.ones and the sum: two 64 MiB tensors, the first freed after the add. Linux batches its resident-page
+    # counters per thread (up to 64 pages each), so the figure is good to about a MiB.
+    assert 2 * size - 2**20 <= result["peak_bytes"] < 2 * size + 8 * 2**20, result["peak_bytes"]
+
+
+def test_quick_run_writes_the_report(tmp_path):
+    """The whole harness at tiny shapes: every case runs (or is skipped for a stated reason), and the report,
+    the plot and the JSON are written. No number is checked: the timings of a shared CPU mean nothing here."""
+    assert run.main(["--quick", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    errors = [r for r in data["rows"] if r["status"].startswith("error")]
+    assert not errors, errors
+    ops = {op.name for op in run.make_ops(quick=True)}
+    assert {r["op"] for r in data["rows"]} == ops
+    ok = [r for r in data["rows"] if r["status"] == "ok"]
+    assert ok and all(r["runs"] >= 2 and r["median_s"] > 0 and r["peak_bytes"] >= 0 for r in ok)
+    report = (tmp_path / "results.md").read_text()
+    for heading in ("## Headline", "## Linear ops", "## Time and memory against T", "## GPU cost model"):
+        assert heading in report
+    for op in run.make_ops(quick=True):
+        assert f"| {op.title}, {op.shape}, T=" in report
+    assert (tmp_path / "scaling.png").stat().st_size > 10_000
+
+
+def test_cost_model_wkv4_forward_hand_count():
+    """B = 1, T = 2, C = 1, fp32, no saving. Bytes: per step k, v read and y written (12) twice = 24; w, u once
+    (8); the state read (12) and written (12) = 24: 56. FLOPs: per step 13 for the output and 16 for the update,
+    twice = 58, plus 8 for the final max's rounding: 66. Exponentials: 4 per step, twice, plus e^err twice: 10."""
+    c = cost_model.wkv4_fwd(1, 2, 1, "fp32", save=False)
+    assert (c.bytes, c.flops, c.dot_flops, c.transcendentals) == (56, 66, 0, 10)
+
+
+def test_cost_model_attention_forward_hand_count():
+    """One head, T = 2, d = 16, tiles 64 x 64, fp32: one query tile of 2 real rows and one key tile.
+    Bytes: q and O (2 rows x 16 x 4 each = 256), LSE (2 x 4 = 8), k and v (2 rows x 16 x 4 each = 256): 520.
+    Dots: q k^T and p v, each 2 x 64 x 64 x 16 = 131072: 262144 (padded tiles compute in full)."""
+    c = cost_model.attention_fwd(1, 2, 16, "fp32", 64, 64)
+    assert c.bytes == 520 and c.dot_flops == 262144
+
+
+def test_roofline_picks_the_binding_resource():
+    hw = cost_model.H100
+    assert cost_model.predict(cost_model.Cost(), "fp32", dram_bytes=hw["bandwidth"]) == (1.0, "memory")
+    # bytes issued beyond the DRAM bytes (re-reads that L2 serves) do not enter the memory time
+    assert cost_model.predict(cost_model.Cost(bytes=10 * hw["bandwidth"]), "fp32", hw["bandwidth"])[0] == 1.0
+    dots = cost_model.Cost(dot_flops=hw["tensor"])
+    assert cost_model.predict(dots, "bf16", 0.0) == (1.0, "tensor cores")
+    t, bound = cost_model.predict(dots, "fp32", 0.0)     # fp32 dots are 3xTF32: three tensor-core products
+    assert bound == "tensor cores (3xTF32)" and t == pytest.approx(3 * hw["tensor"] / hw["tf32"])
+    t, bound = cost_model.predict(cost_model.Cost(flops=hw["fp32"], transcendentals=2 * hw["sfu"]), "fp32", 0.0)
+    assert (t, bound) == (2.0, "special functions")
