@@ -2,6 +2,8 @@
 report, the memory probe sees torch's allocations, and the cost model's counts match hand counts. No timing is
 asserted: speed is what the benchmarks report, not what tests check."""
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -124,6 +126,14 @@ def test_cost_model_attention_forward_hand_count():
     assert c.bytes == 520 and c.dot_flops == 262144
 
 
+@pytest.mark.parametrize("module", ["attention", "rerope"])
+def test_the_flash_kernels_ask_for_the_dot_precision_the_cost_model_assumes(module):
+    """cost_model.dot_rate prices fp32 dots as IEEE products on the FMA units: every tl.dot must ask for that."""
+    source = Path(__file__).parent.parent.joinpath("kernels", f"{module}.py").read_text()
+    calls = re.findall(r"tl\.dot\((.*)", source)
+    assert calls and all('input_precision="ieee"' in call for call in calls)
+
+
 def test_roofline_picks_the_binding_resource():
     hw = cost_model.H100
     assert cost_model.predict(cost_model.Cost(), "fp32", dram_bytes=hw["bandwidth"]) == (1.0, "memory")
@@ -131,7 +141,7 @@ def test_roofline_picks_the_binding_resource():
     assert cost_model.predict(cost_model.Cost(bytes=10 * hw["bandwidth"]), "fp32", hw["bandwidth"])[0] == 1.0
     dots = cost_model.Cost(dot_flops=hw["tensor"])
     assert cost_model.predict(dots, "bf16", 0.0) == (1.0, "tensor cores")
-    t, bound = cost_model.predict(dots, "fp32", 0.0)     # fp32 dots are 3xTF32: three tensor-core products
-    assert bound == "tensor cores (3xTF32)" and t == pytest.approx(3 * hw["tensor"] / hw["tf32"])
+    t, bound = cost_model.predict(dots, "fp32", 0.0)     # fp32 dots are IEEE: the FMA units, no tensor cores
+    assert bound == "fp32 FMA units (IEEE dots)" and t == pytest.approx(hw["tensor"] / hw["fp32"])
     t, bound = cost_model.predict(cost_model.Cost(flops=hw["fp32"], transcendentals=2 * hw["sfu"]), "fp32", 0.0)
     assert (t, bound) == (2.0, "special functions")
