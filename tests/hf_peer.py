@@ -1,10 +1,17 @@
-"""Checks shared by the model tests whose peer is a transformers model (RWKV-4 and Mamba): the same training step,
-the same checkpoint files, the same greedy continuation."""
+"""Checks shared by the model tests whose peer is a transformers model (RWKV-4 and Mamba): logits, states and hidden
+states against the peer and the float64 reference, a sequence in pieces, float64 and fp16 copies, the same training
+step, the same checkpoint files, the same greedy continuation.
+
+``reference(ids, state=None) -> (logits, state)`` is the test module's float64 model with the weights bound. A
+state is what the model returns: a list of tensors (RWKV-4) or of tuples of them (Mamba); its tensors are compared
+in order.
+"""
 import contextlib
+import copy
 
 import torch
 
-from kernels.testing import FP32_BUDGET, assert_close
+from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close
 
 
 def tokens(seed, batch, length, vocab):
@@ -18,6 +25,80 @@ def make_models(peer, our_class, our_config, randomize, seed):
     ours = our_class(our_config)
     ours.load_checkpoint(state_dict)
     return peer.eval(), state_dict, ours.eval()
+
+
+def leaves(state):
+    """The tensors (or arrays) of a state, in order."""
+    return [x for s in state for x in leaves(s)] if isinstance(state, (list, tuple)) else [state]
+
+
+def assert_states_close(actual, expected, budget, what):
+    actual, expected = leaves(actual), leaves(expected)
+    assert len(actual) == len(expected)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert_close(a, e, budget, f"{what}: state tensor {i}")
+
+
+def check_against_peer_and_reference(peer, ours, ids, reference, peer_state, num_layers):
+    """Logits and states of ours and of the peer against the reference, and hidden states against each other.
+    peer_state: the peer's output -> its state in our layout."""
+    ref_logits, ref_state = reference(ids)
+    with torch.no_grad():
+        theirs = peer(ids, use_cache=True, output_hidden_states=True)
+        mine = ours(ids, output_hidden_states=True)
+    assert_close(theirs.logits, ref_logits, FP32_BUDGET, "peer vs reference: logits")
+    assert_close(mine.logits, ref_logits, FP32_BUDGET, "torch vs reference: logits")
+    assert_close(mine.logits, theirs.logits, FP32_BUDGET, "torch vs peer: logits")
+    assert all(s.dtype == torch.float32 for s in leaves(mine.state))
+    assert_states_close(peer_state(theirs), ref_state, FP32_BUDGET, "peer vs reference")
+    assert_states_close(mine.state, ref_state, FP32_BUDGET, "torch vs reference")
+    assert len(mine.hidden_states) == len(theirs.hidden_states) == num_layers + 1
+    for i, (m, t) in enumerate(zip(mine.hidden_states, theirs.hidden_states)):
+        assert_close(m, t, FP32_BUDGET, f"hidden_states[{i}]")
+
+
+def check_pieces_equal_whole(ours, ids, cuts, reference):
+    """ids cut at ``cuts`` and fed piece by piece with the state equal ids fed whole, in our model (which leaves
+    the state passed in as it was) and in the reference."""
+    pieces = torch.tensor_split(ids, cuts, dim=1)
+    with torch.no_grad():
+        whole = ours(ids)
+        state, logits = None, []
+        for piece in pieces:
+            before = None if state is None else [s.clone() for s in leaves(state)]
+            out = ours(piece, state=state)
+            if before is not None:
+                assert all(torch.equal(a, b) for a, b in zip(before, leaves(state)))
+            state = out.state
+            logits.append(out.logits)
+    assert_close(torch.cat(logits, dim=1), whole.logits, FP32_BUDGET, "logits")
+    assert_states_close(state, whole.state, FP32_BUDGET, "torch pieces")
+    ref_whole, ref_state = reference(ids)
+    ref_piece_state, ref_pieces = None, []
+    for piece in pieces:
+        piece_logits, ref_piece_state = reference(piece, ref_piece_state)
+        ref_pieces.append(torch.from_numpy(piece_logits))
+    assert_close(torch.cat(ref_pieces, dim=1), ref_whole, REFERENCE_BUDGET, "reference logits")
+    assert_states_close(ref_piece_state, ref_state, REFERENCE_BUDGET, "reference pieces")
+
+
+def check_float64_copy(ours, ids, reference):
+    """A float64 copy of our model equals the reference to rounding, and so does its (float64) state."""
+    ref_logits, ref_state = reference(ids)
+    with torch.no_grad():
+        out = copy.deepcopy(ours).double()(ids)
+    assert_close(out.logits, ref_logits, REFERENCE_BUDGET, "float64 logits")
+    assert all(s.dtype == torch.float64 for s in leaves(out.state))
+    assert_states_close(out.state, ref_state, REFERENCE_BUDGET, "float64")
+
+
+def check_fp16_copy(ours, ids, reference):
+    """An fp16 copy of our model: fp16 logits within the fp16 budget, its state in fp32."""
+    ref_logits, _ = reference(ids)
+    with torch.no_grad():
+        out = copy.deepcopy(ours).half()(ids)
+    assert out.logits.dtype == torch.float16 and all(s.dtype == torch.float32 for s in leaves(out.state))
+    assert_close(out.logits, ref_logits, FP16_BUDGET, "fp16 logits")
 
 
 def check_training_step(peer, ours, ids, labels):

@@ -1,7 +1,6 @@
 """kernels/ssm.py: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU), on outputs,
 final states and the gradients of every input. Gradients are checked against torch autograd through a plain
 per-token loop written here (float64), which shares no code with either backend."""
-import numpy as np
 import pytest
 import torch
 

@@ -9,16 +9,20 @@ The peer keeps K inputs in its conv cache (ours: the K - 1 that are used again) 
 whenever a cached call has more than one token, so it is compared with us on prefill-then-one-token decoding;
 arbitrary splits of a sequence are checked against the whole sequence.
 """
+from functools import partial
+
 import pytest
 import torch
 import transformers
 
-from hf_peer import check_checkpoint_round_trip, check_training_step, input_lengths, peer_greedy
+from hf_peer import (assert_states_close, check_against_peer_and_reference, check_checkpoint_round_trip,
+                     check_float64_copy, check_fp16_copy, check_pieces_equal_whole, check_training_step,
+                     input_lengths, peer_greedy)
 from hf_peer import make_models as make_peer_and_ours
 from hf_peer import tokens as random_tokens
 from kernels.models.checkpoint import save_state_dict
 from kernels.models.mamba import MambaConfig, MambaForCausalLM, MambaModel
-from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close
+from kernels.testing import FP32_BUDGET, assert_close
 from reference import mamba as ref
 
 SMALL = dict(vocab_size=67, hidden_size=16, state_size=5, num_hidden_layers=3, expand=2)
@@ -76,30 +80,12 @@ def peer_states(cache, num_layers):
     return [(cache.get_conv_state(i)[..., 1:], cache.get_recurrent_state(i)) for i in range(num_layers)]
 
 
-def assert_states_close(actual, expected, budget, what):
-    assert len(actual) == len(expected)
-    for i, ((window, h), (window_e, h_e)) in enumerate(zip(actual, expected)):
-        assert_close(window, window_e, budget, f"{what}: block {i} conv window")
-        assert_close(h, h_e, budget, f"{what}: block {i} SSM state")
-
-
 @pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
 def test_reference_and_torch_model_match_the_peer(overrides):
     peer, state_dict, ours, config = make_models(**overrides)
-    ids = tokens(1)
-    ref_logits, ref_state = reference_logits(state_dict, config, ids)
-    with torch.no_grad():
-        theirs = peer(ids, use_cache=True, output_hidden_states=True)
-        mine = ours(ids, output_hidden_states=True)
-    assert_close(theirs.logits, ref_logits, FP32_BUDGET, "peer vs reference: logits")
-    assert_close(mine.logits, ref_logits, FP32_BUDGET, "torch vs reference: logits")
-    assert_close(mine.logits, theirs.logits, FP32_BUDGET, "torch vs peer: logits")
-    assert_states_close(peer_states(theirs.cache_params, config["num_hidden_layers"]), ref_state, FP32_BUDGET,
-                        "peer vs reference")
-    assert_states_close(mine.state, ref_state, FP32_BUDGET, "torch vs reference")
-    assert len(mine.hidden_states) == len(theirs.hidden_states) == config["num_hidden_layers"] + 1
-    for i, (m, t) in enumerate(zip(mine.hidden_states, theirs.hidden_states)):
-        assert_close(m, t, FP32_BUDGET, f"hidden_states[{i}]")
+    check_against_peer_and_reference(peer, ours, tokens(1), partial(reference_logits, state_dict, config),
+                                     lambda out: peer_states(out.cache_params, config["num_hidden_layers"]),
+                                     config["num_hidden_layers"])
 
 
 def test_prefill_then_decode_equals_the_whole_and_the_peer():
@@ -125,48 +111,17 @@ def test_prefill_then_decode_equals_the_whole_and_the_peer():
 def test_pieces_with_the_state_equal_the_whole(cuts):
     """Any split, pieces of several tokens included (the peer cannot: it restarts its SSM on such pieces)."""
     _, state_dict, ours, config = make_models(**CONFIGS["defaults-tied"])
-    ids = tokens(3)
-    pieces = torch.tensor_split(ids, cuts, dim=1)
-    with torch.no_grad():
-        whole = ours(ids)
-        state, logits = None, []
-        for piece in pieces:
-            before = None if state is None else [tuple(s.clone() for s in pair) for pair in state]
-            out = ours(piece, state=state)
-            if before is not None:                                  # the state passed in is left as it was
-                assert all(torch.equal(a, b) for pa, pb in zip(before, state) for a, b in zip(pa, pb))
-            state = out.state
-            logits.append(out.logits)
-    assert_close(torch.cat(logits, dim=1), whole.logits, FP32_BUDGET, "logits")
-    assert_states_close(state, whole.state, FP32_BUDGET, "torch pieces")
-    ref_whole, ref_state = reference_logits(state_dict, config, ids)
-    ref_piece_state, ref_pieces = None, []
-    for piece in pieces:
-        lg, ref_piece_state = reference_logits(state_dict, config, piece, ref_piece_state)
-        ref_pieces.append(torch.from_numpy(lg))
-    assert_close(torch.cat(ref_pieces, dim=1), ref_whole, REFERENCE_BUDGET, "reference logits")
-    assert_states_close(ref_piece_state, ref_state, REFERENCE_BUDGET, "reference pieces")
+    check_pieces_equal_whole(ours, tokens(3), cuts, partial(reference_logits, state_dict, config))
 
 
 def test_float64_model_matches_the_reference_to_rounding():
     _, state_dict, ours, config = make_models(**CONFIGS["biases-K3-rank3-untied"])
-    ids = tokens(4)
-    ref_logits, ref_state = reference_logits(state_dict, config, ids)
-    with torch.no_grad():
-        out = ours.double()(ids)
-    assert_close(out.logits, ref_logits, REFERENCE_BUDGET, "float64 logits")
-    assert all(s.dtype == torch.float64 for pair in out.state for s in pair)
-    assert_states_close(out.state, ref_state, REFERENCE_BUDGET, "float64")
+    check_float64_copy(ours, tokens(4), partial(reference_logits, state_dict, config))
 
 
 def test_fp16_model_within_the_fp16_budget():
     _, state_dict, ours, config = make_models(**CONFIGS["defaults-tied"])
-    ids = tokens(5)
-    ref_logits, _ = reference_logits(state_dict, config, ids)
-    with torch.no_grad():
-        out = ours.half()(ids)
-    assert out.logits.dtype == torch.float16 and all(s.dtype == torch.float32 for pair in out.state for s in pair)
-    assert_close(out.logits, ref_logits, FP16_BUDGET, "fp16 logits")
+    check_fp16_copy(ours, tokens(5), partial(reference_logits, state_dict, config))
 
 
 def test_training_loss_and_gradients_match_the_peer():

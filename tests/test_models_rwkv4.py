@@ -13,18 +13,20 @@ Two peer bugs shape these tests (both in transformers 5.23's modeling_rwkv.py, r
 """
 import subprocess
 import sys
+from functools import partial
 
 import pytest
 import torch
 import transformers
 
-from hf_peer import check_checkpoint_round_trip, check_training_step, input_lengths, peer_greedy
+from hf_peer import (check_against_peer_and_reference, check_checkpoint_round_trip, check_float64_copy,
+                     check_fp16_copy, check_pieces_equal_whole, check_training_step, input_lengths, peer_greedy)
 from hf_peer import make_models as make_peer_and_ours
 from hf_peer import tokens as random_tokens
 from kernels.models.checkpoint import load_state_dict, save_state_dict
 from kernels.models.generation import sample_next
 from kernels.models.rwkv4 import STATE_NAMES, RwkvConfig, RwkvForCausalLM, RwkvModel
-from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close, rel_rms
+from kernels.testing import FP32_BUDGET, assert_close, rel_rms
 from reference import rwkv4 as ref
 
 SMALL = dict(vocab_size=67, context_length=64, hidden_size=16, num_hidden_layers=3, intermediate_size=40)
@@ -84,21 +86,8 @@ CONFIGS = {
 @pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
 def test_reference_and_torch_model_match_the_peer(overrides):
     peer, state_dict, ours, config = make_models(**overrides)
-    ids = tokens(1)
-    ref_logits, ref_state = reference_logits(state_dict, config, ids)
-    with torch.no_grad():
-        theirs = peer(ids, use_cache=True, output_hidden_states=True)
-        mine = ours(ids, output_hidden_states=True)
-    assert_close(theirs.logits, ref_logits, FP32_BUDGET, "peer vs reference: logits")
-    assert_close(mine.logits, ref_logits, FP32_BUDGET, "torch vs reference: logits")
-    assert_close(mine.logits, theirs.logits, FP32_BUDGET, "torch vs peer: logits")
-    for name, t, m, r in zip(STATE_NAMES, theirs.state, mine.state, ref_state):
-        assert m.dtype == torch.float32
-        assert_close(t, r, FP32_BUDGET, f"peer vs reference: {name}")
-        assert_close(m, r, FP32_BUDGET, f"torch vs reference: {name}")
-    assert len(mine.hidden_states) == len(theirs.hidden_states) == config["num_hidden_layers"] + 1
-    for i, (m, t) in enumerate(zip(mine.hidden_states, theirs.hidden_states)):
-        assert_close(m, t, FP32_BUDGET, f"hidden_states[{i}]")
+    check_against_peer_and_reference(peer, ours, tokens(1), partial(reference_logits, state_dict, config),
+                                     lambda out: out.state, config["num_hidden_layers"])
 
 
 def test_rescaling_is_visible_and_only_at_inference():
@@ -119,30 +108,8 @@ def test_rescaling_is_visible_and_only_at_inference():
 
 @pytest.mark.parametrize("cuts", [(1,), (4,), (1, 2, 6)], ids=str)
 def test_pieces_with_the_state_equal_the_whole(cuts):
-    peer, state_dict, ours, config = make_models(**CONFIGS["rescale-every-2-tied"])
-    ids = tokens(3)
-    pieces = torch.tensor_split(ids, cuts, dim=1)
-    with torch.no_grad():
-        whole = ours(ids)
-        state, logits = None, []
-        for piece in pieces:
-            before = None if state is None else [s.clone() for s in state]
-            out = ours(piece, state=state)
-            if before is not None:                                  # the state passed in is left as it was
-                assert all(torch.equal(a, b) for a, b in zip(before, state))
-            state = out.state
-            logits.append(out.logits)
-    assert_close(torch.cat(logits, dim=1), whole.logits, FP32_BUDGET, "logits")
-    for name, s, w in zip(STATE_NAMES, state, whole.state):
-        assert_close(s, w, FP32_BUDGET, name)
-    ref_whole, ref_state = reference_logits(state_dict, config, ids)
-    ref_state_piece, ref_pieces = None, []
-    for piece in pieces:
-        lg, ref_state_piece = reference_logits(state_dict, config, piece, ref_state_piece)
-        ref_pieces.append(torch.from_numpy(lg))
-    assert_close(torch.cat(ref_pieces, dim=1), ref_whole, REFERENCE_BUDGET, "reference logits")
-    for name, s, w in zip(STATE_NAMES, ref_state_piece, ref_state):
-        assert_close(s, w, REFERENCE_BUDGET, f"reference {name}")
+    _, state_dict, ours, config = make_models(**CONFIGS["rescale-every-2-tied"])
+    check_pieces_equal_whole(ours, tokens(3), cuts, partial(reference_logits, state_dict, config))
 
 
 def test_the_peer_continues_from_our_state():
@@ -177,24 +144,12 @@ def test_attention_hidden_size_other_than_hidden_size():
 
 def test_float64_model_matches_the_reference_to_rounding():
     _, state_dict, ours, config = make_models(**CONFIGS["rescale-every-block"])
-    ids = tokens(6)
-    ref_logits, ref_state = reference_logits(state_dict, config, ids)
-    with torch.no_grad():
-        out = ours.double()(ids)
-    assert_close(out.logits, ref_logits, REFERENCE_BUDGET, "float64 logits")
-    for name, s, r in zip(STATE_NAMES, out.state, ref_state):
-        assert s.dtype == torch.float64
-        assert_close(s, r, REFERENCE_BUDGET, name)
+    check_float64_copy(ours, tokens(6), partial(reference_logits, state_dict, config))
 
 
 def test_fp16_model_within_the_fp16_budget():
     _, state_dict, ours, config = make_models(**CONFIGS["rescale-every-2-tied"])
-    ids = tokens(7)
-    ref_logits, _ = reference_logits(state_dict, config, ids)
-    with torch.no_grad():
-        out = ours.half()(ids)
-    assert out.logits.dtype == torch.float16 and all(s.dtype == torch.float32 for s in out.state)
-    assert_close(out.logits, ref_logits, FP16_BUDGET, "fp16 logits")
+    check_fp16_copy(ours, tokens(7), partial(reference_logits, state_dict, config))
 
 
 def test_training_loss_and_gradients_match_the_peer():
