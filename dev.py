@@ -71,7 +71,9 @@ def main(argv):
         print("No notebooks yet: printing the headless cross-check report instead.", flush=True)
         run(PY, "-m", "kernels.crosscheck", env=env)
     else:
-        run(PY, "-m", "jupyter", "lab", "notebooks", *argv[2:], env=env)
+        # Jupyter refuses to run as root unless told; root is common in containers, where this is the only user.
+        as_root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+        run(PY, "-m", "jupyter", "lab", "notebooks", *as_root, *argv[2:], env=env)
     return 0
 
 
