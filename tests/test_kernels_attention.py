@@ -11,6 +11,7 @@ import torch
 
 from kernels import attention as attn
 from kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_close
+from qkv_check import check_qkv_op, qkv_inputs
 from reference.attention import softmax_attention
 
 # (B, H, T, d): T = 1, T not a multiple of the 16-row tiles, a head dim that is not a power of two.
@@ -26,10 +27,6 @@ def tiles(monkeypatch):
     return use
 
 
-def _inputs(rng, shape, dtype=torch.float64, spread=1.0):
-    return [torch.tensor(rng.standard_normal(shape) * spread, dtype=dtype) for _ in range(3)]
-
-
 def _explicit_attention(q, k, v, causal, scale=None):
     """softmax(q k^T * scale + M) v in float64 torch, written out (differentiable)."""
     T, d = q.shape[-2:]
@@ -39,17 +36,11 @@ def _explicit_attention(q, k, v, causal, scale=None):
     return torch.softmax(s, -1) @ v
 
 
-def _grads(fn, q, k, v, do):
-    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
-    out = fn(q, k, v)
-    return out, torch.autograd.grad(out, (q, k, v), do.to(out.dtype))
-
-
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_forward_matches_reference(rng, tiles, backend, shape, causal):
-    q, k, v = _inputs(rng, shape)
+    q, k, v = qkv_inputs(rng, shape)
     expected = softmax_attention(q.numpy(), k.numpy(), v.numpy(), causal=causal)
     out = attn.attention(q.float(), k.float(), v.float(), causal=causal, backend=backend)
     assert out.dtype == torch.float32 and out.shape == shape
@@ -60,13 +51,10 @@ def test_forward_matches_reference(rng, tiles, backend, shape, causal):
 @pytest.mark.parametrize("shape", SHAPES[1:])   # T = 1: dq = dk = 0 exactly, no relative error to speak of
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_gradients_match_float64_autograd(rng, tiles, backend, shape, causal):
-    q, k, v = _inputs(rng, shape)
+    q, k, v = qkv_inputs(rng, shape)
     do = torch.tensor(rng.standard_normal(shape))
-    _, expected = _grads(lambda *a: _explicit_attention(*a, causal), q, k, v, do)
-    _, got = _grads(lambda *a: attn.attention(*a, causal=causal, backend=backend), q.float(), k.float(), v.float(),
-                    do)
-    for name, g, e in zip("qkv", got, expected):
-        assert_close(g, e, FP32_BUDGET, f"{backend} d{name}")
+    check_qkv_op(lambda *a: attn.attention(*a, causal=causal, backend=backend),
+                 lambda *a: _explicit_attention(*a, causal), q, k, v, do, torch.float32, FP32_BUDGET, backend)
 
 
 @pytest.mark.parametrize("block_m, block_n", [(16, 32), (32, 16)])
@@ -74,39 +62,32 @@ def test_triton_unequal_tiles(rng, tiles, block_m, block_n):
     """Query and key tiles of different sizes: the diagonal falls inside a tile, not on its corner."""
     tiles(block_m, block_n)
     shape = (1, 2, 41, 16)
-    q, k, v = _inputs(rng, shape)
+    q, k, v = qkv_inputs(rng, shape)
     do = torch.tensor(rng.standard_normal(shape))
-    out_e, expected = _grads(lambda *a: _explicit_attention(*a, True), q, k, v, do)
-    out, got = _grads(lambda *a: attn.attention(*a, backend="triton"), q.float(), k.float(), v.float(), do)
-    assert_close(out, out_e, FP32_BUDGET, "output")
-    for name, g, e in zip("qkv", got, expected):
-        assert_close(g, e, FP32_BUDGET, f"d{name}")
+    check_qkv_op(lambda *a: attn.attention(*a, backend="triton"), lambda *a: _explicit_attention(*a, True),
+                 q, k, v, do, torch.float32, FP32_BUDGET, f"tiles {block_m}x{block_n}")
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_fp16_inputs(rng, tiles, backend):
+def test_fp16qkv_inputs(rng, tiles, backend):
     shape = (1, 2, 37, 32)
-    q, k, v = (x.half().double() for x in _inputs(rng, shape))     # exactly representable in fp16
+    q, k, v = (x.half().double() for x in qkv_inputs(rng, shape))     # exactly representable in fp16
     do = torch.tensor(rng.standard_normal(shape))
-    out_e, expected = _grads(lambda *a: _explicit_attention(*a, True), q, k, v, do)
-    out, got = _grads(lambda *a: attn.attention(*a, backend=backend), q.half(), k.half(), v.half(), do)
-    assert out.dtype == torch.float16 and all(g.dtype == torch.float16 for g in got)
-    assert_close(out, out_e, FP16_BUDGET, "fp16 output")
-    for name, g, e in zip("qkv", got, expected):
-        assert_close(g, e, FP16_BUDGET, f"fp16 d{name}")
+    check_qkv_op(lambda *a: attn.attention(*a, backend=backend), lambda *a: _explicit_attention(*a, True),
+                 q, k, v, do, torch.float16, FP16_BUDGET, f"fp16 {backend}")
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_large_scores_do_not_overflow(rng, tiles, backend):
     """Scores in the hundreds: e^s overflows fp32 past 88; the online softmax only sees e^{s - max} <= 1."""
-    q, k, v = _inputs(rng, (1, 1, 23, 16), spread=12.0)
+    q, k, v = qkv_inputs(rng, (1, 1, 23, 16), spread=12.0)
     expected = softmax_attention(q.numpy(), k.numpy(), v.numpy())
     assert np.abs(q.numpy() @ k.numpy().swapaxes(-1, -2)).max() / 4 > 200
     assert_close(attn.attention(q.float(), k.float(), v.float(), backend=backend), expected, FP32_BUDGET)
 
 
 def test_scale_argument(rng, tiles):
-    q, k, v = _inputs(rng, (1, 1, 19, 16))
+    q, k, v = qkv_inputs(rng, (1, 1, 19, 16))
     expected = softmax_attention(q.numpy(), k.numpy(), v.numpy(), scale=0.3)
     for backend in ("torch", "triton"):
         assert_close(attn.attention(q.float(), k.float(), v.float(), scale=0.3, backend=backend), expected,
@@ -114,7 +95,7 @@ def test_scale_argument(rng, tiles):
 
 
 def test_gradcheck_torch_backend(rng):
-    q, k, v = (x.requires_grad_() for x in _inputs(rng, (1, 2, 7, 4)))
+    q, k, v = (x.requires_grad_() for x in qkv_inputs(rng, (1, 2, 7, 4)))
     assert torch.autograd.gradcheck(lambda *a: attn.attention(*a, backend="torch"), (q, k, v))
 
 

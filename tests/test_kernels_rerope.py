@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernels import rerope
 from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close
+from qkv_check import check_qkv_op, qkv_inputs, output_and_grads
 from reference.rope import (attention_from_relative_positions, log_n_scale, relative_positions, rerope_attention,
                             rerope_decode)
 
@@ -39,10 +40,6 @@ def tiles(monkeypatch):
     return use
 
 
-def _inputs(rng, shape, spread=1.0):
-    return [torch.tensor(rng.standard_normal(shape) * spread) for _ in range(3)]
-
-
 def definition(q, k, v, window, leaky_k=None, train_length=None, scale=None, base=10000.0):
     """softmax_j((q_i sigma_i) . R(-rel_ij) k_j * scale) v, causal, one rotated key per pair (float64 torch)."""
     T, d = q.shape[-2:]
@@ -57,22 +54,18 @@ def definition(q, k, v, window, leaky_k=None, train_length=None, scale=None, bas
     return torch.softmax(s, -1) @ v
 
 
-def _grads(fn, inputs, do):
-    inputs = [x.detach().requires_grad_() for x in inputs]
-    out = fn(*inputs)
-    return out, torch.autograd.grad(out, inputs, do.to(out.dtype))
-
-
-def _check(out, grads, out_e, grads_e, budget, what):
-    assert_close(out, out_e, budget, f"{what} output")
-    for name, g, e in zip(("dq", "dk", "dv"), grads, grads_e):
-        assert_close(g, e, budget, f"{what} {name}")
+def _check_prefill(rng, shape, window, leaky_k, train_length, backend, dtype, budget, what, inputs=None):
+    """rerope_attention against the float64 definition, outputs and gradients, for one random output gradient."""
+    q, k, v = qkv_inputs(rng, shape) if inputs is None else inputs
+    do = torch.tensor(rng.standard_normal(shape))
+    check_qkv_op(lambda *a: rerope.rerope_attention(*a, window, leaky_k, train_length=train_length, backend=backend),
+                 lambda *a: definition(*a, window, leaky_k, train_length), q, k, v, do, dtype, budget, what)
 
 
 @pytest.mark.parametrize("T, d, window, leaky_k, train_length", CASES)
 def test_definition_here_matches_the_reference(rng, T, d, window, leaky_k, train_length):
     """The torch definition used for gradients == reference's per-pair definition == the source's two-pass form."""
-    q, k, v = _inputs(rng, (2, 1, T, d))
+    q, k, v = qkv_inputs(rng, (2, 1, T, d))
     mine = definition(q, k, v, window, leaky_k, train_length)
     q_scaled = q.numpy() * (1 if train_length is None else log_n_scale(np.arange(T), train_length)[:, None])
     rel = relative_positions(T, "rerope" if leaky_k is None else "leaky_rerope", window, leaky_k)
@@ -84,13 +77,7 @@ def test_definition_here_matches_the_reference(rng, T, d, window, leaky_k, train
 @pytest.mark.parametrize("T, d, window, leaky_k, train_length", CASES)
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_prefill_outputs_and_gradients(rng, backend, T, d, window, leaky_k, train_length):
-    q, k, v = _inputs(rng, (1, 2, T, d))
-    do = torch.tensor(rng.standard_normal((1, 2, T, d)))
-    out_e, grads_e = _grads(lambda *a: definition(*a, window, leaky_k, train_length), (q, k, v), do)
-    out, grads = _grads(lambda *a: rerope.rerope_attention(*a, window, leaky_k, train_length=train_length,
-                                                           backend=backend), (q.float(), k.float(), v.float()), do)
-    assert out.dtype == torch.float32 and all(g.dtype == torch.float32 for g in grads)
-    _check(out, grads, out_e, grads_e, FP32_BUDGET, backend)
+    _check_prefill(rng, (1, 2, T, d), window, leaky_k, train_length, backend, torch.float32, FP32_BUDGET, backend)
 
 
 @pytest.mark.parametrize("mask_rows", [4, rerope.MASK_ROWS])
@@ -98,17 +85,13 @@ def test_prefill_outputs_and_gradients(rng, backend, T, d, window, leaky_k, trai
 def test_torch_backend_is_exact_in_float64(rng, monkeypatch, T, d, window, leaky_k, train_length, mask_rows):
     """The pieces and their log-sum-exp merge are exact: float64 in, the definition out to 1e-12."""
     monkeypatch.setattr(rerope, "MASK_ROWS", mask_rows)
-    q, k, v = _inputs(rng, (2, 2, T, d))
-    do = torch.tensor(rng.standard_normal((2, 2, T, d)))
-    out_e, grads_e = _grads(lambda *a: definition(*a, window, leaky_k, train_length), (q, k, v), do)
-    out, grads = _grads(lambda *a: rerope.rerope_attention(*a, window, leaky_k, train_length=train_length,
-                                                           backend="torch"), (q, k, v), do)
-    _check(out, grads, out_e, grads_e, REFERENCE_BUDGET, "float64")
+    _check_prefill(rng, (2, 2, T, d), window, leaky_k, train_length, "torch", torch.float64, REFERENCE_BUDGET,
+                   "float64")
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_single_position(rng, backend):
-    q, k, v = _inputs(rng, (1, 2, 1, 16))
+    q, k, v = qkv_inputs(rng, (1, 2, 1, 16))
     out = rerope.rerope_attention(q.float(), k.float(), v.float(), 3, backend=backend)
     assert_close(out, v, FP32_BUDGET)          # one key: softmax = 1
 
@@ -117,13 +100,8 @@ def test_single_position(rng, backend):
 def test_triton_unequal_tiles(rng, tiles, block_m, block_n):
     """Query and key tiles of different sizes: the window's edge and the diagonal cut tiles off their corners."""
     tiles(block_m, block_n)
-    T, d, window, leaky_k, train_length = 43, 16, 9, 3.0, 12
-    q, k, v = _inputs(rng, (1, 2, T, d))
-    do = torch.tensor(rng.standard_normal((1, 2, T, d)))
-    out_e, grads_e = _grads(lambda *a: definition(*a, window, leaky_k, train_length), (q, k, v), do)
-    out, grads = _grads(lambda *a: rerope.rerope_attention(*a, window, leaky_k, train_length=train_length,
-                                                           backend="triton"), (q.float(), k.float(), v.float()), do)
-    _check(out, grads, out_e, grads_e, FP32_BUDGET, f"tiles {block_m}x{block_n}")
+    _check_prefill(rng, (1, 2, 43, 16), 9, 3.0, 12, "triton", torch.float32, FP32_BUDGET,
+                   f"tiles {block_m}x{block_n}")
 
 
 DECODE_CASES = [
@@ -137,47 +115,42 @@ DECODE_CASES = [
 @pytest.mark.parametrize("T, d, window, leaky_k, train_length", DECODE_CASES)
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_decode_is_the_last_row_of_prefill(rng, backend, T, d, window, leaky_k, train_length):
-    q, k, v = _inputs(rng, (2, 1, T, d))
+    q, k, v = qkv_inputs(rng, (2, 1, T, d))
     do = torch.tensor(rng.standard_normal((2, 1, 1, d)))
     expected = rerope_decode(q[:, :, -1:].numpy(), k.numpy(), v.numpy(), window, leaky_k, train_length=train_length)
     opts = dict(leaky_k=leaky_k, train_length=train_length, backend=backend)
     q32, k32, v32 = q.float(), k.float(), v.float()
-    out, grads = _grads(lambda *a: rerope.rerope_decode(*a, window, **opts), (q32[:, :, -1:], k32, v32), do)
+    out, grads = output_and_grads(lambda *a: rerope.rerope_decode(*a, window, **opts), (q32[:, :, -1:], k32, v32), do)
     assert out.shape == (2, 1, 1, d)
     assert_close(out, expected, FP32_BUDGET, "decode vs reference")
     assert_close(out, rerope.rerope_attention(q32, k32, v32, window, **opts)[:, :, -1:], FP32_BUDGET,
                  "decode vs last prefill row")
     if T > 1:   # with one key, dq and dk are exactly zero: nothing relative to compare
-        _, grads_e = _grads(lambda *a: definition(*a, window, leaky_k, train_length)[:, :, -1:], (q, k, v), do)
+        _, grads_e = output_and_grads(lambda *a: definition(*a, window, leaky_k, train_length)[:, :, -1:], (q, k, v), do)
         for name, g, e in zip(("dq", "dk", "dv"), grads, (grads_e[0][:, :, -1:], *grads_e[1:])):
             assert_close(g, e, FP32_BUDGET, f"decode {name}")
 
 
 def test_torch_decode_rotates_the_cache_in_chunks(rng, monkeypatch):
     monkeypatch.setattr(rerope, "DECODE_CHUNK", 8)
-    q, k, v = _inputs(rng, (1, 2, 29, 16))
+    q, k, v = qkv_inputs(rng, (1, 2, 29, 16))
     expected = rerope_decode(q[:, :, -1:].numpy(), k.numpy(), v.numpy(), 6, 2.5, train_length=4)
     out = rerope.rerope_decode(q[:, :, -1:], k, v, 6, 2.5, train_length=4, backend="torch")
     assert_close(out, expected, REFERENCE_BUDGET)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_fp16_inputs(rng, backend):
-    T, d, window, leaky_k, train_length = 37, 32, 9, 4.0, 16
-    q, k, v = (x.half().double() for x in _inputs(rng, (1, 2, T, d)))     # exactly representable in fp16
-    do = torch.tensor(rng.standard_normal((1, 2, T, d)))
-    out_e, grads_e = _grads(lambda *a: definition(*a, window, leaky_k, train_length), (q, k, v), do)
-    out, grads = _grads(lambda *a: rerope.rerope_attention(*a, window, leaky_k, train_length=train_length,
-                                                           backend=backend), (q.half(), k.half(), v.half()), do)
-    assert out.dtype == torch.float16 and all(g.dtype == torch.float16 for g in grads)
-    _check(out, grads, out_e, grads_e, FP16_BUDGET, f"fp16 {backend}")
+def test_fp16qkv_inputs(rng, backend):
+    shape = (1, 2, 37, 32)
+    exact = [x.half().double() for x in qkv_inputs(rng, shape)]                 # exactly representable in fp16
+    _check_prefill(rng, shape, 9, 4.0, 16, backend, torch.float16, FP16_BUDGET, f"fp16 {backend}", inputs=exact)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_large_scores_do_not_overflow(rng, backend):
     """Scores in the hundreds (e^s overflows fp32 past 88), with log-n scaling on top."""
     T, d, window = 30, 16, 6
-    q, k, v = _inputs(rng, (1, 1, T, d), spread=12.0)
+    q, k, v = qkv_inputs(rng, (1, 1, T, d), spread=12.0)
     out = rerope.rerope_attention(q.float(), k.float(), v.float(), window, train_length=4, backend=backend)
     assert_close(out, rerope_attention(q.numpy(), k.numpy(), v.numpy(), window, train_length=4), FP32_BUDGET)
 
@@ -185,7 +158,7 @@ def test_large_scores_do_not_overflow(rng, backend):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_scale_and_base_arguments(rng, backend):
     T, d, window, leaky_k = 26, 16, 6, 3.0
-    q, k, v = _inputs(rng, (1, 2, T, d))
+    q, k, v = qkv_inputs(rng, (1, 2, T, d))
     expected = definition(q, k, v, window, leaky_k, scale=0.3, base=500.0)
     out = rerope.rerope_attention(q.float(), k.float(), v.float(), window, leaky_k, scale=0.3, backend=backend,
                                   base=500.0)
@@ -197,7 +170,7 @@ def test_scale_and_base_arguments(rng, backend):
 
 @pytest.mark.parametrize("leaky_k", [None, 2.0])
 def test_gradcheck_torch_backend(rng, leaky_k):
-    q, k, v = (x.requires_grad_() for x in _inputs(rng, (1, 1, 9, 4)))
+    q, k, v = (x.requires_grad_() for x in qkv_inputs(rng, (1, 1, 9, 4)))
     assert torch.autograd.gradcheck(
         lambda *a: rerope.rerope_attention(*a, 3, leaky_k, train_length=4, backend="torch"), (q, k, v),
         fast_mode=True)
@@ -208,13 +181,7 @@ def test_chunked_pieces_match_the_definition(rng, monkeypatch):
     monkeypatch.setattr(rerope, "_flash_with_lse", rerope._chunked_with_lse)
     monkeypatch.setattr(rerope, "_flash_backward", rerope._chunked_backward)
     monkeypatch.setattr(rerope, "QUERY_CHUNK", 8)
-    T, d, window, leaky_k, train_length = 37, 16, 9, 3.0, 8
-    q, k, v = _inputs(rng, (1, 2, T, d))
-    do = torch.tensor(rng.standard_normal((1, 2, T, d)))
-    out_e, grads_e = _grads(lambda *a: definition(*a, window, leaky_k, train_length), (q, k, v), do)
-    out, grads = _grads(lambda *a: rerope.rerope_attention(*a, window, leaky_k, train_length=train_length,
-                                                           backend="torch"), (q, k, v), do)
-    _check(out, grads, out_e, grads_e, REFERENCE_BUDGET, "chunked pieces")
+    _check_prefill(rng, (1, 2, 37, 16), 9, 3.0, 8, "torch", torch.float64, REFERENCE_BUDGET, "chunked pieces")
 
 
 @pytest.mark.parametrize("mask_rows", [3, rerope.MASK_ROWS])
@@ -257,7 +224,7 @@ class _LargestTensor(TorchDispatchMode):
 def test_torch_prefill_memory_is_linear_in_T(rng, leaky_k):
     """No tensor of the forward or backward grows like T x T: the largest is the rotation table (<= 3 T d)."""
     T, d = 512, 16
-    q, k, v = (x.float().requires_grad_() for x in _inputs(rng, (1, 1, T, d)))
+    q, k, v = (x.float().requires_grad_() for x in qkv_inputs(rng, (1, 1, T, d)))
     with _LargestTensor() as largest:
         rerope.rerope_attention(q, k, v, 64, leaky_k, train_length=128, backend="torch").sum().backward()
     assert largest.numel <= 3 * T * d < T * T // 10

@@ -1,0 +1,28 @@
+"""The check the attention and ReRoPE kernel tests share: an op's output and its gradients with respect to q, k and v
+against autograd through a float64 definition that the test writes itself."""
+import torch
+
+from kernels.testing import assert_close
+
+
+def qkv_inputs(rng, shape, spread=1.0):
+    """q, k, v: float64 tensors of standard normals times ``spread``."""
+    return [torch.tensor(rng.standard_normal(shape) * spread) for _ in range(3)]
+
+
+def output_and_grads(fn, inputs, do):
+    """fn(*inputs) and the gradients of <fn(*inputs), do> with respect to every input."""
+    inputs = [x.detach().requires_grad_() for x in inputs]
+    out = fn(*inputs)
+    return out, torch.autograd.grad(out, inputs, do.to(out.dtype))
+
+
+def check_qkv_op(op, definition, q, k, v, do, dtype, budget, what):
+    """op on (q, k, v) cast to ``dtype`` against ``definition`` on the float64 (q, k, v): the output and dq, dk, dv
+    keep the input dtype and agree within ``budget``."""
+    out_e, grads_e = output_and_grads(definition, (q, k, v), do)
+    out, grads = output_and_grads(op, [x.to(dtype) for x in (q, k, v)], do)
+    assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+    assert_close(out, out_e, budget, f"{what} output")
+    for name, g, e in zip(("dq", "dk", "dv"), grads, grads_e):
+        assert_close(g, e, budget, f"{what} {name}")
