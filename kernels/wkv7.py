@@ -332,12 +332,13 @@ def _triton_backward(r, log_w, k, v, a, b, ckpt, dy, dstate):
 
 
 class _Wkv7Triton(torch.autograd.Function):
-    """Triton forward (saving a checkpoint every CHECKPOINT steps) and Triton backward."""
+    """Triton forward (saving a checkpoint every CHECKPOINT steps) and Triton backward; used when a gradient is
+    wanted (wkv7 calls the forward alone otherwise, as wkv4 does)."""
 
     @staticmethod
     def forward(ctx, r, log_w, k, v, a, b, state0):
         ctx.set_materialize_grads(False)
-        y, state, ckpt = _triton_forward(r, log_w, k, v, a, b, state0, any(ctx.needs_input_grad))
+        y, state, ckpt = _triton_forward(r, log_w, k, v, a, b, state0, save_checkpoints=True)
         ctx.save_for_backward(r, log_w, k, v, a, b, ckpt)
         return y, state
 
@@ -386,8 +387,11 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None):
         return y.to(dtype), state
     if N < 4 or N & (N - 1):
         raise ValueError(f"backend='triton' needs a head size N that is a power of two >= 4, got N = {N}")
-    return _Wkv7Triton.apply(*(x.contiguous() for x in (r, log_w, k, v, a, b)),
-                             None if state is None else state.contiguous())
+    args = (*(x.contiguous() for x in (r, log_w, k, v, a, b)), None if state is None else state.contiguous())
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args):
+        return _Wkv7Triton.apply(*args)
+    y, state, _ = _triton_forward(*args, save_checkpoints=False)          # inference: no checkpoints to keep
+    return y, state
 
 
 # ----------------------------------------------------------------------------------------------------------------
