@@ -36,6 +36,11 @@ TORCH_DTYPES = FLOAT_DTYPES + (torch.float64,)
 POISON_OUTPUTS = False
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype states and sums are kept in: float64 for float64 inputs (torch backend), fp32 for the others."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def new_output(shape, dtype, device) -> torch.Tensor:
     """An uninitialized output buffer (NaN-filled while ``POISON_OUTPUTS`` is set)."""
     if POISON_OUTPUTS:

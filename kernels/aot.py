@@ -42,6 +42,12 @@ class AotKernel:
     num_stages: int = 3
 
 
+def signature(fn, constexprs: dict, types: dict, default: str) -> dict:
+    """The Triton signature of kernel ``fn``: 'constexpr' for the names in ``constexprs``, ``types[name]`` where it
+    is given, ``default`` for every other argument."""
+    return {a: "constexpr" if a in constexprs else types.get(a, default) for a in fn.arg_names}
+
+
 def _cuobjdump() -> Path:
     import triton
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -67,18 +73,9 @@ def compile_one(k: AotKernel, arch: int) -> dict:
             "static_shared": int(fields["SHARED"]), "shared": int(compiled.metadata.shared)}
 
 
-def collect(modules=MODULES) -> list[AotKernel]:
-    kernels = []
-    for name in modules:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-            print(f"# {name}: not written yet, skipped", flush=True)
-            continue
-        kernels.extend(module.aot_kernels())
-    return kernels
+def collect() -> list[AotKernel]:
+    """Every kernel module's AOT configurations."""
+    return [k for name in MODULES for k in importlib.import_module(name).aot_kernels()]
 
 
 def main(argv=None) -> int:

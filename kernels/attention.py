@@ -47,7 +47,14 @@ def _launch_config(head_dim: int, dtype: torch.dtype) -> LaunchConfig:
     return LaunchConfig(64, 32, 4, 2) if head_dim <= 64 else LaunchConfig(32, 32, 4, 2)
 
 
-def _block_d(head_dim: int) -> int:
+def check_triton_head_dim(d: int) -> None:
+    """The flash kernels here and in rerope.py hold a (tile, d) block per operand: 16 <= d <= 128."""
+    if not MIN_TRITON_HEAD_DIM <= d <= MAX_TRITON_HEAD_DIM:
+        raise ValueError(f"backend='triton' takes head dims d in [{MIN_TRITON_HEAD_DIM}, {MAX_TRITON_HEAD_DIM}], "
+                         f"got d = {d}")
+
+
+def block_d(head_dim: int) -> int:
     """The head dimension rounded up to a power of two (tl.arange needs one); extra columns are masked."""
     return max(16, triton.next_power_of_2(head_dim))
 
@@ -219,7 +226,7 @@ def attention_bwd_dq_kernel(
 # ----------------------------------------------------------------------------------------------------------------
 
 def _constexprs(head_dim: int, cfg: LaunchConfig, causal: bool) -> dict:
-    return dict(HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+    return dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 CAUSAL=causal)
 
 
@@ -283,9 +290,7 @@ def attention(q, k, v, causal=True, scale=None, backend=None):
         raise ValueError(f"scale must be finite, got {scale}")
     if backend == "torch":
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-    if not MIN_TRITON_HEAD_DIM <= d <= MAX_TRITON_HEAD_DIM:
-        raise ValueError(f"backend='triton' takes head dims d in [{MIN_TRITON_HEAD_DIM}, {MAX_TRITON_HEAD_DIM}], "
-                         f"got d = {d}")
+    check_triton_head_dim(d)
     return _AttentionTriton.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale)
 
 
@@ -300,7 +305,8 @@ _AOT_ARG_TYPES = dict(LSE="*fp32", DELTA="*fp32", ROT="*fp32", T="i32", T_q="i32
 
 def aot_signature(fn, dtype: str, constexprs: dict) -> dict:
     """The Triton signature of kernel ``fn`` for inputs of ``dtype`` ("fp32", "fp16", "bf16")."""
-    return {a: "constexpr" if a in constexprs else _AOT_ARG_TYPES.get(a, "*" + dtype) for a in fn.arg_names}
+    from kernels.aot import signature
+    return signature(fn, constexprs, _AOT_ARG_TYPES, "*" + dtype)
 
 
 def aot_kernels():

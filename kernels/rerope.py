@@ -57,14 +57,12 @@ from collections import namedtuple
 
 import torch
 
-from kernels._common import (check_backend_dtype, check_devices, check_same_dtype, check_tensor, new_output,
-                             resolve_backend, tl, triton)
-from kernels.attention import load_tile, online_softmax_step, softmax_tile_grad, store_tile
+from kernels._common import (accumulation_dtype, check_backend_dtype, check_devices, check_same_dtype, check_tensor,
+                             new_output, resolve_backend, tl, triton)
+from kernels.attention import (AOT_DTYPES, LaunchConfig, aot_signature, block_d, check_triton_head_dim, load_tile,
+                               online_softmax_step, softmax_tile_grad, store_tile)
 
-LaunchConfig = namedtuple("LaunchConfig", "block_m block_n num_warps num_stages")
 LaunchConfigs = namedtuple("LaunchConfigs", "fwd dq dkdv")     # one per kernel
-
-MIN_TRITON_HEAD_DIM, MAX_TRITON_HEAD_DIM = 16, 128
 DECODE_CHUNK = 4096          # keys rotated at a time by the torch decode
 
 
@@ -476,9 +474,8 @@ def rerope_bwd_dkdv_kernel(
 # ----------------------------------------------------------------------------------------------------------------
 
 def _constexprs(head_dim: int, cfg: LaunchConfig, leaky: bool) -> dict:
-    return dict(HEAD_DIM=head_dim, BLOCK_F=max(16, triton.next_power_of_2(head_dim // 2)),
-                BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                LEAKY=leaky)
+    return dict(HEAD_DIM=head_dim, BLOCK_F=block_d(head_dim // 2), BLOCK_D=block_d(head_dim), BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, LEAKY=leaky)
 
 
 def _meta(head_dim: int, cfg: LaunchConfig, leaky: bool) -> dict:
@@ -711,7 +708,7 @@ class _ReRoPETorch(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, window, leaky_k, scale, train_length, base):
-        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+        compute = accumulation_dtype(q.dtype)
         q, k, v = (x.to(compute) for x in (q, k, v))
         B, H, T, d = q.shape
         rot = _rotation_table(T, d, window, leaky_k, base, compute, q.device)
@@ -769,7 +766,7 @@ def _rerope_torch(q, k, v, window, leaky_k, scale, train_length, base):
 
 def _rerope_decode_torch(q, k_cache, v_cache, window, leaky_k, scale, train_length, base):
     """score_j = (q sigma) . R(-rel(T-1-j)) k_j * scale over the cache, DECODE_CHUNK keys rotated at a time."""
-    dtype, compute = q.dtype, (torch.float64 if q.dtype == torch.float64 else torch.float32)
+    dtype, compute = q.dtype, accumulation_dtype(q.dtype)
     T, d = k_cache.shape[2], q.shape[-1]
     q = _log_n(q.to(compute), T - 1, train_length)                              # (B, H, 1, d), at position T - 1
     scores = []
@@ -814,9 +811,8 @@ def _check_qkv(q, k, v, backend, what_q):
     d = q.shape[-1]
     if d % 2:
         raise ValueError(f"RoPE needs an even head dim, got {what_q} with d = {d}")
-    if backend == "triton" and not MIN_TRITON_HEAD_DIM <= d <= MAX_TRITON_HEAD_DIM:
-        raise ValueError(f"backend='triton' takes head dims d in [{MIN_TRITON_HEAD_DIM}, {MAX_TRITON_HEAD_DIM}], "
-                         f"got d = {d}")
+    if backend == "triton":
+        check_triton_head_dim(d)
     return backend
 
 
@@ -871,7 +867,6 @@ def rerope_decode(q, k_cache, v_cache, window, leaky_k=None, scale=None, train_l
 
 def aot_kernels():
     from kernels.aot import AotKernel
-    from kernels.attention import AOT_DTYPES, aot_signature
     kernels = []
     for d in (64, 128):
         for dtype, torch_dtype in AOT_DTYPES.items():

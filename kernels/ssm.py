@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels._common import (HAS_TRITON, check_backend_dtype, check_devices, check_same_dtype, check_tensor,
+from kernels._common import (accumulation_dtype, check_backend_dtype, check_devices, check_same_dtype, check_tensor,
                              new_output, resolve_backend, tl, triton)
 
 CHUNK_LEN = 16             # torch backend: tokens per chunk (the length of the in-chunk loop)
@@ -383,7 +383,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     backend = resolve_backend(backend, device)
     dtype = check_same_dtype(u=u, delta=delta, B=B, C=C, z=z)
     check_backend_dtype(backend, dtype)
-    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    compute = accumulation_dtype(dtype)
     for name, x in (("A", A), ("D", D), ("delta_bias", delta_bias)):
         if x is not None and x.dtype not in (dtype, compute):
             raise TypeError(f"{name} must have dtype {dtype} (the inputs') or {compute}, got {x.dtype}")
@@ -412,27 +412,18 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
 def aot_kernels():
     """Forward and backward kernels at Mamba sizes (D = 1536 and 8192, N = 16, T = 2048), fp32 and bf16 inputs.
     D and T are runtime arguments: the compiled kernel depends only on the launch configuration and the dtypes."""
-    from kernels.aot import AotKernel
-    if not HAS_TRITON:
-        return []
+    from kernels.aot import AotKernel, signature
     kernels = []
     for dim in (1536, 8192):
         cfg = _launch_config(2048, 16)
         for dtype in ("fp32", "bf16"):
-            seq = f"*{dtype}"
-            sizes = {"dim": "i32", "T": "i32", "N": "i32", "CHUNK": "i32"}
+            # u, B, C in the input dtype; every other pointer fp32
+            types = {"u_ptr": f"*{dtype}", "B_ptr": f"*{dtype}", "C_ptr": f"*{dtype}",
+                     "dim": "i32", "T": "i32", "N": "i32", "CHUNK": "i32"}
             blocks = {"BLOCK_D": cfg.BLOCK_D, "BLOCK_N": cfg.BLOCK_N}
-            fwd = {"u_ptr": seq, "delta_ptr": "*fp32", "A_ptr": "*fp32", "B_ptr": seq, "C_ptr": seq,
-                   "state_ptr": "*fp32", "y_ptr": "*fp32", "last_ptr": "*fp32", "ckpt_ptr": "*fp32", **sizes,
-                   "HAS_STATE": "constexpr", "BLOCK_D": "constexpr", "BLOCK_N": "constexpr"}
-            bwd = {"u_ptr": seq, "delta_ptr": "*fp32", "A_ptr": "*fp32", "B_ptr": seq, "C_ptr": seq,
-                   **{name: "*fp32" for name in ("ckpt_ptr", "dy_ptr", "dlast_ptr", "scratch_ptr", "du_ptr",
-                                                 "ddelta_ptr", "dA_ptr", "dB_ptr", "dC_ptr", "dstate_ptr")},
-                   **sizes, "BLOCK_D": "constexpr", "BLOCK_N": "constexpr"}
-            kernels += [
-                AotKernel(f"ssm_scan_fwd D={dim} N=16 {dtype}", _scan_fwd_kernel, fwd, {"HAS_STATE": True, **blocks},
-                          num_warps=cfg.num_warps),
-                AotKernel(f"ssm_scan_bwd D={dim} N=16 {dtype}", _scan_bwd_kernel, bwd, blocks,
-                          num_warps=cfg.num_warps),
-            ]
+            for fn, label, constexprs in ((_scan_fwd_kernel, "ssm_scan_fwd", {"HAS_STATE": True, **blocks}),
+                                          (_scan_bwd_kernel, "ssm_scan_bwd", blocks)):
+                kernels.append(AotKernel(f"{label} D={dim} N=16 {dtype}", fn,
+                                         signature(fn, constexprs, types, "*fp32"), constexprs,
+                                         num_warps=cfg.num_warps))
     return kernels

@@ -57,7 +57,7 @@ from collections import namedtuple
 
 import torch
 
-from kernels._common import (TORCH_DTYPES, check_backend_dtype, check_devices, check_same_dtype,
+from kernels._common import (accumulation_dtype, check_backend_dtype, check_devices, check_same_dtype,
                              check_tensor, new_output, resolve_backend, tl, triton)
 
 # The state's maximum before any token: HF's CPU loop and CUDA kernel start from this finite "minus infinity"
@@ -427,13 +427,13 @@ def wkv4(w, u, k, v, state=None, backend=None):
     backend: "torch", "triton" or None (Triton for CUDA tensors, torch otherwise).
     Source: the attention section of https://huggingface.co/docs/transformers/model_doc/rwkv.
     """
-    k = check_tensor("k", k, (None, None, None), TORCH_DTYPES)
+    k = check_tensor("k", k, (None, None, None))
     B, T, C = k.shape
-    v = check_tensor("v", v, (B, T, C), TORCH_DTYPES)
-    w = check_tensor("w", w, (C,), TORCH_DTYPES)
-    u = check_tensor("u", u, (C,), TORCH_DTYPES)
+    v = check_tensor("v", v, (B, T, C))
+    w = check_tensor("w", w, (C,))
+    u = check_tensor("u", u, (C,))
     dtype = check_same_dtype(w=w, u=u, k=k, v=v)
-    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    state_dtype = accumulation_dtype(dtype)
     if state is not None:
         if not isinstance(state, (tuple, list)) or len(state) != 3:
             got = type(state).__name__ + (f" of length {len(state)}" if isinstance(state, (tuple, list)) else "")
@@ -463,32 +463,20 @@ def wkv4(w, u, k, v, state=None, backend=None):
     return y, tuple(new_state)
 
 
-# Pointer arguments in the input dtype; the other pointers are fp32 (states, saved values).
-_IO_ARGS = ("w_ptr", "u_ptr", "k_ptr", "v_ptr", "y_ptr", "gy_ptr", "gk_ptr", "gv_ptr")
-
-
-def _signature(fn, dtype: str, constexprs) -> dict:
-    """The Triton signature of ``fn`` for inputs of ``dtype`` ("fp32", "bf16", ...)."""
-    def kind(name):
-        if name in constexprs:
-            return "constexpr"
-        if not name.endswith("_ptr"):
-            return "i32"
-        return "*" + dtype if name in _IO_ARGS else "*fp32"
-    return {name: kind(name) for name in fn.arg_names}
-
-
 def aot_kernels():
     """The forward (with and without saving for the backward) and backward kernels at C = 768 and 4096."""
-    from kernels.aot import AotKernel
+    from kernels.aot import AotKernel, signature
     kernels = []
     for C in (768, 4096):
         launch = _launch_config(C)
         for dtype in ("fp32", "bf16"):
+            # pointers in the input dtype; the others are fp32 (states, saved values)
+            types = {**{a: f"*{dtype}" for a in ("w_ptr", "u_ptr", "k_ptr", "v_ptr", "y_ptr", "gy_ptr", "gk_ptr",
+                                                 "gv_ptr")}, "T": "i32", "C": "i32"}
             for fn, label, constexprs in ((wkv4_fwd_kernel, "wkv4_fwd", {"SAVE": False}),
                                           (wkv4_fwd_kernel, "wkv4_fwd_save", {"SAVE": True}),
                                           (wkv4_bwd_kernel, "wkv4_bwd", {})):
                 constexprs = {**constexprs, "BLOCK_C": launch.block_c}
-                kernels.append(AotKernel(f"{label} C={C} {dtype}", fn, _signature(fn, dtype, constexprs),
+                kernels.append(AotKernel(f"{label} C={C} {dtype}", fn, signature(fn, constexprs, types, "*fp32"),
                                          constexprs, launch.num_warps))
     return kernels

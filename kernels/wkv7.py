@@ -50,8 +50,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._common import (check_backend_dtype, check_devices, check_same_dtype, check_tensor, new_output,
-                             resolve_backend, tl, triton)
+from kernels._common import (accumulation_dtype, check_backend_dtype, check_devices, check_same_dtype, check_tensor,
+                             new_output, resolve_backend, tl, triton)
 
 CHUNK = 16          # torch path: steps per chunk (a power of two, for the halving in _block_couplings)
 RANGE = 20.0        # torch path: the widest spread of log decay inside a chunk that the factored couplings take
@@ -377,7 +377,7 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None):
     device = check_devices(r=r, log_w=log_w, k=k, v=v, a=a, b=b, state=state)
     backend = resolve_backend(backend, device)
     check_backend_dtype(backend, dtype)
-    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    state_dtype = accumulation_dtype(dtype)
     if state is not None:
         check_tensor("state", state, (B, H, N, N), dtypes=(state_dtype,))
     if backend == "torch":
@@ -400,24 +400,17 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None):
 
 def aot_kernels():
     """Forward (with checkpoints) and backward at head size 64 and 128, fp32 and bf16 inputs."""
-    from kernels.aot import AotKernel
+    from kernels.aot import AotKernel, signature
     kernels = []
     for N in (64, 128):
         block_v, num_warps = _launch_config(N)
         for dtype in ("fp32", "bf16"):
-            inputs = {name: f"*{dtype}" for name in ("r_ptr", "log_w_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr")}
-            sizes = {"T": "i32", "H": "i32"}
-            kernels.append(AotKernel(
-                label=f"wkv7_fwd N={N} {dtype}", fn=_wkv7_fwd_kernel, num_warps=num_warps,
-                signature={**inputs, "state0_ptr": "*fp32", "y_ptr": f"*{dtype}", "state_ptr": "*fp32",
-                           "ckpt_ptr": "*fp32", **sizes, "N": "constexpr", "BLOCK_V": "constexpr", "CK": "constexpr",
-                           "HAS_STATE0": "constexpr", "SAVE_CKPT": "constexpr"},
-                constexprs={"N": N, "BLOCK_V": block_v, "CK": CHECKPOINT, "HAS_STATE0": True, "SAVE_CKPT": True}))
-            kernels.append(AotKernel(
-                label=f"wkv7_bwd N={N} {dtype}", fn=_wkv7_bwd_kernel, num_warps=num_warps,
-                signature={**inputs, "dy_ptr": f"*{dtype}", "dstate_ptr": "*fp32", "ckpt_ptr": "*fp32",
-                           "scratch_ptr": "*fp32", "dkeys_ptr": "*fp32", "dv_ptr": "*fp32", "dstate0_ptr": "*fp32",
-                           **sizes, "N": "constexpr", "BLOCK_V": "constexpr", "CK": "constexpr",
-                           "HAS_DSTATE": "constexpr"},
-                constexprs={"N": N, "BLOCK_V": block_v, "CK": CHECKPOINT, "HAS_DSTATE": True}))
+            # pointers in the input dtype; the others are fp32 (states, checkpoints, gradients summed by atomics)
+            types = {**{a: f"*{dtype}" for a in ("r_ptr", "log_w_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "y_ptr",
+                                                 "dy_ptr")}, "T": "i32", "H": "i32"}
+            for fn, label, flags in ((_wkv7_fwd_kernel, "wkv7_fwd", {"HAS_STATE0": True, "SAVE_CKPT": True}),
+                                     (_wkv7_bwd_kernel, "wkv7_bwd", {"HAS_DSTATE": True})):
+                constexprs = {"N": N, "BLOCK_V": block_v, "CK": CHECKPOINT, **flags}
+                kernels.append(AotKernel(f"{label} N={N} {dtype}", fn, signature(fn, constexprs, types, "*fp32"),
+                                         constexprs, num_warps))
     return kernels
