@@ -21,21 +21,16 @@ A block (Algorithm 2): x + out_proj(SSM(u) * SiLU(z)) with u, z from in_proj(RMS
 blocks, norm_f (RMSNorm). Model state: a list with one (conv window (B, D, K - 1), h (B, D, N)) per block;
 feeding a prompt and then tokens one at a time with the state equals feeding the whole sequence.
 The notes call Algorithm 2's first step a layer normalization: Mamba uses RMSNorm (no mean, no bias).
-NumPy only (plus the sibling ssm.py for the selective scan); float64 throughout.
+NumPy only (plus the sibling ssm.py for the selective scan and SiLU); float64 throughout.
 """
 import numpy as np
 
-from reference.ssm import selective_scan
+from reference.ssm import selective_scan, silu
 
 
 def rms_norm(x, weight, eps):
     """x / sqrt(mean(x^2) + eps) * weight over the last axis. x: (..., C); weight: (C,)."""
     return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * weight
-
-
-def silu(x):
-    """x sigmoid(x) = x / (1 + e^{-x}), elementwise."""
-    return x / (1.0 + np.exp(-x))
 
 
 def causal_conv1d(x, weight, bias, window):

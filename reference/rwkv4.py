@@ -44,8 +44,9 @@ def layer_norm(x, weight, bias, eps):
 
 
 def sigmoid(x):
-    """1 / (1 + e^{-x}), elementwise."""
-    return 1.0 / (1.0 + np.exp(-x))
+    """1 / (1 + e^{-x}) = e^{-log(1 + e^{-x})}, elementwise; logaddexp never overflows and keeps full relative
+    precision for large negative x."""
+    return np.exp(-np.logaddexp(0.0, -x))
 
 
 def token_shift(x, x_prev):

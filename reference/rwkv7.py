@@ -105,7 +105,7 @@ def layer_norm(x, weight, bias, eps=LAYER_NORM_EPS):
 
 
 def sigmoid(x):
-    return 0.5 * (1.0 + np.tanh(0.5 * x))                                # = 1 / (1 + e^-x), never overflows
+    return np.exp(-np.logaddexp(0.0, -x))                                # = 1 / (1 + e^-x), never overflows
 
 
 def softplus(x):

@@ -1,4 +1,4 @@
-"""Checkpoints, configs and the plumbing the torch models share (RWKV-4, Mamba; reusable by RWKV-7).
+"""Checkpoints, configs and the plumbing the torch models share (RWKV-4, Mamba, RWKV-7).
 
 Weights, without transformers or the safetensors package:
     load_state_dict(path) -> dict          .safetensors (parsed here), .bin/.pt/.pth (torch.load, weights_only)
@@ -8,9 +8,12 @@ Weights, without transformers or the safetensors package:
     save_pretrained_dir(local_dir, config, state_dict)
 Models:
     config_from_dict(cls, d), config_to_dict(config)   dataclass configs <-> config.json dicts
+    check_positive_ints(config, names)     ValueError naming a config field that is not a positive int
     PretrainedMixin                        from_pretrained / save_pretrained / load_checkpoint
-    CausalLMMixin                          the same, plus generate (kernels/models/generation.py)
+    GenerateMixin                          generate (kernels/models/generation.py) over a model's _step
+    CausalLMMixin                          PretrainedMixin and GenerateMixin, with forward over a base model
     check_token_ids(input_ids, vocab_size), causal_lm_loss(logits, labels)
+    token_shift(x, x_prev)                 x_{t-1} for every t, x_prev before the first
     ModelOutput, CausalLMOutput            what the models return
 
 The safetensors layout (https://huggingface.co/docs/safetensors): an 8-byte little-endian unsigned header length
@@ -94,11 +97,11 @@ def load_state_dict(path) -> dict[str, torch.Tensor]:
     return dict(state_dict)
 
 
-def save_state_dict(state_dict: dict[str, torch.Tensor], path, metadata: dict[str, str] | None = None) -> None:
-    """Write name -> tensor as a .safetensors file (metadata {"format": "pt"} by default, as transformers does).
+def save_state_dict(state_dict: dict[str, torch.Tensor], path) -> None:
+    """Write name -> tensor as a .safetensors file (metadata {"format": "pt"}, as transformers writes).
     Tensors that share memory (tied weights) are written once each, under every name: pass only the names wanted."""
     _check_little_endian()
-    header, chunks, offset = {"__metadata__": dict(metadata or {"format": "pt"})}, [], 0
+    header, chunks, offset = {"__metadata__": {"format": "pt"}}, [], 0
     for name, t in state_dict.items():
         if t.dtype not in _DTYPE_NAMES:
             raise TypeError(f"tensor {name!r}: dtype {t.dtype} has no safetensors name")
@@ -201,6 +204,19 @@ def config_to_dict(config, architecture: str) -> dict:
     return dataclasses.asdict(config) | {"model_type": config.model_type, "architectures": [architecture]}
 
 
+def check_positive_ints(config, names) -> None:
+    """Raise ValueError naming the first of config's fields ``names`` that is not a positive int."""
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{type(config).__name__}.{name} must be a positive int, got {value!r}")
+
+
+def token_shift(x: torch.Tensor, x_prev: torch.Tensor) -> torch.Tensor:
+    """x_{t-1} for every t, with x_prev (B, C) standing before x_0 (cast to x's dtype). x: (B, T, C)."""
+    return torch.cat([x_prev[:, None].to(x.dtype), x[:, :-1]], dim=1)
+
+
 def check_token_ids(input_ids, vocab_size: int, name: str = "input_ids") -> torch.Tensor:
     """input_ids must be an integer tensor of shape (B, T), T >= 1, with every id in [0, vocab_size)."""
     if not isinstance(input_ids, torch.Tensor):
@@ -270,7 +286,27 @@ class PretrainedMixin:
         self.load_state_dict(state_dict, strict=False)   # strict checking done above; tied names are absent
 
 
-class CausalLMMixin(PretrainedMixin):
+class GenerateMixin:
+    """generate for a model with a method _step(tokens (B, t), state, backend) -> (logits of the last position
+    (B, V), state after the last token)."""
+
+    def _step(self, tokens, state, backend):
+        raise NotImplementedError
+
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, state=None, temperature: float = 0.0,
+                 top_p: float = 1.0, stop_sequences=(), generator: torch.Generator | None = None,
+                 backend: str | None = None):
+        """Continue input_ids (B, T) by up to max_new_tokens: greedy when temperature is 0, else sampling with
+        temperature and top-p; a row ends after one of stop_sequences (e.g. [[187, 187]], "\\n\\n" in the GPT-NeoX
+        tokenizer). The prompt is read once, then one forward of one token per new token, through the state.
+        -> (tokens (B, T + n), state after the last token). See kernels/models/generation.py."""
+        def step(tokens, step_state):
+            return self._step(tokens, step_state, backend)
+        return generation.generate(step, input_ids, max_new_tokens, state, temperature, top_p, stop_sequences,
+                                   generator)
+
+
+class CausalLMMixin(GenerateMixin, PretrainedMixin):
     """A causal LM over a base model: .<base_model_prefix> (an instance of base_model_class) then a bias-free
     linear head .<head_name> (tied to the embeddings when config.tie_word_embeddings), with forward, generate and
     the PretrainedMixin methods. The base model's forward takes (input_ids, state, use_cache,
@@ -306,14 +342,6 @@ class CausalLMMixin(PretrainedMixin):
         loss = causal_lm_loss(logits, labels) if labels is not None else None
         return CausalLMOutput(logits, loss, out.state, out.hidden_states)
 
-    def generate(self, input_ids, max_new_tokens: int, state=None, temperature: float = 0.0, top_p: float = 1.0,
-                 stop_sequences=(), generator: torch.Generator | None = None, backend: str | None = None):
-        """Continue input_ids (B, T) by up to max_new_tokens: greedy when temperature is 0, else sampling with
-        temperature and top-p; a row ends after one of stop_sequences (e.g. [[187, 187]], "\\n\\n" in the GPT-NeoX
-        tokenizer). The prompt is read once, then one forward of one token per new token, through the state.
-        -> (tokens (B, T + n), state after the last token). See kernels/models/generation.py."""
-        def step(tokens, step_state):
-            out = self(tokens, state=step_state, use_cache=True, logits_to_keep=1, backend=backend)
-            return out.logits[:, -1], out.state
-        return generation.generate(step, input_ids, max_new_tokens, state, temperature, top_p, stop_sequences,
-                                   generator)
+    def _step(self, tokens, state, backend):
+        out = self(tokens, state=state, use_cache=True, logits_to_keep=1, backend=backend)
+        return out.logits[:, -1], out.state

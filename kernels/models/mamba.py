@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels._common import check_tensor
-from kernels.models.checkpoint import CausalLMMixin, ModelOutput, PretrainedMixin, check_token_ids
+from kernels._common import accumulation_dtype, check_tensor
+from kernels.models.checkpoint import (CausalLMMixin, ModelOutput, PretrainedMixin, check_positive_ints,
+                                       check_token_ids)
 from kernels.ssm import selective_scan
 
 
@@ -63,10 +64,8 @@ class MambaConfig:
         self.intermediate_size = int(self.expand * self.hidden_size)
         if self.time_step_rank == "auto":
             self.time_step_rank = math.ceil(self.hidden_size / 16)
-        for name in ("vocab_size", "hidden_size", "state_size", "num_hidden_layers", "intermediate_size",
-                     "conv_kernel", "time_step_rank"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"MambaConfig.{name} must be a positive int, got {getattr(self, name)!r}")
+        check_positive_ints(self, ("vocab_size", "hidden_size", "state_size", "num_hidden_layers",
+                                   "intermediate_size", "conv_kernel", "time_step_rank"))
         if self.hidden_act != "silu":
             raise ValueError(f"MambaConfig.hidden_act: only 'silu' is supported, got {self.hidden_act!r}")
 
@@ -80,7 +79,7 @@ class MambaRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        xf = x.to(accumulation_dtype(x.dtype))
         return self.weight * (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
@@ -123,7 +122,7 @@ class MambaBlock(nn.Module):
         self.mixer = MambaMixer(config)
 
     def forward(self, x, layer_state, backend):
-        residual = x.to(torch.promote_types(x.dtype, torch.float32)) if self.residual_in_fp32 else x
+        residual = x.to(accumulation_dtype(x.dtype)) if self.residual_in_fp32 else x
         out, layer_state = self.mixer(self.norm(x.to(self.norm.weight.dtype)), layer_state, backend)
         return residual + out, layer_state
 
@@ -179,7 +178,7 @@ class MambaModel(PretrainedMixin, nn.Module):
         check_token_ids(input_ids, self.config.vocab_size)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         x = self.embeddings(input_ids)
-        B, state_dtype = x.shape[0], torch.promote_types(x.dtype, torch.float32)
+        B, state_dtype = x.shape[0], accumulation_dtype(x.dtype)
         state = self.initial_state(B, x.device, state_dtype) if state is None else self._check_state(state, B)
         new_state, hidden_states = [], []
         for layer, (window, h) in zip(self.layers, state):

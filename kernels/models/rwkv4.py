@@ -26,8 +26,9 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from kernels._common import check_tensor
-from kernels.models.checkpoint import CausalLMMixin, ModelOutput, PretrainedMixin, check_token_ids
+from kernels._common import accumulation_dtype, check_tensor
+from kernels.models.checkpoint import (CausalLMMixin, ModelOutput, PretrainedMixin, check_positive_ints,
+                                       check_token_ids, token_shift)
 from kernels.wkv4 import INITIAL_MAX, wkv4
 
 STATE_NAMES = ("ffn_x_prev", "att_x_prev", "att_num", "att_den", "att_max")
@@ -58,19 +59,13 @@ class RwkvConfig:
             self.attention_hidden_size = self.hidden_size
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "attention_hidden_size", "intermediate_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"RwkvConfig.{name} must be a positive int, got {getattr(self, name)!r}")
+        check_positive_ints(self, ("vocab_size", "hidden_size", "num_hidden_layers", "attention_hidden_size",
+                                   "intermediate_size"))
 
 
 def _mix(x, xx, mu):
     """mu * x_t + (1 - mu) * x_{t-1}: transformers' time_mix_* parameters have shape (1, 1, C)."""
     return x * mu + xx * (1 - mu)
-
-
-def _token_shift(x, x_prev):
-    """x_{t-1} for every t, with x_prev (B, C) before the first token. x: (B, T, C)."""
-    return torch.cat([x_prev[:, None].to(x.dtype), x[:, :-1]], dim=1)
 
 
 class RwkvSelfAttention(nn.Module):
@@ -90,7 +85,7 @@ class RwkvSelfAttention(nn.Module):
         self.output = nn.Linear(A, C, bias=False)
 
     def forward(self, x, x_prev, wkv_state, out_scale: float, backend):
-        xx = _token_shift(x, x_prev)
+        xx = token_shift(x, x_prev)
         r = self.receptance(_mix(x, xx, self.time_mix_receptance))
         k = self.key(_mix(x, xx, self.time_mix_key))
         v = self.value(_mix(x, xx, self.time_mix_value))
@@ -112,7 +107,7 @@ class RwkvFeedForward(nn.Module):
         self.value = nn.Linear(F_, C, bias=False)
 
     def forward(self, x, x_prev, out_scale: float):
-        xx = _token_shift(x, x_prev)
+        xx = token_shift(x, x_prev)
         k = torch.square(torch.relu(self.key(_mix(x, xx, self.time_mix_key))))
         r = torch.sigmoid(self.receptance(_mix(x, xx, self.time_mix_receptance)))
         return r * self.value(k * out_scale), x[:, -1]
@@ -194,7 +189,7 @@ class RwkvModel(PretrainedMixin, nn.Module):
         check_token_ids(input_ids, self.config.vocab_size)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         x = self.embeddings(input_ids)
-        B, state_dtype = x.shape[0], torch.promote_types(x.dtype, torch.float32)
+        B, state_dtype = x.shape[0], accumulation_dtype(x.dtype)
         if state is None:
             state = self.initial_state(B, x.device, state_dtype)
         else:

@@ -23,8 +23,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kernels.models.checkpoint import check_state_dict, check_token_ids, load_state_dict
-from kernels.models.generation import generate
+from kernels._common import accumulation_dtype, check_devices, check_tensor
+from kernels.models.checkpoint import (GenerateMixin, check_positive_ints, check_state_dict, check_token_ids,
+                                       load_state_dict, token_shift)
 from kernels.wkv7 import wkv7
 
 GROUP_NORM_EPS = 64e-5
@@ -57,11 +58,8 @@ class Rwkv7Config:
         for name, value in defaults.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
-        sizes = {k: getattr(self, k) for k in ("vocab_size", "n_embd", "n_layer", "head_size", "dim_ffn",
-                                                "decay_lora", "a_lora", "v_lora", "gate_lora")}
-        bad = {k: v for k, v in sizes.items() if not (isinstance(v, int) and v >= 1)}
-        if bad:
-            raise ValueError(f"Rwkv7Config sizes must be positive integers, got {bad}")
+        check_positive_ints(self, ("vocab_size", "n_embd", "n_layer", "head_size", "dim_ffn", "decay_lora", "a_lora",
+                                   "v_lora", "gate_lora"))
         if C % self.head_size:
             raise ValueError(f"n_embd ({C}) must be a multiple of head_size ({self.head_size})")
 
@@ -92,11 +90,6 @@ class Rwkv7Config:
                    v_lora=shape("blocks.1.att.v1")[1] if n_layer > 1 else None)
 
 
-def _token_shift(x: torch.Tensor, x_prev: torch.Tensor) -> torch.Tensor:
-    """x_{t-1} - x_t for every t, x_prev standing before x_0: (B, T, C)."""
-    return torch.cat([x_prev[:, None], x[:, :-1]], dim=1) - x
-
-
 def _channel_vector(C: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(1, 1, C))
 
@@ -107,7 +100,6 @@ class TimeMix(nn.Module):
     def __init__(self, config: Rwkv7Config, layer_id: int):
         super().__init__()
         C, H, N = config.n_embd, config.n_head, config.head_size
-        self.layer_id = layer_id
         for c in "rwkvag":
             setattr(self, f"x_{c}", _channel_vector(C))
         lora = dict(w=config.decay_lora, a=config.a_lora, g=config.gate_lora)
@@ -129,14 +121,14 @@ class TimeMix(nn.Module):
         B, T, C = x.shape
         H, N = self.r_k.shape
         heads = lambda z: z.reshape(B, T, H, N)                               # noqa: E731
-        xx = _token_shift(x, x_prev)
+        xx = token_shift(x, x_prev) - x                                       # x_{t-1} - x_t
         xr, xw, xk, xv, xa, xg = (x + xx * mix for mix in (self.x_r, self.x_w, self.x_k, self.x_v, self.x_a, self.x_g))
         r = self.receptance(xr)
         w = -F.softplus(-(self.w0 + torch.tanh(xw @ self.w1) @ self.w2)) - 0.5   # soft-clamped to (-inf, -0.5)
         log_w = -torch.exp(w)                                                     # decay exp(-exp(w))
         k = self.key(xk)
         v = self.value(xv)
-        if self.layer_id == 0:
+        if v_first is None:                                                   # layer 0: its v is v_first
             v_first = v
         else:
             v = v + (v_first - v) * torch.sigmoid(self.v0 + (xv @ self.v1) @ self.v2)
@@ -160,7 +152,7 @@ class ChannelMix(nn.Module):
         self.value = nn.Linear(config.dim_ffn, config.n_embd, bias=False)
 
     def forward(self, x, x_prev):
-        k = torch.relu(self.key(x + _token_shift(x, x_prev) * self.x_k)) ** 2
+        k = torch.relu(self.key(x + (token_shift(x, x_prev) - x) * self.x_k)) ** 2
         return self.value(k), x[:, -1]
 
 
@@ -182,7 +174,7 @@ class Block(nn.Module):
         return x + dx, (att_x_prev, att_kv, ffn_x_prev), v_first
 
 
-class Rwkv7(nn.Module):
+class Rwkv7(GenerateMixin, nn.Module):
     """The RWKV-7 language model; `state_dict()` keys and shapes are those of a BlinkDL RWKV-7 `.pth`."""
 
     def __init__(self, config: Rwkv7Config):
@@ -219,7 +211,7 @@ class Rwkv7(nn.Module):
     @property
     def kv_dtype(self) -> torch.dtype:
         """The WKV state is fp32 (float64 for a float64 model); the token-shift states take the model's dtype."""
-        return torch.promote_types(self.emb.weight.dtype, torch.float32)
+        return accumulation_dtype(self.emb.weight.dtype)
 
     def zero_state(self, batch_size: int) -> list:
         c, p = self.config, self.emb.weight
@@ -238,12 +230,8 @@ class Rwkv7(nn.Module):
                 raise ValueError(f"state[{i}] must be (att_x_prev, att_kv, ffn_x_prev), got {len(layer)} entries")
             for name, x, shape, dtype in zip(("att_x_prev", "att_kv", "ffn_x_prev"), layer,
                                              ((B, C), (B, H, N, N), (B, C)), (p.dtype, self.kv_dtype, p.dtype)):
-                if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape or x.dtype != dtype \
-                        or x.device != p.device:
-                    got = (f"{x.dtype} {tuple(x.shape)} on {x.device}" if isinstance(x, torch.Tensor)
-                           else type(x).__name__)
-                    raise ValueError(f"state[{i}] {name} must be a {dtype} tensor of shape {shape} on {p.device}, "
-                                     f"got {got}")
+                label = f"state[{i}] ({name})"
+                check_devices(**{label: check_tensor(label, x, shape, dtypes=(dtype,)), "emb.weight": p})
 
     def forward(self, tokens: torch.Tensor, state=None, backend: str | None = None):
         """tokens (B, T) integers in [0, V); state as returned by a previous call (zeros when None); backend of
@@ -260,14 +248,6 @@ class Rwkv7(nn.Module):
             new_state.append(layer_state)
         return self.head(self.ln_out(x)), new_state
 
-    @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, state=None, temperature: float = 0.0,
-                 top_p: float = 1.0, stop_sequences=(), generator: torch.Generator | None = None,
-                 backend: str | None = None):
-        """Continue input_ids (B, T): the prompt is read once, then one forward of one token per new token through
-        the state. temperature 0 is greedy. Returns (tokens (B, T + n), state); see kernels/models/generation.py."""
-        def step(tokens, st):
-            logits, st = self(tokens, st, backend=backend)
-            return logits[:, -1], st
-        return generate(step, input_ids, max_new_tokens, state=state, temperature=temperature, top_p=top_p,
-                        stop_sequences=stop_sequences, generator=generator)
+    def _step(self, tokens, state, backend):
+        logits, state = self(tokens, state, backend=backend)
+        return logits[:, -1], state
