@@ -29,6 +29,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from kernels.attention import AOT_DTYPES, block_d
+
 H100 = {"name": "H100 SXM", "bandwidth": 3.35e12, "fp32": 67e12, "tensor": 990e12,
         "sfu": 16 * 132 * 1.98e9}
 ARCH = 90
@@ -86,10 +88,6 @@ def predict(cost: Cost, dtype: str, dram_bytes: float, hw=H100) -> tuple[float, 
     return times[bound], bound
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(n)))
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -123,9 +121,8 @@ def wkv4_bwd(B, T, C, dtype):
 
 
 def wkv4_models(B=4, T=2048, C=768):
-    from kernels.wkv4 import _launch_config
-    launch = _launch_config(C)
-    programs = B * _cdiv(C, launch.block_c)
+    from kernels.wkv4 import _grid, _launch_config
+    programs = math.prod(_grid(B, C, _launch_config(C)))
     shape = f"B={B} T={T} C={C}"
     out = []
     for dtype in ("fp32", "bf16"):
@@ -141,26 +138,24 @@ def wkv4_models(B=4, T=2048, C=768):
 # RWKV-7 (kernels/wkv7.py): one program per (batch, head, BLOCK_V value rows of S), rows (BLOCK_V, N) in registers
 # ----------------------------------------------------------------------------------------------------------------
 
-def wkv7_fwd(B, T, H, N, dtype, block_v, ck, save):
+def wkv7_fwd(B, T, H, N, dtype, block_v, programs, ck, save):
     """_wkv7_fwd_kernel. Per (token, program): loads r, log_w, k, a, b (N each: every program of a head loads them)
     and v (BLOCK_V); stores y (BLOCK_V); N exp for w. Per (token, state element): S a (2), S w + sa b + v k (5),
     S r (2) = 9 FLOPs. With SAVE_CKPT the state is stored every CK steps. Per program: the final state stored (the
     benchmark passes no initial state, so none is loaded)."""
     s = DTYPE_BYTES[dtype]
-    programs = B * H * (N // block_v)
     total = (T * Cost(bytes=5 * N * s + 2 * block_v * s, transcendentals=N)) * programs
     total += Cost(flops=9 * T * B * H * N * N, bytes=B * H * N * N * 4 * (1 + (_cdiv(T, ck) if save else 0)))
     return total
 
 
-def wkv7_bwd(B, T, H, N, dtype, block_v, ck):
+def wkv7_bwd(B, T, H, N, dtype, block_v, programs, ck):
     """_wkv7_bwd_kernel: per chunk of CK steps the forward again from the checkpoint (loads as the forward, stores
     each entering state to the scratch buffer; 7 FLOPs per state element), then the chunk in reverse: loads the
     scratch state, the step's vectors and dy; atomically adds the 5 key-vector gradients (N fp32 each, read and
     written) and stores dv (BLOCK_V). Per state element: S a (2), the reductions for dr, dlog_w, dk, da, db, dv
     (2 each), G += dy r (2), q = G b (2), G w + q a (3) = 21 FLOPs. N exp per token and program in each pass."""
     s = DTYPE_BYTES[dtype]
-    programs = B * H * (N // block_v)
     tile = block_v * N * 4
     recompute = Cost(bytes=tile + 5 * N * s + block_v * s, transcendentals=N)
     backward = Cost(bytes=tile + 5 * N * s + 2 * block_v * s + 5 * N * 8 + block_v * 4, transcendentals=N)
@@ -170,9 +165,9 @@ def wkv7_bwd(B, T, H, N, dtype, block_v, ck):
 
 
 def wkv7_models(B=1, T=2048, H=12, N=64):
-    from kernels.wkv7 import CHECKPOINT, _launch_config
+    from kernels.wkv7 import CHECKPOINT, _grid, _launch_config
     block_v, _ = _launch_config(N)
-    programs = B * H * (N // block_v)
+    programs = math.prod(_grid(B, H, N))
     shape = f"B={B} T={T} H={H} N={N}"
     out = []
     for dtype in ("fp32", "bf16"):
@@ -180,10 +175,10 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
         # DRAM: the six inputs and y; bwd also dy, the five key gradients and dv (fp32, atomics resolve in L2),
         # the checkpoints; the scratch buffer (64 KB per program) stays in L2
         out += [Model("wkv7", f"wkv7_fwd N={N} {dtype}", shape, B * T, dtype,
-                      wkv7_fwd(B, T, H, N, dtype, block_v, CHECKPOINT, False), programs, T, True,
+                      wkv7_fwd(B, T, H, N, dtype, block_v, programs, CHECKPOINT, False), programs, T, True,
                       7 * seq * s + state, "inference (no checkpoints); the AOT build is of the checkpointing variant"),
                 Model("wkv7", f"wkv7_bwd N={N} {dtype}", shape, B * T, dtype,
-                      wkv7_bwd(B, T, H, N, dtype, block_v, CHECKPOINT), programs, 2 * T, False,
+                      wkv7_bwd(B, T, H, N, dtype, block_v, programs, CHECKPOINT), programs, 2 * T, False,
                       seq * (7 * s + 24) + state * (_cdiv(T, CHECKPOINT) + 2))]
     return out
 
@@ -192,14 +187,13 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
 # Mamba selective scan (kernels/ssm.py): one program per (batch, BLOCK_D channels), state (BLOCK_D, N) in registers
 # ----------------------------------------------------------------------------------------------------------------
 
-def ssm_fwd(B, T, D, N, dtype, block_d, block_n, chunk):
+def ssm_fwd(B, T, D, N, dtype, block_d, programs, chunk):
     """_scan_fwd_kernel. Per (token, program): loads u (input dtype) and delta (fp32) for BLOCK_D channels, B_t and
     C_t (input dtype) for N states; stores y (fp32) for BLOCK_D channels. Per (token, channel, state): dt A (1),
     exp (1 transcendental), exp * x (1), dt u B (1, dt u once per channel), add (1), x C (1), the sum over n (1):
     6 FLOPs. Per chunk of CHUNK tokens: a checkpoint of the state stored (BLOCK_D N fp32); per program: A, the
     initial state, the last state."""
     s = DTYPE_BYTES[dtype]
-    programs = B * _cdiv(D, block_d)
     per_step_program = Cost(bytes=block_d * (s + 4 + 4) + 2 * N * s)     # masked lanes (channels >= D) are few
     per_element_step = Cost(flops=6, transcendentals=1)
     total = (T * per_step_program) * programs + (T * per_element_step) * (B * D * N)
@@ -208,14 +202,13 @@ def ssm_fwd(B, T, D, N, dtype, block_d, block_n, chunk):
     return total
 
 
-def ssm_bwd(B, T, D, N, dtype, block_d, block_n, chunk):
+def ssm_bwd(B, T, D, N, dtype, block_d, block_n, programs, chunk):
     """_scan_bwd_kernel: per chunk, the forward recurrence again from the checkpoint (loads u, delta, B; stores
     x_{t-1} into the scratch buffer), then the chunk backwards: loads x_{t-1} back, u, delta, B, C, dy; two atomic
     adds of N values (dB, dC: read and write, 8 bytes each); stores du, ddelta. Per (token, channel, state):
     recompute 4 FLOPs + 1 exp, backward: alpha (1 + 1 exp), x (3), lam (2), dC term (2), dB term (2), lam B (2),
     grad_a (2), dA (2), ddelta sum (2), nu (1) = 19 FLOPs + 1 exp."""
     s = DTYPE_BYTES[dtype]
-    programs = B * _cdiv(D, block_d)
     recompute = Cost(bytes=block_d * (s + 4) + N * s + block_d * block_n * 4)
     backward = Cost(bytes=block_d * block_n * 4 + block_d * (s + 4 + 4) + 2 * N * s + 2 * N * 8 + block_d * 8)
     total = (T * (recompute + backward)) * programs
@@ -230,17 +223,18 @@ def ssm_models(B=1, T=2048, D=1536, N=16):
     programs = B * _cdiv(D, cfg.BLOCK_D)
     shape = f"B={B} T={T} D={D} N={N}"
     args = (B, T, D, N)
-    blocks = (cfg.BLOCK_D, cfg.BLOCK_N, cfg.chunk)
+    fwd_args = (cfg.BLOCK_D, programs, cfg.chunk)
+    bwd_args = (cfg.BLOCK_D, cfg.BLOCK_N, programs, cfg.chunk)
     out = []
     for dtype in ("fp32", "bf16"):
         s, states = DTYPE_BYTES[dtype], B * D * N * 4
         # DRAM: u, delta, y (and dy, du, ddelta) once, B and C once (every program loads them: L2), checkpoints,
         # A and the states; the backward's scratch stays in L2
         out += [Model("ssm", f"ssm_scan_fwd D={D} N={N} {dtype}", shape, B * T, dtype,
-                      ssm_fwd(*args, dtype, *blocks), programs, T, True,
+                      ssm_fwd(*args, dtype, *fwd_args), programs, T, True,
                       B * D * T * (s + 8) + 2 * B * N * T * s + states * (_cdiv(T, cfg.chunk) + 3)),
                 Model("ssm", f"ssm_scan_bwd D={D} N={N} {dtype}", shape, B * T, dtype,
-                      ssm_bwd(*args, dtype, *blocks), programs, 2 * T, False,
+                      ssm_bwd(*args, dtype, *bwd_args), programs, 2 * T, False,
                       B * D * T * (s + 16) + 2 * B * N * T * (s + 4) + states * (_cdiv(T, cfg.chunk) + 4))]
     return out
 
@@ -272,7 +266,7 @@ def _softmax_tile(bm, bn, bd):
 def attention_fwd(BH, T, d, dtype, bm, bn):
     """attention_fwd_kernel, causal: a program per BLOCK_M queries loads q, walks key tiles [0, end) loading k, v;
     per tile 2 dots (q k^T and p v) of BLOCK_M x BLOCK_N x BLOCK_D; stores O and LSE (1 log per row)."""
-    s, bd = DTYPE_BYTES[dtype], max(16, _pow2(d))
+    s, bd = DTYPE_BYTES[dtype], block_d(d)
     total = Cost()
     for start in range(0, T, bm):
         rows = _rows(start, start + bm, T)
@@ -285,7 +279,7 @@ def attention_fwd(BH, T, d, dtype, bm, bn):
 def attention_bwd_dq(BH, T, d, dtype, bm, bn):
     """attention_bwd_dq_kernel: per query tile loads q, dO, LSE, D; per key tile loads k, v and does 3 dots
     (q k^T, dO v^T, dS k); P = exp(S - LSE) and dS = P (dP - D): 8 + 3 FLOPs and 1 exp per score; stores dq."""
-    s, bd = DTYPE_BYTES[dtype], max(16, _pow2(d))
+    s, bd = DTYPE_BYTES[dtype], block_d(d)
     total = Cost()
     for start in range(0, T, bm):
         rows = _rows(start, start + bm, T)
@@ -299,7 +293,7 @@ def attention_bwd_dq(BH, T, d, dtype, bm, bn):
 def attention_bwd_dkdv(BH, T, d, dtype, bm, bn):
     """attention_bwd_dkdv_kernel: per key tile loads k, v; per query tile from the diagonal on loads q, dO, LSE, D
     and does 4 dots (q k^T, dO v^T, P^T dO, dS^T q); stores dk, dv."""
-    s, bd = DTYPE_BYTES[dtype], max(16, _pow2(d))
+    s, bd = DTYPE_BYTES[dtype], block_d(d)
     total = Cost()
     for start in range(0, T, bn):
         keys = _rows(start, start + bn, T)
@@ -311,14 +305,10 @@ def attention_bwd_dkdv(BH, T, d, dtype, bm, bn):
     return total * BH
 
 
-TORCH_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-
-
 def _flash_configs(module, d, dtype):
     """The launch configurations (fwd, bwd_dq, bwd_dkdv) the module's dispatcher picks for head size d and this
     dtype: attention uses one for all three kernels, ReRoPE one per kernel."""
-    import torch
-    torch_dtype = getattr(torch, TORCH_DTYPE[dtype])
+    torch_dtype = AOT_DTYPES[dtype]
     if hasattr(module, "_launch_configs"):
         return tuple(module._launch_configs(d, torch_dtype))
     return (module._launch_config(d, torch_dtype),) * 3
@@ -376,7 +366,7 @@ def rerope_fwd(BH, T, d, dtype, bm, bn, w):
     (near and far); per key tile of each run loads k, rotates it for the near path (the far key is the raw key),
     loads v, 2 dots per path (the two halves, d/2 each) and the p v dot; stores O, LSE (1 log per row)."""
     s = DTYPE_BYTES[dtype]
-    bf, bd = max(16, _pow2(d // 2)), max(16, _pow2(d))
+    bf, bd = block_d(d // 2), block_d(d)
     total = Cost()
     for c in range(0, T, bm):
         rows = _rows(c, c + bm, T)
@@ -397,7 +387,7 @@ def rerope_bwd_dq(BH, T, d, dtype, bm, bn, w):
     """rerope_bwd_dq_kernel: as the forward's walk, plus loads of dO, LSE, D; per key tile the dP dot, and per
     path the score dots and 2 dq dots; at the end both rotations undone (2 rotations), dq stored."""
     s = DTYPE_BYTES[dtype]
-    bf, bd = max(16, _pow2(d // 2)), max(16, _pow2(d))
+    bf, bd = block_d(d // 2), block_d(d)
     total = Cost()
     for c in range(0, T, bm):
         rows = _rows(c, c + bm, T)
@@ -419,7 +409,7 @@ def rerope_bwd_dkdv(BH, T, d, dtype, bm, bn, w):
     LSE, D, recomputes log-n and the query rotations of the run's paths, the dP and dv dots, per path the score
     dots and 2 dk dots; at the end the near rotation undone, dk and dv stored."""
     s = DTYPE_BYTES[dtype]
-    bf, bd = max(16, _pow2(d // 2)), max(16, _pow2(d))
+    bf, bd = block_d(d // 2), block_d(d)
     total = Cost()
     for start in range(0, T, bn):
         keys = _rows(start, start + bn, T)

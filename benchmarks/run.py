@@ -393,7 +393,7 @@ def headline(ops: list[Op], rows: list[dict]) -> tuple[str, list[dict]]:
             where = f"{op.title}, {op.shape}, T={T}" if i == 0 else ""
             name = f"**{impl.label}**" if impl.kind == "seqmix" else impl.label
             if not _ok(r):
-                lines.append(f"| {where} | {name} | {r['status']} | | | | | | |")
+                lines.append(f"| {where} | {name} | {r['status'] if r else 'not measured'} | | | | | | |")
                 continue
             t_ratio, m_ratio = (_other_over_seqmix(ours, r, m) for m in ("time", "memory"))
             goals, met = [], []
