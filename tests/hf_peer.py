@@ -1,5 +1,5 @@
-"""Checks shared by the model tests whose peer is a transformers model (RWKV-4 and Mamba): logits, states and hidden
-states against the peer and the float64 reference, a sequence in pieces, float64 and fp16 copies, the same training
+"""Checks shared by the model tests (most by the two whose peer is a transformers model, RWKV-4 and Mamba): states
+compared tensor by tensor, logits, states and hidden states against the peer and the float64 reference, a sequence in pieces, float64 and fp16 copies, the same training
 step, the same checkpoint files, the same greedy continuation.
 
 ``reference(ids, state=None) -> (logits, state)`` is the test module's float64 model with the weights bound. A
@@ -32,11 +32,23 @@ def leaves(state):
     return [x for s in state for x in leaves(s)] if isinstance(state, (list, tuple)) else [state]
 
 
-def assert_states_close(actual, expected, budget, what):
-    actual, expected = leaves(actual), leaves(expected)
-    assert len(actual) == len(expected)
-    for i, (a, e) in enumerate(zip(actual, expected)):
-        assert_close(a, e, budget, f"{what}: state tensor {i}")
+def _labelled(state, names):
+    """(label, tensor) for each tensor of a state: a flat list (named by ``names``, else numbered) or one tuple per
+    layer ("layer i <name>")."""
+    def name(j):
+        return names[j] if names else str(j)
+    if isinstance(state[0], (list, tuple)):
+        return [(f"layer {i} {name(j)}", x) for i, layer in enumerate(state) for j, x in enumerate(layer)]
+    return [(name(j), x) for j, x in enumerate(state)]
+
+
+def assert_states_close(actual, expected, budget, what, names=None):
+    """Every tensor of state ``actual`` against the same one of ``expected``; ``names``: the tensors' names (of a
+    flat state, or within a layer)."""
+    actual, expected = _labelled(actual, names), _labelled(expected, names)
+    assert [label for label, _ in actual] == [label for label, _ in expected]
+    for (label, a), (_, e) in zip(actual, expected):
+        assert_close(a, e, budget, f"{what}: {label}")
 
 
 def check_against_peer_and_reference(peer, ours, ids, reference, peer_state, num_layers):

@@ -19,7 +19,7 @@ import pytest
 import torch
 import transformers
 
-from hf_peer import (check_against_peer_and_reference, check_checkpoint_round_trip, check_float64_copy,
+from hf_peer import (assert_states_close, check_against_peer_and_reference, check_checkpoint_round_trip, check_float64_copy,
                      check_fp16_copy, check_pieces_equal_whole, check_training_step, input_lengths, peer_greedy)
 from hf_peer import make_models as make_peer_and_ours
 from hf_peer import tokens as random_tokens
@@ -138,8 +138,7 @@ def test_attention_hidden_size_other_than_hidden_size():
     assert [tuple(s.shape) for s in whole.state] == [(B, 16, 3)] * 2 + [(B, 24, 3)] * 3
     assert_close(whole.logits, ref_logits, FP32_BUDGET, "logits")
     assert_close(torch.cat([first.logits, second.logits], dim=1), ref_logits, FP32_BUDGET, "logits in pieces")
-    for name, s, r in zip(STATE_NAMES, second.state, ref_state):
-        assert_close(s, r, FP32_BUDGET, name)
+    assert_states_close(second.state, ref_state, FP32_BUDGET, "state", STATE_NAMES)
 
 
 def test_float64_model_matches_the_reference_to_rounding():
@@ -214,8 +213,7 @@ def test_triton_backend_model():
         first = ours(ids[:, :2], backend="triton")
         second = ours(ids[:, 2:], state=first.state, backend="triton")
     assert_close(torch.cat([first.logits, second.logits], dim=1), ref_logits, FP32_BUDGET, "triton logits")
-    for name, s, r in zip(STATE_NAMES, second.state, ref_state):
-        assert_close(s, r, FP32_BUDGET, f"triton {name}")
+    assert_states_close(second.state, ref_state, FP32_BUDGET, "triton", STATE_NAMES)
 
 
 def test_use_cache_false_returns_no_state():

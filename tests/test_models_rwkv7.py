@@ -8,11 +8,13 @@ a transposed or swapped tensor cannot go unnoticed.
 import copy
 import importlib
 import os
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 
+import hf_peer
 from kernels.models.rwkv7 import Rwkv7, Rwkv7Config
 from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close
 from reference import rwkv7 as ref
@@ -116,10 +118,7 @@ def peer_state_as_ours(flat):
     return [tuple(x[None] for x in flat[3 * i:3 * i + 3]) for i in range(L)]
 
 
-def assert_states_close(actual, expected, budget, what):
-    for i, (layer_a, layer_e) in enumerate(zip(actual, expected, strict=True)):
-        for name, a, e in zip(STATE_NAMES, layer_a, layer_e, strict=True):
-            assert_close(a, e, budget, f"{what}: layer {i} {name}")
+assert_states_close = partial(hf_peer.assert_states_close, names=STATE_NAMES)
 
 
 def token_ids(rng, B, T):
@@ -331,12 +330,8 @@ def peer_greedy(peer, prompt, n):
 def test_greedy_generation_reproduces_peer(model, peer, rng):
     prompts = token_ids(rng, 2, 5)
     expected = [peer_greedy(peer, p, 10) for p in prompts]
-    calls = []
-    hook = model.register_forward_pre_hook(lambda mod, args: calls.append(args[0].shape[1]))
-    try:
+    with hf_peer.input_lengths(model) as calls:
         out, _ = model.generate(torch.as_tensor(prompts), max_new_tokens=10, backend="torch")
-    finally:
-        hook.remove()
     assert out[:, 5:].tolist() == expected
     assert calls == [5] + [1] * 10                      # the prompt once, then one token per step
 
