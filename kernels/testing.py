@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 
-def _f64(x) -> np.ndarray:
+def f64(x) -> np.ndarray:
+    """A NumPy float64 array of x (a torch tensor, detached and moved to the CPU, or anything array-like)."""
     if hasattr(x, "detach"):
         x = x.detach().cpu().double().numpy()
     return np.asarray(x, dtype=np.float64)
@@ -16,7 +17,7 @@ def _f64(x) -> np.ndarray:
 
 def rel_rms(actual, expected) -> float:
     """||actual - expected||_2 / ||expected||_2 (the plain norm of the difference when expected is all zero)."""
-    a, b = _f64(actual), _f64(expected)
+    a, b = f64(actual), f64(expected)
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {a.shape} vs {b.shape}")
     den = np.linalg.norm(b)
@@ -24,13 +25,13 @@ def rel_rms(actual, expected) -> float:
 
 
 def max_abs(actual, expected) -> float:
-    a, b = _f64(actual), _f64(expected)
+    a, b = f64(actual), f64(expected)
     return float(np.max(np.abs(a - b))) if a.size else 0.0
 
 
 def assert_close(actual, expected, budget: float, what: str = "value") -> float:
     """Fails unless both are finite and rel_rms(actual, expected) <= budget; returns the error."""
-    a, b = _f64(actual), _f64(expected)
+    a, b = f64(actual), f64(expected)
     if not np.isfinite(b).all():
         raise AssertionError(f"{what}: the expected value has non-finite entries")
     if not np.isfinite(a).all():
@@ -40,6 +41,17 @@ def assert_close(actual, expected, budget: float, what: str = "value") -> float:
         raise AssertionError(f"{what}: relative RMS error {err:.3e} > budget {budget:.1e} "
                              f"(max abs error {max_abs(a, b):.3e})")
     return err
+
+
+def assert_all_close(names, actual, expected, budget: float, what: str = "") -> list:
+    """assert_close on each pair of ``actual`` and ``expected`` (e.g. every gradient), named by ``names`` in the
+    messages ('<what> <name>', or '<name>' without what); the three must have one length. Returns the errors."""
+    names, actual, expected = list(names), list(actual), list(expected)
+    if not len(names) == len(actual) == len(expected):
+        raise AssertionError(f"{what or 'assert_all_close'}: {len(names)} names for {len(actual)} values and "
+                             f"{len(expected)} expected values")
+    return [assert_close(a, e, budget, f"{what} {name}" if what else name)
+            for name, a, e in zip(names, actual, expected)]
 
 # The design's error budgets (relative RMS error against the float64 reference).
 REFERENCE_BUDGET = 1e-12   # one float64 form of a formula against another

@@ -2,7 +2,7 @@
 against autograd through a float64 definition that the test writes itself."""
 import torch
 
-from kernels.testing import assert_close
+from kernels.testing import assert_all_close, assert_close
 
 
 def qkv_inputs(rng, shape, spread=1.0):
@@ -24,5 +24,4 @@ def check_qkv_op(op, definition, q, k, v, do, dtype, budget, what):
     out, grads = output_and_grads(op, [x.to(dtype) for x in (q, k, v)], do)
     assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
     assert_close(out, out_e, budget, f"{what} output")
-    for name, g, e in zip(("dq", "dk", "dv"), grads, grads_e):
-        assert_close(g, e, budget, f"{what} {name}")
+    assert_all_close(("dq", "dk", "dv"), grads, grads_e, budget, what)

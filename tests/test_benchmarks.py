@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchmarks import cost_model, peers, run
+from kernels.crosscheck import fp32
 from kernels.testing import FP32_BUDGET, assert_close
 from reference import attention as ref_attention
 from reference import rope as ref_rope
@@ -20,17 +21,13 @@ from reference import wkv7 as ref_wkv7
 needs_transformers = pytest.mark.skipif(not peers.HAS_TRANSFORMERS, reason="transformers is not installed")
 
 
-def _f32(*arrays):
-    return [torch.tensor(a, dtype=torch.float32) for a in arrays]
-
-
 @needs_transformers
 def test_hf_wkv4_matches_the_reference(rng):
     B, T, C = 2, 9, 5
     w, u = -np.exp(rng.normal(size=C)), rng.normal(size=C)
     k, v = rng.normal(size=(B, T, C)), rng.normal(size=(B, T, C))
     expected, _ = ref_wkv4.wkv4(w, u, k, v)
-    assert_close(peers.hf_wkv4(*_f32(w, u, k, v)), expected, FP32_BUDGET, "transformers' RWKV-4 loop")
+    assert_close(peers.hf_wkv4(*fp32(w, u, k, v)), expected, FP32_BUDGET, "transformers' RWKV-4 loop")
 
 
 @needs_transformers
@@ -42,7 +39,7 @@ def test_hf_selective_scan_matches_the_reference(rng):
     D_skip, delta_bias = rng.normal(size=D), rng.normal(size=D)
     expected, _ = ref_ssm.selective_scan(u, delta, A, Bm, Cm, D=D_skip, z=z, delta_bias=delta_bias,
                                          delta_softplus=True)
-    actual = peers.hf_selective_scan(*_f32(u, delta, A, Bm, Cm, D_skip, z, delta_bias))
+    actual = peers.hf_selective_scan(*fp32(u, delta, A, Bm, Cm, D_skip, z, delta_bias))
     assert_close(actual, expected, FP32_BUDGET, "transformers' Mamba scan")
 
 
@@ -54,14 +51,14 @@ def test_wkv7_per_token_matches_the_reference(rng):
     kk /= np.linalg.norm(kk, axis=-1, keepdims=True)
     a, b = -kk, kk * rng.uniform(size=(B, T, H, N))
     expected, _ = ref_wkv7.wkv7(r, log_w, k, v, a, b)
-    assert_close(peers.wkv7_per_token(*_f32(r, log_w, k, v, a, b)), expected, FP32_BUDGET, "per-token WKV-7")
+    assert_close(peers.wkv7_per_token(*fp32(r, log_w, k, v, a, b)), expected, FP32_BUDGET, "per-token WKV-7")
 
 
 @pytest.mark.parametrize("T, window", [(1, 1), (9, 3), (12, 20)])
 def test_rerope_two_pass_matches_the_reference(rng, T, window):
     q, k, v = (rng.normal(size=(2, 3, T, 8)) for _ in range(3))
     expected = ref_rope.rerope_attention(q, k, v, window)
-    assert_close(peers.rerope_two_pass(*_f32(q, k, v), window), expected, FP32_BUDGET, "two-pass ReRoPE")
+    assert_close(peers.rerope_two_pass(*fp32(q, k, v), window), expected, FP32_BUDGET, "two-pass ReRoPE")
 
 
 def test_sdpa_rope_is_causal_attention_after_rope(rng):
@@ -69,7 +66,7 @@ def test_sdpa_rope_is_causal_attention_after_rope(rng):
     q, k, v = (rng.normal(size=(1, 2, T, 8)) for _ in range(3))
     pos = np.arange(T)
     expected = ref_attention.softmax_attention(ref_rope.apply_rope(q, pos), ref_rope.apply_rope(k, pos), v)
-    assert_close(peers.sdpa_rope(*_f32(q, k, v)), expected, FP32_BUDGET, "SDPA + RoPE")
+    assert_close(peers.sdpa_rope(*fp32(q, k, v)), expected, FP32_BUDGET, "SDPA + RoPE")
 
 
 def test_streaming_pass_copies_its_first_tensor():

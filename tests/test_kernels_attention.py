@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from kernel_cases import AVAILABLE_BACKENDS, BACKENDS, needs_triton
 from kernels import attention as attn
 from kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_close
 from qkv_check import check_qkv_op, qkv_inputs
@@ -38,7 +39,7 @@ def _explicit_attention(q, k, v, causal, scale=None):
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_forward_matches_reference(rng, tiles, backend, shape, causal):
     q, k, v = qkv_inputs(rng, shape)
     expected = softmax_attention(q.numpy(), k.numpy(), v.numpy(), causal=causal)
@@ -49,7 +50,7 @@ def test_forward_matches_reference(rng, tiles, backend, shape, causal):
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("shape", SHAPES[1:])   # T = 1: dq = dk = 0 exactly, no relative error to speak of
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_gradients_match_float64_autograd(rng, tiles, backend, shape, causal):
     q, k, v = qkv_inputs(rng, shape)
     do = torch.tensor(rng.standard_normal(shape))
@@ -58,6 +59,7 @@ def test_gradients_match_float64_autograd(rng, tiles, backend, shape, causal):
 
 
 @pytest.mark.parametrize("block_m, block_n", [(16, 32), (32, 16)])
+@needs_triton
 def test_triton_unequal_tiles(rng, tiles, block_m, block_n):
     """Query and key tiles of different sizes: the diagonal falls inside a tile, not on its corner."""
     tiles(block_m, block_n)
@@ -68,7 +70,7 @@ def test_triton_unequal_tiles(rng, tiles, block_m, block_n):
                  q, k, v, do, torch.float32, FP32_BUDGET, f"tiles {block_m}x{block_n}")
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_fp16qkv_inputs(rng, tiles, backend):
     shape = (1, 2, 37, 32)
     q, k, v = (x.half().double() for x in qkv_inputs(rng, shape))     # exactly representable in fp16
@@ -77,7 +79,7 @@ def test_fp16qkv_inputs(rng, tiles, backend):
                  q, k, v, do, torch.float16, FP16_BUDGET, f"fp16 {backend}")
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_large_scores_do_not_overflow(rng, tiles, backend):
     """Scores in the hundreds: e^s overflows fp32 past 88; the online softmax only sees e^{s - max} <= 1."""
     q, k, v = qkv_inputs(rng, (1, 1, 23, 16), spread=12.0)
@@ -89,7 +91,7 @@ def test_large_scores_do_not_overflow(rng, tiles, backend):
 def test_scale_argument(rng, tiles):
     q, k, v = qkv_inputs(rng, (1, 1, 19, 16))
     expected = softmax_attention(q.numpy(), k.numpy(), v.numpy(), scale=0.3)
-    for backend in ("torch", "triton"):
+    for backend in AVAILABLE_BACKENDS:
         assert_close(attn.attention(q.float(), k.float(), v.float(), scale=0.3, backend=backend), expected,
                      FP32_BUDGET, backend)
 
@@ -115,10 +117,11 @@ def _bad(q=None, k=None, v=None, **kw):
     (_bad(causal=1), TypeError, "causal must be a bool"),
     (_bad(scale=float("nan")), ValueError, "scale must be finite"),
     (_bad(backend="cuda"), ValueError, "backend must be one of"),
-    (_bad(q=torch.zeros(1, 2, 8, 8), k=torch.zeros(1, 2, 8, 8), v=torch.zeros(1, 2, 8, 8), backend="triton"),
-     ValueError, r"head dims d in \[16, 128\], got d = 8"),
-    (_bad(q=torch.zeros(1, 2, 8, 16).double(), k=torch.zeros(1, 2, 8, 16).double(),
-          v=torch.zeros(1, 2, 8, 16).double(), backend="triton"), TypeError, "backend='triton' takes dtypes"),
+    pytest.param(_bad(q=torch.zeros(1, 2, 8, 8), k=torch.zeros(1, 2, 8, 8), v=torch.zeros(1, 2, 8, 8),
+                      backend="triton"), ValueError, r"head dims d in \[16, 128\], got d = 8", marks=needs_triton),
+    pytest.param(_bad(q=torch.zeros(1, 2, 8, 16).double(), k=torch.zeros(1, 2, 8, 16).double(),
+                      v=torch.zeros(1, 2, 8, 16).double(), backend="triton"), TypeError,
+                 "backend='triton' takes dtypes", marks=needs_triton),
 ])
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):

@@ -13,8 +13,9 @@ import torch
 from torch.utils._pytree import tree_leaves
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kernel_cases import BACKENDS, needs_triton
 from kernels import rerope
-from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close
+from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
 from qkv_check import check_qkv_op, qkv_inputs, output_and_grads
 from reference.rope import (attention_from_relative_positions, log_n_scale, relative_positions, rerope_attention,
                             rerope_decode)
@@ -75,7 +76,7 @@ def test_definition_here_matches_the_reference(rng, T, d, window, leaky_k, train
 
 
 @pytest.mark.parametrize("T, d, window, leaky_k, train_length", CASES)
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_prefill_outputs_and_gradients(rng, backend, T, d, window, leaky_k, train_length):
     _check_prefill(rng, (1, 2, T, d), window, leaky_k, train_length, backend, torch.float32, FP32_BUDGET, backend)
 
@@ -89,7 +90,7 @@ def test_torch_backend_is_exact_in_float64(rng, monkeypatch, T, d, window, leaky
                    "float64")
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_single_position(rng, backend):
     q, k, v = qkv_inputs(rng, (1, 2, 1, 16))
     out = rerope.rerope_attention(q.float(), k.float(), v.float(), 3, backend=backend)
@@ -97,6 +98,7 @@ def test_single_position(rng, backend):
 
 
 @pytest.mark.parametrize("block_m, block_n", [(16, 32), (32, 16)])
+@needs_triton
 def test_triton_unequal_tiles(rng, tiles, block_m, block_n):
     """Query and key tiles of different sizes: the window's edge and the diagonal cut tiles off their corners."""
     tiles(block_m, block_n)
@@ -113,7 +115,7 @@ DECODE_CASES = [
 
 
 @pytest.mark.parametrize("T, d, window, leaky_k, train_length", DECODE_CASES)
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_decode_is_the_last_row_of_prefill(rng, backend, T, d, window, leaky_k, train_length):
     q, k, v = qkv_inputs(rng, (2, 1, T, d))
     do = torch.tensor(rng.standard_normal((2, 1, 1, d)))
@@ -127,8 +129,8 @@ def test_decode_is_the_last_row_of_prefill(rng, backend, T, d, window, leaky_k, 
                  "decode vs last prefill row")
     if T > 1:   # with one key, dq and dk are exactly zero: nothing relative to compare
         _, grads_e = output_and_grads(lambda *a: definition(*a, window, leaky_k, train_length)[:, :, -1:], (q, k, v), do)
-        for name, g, e in zip(("dq", "dk", "dv"), grads, (grads_e[0][:, :, -1:], *grads_e[1:])):
-            assert_close(g, e, FP32_BUDGET, f"decode {name}")
+        expected_grads = (grads_e[0][:, :, -1:], *grads_e[1:])   # dq: of the last query only
+        assert_all_close(("dq", "dk", "dv"), grads, expected_grads, FP32_BUDGET, "decode")
 
 
 def test_torch_decode_rotates_the_cache_in_chunks(rng, monkeypatch):
@@ -139,14 +141,14 @@ def test_torch_decode_rotates_the_cache_in_chunks(rng, monkeypatch):
     assert_close(out, expected, REFERENCE_BUDGET)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_fp16qkv_inputs(rng, backend):
     shape = (1, 2, 37, 32)
     exact = [x.half().double() for x in qkv_inputs(rng, shape)]                 # exactly representable in fp16
     _check_prefill(rng, shape, 9, 4.0, 16, backend, torch.float16, FP16_BUDGET, f"fp16 {backend}", inputs=exact)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_large_scores_do_not_overflow(rng, backend):
     """Scores in the hundreds (e^s overflows fp32 past 88), with log-n scaling on top."""
     T, d, window = 30, 16, 6
@@ -155,7 +157,7 @@ def test_large_scores_do_not_overflow(rng, backend):
     assert_close(out, rerope_attention(q.numpy(), k.numpy(), v.numpy(), window, train_length=4), FP32_BUDGET)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_scale_and_base_arguments(rng, backend):
     T, d, window, leaky_k = 26, 16, 6, 3.0
     q, k, v = qkv_inputs(rng, (1, 2, T, d))
@@ -255,10 +257,11 @@ def _call(fn="rerope_attention", **overrides):
     (_call(q=torch.zeros(1, 2, 8, 15), k=torch.zeros(1, 2, 8, 15), v=torch.zeros(1, 2, 8, 15)), ValueError,
      "even head dim"),
     (_call(k=torch.zeros(1, 2, 8, 16).half()), TypeError, "one dtype"),
-    (_call(q=torch.zeros(1, 2, 8, 8), k=torch.zeros(1, 2, 8, 8), v=torch.zeros(1, 2, 8, 8), backend="triton"),
-     ValueError, r"head dims d in \[16, 128\], got d = 8"),
-    (_call(q=torch.zeros(1, 2, 8, 16).double(), k=torch.zeros(1, 2, 8, 16).double(),
-           v=torch.zeros(1, 2, 8, 16).double(), backend="triton"), TypeError, "backend='triton' takes dtypes"),
+    pytest.param(_call(q=torch.zeros(1, 2, 8, 8), k=torch.zeros(1, 2, 8, 8), v=torch.zeros(1, 2, 8, 8),
+                       backend="triton"), ValueError, r"head dims d in \[16, 128\], got d = 8", marks=needs_triton),
+    pytest.param(_call(q=torch.zeros(1, 2, 8, 16).double(), k=torch.zeros(1, 2, 8, 16).double(),
+                       v=torch.zeros(1, 2, 8, 16).double(), backend="triton"), TypeError,
+                 "backend='triton' takes dtypes", marks=needs_triton),
     (_call("rerope_decode", q=torch.zeros(1, 2, 2, 16)), ValueError, r"q must have shape \(\*, \*, 1, \*\)"),
     (_call("rerope_decode", k_cache=torch.zeros(1, 2, 0, 16), v_cache=torch.zeros(1, 2, 0, 16)), ValueError,
      r"k_cache must hold at least the query's own key \(T >= 1\)"),

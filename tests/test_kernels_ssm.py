@@ -4,12 +4,11 @@ per-token loop written here (float64), which shares no code with either backend.
 import pytest
 import torch
 
+from kernel_cases import BACKENDS, needs_triton
 from kernels import ssm
-from kernels._common import HAS_TRITON
-from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close
+from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
 from reference import ssm as ref
 
-needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 TENSORS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "state")
 
 
@@ -91,8 +90,7 @@ def check_against_truth(inputs, softplus, cotangents, budget, backend, dtype=tor
     assert last.dtype == dtypes_for(["state"], dtype)["state"]
     assert_close(y, y_ref, budget, "y")
     assert_close(last, last_ref, budget, "last state")
-    for name, g in grads.items():
-        assert_close(g, grads_ref[name], budget, f"d{name}")
+    assert_all_close([f"d{name}" for name in grads], grads.values(), [grads_ref[name] for name in grads], budget)
 
 
 @pytest.fixture
@@ -140,7 +138,7 @@ def test_torch_backend_float64(rng, chunks_per_block, case):
     check_against_truth(inputs, softplus, cot, REFERENCE_BUDGET, "torch")
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_fp32(rng, backend, case):
     inputs, softplus = case_inputs(rng, case)
@@ -158,7 +156,7 @@ def test_half_precision(rng, backend, dtype):
     check_against_truth(inputs, softplus, cot, FP16_BUDGET, backend, dtype, param_dtype=torch.float32)
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_split_sequence_equals_whole(rng, chunks_per_block, backend):
     """Outputs, final state and every gradient (through the state passed between the pieces) as for the whole."""
     inputs = make_inputs(rng, 2, 3, 16, 13, extras=("D", "z", "delta_bias", "state"))
@@ -177,8 +175,7 @@ def test_split_sequence_equals_whole(rng, chunks_per_block, backend):
     assert_close(y_split, y, FP32_BUDGET, "split outputs")
     assert_close(state, last, FP32_BUDGET, "split state")
     grads_split = torch.autograd.grad((y_split * gy).sum() + (state * gl).sum(), list(args.values()))
-    for name, g, g_split in zip(args, grads, grads_split):
-        assert_close(g_split, g, FP32_BUDGET, f"split d{name}")
+    assert_all_close([f"d{name}" for name in args], grads_split, grads, FP32_BUDGET, "split")
 
 
 def test_gradcheck_torch_backend(rng, chunks_per_block):

@@ -6,23 +6,14 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import kernels.wkv7 as kw
-from kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, assert_close)
+from kernel_cases import needs_triton, rwkv7_inputs, split_bounds
+from kernels._common import HAS_TRITON
+from kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, assert_all_close,
+                             assert_close)
 from reference.wkv7 import wkv7 as reference_wkv7
 
-NAMES = ("r", "log_w", "k", "v", "a", "b")
-
-
-def rwkv7_inputs(rng, B, T, H, N, decay="mixed"):
-    """float64 numpy inputs as RWKV-7 makes them (a = -kk, b = kk * icl, unit kk, icl in (0, 1)), and a state.
-    decay: "strong" (decays near 0.545, RWKV-7's strongest), "weak" (near 1), "mixed", or "extreme" (log_w down to
-    -1e4: decays far below fp32's range, which the factored couplings cannot take)."""
-    r, k, v = (rng.standard_normal((B, T, H, N)) for _ in range(3))
-    kk = rng.standard_normal((B, T, H, N))
-    kk /= np.linalg.norm(kk, axis=-1, keepdims=True)
-    icl = rng.uniform(0.0, 1.0, (B, T, H, N))
-    w_raw = {"strong": (-0.6, -0.5), "weak": (-9.0, -8.0), "mixed": (-9.0, -0.5), "extreme": (-9.0, 9.2)}[decay]
-    log_w = -np.exp(rng.uniform(*w_raw, (B, T, H, N)))
-    return [r, log_w, k, v, -kk, kk * icl], rng.standard_normal((B, H, N, N))
+# The gradients' names: of r, log_w, k, v, a, b and the initial state.
+GRAD_NAMES = ("dr", "dlog_w", "dk", "dv", "da", "db", "dstate")
 
 
 def recurrence(r, log_w, k, v, a, b, S):
@@ -66,8 +57,7 @@ def check_against_truth(rng, shape, decay, with_state, dtype, backend, budget):
     assert_close(S, S_true, budget, f"{backend} final state")
     grads = torch.autograd.grad((y * gy.to(dtype)).sum() + (S * gS.to(state_dtype)).sum(),
                                 x + ([S0] if with_state else []))
-    for name, g, g_true in zip(NAMES + ("state",), grads, grads_true):
-        assert_close(g, g_true, budget, f"{backend} d{name}")
+    assert_all_close(GRAD_NAMES[:len(grads_true)], grads, grads_true, budget, backend)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -135,7 +125,7 @@ def test_torch_split_sequence_equals_whole(T, cuts, seed):
     x_np, S0_np = rwkv7_inputs(rng, 2, T, 2, 4)
     x, S0 = [torch.tensor(z) for z in x_np], torch.tensor(S0_np)
     y_whole, S_whole = kw.wkv7(*x, state=S0, backend="torch")
-    bounds = [0] + sorted({min(T - 1, max(1, int(c * T))) for c in cuts}) + [T]
+    bounds = split_bounds(T, cuts)
     S, ys = S0, []
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         y, S = kw.wkv7(*(z[:, lo:hi] for z in x), state=S, backend="torch")
@@ -154,14 +144,17 @@ def test_torch_split_sequence_equals_whole(T, cuts, seed):
     ((1, 17, 2, 16), "weak", True),          # odd T, two heads
     ((1, 5, 1, 64), "strong", True),         # head size 64
 ])
+@needs_triton
 def test_triton_fp32(rng, shape, decay, with_state):
     check_against_truth(rng, shape, decay, with_state, torch.float32, "triton", FP32_BUDGET)
 
 
+@needs_triton
 def test_triton_fp16(rng):
     check_against_truth(rng, (1, 19, 1, 16), "mixed", True, torch.float16, "triton", FP16_BUDGET)
 
 
+@needs_triton
 def test_triton_split_sequence_equals_whole(rng):
     x_np, S0_np = rwkv7_inputs(rng, 1, 21, 1, 16)
     x, S0 = [torch.tensor(z, dtype=torch.float32) for z in x_np], torch.tensor(S0_np, dtype=torch.float32)
@@ -172,6 +165,7 @@ def test_triton_split_sequence_equals_whole(rng):
     assert_close(S2, S_whole, FP32_BUDGET, "state in pieces")
 
 
+@needs_triton
 def test_triton_gradient_of_final_state_only(rng):
     """A loss of the final state alone (y unused): the backward gets no gradient for y."""
     x_np, S0_np = rwkv7_inputs(rng, 1, 6, 1, 16)
@@ -182,8 +176,7 @@ def test_triton_gradient_of_final_state_only(rng):
     x64 = [z.detach().double().requires_grad_() for z in x + [S0]]
     _, S_true = recurrence(*x64)
     grads_true = torch.autograd.grad(S_true.square().sum(), x64, allow_unused=True, materialize_grads=True)
-    for name, g, g_true in zip(NAMES + ("state",), grads, grads_true):
-        assert_close(g, g_true, FP32_BUDGET, f"d{name}")
+    assert_all_close(GRAD_NAMES, grads, grads_true, FP32_BUDGET)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -225,12 +218,14 @@ def test_bad_input():
         kw.wkv7(*x[:5], x[5].to("meta"))
     with pytest.raises(ValueError, match="backend must be one of"):
         kw.wkv7(*x, backend="cuda")
-    with pytest.raises(TypeError, match="backend='triton' takes dtypes"):
-        kw.wkv7(*small_inputs(torch.float64), backend="triton")
-    with pytest.raises(ValueError, match="power of two >= 4, got N = 6"):
-        kw.wkv7(*small_inputs(N=6), backend="triton")
+    if HAS_TRITON:   # without triton, backend='triton' is refused before these checks
+        with pytest.raises(TypeError, match="backend='triton' takes dtypes"):
+            kw.wkv7(*small_inputs(torch.float64), backend="triton")
+        with pytest.raises(ValueError, match="power of two >= 4, got N = 6"):
+            kw.wkv7(*small_inputs(N=6), backend="triton")
 
 
+@needs_triton
 def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):

@@ -4,23 +4,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from kernel_cases import rwkv7_inputs, split_bounds
 from kernels.testing import REFERENCE_BUDGET, assert_close
 from reference.wkv7 import wkv7, wkv7_chunked, wkv7_transition_product
-
-
-def rwkv7_inputs(rng, B, T, H, N, decay="mixed", state=False):
-    """Inputs as RWKV-7 makes them: a = -kk, b = kk * icl with kk unit-norm per head and icl in (0, 1), log_w =
-    -exp(w_raw) with w_raw < -0.5 (decays in (0.545, 1)). decay: "strong" (all near 0.545), "weak" (near 1),
-    "mixed", or "growing" (log_w in (0, 0.1): the formula is defined for any real log_w)."""
-    r, k, v = (rng.standard_normal((B, T, H, N)) for _ in range(3))
-    kk = rng.standard_normal((B, T, H, N))
-    kk /= np.linalg.norm(kk, axis=-1, keepdims=True)
-    icl = rng.uniform(0.0, 1.0, (B, T, H, N))
-    w_raw = {"strong": rng.uniform(-0.6, -0.5, (B, T, H, N)), "weak": rng.uniform(-9.0, -8.0, (B, T, H, N)),
-             "mixed": rng.uniform(-9.0, -0.5, (B, T, H, N))}
-    log_w = rng.uniform(0.0, 0.1, (B, T, H, N)) if decay == "growing" else -np.exp(w_raw[decay])
-    S0 = rng.standard_normal((B, H, N, N)) if state else None
-    return (r, log_w, k, v, -kk, kk * icl), S0
 
 
 def generic_inputs(rng, B, T, H, N):
@@ -75,7 +61,7 @@ def test_chunked_survives_decays_far_below_float_range(rng):
 def test_split_sequence_equals_whole(T, cuts, chunk_size, seed):
     rng = np.random.default_rng(seed)
     x, S0 = rwkv7_inputs(rng, 2, T, 2, 3, "mixed", state=True)
-    bounds = [0] + sorted({min(T - 1, max(1, int(c * T))) for c in cuts}) + [T]
+    bounds = split_bounds(T, cuts)
     for form in (wkv7, lambda *x, state: wkv7_chunked(*x, state=state, chunk_size=chunk_size)):
         y_whole, S_whole = form(*x, state=S0)
         S, ys = S0, []
@@ -166,7 +152,7 @@ def test_bad_input(rng, form):
 
 
 def test_bad_chunk_size(rng):
-    x, _ = rwkv7_inputs(rng, 1, 5, 1, 3)
+    x, _ = rwkv7_inputs(rng, 1, 5, 1, 3, state=False)
     for bad in (0, -2, 2.5):
         with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
             wkv7_chunked(*x, chunk_size=bad)
