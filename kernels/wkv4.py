@@ -9,24 +9,24 @@ this op and one of transformers' ``rwkv_linear_attention_cpu`` are interchangeab
 w = -exp(time_decay) <= 0. Float64 truth: reference/wkv4.py. Source: the "Rwkv attention and the recurrent
 formulas" section of https://huggingface.co/docs/transformers/model_doc/rwkv; RWKV paper arXiv:2305.13048.
 
-Torch path (chunked). Cut time into chunks of L tokens. With G_j = k_j - (j+1) w for the chunk's token j, every
-term that row tau of the chunk sees is e^{tau w} times a number of its own:
+Torch path (chunked). Cut time into chunks of L tokens and take every chunk's rows relative to e^K, K its largest
+key, so that each term is a number of at most 1 times a decay: with E_j = e^{k_j - K}, the sums over the chunk's
+past tokens P_tau = sum_{j<tau} e^{(tau-1-j) w} (E_j v_j, E_j) follow the recurrence
 
-    past token j < tau:   e^{(tau-1-j) w + k_j} = e^{tau w} e^{G_j}
-    current token:        e^{u + k_tau}         = e^{tau w} e^{u + w} e^{G_tau}
-    carried state:        e^{max + tau w} num   = e^{tau w} e^{max} num
+    P_0 = 0,   P_{tau+1} = e^w P_tau + (E_tau v_tau, E_tau),
 
-With E_j = e^{G_j - mu} (mu = max_j G_j) the sums over j < tau are prefix sums, one (L x L) triangular matmul for
-every channel at once, and e^{tau w + mu} cancels from the ratio. Between chunks (num, den, max) advance in closed
-form: max' = max(max + L w, mu + L w) (mu + L w is the chunk's largest term at its end) and the chunk's sums come
-in scaled by e^{mu + L w - max'}, which is exact whatever the keys: the largest term is kept at e^0 and anything
-that underflows is below fp32's resolution next to it. The prefix sums themselves are exact only while a chunk's
-exponents stay within e^-RANGE of mu; the rows of the other chunks come from the max-tracked recurrence over the
-chunk's L offsets, all such chunks at once: whole channels whose decay alone spans STEEP (|w| (L-1) large), and
-single (batch, chunk, channel) columns whose keys spread wider (keys of several hundred). Exponents are formed as
-differences of nearby numbers (key - the chunk's largest key, max - max), which keeps fp32's relative precision for
-keys of several hundred. Python loops run over chunks (a few (B, C) operations each), over blocks of BLOCK tokens
-and over the L offsets of redone chunks; none over tokens.
+which runs over the L offsets of all chunks at once (one multiply-add over (B, chunks, C) per offset). Every factor
+is <= 1, so nothing overflows, whatever the decay: steep decays simply fade the past. Row tau is then P_tau, plus
+e^u (E_tau v_tau, E_tau) for the current token, plus e^{max + tau w - K} (num, den) for the state carried into the
+chunk, and wkv is their ratio. Between chunks (num, den, max) advance in closed form: max' = max(max + L w, nu)
+(nu = max_j k_j + (L-1-j) w, the chunk's largest term at its end) and P_L comes in scaled by e^{K - nu}, exact
+whatever the keys: the largest term is kept at e^0 and anything that underflows is below fp32's resolution next to
+it. The rows are exact only while the chunk's keys (and u + keys) lie within e^-RANGE of K; the rows of other
+(batch, chunk, channel) columns (keys of several hundred) come from the max-tracked recurrence over the chunk's L
+offsets, all such columns at once, and their chunk sums from the terms e^{k_j + (L-1-j) w - nu}. Exponent
+differences are formed from differences of nearby numbers (key - the chunk's largest key, max - max), which keeps
+fp32's relative precision for keys of several hundred. Python loops run over chunks (a few (B, C) operations
+each), over blocks of BLOCK tokens and over the L offsets of a chunk; none over tokens.
 
 Triton path. One program per (batch, block of channels) walks time with the max-tracked recurrence in fp32
 registers; max is kept as the exponent that set it plus a count of decays (anchor + lag w), for the same precision
@@ -52,7 +52,6 @@ autograd through the stable recurrence gives (away from ties); for a loss of y a
 """
 from __future__ import annotations
 
-import itertools
 from collections import namedtuple
 
 import torch
@@ -65,13 +64,15 @@ from kernels._common import (accumulation_dtype, check_backend_dtype, check_devi
 INITIAL_MAX = -1e38
 
 # Torch path.
-CHUNK = 16          # tokens per chunk: one (CHUNK x CHUNK) triangular matmul gives a chunk's prefix sums
+CHUNK = 16          # tokens per chunk: the in-chunk recurrence runs over these L offsets, all chunks at once
 BLOCK = 256         # tokens per call of the chunked computation, so that its intermediates stay in cache
-RANGE = 40.0        # prefix sums take chunks whose exponents lie within e^-RANGE of the largest; the rest are redone
-STEEP = 30.0        # channels whose decay alone spans e^-STEEP over a chunk are redone whole, as slabs
+RANGE = 30.0        # a chunk's rows come from the in-chunk recurrence when its keys (and u + keys) lie within
+                    # e^-RANGE of its largest key; other (batch, chunk, channel) columns are redone one by one
+DECAY_FLOOR = 55.0  # e^w is taken as at least e^-55: past terms (>= e^-RANGE) times it stay normal fp32 numbers,
+                    # and what the floor adds is below e^-(55 - RANGE) = 1e-11 of the row's current term
 FLOOR = 60.0        # exponents are clamped at -FLOOR (see below)
-STATE_FLOOR = 80.0  # the same for the carried state's factor: rows span down to e^-RANGE, and 80 - 40 leaves e^-40
-BONUS_CAP = 20.0    # e^{u + w} is formed directly; u + w above it (never in trained models) is redone
+STATE_FLOOR = 80.0  # the same for the carried state's factor: rows span down to e^-RANGE, and 80 - 30 leaves e^-50
+BONUS_CAP = 20.0    # e^u is formed directly; u above it (never in trained models) is redone
 STATE_CAP = 60.0    # a state more than e^STATE_CAP above a chunk's own terms swamps them; capped against overflow
 # Why a floor: on x86, torch.exp of a large negative number, and arithmetic on the denormals it yields, are 50-500
 # times slower than normal. e^-60 is still a normal fp32 number, and a term below e^-60 of the largest term of its
@@ -88,7 +89,7 @@ def _exp(x, high=None, floor=FLOOR):
 # ----------------------------------------------------------------------------------------------------------------
 
 def _stable_steps(w, u, k, v, num, den, mx):
-    """The max-tracked recurrence over the L offsets of chunks the prefix sums cannot take, all chunks at once.
+    """The max-tracked recurrence over the L offsets of the chunks the in-chunk recurrence cannot take.
 
     k, v (..., L, X) with time on axis -2; w, u, num, den, mx broadcast against k[..., 0, :]. Returns each row's
     numerator and denominator (shaped like k), both divided by e^{the row's largest exponent}. Like the Triton
@@ -112,104 +113,82 @@ def _stable_steps(w, u, k, v, num, den, mx):
     return torch.stack(nums, -2), torch.stack(dens, -2)
 
 
-def _torch_chunks(w, u, k, v, num, den, mx, steep):
-    """WKV over n chunks of L tokens: k, v (B, n, L, C); w, u (C,); state (B, C) -> (num_rows, den_rows (B, n, L, C),
-    the state at each chunk's start ((2, B, n, C) num and den, (B, n, C) max), the final state).
+def _torch_chunks(w, u, k, v, num, den, mx):
+    """WKV over n chunks of L tokens: k, v (B, n, L, C); w, u (C,); state (B, C) -> (rows (2, B, n, L, C): each
+    row's numerator and denominator, divided by a common factor that differs between rows; the final state).
 
-    Each row's numerator and denominator are divided by a common factor that differs between rows. The rows of the
-    ``steep`` channels (decay too steep for prefix sums) are left to the caller, with a denominator of 1.
-
-    See the module docstring for the algebra. E's reference is detached (it cancels from every result); the maxima
+    See the module docstring for the algebra. K's reference is detached (it cancels from every result); the maxima
     at chunk boundaries stay attached, since the last one is an output. Exponent differences are formed from
     differences of nearby numbers (key - largest key, max - max), which keeps fp32's relative precision for keys
     of several hundred.
     """
     B, n, L, C = k.shape
-    lag_to_end = torch.arange(L - 1, -1, -1, dtype=k.dtype, device=k.device)[:, None] * w   # (L, C) (L-1-j) w
     K = k.detach().amax(2, keepdim=True)                                  # (B, n, 1, C) the chunk's largest key
-    G = (k - K).add_(lag_to_end)                                          # (B, n, L, C) G_j - (K - L w)
-    mu_rel = G.amax(2, keepdim=True)                                      # (B, n, 1, C) mu - (K - L w)
-    E = (G - mu_rel.detach()).clamp_(min=-FLOOR).exp_()                   # (B, n, L, C) e^{G_j - mu}, see FLOOR
-    X = E * v
-    below = torch.ones(L, L, dtype=k.dtype, device=k.device).tril(-1)     # (L, L) strictly lower: sum over j < tau
-    SE, SX = below @ E, below @ X                                         # (B, n, L, C) prefix sums over the chunk
-    totals = torch.stack((SX[:, :, -1] + X[:, :, -1], SE[:, :, -1] + E[:, :, -1]))   # (2, B, n, C)
+    kK = k - K                                                            # (B, n, L, C) k_j - K <= 0
+    E = _exp(kK)                                                          # e^{k_j - K}
+    XE = torch.stack((E * v, E))                                          # (2, B, n, L, C) the terms of num, den
+    # In-chunk sums over j < tau from a zero state: P_0 = 0, P_{tau+1} = e^w P_tau + XE_tau, all chunks at once.
+    decay = _exp(w, floor=DECAY_FLOOR)                                    # (C,)
+    sums = [torch.zeros_like(XE[:, :, :, 0])]                             # (2, B, n, C) each
+    for tau in range(L):
+        sums.append(torch.addcmul(XE[:, :, :, tau], decay, sums[-1]))
+    # The chunk's largest term at its end, nu = K + max_j (k_j - K + (L-1-j) w): HF's max of the chunk alone
+    # (attached: it can become the state's max).
+    lag_to_end = torch.arange(L - 1, -1, -1, dtype=k.dtype, device=k.device)[:, None] * w   # (L, C) (L-1-j) w
+    G = kK + lag_to_end                                                   # (B, n, L, C)
+    nu_rel = G.amax(2)                                                    # (B, n, C) nu - K
+    totals = sums[-1] * _exp(-nu_rel, RANGE)                              # (2, B, n, C) the chunk's sums / e^nu
 
+    spread = kK.detach().amin(2) + u.detach().clamp_max(0)                # (B, n, C) smallest exponent - K
+    redo = (spread < -RANGE) | (u.detach() > BONUS_CAP)                   # (B, n, C)
+    if redo.any():
+        bi, ni, ci = redo.nonzero(as_tuple=True)                          # (F,) each: batch, chunk, channel
+        column = lambda x: x[bi, ni, :, ci]                               # noqa: E731  (F, L)
+        e = _exp(column(G) - nu_rel[bi, ni, ci, None])                    # (F, L) every term over the largest
+        totals[:, bi, ni, ci] = torch.stack(((e * column(v)).sum(1), e.sum(1)))
+
+    # The maxima at chunk boundaries, HF's: max' = max(max + L w, nu), and (num, den) carried in closed form.
     K, Lw = K.squeeze(2), L * w
-    mu_rel, mu_ref = mu_rel.squeeze(2), mu_rel.detach().squeeze(2)      # (B, n, C) mu - (K - L w)
-    # The maxima at chunk boundaries, HF's: max' = max(max + L w, nu) with nu = mu + L w = K + mu_rel the chunk's
-    # largest term decayed to its end (attached: it can become the state's max).
-    nu = K + mu_rel                                                       # (B, n, C)
+    nu = K + nu_rel                                                       # (B, n, C)
     maxima = [mx]
     for i in range(n):
         maxima.append(torch.maximum(maxima[-1] + Lw, nu[:, i]))
     maxima = torch.stack(maxima, 1)                                       # (B, n + 1, C)
     start, end = maxima[:, :-1], maxima[:, 1:]
-    # the closed-form update of (num, den) from one chunk boundary to the next: both factors <= 1
     keep = _exp((start - end) + Lw)                                       # (B, n, C) e^{max_n + L w - max_{n+1}}
-    added = _exp((K - end) + mu_ref) * totals                             # (2, B, n, C) e^{nu - max_{n+1}} totals
-    sums = [torch.stack((num, den))]                                      # (2, B, C) each
+    added = _exp(nu - end) * totals                                       # (2, B, n, C) e^{nu - max_{n+1}} totals
+    carried = [torch.stack((num, den))]                                   # (2, B, C) each
     for i in range(n):
-        sums.append(torch.addcmul(added[:, :, i], keep[:, i], sums[-1]))
-    state = (sums[-1][0], sums[-1][1], maxima[:, -1])
-    sums = torch.stack(sums[:-1], 2)                                      # (2, B, n, C) at each chunk's start
+        carried.append(torch.addcmul(added[:, :, i], keep[:, i], carried[-1]))
+    state = (carried[-1][0], carried[-1][1], maxima[:, -1])
+    carried = torch.stack(carried[:-1], 2)                                # (2, B, n, C) at each chunk's start
 
-    # Rows relative to e^{tau w + mu}: state e^{max - mu} (num, den), past tokens SX, SE, current e^{u + w} X, E.
-    uw = u + w
-    state_scale = _exp(((start - K) - mu_ref) + Lw, STATE_CAP, STATE_FLOOR).unsqueeze(2)   # (B, n, 1, C)
-    bonus = _exp(uw, BONUS_CAP)                                               # (C,)
-    num_rows = torch.addcmul(SX, bonus, X).add_(state_scale * sums[0].unsqueeze(2))
-    den_rows = torch.addcmul(SE, bonus, E).add_(state_scale * sums[1].unsqueeze(2))
+    # Rows relative to e^K: past tokens P_tau, current e^u XE_tau, state e^{max + tau w - K} (num, den).
+    offsets = torch.arange(L, dtype=k.dtype, device=k.device)[:, None] * w                     # (L, C) tau w
+    state_scale = _exp((start - K).unsqueeze(2) + offsets, STATE_CAP, STATE_FLOOR)             # (B, n, L, C)
+    rows = torch.stack(sums[:-1], 3).addcmul_(_exp(u, BONUS_CAP), XE)                           # (2, B, n, L, C)
+    rows.addcmul_(state_scale, carried.unsqueeze(3))
 
-    # Other chunks whose exponents spread more than RANGE below mu get their rows from the recurrence, one (batch,
-    # chunk, channel) at a time.
-    uw = uw.detach()
-    spread = (G.detach().amin(2) - mu_ref) + uw.clamp_max(0)                                # (B, n, C)
-    redo = (spread < -RANGE) | (uw > BONUS_CAP)                                              # (B, n, C)
-    redo[..., steep] = False
-    den_rows.index_fill_(3, steep, 1.0)
     if redo.any():
-        bi, ni, ci = redo.nonzero(as_tuple=True)                          # (F,) each: batch, chunk, channel
-        column = lambda x: x[bi, ni, :, ci].unsqueeze(-1)                 # noqa: E731  (F, L, 1)
-        rows = _stable_steps(w[ci, None], u[ci, None], column(k), column(v), sums[0][bi, ni, ci, None],
-                             sums[1][bi, ni, ci, None], start[bi, ni, ci, None])
-        where = (bi[:, None], ni[:, None], torch.arange(L, device=k.device), ci[:, None])
-        for x, exact in zip((num_rows, den_rows), rows):
-            x.index_put_(where, exact[..., 0])
-    return num_rows, den_rows, (sums, start), state
+        exact = _stable_steps(w[ci, None], u[ci, None], column(k)[..., None], column(v)[..., None],
+                              carried[0][bi, ni, ci, None], carried[1][bi, ni, ci, None], start[bi, ni, ci, None])
+        rows[:, bi[:, None], ni[:, None], torch.arange(L, device=k.device), ci[:, None]] = torch.stack(exact)[..., 0]
+    return rows, state
 
 
 def _torch_wkv4(w, u, k, v, num, den, mx):
     """The chunked path over a whole sequence, BLOCK tokens at a time (full chunks), then the last T % CHUNK tokens
-    as one shorter chunk; then the rows of the steep channels, all chunks at once."""
+    as one shorter chunk."""
     B, T, C = k.shape
-    # channels whose decay alone spans STEEP in a chunk take their rows from the recurrence
-    steep = ((CHUNK - 1) * -w - (u + w).clamp_max(0) > STEEP).detach().nonzero()[:, 0]     # (C_steep,)
     n = T // CHUNK
     segments = [(first, min(first + BLOCK, n * CHUNK), CHUNK) for first in range(0, n * CHUNK, BLOCK)]
     segments += [(n * CHUNK, T, T - n * CHUNK)] if T > n * CHUNK else []
-    ys, starts, state = [], [], (num, den, mx)
+    ys, state = [], (num, den, mx)
     for first, end, L in segments:
         chunks = lambda x: x[:, first:end].reshape(B, (end - first) // L, L, C)   # noqa: E731
-        num_rows, den_rows, at_start, state = _torch_chunks(w, u, chunks(k), chunks(v), *state, steep)
-        ys.append((num_rows / den_rows).reshape(B, end - first, C))
-        starts.append(at_start)
-    y = ys[0] if len(ys) == 1 else torch.cat(ys, 1)
-    if len(steep):
-        # the steep channels' rows, all chunks of one length at once
-        pick = lambda x: x.index_select(-1, steep)                        # noqa: E731
-        k_s, v_s = (x.flatten(0, 1).index_select(1, steep).view(B, T, -1) for x in (k, v))   # 2-D: a fast gather
-        y_steep = []
-        for L, group in itertools.groupby(zip(segments, starts), key=lambda pair: pair[0][2]):
-            group = list(group)                                           # consecutive segments of chunk length L
-            first, end = group[0][0][0], group[-1][0][1]
-            sums = pick(torch.cat([at_start[0] for _, at_start in group], 2))      # (2, B, n, C_steep)
-            start_max = pick(torch.cat([at_start[1] for _, at_start in group], 1))  # (B, n, C_steep)
-            chunks = lambda x: x[:, first:end].reshape(B, (end - first) // L, L, -1)   # noqa: E731
-            num_s, den_s = _stable_steps(pick(w), pick(u), chunks(k_s), chunks(v_s), sums[0], sums[1], start_max)
-            y_steep.append((num_s / den_s).reshape(B, end - first, -1))
-        y.index_copy_(2, steep, torch.cat(y_steep, 1))
-    return y, state
+        rows, state = _torch_chunks(w, u, chunks(k), chunks(v), *state)
+        ys.append((rows[0] / rows[1]).reshape(B, end - first, C))
+    return (ys[0] if len(ys) == 1 else torch.cat(ys, 1)), state
 
 
 # ----------------------------------------------------------------------------------------------------------------

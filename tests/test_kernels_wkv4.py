@@ -139,7 +139,7 @@ def test_gradients(rng, backend, B, T, C, dtype):
 
 
 def spiky_keys(rng, B, T, C):
-    """Keys of about 1 with a few of +-300: some chunks take the prefix sums, the others are redone."""
+    """Keys of about 1 with a few of +-300: some chunks take the in-chunk recurrence, the others are redone."""
     k = rng.uniform(-1, 1, size=(B, T, C))
     k[rng.random(size=k.shape) < 0.03] = 300.0 * rng.choice([-1.0, 1.0])
     return k
@@ -169,9 +169,12 @@ def test_large_keys(rng, backend, keys):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_steep_decay(rng, backend):
-    """|w| up to ~200: a chunk's prefix sums would span e^{-3000}; those chunks are redone token by token."""
+@pytest.mark.parametrize("decays", ["steep", "near 1"])
+def test_extreme_decays(rng, backend, decays):
+    """Steep: |w| up to ~200 and one channel at -1e4 (decays of e^-200 and 0 per step, and spans of e^-3000 over a
+    chunk). Near 1: |w| of about 1e-6, so that nothing fades within the sequence."""
     w, u, k, v, state = make_inputs(rng, 2, 35, 7, decay_scale=2.0, with_state=True)
+    w = torch.cat([w[:-1], torch.tensor([-1e4])]) if decays == "steep" else w * 1e-6 / w.abs().mean()
     y, new_state = wkv4(w, u, k, v, state, backend=backend)
     y_ref, state_ref = run_reference(w, u, k, v, state)
     assert_close(y, y_ref, FP32_BUDGET, "y")
@@ -223,23 +226,23 @@ def test_float64_torch(rng):
 
 
 def spy_on_redone_rows(monkeypatch):
-    """The torch backend's rows that come from the recurrence: 'slabs' of steep channels, or single 'columns'."""
+    """Records whether the torch backend redid the rows of any (batch, chunk, channel) column token by token."""
     calls = set()
     stable_steps = wkv4_module._stable_steps
 
-    def spy(w, u, k, *rest):
-        calls.add("slabs" if k.dim() == 4 else "columns")
-        return stable_steps(w, u, k, *rest)
+    def spy(*args):
+        calls.add("columns")
+        return stable_steps(*args)
 
     monkeypatch.setattr(wkv4_module, "_stable_steps", spy)
     return calls
 
 
-@pytest.mark.parametrize("path,key_scale,steep_w", [("prefix sums", 1.0, None), ("columns", 100.0, None),
-                                                    ("slabs", 1.0, -5.0)])
+@pytest.mark.parametrize("path,key_scale,steep_w", [("in-chunk recurrence", 1.0, None), ("columns", 100.0, None),
+                                                    ("in-chunk recurrence", 1.0, -5.0)])
 def test_gradcheck_torch(rng, monkeypatch, path, key_scale, steep_w):
-    """torch.autograd.gradcheck in float64 through each way the torch backend computes rows: prefix sums, chunks
-    redone for their key spread, channels redone for their steep decay."""
+    """torch.autograd.gradcheck in float64 through each way the torch backend computes rows: the in-chunk
+    recurrence (with moderate and with steep decays), and chunks redone for their key spread."""
     calls = spy_on_redone_rows(monkeypatch)
     w, u, k, v, state = make_inputs(rng, 2, 18, 2, dtype=torch.float64, key_scale=key_scale, decay_scale=0.3,
                                     with_state=True)   # one chunk and a remainder
@@ -251,11 +254,11 @@ def test_gradcheck_torch(rng, monkeypatch, path, key_scale, steep_w):
         return y, *new_state
 
     assert torch.autograd.gradcheck(op, [x.requires_grad_() for x in (w, u, k, v, *state)], fast_mode=True)
-    assert calls == ({path} - {"prefix sums"})
+    assert calls == ({path} - {"in-chunk recurrence"})
 
 
 def test_long_sequence_torch(rng, monkeypatch):
-    """Several blocks of chunks, a shorter last chunk, steep channels and spiky keys, against the reference and
+    """Several blocks of chunks, a shorter last chunk, a steep channel and spiky keys, against the reference and
     float64 autograd."""
     calls = spy_on_redone_rows(monkeypatch)
     B, T, C = 1, 2 * wkv4_module.BLOCK + wkv4_module.CHUNK + 5, 4
@@ -270,7 +273,7 @@ def test_long_sequence_torch(rng, monkeypatch):
     _, _, grads = with_grads(lambda *a: wkv4(*a, backend="torch"), w, u, k, v, state, gy, g_state)
     _, _, expected = with_grads(run_dense, w, u, k, v, state, gy, g_state)
     assert_all_close(GRAD_NAMES, grads, expected, FP32_BUDGET)
-    assert calls == {"slabs", "columns"}
+    assert calls == {"columns"}
 
 
 def test_default_backend_on_cpu_is_torch(rng):
