@@ -16,12 +16,14 @@ ordinary torch ops on both backends (autograd differentiates them). The scan pro
 
 - torch: chunks of CHUNK_LEN tokens, grouped into blocks of up to BLOCK_ELEMENTS per (tokens, batch, D, N) tensor
   that are processed one after the other (so memory is bounded whatever T is, and time is linear in T). Within a
-  block the recurrence runs over the positions of a chunk, each step updating every chunk of the block at once;
-  then the state entering each chunk follows with one step per chunk, and reaches each position through its
-  decay from the chunk's start, exp(A cumulative sum of delta) (log space). Those cumulative sums run from the
-  chunk's start forward (backward in the backward pass), so with A <= 0 (Mamba's A = -exp(A_log)) every exponent
-  is <= 0 and nothing overflows whatever delta is. The backward pass saves only the state at each block's start and
-  recomputes a block's states when it gets to it.
+  block: (1) the recurrence runs over the positions of a chunk from a zero entering state, each step updating
+  every chunk of the block at once, which gives each chunk's exit state; (2) the state entering each chunk follows
+  with one step per chunk, through the chunk's whole decay exp(A sum of delta) (log space: with A <= 0, Mamba's
+  A = -exp(A_log), the exponent is <= 0 and nothing overflows whatever delta is); (3) the recurrence runs over the
+  positions again, now from each chunk's true entering state, all chunks at once. Step (3) replaces the per-position
+  decays exp(A cumulative sum of delta) of the textbook chunked scan: one multiply-add per state element instead of
+  a product, an exponential and a multiply-add, with the same factors <= 1. The backward pass saves only the state
+  at each block's start and recomputes a block's states when it gets to it.
 - triton: one program per (batch, block of BLOCK_D channels); the state (BLOCK_D, N) lives in registers and the
   program walks time sequentially. The forward kernel stores the state every CHUNK tokens (CHUNK ~ sqrt(T)); the
   backward kernel walks the chunks in reverse, recomputes a chunk's states from its checkpoint into a scratch
@@ -60,33 +62,32 @@ def _from_chunks(x: torch.Tensor) -> torch.Tensor:
     return x.permute(1, 3, 2, 0).reshape(batch, K, n * L)
 
 
-def _chunked_scan(delta, A, alpha, hbuf, h0, reverse):
+def _chunked_scan(alpha, chunk_decay, hbuf, h0, reverse):
     """h_t = alpha_t h_{t-1} + w_t (reverse: h_t = alpha_t h_{t+1} + w_t), alpha_t = exp(delta_t A), t = c L + l.
 
-    delta: (L, batch, n, D); A: (D, N); alpha: (L, batch, n, D, N). hbuf: (L + 1, batch, n, D, N): on entry its step
-    slots (forward 1..L, reverse 0..L-1) hold w; on return they hold h, and the spare slot holds each chunk's
-    entering state (forward: slot 0, the state before the chunk; reverse: slot L, the state after it). So forward
-    hbuf[:-1] is h_{t-1} and reverse hbuf[1:] is h_{t+1}, at every t. h0: (batch, D, N), the state entering the
-    block. Returns the state leaving it.
+    alpha: (L, batch, n, D, N); chunk_decay: (batch, n, D, N), exp(A times the sum of delta over each chunk), the
+    product of its alphas. hbuf: (L + 1, batch, n, D, N): on entry its step slots (forward 1..L, reverse 0..L-1)
+    hold w; on return they hold h, and the spare slot holds each chunk's entering state (forward: slot 0, the state
+    before the chunk; reverse: slot L, the state after it). So forward hbuf[:-1] is h_{t-1} and reverse hbuf[1:] is
+    h_{t+1}, at every t. h0: (batch, D, N), the state entering the block. Returns the state leaving it.
     """
     L, n = alpha.shape[0], alpha.shape[2]
+    order = range(L - 1, -1, -1) if reverse else range(L)
     steps = hbuf[:-1] if reverse else hbuf[1:]                   # (L, batch, n, D, N)
     entry = hbuf[L] if reverse else hbuf[0]                      # (batch, n, D, N)
-    # 1. within each chunk, from a zero entering state: L - 1 steps, each over every chunk of the block at once
-    for l in (range(L - 2, -1, -1) if reverse else range(1, L)):
-        torch.addcmul(steps[l], alpha[l], steps[l + 1 if reverse else l - 1], out=steps[l])
-    # 2. the decay from the chunk's entry to each position, in log space: A times the cumulative sum of delta from
-    #    the entry. delta >= 0 and A <= 0 make every exponent <= 0: nothing overflows, whatever delta is.
-    summed = delta.flip(0).cumsum(0).flip(0) if reverse else delta.cumsum(0)   # (L, batch, n, D)
-    decay = torch.exp(summed[..., None] * A)                                   # (L, batch, n, D, N)
-    # 3. the entering states, one chunk after the other (the chunk's exit position carries it to the next)
-    exit_pos = 0 if reverse else L - 1
+    # 1. each chunk's exit state from a zero entering state: L steps, each over every chunk of the block at once
+    exit_state = steps[order[0]]
+    for l in order[1:]:
+        exit_state = torch.addcmul(steps[l], alpha[l], exit_state)
+    # 2. the entering states, one chunk after the other: the true entry, decayed over the chunk, plus that exit
     h = h0
     for c in (range(n - 1, -1, -1) if reverse else range(n)):
         entry[:, c] = h
-        h = torch.addcmul(steps[exit_pos, :, c], decay[exit_pos, :, c], h)
-    # 4. every position gets its chunk's entering state, decayed
-    steps.addcmul_(decay, entry)
+        h = torch.addcmul(exit_state[:, c], chunk_decay[:, c], h)
+    # 3. the states, from each chunk's true entering state: L steps again, over every chunk at once
+    before = entry
+    for l in order:
+        before = torch.addcmul(steps[l], alpha[l], before, out=steps[l])
     return h
 
 
@@ -97,8 +98,13 @@ def _block_states(u, delta, A, B, h0):
     alpha = torch.exp(dl[..., None] * A)                         # (L, batch, n, D, N)
     hbuf = alpha.new_empty((CHUNK_LEN + 1,) + alpha.shape[1:])
     torch.mul((dl * _to_chunks(u))[..., None], _to_chunks(B)[:, :, :, None, :], out=hbuf[1:])   # w = delta u B
-    h = _chunked_scan(dl, A, alpha, hbuf, h0, reverse=False)
+    h = _chunked_scan(alpha, _chunk_decay(dl, A), hbuf, h0, reverse=False)
     return dl, alpha, hbuf, h
+
+
+def _chunk_decay(dl, A):
+    """exp(A times the sum of delta over each chunk), (batch, n, D, N), in log space: <= 1 whatever delta is."""
+    return torch.exp(dl.sum(0)[..., None] * A)
 
 
 def _padded(compute, *tensors):
@@ -150,7 +156,7 @@ def _torch_scan_backward(u, delta, A, B, C, checkpoints, dy, dlast):
         g = dyl[..., None] * _to_chunks(C[..., sl])[:, :, :, None, :]            # dy_t C_t: (L, batch, n, D, N)
         nubuf = torch.empty_like(xbuf)
         torch.mul(alpha, g, out=nubuf[:-1])
-        nu = _chunked_scan(dl, A, alpha, nubuf, nu, reverse=True)
+        nu = _chunked_scan(alpha, _chunk_decay(dl, A), nubuf, nu, reverse=True)
         lam = nubuf[1:].add_(g)                                                  # lambda_t = dy_t C_t + nu_{t+1}
         lam_B = torch.einsum("lbcdn,lbcn->lbcd", lam, Bl)                       # sum_n lambda_t B_t
         dC[..., sl] = _from_chunks(torch.einsum("lbcd,lbcdn->lbcn", dyl, xbuf[1:]))
