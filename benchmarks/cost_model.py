@@ -164,10 +164,34 @@ def wkv7_bwd(B, T, H, N, dtype, block_v, programs, ck):
     return total
 
 
+def wkv7_chunked_fwd(B, T, H, N, dtype, block_v, block_k, programs, ck, save):
+    """_wkv7_chunked_fwd_kernel. Per (chunk of CK steps, program), with BK = block_k, BV = block_v:
+    first loop, per key block: loads the state tile (BV BK fp32; stored again as the checkpoint with SAVE_CKPT) and
+    the (CK, BK) tiles of log_w, a, r, b, k; 3 CK BK exp (e^{-c}, e^{c - log_w}, e^c); products: the four couplings
+    (2 CK CK BK each) and a~ S^T, r~ S^T (2 CK BV BK each); about 7 CK BK elementwise FLOPs (cumsum, differences,
+    the five scalings). Then (I - A)^{-1} (6 products of CK^3, 2 FLOPs a term), U and Y (4 products of 2 CK CK BV);
+    loads v, stores y (CK BV). Second loop, per key block: loads log_w, b, k (CK BK) and the state tile, stores it;
+    BK + CK BK exp; two products of 2 BV CK BK; about 5 CK BK + 3 BV BK elementwise FLOPs. Plus the initial state
+    copied into the output (BV N fp32 read and written per program). The products are fp32 IEEE for every input
+    dtype (the tiles are fp32 after scaling), so they run on the FMA units: counted with the other FLOPs."""
+    s = DTYPE_BYTES[dtype]
+    blocks = N // block_k
+    tile_k, state_tile = ck * block_k, block_v * block_k * 4
+    first = Cost(bytes=state_tile * (1 + save) + 5 * tile_k * s, transcendentals=3 * tile_k,
+                 flops=4 * 2 * ck * ck * block_k + 2 * 2 * ck * block_v * block_k + 7 * tile_k)
+    middle = Cost(bytes=2 * ck * block_v * s, flops=6 * 2 * ck ** 3 + 4 * 2 * ck * ck * block_v)
+    second = Cost(bytes=2 * state_tile + 3 * tile_k * s, transcendentals=block_k + tile_k,
+                  flops=2 * 2 * block_v * ck * block_k + 5 * tile_k + 3 * block_v * block_k)
+    per_chunk = blocks * first + middle + blocks * second
+    return (_cdiv(T, ck) * per_chunk + Cost(bytes=2 * block_v * N * 4)) * programs
+
+
 def wkv7_models(B=1, T=2048, H=12, N=64):
-    from kernels.wkv7 import CHECKPOINT, _grid, _launch_config
+    from kernels.wkv7 import CHECKPOINT, CHUNKED_BLOCK_K, _chunked_launch_config, _grid, _launch_config
     block_v, _ = _launch_config(N)
     programs = math.prod(_grid(B, H, N))
+    chunked_v, _ = _chunked_launch_config(N)
+    chunked_programs = math.prod(_grid(B, H, N, _chunked_launch_config))
     shape = f"B={B} T={T} H={H} N={N}"
     out = []
     for dtype in ("fp32", "bf16"):
@@ -177,6 +201,11 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
         out += [Model("wkv7", f"wkv7_fwd N={N} {dtype}", shape, B * T, dtype,
                       wkv7_fwd(B, T, H, N, dtype, block_v, programs, CHECKPOINT, False), programs, T, True,
                       7 * seq * s + state, "inference (no checkpoints); the AOT build is of the checkpointing variant"),
+                Model("wkv7", f"wkv7_chunked_fwd N={N} {dtype}", shape, B * T, dtype,
+                      wkv7_chunked_fwd(B, T, H, N, dtype, chunked_v, CHUNKED_BLOCK_K, chunked_programs, CHECKPOINT,
+                                       False),
+                      chunked_programs, _cdiv(T, CHECKPOINT), False, 7 * seq * s + 2 * state,
+                      "chunked=True, inference; the AOT build is of the checkpointing variant"),
                 Model("wkv7", f"wkv7_bwd N={N} {dtype}", shape, B * T, dtype,
                       wkv7_bwd(B, T, H, N, dtype, block_v, programs, CHECKPOINT), programs, 2 * T, False,
                       seq * (7 * s + 24) + state * (_cdiv(T, CHECKPOINT) + 2))]

@@ -44,6 +44,14 @@ The key-vector gradients (dr, dk, da, db, dlog_w) are sums over value rows: each
 with fp32 atomic adds (no per-block copies of them in memory; on a GPU the order of the adds, hence the last bits
 of these gradients, can differ between runs). T need not be a multiple of anything: steps past T read log_w = 0
 and zeros elsewhere, which leaves the state unchanged.
+
+Chunked Triton forward (wkv7(..., chunked=True)): the torch path's factored WY form in one kernel, one program per
+(batch, head, 16 value rows), walking chunks of 16 steps: T / 16 serial steps instead of T, each a few dozen
+(16, 16) tile products, about 2.4x the arithmetic of the sequential kernel at N = 64. The state lives in the output
+buffer rather than in registers, so that every product is of (16, 16) tiles (fp32 products keep whole operand rows
+in each thread: (16, N) tiles need 168-255 registers and a stack). It saves the same checkpoints as the sequential
+forward (its chunks are the checkpoint intervals), so the backward kernel is shared. It takes head sizes from 16
+whose chunks pass _factors_in_range (RWKV-7's decays always do); the sequential kernel runs the rest.
 """
 from __future__ import annotations
 
@@ -104,6 +112,14 @@ def _unit_lower_inverse(A):
                       torch.cat([Z_inv @ A[..., h:, :h] @ X_inv, Z_inv], -1)], -2)
 
 
+def _factors_in_range(c):
+    """Whether every chunk's couplings may take the factored form exp(c_i - c_j) = e^{c_i} e^{-c_j}: c, the
+    cumulative log decays from each chunk's start (any layout), spans at most RANGE. Every chunk's c, and 0, lie in
+    [min(c, 0), max(c, 0)], a bound on its spread."""
+    lo, hi = c.aminmax()
+    return (hi.clamp(min=0) - lo.clamp(max=0)).item() <= RANGE
+
+
 def _add_matmul(C, A, B):
     """C + A @ B for (chunks, BH, ., .) tensors, without a temporary for A @ B."""
     return torch.baddbmm(C.flatten(0, 1), A.flatten(0, 1), B.flatten(0, 1)).view(C.shape)
@@ -129,8 +145,7 @@ def _wkv7_torch(r, log_w, k, v, a, b, state):
     e_c = torch.exp(c)
     a_t = F.pad(e_c[..., :-1, :], (0, 0, 1, 0), value=1.0) * a          # a_i e^{c_{i-1}}
     r_t = e_c * r                                                        # r_i e^{c_i}
-    lo, hi = c.aminmax()             # every chunk's c, and 0, lie in [min(lo, 0), max(hi, 0)]: a bound on its spread
-    if (hi.clamp(min=0) - lo.clamp(max=0)).item() <= RANGE:
+    if _factors_in_range(c):
         e_neg = torch.reciprocal(e_c)                                    # e^{-c_j}, below e^RANGE
         b_s, k_s = e_neg * b, e_neg * k                                  # b_j e^{-c_j}, k_j e^{-c_j}
         A_ab, A_ak = (a_t @ b_s.mT).tril(-1), (a_t @ k_s.mT).tril(-1)    # (chunks, BH, L, L)
@@ -225,6 +240,114 @@ def _wkv7_fwd_kernel(
 
 
 @triton.jit
+def _load_chunk(ptr, off, t0, T, stride_t, cols, CK: tl.constexpr):
+    """Steps t0 .. t0 + CK - 1 of one head at columns cols, as a (CK, len(cols)) fp32 tile; steps past T read 0."""
+    steps = t0 + tl.arange(0, CK)
+    live = (steps < T)[:, None] & (cols[None, :] >= 0)          # a full-shape mask: the interpreter wants one
+    return tl.load(ptr + off + steps[:, None] * stride_t + cols[None, :], mask=live, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _dot(x, y):
+    """x @ y with fp32 products (no TF32): the factored couplings carry factors up to e^RANGE."""
+    return tl.dot(x, y, input_precision="ieee")
+
+
+@triton.jit
+def _wkv7_chunked_fwd_kernel(
+    r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs, contiguous, one float dtype
+    state0_ptr,          # (B, H, N, N) fp32 initial state, read when HAS_STATE0
+    y_ptr,               # (B, T, H, N) output, input dtype
+    state_ptr,           # (B, H, N, N) fp32: the state as it advances (each program its rows), the final state
+    ckpt_ptr,            # (B * H, cdiv(T, CK), N, N) fp32: states entering steps 0, CK, 2 CK, ... (SAVE_CKPT)
+    T, H,                # sequence length, heads
+    N: tl.constexpr,         # head size, a power of two >= 16
+    BLOCK_V: tl.constexpr,   # value rows (of S) per program, 16: tl.dot's smallest tile
+    BLOCK_K: tl.constexpr,   # keys per step of the loops over keys, 16
+    CK: tl.constexpr,        # steps per chunk, 16: also the checkpoint interval, so the backward kernel can use them
+    HAS_STATE0: tl.constexpr,  # start from state0 (else from zeros)
+    SAVE_CKPT: tl.constexpr,   # write the checkpoints (a gradient will be wanted)
+):
+    """The torch path's chunked WY form (module docstring), one chunk of CK steps per iteration, the caller having
+    checked _factors_in_range. Per chunk, a first loop over blocks of BLOCK_K keys sums the couplings and the
+    products of a~ and r~ with the state; (I - A_ab)^{-1} = (I + A)(I + A^2)(I + A^4)(I + A^8) (A strictly lower
+    triangular: A^16 = 0); then U and Y; a second loop over keys updates the state. The state lives in state_ptr,
+    not in registers, so that every product is of (16, 16) tiles: a register tile of the whole (16, N) block would
+    not fit (the fp32 products keep whole rows of their operands in each thread)."""
+    pid_bh = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    head_state = pid_bh.to(tl.int64) * N * N
+    seq = (pid_bh // H).to(tl.int64) * T * H * N + (pid_bh % H) * N
+    stride_t = tl.cast(H * N, tl.int64)
+    for k0 in range(0, N, BLOCK_K):                 # the initial state into state_ptr
+        tile = rows[:, None] * N + (k0 + tl.arange(0, BLOCK_K))[None, :]
+        if HAS_STATE0:
+            tl.store(state_ptr + head_state + tile, tl.load(state0_ptr + head_state + tile))
+        else:
+            tl.store(state_ptr + head_state + tile, tl.zeros((BLOCK_V, BLOCK_K), dtype=tl.float32))
+    i = tl.arange(0, CK)
+    before = i[None, :] < i[:, None]                 # j < i
+    eye = (i[:, None] == i[None, :]).to(tl.float32)
+    n_chunks = tl.cdiv(T, CK)
+    for chunk in range(n_chunks):
+        t0 = chunk * CK
+        tl.debug_barrier()                           # the state stored by all threads is read below
+        A_ab = tl.zeros((CK, CK), dtype=tl.float32)  # couplings, summed over key blocks
+        A_ak = tl.zeros((CK, CK), dtype=tl.float32)
+        Q_rb = tl.zeros((CK, CK), dtype=tl.float32)
+        Q_rk = tl.zeros((CK, CK), dtype=tl.float32)
+        aS = tl.zeros((CK, BLOCK_V), dtype=tl.float32)   # rows a~_i S^T
+        rS = tl.zeros((CK, BLOCK_V), dtype=tl.float32)   # rows r~_i S^T
+        for k0 in range(0, N, BLOCK_K):
+            keys = k0 + tl.arange(0, BLOCK_K)
+            tile = rows[:, None] * N + keys[None, :]
+            S = tl.load(state_ptr + head_state + tile)                      # (BLOCK_V, BLOCK_K)
+            if SAVE_CKPT:
+                tl.store(ckpt_ptr + (pid_bh.to(tl.int64) * n_chunks + chunk) * N * N + tile, S)
+            log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CK)  # (CK, BLOCK_K); 0 past T: no decay
+            c = tl.cumsum(log_w, axis=0)                                    # c_i
+            e_neg = tl.exp(-c)                                              # e^{-c_j}, below e^RANGE
+            a_t = _load_chunk(a_ptr, seq, t0, T, stride_t, keys, CK) * tl.exp(c - log_w)   # a_i e^{c_{i-1}}
+            r_t = _load_chunk(r_ptr, seq, t0, T, stride_t, keys, CK) * tl.exp(c)          # r_i e^{c_i}
+            b_s = tl.trans(_load_chunk(b_ptr, seq, t0, T, stride_t, keys, CK) * e_neg)    # (BLOCK_K, CK)
+            k_s = tl.trans(_load_chunk(k_ptr, seq, t0, T, stride_t, keys, CK) * e_neg)
+            A_ab += _dot(a_t, b_s)
+            A_ak += _dot(a_t, k_s)
+            Q_rb += _dot(r_t, b_s)
+            Q_rk += _dot(r_t, k_s)
+            aS += _dot(a_t, tl.trans(S))
+            rS += _dot(r_t, tl.trans(S))
+        A_ab = tl.where(before, A_ab, 0.0)
+        A_ak = tl.where(before, A_ak, 0.0)
+        Q_rb = tl.where(before | (eye > 0), Q_rb, 0.0)                     # j <= i
+        Q_rk = tl.where(before | (eye > 0), Q_rk, 0.0)
+        T_inv = eye + A_ab                                                  # (I - A_ab)^{-1}
+        power = A_ab
+        for _ in tl.static_range(3):
+            power = _dot(power, power)
+            T_inv += _dot(T_inv, power)
+        v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CK)             # (CK, BLOCK_V): this program's rows
+        U = _dot(T_inv, aS + _dot(A_ak, v))                                 # rows u_j = S_{j-1} a_j
+        Y = rS + _dot(Q_rb, U) + _dot(Q_rk, v)                              # rows y_i = S_i r_i
+        steps = t0 + i
+        tl.store(y_ptr + seq + steps[:, None] * stride_t + rows[None, :], Y.to(y_ptr.dtype.element_ty),
+                 mask=(steps < T)[:, None] & (rows[None, :] >= 0))
+        tl.debug_barrier()                           # every thread has read this chunk's state before it changes
+        for k0 in range(0, N, BLOCK_K):              # S <- S diag(e^{c_L}) + U^T B^ + V^T K^
+            keys = k0 + tl.arange(0, BLOCK_K)
+            tile = rows[:, None] * N + keys[None, :]
+            log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CK)
+            decay = tl.exp(tl.sum(log_w, axis=0))                           # e^{c_L}
+            to_end = decay[None, :] * tl.exp(-tl.cumsum(log_w, axis=0))     # e^{c_L - c_j}
+            b_hat = _load_chunk(b_ptr, seq, t0, T, stride_t, keys, CK) * to_end
+            k_hat = _load_chunk(k_ptr, seq, t0, T, stride_t, keys, CK) * to_end
+            S = tl.load(state_ptr + head_state + tile)
+            S = S * decay[None, :] + _dot(tl.trans(U), b_hat) + _dot(tl.trans(v), k_hat)
+            tl.store(state_ptr + head_state + tile, S)
+
+
+@triton.jit
 def _wkv7_bwd_kernel(
     r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs of the forward, contiguous
     dy_ptr,              # (B, T, H, N) gradient of y, contiguous, input dtype
@@ -297,21 +420,43 @@ def _launch_config(N):
     return min(16, N // 2), 4
 
 
-def _grid(B, H, N):
-    return (B * H, N // _launch_config(N)[0])
+CHUNKED_BLOCK_K = 16   # keys per step of the chunked forward's loops over keys
 
 
-def _triton_forward(r, log_w, k, v, a, b, state0, save_checkpoints):
+def _chunked_launch_config(N):
+    """(BLOCK_V, num_warps) of the chunked forward: 16 value rows per program, tl.dot's smallest tile; its tiles
+    are (16, 16), one element a thread over 8 warps (fp32 inputs at 4 warps need 168-255 registers and a stack)."""
+    return 16, 8
+
+
+def _grid(B, H, N, launch_config=_launch_config):
+    return (B * H, N // launch_config(N)[0])
+
+
+def _use_chunked_forward(log_w):
+    """Whether the chunked forward takes these decays: head sizes from 16 (tl.dot's smallest tile) whose chunks pass
+    _factors_in_range. The sequential kernel takes the rest (decays far stronger than RWKV-7's, small heads)."""
+    B, T, H, N = log_w.shape
+    if N < CHUNKED_BLOCK_K:
+        return False
+    pad = -T % CHECKPOINT
+    c = F.pad(log_w, (0, 0, 0, 0, 0, pad)).view(B, -1, CHECKPOINT, H, N).float().cumsum(2)
+    return _factors_in_range(c)
+
+
+def _triton_forward(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
     B, T, H, N = r.shape
-    block_v, num_warps = _launch_config(N)
+    kernel, config = ((_wkv7_chunked_fwd_kernel, _chunked_launch_config) if chunked and _use_chunked_forward(log_w)
+                      else (_wkv7_fwd_kernel, _launch_config))
+    block_v, num_warps = config(N)
     y = new_output((B, T, H, N), r.dtype, r.device)
     state = new_output((B, H, N, N), torch.float32, r.device)
     ckpt = (new_output((B * H, triton.cdiv(T, CHECKPOINT), N, N), torch.float32, r.device) if save_checkpoints
             else state)                              # not written without SAVE_CKPT
-    _wkv7_fwd_kernel[_grid(B, H, N)](
+    kernel[_grid(B, H, N, config)](
         r, log_w, k, v, a, b, state0 if state0 is not None else state, y, state, ckpt, T, H,
         N=N, BLOCK_V=block_v, CK=CHECKPOINT, HAS_STATE0=state0 is not None, SAVE_CKPT=save_checkpoints,
-        num_warps=num_warps)
+        num_warps=num_warps, **({"BLOCK_K": CHUNKED_BLOCK_K} if kernel is _wkv7_chunked_fwd_kernel else {}))
     return y, state, ckpt
 
 
@@ -336,9 +481,9 @@ class _Wkv7Triton(torch.autograd.Function):
     wanted (wkv7 calls the forward alone otherwise, as wkv4 does)."""
 
     @staticmethod
-    def forward(ctx, r, log_w, k, v, a, b, state0):
+    def forward(ctx, r, log_w, k, v, a, b, state0, chunked):
         ctx.set_materialize_grads(False)
-        y, state, ckpt = _triton_forward(r, log_w, k, v, a, b, state0, save_checkpoints=True)
+        y, state, ckpt = _triton_forward(r, log_w, k, v, a, b, state0, save_checkpoints=True, chunked=chunked)
         ctx.save_for_backward(r, log_w, k, v, a, b, ckpt)
         return y, state
 
@@ -348,14 +493,14 @@ class _Wkv7Triton(torch.autograd.Function):
         dy = torch.zeros_like(r) if dy is None else dy.contiguous()
         dstate = None if dstate is None else dstate.contiguous().float()
         grads = _triton_backward(r, log_w, k, v, a, b, ckpt, dy, dstate)
-        return grads[:6] + (grads[6] if ctx.needs_input_grad[6] else None,)
+        return grads[:6] + (grads[6] if ctx.needs_input_grad[6] else None, None)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Public function
 # ----------------------------------------------------------------------------------------------------------------
 
-def wkv7(r, log_w, k, v, a, b, state=None, backend=None):
+def wkv7(r, log_w, k, v, a, b, state=None, backend=None, chunked=False):
     """S_t = S_{t-1} diag(exp(log_w_t)) + (S_{t-1} a_t) b_t^T + v_t k_t^T,  y_t = S_t r_t.
 
     r, log_w, k, v, a, b: (B, T, H, N), one float dtype (fp32, fp16, bf16; float64 on the torch backend), T >= 1;
@@ -364,7 +509,11 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None):
     for float64 inputs). Feeding a sequence in pieces, each with the state the last returned, gives the same as
     feeding it whole. backend: None (Triton for CUDA tensors, torch otherwise), "torch" or "triton" (on CPU
     tensors it needs TRITON_INTERPRET=1 before triton is imported); the Triton backend needs N a power of two
-    >= 4. Differentiable on both backends with respect to every input and the initial state.
+    >= 4. chunked (Triton backend; the torch backend is always chunked): run the forward as the chunked WY form,
+    T / 16 serial steps of (16, 16) tile products instead of T steps (about 2.4x the arithmetic at N = 64), where it
+    applies (N >= 16, every chunk's log decays within RANGE, as RWKV-7's always are); the sequential kernel runs the
+    rest. Not timed on a GPU here: which is faster depends on the GPU, the batch and T. The backward is the same.
+    Differentiable on both backends with respect to every input and the initial state.
     Source: the RWKV-7 post https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 and arXiv:2503.14456.
     """
     check_tensor("r", r, (None, None, None, None))
@@ -376,6 +525,8 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None):
     dtype = check_same_dtype(r=r, log_w=log_w, k=k, v=v, a=a, b=b)
     device = check_devices(r=r, log_w=log_w, k=k, v=v, a=a, b=b, state=state)
     backend = resolve_backend(backend, device)
+    if not isinstance(chunked, bool):
+        raise TypeError(f"chunked must be True or False, got {chunked!r}")
     check_backend_dtype(backend, dtype)
     state_dtype = accumulation_dtype(dtype)
     if state is not None:
@@ -389,8 +540,8 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None):
         raise ValueError(f"backend='triton' needs a head size N that is a power of two >= 4, got N = {N}")
     args = (*(x.contiguous() for x in (r, log_w, k, v, a, b)), None if state is None else state.contiguous())
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args):
-        return _Wkv7Triton.apply(*args)
-    y, state, _ = _triton_forward(*args, save_checkpoints=False)          # inference: no checkpoints to keep
+        return _Wkv7Triton.apply(*args, chunked)
+    y, state, _ = _triton_forward(*args, save_checkpoints=False, chunked=chunked)   # inference: no checkpoints
     return y, state
 
 
@@ -399,17 +550,22 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None):
 # ----------------------------------------------------------------------------------------------------------------
 
 def aot_kernels():
-    """Forward (with checkpoints) and backward at head size 64 and 128, fp32 and bf16 inputs."""
+    """The sequential and chunked forwards (with checkpoints) and the backward at head size 64 and 128, fp32 and bf16
+    inputs."""
     from kernels.aot import AotKernel, signature
     kernels = []
     for N in (64, 128):
-        block_v, num_warps = _launch_config(N)
         for dtype in ("fp32", "bf16"):
             # pointers in the input dtype; the others are fp32 (states, checkpoints, gradients summed by atomics)
             types = {**{a: f"*{dtype}" for a in ("r_ptr", "log_w_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "y_ptr",
                                                  "dy_ptr")}, "T": "i32", "H": "i32"}
-            for fn, label, flags in ((_wkv7_fwd_kernel, "wkv7_fwd", {"HAS_STATE0": True, "SAVE_CKPT": True}),
-                                     (_wkv7_bwd_kernel, "wkv7_bwd", {"HAS_DSTATE": True})):
+            forward = {"HAS_STATE0": True, "SAVE_CKPT": True}
+            for fn, label, flags, config in (
+                    (_wkv7_fwd_kernel, "wkv7_fwd", forward, _launch_config),
+                    (_wkv7_chunked_fwd_kernel, "wkv7_chunked_fwd", {**forward, "BLOCK_K": CHUNKED_BLOCK_K},
+                     _chunked_launch_config),
+                    (_wkv7_bwd_kernel, "wkv7_bwd", {"HAS_DSTATE": True}, _launch_config)):
+                block_v, num_warps = config(N)
                 constexprs = {"N": N, "BLOCK_V": block_v, "CK": CHECKPOINT, **flags}
                 kernels.append(AotKernel(f"{label} N={N} {dtype}", fn, signature(fn, constexprs, types, "*fp32"),
                                          constexprs, num_warps))

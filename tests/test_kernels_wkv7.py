@@ -45,13 +45,13 @@ def truth(x, S0, with_state, dtype, state_dtype):
     return x, y, S, grads, gy, gS
 
 
-def check_against_truth(rng, shape, decay, with_state, dtype, backend, budget):
+def check_against_truth(rng, shape, decay, with_state, dtype, backend, budget, **options):
     x_np, S0_np = rwkv7_inputs(rng, *shape, decay)
     state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     x64, y_true, S_true, grads_true, gy, gS = truth(x_np, S0_np, with_state, dtype, state_dtype)
     x = [z.detach().to(dtype).requires_grad_() for z in x64]
     S0 = torch.tensor(S0_np, dtype=state_dtype, requires_grad=True) if with_state else None
-    y, S = kw.wkv7(*x, state=S0, backend=backend)
+    y, S = kw.wkv7(*x, state=S0, backend=backend, **options)
     assert y.dtype == dtype and S.dtype == state_dtype
     assert_close(y, y_true, budget, f"{backend} y")
     assert_close(S, S_true, budget, f"{backend} final state")
@@ -138,40 +138,67 @@ def test_torch_split_sequence_equals_whole(T, cuts, seed):
 # Triton backend (interpreter): tiny shapes, the interpreter runs every program step by step
 # ----------------------------------------------------------------------------------------------------------------
 
+def spy_on_chunked_forward(monkeypatch):
+    """The answers of _use_chunked_forward, one per Triton forward that asked (chunked=True)."""
+    answers, choose = [], kw._use_chunked_forward
+    monkeypatch.setattr(kw, "_use_chunked_forward", lambda log_w: answers.append(choose(log_w)) or answers[-1])
+    return answers
+
+
+@pytest.fixture(params=[False, True], ids=["sequential", "chunked"])
+def chunked(request, monkeypatch):
+    """Run a Triton test on both forward kernels: the sequential one (the default) and the chunked one (it takes
+    every case it is used on: head sizes >= 16, RWKV-7's decays). The backward kernel is the same for both."""
+    answers = spy_on_chunked_forward(monkeypatch)
+    yield request.param
+    assert answers == [True] * len(answers) and bool(answers) == request.param
+
+
 @pytest.mark.parametrize("shape, decay, with_state", [
     ((2, 20, 1, 16), "mixed", True),         # batch > 1, T past one checkpoint interval and not a multiple of it
     ((1, 1, 1, 16), "strong", False),        # T = 1
     ((1, 17, 2, 16), "weak", True),          # odd T, two heads
     ((1, 5, 1, 64), "strong", True),         # head size 64
+    ((1, 18, 1, 16), "growing", True),       # log_w > 0 (a growing state): the formula is defined for any log_w
 ])
 @needs_triton
-def test_triton_fp32(rng, shape, decay, with_state):
-    check_against_truth(rng, shape, decay, with_state, torch.float32, "triton", FP32_BUDGET)
+def test_triton_fp32(rng, chunked, shape, decay, with_state):
+    check_against_truth(rng, shape, decay, with_state, torch.float32, "triton", FP32_BUDGET, chunked=chunked)
 
 
 @needs_triton
-def test_triton_fp16(rng):
-    check_against_truth(rng, (1, 19, 1, 16), "mixed", True, torch.float16, "triton", FP16_BUDGET)
+@pytest.mark.parametrize("decay, N", [("extreme", 16), ("mixed", 8)])
+def test_triton_sequential_kernel_takes_the_rest(rng, monkeypatch, decay, N):
+    """With chunked=True, what the chunked forward does not take runs on the sequential kernel, exactly: decays
+    down to exp(-1e4) (the factored couplings would need e^{-c} = inf), and head sizes below tl.dot's 16."""
+    answers = spy_on_chunked_forward(monkeypatch)
+    check_against_truth(rng, (1, 40, 2, N), decay, True, torch.float32, "triton", FP32_BUDGET, chunked=True)
+    assert answers and not any(answers)
 
 
 @needs_triton
-def test_triton_split_sequence_equals_whole(rng):
+def test_triton_fp16(rng, chunked):
+    check_against_truth(rng, (1, 19, 1, 16), "mixed", True, torch.float16, "triton", FP16_BUDGET, chunked=chunked)
+
+
+@needs_triton
+def test_triton_split_sequence_equals_whole(rng, chunked):
     x_np, S0_np = rwkv7_inputs(rng, 1, 21, 1, 16)
     x, S0 = [torch.tensor(z, dtype=torch.float32) for z in x_np], torch.tensor(S0_np, dtype=torch.float32)
-    y_whole, S_whole = kw.wkv7(*x, state=S0, backend="triton")
-    y1, S1 = kw.wkv7(*(z[:, :8] for z in x), state=S0, backend="triton")
-    y2, S2 = kw.wkv7(*(z[:, 8:] for z in x), state=S1, backend="triton")
+    y_whole, S_whole = kw.wkv7(*x, state=S0, backend="triton", chunked=chunked)
+    y1, S1 = kw.wkv7(*(z[:, :8] for z in x), state=S0, backend="triton", chunked=chunked)
+    y2, S2 = kw.wkv7(*(z[:, 8:] for z in x), state=S1, backend="triton", chunked=chunked)
     assert_close(torch.cat([y1, y2], 1), y_whole, FP32_BUDGET, "y in pieces")
     assert_close(S2, S_whole, FP32_BUDGET, "state in pieces")
 
 
 @needs_triton
-def test_triton_gradient_of_final_state_only(rng):
+def test_triton_gradient_of_final_state_only(rng, chunked):
     """A loss of the final state alone (y unused): the backward gets no gradient for y."""
     x_np, S0_np = rwkv7_inputs(rng, 1, 6, 1, 16)
     x = [torch.tensor(z, dtype=torch.float32, requires_grad=True) for z in x_np]
     S0 = torch.tensor(S0_np, dtype=torch.float32, requires_grad=True)
-    _, S = kw.wkv7(*x, state=S0, backend="triton")
+    _, S = kw.wkv7(*x, state=S0, backend="triton", chunked=chunked)
     grads = torch.autograd.grad(S.square().sum(), x + [S0])
     x64 = [z.detach().double().requires_grad_() for z in x + [S0]]
     _, S_true = recurrence(*x64)
@@ -218,6 +245,8 @@ def test_bad_input():
         kw.wkv7(*x[:5], x[5].to("meta"))
     with pytest.raises(ValueError, match="backend must be one of"):
         kw.wkv7(*x, backend="cuda")
+    with pytest.raises(TypeError, match="chunked must be True or False, got 'yes'"):
+        kw.wkv7(*x, chunked="yes")
     if HAS_TRITON:   # without triton, backend='triton' is refused before these checks
         with pytest.raises(TypeError, match="backend='triton' takes dtypes"):
             kw.wkv7(*small_inputs(torch.float64), backend="triton")
