@@ -25,10 +25,11 @@ attention_hidden_size A != C the three WKV arrays are (B, A, L).
 Rescaling (RwkvConfig.rescale_every = n > 0, at inference): transformers divides the weights attention.output and
 feed_forward.value of block i by 2^(i // n) and the residual stream by 2 after every n-th block, so that fp16 does
 not overflow. LayerNorm undoes a scale, so this changes the result only through the LayerNorms' eps.
-NumPy only (plus the sibling wkv4.py); float64 throughout.
+NumPy only (plus the siblings wkv4.py, and ssm.py for the sigmoid); float64 throughout.
 """
 import numpy as np
 
+from reference.ssm import sigmoid
 from reference.wkv4 import INITIAL_MAX, wkv4
 
 STATE_NAMES = ("ffn_x_prev", "att_x_prev", "att_num", "att_den", "att_max")
@@ -41,12 +42,6 @@ def layer_norm(x, weight, bias, eps):
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
     return (x - mean) / np.sqrt(var + eps) * weight + bias
-
-
-def sigmoid(x):
-    """1 / (1 + e^{-x}) = e^{-log(1 + e^{-x})}, elementwise; logaddexp never overflows and keeps full relative
-    precision for large negative x."""
-    return np.exp(-np.logaddexp(0.0, -x))
 
 
 def token_shift(x, x_prev):

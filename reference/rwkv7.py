@@ -38,6 +38,8 @@ import re
 
 import numpy as np
 
+from reference.rwkv4 import token_shift
+from reference.ssm import sigmoid, softplus
 from reference.wkv7 import wkv7
 
 LAYER_NORM_EPS = 1e-5
@@ -102,19 +104,6 @@ def layer_norm(x, weight, bias, eps=LAYER_NORM_EPS):
     """(x - mean) / sqrt(var + eps) * weight + bias over the last axis."""
     mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
     return (x - mean) / np.sqrt(var + eps) * weight + bias
-
-
-def sigmoid(x):
-    return np.exp(-np.logaddexp(0.0, -x))                                # = 1 / (1 + e^-x), never overflows
-
-
-def softplus(x):
-    return np.logaddexp(0.0, x)                                          # log(1 + e^x)
-
-
-def token_shift(x, x_prev):
-    """The previous token's x for every t: (x_prev, x_0, ..., x_{T-2}); x (B, T, C), x_prev (B, C)."""
-    return np.concatenate([x_prev[:, None], x[:, :-1]], axis=1)          # (B, T, C)
 
 
 def log_decay(xw, w0, w1, w2):

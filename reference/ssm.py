@@ -267,9 +267,15 @@ def softplus(x):
     return np.logaddexp(0.0, x)
 
 
+def sigmoid(x):
+    """1 / (1 + e^{-x}) = e^{-log(1 + e^{-x})}, elementwise; logaddexp never overflows and keeps full relative
+    precision for large negative x."""
+    return np.exp(-np.logaddexp(0.0, -x))
+
+
 def silu(x):
-    """x sigmoid(x), with sigmoid(x) = (1 + tanh(x / 2)) / 2, which never overflows."""
-    return x * 0.5 * (1.0 + np.tanh(0.5 * x))
+    """x sigmoid(x)."""
+    return x * sigmoid(x)
 
 
 def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, state=None,

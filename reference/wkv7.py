@@ -106,15 +106,14 @@ def wkv7_transition_product(r, log_w, k, v, a, b, state=None):
     return y, S
 
 
-def _pair_decay(log_w, strict):
-    """exp(sum of log_w over steps j+1 .. i) for j <= i, or over j+1 .. i-1 for j < i (strict), else 0:
-    (B, H, L, L, N) from log_w (B, H, L, N). Each exponent sums its own steps: as a difference of two cumulative sums
-    (c_i - c_j) it would cancel, and one decay of e^-1e4 early in a chunk would leave errors of 1e4 eps in every
-    later pair."""
+def _pair_decay(log_w):
+    """exp(sum of log_w over steps j+1 .. i) for j <= i, else 0: (B, H, L, L, N) from log_w (B, H, L, N). Each
+    exponent sums its own steps: as a difference of two cumulative sums (c_i - c_j) it would cancel, and one decay
+    of e^-1e4 early in a chunk would leave errors of 1e4 eps in every later pair."""
     L = log_w.shape[2]
     i, j, m = np.ogrid[:L, :L, :L]
-    in_segment = ((j < m) & (m <= i - strict)).astype(log_w.dtype)                 # (L, L, L): steps of pair (i, j)
-    below = np.tril(np.ones((L, L), dtype=bool), -1 if strict else 0)[:, :, None]  # (L, L, 1)
+    in_segment = ((j < m) & (m <= i)).astype(log_w.dtype)                         # (L, L, L): steps of pair (i, j)
+    below = np.tril(np.ones((L, L), dtype=bool))[:, :, None]                       # (L, L, 1)
     exponent = np.einsum("ijm,bhmn->bhijn", in_segment, log_w)                     # (B, H, L, L, N)
     return np.exp(np.where(below, exponent, -np.inf))
 
@@ -155,8 +154,8 @@ def wkv7_chunked(r, log_w, k, v, a, b, state=None, chunk_size=16):
         c = np.cumsum(lwc, axis=2)                                       # c_i, (B, H, L, N)
         c_prev = np.concatenate([np.zeros_like(c[:, :, :1]), c[:, :, :-1]], axis=2)  # c_{i-1}, c_0 = 0
         c_last = c[:, :, -1:]                                            # c_L, (B, H, 1, N)
-        D_strict = _pair_decay(lwc, strict=True)                         # e^{c_{i-1} - c_j}, (B, H, L, L, N)
-        D_incl = _pair_decay(lwc, strict=False)                          # e^{c_i - c_j}, (B, H, L, L, N)
+        D_incl = _pair_decay(lwc)                                        # e^{c_i - c_j}, (B, H, L, L, N)
+        D_strict = np.concatenate([np.zeros_like(D_incl[:, :, :1]), D_incl[:, :, :-1]], axis=2)  # e^{c_{i-1} - c_j}
         A_ab = np.einsum("bhin,bhijn,bhjn->bhij", ac, D_strict, bc)     # (B, H, L, L)
         A_ak = np.einsum("bhin,bhijn,bhjn->bhij", ac, D_strict, kc)     # (B, H, L, L)
         Q_rb = np.einsum("bhin,bhijn,bhjn->bhij", rc, D_incl, bc)       # (B, H, L, L)
@@ -164,8 +163,7 @@ def wkv7_chunked(r, log_w, k, v, a, b, state=None, chunk_size=16):
         rhs = np.concatenate([ac * np.exp(c_prev), A_ak @ vc], axis=-1)  # [A~ | A_ak V], (B, H, L, 2N)
         X = _forward_substitution(A_ab, rhs)                             # (B, H, L, 2N)
         W, U0 = X[..., :N], X[..., N:]                                   # (B, H, L, N) each
-        to_end = np.cumsum(lwc[:, :, :0:-1], axis=2)[:, :, ::-1]         # c_L - c_j for j < L, summed from the end
-        decay_to_end = np.exp(np.concatenate([to_end, np.zeros_like(c_last)], axis=2))   # (B, H, L, N)
+        decay_to_end = D_incl[:, :, -1]                                  # e^{c_L - c_j}, (B, H, L, N)
         b_hat, k_hat = bc * decay_to_end, kc * decay_to_end              # (B, H, L, N) each
         r_tilde = rc * np.exp(c)                                         # (B, H, L, N)
         y_chunk = ((r_tilde + Q_rb @ W) @ S.transpose(0, 1, 3, 2)       # (B, H, L, N)
