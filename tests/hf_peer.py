@@ -11,7 +11,7 @@ import copy
 
 import torch
 
-from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close
+from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
 
 
 def tokens(seed, batch, length, vocab):
@@ -46,14 +46,14 @@ def assert_states_close(actual, expected, budget, what, names=None):
     """Every tensor of state ``actual`` against the same one of ``expected``; ``names``: the tensors' names (of a
     flat state, or within a layer)."""
     actual, expected = _labelled(actual, names), _labelled(expected, names)
-    assert [label for label, _ in actual] == [label for label, _ in expected]
-    for (label, a), (_, e) in zip(actual, expected):
-        assert_close(a, e, budget, f"{what}: {label}")
+    labels = [label for label, _ in actual]
+    assert labels == [label for label, _ in expected]
+    assert_all_close(labels, [a for _, a in actual], [e for _, e in expected], budget, f"{what}:")
 
 
-def check_against_peer_and_reference(peer, ours, ids, reference, peer_state, num_layers):
+def check_against_peer_and_reference(peer, ours, ids, reference, peer_state, num_layers, state_names=None):
     """Logits and states of ours and of the peer against the reference, and hidden states against each other.
-    peer_state: the peer's output -> its state in our layout."""
+    peer_state: the peer's output -> its state in our layout; state_names: as in assert_states_close."""
     ref_logits, ref_state = reference(ids)
     with torch.no_grad():
         theirs = peer(ids, use_cache=True, output_hidden_states=True)
@@ -62,14 +62,14 @@ def check_against_peer_and_reference(peer, ours, ids, reference, peer_state, num
     assert_close(mine.logits, ref_logits, FP32_BUDGET, "torch vs reference: logits")
     assert_close(mine.logits, theirs.logits, FP32_BUDGET, "torch vs peer: logits")
     assert all(s.dtype == torch.float32 for s in leaves(mine.state))
-    assert_states_close(peer_state(theirs), ref_state, FP32_BUDGET, "peer vs reference")
-    assert_states_close(mine.state, ref_state, FP32_BUDGET, "torch vs reference")
+    assert_states_close(peer_state(theirs), ref_state, FP32_BUDGET, "peer vs reference", state_names)
+    assert_states_close(mine.state, ref_state, FP32_BUDGET, "torch vs reference", state_names)
     assert len(mine.hidden_states) == len(theirs.hidden_states) == num_layers + 1
     for i, (m, t) in enumerate(zip(mine.hidden_states, theirs.hidden_states)):
         assert_close(m, t, FP32_BUDGET, f"hidden_states[{i}]")
 
 
-def check_pieces_equal_whole(ours, ids, cuts, reference):
+def check_pieces_equal_whole(ours, ids, cuts, reference, state_names=None):
     """ids cut at ``cuts`` and fed piece by piece with the state equal ids fed whole, in our model (which leaves
     the state passed in as it was) and in the reference."""
     pieces = torch.tensor_split(ids, cuts, dim=1)
@@ -84,24 +84,24 @@ def check_pieces_equal_whole(ours, ids, cuts, reference):
             state = out.state
             logits.append(out.logits)
     assert_close(torch.cat(logits, dim=1), whole.logits, FP32_BUDGET, "logits")
-    assert_states_close(state, whole.state, FP32_BUDGET, "torch pieces")
+    assert_states_close(state, whole.state, FP32_BUDGET, "torch pieces", state_names)
     ref_whole, ref_state = reference(ids)
     ref_piece_state, ref_pieces = None, []
     for piece in pieces:
         piece_logits, ref_piece_state = reference(piece, ref_piece_state)
         ref_pieces.append(torch.from_numpy(piece_logits))
     assert_close(torch.cat(ref_pieces, dim=1), ref_whole, REFERENCE_BUDGET, "reference logits")
-    assert_states_close(ref_piece_state, ref_state, REFERENCE_BUDGET, "reference pieces")
+    assert_states_close(ref_piece_state, ref_state, REFERENCE_BUDGET, "reference pieces", state_names)
 
 
-def check_float64_copy(ours, ids, reference):
+def check_float64_copy(ours, ids, reference, state_names=None):
     """A float64 copy of our model equals the reference to rounding, and so does its (float64) state."""
     ref_logits, ref_state = reference(ids)
     with torch.no_grad():
         out = copy.deepcopy(ours).double()(ids)
     assert_close(out.logits, ref_logits, REFERENCE_BUDGET, "float64 logits")
     assert all(s.dtype == torch.float64 for s in leaves(out.state))
-    assert_states_close(out.state, ref_state, REFERENCE_BUDGET, "float64")
+    assert_states_close(out.state, ref_state, REFERENCE_BUDGET, "float64", state_names)
 
 
 def check_fp16_copy(ours, ids, reference):

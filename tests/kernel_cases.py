@@ -1,5 +1,5 @@
-"""What the kernel and reference test files share: the optional-Triton mark and backend list, the RWKV-7 input maker
-and the cut points of a sequence fed in pieces."""
+"""What the kernel and reference test files share: the optional-Triton mark and backend list, the RWKV-7 input maker,
+the cut points of a sequence fed in pieces, and a spy on a module's function."""
 import numpy as np
 import pytest
 
@@ -8,8 +8,6 @@ from kernels._common import HAS_TRITON
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 # Parametrize a test over these: the Triton case is skipped where triton does not import.
 BACKENDS = ["torch", pytest.param("triton", marks=needs_triton)]
-# For a loop inside one test: the backends that can run here.
-AVAILABLE_BACKENDS = ("torch", "triton") if HAS_TRITON else ("torch",)
 
 # The range of w_raw (log_w = -exp(w_raw)) per decay: "strong" (decays near 0.545, RWKV-7's strongest), "weak"
 # (near 1), "mixed", "extreme" (log_w down to -1e4: decays far below fp32's range, which wkv7's factored couplings
@@ -35,3 +33,15 @@ def split_bounds(T, cuts):
     """[0, ..., T]: the bounds of the pieces a sequence of T >= 2 tokens is fed in, cut at the fractions ``cuts`` of
     T (each cut moved into [1, T - 1], duplicates dropped: no piece is empty)."""
     return [0] + sorted({min(T - 1, max(1, int(c * T))) for c in cuts}) + [T]
+
+
+def spy(monkeypatch, module, name):
+    """Replace module.name by a wrapper that records what each call returns; returns the (live) list of returns."""
+    returned, original = [], getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        returned.append(original(*args, **kwargs))
+        return returned[-1]
+
+    monkeypatch.setattr(module, name, wrapper)
+    return returned

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernel_cases import AVAILABLE_BACKENDS, BACKENDS, needs_triton
+from kernel_cases import BACKENDS, needs_triton
 from kernels import attention as attn
 from kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_close
 from qkv_check import check_qkv_op, qkv_inputs
@@ -88,12 +88,12 @@ def test_large_scores_do_not_overflow(rng, tiles, backend):
     assert_close(attn.attention(q.float(), k.float(), v.float(), backend=backend), expected, FP32_BUDGET)
 
 
-def test_scale_argument(rng, tiles):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scale_argument(rng, tiles, backend):
     q, k, v = qkv_inputs(rng, (1, 1, 19, 16))
     expected = softmax_attention(q.numpy(), k.numpy(), v.numpy(), scale=0.3)
-    for backend in AVAILABLE_BACKENDS:
-        assert_close(attn.attention(q.float(), k.float(), v.float(), scale=0.3, backend=backend), expected,
-                     FP32_BUDGET, backend)
+    assert_close(attn.attention(q.float(), k.float(), v.float(), scale=0.3, backend=backend), expected,
+                 FP32_BUDGET, backend)
 
 
 def test_gradcheck_torch_backend(rng):

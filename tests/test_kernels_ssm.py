@@ -6,6 +6,7 @@ import torch
 
 from kernel_cases import BACKENDS, needs_triton
 from kernels import ssm
+from kernels._common import accumulation_dtype
 from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
 from reference import ssm as ref
 
@@ -46,7 +47,7 @@ def loop_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus
 def dtypes_for(names, dtype, param_dtype=None):
     """The dtype of each input: dtype for the sequence tensors, param_dtype (default dtype) for A, D and delta_bias,
     fp32 for the state (float64 with float64 inputs)."""
-    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    state_dtype = accumulation_dtype(dtype)
     params = ("A", "D", "delta_bias")
     return {k: state_dtype if k == "state" else (param_dtype or dtype) if k in params else dtype for k in names}
 

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import kernels.wkv7 as kw
-from kernel_cases import needs_triton, rwkv7_inputs, split_bounds
-from kernels._common import HAS_TRITON
+from kernel_cases import needs_triton, rwkv7_inputs, spy, split_bounds
+from kernels._common import accumulation_dtype
 from kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, assert_all_close,
                              assert_close)
 from reference.wkv7 import wkv7 as reference_wkv7
@@ -47,7 +47,7 @@ def truth(x, S0, with_state, dtype, state_dtype):
 
 def check_against_truth(rng, shape, decay, with_state, dtype, backend, budget, **options):
     x_np, S0_np = rwkv7_inputs(rng, *shape, decay)
-    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    state_dtype = accumulation_dtype(dtype)
     x64, y_true, S_true, grads_true, gy, gS = truth(x_np, S0_np, with_state, dtype, state_dtype)
     x = [z.detach().to(dtype).requires_grad_() for z in x64]
     S0 = torch.tensor(S0_np, dtype=state_dtype, requires_grad=True) if with_state else None
@@ -98,8 +98,7 @@ def test_torch_half(rng, dtype):
 def test_torch_extreme_decays_take_the_block_couplings(rng, monkeypatch, dtype, budget):
     """Decays down to exp(-1e4): the spread of c inside a chunk exceeds RANGE, so the blocks are used (the factored
     form would overflow: e^{-c} = inf), and the result stays exact."""
-    calls, block_couplings = [], kw._block_couplings
-    monkeypatch.setattr(kw, "_block_couplings", lambda *a, **k: calls.append(1) or block_couplings(*a, **k))
+    calls = spy(monkeypatch, kw, "_block_couplings")
     check_against_truth(rng, (1, 40, 2, 8), "extreme", True, dtype, "torch", budget)
     assert calls
 
@@ -138,18 +137,11 @@ def test_torch_split_sequence_equals_whole(T, cuts, seed):
 # Triton backend (interpreter): tiny shapes, the interpreter runs every program step by step
 # ----------------------------------------------------------------------------------------------------------------
 
-def spy_on_chunked_forward(monkeypatch):
-    """The answers of _use_chunked_forward, one per Triton forward that asked (chunked=True)."""
-    answers, choose = [], kw._use_chunked_forward
-    monkeypatch.setattr(kw, "_use_chunked_forward", lambda log_w: answers.append(choose(log_w)) or answers[-1])
-    return answers
-
-
 @pytest.fixture(params=[False, True], ids=["sequential", "chunked"])
 def chunked(request, monkeypatch):
     """Run a Triton test on both forward kernels: the sequential one (the default) and the chunked one (it takes
     every case it is used on: head sizes >= 16, RWKV-7's decays). The backward kernel is the same for both."""
-    answers = spy_on_chunked_forward(monkeypatch)
+    answers = spy(monkeypatch, kw, "_use_chunked_forward")
     yield request.param
     assert answers == [True] * len(answers) and bool(answers) == request.param
 
@@ -171,7 +163,7 @@ def test_triton_fp32(rng, chunked, shape, decay, with_state):
 def test_triton_sequential_kernel_takes_the_rest(rng, monkeypatch, decay, N):
     """With chunked=True, what the chunked forward does not take runs on the sequential kernel, exactly: decays
     down to exp(-1e4) (the factored couplings would need e^{-c} = inf), and head sizes below tl.dot's 16."""
-    answers = spy_on_chunked_forward(monkeypatch)
+    answers = spy(monkeypatch, kw, "_use_chunked_forward")
     check_against_truth(rng, (1, 40, 2, N), decay, True, torch.float32, "triton", FP32_BUDGET, chunked=True)
     assert answers and not any(answers)
 
@@ -217,8 +209,7 @@ def small_inputs(dtype=torch.float32, N=4):
 
 
 def test_default_backend_on_cpu_is_torch(monkeypatch):
-    used, torch_path = [], kw._wkv7_torch
-    monkeypatch.setattr(kw, "_wkv7_torch", lambda *a: used.append(1) or torch_path(*a))
+    used = spy(monkeypatch, kw, "_wkv7_torch")
     kw.wkv7(*small_inputs())
     assert used
 
@@ -247,11 +238,14 @@ def test_bad_input():
         kw.wkv7(*x, backend="cuda")
     with pytest.raises(TypeError, match="chunked must be True or False, got 'yes'"):
         kw.wkv7(*x, chunked="yes")
-    if HAS_TRITON:   # without triton, backend='triton' is refused before these checks
-        with pytest.raises(TypeError, match="backend='triton' takes dtypes"):
-            kw.wkv7(*small_inputs(torch.float64), backend="triton")
-        with pytest.raises(ValueError, match="power of two >= 4, got N = 6"):
-            kw.wkv7(*small_inputs(N=6), backend="triton")
+
+
+@needs_triton   # without triton, backend='triton' is refused before these checks
+def test_bad_input_triton():
+    with pytest.raises(TypeError, match="backend='triton' takes dtypes"):
+        kw.wkv7(*small_inputs(torch.float64), backend="triton")
+    with pytest.raises(ValueError, match="power of two >= 4, got N = 6"):
+        kw.wkv7(*small_inputs(N=6), backend="triton")
 
 
 @needs_triton

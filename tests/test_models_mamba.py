@@ -25,6 +25,7 @@ from kernels.models.mamba import MambaConfig, MambaForCausalLM, MambaModel
 from kernels.testing import FP32_BUDGET, assert_close
 from reference import mamba as ref
 
+STATE_NAMES = ("conv window", "h")                   # the tensors of one block's state
 SMALL = dict(vocab_size=67, hidden_size=16, state_size=5, num_hidden_layers=3, expand=2)
 B, T = 2, 9
 CONFIGS = {
@@ -85,7 +86,7 @@ def test_reference_and_torch_model_match_the_peer(overrides):
     peer, state_dict, ours, config = make_models(**overrides)
     check_against_peer_and_reference(peer, ours, tokens(1), partial(reference_logits, state_dict, config),
                                      lambda out: peer_states(out.cache_params, config["num_hidden_layers"]),
-                                     config["num_hidden_layers"])
+                                     config["num_hidden_layers"], STATE_NAMES)
 
 
 def test_prefill_then_decode_equals_the_whole_and_the_peer():
@@ -103,20 +104,21 @@ def test_prefill_then_decode_equals_the_whole_and_the_peer():
             their_logits.append(theirs.logits)
     assert_close(torch.cat(my_logits, dim=1), ref_logits, FP32_BUDGET, "torch decoding vs reference whole")
     assert_close(torch.cat(their_logits, dim=1), ref_logits, FP32_BUDGET, "peer decoding vs reference whole")
-    assert_states_close(mine.state, ref_state, FP32_BUDGET, "torch after decoding")
-    assert_states_close(peer_states(theirs.cache_params, 3), ref_state, FP32_BUDGET, "peer after decoding")
+    assert_states_close(mine.state, ref_state, FP32_BUDGET, "torch after decoding", STATE_NAMES)
+    assert_states_close(peer_states(theirs.cache_params, 3), ref_state, FP32_BUDGET, "peer after decoding",
+                        STATE_NAMES)
 
 
 @pytest.mark.parametrize("cuts", [(1,), (2,), (3, 4, 7)], ids=str)
 def test_pieces_with_the_state_equal_the_whole(cuts):
     """Any split, pieces of several tokens included (the peer cannot: it restarts its SSM on such pieces)."""
     _, state_dict, ours, config = make_models(**CONFIGS["defaults-tied"])
-    check_pieces_equal_whole(ours, tokens(3), cuts, partial(reference_logits, state_dict, config))
+    check_pieces_equal_whole(ours, tokens(3), cuts, partial(reference_logits, state_dict, config), STATE_NAMES)
 
 
 def test_float64_model_matches_the_reference_to_rounding():
     _, state_dict, ours, config = make_models(**CONFIGS["biases-K3-rank3-untied"])
-    check_float64_copy(ours, tokens(4), partial(reference_logits, state_dict, config))
+    check_float64_copy(ours, tokens(4), partial(reference_logits, state_dict, config), STATE_NAMES)
 
 
 def test_fp16_model_within_the_fp16_budget():
@@ -160,7 +162,7 @@ def test_triton_backend_model():
         third = ours(ids[:, 5:], state=second.state, backend="triton")
     logits = torch.cat([first.logits, second.logits, third.logits], dim=1)
     assert_close(logits, ref_logits, FP32_BUDGET, "triton logits")
-    assert_states_close(third.state, ref_state, FP32_BUDGET, "triton")
+    assert_states_close(third.state, ref_state, FP32_BUDGET, "triton", STATE_NAMES)
 
 
 def test_bad_token_ids_are_refused():

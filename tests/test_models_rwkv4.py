@@ -87,7 +87,7 @@ CONFIGS = {
 def test_reference_and_torch_model_match_the_peer(overrides):
     peer, state_dict, ours, config = make_models(**overrides)
     check_against_peer_and_reference(peer, ours, tokens(1), partial(reference_logits, state_dict, config),
-                                     lambda out: out.state, config["num_hidden_layers"])
+                                     lambda out: out.state, config["num_hidden_layers"], STATE_NAMES)
 
 
 def test_rescaling_is_visible_and_only_at_inference():
@@ -109,7 +109,7 @@ def test_rescaling_is_visible_and_only_at_inference():
 @pytest.mark.parametrize("cuts", [(1,), (4,), (1, 2, 6)], ids=str)
 def test_pieces_with_the_state_equal_the_whole(cuts):
     _, state_dict, ours, config = make_models(**CONFIGS["rescale-every-2-tied"])
-    check_pieces_equal_whole(ours, tokens(3), cuts, partial(reference_logits, state_dict, config))
+    check_pieces_equal_whole(ours, tokens(3), cuts, partial(reference_logits, state_dict, config), STATE_NAMES)
 
 
 def test_the_peer_continues_from_our_state():
@@ -143,7 +143,7 @@ def test_attention_hidden_size_other_than_hidden_size():
 
 def test_float64_model_matches_the_reference_to_rounding():
     _, state_dict, ours, config = make_models(**CONFIGS["rescale-every-block"])
-    check_float64_copy(ours, tokens(6), partial(reference_logits, state_dict, config))
+    check_float64_copy(ours, tokens(6), partial(reference_logits, state_dict, config), STATE_NAMES)
 
 
 def test_fp16_model_within_the_fp16_budget():
