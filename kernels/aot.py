@@ -19,7 +19,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 # Compilation for a GPU target needs the real JIT, not the interpreter; kernels/ reads this when it imports triton.
@@ -32,20 +32,21 @@ TARGETS = (80, 90)
 
 @dataclass
 class AotKernel:
-    """One kernel at one configuration: ``signature`` maps every argument to a Triton type ('*fp32', 'i32', ...,
-    or 'constexpr'), ``constexprs`` gives the constexpr values."""
+    """One kernel at one configuration: the values of its constexprs, and the Triton types ('*fp32', 'i32', ...) of
+    its other arguments: ``types[name]`` where given, ``default_type`` for the rest."""
     label: str          # what the row says, e.g. "wkv4_fwd C=768 fp32"
     fn: object          # the @triton.jit function
-    signature: dict
-    constexprs: dict = field(default_factory=dict)
+    constexprs: dict
+    types: dict
+    default_type: str
     num_warps: int = 4
     num_stages: int = 3
 
-
-def signature(fn, constexprs: dict, types: dict, default: str) -> dict:
-    """The Triton signature of kernel ``fn``: 'constexpr' for the names in ``constexprs``, ``types[name]`` where it
-    is given, ``default`` for every other argument."""
-    return {a: "constexpr" if a in constexprs else types.get(a, default) for a in fn.arg_names}
+    @property
+    def signature(self) -> dict:
+        """Every argument's Triton type, 'constexpr' for the constexprs."""
+        return {a: "constexpr" if a in self.constexprs else self.types.get(a, self.default_type)
+                for a in self.fn.arg_names}
 
 
 def _cuobjdump() -> Path:

@@ -88,6 +88,15 @@ def softmax_tile_grad(s, lse, dp, delta):
 
 
 @triton.jit
+def load_row_stats(LSE, DELTA, rows, n_rows):
+    """The forward's log-sum-exp and D = rowsum(dO * O) of query rows; rows past the end get LSE = inf (so P = 0)
+    and D = 0."""
+    lse = tl.load(LSE + rows, mask=rows < n_rows, other=float("inf"))
+    delta = tl.load(DELTA + rows, mask=rows < n_rows, other=0.0)
+    return lse, delta
+
+
+@triton.jit
 def load_tile(ptr, rows, n_rows, cols, n_cols):
     """x[rows, cols] of a row-major (n_rows, n_cols) matrix; zero outside it."""
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
@@ -177,8 +186,7 @@ def attention_bwd_dkdv_kernel(
         rows = start_m + tl.arange(0, BLOCK_M)
         q = load_tile(Q + base, rows, T, dims, HEAD_DIM)
         do = load_tile(DO + base, rows, T, dims, HEAD_DIM)
-        lse = tl.load(LSE + bh * T + rows, mask=rows < T, other=float("inf"))   # rows past T: P = 0
-        delta = tl.load(DELTA + bh * T + rows, mask=rows < T, other=0.0)
+        lse, delta = load_row_stats(LSE + bh * T, DELTA + bh * T, rows, T)
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         p, ds = softmax_tile_grad(_scores(q, k, rows, cols, T, scale, CAUSAL), lse, dp, delta)
         dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision="ieee")
@@ -205,8 +213,7 @@ def attention_bwd_dq_kernel(
     dims = tl.arange(0, BLOCK_D)
     q = load_tile(Q + base, rows, T, dims, HEAD_DIM)
     do = load_tile(DO + base, rows, T, dims, HEAD_DIM)
-    lse = tl.load(LSE + bh * T + rows, mask=rows < T, other=float("inf"))
-    delta = tl.load(DELTA + bh * T + rows, mask=rows < T, other=0.0)
+    lse, delta = load_row_stats(LSE + bh * T, DELTA + bh * T, rows, T)
     dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     end = T
     if CAUSAL:
@@ -299,14 +306,8 @@ def attention(q, k, v, causal=True, scale=None, backend=None):
 # ----------------------------------------------------------------------------------------------------------------
 
 # Argument types of the kernels here and in rerope.py, by name; every other argument is a tensor of the input dtype.
-_AOT_ARG_TYPES = dict(LSE="*fp32", DELTA="*fp32", ROT="*fp32", T="i32", T_q="i32", T_k="i32", window="i32",
-                      scale="fp32", inv_log_len="fp32")
-
-
-def aot_signature(fn, dtype: str, constexprs: dict) -> dict:
-    """The Triton signature of kernel ``fn`` for inputs of ``dtype`` ("fp32", "fp16", "bf16")."""
-    from kernels.aot import signature
-    return signature(fn, constexprs, _AOT_ARG_TYPES, "*" + dtype)
+AOT_ARG_TYPES = dict(LSE="*fp32", DELTA="*fp32", ROT="*fp32", T="i32", T_q="i32", T_k="i32", window="i32",
+                     scale="fp32", inv_log_len="fp32")
 
 
 def aot_kernels():
@@ -317,7 +318,6 @@ def aot_kernels():
             cfg = _launch_config(d, torch_dtype)
             constexprs = _constexprs(d, cfg, True)
             for fn in (attention_fwd_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel):
-                kernels.append(AotKernel(f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}", fn,
-                                         aot_signature(fn, dtype, constexprs), constexprs, cfg.num_warps,
-                                         cfg.num_stages))
+                kernels.append(AotKernel(f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}", fn, constexprs,
+                                         AOT_ARG_TYPES, "*" + dtype, cfg.num_warps, cfg.num_stages))
     return kernels

@@ -59,8 +59,8 @@ import torch
 
 from kernels._common import (accumulation_dtype, check_backend_dtype, check_devices, check_same_dtype, check_tensor,
                              new_output, resolve_backend, tl, triton)
-from kernels.attention import (AOT_DTYPES, LaunchConfig, aot_signature, block_d, check_triton_head_dim, load_tile,
-                               online_softmax_step, softmax_tile_grad, store_tile)
+from kernels.attention import (AOT_ARG_TYPES, AOT_DTYPES, LaunchConfig, block_d, check_triton_head_dim,
+                               load_row_stats, load_tile, online_softmax_step, softmax_tile_grad, store_tile)
 
 LaunchConfigs = namedtuple("LaunchConfigs", "fwd dq dkdv")     # one per kernel
 DECODE_CHUNK = 4096          # keys rotated at a time by the torch decode
@@ -293,8 +293,7 @@ def _dkdv_run(dk1n, dk2n, dk1f, dk2f, dv, k1n, k2n, k1f, k2f, v, Q_NEAR, Q_FAR, 
         q1n, q2n = _load_halves(Q_NEAR, rows, T_q, freqs, HEAD_DIM)
         q1f, q2f = _load_halves(Q_FAR, rows, T_q, freqs, HEAD_DIM)
         do = load_tile(DO, rows, T_q, dims, HEAD_DIM)
-        lse = tl.load(LSE + rows, mask=rows < T_q, other=float("inf"))     # rows past the end: P = 0
-        delta = tl.load(DELTA + rows, mask=rows < T_q, other=0.0)
+        lse, delta = load_row_stats(LSE, DELTA, rows, T_q)
         s, is_near = _pair_scores(q1n, q2n, q1f, q2f, k1n, k2n, k1f, k2f, (T_k - T_q) + rows, pos_j, T_k, window,
                                   NEAR, FAR)
         p, ds = softmax_tile_grad(s, lse, tl.dot(do, tl.trans(v), input_precision="ieee"), delta)
@@ -390,8 +389,7 @@ def rerope_bwd_dq_kernel(
     q1n, q2n = _load_halves(Q_NEAR, rows, T_q, freqs, HEAD_DIM)
     q1f, q2f = _load_halves(Q_FAR, rows, T_q, freqs, HEAD_DIM)
     do = load_tile(DO, rows, T_q, dims, HEAD_DIM)
-    lse = tl.load(LSE + rows, mask=rows < T_q, other=float("inf"))
-    delta = tl.load(DELTA + rows, mask=rows < T_q, other=0.0)
+    lse, delta = load_row_stats(LSE, DELTA, rows, T_q)
     far_end, near_start, end = _key_runs(start_m, T_q, T_k, window, BLOCK_M, BLOCK_N)
     dq1n = tl.zeros((BLOCK_M, BLOCK_F), tl.float32)      # gradient w.r.t. the near-rotated query (halves)
     dq2n = tl.zeros((BLOCK_M, BLOCK_F), tl.float32)
@@ -876,6 +874,6 @@ def aot_kernels():
                                 (rerope_bwd_dkdv_kernel, configs.dkdv)):
                     constexprs = _constexprs(d, cfg, leaky)
                     label = f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}{' leaky' if leaky else ''}"
-                    kernels.append(AotKernel(label, fn, aot_signature(fn, dtype, constexprs), constexprs,
-                                             cfg.num_warps, cfg.num_stages))
+                    kernels.append(AotKernel(label, fn, constexprs, AOT_ARG_TYPES, "*" + dtype, cfg.num_warps,
+                                             cfg.num_stages))
     return kernels

@@ -92,19 +92,17 @@ def _chunked_scan(alpha, chunk_decay, hbuf, h0, reverse):
 
 
 def _block_states(u, delta, A, B, h0):
-    """One block (batch, ., t), t a multiple of CHUNK_LEN, in chunk layout: delta (L, batch, n, D), alpha, the
-    states (hbuf, see _chunked_scan) and the state after the block."""
+    """One block (batch, ., t), t a multiple of CHUNK_LEN, in chunk layout: delta (L, batch, n, D), alpha, each
+    chunk's whole decay (see _chunked_scan; the backward's reverse scan takes it too), the states (hbuf) and the
+    state after the block."""
     dl = _to_chunks(delta)                                       # (L, batch, n, D)
     alpha = torch.exp(dl[..., None] * A)                         # (L, batch, n, D, N)
+    # The decay over a whole chunk in log space: A times the sum of delta, <= 1 whatever delta is (A <= 0).
+    chunk_decay = torch.exp(dl.sum(0)[..., None] * A)           # (batch, n, D, N)
     hbuf = alpha.new_empty((CHUNK_LEN + 1,) + alpha.shape[1:])
     torch.mul((dl * _to_chunks(u))[..., None], _to_chunks(B)[:, :, :, None, :], out=hbuf[1:])   # w = delta u B
-    h = _chunked_scan(alpha, _chunk_decay(dl, A), hbuf, h0, reverse=False)
-    return dl, alpha, hbuf, h
-
-
-def _chunk_decay(dl, A):
-    """exp(A times the sum of delta over each chunk), (batch, n, D, N), in log space: <= 1 whatever delta is."""
-    return torch.exp(dl.sum(0)[..., None] * A)
+    h = _chunked_scan(alpha, chunk_decay, hbuf, h0, reverse=False)
+    return dl, alpha, chunk_decay, hbuf, h
 
 
 def _padded(compute, *tensors):
@@ -129,7 +127,7 @@ def _torch_scan_forward(u, delta, A, B, C, state):
     checkpoints = []
     for sl in _block_slices(batch, dim, u.shape[-1], A.shape[1]):
         checkpoints.append(h)
-        _, _, hbuf, h = _block_states(u[..., sl], delta[..., sl], A, B[..., sl], h)
+        *_, hbuf, h = _block_states(u[..., sl], delta[..., sl], A, B[..., sl], h)
         y[..., sl] = _from_chunks(torch.einsum("lbcdn,lbcn->lbcd", hbuf[1:], _to_chunks(C[..., sl])))   # C_t . x_t
     return y[..., :T], h, torch.stack(checkpoints)
 
@@ -151,12 +149,12 @@ def _torch_scan_backward(u, delta, A, B, C, checkpoints, dy, dlast):
     dA = torch.zeros_like(A)
     nu = dlast.to(A.dtype)
     for sl, h0 in reversed(list(zip(_block_slices(batch, dim, u.shape[-1], A.shape[1]), checkpoints))):
-        dl, alpha, xbuf, _ = _block_states(u[..., sl], delta[..., sl], A, B[..., sl], h0)
+        dl, alpha, chunk_decay, xbuf, _ = _block_states(u[..., sl], delta[..., sl], A, B[..., sl], h0)
         ul, Bl, dyl = (_to_chunks(x[..., sl]) for x in (u, B, dy))             # (L, batch, n, D or N)
         g = dyl[..., None] * _to_chunks(C[..., sl])[:, :, :, None, :]            # dy_t C_t: (L, batch, n, D, N)
         nubuf = torch.empty_like(xbuf)
         torch.mul(alpha, g, out=nubuf[:-1])
-        nu = _chunked_scan(alpha, _chunk_decay(dl, A), nubuf, nu, reverse=True)
+        nu = _chunked_scan(alpha, chunk_decay, nubuf, nu, reverse=True)
         lam = nubuf[1:].add_(g)                                                  # lambda_t = dy_t C_t + nu_{t+1}
         lam_B = torch.einsum("lbcdn,lbcn->lbcd", lam, Bl)                       # sum_n lambda_t B_t
         dC[..., sl] = _from_chunks(torch.einsum("lbcd,lbcdn->lbcn", dyl, xbuf[1:]))
@@ -299,6 +297,11 @@ def _launch_config(T: int, N: int) -> _LaunchConfig:
     return _LaunchConfig(BLOCK_D=16, BLOCK_N=block_n, chunk=chunk, num_warps=max(1, min(4, 16 * block_n // 64)))
 
 
+def _grid(batch, dim, cfg):
+    """One program per (batch, block of BLOCK_D channels)."""
+    return (batch, triton.cdiv(dim, cfg.BLOCK_D))
+
+
 def _triton_scan_forward(u, delta, A, B, C, state):
     batch, dim, T = u.shape
     N = A.shape[1]
@@ -306,7 +309,7 @@ def _triton_scan_forward(u, delta, A, B, C, state):
     y = new_output((batch, dim, T), torch.float32, u.device)
     last = new_output((batch, dim, N), torch.float32, u.device)
     checkpoints = new_output((batch, triton.cdiv(T, cfg.chunk), dim, N), torch.float32, u.device)
-    _scan_fwd_kernel[(batch, triton.cdiv(dim, cfg.BLOCK_D))](
+    _scan_fwd_kernel[_grid(batch, dim, cfg)](
         u, delta, A, B, C, last if state is None else state, y, last, checkpoints, dim, T, N, cfg.chunk,
         HAS_STATE=state is not None, BLOCK_D=cfg.BLOCK_D, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
     return y, last, checkpoints
@@ -316,7 +319,7 @@ def _triton_scan_backward(u, delta, A, B, C, checkpoints, dy, dlast):
     batch, dim, T = u.shape
     N = A.shape[1]
     cfg = _launch_config(T, N)
-    grid = (batch, triton.cdiv(dim, cfg.BLOCK_D))
+    grid = _grid(batch, dim, cfg)
     scratch = torch.empty((batch, grid[1], cfg.chunk, cfg.BLOCK_D, cfg.BLOCK_N), dtype=torch.float32,
                           device=u.device)
     du, ddelta = (new_output((batch, dim, T), torch.float32, u.device) for _ in range(2))
@@ -418,7 +421,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
 def aot_kernels():
     """Forward and backward kernels at Mamba sizes (D = 1536 and 8192, N = 16, T = 2048), fp32 and bf16 inputs.
     D and T are runtime arguments: the compiled kernel depends only on the launch configuration and the dtypes."""
-    from kernels.aot import AotKernel, signature
+    from kernels.aot import AotKernel
     kernels = []
     for dim in (1536, 8192):
         cfg = _launch_config(2048, 16)
@@ -429,7 +432,6 @@ def aot_kernels():
             blocks = {"BLOCK_D": cfg.BLOCK_D, "BLOCK_N": cfg.BLOCK_N}
             for fn, label, constexprs in ((_scan_fwd_kernel, "ssm_scan_fwd", {"HAS_STATE": True, **blocks}),
                                           (_scan_bwd_kernel, "ssm_scan_bwd", blocks)):
-                kernels.append(AotKernel(f"{label} D={dim} N=16 {dtype}", fn,
-                                         signature(fn, constexprs, types, "*fp32"), constexprs,
+                kernels.append(AotKernel(f"{label} D={dim} N=16 {dtype}", fn, constexprs, types, "*fp32",
                                          num_warps=cfg.num_warps))
     return kernels

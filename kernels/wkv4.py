@@ -444,7 +444,7 @@ def wkv4(w, u, k, v, state=None, backend=None):
 
 def aot_kernels():
     """The forward (with and without saving for the backward) and backward kernels at C = 768 and 4096."""
-    from kernels.aot import AotKernel, signature
+    from kernels.aot import AotKernel
     kernels = []
     for C in (768, 4096):
         launch = _launch_config(C)
@@ -456,6 +456,5 @@ def aot_kernels():
                                           (wkv4_fwd_kernel, "wkv4_fwd_save", {"SAVE": True}),
                                           (wkv4_bwd_kernel, "wkv4_bwd", {})):
                 constexprs = {**constexprs, "BLOCK_C": launch.block_c}
-                kernels.append(AotKernel(f"{label} C={C} {dtype}", fn, signature(fn, constexprs, types, "*fp32"),
-                                         constexprs, launch.num_warps))
+                kernels.append(AotKernel(f"{label} C={C} {dtype}", fn, constexprs, types, "*fp32", launch.num_warps))
     return kernels

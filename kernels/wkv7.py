@@ -201,6 +201,21 @@ def _step(S, w, k, v, a, b):
 
 
 @triton.jit
+def _head_offsets(pid_bh, T, H, N: tl.constexpr):
+    """Where head pid_bh = b H + h starts: in the (B, H, N, N) states, and at step 0 in the (B, T, H, N) inputs; and
+    the inputs' stride from one step to the next."""
+    head_state = pid_bh.to(tl.int64) * N * N
+    seq = (pid_bh // H).to(tl.int64) * T * H * N + (pid_bh % H) * N
+    return head_state, seq, tl.cast(H * N, tl.int64)
+
+
+@triton.jit
+def _checkpoint(ckpt_ptr, pid_bh, n_ckpt, index, N: tl.constexpr):
+    """The (N, N) checkpoint ``index`` of head pid_bh in a (B * H, n_ckpt, N, N) buffer."""
+    return ckpt_ptr + (pid_bh.to(tl.int64) * n_ckpt + index) * N * N
+
+
+@triton.jit
 def _wkv7_fwd_kernel(
     r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs, contiguous, one float dtype
     state0_ptr,          # (B, H, N, N) fp32 initial state, read when HAS_STATE0
@@ -219,9 +234,7 @@ def _wkv7_fwd_kernel(
     rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     keys = tl.arange(0, N)
     tile = rows[:, None] * N + keys[None, :]         # this program's part of one (N, N) state
-    head_state = pid_bh.to(tl.int64) * N * N
-    seq = (pid_bh // H).to(tl.int64) * T * H * N + (pid_bh % H) * N   # (b, t = 0, h, 0) in the inputs
-    stride_t = tl.cast(H * N, tl.int64)
+    head_state, seq, stride_t = _head_offsets(pid_bh, T, H, N)
     if HAS_STATE0:
         S = tl.load(state0_ptr + head_state + tile)
     else:
@@ -230,7 +243,7 @@ def _wkv7_fwd_kernel(
     for t in range(T):
         if SAVE_CKPT:
             if t % CK == 0:
-                tl.store(ckpt_ptr + (pid_bh.to(tl.int64) * n_ckpt + t // CK) * N * N + tile, S)
+                tl.store(_checkpoint(ckpt_ptr, pid_bh, n_ckpt, t // CK, N) + tile, S)
         off = seq + t * stride_t
         r, w, k, v, a, b, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, T)
         S = _step(S, w, k, v, a, b)
@@ -277,9 +290,7 @@ def _wkv7_chunked_fwd_kernel(
     pid_bh = tl.program_id(0)
     pid_v = tl.program_id(1)
     rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    head_state = pid_bh.to(tl.int64) * N * N
-    seq = (pid_bh // H).to(tl.int64) * T * H * N + (pid_bh % H) * N
-    stride_t = tl.cast(H * N, tl.int64)
+    head_state, seq, stride_t = _head_offsets(pid_bh, T, H, N)
     for k0 in range(0, N, BLOCK_K):                 # the initial state into state_ptr
         tile = rows[:, None] * N + (k0 + tl.arange(0, BLOCK_K))[None, :]
         if HAS_STATE0:
@@ -304,7 +315,7 @@ def _wkv7_chunked_fwd_kernel(
             tile = rows[:, None] * N + keys[None, :]
             S = tl.load(state_ptr + head_state + tile)                      # (BLOCK_V, BLOCK_K)
             if SAVE_CKPT:
-                tl.store(ckpt_ptr + (pid_bh.to(tl.int64) * n_chunks + chunk) * N * N + tile, S)
+                tl.store(_checkpoint(ckpt_ptr, pid_bh, n_chunks, chunk, N) + tile, S)
             log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CK)  # (CK, BLOCK_K); 0 past T: no decay
             c = tl.cumsum(log_w, axis=0)                                    # c_i
             e_neg = tl.exp(-c)                                              # e^{-c_j}, below e^RANGE
@@ -370,9 +381,7 @@ def _wkv7_bwd_kernel(
     keys = tl.arange(0, N)
     tile = rows[:, None] * N + keys[None, :]
     local = tl.arange(0, BLOCK_V)[:, None] * N + keys[None, :]       # a tile of the scratch buffer
-    head_state = pid_bh.to(tl.int64) * N * N
-    seq = (pid_bh // H).to(tl.int64) * T * H * N + (pid_bh % H) * N
-    stride_t = tl.cast(H * N, tl.int64)
+    head_state, seq, stride_t = _head_offsets(pid_bh, T, H, N)
     numel = tl.num_programs(0).to(tl.int64) * T * N                   # B * T * H * N
     scratch = scratch_ptr + (pid_bh.to(tl.int64) * tl.num_programs(1) + pid_v) * CK * BLOCK_V * N
     if HAS_DSTATE:
@@ -383,7 +392,7 @@ def _wkv7_bwd_kernel(
     for back in range(n_ckpt):
         chunk = n_ckpt - 1 - back
         # Re-run the chunk from its checkpoint, keeping the state that enters each of its steps.
-        S = tl.load(ckpt_ptr + (pid_bh.to(tl.int64) * n_ckpt + chunk) * N * N + tile)
+        S = tl.load(_checkpoint(ckpt_ptr, pid_bh, n_ckpt, chunk, N) + tile)
         for j in range(CK):
             t = chunk * CK + j
             off = seq + t * stride_t
@@ -447,8 +456,10 @@ def _use_chunked_forward(log_w):
 
 def _triton_forward(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
     B, T, H, N = r.shape
-    kernel, config = ((_wkv7_chunked_fwd_kernel, _chunked_launch_config) if chunked and _use_chunked_forward(log_w)
-                      else (_wkv7_fwd_kernel, _launch_config))
+    if chunked and _use_chunked_forward(log_w):
+        kernel, config, extra = _wkv7_chunked_fwd_kernel, _chunked_launch_config, {"BLOCK_K": CHUNKED_BLOCK_K}
+    else:
+        kernel, config, extra = _wkv7_fwd_kernel, _launch_config, {}
     block_v, num_warps = config(N)
     y = new_output((B, T, H, N), r.dtype, r.device)
     state = new_output((B, H, N, N), torch.float32, r.device)
@@ -457,7 +468,7 @@ def _triton_forward(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
     kernel[_grid(B, H, N, config)](
         r, log_w, k, v, a, b, state0 if state0 is not None else state, y, state, ckpt, T, H,
         N=N, BLOCK_V=block_v, CK=CHECKPOINT, HAS_STATE0=state0 is not None, SAVE_CKPT=save_checkpoints,
-        num_warps=num_warps, **({"BLOCK_K": CHUNKED_BLOCK_K} if kernel is _wkv7_chunked_fwd_kernel else {}))
+        num_warps=num_warps, **extra)
     return y, state, ckpt
 
 
@@ -553,7 +564,7 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None, chunked=False):
 def aot_kernels():
     """The sequential and chunked forwards (with checkpoints) and the backward at head size 64 and 128, fp32 and bf16
     inputs."""
-    from kernels.aot import AotKernel, signature
+    from kernels.aot import AotKernel
     kernels = []
     for N in (64, 128):
         for dtype in ("fp32", "bf16"):
@@ -568,6 +579,5 @@ def aot_kernels():
                     (_wkv7_bwd_kernel, "wkv7_bwd", {"HAS_DSTATE": True}, _launch_config)):
                 block_v, num_warps = config(N)
                 constexprs = {"N": N, "BLOCK_V": block_v, "CK": CHECKPOINT, **flags}
-                kernels.append(AotKernel(f"{label} N={N} {dtype}", fn, signature(fn, constexprs, types, "*fp32"),
-                                         constexprs, num_warps))
+                kernels.append(AotKernel(f"{label} N={N} {dtype}", fn, constexprs, types, "*fp32", num_warps))
     return kernels
