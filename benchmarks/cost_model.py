@@ -34,7 +34,7 @@ from kernels.attention import AOT_DTYPES, block_d
 H100 = {"name": "H100 SXM", "bandwidth": 3.35e12, "fp32": 67e12, "tensor": 990e12,
         "sfu": 16 * 132 * 1.98e9}
 ARCH = 90
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+DTYPE_BYTES = {name: dtype.itemsize for name, dtype in AOT_DTYPES.items()}
 
 
 @dataclass
@@ -247,9 +247,9 @@ def ssm_bwd(B, T, D, N, dtype, block_d, block_n, programs, chunk):
 
 
 def ssm_models(B=1, T=2048, D=1536, N=16):
-    from kernels.ssm import _launch_config
+    from kernels.ssm import _grid, _launch_config
     cfg = _launch_config(T, N)
-    programs = B * _cdiv(D, cfg.BLOCK_D)
+    programs = math.prod(_grid(B, D, cfg))
     shape = f"B={B} T={T} D={D} N={N}"
     args = (B, T, D, N)
     fwd_args = (cfg.BLOCK_D, programs, cfg.chunk)
@@ -548,13 +548,13 @@ def report(compile_aot: bool = True, measured: list[dict] | None = None) -> dict
                "programs": m.programs, "serial_steps": m.serial_steps, "aot": aot.get(m.aot_label)}
         if measured and m.forward and m.dtype == "fp32":
             hit = [r for r in measured if r["op"] == m.op and r["impl"] == "seqmix triton" and r["status"] == "ok"
-                   and f"T={r['T']}" in m.shape]
+                   and f"T={r['T']}" in m.shape.split()]
             if hit:
                 row["measured_s"] = hit[0]["median_s"]
         rows.append(row)
-    lines = [f"Predicted for an {H100['name']} (3.35 TB/s; 67 TFLOP/s fp32, also for the fp32 dots (IEEE, "
-             f"no tensor cores); 990 TFLOP/s bf16 on tensor cores; {H100['sfu'] / 1e12:.1f} T/s special functions); registers, "
-             "spills, stack and shared memory from "
+    lines = [f"Predicted for an {H100['name']} ({H100['bandwidth'] / 1e12:.3g} TB/s; {H100['fp32'] / 1e12:.3g} TFLOP/s "
+             f"fp32, also for the fp32 dots (IEEE, no tensor cores); {H100['tensor'] / 1e12:.3g} TFLOP/s bf16 on tensor "
+             f"cores; {H100['sfu'] / 1e12:.1f} T/s special functions); registers, spills, stack and shared memory from "
              f"`kernels.aot` for sm_{ARCH}. Per token = per (batch, position).", "",
              "| kernel | shape | bytes/token: issued, DRAM | FLOP/token (dot + other) | exp, log /token | "
              "FLOP/DRAM byte | "

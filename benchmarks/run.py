@@ -147,8 +147,6 @@ def make_ops(quick: bool) -> list[Op]:
         g = _generator()
         return dict(q=_randn(g, Ba, Ha, T, da), k=_randn(g, Ba, Ha, T, da), v=_randn(g, Ba, Ha, T, da))
 
-    two_pass_max_T = QUICK_T[-1] if quick else 8192
-
     return [
         Op("wkv4", "RWKV-4 WKV", f"B={B4}, C={C4}", make_wkv4, [
             *_seqmix_impls("wkv4", "wkv4", lambda f, x, b: f(x["w"], x["u"], x["k"], x["v"], backend=b)),
@@ -176,7 +174,7 @@ def make_ops(quick: bool) -> list[Op]:
             *_seqmix_impls("rerope", "rerope_attention", lambda f, x, b: f(**x, window=window, backend=b)),
             Impl("SDPA + RoPE", "peer", lambda x: peers.sdpa_rope(**x)),
             Impl("two-pass (source)", "peer", lambda x: peers.rerope_two_pass(**x, window=window),
-                 max_T=two_pass_max_T,
+                 max_T=T_attention,
                  max_T_reason="two (H, T, T) fp32 score matrices and their merge: ~17 GB at T=16384"),
             Impl("one streaming pass", "floor", lambda x: peers.streaming_pass(*x.values())),
         ], T_attention, False, [
@@ -257,15 +255,19 @@ def _case(op: Op, impl: Impl, T: int, quick: bool, threads: int | None, runs=Non
     return measure(impl.fn, inputs, *(runs or ((2, 2, 0.0) if quick else (3, 15, 3.0))))
 
 
+def map_large_blocks() -> None:
+    """glibc: every block >= 64 KiB gets its own mapping, unmapped on free, so the resident set follows the live
+    tensors (by default freed blocks may stay resident and hide later allocations from the peak). That makes every
+    large allocation a system call and its pages fresh faults, so the timed runs go in another process with glibc's
+    defaults: otherwise the setting slows down implementations with large temporaries."""
+    ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 16)       # -3 = M_MMAP_THRESHOLD
+
+
 def _job(job: dict) -> dict:
     """One case, in a process of its own: its result, or its error. job["measure"] is "memory" (one run, for the
     peak) or "time" (the timed runs)."""
     if job["measure"] == "memory":
-        # glibc: every block >= 64 KiB gets its own mapping, unmapped on free, so the resident set follows the live
-        # tensors (by default freed blocks may stay resident and hide later allocations from the peak). That makes
-        # every large allocation a system call and its pages fresh faults, so the timed runs go in another process
-        # with glibc's defaults: otherwise the setting slows down implementations with large temporaries.
-        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 16)       # -3 = M_MMAP_THRESHOLD
+        map_large_blocks()
     op = next(op for op in make_ops(job["quick"]) if op.name == job["op"])
     impl = next(impl for impl in op.impls if impl.label == job["impl"])
     try:
@@ -313,14 +315,14 @@ def _isolated(op: Op, impl: Impl, T: int, quick: bool, threads: int | None) -> d
         _server = subprocess.Popen([sys.executable, "-m", "benchmarks.run", "--serve"], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
     result = {}
-    for what in ("memory", "time"):
+    for what, key in (("memory", "peak_bytes"), ("time", "times")):
         _server.stdin.write(json.dumps({"op": op.name, "impl": impl.label, "T": T, "quick": quick,
                                         "threads": threads, "measure": what}) + "\n")
         _server.stdin.flush()
         part = json.loads(_server.stdout.readline())
         if "error" in part:
             return part
-        result["peak_bytes" if what == "memory" else "times"] = part["peak_bytes" if what == "memory" else "times"]
+        result[key] = part[key]
     return result
 
 
@@ -527,7 +529,6 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     Ts = QUICK_T if args.quick else FULL_T
     threads = args.threads or (1 if args.quick else None)
-    threads_used = threads or torch.get_num_threads()
     ops = make_ops(args.quick)
     if args.ops:
         wanted = args.ops.split(",")
@@ -540,20 +541,20 @@ def main(argv=None) -> int:
     rows = []
     if args.from_json:       # re-report earlier measurements, e.g. with a cost model updated for changed kernels
         stored = json.loads((out / "results.json").read_text())
-        rows = [r for r in stored["rows"] if r["op"] in {o.name for o in ops}]
+        names = {o.name for o in ops}
+        rows = [r for r in stored["rows"] if r["op"] in names]
         run_info = stored["run"]
-    for op in [] if args.from_json else ops:
-        for T in Ts:
-            for impl in op.impls:
-                rows.append(run_case(op, impl, T, args.quick, threads))
-                r = rows[-1]
-                print(f"{op.name:<10} T={T:<6} {impl.label:<42} "
-                      + (f"{_fmt_time(r['median_s']):>10} ±{r['spread']:.0%}  {_fmt_bytes(r['peak_bytes'])}"
-                         if _ok(r) else r["status"]), flush=True)
-
-    if not args.from_json:
+    else:
+        for op in ops:
+            for T in Ts:
+                for impl in op.impls:
+                    rows.append(run_case(op, impl, T, args.quick, threads))
+                    r = rows[-1]
+                    print(f"{op.name:<10} T={T:<6} {impl.label:<42} "
+                          + (f"{_fmt_time(r['median_s']):>10} ±{r['spread']:.0%}  {_fmt_bytes(r['peak_bytes'])}"
+                             if _ok(r) else r["status"]), flush=True)
         run_info = {"command": " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
-                    "machine": machine(threads_used), "date": time.strftime("%Y-%m-%d"),
+                    "machine": machine(threads or torch.get_num_threads()), "date": time.strftime("%Y-%m-%d"),
                     "seconds": round(time.perf_counter() - started)}
     table, checks = headline(ops, rows)
     growth, growth_checks = per_token_growth(ops, rows, Ts)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchmarks import cost_model, peers, run
+from kernel_cases import rwkv7_inputs
 from kernels.crosscheck import fp32
 from kernels.testing import FP32_BUDGET, assert_close
 from reference import attention as ref_attention
@@ -44,14 +45,9 @@ def test_hf_selective_scan_matches_the_reference(rng):
 
 
 def test_wkv7_per_token_matches_the_reference(rng):
-    B, T, H, N = 2, 6, 2, 4
-    r, k, v = (rng.normal(size=(B, T, H, N)) for _ in range(3))
-    log_w = -np.exp(rng.normal(size=(B, T, H, N)) - 1)
-    kk = rng.normal(size=(B, T, H, N))
-    kk /= np.linalg.norm(kk, axis=-1, keepdims=True)
-    a, b = -kk, kk * rng.uniform(size=(B, T, H, N))
-    expected, _ = ref_wkv7.wkv7(r, log_w, k, v, a, b)
-    assert_close(peers.wkv7_per_token(*fp32(r, log_w, k, v, a, b)), expected, FP32_BUDGET, "per-token WKV-7")
+    x, _ = rwkv7_inputs(rng, 2, 6, 2, 4, state=False)
+    expected, _ = ref_wkv7.wkv7(*x)
+    assert_close(peers.wkv7_per_token(*fp32(*x)), expected, FP32_BUDGET, "per-token WKV-7")
 
 
 @pytest.mark.parametrize("T, window", [(1, 1), (9, 3), (12, 20)])
@@ -79,8 +75,7 @@ def test_peak_memory_sees_a_torch_allocation():
     """The probe behind the memory column: a call that holds a 64 MiB tensor peaks at 64 MiB above its inputs."""
     if run.DEVICE.type != "cpu":
         pytest.skip("the resident-memory probe is the CPU one (CUDA uses torch.cuda's counters)")
-    import ctypes
-    ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 16)     # as each benchmark worker does
+    run.map_large_blocks()                           # as each benchmark worker does
     size = 64 * 2**20
     result = run.measure(lambda x: torch.ones(size // 4) + x["a"], {"a": torch.zeros(1)}, 1, 1, 0.0)
     # torch.ones and the sum: two 64 MiB tensors, the first freed after the add. Linux batches its resident-page
@@ -95,14 +90,14 @@ def test_quick_run_writes_the_report(tmp_path):
     data = json.loads((tmp_path / "results.json").read_text())
     errors = [r for r in data["rows"] if r["status"].startswith("error")]
     assert not errors, errors
-    ops = {op.name for op in run.make_ops(quick=True)}
-    assert {r["op"] for r in data["rows"]} == ops
+    ops = run.make_ops(quick=True)
+    assert {r["op"] for r in data["rows"]} == {op.name for op in ops}
     ok = [r for r in data["rows"] if r["status"] == "ok"]
     assert ok and all(r["runs"] >= 2 and r["median_s"] > 0 and r["peak_bytes"] >= 0 for r in ok)
     report = (tmp_path / "results.md").read_text()
     for heading in ("## Headline", "## Linear ops", "## Time and memory against T", "## GPU cost model"):
         assert heading in report
-    for op in run.make_ops(quick=True):
+    for op in ops:
         assert f"| {op.title}, {op.shape}, T=" in report
     assert (tmp_path / "scaling.png").stat().st_size > 10_000
 
