@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import cost_model, peers
+from kernels import native
+from kernels._common import C_OPS
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 RESULTS = Path(__file__).parent / "results"
@@ -76,6 +78,13 @@ class Op:
     linear: bool                   # linear in T (a per-token cost that should not grow)
     targets: list[Target] = field(default_factory=list)
 
+    @property
+    def ours(self) -> str:
+        """The seqmix row the targets are read against: what backend=None runs here under torch.no_grad() (the C
+        loops on a CPU for the ops that have them, else the first backend measured)."""
+        labels = [i.label for i in self.impls if i.kind == "seqmix"]
+        return "seqmix c" if "seqmix c" in labels else labels[0]
+
 
 def _kernel(module: str, function: str):
     """The seqmix op, or the reason it cannot be had (its file is being written in parallel with this one)."""
@@ -90,9 +99,11 @@ def _kernel(module: str, function: str):
 
 
 def _seqmix_impls(module: str, function: str, call: Callable) -> list[Impl]:
-    """``call(fn, inputs, backend)`` runs the op; the Triton backend is measured where a GPU is present."""
+    """``call(fn, inputs, backend)`` runs the op; the Triton backend is measured where a GPU is present, the C loops
+    (kernels/native.c) on a CPU for the ops that have them."""
     fn, why = _kernel(module, function)
-    backends = ("torch", "triton") if DEVICE.type == "cuda" else ("torch",)
+    backends = (("torch", "triton") if DEVICE.type == "cuda" else
+                ("c", "torch") if function in C_OPS and not native.unavailable_reason() else ("torch",))
     return [Impl(f"seqmix {b}", "seqmix", fn and (lambda x, b=b: call(fn, x, b)), why) for b in backends]
 
 
@@ -383,13 +394,14 @@ def _other_over_seqmix(ours, other, metric):
 
 
 def headline(ops: list[Op], rows: list[dict]) -> tuple[str, list[dict]]:
-    """The table of each op at its headline T: seqmix torch, then every other implementation with its ratios."""
+    """The table of each op at its headline T: its seqmix rows (``op.ours`` first), then every other implementation,
+    with ratios to ``op.ours``."""
     lines = ["| op, shape | implementation | median time | spread | peak memory | time: it / seqmix | "
              "memory: it / seqmix | target for seqmix | met |", "|" + "---|" * 9]
     checks = []
     for op in ops:
         T = op.headline_T
-        ours = _row(rows, op.name, "seqmix torch", T)
+        ours = _row(rows, op.name, op.ours, T)
         for i, impl in enumerate(op.impls):
             r = _row(rows, op.name, impl.label, T)
             where = f"{op.title}, {op.shape}, T={T}" if i == 0 else ""
@@ -406,7 +418,7 @@ def headline(ops: list[Op], rows: list[dict]) -> tuple[str, list[dict]]:
                                "ratio": ratio, "met": ok})
                 goals.append(f"{tg.text} ({tg.metric})")
                 met.append({True: "yes", False: "**NO**", None: "not measured"}[ok])
-            show = impl.label != "seqmix torch"
+            show = impl.label != op.ours
             lines.append(f"| {where} | {name} | {_fmt_time(r['median_s'])} (n={r['runs']}) | {r['spread']:.0%} | "
                          f"{_fmt_bytes(r['peak_bytes'])} | {_ratio(t_ratio) if show else ''} | "
                          f"{_ratio(m_ratio) if show else ''} | {'; '.join(goals)} | {'; '.join(met)} |")
@@ -419,13 +431,13 @@ def per_token_growth(ops: list[Op], rows: list[dict], Ts) -> tuple[str, list[dic
     lines = [f"| op, shape | per token at T={lo} | per token at T={hi} | ratio | target | met |", "|" + "---|" * 6]
     checks = []
     for op in (op for op in ops if op.linear):
-        a, b = _row(rows, op.name, "seqmix torch", lo), _row(rows, op.name, "seqmix torch", hi)
+        a, b = _row(rows, op.name, op.ours, lo), _row(rows, op.name, op.ours, hi)
         if not (_ok(a) and _ok(b)):
             lines.append(f"| {op.title}, {op.shape} | not measured | | | <= 1.5 | |")
             continue
         per_a, per_b = a["median_s"] / lo, b["median_s"] / hi
         ok = per_b / per_a <= 1.5
-        checks.append({"op": op.name, "T": hi, "vs": f"seqmix torch at T={lo}", "metric": "time per token",
+        checks.append({"op": op.name, "T": hi, "vs": f"{op.ours} at T={lo}", "metric": "time per token",
                        "target": "<= 1.5x", "ratio": per_b / per_a, "met": ok})
         lines.append(f"| {op.title}, {op.shape} | {_fmt_time(per_a)} | {_fmt_time(per_b)} | {per_b / per_a:.3g}x | "
                      f"<= 1.5x | {'yes' if ok else '**NO**'} |")

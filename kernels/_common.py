@@ -27,9 +27,11 @@ except ImportError:  # Triton has wheels for Linux x86_64 only; the torch backen
 else:
     HAS_TRITON = True
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "triton", "c")
+# The ops that have C loops (kernels/native.c): the recurrences, forward only.
+C_OPS = ("wkv4", "wkv7", "selective_scan")
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# float64 is accepted by the torch backends only: it is what gradcheck needs.
+# float64 is accepted by the torch backend only: it is what gradcheck needs.
 TORCH_DTYPES = FLOAT_DTYPES + (torch.float64,)
 
 # Tests set this to True so that every output buffer starts as NaN: a kernel that skips an element then fails.
@@ -48,10 +50,24 @@ def new_output(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def resolve_backend(backend: str | None, device: torch.device) -> str:
-    """None picks Triton for CUDA tensors and torch otherwise; 'triton' on CPU needs the interpreter."""
+def needs_grad(*tensors) -> bool:
+    """Whether autograd will want gradients of any of ``tensors`` (None skipped)."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+
+
+def resolve_backend(backend: str | None, device: torch.device, op: str = "", dtype: torch.dtype = torch.float32,
+                    grad: bool = False) -> str:
+    """The backend a call runs on. None picks Triton for CUDA tensors; for CPU tensors, the C loops when ``op``
+    has them (C_OPS), no gradient is wanted (``grad``), the dtype is fp32, fp16 or bf16 and they build here; the
+    torch backend otherwise. 'triton' on CPU needs the interpreter; 'c' is forward only."""
     if backend is None:
-        return "triton" if device.type == "cuda" and HAS_TRITON else "torch"
+        if device.type == "cuda" and HAS_TRITON:
+            return "triton"
+        if op in C_OPS and device.type == "cpu" and not grad and dtype in FLOAT_DTYPES:
+            from kernels import native
+            if not native.unavailable_reason():
+                return "c"
+        return "torch"
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
     if backend == "triton":
@@ -61,6 +77,17 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
             raise RuntimeError(
                 "backend='triton' with CPU tensors runs under the Triton interpreter: set the environment variable "
                 "TRITON_INTERPRET=1 before triton is first imported (before importing kernels), or pass CUDA tensors")
+    if backend == "c":
+        if op not in C_OPS:
+            raise ValueError(f"backend='c' exists for {', '.join(C_OPS)} only, not {op or 'this op'}")
+        if device.type != "cpu":
+            raise ValueError(f"backend='c' takes CPU tensors, got {device}")
+        if grad:
+            raise ValueError("backend='c' is forward only (no autograd): call it under torch.no_grad() or on tensors "
+                             "that do not require grad, or use backend='torch' for gradients")
+        from kernels import native
+        if native.unavailable_reason():
+            raise RuntimeError(f"backend='c' is not available here: {native.unavailable_reason()}")
     return backend
 
 
@@ -95,7 +122,7 @@ def check_same_dtype(**tensors) -> torch.dtype:
 
 
 def check_backend_dtype(backend: str, dtype: torch.dtype) -> None:
-    """Triton kernels take fp32, fp16 and bf16; the torch backend also float64."""
-    allowed = FLOAT_DTYPES if backend == "triton" else TORCH_DTYPES
+    """Triton kernels and C loops take fp32, fp16 and bf16; the torch backend also float64."""
+    allowed = TORCH_DTYPES if backend == "torch" else FLOAT_DTYPES
     if dtype not in allowed:
         raise TypeError(f"backend={backend!r} takes dtypes {[str(d) for d in allowed]}, got {dtype}")

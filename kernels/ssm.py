@@ -41,8 +41,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels import native
 from kernels._common import (accumulation_dtype, check_backend_dtype, check_devices, check_same_dtype, check_tensor,
-                             new_output, resolve_backend, tl, triton)
+                             needs_grad, new_output, resolve_backend, tl, triton)
 
 CHUNK_LEN = 16             # torch backend: tokens per chunk (the length of the in-chunk loop)
 BLOCK_ELEMENTS = 1 << 21   # torch backend: a block holds as many chunks as keep (tokens, batch, D, N) under this
@@ -366,9 +367,11 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     u, delta, z: (batch, D, T); A: (D, N); B, C: (batch, N, T); D, delta_bias: (D,); state: (batch, D, N) or None.
     Returns (y (batch, D, T) in the input dtype, last_state (batch, D, N) fp32, float64 for float64 inputs); feed
     last_state back as state to continue the sequence. u, delta, B, C, z share one dtype (fp32, fp16, bf16, or
-    float64 on the torch backend); A, D, delta_bias take that dtype or fp32. backend: None (Triton for CUDA tensors,
-    torch otherwise), "torch" or "triton" (on CPU tensors the Triton interpreter, TRITON_INTERPRET=1).
-    Differentiable in every tensor argument on both backends. Source: Mamba (arXiv:2312.00752), Algorithm 2.
+    float64 on the torch backend); A, D, delta_bias take that dtype or fp32. backend: None (Triton for CUDA tensors;
+    on CPU the C loop when no gradient is wanted and it builds, torch otherwise), "torch", "c" (kernels/native.c,
+    CPU, forward only) or "triton" (on CPU tensors the Triton interpreter, TRITON_INTERPRET=1).
+    Differentiable in every tensor argument on the torch and Triton backends.
+    Source: Mamba (arXiv:2312.00752), Algorithm 2.
     """
     check_tensor("u", u, (None, None, None))
     batch, dim, T = u.shape
@@ -389,8 +392,9 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     if not isinstance(delta_softplus, bool):
         raise TypeError(f"delta_softplus must be a bool, got {type(delta_softplus).__name__}")
     device = check_devices(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias, state=state)
-    backend = resolve_backend(backend, device)
     dtype = check_same_dtype(u=u, delta=delta, B=B, C=C, z=z)
+    grad = needs_grad(u, delta, A, B, C, D, z, delta_bias, state)
+    backend = resolve_backend(backend, device, "selective_scan", dtype, grad)
     check_backend_dtype(backend, dtype)
     compute = accumulation_dtype(dtype)
     for name, x in (("A", A), ("D", D), ("delta_bias", delta_bias)):
@@ -407,8 +411,12 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
         # Above the threshold softplus(x) is taken as x; at torch's default, 20, that is off by e^-20 = 2e-9, which
         # float64 sees. At 40 it is off by 4e-18, and exp(40) is still far from overflowing fp32.
         dt = F.softplus(dt, threshold=40.0)
-    y, last = _SelectiveScan.apply(u.contiguous(), dt.contiguous(), A.to(compute).contiguous(), B.contiguous(),
-                                   C.contiguous(), None if state is None else state.contiguous(), backend)
+    if backend == "c":
+        y, last = native.selective_scan_forward(u.float().contiguous(), dt.contiguous(), A.float().contiguous(),
+                                                B.float(), C.float(), None if state is None else state.contiguous())
+    else:
+        y, last = _SelectiveScan.apply(u.contiguous(), dt.contiguous(), A.to(compute).contiguous(), B.contiguous(),
+                                       C.contiguous(), None if state is None else state.contiguous(), backend)
     if D is not None:
         y = y + D.to(compute)[:, None] * u.to(compute)
     if z is not None:

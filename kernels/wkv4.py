@@ -56,8 +56,9 @@ from collections import namedtuple
 
 import torch
 
+from kernels import native
 from kernels._common import (accumulation_dtype, check_backend_dtype, check_devices, check_same_dtype,
-                             check_tensor, new_output, resolve_backend, tl, triton)
+                             check_tensor, needs_grad, new_output, resolve_backend, tl, triton)
 
 # The state's maximum before any token: HF's CPU loop and CUDA kernel start from this finite "minus infinity"
 # (e^{max - q} = 0 without inf - inf); keeping it makes states interchangeable with transformers'.
@@ -403,7 +404,8 @@ def wkv4(w, u, k, v, state=None, backend=None):
     w, u: (C,), w = -exp(time_decay) <= 0; k, v: (B, T, C); all fp32, fp16, bf16 (or float64 on the torch
     backend), one dtype. state: (num, den, max), each (B, C), fp32 (float64 for float64 inputs), HF's layout;
     None starts from (0, 0, -1e38). Returns (wkv (B, T, C) in the input dtype, (num, den, max)).
-    backend: "torch", "triton" or None (Triton for CUDA tensors, torch otherwise).
+    backend: "torch", "triton", "c" (kernels/native.c, CPU, forward only) or None (Triton for CUDA tensors; on
+    CPU the C loop when no gradient is wanted and it builds, torch otherwise).
     Source: the attention section of https://huggingface.co/docs/transformers/model_doc/rwkv.
     """
     k = check_tensor("k", k, (None, None, None))
@@ -420,7 +422,7 @@ def wkv4(w, u, k, v, state=None, backend=None):
         state = tuple(check_tensor(f"state[{i}] ({name})", s, (B, C), (state_dtype,))
                       for i, (name, s) in enumerate(zip(("num", "den", "max"), state)))
     device = check_devices(w=w, u=u, k=k, v=v, **({} if state is None else dict(zip(("num", "den", "max"), state))))
-    backend = resolve_backend(backend, device)
+    backend = resolve_backend(backend, device, "wkv4", dtype, needs_grad(w, u, k, v, *(state or ())))
     check_backend_dtype(backend, dtype)
     if torch.isnan(w).any() or (w > 0).any():
         raise ValueError("w is the per-step log decay, w = -exp(time_decay): every entry must be <= 0 and not NaN; "
@@ -431,11 +433,12 @@ def wkv4(w, u, k, v, state=None, backend=None):
     if T == 0:
         return k.new_empty((B, 0, C)), state
 
-    if backend == "torch":
-        y, new_state = _torch_wkv4(*(x.to(state_dtype) for x in (w, u, k, v)), *state)
+    if backend in ("torch", "c"):
+        run = _torch_wkv4 if backend == "torch" else native.wkv4_forward
+        y, new_state = run(*(x.to(state_dtype).contiguous() for x in (w, u, k, v)), *(s.contiguous() for s in state))
         return y.to(dtype), new_state
     args = (w.contiguous(), u.contiguous(), k.contiguous(), v.contiguous(), *(s.contiguous() for s in state))
-    if torch.is_grad_enabled() and any(x.requires_grad for x in args):
+    if needs_grad(*args):
         y, *new_state = _TritonWkv4.apply(*args)
     else:
         y, new_state, _ = _triton_forward(*args, save=False)

@@ -58,8 +58,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels import native
 from kernels._common import (accumulation_dtype, check_backend_dtype, check_devices, check_same_dtype, check_tensor,
-                             new_output, resolve_backend, tl, triton)
+                             needs_grad, new_output, resolve_backend, tl, triton)
 
 CHUNK = 16          # torch path: steps per chunk (a power of two, for the halving in _block_couplings)
 RANGE = 20.0        # torch path: the widest spread of log decay inside a chunk that the factored couplings take
@@ -519,13 +520,14 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None, chunked=False):
     state: (B, H, N, N) indexed [value, key], fp32 (float64 with float64 inputs), zeros when None.
     Returns (y, state): y (B, T, H, N) in the input dtype, the state after the last step (B, H, N, N), fp32 (float64
     for float64 inputs). Feeding a sequence in pieces, each with the state the last returned, gives the same as
-    feeding it whole. backend: None (Triton for CUDA tensors, torch otherwise), "torch" or "triton" (on CPU
-    tensors it needs TRITON_INTERPRET=1 before triton is imported); the Triton backend needs N a power of two
+    feeding it whole. backend: None (Triton for CUDA tensors; on CPU the C loop when no gradient is wanted and it
+    builds, torch otherwise), "torch", "c" (kernels/native.c, CPU, forward only) or "triton" (on CPU tensors it
+    needs TRITON_INTERPRET=1 before triton is imported); the Triton backend needs N a power of two
     >= 4. chunked (Triton backend; the torch backend is always chunked): run the forward as the chunked WY form,
     T / 16 serial steps of (16, 16) tile products instead of T steps (about 2.4x the arithmetic at N = 64), where it
     applies (N >= 16, every chunk's log decays within RANGE, as RWKV-7's always are); the sequential kernel runs the
     rest. Not timed on a GPU here: which is faster depends on the GPU, the batch and T. The backward is the same.
-    Differentiable on both backends with respect to every input and the initial state.
+    Differentiable on the torch and Triton backends with respect to every input and the initial state.
     Source: the RWKV-7 post https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 and arXiv:2503.14456.
     """
     check_tensor("r", r, (None, None, None, None))
@@ -536,7 +538,7 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None, chunked=False):
         check_tensor(name, x, (B, T, H, N))
     dtype = check_same_dtype(r=r, log_w=log_w, k=k, v=v, a=a, b=b)
     device = check_devices(r=r, log_w=log_w, k=k, v=v, a=a, b=b, state=state)
-    backend = resolve_backend(backend, device)
+    backend = resolve_backend(backend, device, "wkv7", dtype, needs_grad(r, log_w, k, v, a, b, state))
     if not isinstance(chunked, bool):
         raise TypeError(f"chunked must be True or False, got {chunked!r}")
     check_backend_dtype(backend, dtype)
@@ -548,10 +550,14 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None, chunked=False):
             state = torch.zeros((B, H, N, N), dtype=state_dtype, device=device)
         y, state = _wkv7_torch(*(x.to(state_dtype) for x in (r, log_w, k, v, a, b)), state)
         return y.to(dtype), state
+    if backend == "c":
+        y, state = native.wkv7_forward(*(x.float().contiguous() for x in (r, log_w, k, v, a, b)),
+                                       None if state is None else state.contiguous())
+        return y.to(dtype), state
     if N < 4 or N & (N - 1):
         raise ValueError(f"backend='triton' needs a head size N that is a power of two >= 4, got N = {N}")
     args = (*(x.contiguous() for x in (r, log_w, k, v, a, b)), None if state is None else state.contiguous())
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args):
+    if needs_grad(*args):
         return _Wkv7Triton.apply(*args, chunked)
     y, state, _ = _triton_forward(*args, save_checkpoints=False, chunked=chunked)   # inference: no checkpoints
     return y, state

@@ -203,13 +203,6 @@ def test_large_delta_forgets_the_past(rng):
     assert_close(last, step[..., None] * args["B"][:, None, :, -1] * args["u"][..., -1, None], FP32_BUDGET, "state")
 
 
-def test_default_backend_on_cpu_is_torch(rng):
-    inputs = {k: torch.tensor(v) for k, v in make_inputs(rng, 1, 2, 4, 5).items()}
-    y, last = ssm.selective_scan(**inputs)
-    y_torch, last_torch = ssm.selective_scan(**inputs, backend="torch")
-    assert torch.equal(y, y_torch) and torch.equal(last, last_torch)
-
-
 def good_args():
     return dict(u=torch.ones(1, 2, 3), delta=torch.ones(1, 2, 3), A=-torch.ones(2, 4), B=torch.ones(1, 4, 3),
                 C=torch.ones(1, 4, 3))

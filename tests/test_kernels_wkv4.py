@@ -265,11 +265,6 @@ def test_long_sequence_torch(rng, monkeypatch):
     assert redone_rows
 
 
-def test_default_backend_on_cpu_is_torch(rng):
-    w, u, k, v, _ = make_inputs(rng, 1, 9, 3)
-    assert torch.equal(wkv4(w, u, k, v)[0], wkv4(w, u, k, v, backend="torch")[0])
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_empty_sequence(rng, backend):
     w, u, k, v, state = make_inputs(rng, 2, 0, 3, with_state=True)

@@ -208,12 +208,6 @@ def small_inputs(dtype=torch.float32, N=4):
     return x
 
 
-def test_default_backend_on_cpu_is_torch(monkeypatch):
-    used = spy(monkeypatch, kw, "_wkv7_torch")
-    kw.wkv7(*small_inputs())
-    assert used
-
-
 def test_bad_input():
     x = small_inputs()
     with pytest.raises(ValueError, match=r"k must have shape \(1, 3, 2, 4\), got \(1, 3, 2, 5\)"):

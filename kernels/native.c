@@ -1,0 +1,207 @@
+/* The recurrences as plain C loops: the CPU inference path of kernels/native.py (forward only, fp32).
+ *
+ * Why C: on a CPU each recurrence is a handful of multiply-adds and one or two exponentials per element, and every
+ * eager torch formulation of it (chunked, in kernels/wkv4.py, wkv7.py, ssm.py) makes about twenty passes over the
+ * data, each its own trip through memory. One loop that walks time once does the same work in one pass, like the
+ * Triton kernels do on a GPU. The loops follow those kernels' formulas (see the Python modules' docstrings).
+ *
+ * Built by kernels/native.py with the system C compiler: cc -O3 -fopenmp -fno-math-errno, no -ffast-math (IEEE
+ * semantics are kept; NaN in, NaN out). The inner loops run over contiguous memory without dependences between
+ * iterations, so the compiler vectorizes them; exp_clamped below is written so that it vectorizes too.
+ * Parallel over independent rows (batch and channel blocks, heads, channels) with OpenMP; `threads` comes from
+ * torch.get_num_threads().
+ */
+#include <stdint.h>
+#include <string.h>
+
+/* e^x in fp32 within 1 ulp (0.89 measured), vectorizable (no calls, no branches), for x clamped to [-87, 88]:
+ * e^-87 is about the smallest normal fp32 number (denormals would slow x86 down by 100x; a factor that small times anything here is
+ * below fp32's resolution next to the terms it is added to), e^88 about the largest. x = n ln2 + r with
+ * |r| <= ln2/2 (ln2 split in two so that n ln2 is exact), e^r by its degree-7 Taylor polynomial (remainder
+ * r^8/8! < 5e-9), then 2^n put in the exponent bits. */
+static inline float exp_clamped(float x)
+{
+    x = x > -87.0f ? (x < 88.0f ? x : 88.0f) : -87.0f;
+    const float y = x * 1.44269504f;
+    const float n = (float)(int)(y + (y < 0.0f ? -0.5f : 0.5f));   /* round(x / ln2), in [-126, 127] */
+    const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-6f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;                  /* 2^n, a normal number */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* exp_clamped over an array: how tests measure its error against float64 */
+void exp_array(int64_t n, const float *x, float *out)
+{
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++)
+        out[i] = exp_clamped(x[i]);
+}
+
+/* 1 when x is NaN or +-inf (exponent bits all set). The loops are compiled assuming finite numbers (see
+ * kernels/native.py), under which comparisons and min/max no longer carry a NaN through, so a non-finite input is
+ * caught by this integer test, which the compiler cannot fold away, and marks what it reaches as NaN. */
+static inline int32_t nonfinite(float x)
+{
+    int32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return (bits & 0x7f800000) == 0x7f800000;
+}
+
+/* x, or NaN when poisoned (an integer select: not subject to the finite-math assumption either) */
+static inline float poison(float x, int32_t poisoned)
+{
+    int32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    bits = poisoned ? 0x7fc00000 : bits;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+/* RWKV-4's WKV, the max-tracked recurrence of kernels/wkv4.py's Triton forward (same formulas, same order):
+ * the scale max is kept as anchor + lag w, so that exponent differences come from key differences.
+ * w, u (C,); k, v, y (B, T, C); state in and out (B, C) each: num, den, max; scratch lag (B, C), bad (B, C). A
+ * work item is a batch row and a block of channels, whose time it walks; rows of C channels are contiguous, so
+ * kernels/native.py makes blocks as wide as the thread count allows. A channel's outputs are NaN from its first
+ * non-finite input on, as the recurrence in IEEE arithmetic would give them. */
+void wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
+                  const float *w, const float *u, const float *k, const float *v, float *y,
+                  const float *num0, const float *den0, const float *max0,
+                  float *num_out, float *den_out, float *max_out, float *lag_scratch, int32_t *bad_scratch)
+{
+    const int64_t blocks = (C + block - 1) / block;
+    for (int64_t item = first; item < last; item++) {
+        const int64_t b = item / blocks, c0 = item % blocks * block, s = b * C + c0;
+        const int64_t width = C - c0 < block ? C - c0 : block;
+        float *num = num_out + s, *den = den_out + s, *anchor = max_out + s, *lag = lag_scratch + s;
+        int32_t *bad = bad_scratch + s;
+        for (int64_t j = 0; j < width; j++) {
+            num[j] = num0[s + j];
+            den[j] = den0[s + j];
+            anchor[j] = max0[s + j];
+            lag[j] = 0.0f;
+            bad[j] = nonfinite(w[c0 + j]) | nonfinite(u[c0 + j]) | nonfinite(num[j]) | nonfinite(den[j])
+                     | nonfinite(anchor[j]);
+        }
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t row = (b * T + t) * C + c0;
+            const float *kt = k + row, *vt = v + row;
+            float *yt = y + row;
+            #pragma omp simd
+            for (int64_t j = 0; j < width; j++) {
+                const float kj = kt[j], vj = vt[j], wj = w[c0 + j];
+                bad[j] |= nonfinite(kj) | nonfinite(vj);
+                /* output: the past at scale e^max against the current token e^{u + k}; the larger is 1 */
+                float d = (anchor[j] - kj) + lag[j] * wj - u[c0 + j];   /* max - (u + k) */
+                float x = exp_clamped(d < 0.0f ? d : -d);
+                float past = d < 0.0f ? x : 1.0f, cur = d < 0.0f ? 1.0f : x;
+                yt[j] = poison((past * num[j] + cur * vj) / (past * den[j] + cur), bad[j]);
+                /* update: decay the past by e^w, add e^k; d = (max + w) - k decides the new scale */
+                d = (anchor[j] - kj) + (lag[j] + 1.0f) * wj;
+                x = exp_clamped(d < 0.0f ? d : -d);
+                past = d < 0.0f ? x : 1.0f;
+                cur = d < 0.0f ? 1.0f : x;
+                num[j] = past * num[j] + cur * vj;
+                den[j] = past * den[j] + cur;
+                anchor[j] = d >= 0.0f ? anchor[j] : kj;
+                lag[j] = d >= 0.0f ? lag[j] + 1.0f : 0.0f;
+            }
+        }
+        /* max is returned rounded to fp32, and num, den follow the rounding exactly: the rounding error of
+         * anchor + lag w by Knuth's two-sum (exact in IEEE arithmetic, which is why there is no -ffast-math) */
+        for (int64_t j = 0; j < width; j++) {
+            const float drift = lag[j] * w[c0 + j], mx = anchor[j] + drift, back = mx - anchor[j];
+            const float err = (anchor[j] - (mx - back)) + (drift - back), scale = exp_clamped(err);
+            num[j] = poison(num[j] * scale, bad[j]);
+            den[j] = poison(den[j] * scale, bad[j]);
+            anchor[j] = poison(mx, bad[j]);
+        }
+    }
+}
+
+/* Mamba's selective scan proper: x_t = e^{delta_t A} x_{t-1} + delta_t B_t u_t, y_t = C_t . x_t.
+ * u, delta, y (batch, D, T); A (D, N); Bt, Ct (batch, T, N) (time-major, so that a token's N numbers are adjacent);
+ * state: (batch, D, N) in, overwritten with the last state. A work item is a (batch, channel) pair, whose time it
+ * walks; its outputs are NaN from its first non-finite input on. */
+void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N,
+                            const float *u, const float *delta, const float *A, const float *Bt, const float *Ct,
+                            float *y, float *state)
+{
+    for (int64_t item = first; item < last; item++) {
+        const int64_t b = item / D, d = item % D;
+        float *x = state + (b * D + d) * N;
+        const float *a = A + d * N;
+        const float *ut = u + (b * D + d) * T, *dt = delta + (b * D + d) * T;
+        float *yt = y + (b * D + d) * T;
+        int32_t bad = 0;
+        for (int64_t n = 0; n < N; n++)
+            bad |= nonfinite(a[n]) | nonfinite(x[n]);
+        for (int64_t t = 0; t < T; t++) {
+            const float *Bn = Bt + (b * T + t) * N, *Cn = Ct + (b * T + t) * N;
+            const float step = dt[t], drive = dt[t] * ut[t];
+            float out = 0.0f;
+            bad |= nonfinite(step) | nonfinite(ut[t]);
+            #pragma omp simd reduction(+:out) reduction(|:bad)
+            for (int64_t n = 0; n < N; n++) {
+                x[n] = exp_clamped(step * a[n]) * x[n] + drive * Bn[n];
+                out += Cn[n] * x[n];
+                bad |= nonfinite(Bn[n]) | nonfinite(Cn[n]);
+            }
+            yt[t] = poison(out, bad);
+        }
+        for (int64_t n = 0; n < N; n++)
+            x[n] = poison(x[n], bad);
+    }
+}
+
+/* RWKV-7: S_t = S_{t-1} diag(e^{log_w_t}) + (S_{t-1} a_t) b_t^T + v_t k_t^T, y_t = S_t r_t.
+ * r, log_w, k, v, a, b, y (B, T, H, N); state (B, H, N, N) indexed [value, key], in, overwritten with the last
+ * state; decay_scratch (B, H, N). A work item is a (batch, head) pair, whose time it walks; a row of S is
+ * contiguous, so the inner loops (over keys) vectorize. A head's outputs are NaN from its first non-finite input on. */
+void wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
+                  const float *r, const float *log_w, const float *k, const float *v, const float *a,
+                  const float *b, float *y, float *state, float *decay_scratch)
+{
+    for (int64_t item = first; item < last; item++) {
+        const int64_t bi = item / H, h = item % H;
+        float *S = state + (bi * H + h) * N * N, *w = decay_scratch + (bi * H + h) * N;
+        int32_t bad = 0;
+        for (int64_t j = 0; j < N * N; j++)
+            bad |= nonfinite(S[j]);
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t off = ((bi * T + t) * H + h) * N;
+            const float *rt = r + off, *kt = k + off, *at = a + off, *bt = b + off;
+            #pragma omp simd reduction(|:bad)
+            for (int64_t j = 0; j < N; j++) {
+                w[j] = exp_clamped(log_w[off + j]);
+                bad |= nonfinite(rt[j]) | nonfinite(log_w[off + j]) | nonfinite(kt[j]) | nonfinite(v[off + j])
+                       | nonfinite(at[j]) | nonfinite(bt[j]);
+            }
+            for (int64_t i = 0; i < N; i++) {
+                float *Si = S + i * N;
+                float sa = 0.0f, out = 0.0f;
+                const float vi = v[off + i];
+                #pragma omp simd reduction(+:sa)
+                for (int64_t j = 0; j < N; j++)
+                    sa += Si[j] * at[j];                           /* (S_{t-1} a_t)_i */
+                #pragma omp simd reduction(+:out)
+                for (int64_t j = 0; j < N; j++) {
+                    Si[j] = Si[j] * w[j] + sa * bt[j] + vi * kt[j];
+                    out += Si[j] * rt[j];                          /* (S_t r_t)_i */
+                }
+                y[off + i] = poison(out, bad);
+            }
+        }
+        for (int64_t j = 0; j < N * N; j++)
+            S[j] = poison(S[j], bad);
+    }
+}
