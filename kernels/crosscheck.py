@@ -1,7 +1,8 @@
 """Headless cross-check of every formula: ``python -m kernels.crosscheck`` (or ``python3 dev.py report``).
 
-Runs each op on small seeded inputs: the float64 reference forms against each other, then the torch backend and the
-Triton backend (under the interpreter when there is no GPU) in fp32 against the reference, and prints one table
+Runs each op on small seeded inputs: the float64 reference forms against each other, then the torch backend, the
+Triton backend (under the interpreter when there is no GPU) and, for the recurrences, the C loops in fp32 against
+the reference, and prints one table
 row per comparison with the relative RMS error, the max abs error and the design's budget. Exit status 1 if any
 comparison is out of budget. The tests check much more (gradients, states, awkward shapes, bad input); this is the
 one-screen summary.
@@ -17,7 +18,7 @@ import kernels
 
 MODE = kernels.use_interpreter_without_gpu()   # before anything imports triton
 
-from kernels import _common, attention, rerope, ssm, wkv4, wkv7  # noqa: E402
+from kernels import _common, attention, native, rerope, ssm, wkv4, wkv7  # noqa: E402
 from kernels.testing import FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, max_abs, rel_rms  # noqa: E402
 from reference import attention as ref_attention  # noqa: E402
 from reference import rope as ref_rope  # noqa: E402
@@ -26,6 +27,8 @@ from reference import wkv4 as ref_wkv4  # noqa: E402
 from reference import wkv7 as ref_wkv7  # noqa: E402
 
 BACKENDS = ("torch", "triton") if _common.HAS_TRITON else ("torch",)
+# The recurrences also have C loops (kernels/native.c) where a C compiler builds them.
+RECURRENCE_BACKENDS = BACKENDS + (() if native.unavailable_reason() else ("c",))
 
 
 def fp32(*arrays):
@@ -73,7 +76,7 @@ def wkv4_rows(rng):
     yield "RWKV-4 WKV", "max-tracked recurrence", ref_wkv4.wkv4(w, u, k, v)[0], truth, REFERENCE_BUDGET
     k = rng.uniform(-300, 300, size=k.shape)                       # keys that overflow the plain forms
     truth = ref_wkv4.wkv4(w, u, k, v)[0]
-    for backend in BACKENDS:
+    for backend in RECURRENCE_BACKENDS:
         yield "RWKV-4 WKV, keys in [-300, 300]", f"kernel, {backend}", \
             wkv4.wkv4(*fp32(w, u, k, v), backend=backend)[0], truth, FP32_BUDGET
 
@@ -89,8 +92,8 @@ def wkv7_rows(rng):
     truth = ref_wkv7.wkv7(*args)[0]
     yield "RWKV-7 WKV", "transition product", ref_wkv7.wkv7_transition_product(*args)[0], truth, REFERENCE_BUDGET
     yield "RWKV-7 WKV", "chunked WY form", ref_wkv7.wkv7_chunked(*args, chunk_size=16)[0], truth, REFERENCE_BUDGET
-    budgets = {"torch": FP32_CHUNKED_WKV7_BUDGET, "triton": FP32_BUDGET}
-    for backend in BACKENDS:
+    budgets = {"torch": FP32_CHUNKED_WKV7_BUDGET, "triton": FP32_BUDGET, "c": FP32_BUDGET}
+    for backend in RECURRENCE_BACKENDS:
         yield "RWKV-7 WKV", f"kernel, {backend}", wkv7.wkv7(*fp32(*args), backend=backend)[0], truth, budgets[backend]
 
 
@@ -111,7 +114,7 @@ def ssm_rows(rng):
     Bs, Cs = rng.normal(size=(2, batch, N, T))
     Dskip, bias = rng.normal(size=(2, D))
     truth = ref_ssm.selective_scan(u, delta, A, Bs, Cs, Dskip, z, bias, delta_softplus=True)[0]
-    for backend in BACKENDS:
+    for backend in RECURRENCE_BACKENDS:
         out = ssm.selective_scan(*fp32(u, delta, A, Bs, Cs, Dskip, z, bias), delta_softplus=True, backend=backend)[0]
         yield "Mamba selective scan", f"kernel, {backend}", out, truth, FP32_BUDGET
 
