@@ -65,7 +65,7 @@ def resolve_backend(backend: str | None, device: torch.device, op: str = "", dty
             return "triton"
         if op in C_OPS and device.type == "cpu" and not grad and dtype in FLOAT_DTYPES:
             from kernels import native
-            if not native.unavailable_reason():
+            if native.available():
                 return "c"
         return "torch"
     if backend not in BACKENDS:

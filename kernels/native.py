@@ -26,6 +26,7 @@ import os
 import platform
 import subprocess
 import tempfile
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
@@ -99,6 +100,20 @@ def unavailable_reason() -> str:
     except (NativeUnavailable, OSError) as e:
         return str(e)
     return ""
+
+
+@lru_cache(maxsize=None)
+def _warn_once(reason: str) -> None:
+    warnings.warn(f"kernels: the C loops are not available, so CPU inference runs the slower torch backend: {reason}",
+                  RuntimeWarning, stacklevel=4)
+
+
+def available() -> bool:
+    """Whether backend=None can take the C loops; says once why not (unless SEQMIX_NATIVE=0 asked for that)."""
+    reason = unavailable_reason()
+    if reason and os.environ.get("SEQMIX_NATIVE", "1") != "0":
+        _warn_once(reason)
+    return not reason
 
 
 @lru_cache(maxsize=None)

@@ -193,10 +193,15 @@ def test_default_backend_on_cpu(rng):
 
 
 def test_default_backend_without_the_c_loops(rng, monkeypatch):
-    """Where they cannot be built, None takes the torch backend and "c" says why."""
+    """Where they cannot be built, None takes the torch backend (and says so once) and "c" says why."""
     monkeypatch.setattr(native, "unavailable_reason", lambda: "no C compiler here")
-    for name, call in small_calls(rng):
-        for got, want in zip(flat(call(None, False)), flat(call("torch", False))):
+    native._warn_once.cache_clear()
+    calls = small_calls(rng)
+    with pytest.warns(RuntimeWarning, match="runs the slower torch backend: no C compiler here") as caught:
+        outputs = [flat(call(None, False)) for _, call in calls]
+    assert len(caught) == 1
+    for (name, call), got_outputs in zip(calls, outputs):
+        for got, want in zip(got_outputs, flat(call("torch", False))):
             assert torch.equal(got, want), name
         with pytest.raises(RuntimeError, match="backend='c' is not available here: no C compiler here"):
             call("c", False)
