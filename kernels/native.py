@@ -15,8 +15,10 @@ CPU tensors; the ops convert.
 Flags: -O3 -march=native; -fno-math-errno and -fno-trapping-math (exp never sets errno, nothing traps);
 -ffinite-math-only and -fno-signed-zeros, which GCC needs to turn the loops' comparisons into vector min/max and
 blends (without them no loop with a clamp vectorizes). No -ffast-math: no reassociation (WKV-4's two-sum stays
-exact) and no flush-to-zero. Under -ffinite-math-only a NaN would no longer carry through comparisons, so the loops
-test their inputs' bits instead: from a non-finite input on, what it reaches (a channel, a head) comes out NaN.
+exact) and no flush-to-zero. Under -ffinite-math-only a NaN no longer carries through comparisons, so the loops
+test the bits of the inputs that meet one (the exponents' clamps, WKV-4's running maximum): from a non-finite one
+on, what it reaches (a channel, a head) comes out NaN. Inputs that enter by products and sums only carry a NaN
+themselves. tests/test_kernels_native.py puts a NaN in each input of each op.
 """
 from __future__ import annotations
 
