@@ -42,6 +42,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapp
          "-fno-signed-zeros", "-shared", "-fPIC")
 SERIAL_WORK = 1 << 15    # below this many elements per call, one thread: starting threads would cost more
 ALIGN = 16               # WKV-4 channel blocks are multiples of this (whole vectors)
+LANES = 8                # the scan's channels per work item (LANES in native.c)
 
 
 class NativeUnavailable(RuntimeError):
@@ -88,9 +89,9 @@ def library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(_build(os.environ.get("CC", "cc"))))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.wkv4_forward.argtypes = [i64] * 5 + [ptr] * 13
-    lib.selective_scan_forward.argtypes = [i64] * 5 + [ptr] * 7
+    lib.selective_scan_forward.argtypes = [i64] * 6 + [ptr] * 10
     lib.wkv7_forward.argtypes = [i64] * 5 + [ptr] * 9
-    lib.exp_array.argtypes = [i64, ptr, ptr]
+    lib.exp_array.argtypes = lib.softplus_array.argtypes = [i64, ptr, ptr]
     return lib
 
 
@@ -147,6 +148,13 @@ def exp(x):
     return out
 
 
+def softplus(x):
+    """The scan's softplus (native.c) on a contiguous fp32 tensor."""
+    out = torch.empty_like(x)
+    library().softplus_array(x.numel(), *_pointers(x, out))
+    return out
+
+
 def wkv4_forward(w, u, k, v, num0, den0, max0):
     """RWKV-4's WKV: w, u (C,); k, v (B, T, C); state (B, C) each -> (y (B, T, C), (num, den, max)); all fp32.
     Work items are (batch row, channel block); blocks are as wide as the thread count allows, since a narrow block
@@ -163,16 +171,19 @@ def wkv4_forward(w, u, k, v, num0, den0, max0):
     return y, (num, den, mx)
 
 
-def selective_scan_forward(u, delta, A, B, C, state):
-    """x_t = e^{delta_t A} x_{t-1} + delta_t B_t u_t, y_t = C_t . x_t: u, delta (batch, D, T); A (D, N); B, C
-    (batch, N, T); state (batch, D, N) or None -> (y (batch, D, T), last state (batch, D, N)); all fp32."""
-    batch, D, T = u.shape
+def selective_scan_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state):
+    """delta <- softplus(delta + delta_bias) (when asked), x_t = e^{delta_t A} x_{t-1} + delta_t B_t u_t,
+    y_t = (C_t . x_t + D u_t) silu(z_t): u, delta, z (batch, D, T); A (D, N); B, C (batch, N, T); D, delta_bias (D,);
+    D, z, delta_bias and state (batch, D, N) may be None -> (y (batch, D, T), last state (batch, D, N)); fp32."""
+    batch, dim, T = u.shape
     N = A.shape[1]
-    y = new_output((batch, D, T), torch.float32, u.device)
-    last = torch.zeros(batch, D, N) if state is None else state.clone()
+    y = new_output((batch, dim, T), torch.float32, u.device)
+    last = torch.zeros(batch, dim, N) if state is None else state.clone()
     Bt, Ct = (x.transpose(1, 2).contiguous() for x in (B, C))               # (batch, T, N): a token's N adjacent
-    _run(library().selective_scan_forward, batch * D, batch * D * T * N, D, T, N,
-         *_pointers(u, delta, A, Bt, Ct, y, last))
+    optional = [None if x is None else ctypes.c_void_p(x.data_ptr()) for x in (delta_bias, D, z)]   # NULL: none
+    _run(library().selective_scan_forward, batch * -(-dim // LANES), batch * dim * T * N, dim, T, N,
+         int(delta_softplus), *_pointers(u, delta), optional[0], *_pointers(A, Bt, Ct), *optional[1:],
+         *_pointers(y, last))
     return y, last
 
 
@@ -182,7 +193,7 @@ def wkv7_forward(r, log_w, k, v, a, b, state):
     B, T, H, N = r.shape
     y = new_output((B, T, H, N), torch.float32, r.device)
     last = torch.zeros(B, H, N, N) if state is None else state.clone()
-    decay = torch.empty(B, H, N)                                            # scratch: one token's e^{log_w}
+    scratch = torch.empty(B, H, N * N + N)                                  # per head: S transposed, e^{log_w}
     _run(library().wkv7_forward, B * H, B * T * H * N * N, T, H, N,
-         *_pointers(r, log_w, k, v, a, b, y, last, decay))
+         *_pointers(r, log_w, k, v, a, b, y, last, scratch))
     return y, last

@@ -404,6 +404,11 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
         raise TypeError(f"state must have dtype {compute} (states are kept in {compute} for {dtype} inputs), "
                         f"got {state.dtype}")
 
+    if backend == "c":   # the whole op in the loop: bias, softplus, scan, skip and gate
+        fp32 = lambda x: None if x is None else x.float().contiguous()   # noqa: E731
+        y, last = native.selective_scan_forward(*map(fp32, (u, delta, A, B, C, D, z, delta_bias)), delta_softplus,
+                                                None if state is None else state.contiguous())
+        return y.to(dtype), last
     dt = delta.to(compute)
     if delta_bias is not None:
         dt = dt + delta_bias.to(compute)[:, None]
@@ -411,12 +416,8 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
         # Above the threshold softplus(x) is taken as x; at torch's default, 20, that is off by e^-20 = 2e-9, which
         # float64 sees. At 40 it is off by 4e-18, and exp(40) is still far from overflowing fp32.
         dt = F.softplus(dt, threshold=40.0)
-    if backend == "c":
-        y, last = native.selective_scan_forward(u.float().contiguous(), dt.contiguous(), A.float().contiguous(),
-                                                B.float(), C.float(), None if state is None else state.contiguous())
-    else:
-        y, last = _SelectiveScan.apply(u.contiguous(), dt.contiguous(), A.to(compute).contiguous(), B.contiguous(),
-                                       C.contiguous(), None if state is None else state.contiguous(), backend)
+    y, last = _SelectiveScan.apply(u.contiguous(), dt.contiguous(), A.to(compute).contiguous(), B.contiguous(),
+                                   C.contiguous(), None if state is None else state.contiguous(), backend)
     if D is not None:
         y = y + D.to(compute)[:, None] * u.to(compute)
     if z is not None:
