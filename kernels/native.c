@@ -2,23 +2,22 @@
  *
  * Why C: on a CPU each recurrence is a handful of multiply-adds and one or two exponentials per element, and every
  * eager torch formulation of it (chunked, in kernels/wkv4.py, wkv7.py, ssm.py) makes about twenty passes over the
- * data, each its own trip through memory. One loop that walks time once does the same work in one pass, like the
- * Triton kernels do on a GPU. The loops follow those kernels' formulas (see the Python modules' docstrings).
+ * data, each its own trip through memory. One loop that walks time once does the same work in one pass, as the
+ * Triton kernels do on a GPU, and follows their formulas (see the Python modules' docstrings).
  *
- * Built by kernels/native.py with the system C compiler: cc -O3 -fopenmp -fno-math-errno, no -ffast-math (IEEE
- * semantics are kept; NaN in, NaN out). The inner loops run over contiguous memory without dependences between
- * iterations, so the compiler vectorizes them; exp_clamped below is written so that it vectorizes too.
- * Parallel over independent rows (batch and channel blocks, heads, channels) with OpenMP; `threads` comes from
- * torch.get_num_threads().
+ * Built by kernels/native.py with the system C compiler (its FLAGS say which and why). The inner loops run over
+ * contiguous memory without dependences between iterations, so the compiler vectorizes them (`omp simd`, with
+ * -fopenmp-simd: no OpenMP runtime); exp_clamped and softplus below are written so that they vectorize too. Each
+ * function walks a range [first, last) of independent work items; kernels/native.py gives each thread a range.
  */
 #include <stdint.h>
 #include <string.h>
 
 /* e^x in fp32 within 1 ulp (0.89 measured), vectorizable (no calls, no branches), for x clamped to [-87, 88]:
- * e^-87 is about the smallest normal fp32 number (denormals would slow x86 down by 100x; a factor that small times anything here is
- * below fp32's resolution next to the terms it is added to), e^88 about the largest. x = n ln2 + r with
- * |r| <= ln2/2 (ln2 split in two so that n ln2 is exact), e^r by its degree-7 Taylor polynomial (remainder
- * r^8/8! < 5e-9), then 2^n put in the exponent bits. */
+ * e^-87 is about the smallest normal fp32 number (denormals would slow x86 down by 100x; a factor that small times
+ * anything here is below fp32's resolution next to the terms it is added to), e^88 about the largest.
+ * x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so that n ln2 is exact), e^r by its degree-7 Taylor polynomial
+ * (remainder r^8/8! < 5e-9), then 2^n put in the exponent bits. */
 static inline float exp_clamped(float x)
 {
     x = x > -87.0f ? (x < 88.0f ? x : 88.0f) : -87.0f;

@@ -242,7 +242,8 @@ def nan_cases():
     """(op, input, index of the NaN put in, index of an output that must then be NaN)."""
     return [("wkv4", "k", (0, 2, 1), (0, 2, 1)), ("wkv4", "v", (0, 2, 1), (0, 2, 1)), ("wkv4", "u", (1,), (0, 0, 1)),
             *[("wkv7", name, (0, 2, 0, 1), (0, 2, 0)) for name in ("r", "log_w", "k", "v", "a", "b")],
-            *[("ssm", name, (0, 1, 3), (0, 1, 3)) for name in ("u", "delta")], ("ssm", "A", (1, 2), (0, 1, 0)),
+            *[("ssm", name, (0, 1, 3), (0, 1, 3)) for name in ("u", "delta", "z")], ("ssm", "A", (1, 2), (0, 1, 0)),
+            *[("ssm", name, (1,), (0, 1, 0)) for name in ("D", "delta_bias")],
             *[("ssm", name, (0, 2, 3), (0, slice(None), 3)) for name in ("B", "C")]]
 
 
@@ -253,8 +254,9 @@ def test_nan_in_the_input_comes_out(rng, op, name, where, reaches):
     w, u, k, v, _ = wkv4_inputs(rng, 1, 6, 3)
     names7 = ("r", "log_w", "k", "v", "a", "b")
     x7 = dict(zip(names7, (torch.tensor(z, dtype=torch.float32) for z in rwkv7_inputs(rng, 1, 5, 1, 4)[0])))
-    xs = {k: torch.tensor(a, dtype=torch.float32) for k, a in scan_inputs(rng, 1, 3, 4, 6).items()}
-    inputs = {"wkv4": dict(w=w, u=u, k=k, v=v), "wkv7": x7, "ssm": xs}[op]
+    xs = {k: torch.tensor(a, dtype=torch.float32)
+          for k, a in scan_inputs(rng, 1, 3, 4, 6, extras=("D", "z", "delta_bias")).items()}
+    inputs = {"wkv4": dict(w=w, u=u, k=k, v=v), "wkv7": x7, "ssm": dict(xs, delta_softplus=True)}[op]
     inputs[name][where] = float("nan")
     run = {"wkv4": wkv4, "wkv7": wkv7, "ssm": ssm.selective_scan}[op]
     y = run(**inputs, backend="c")[0]
