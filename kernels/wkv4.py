@@ -430,8 +430,8 @@ def wkv4(w, u, k, v, state=None, backend=None):
     if state is None:
         zeros = torch.zeros(B, C, dtype=state_dtype, device=device)
         state = (zeros, zeros.clone(), torch.full((B, C), INITIAL_MAX, dtype=state_dtype, device=device))
-    if T == 0:
-        return k.new_empty((B, 0, C)), state
+    if k.numel() == 0:   # no tokens, rows or channels: nothing to compute, the state stays
+        return k.new_empty((B, T, C)), state
 
     if backend in ("torch", "c"):
         run = _torch_wkv4 if backend == "torch" else native.wkv4_forward

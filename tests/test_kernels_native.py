@@ -92,6 +92,13 @@ def test_wkv4_extreme_inputs(rng, extreme):
     assert_state_close(new_state, state_ref, FP32_BUDGET, "final state")
 
 
+@pytest.mark.parametrize("B,T,C", [(2, 0, 3), (0, 4, 3), (2, 4, 0)])
+def test_wkv4_empty(rng, B, T, C):
+    w, u, k, v, state = wkv4_inputs(rng, B, T, C, with_state=True)
+    y, new_state = wkv4(w, u, k, v, state, backend="c")
+    assert y.shape == (B, T, C) and all(torch.equal(a, b) for a, b in zip(new_state, state))
+
+
 def test_wkv4_split_equals_whole(rng):
     B, T, C = 2, 39, 5
     w, u, k, v, state = wkv4_inputs(rng, B, T, C, with_state=True)
