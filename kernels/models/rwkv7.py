@@ -235,7 +235,8 @@ class Rwkv7(GenerateMixin, nn.Module):
 
     def forward(self, tokens: torch.Tensor, state=None, backend: str | None = None):
         """tokens (B, T) integers in [0, V); state as returned by a previous call (zeros when None); backend of
-        the WKV-7 op (None: Triton on CUDA, torch otherwise). Returns (logits (B, T, V), state)."""
+        the WKV-7 op (None: Triton on CUDA; on CPU the C loop without gradients, torch with them).
+        Returns (logits (B, T, V), state)."""
         check_token_ids(tokens, self.config.vocab_size, name="tokens")
         B = tokens.shape[0]
         if state is None:
