@@ -189,9 +189,9 @@ def wkv7_chunked_fwd(B, T, H, N, dtype, block_v, block_k, programs, ck, save):
 def wkv7_models(B=1, T=2048, H=12, N=64):
     from kernels.wkv7 import CHECKPOINT, CHUNKED_BLOCK_K, _chunked_launch_config, _grid, _launch_config
     block_v, _ = _launch_config(N)
-    programs = math.prod(_grid(B, H, N))
+    programs = math.prod(_grid(B, H, N, block_v))
     chunked_v, _ = _chunked_launch_config(N)
-    chunked_programs = math.prod(_grid(B, H, N, _chunked_launch_config))
+    chunked_programs = math.prod(_grid(B, H, N, chunked_v))
     shape = f"B={B} T={T} H={H} N={N}"
     out = []
     for dtype in ("fp32", "bf16"):

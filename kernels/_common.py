@@ -63,7 +63,7 @@ def resolve_backend(backend: str | None, device: torch.device, op: str = "", dty
     if backend is None:
         if device.type == "cuda" and HAS_TRITON:
             return "triton"
-        if op in C_OPS and device.type == "cpu" and not grad and dtype in FLOAT_DTYPES:
+        if op in C_OPS and device.type == "cpu" and not grad and dtype in backend_dtypes("c"):
             from kernels import native
             if native.available():
                 return "c"
@@ -121,8 +121,12 @@ def check_same_dtype(**tensors) -> torch.dtype:
     return dtypes.pop()
 
 
-def check_backend_dtype(backend: str, dtype: torch.dtype) -> None:
+def backend_dtypes(backend: str) -> tuple:
     """Triton kernels and C loops take fp32, fp16 and bf16; the torch backend also float64."""
-    allowed = TORCH_DTYPES if backend == "torch" else FLOAT_DTYPES
+    return TORCH_DTYPES if backend == "torch" else FLOAT_DTYPES
+
+
+def check_backend_dtype(backend: str, dtype: torch.dtype) -> None:
+    allowed = backend_dtypes(backend)
     if dtype not in allowed:
         raise TypeError(f"backend={backend!r} takes dtypes {[str(d) for d in allowed]}, got {dtype}")

@@ -162,6 +162,12 @@ void wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t blo
  * channel's first non-finite input on. */
 #define LANES 8
 
+/* LANES, for kernels/native.py's count of work items */
+int64_t selective_scan_lanes(void)
+{
+    return LANES;
+}
+
 void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
                             const float *u, const float *delta, const float *delta_bias, const float *A,
                             const float *Bt, const float *Ct, const float *Dskip, const float *z, float *y,

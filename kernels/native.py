@@ -9,8 +9,8 @@ only when no gradient is needed (backend=None picks them then; the chunked torch
 Built on first use with the system C compiler (``$CC``, else ``cc``) into a cache directory (``$SEQMIX_CACHE``,
 else ``~/.cache/seqmix``), keyed by the source, the flags, the compiler and the CPU (the build uses -march=native),
 and loaded with ctypes, whose calls release the GIL: work items (rows of the outer loops) are split over
-``torch.get_num_threads()`` threads. ``SEQMIX_NATIVE=0`` turns the path off. Every function takes contiguous fp32
-CPU tensors; the ops convert.
+``torch.get_num_threads()`` threads. ``SEQMIX_NATIVE=0`` turns the path off. Every function takes CPU tensors of
+any float dtype and layout and hands the loops contiguous fp32 copies where needed; outputs and states are fp32.
 
 Flags: -O3 -march=native; -fno-math-errno and -fno-trapping-math (exp never sets errno, nothing traps);
 -ffinite-math-only and -fno-signed-zeros, which GCC needs to turn the loops' comparisons into vector min/max and
@@ -42,7 +42,6 @@ FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapp
          "-fno-signed-zeros", "-shared", "-fPIC")
 SERIAL_WORK = 1 << 15    # below this many elements per call, one thread: starting threads would cost more
 ALIGN = 16               # WKV-4 channel blocks are multiples of this (whole vectors)
-LANES = 8                # the scan's channels per work item (LANES in native.c)
 
 
 class NativeUnavailable(RuntimeError):
@@ -92,6 +91,7 @@ def library() -> ctypes.CDLL:
     lib.selective_scan_forward.argtypes = [i64] * 6 + [ptr] * 10
     lib.wkv7_forward.argtypes = [i64] * 5 + [ptr] * 9
     lib.exp_array.argtypes = lib.softplus_array.argtypes = [i64, ptr, ptr]
+    lib.selective_scan_lanes.restype = i64
     return lib
 
 
@@ -138,7 +138,18 @@ def _run(fn, items: int, work: int, *args) -> None:
 
 
 def _pointers(*tensors):
-    return [ctypes.c_void_p(x.data_ptr()) for x in tensors]
+    """The tensors' data as C pointers; None stays None (NULL: an optional input left out)."""
+    return [None if x is None else ctypes.c_void_p(x.data_ptr()) for x in tensors]
+
+
+def _fp32(x):
+    """x as a contiguous fp32 tensor (x itself when it is one already); None stays None."""
+    return None if x is None else x.float().contiguous()
+
+
+def _initial_state(state, shape):
+    """The state the loop overwrites: a contiguous fp32 copy of ``state``, or zeros."""
+    return torch.zeros(shape) if state is None else state.float().clone(memory_format=torch.contiguous_format)
 
 
 def exp(x):
@@ -159,6 +170,7 @@ def wkv4_forward(w, u, k, v, num0, den0, max0):
     """RWKV-4's WKV: w, u (C,); k, v (B, T, C); state (B, C) each -> (y (B, T, C), (num, den, max)); all fp32.
     Work items are (batch row, channel block); blocks are as wide as the thread count allows, since a narrow block
     walks memory with a stride of a whole row per token (measured 3x slower at 64 channels than at 768)."""
+    w, u, k, v, num0, den0, max0 = map(_fp32, (w, u, k, v, num0, den0, max0))
     B, T, C = k.shape
     per_row = -(-torch.get_num_threads() // B)                             # blocks per row to feed every thread
     block = min(C, -(-C // per_row // ALIGN) * ALIGN)
@@ -175,24 +187,25 @@ def selective_scan_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, 
     """delta <- softplus(delta + delta_bias) (when asked), x_t = e^{delta_t A} x_{t-1} + delta_t B_t u_t,
     y_t = (C_t . x_t + D u_t) silu(z_t): u, delta, z (batch, D, T); A (D, N); B, C (batch, N, T); D, delta_bias (D,);
     D, z, delta_bias and state (batch, D, N) may be None -> (y (batch, D, T), last state (batch, D, N)); fp32."""
+    u, delta, A, D, z, delta_bias = map(_fp32, (u, delta, A, D, z, delta_bias))
     batch, dim, T = u.shape
     N = A.shape[1]
     y = new_output((batch, dim, T), torch.float32, u.device)
-    last = torch.zeros(batch, dim, N) if state is None else state.clone()
-    Bt, Ct = (x.transpose(1, 2).contiguous() for x in (B, C))               # (batch, T, N): a token's N adjacent
-    optional = [None if x is None else ctypes.c_void_p(x.data_ptr()) for x in (delta_bias, D, z)]   # NULL: none
-    _run(library().selective_scan_forward, batch * -(-dim // LANES), batch * dim * T * N, dim, T, N,
-         int(delta_softplus), *_pointers(u, delta), optional[0], *_pointers(A, Bt, Ct), *optional[1:],
-         *_pointers(y, last))
+    last = _initial_state(state, (batch, dim, N))
+    Bt, Ct = (x.float().transpose(1, 2).contiguous() for x in (B, C))       # (batch, T, N): a token's N adjacent
+    lanes = library().selective_scan_lanes()                                  # channels per work item
+    _run(library().selective_scan_forward, batch * -(-dim // lanes), batch * dim * T * N, dim, T, N,
+         int(delta_softplus), *_pointers(u, delta, delta_bias, A, Bt, Ct, D, z, y, last))
     return y, last
 
 
 def wkv7_forward(r, log_w, k, v, a, b, state):
     """S_t = S_{t-1} diag(e^{log_w_t}) + (S_{t-1} a_t) b_t^T + v_t k_t^T, y_t = S_t r_t: r, log_w, k, v, a, b
     (B, T, H, N); state (B, H, N, N) [value, key] or None -> (y (B, T, H, N), last state (B, H, N, N)); fp32."""
+    r, log_w, k, v, a, b = map(_fp32, (r, log_w, k, v, a, b))
     B, T, H, N = r.shape
     y = new_output((B, T, H, N), torch.float32, r.device)
-    last = torch.zeros(B, H, N, N) if state is None else state.clone()
+    last = _initial_state(state, (B, H, N, N))
     scratch = torch.empty(B, H, N * N + N)                                  # per head: S transposed, e^{log_w}
     _run(library().wkv7_forward, B * H, B * T * H * N * N, T, H, N,
          *_pointers(r, log_w, k, v, a, b, y, last, scratch))

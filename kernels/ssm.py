@@ -11,8 +11,9 @@ returned last_state (batch, D, N). The float64 truth is reference/ssm.py (`selec
 (arXiv:2312.00752), section 3 and Algorithm 2.
 
 How it is split up. delta_bias, softplus, the skip D u and the gate are elementwise over (batch, D, T) and run as
-ordinary torch ops on both backends (autograd differentiates them). The scan proper, (u, delta, A, B, C, state) ->
-(C_t . x_t, last state), is one torch.autograd.Function with two implementations:
+ordinary torch ops on the torch and Triton backends (autograd differentiates them); the C loop of kernels/native.c
+(backend="c", CPU inference, forward only) does them, and the scan, in its one pass. The scan proper,
+(u, delta, A, B, C, state) -> (C_t . x_t, last state), is one torch.autograd.Function with two implementations:
 
 - torch: chunks of CHUNK_LEN tokens, grouped into blocks of up to BLOCK_ELEMENTS per (tokens, batch, D, N) tensor
   that are processed one after the other (so memory is bounded whatever T is, and time is linear in T). Within a
@@ -405,9 +406,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
                         f"got {state.dtype}")
 
     if backend == "c":   # the whole op in the loop: bias, softplus, scan, skip and gate
-        fp32 = lambda x: None if x is None else x.float().contiguous()   # noqa: E731
-        y, last = native.selective_scan_forward(*map(fp32, (u, delta, A, B, C, D, z, delta_bias)), delta_softplus,
-                                                None if state is None else state.contiguous())
+        y, last = native.selective_scan_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state)
         return y.to(dtype), last
     dt = delta.to(compute)
     if delta_bias is not None:

@@ -1,4 +1,5 @@
-"""RWKV-4's WKV operator: a chunked torch path and Triton forward/backward kernels, exact for keys of any size.
+"""RWKV-4's WKV operator: a chunked torch path and Triton forward/backward kernels, exact for keys of any size
+(and, for CPU inference, the Triton forward's recurrence as a C loop: kernels/native.py).
 
     wkv_t = (sum_{i<t} e^{(t-1-i) w + k_i} v_i + e^{u + k_t} v_t) / (sum_{i<t} e^{(t-1-i) w + k_i} + e^{u + k_t})
 
@@ -142,7 +143,8 @@ def _torch_chunks(w, u, k, v, num, den, mx):
 
     spread = kK.detach().amin(2) + u.detach().clamp_max(0)                # (B, n, C) smallest exponent - K
     redo = (spread < -RANGE) | (u.detach() > BONUS_CAP)                   # (B, n, C)
-    if redo.any():
+    any_redo = bool(redo.any())
+    if any_redo:
         bi, ni, ci = redo.nonzero(as_tuple=True)                          # (F,) each: batch, chunk, channel
         column = lambda x: x[bi, ni, :, ci]                               # noqa: E731  (F, L)
         e = _exp(column(G) - nu_rel[bi, ni, ci, None])                    # (F, L) every term over the largest
@@ -170,7 +172,7 @@ def _torch_chunks(w, u, k, v, num, den, mx):
     rows = torch.stack(sums[:-1], 3).addcmul_(_exp(u, BONUS_CAP), XE)                           # (2, B, n, L, C)
     rows.addcmul_(state_scale, carried.unsqueeze(3))
 
-    if redo.any():
+    if any_redo:
         exact = _stable_steps(w[ci, None], u[ci, None], column(k)[..., None], column(v)[..., None],
                               carried[0][bi, ni, ci, None], carried[1][bi, ni, ci, None], start[bi, ni, ci, None])
         rows[:, bi[:, None], ni[:, None], torch.arange(L, device=k.device), ci[:, None]] = torch.stack(exact)[..., 0]
@@ -422,7 +424,8 @@ def wkv4(w, u, k, v, state=None, backend=None):
         state = tuple(check_tensor(f"state[{i}] ({name})", s, (B, C), (state_dtype,))
                       for i, (name, s) in enumerate(zip(("num", "den", "max"), state)))
     device = check_devices(w=w, u=u, k=k, v=v, **({} if state is None else dict(zip(("num", "den", "max"), state))))
-    backend = resolve_backend(backend, device, "wkv4", dtype, needs_grad(w, u, k, v, *(state or ())))
+    grad = needs_grad(w, u, k, v, *(state or ()))
+    backend = resolve_backend(backend, device, "wkv4", dtype, grad)
     check_backend_dtype(backend, dtype)
     if torch.isnan(w).any() or (w > 0).any():
         raise ValueError("w is the per-step log decay, w = -exp(time_decay): every entry must be <= 0 and not NaN; "
@@ -433,12 +436,14 @@ def wkv4(w, u, k, v, state=None, backend=None):
     if k.numel() == 0:   # no tokens, rows or channels: nothing to compute, the state stays
         return k.new_empty((B, T, C)), state
 
-    if backend in ("torch", "c"):
-        run = _torch_wkv4 if backend == "torch" else native.wkv4_forward
-        y, new_state = run(*(x.to(state_dtype).contiguous() for x in (w, u, k, v)), *(s.contiguous() for s in state))
+    if backend == "torch":
+        y, new_state = _torch_wkv4(*(x.to(state_dtype) for x in (w, u, k, v)), *state)
+        return y.to(dtype), new_state
+    if backend == "c":
+        y, new_state = native.wkv4_forward(w, u, k, v, *state)
         return y.to(dtype), new_state
     args = (w.contiguous(), u.contiguous(), k.contiguous(), v.contiguous(), *(s.contiguous() for s in state))
-    if needs_grad(*args):
+    if grad:
         y, *new_state = _TritonWkv4.apply(*args)
     else:
         y, new_state, _ = _triton_forward(*args, save=False)

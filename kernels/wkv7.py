@@ -1,4 +1,5 @@
-"""RWKV-7's WKV (the generalized delta rule): a chunked torch path and Triton forward/backward kernels, with autograd.
+"""RWKV-7's WKV (the generalized delta rule): a chunked torch path and Triton forward/backward kernels, with autograd
+(and, for CPU inference, the recurrence as a C loop: kernels/native.py).
 
     S_t = S_{t-1} diag(w_t) + (S_{t-1} a_t) b_t^T + v_t k_t^T,   w_t = exp(log_w_t),   y_t = S_t r_t
 
@@ -440,8 +441,9 @@ def _chunked_launch_config(N):
     return 16, 8
 
 
-def _grid(B, H, N, launch_config=_launch_config):
-    return (B * H, N // launch_config(N)[0])
+def _grid(B, H, N, block_v):
+    """One program per (batch, head) and block of BLOCK_V value rows."""
+    return (B * H, N // block_v)
 
 
 def _use_chunked_forward(log_w):
@@ -466,7 +468,7 @@ def _triton_forward(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
     state = new_output((B, H, N, N), torch.float32, r.device)
     ckpt = (new_output((B * H, triton.cdiv(T, CHECKPOINT), N, N), torch.float32, r.device) if save_checkpoints
             else state)                              # not written without SAVE_CKPT
-    kernel[_grid(B, H, N, config)](
+    kernel[_grid(B, H, N, block_v)](
         r, log_w, k, v, a, b, state0 if state0 is not None else state, y, state, ckpt, T, H,
         N=N, BLOCK_V=block_v, CK=CHECKPOINT, HAS_STATE0=state0 is not None, SAVE_CKPT=save_checkpoints,
         num_warps=num_warps, **extra)
@@ -476,7 +478,7 @@ def _triton_forward(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
 def _triton_backward(r, log_w, k, v, a, b, ckpt, dy, dstate):
     B, T, H, N = r.shape
     block_v, num_warps = _launch_config(N)
-    grid = _grid(B, H, N)
+    grid = _grid(B, H, N, block_v)
     scratch = torch.empty((grid[0] * grid[1], CHECKPOINT, block_v, N), dtype=torch.float32, device=r.device)
     # Every row block adds its share of the key-vector gradients: they start at zero, not as new_output.
     dkeys = torch.zeros((5, B, T, H, N), dtype=torch.float32, device=r.device)
@@ -538,7 +540,8 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None, chunked=False):
         check_tensor(name, x, (B, T, H, N))
     dtype = check_same_dtype(r=r, log_w=log_w, k=k, v=v, a=a, b=b)
     device = check_devices(r=r, log_w=log_w, k=k, v=v, a=a, b=b, state=state)
-    backend = resolve_backend(backend, device, "wkv7", dtype, needs_grad(r, log_w, k, v, a, b, state))
+    grad = needs_grad(r, log_w, k, v, a, b, state)
+    backend = resolve_backend(backend, device, "wkv7", dtype, grad)
     if not isinstance(chunked, bool):
         raise TypeError(f"chunked must be True or False, got {chunked!r}")
     check_backend_dtype(backend, dtype)
@@ -551,13 +554,12 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None, chunked=False):
         y, state = _wkv7_torch(*(x.to(state_dtype) for x in (r, log_w, k, v, a, b)), state)
         return y.to(dtype), state
     if backend == "c":
-        y, state = native.wkv7_forward(*(x.float().contiguous() for x in (r, log_w, k, v, a, b)),
-                                       None if state is None else state.contiguous())
+        y, state = native.wkv7_forward(r, log_w, k, v, a, b, state)
         return y.to(dtype), state
     if N < 4 or N & (N - 1):
         raise ValueError(f"backend='triton' needs a head size N that is a power of two >= 4, got N = {N}")
     args = (*(x.contiguous() for x in (r, log_w, k, v, a, b)), None if state is None else state.contiguous())
-    if needs_grad(*args):
+    if grad:
         return _Wkv7Triton.apply(*args, chunked)
     y, state, _ = _triton_forward(*args, save_checkpoints=False, chunked=chunked)   # inference: no checkpoints
     return y, state
