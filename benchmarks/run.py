@@ -39,8 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import cost_model, peers
-from kernels import native
-from kernels._common import C_OPS
+from kernels._common import resolve_backend
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 RESULTS = Path(__file__).parent / "results"
@@ -80,10 +79,8 @@ class Op:
 
     @property
     def ours(self) -> str:
-        """The seqmix row the targets are read against: what backend=None runs here under torch.no_grad() (Triton
-        with a GPU; on a CPU the C loops for the ops that have them, else the torch backend)."""
-        labels = [i.label for i in self.impls if i.kind == "seqmix"]
-        return next(label for label in ("seqmix triton", "seqmix c", "seqmix torch") if label in labels)
+        """The seqmix row the targets are read against: the first, what backend=None runs here (see _seqmix_impls)."""
+        return next(i.label for i in self.impls if i.kind == "seqmix")
 
 
 def _kernel(module: str, function: str):
@@ -99,11 +96,12 @@ def _kernel(module: str, function: str):
 
 
 def _seqmix_impls(module: str, function: str, call: Callable) -> list[Impl]:
-    """``call(fn, inputs, backend)`` runs the op; the Triton backend is measured where a GPU is present, the C loops
-    (kernels/native.c) on a CPU for the ops that have them."""
+    """``call(fn, inputs, backend)`` runs the op: first on the backend that backend=None picks here under
+    torch.no_grad() (Triton with a GPU, the C loops on a CPU for the ops that have them), then on the torch backend
+    beside it when that is another one."""
     fn, why = _kernel(module, function)
-    backends = (("torch", "triton") if DEVICE.type == "cuda" else
-                ("c", "torch") if function in C_OPS and not native.unavailable_reason() else ("torch",))
+    default = resolve_backend(None, DEVICE, function)
+    backends = (default, "torch") if default != "torch" else ("torch",)
     return [Impl(f"seqmix {b}", "seqmix", fn and (lambda x, b=b: call(fn, x, b)), why) for b in backends]
 
 

@@ -2,9 +2,10 @@
 
 Why: on a CPU each recurrence costs a few multiply-adds and exponentials per element, and the chunked torch forms
 spend their time in about twenty eager passes over memory (benchmarks/README.md measures them). A loop that walks
-time once, vectorized over channels, keys or states, does the work in one pass: the role the Triton kernels play
-on a GPU. These loops run the same formulas as the Triton forwards; they have no backward, so the ops take them
-only when no gradient is needed (backend=None picks them then; the chunked torch path runs otherwise).
+time once, vectorized over channels (WKV-4, the scan's groups of eight) or a head's values (WKV-7), does the work in
+one pass: the role the Triton kernels play on a GPU. These loops run the same formulas as the Triton forwards; they
+have no backward, so the ops take them only when no gradient is needed (backend=None picks them then; the chunked
+torch path runs otherwise).
 
 Built on first use with the system C compiler (``$CC``, else ``cc``) into a cache directory (``$SEQMIX_CACHE``,
 else ``~/.cache/seqmix``), keyed by the source, the flags, the compiler and the CPU (the build uses -march=native),
