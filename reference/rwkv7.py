@@ -38,7 +38,7 @@ import re
 
 import numpy as np
 
-from reference.rwkv4 import token_shift
+from reference.rwkv4 import layer_norm as rwkv4_layer_norm, token_shift
 from reference.ssm import sigmoid, softplus
 from reference.wkv7 import wkv7
 
@@ -101,9 +101,8 @@ def zero_state(B, C, H, L):
 
 
 def layer_norm(x, weight, bias, eps=LAYER_NORM_EPS):
-    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis."""
-    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * weight + bias
+    """RWKV-4's layer norm (reference/rwkv4.py) with RWKV-7's eps as the default."""
+    return rwkv4_layer_norm(x, weight, bias, eps)
 
 
 def log_decay(xw, w0, w1, w2):

@@ -268,9 +268,9 @@ def softplus(x):
 
 
 def sigmoid(x):
-    """1 / (1 + e^{-x}) = e^{-log(1 + e^{-x})}, elementwise; logaddexp never overflows and keeps full relative
-    precision for large negative x."""
-    return np.exp(-np.logaddexp(0.0, -x))
+    """1 / (1 + e^{-x}) = e^{-softplus(-x)}, elementwise; softplus never overflows and keeps full relative precision
+    for large negative x."""
+    return np.exp(-softplus(-x))
 
 
 def silu(x):
