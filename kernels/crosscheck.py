@@ -12,14 +12,14 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-import torch
 
 import kernels
 
 MODE = kernels.use_interpreter_without_gpu()   # before anything imports triton
 
 from kernels import _common, attention, native, rerope, ssm, wkv4, wkv7  # noqa: E402
-from kernels.testing import FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, max_abs, rel_rms  # noqa: E402
+from kernels.testing import (FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, fp32, max_abs,  # noqa: E402
+                             rel_rms)
 from reference import attention as ref_attention  # noqa: E402
 from reference import rope as ref_rope  # noqa: E402
 from reference import ssm as ref_ssm  # noqa: E402
@@ -29,10 +29,6 @@ from reference import wkv7 as ref_wkv7  # noqa: E402
 BACKENDS = ("torch", "triton") if _common.HAS_TRITON else ("torch",)
 # The recurrences also have C loops (kernels/native.c) where a C compiler builds them.
 RECURRENCE_BACKENDS = BACKENDS + (() if native.unavailable_reason() else ("c",))
-
-
-def fp32(*arrays):
-    return [torch.tensor(a, dtype=torch.float32) for a in arrays]
 
 
 def attention_rows(rng):

@@ -6,6 +6,12 @@ Accepts NumPy arrays and torch tensors (compared in float64).
 from __future__ import annotations
 
 import numpy as np
+import torch
+
+
+def fp32(*arrays) -> list:
+    """Each array as an fp32 torch tensor."""
+    return [torch.tensor(a, dtype=torch.float32) for a in arrays]
 
 
 def f64(x) -> np.ndarray:

@@ -1,15 +1,16 @@
 """Checks shared by the model tests (most by the two whose peer is a transformers model, RWKV-4 and Mamba): states
-compared tensor by tensor, logits, states and hidden states against the peer and the float64 reference, a sequence in pieces, float64 and fp16 copies, the same training
-step, the same checkpoint files, the same greedy continuation.
+compared tensor by tensor, logits, states and hidden states against the peer and the float64 reference, a sequence
+in pieces, float64 and fp16 copies, the same training step, the same checkpoint files, the same greedy continuation.
 
 ``reference(ids, state=None) -> (logits, state)`` is the test module's float64 model with the weights bound. A
-state is what the model returns: a list of tensors (RWKV-4) or of tuples of them (Mamba); its tensors are compared
-in order.
+state is what the model returns: a list of tensors (RWKV-4) or of tuples of them (Mamba, RWKV-7); its tensors are
+compared in order.
 """
 import contextlib
 import copy
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
 
@@ -25,11 +26,6 @@ def make_models(peer, our_class, our_config, randomize, seed):
     ours = our_class(our_config)
     ours.load_checkpoint(state_dict)
     return peer.eval(), state_dict, ours.eval()
-
-
-def leaves(state):
-    """The tensors (or arrays) of a state, in order."""
-    return [x for s in state for x in leaves(s)] if isinstance(state, (list, tuple)) else [state]
 
 
 def _labelled(state, names):
@@ -61,7 +57,7 @@ def check_against_peer_and_reference(peer, ours, ids, reference, peer_state, num
     assert_close(theirs.logits, ref_logits, FP32_BUDGET, "peer vs reference: logits")
     assert_close(mine.logits, ref_logits, FP32_BUDGET, "torch vs reference: logits")
     assert_close(mine.logits, theirs.logits, FP32_BUDGET, "torch vs peer: logits")
-    assert all(s.dtype == torch.float32 for s in leaves(mine.state))
+    assert all(s.dtype == torch.float32 for s in tree_leaves(mine.state))
     assert_states_close(peer_state(theirs), ref_state, FP32_BUDGET, "peer vs reference", state_names)
     assert_states_close(mine.state, ref_state, FP32_BUDGET, "torch vs reference", state_names)
     assert len(mine.hidden_states) == len(theirs.hidden_states) == num_layers + 1
@@ -77,10 +73,10 @@ def check_pieces_equal_whole(ours, ids, cuts, reference, state_names=None):
         whole = ours(ids)
         state, logits = None, []
         for piece in pieces:
-            before = None if state is None else [s.clone() for s in leaves(state)]
+            before = None if state is None else [s.clone() for s in tree_leaves(state)]
             out = ours(piece, state=state)
             if before is not None:
-                assert all(torch.equal(a, b) for a, b in zip(before, leaves(state)))
+                assert all(torch.equal(a, b) for a, b in zip(before, tree_leaves(state)))
             state = out.state
             logits.append(out.logits)
     assert_close(torch.cat(logits, dim=1), whole.logits, FP32_BUDGET, "logits")
@@ -100,7 +96,7 @@ def check_float64_copy(ours, ids, reference, state_names=None):
     with torch.no_grad():
         out = copy.deepcopy(ours).double()(ids)
     assert_close(out.logits, ref_logits, REFERENCE_BUDGET, "float64 logits")
-    assert all(s.dtype == torch.float64 for s in leaves(out.state))
+    assert all(s.dtype == torch.float64 for s in tree_leaves(out.state))
     assert_states_close(out.state, ref_state, REFERENCE_BUDGET, "float64", state_names)
 
 
@@ -109,7 +105,7 @@ def check_fp16_copy(ours, ids, reference):
     ref_logits, _ = reference(ids)
     with torch.no_grad():
         out = copy.deepcopy(ours).half()(ids)
-    assert out.logits.dtype == torch.float16 and all(s.dtype == torch.float32 for s in leaves(out.state))
+    assert out.logits.dtype == torch.float16 and all(s.dtype == torch.float32 for s in tree_leaves(out.state))
     assert_close(out.logits, ref_logits, FP16_BUDGET, "fp16 logits")
 
 

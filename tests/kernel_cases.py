@@ -1,5 +1,5 @@
 """What the kernel and reference test files share: the optional-Triton mark and backend list, the RWKV-7 input maker,
-the cut points of a sequence fed in pieces, and a spy on a module's function."""
+the cut points of a sequence fed in pieces and the feeding, and a spy on a module's function."""
 import numpy as np
 import pytest
 
@@ -33,6 +33,16 @@ def split_bounds(T, cuts):
     """[0, ..., T]: the bounds of the pieces a sequence of T >= 2 tokens is fed in, cut at the fractions ``cuts`` of
     T (each cut moved into [1, T - 1], duplicates dropped: no piece is empty)."""
     return [0] + sorted({min(T - 1, max(1, int(c * T))) for c in cuts}) + [T]
+
+
+def in_pieces(run, bounds, state):
+    """run(lo, hi, state) -> (y, state) for each piece [lo, hi) of ``bounds`` in turn, each from the state the last
+    one returned; returns (the pieces' outputs, the final state)."""
+    ys = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        y, state = run(lo, hi, state)
+        ys.append(y)
+    return ys, state
 
 
 def spy(monkeypatch, module, name):

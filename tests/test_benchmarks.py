@@ -11,8 +11,7 @@ import torch
 
 from benchmarks import cost_model, peers, run
 from kernel_cases import rwkv7_inputs
-from kernels.crosscheck import fp32
-from kernels.testing import FP32_BUDGET, assert_close
+from kernels.testing import FP32_BUDGET, assert_close, fp32
 from reference import attention as ref_attention
 from reference import rope as ref_rope
 from reference import ssm as ref_ssm

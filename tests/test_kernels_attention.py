@@ -71,7 +71,7 @@ def test_triton_unequal_tiles(rng, tiles, block_m, block_n):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_fp16qkv_inputs(rng, tiles, backend):
+def test_fp16_inputs(rng, tiles, backend):
     shape = (1, 2, 37, 32)
     q, k, v = (x.half().double() for x in qkv_inputs(rng, shape))     # exactly representable in fp16
     do = torch.tensor(rng.standard_normal(shape))

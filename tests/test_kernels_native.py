@@ -1,22 +1,23 @@
 """kernels/native.c (backend="c"): the C loops against the float64 references, on outputs and final states (they
 have no backward), over the chain's awkward cases: T = 1, odd sizes, initial states, sequences fed in pieces,
-extreme inputs, fp16 inputs, work split over threads; and how backend=None chooses them."""
+extreme inputs, fp16 and bf16 inputs, work split over threads; and how backend=None chooses them."""
 import multiprocessing
 import os
 
 import numpy as np
 import pytest
 import torch
+from torch.utils._pytree import tree_leaves
 
-from kernel_cases import rwkv7_inputs, split_bounds
+from kernel_cases import in_pieces, rwkv7_inputs, split_bounds
 from kernels import native, ssm
 from kernels.attention import attention
-from kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_close
+from kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_close, fp32
 from kernels.wkv4 import wkv4
 from kernels.wkv7 import wkv7
 from reference import ssm as ssm_ref
 from reference.wkv7 import wkv7 as reference_wkv7
-from test_kernels_ssm import CASES as SCAN_CASES, make_inputs as scan_inputs
+from test_kernels_ssm import CASES as SCAN_CASES, case_inputs, dtypes_for, make_inputs as scan_inputs
 from test_kernels_wkv4 import assert_state_close, make_inputs as wkv4_inputs, run_reference as wkv4_reference
 
 # bf16, which the C loops take on a CPU (the Triton interpreter cannot): its outputs are rounded to 8 bits, an RMS
@@ -53,9 +54,9 @@ def test_softplus_is_within_four_ulp():
     assert (got - want)[~normal].abs().max() <= np.exp(-87.0)
 
 
-@pytest.fixture(params=[1, 3], autouse=True, ids=lambda n: f"{n} threads")
+@pytest.fixture(params=[1, 3], ids=lambda n: f"{n} threads")
 def threads(request, monkeypatch):
-    """Each test with one thread and with three, and no minimum of work per call, so that the work items are split
+    """Each op test with one thread and with three, and no minimum of work per call, so that the work items are split
     into ranges (and WKV-4's channels into blocks) even at these sizes."""
     before = torch.get_num_threads()
     torch.set_num_threads(request.param)
@@ -66,6 +67,7 @@ def threads(request, monkeypatch):
 
 # ------------------------------------------------------------------------------------------------------ WKV-4
 
+@pytest.mark.usefixtures("threads")
 @pytest.mark.parametrize("B,T,C", [(1, 1, 3), (2, 7, 5), (1, 37, 40), (3, 16, 33)])   # 40, 33: partial blocks
 @pytest.mark.parametrize("with_state", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -78,6 +80,7 @@ def test_wkv4(rng, B, T, C, with_state, dtype):
     assert_state_close(new_state, state_ref, BUDGETS[dtype], "final state")
 
 
+@pytest.mark.usefixtures("threads")
 @pytest.mark.parametrize("extreme", ["keys +-300", "keys 250 +-1", "steep decays and a decay of 0", "decays near 1"])
 def test_wkv4_extreme_inputs(rng, extreme):
     B, T, C = 2, 45, 7
@@ -96,6 +99,7 @@ def test_wkv4_extreme_inputs(rng, extreme):
     assert_state_close(new_state, state_ref, FP32_BUDGET, "final state")
 
 
+@pytest.mark.usefixtures("threads")
 @pytest.mark.parametrize("B,T,C", [(2, 0, 3), (0, 4, 3), (2, 4, 0)])
 def test_wkv4_empty(rng, B, T, C):
     w, u, k, v, state = wkv4_inputs(rng, B, T, C, with_state=True)
@@ -103,14 +107,12 @@ def test_wkv4_empty(rng, B, T, C):
     assert y.shape == (B, T, C) and all(torch.equal(a, b) for a, b in zip(new_state, state))
 
 
+@pytest.mark.usefixtures("threads")
 def test_wkv4_split_equals_whole(rng):
     B, T, C = 2, 39, 5
     w, u, k, v, state = wkv4_inputs(rng, B, T, C, with_state=True)
     bounds = split_bounds(T, rng.uniform(size=3))
-    ys, carried = [], state
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        y, carried = wkv4(w, u, k[:, lo:hi], v[:, lo:hi], carried, backend="c")
-        ys.append(y)
+    ys, carried = in_pieces(lambda lo, hi, s: wkv4(w, u, k[:, lo:hi], v[:, lo:hi], s, backend="c"), bounds, state)
     y_ref, state_ref = wkv4_reference(w, u, k, v, state)
     assert_close(torch.cat(ys, 1), y_ref, FP32_BUDGET, f"y from pieces {bounds}")
     assert_state_close(carried, state_ref, FP32_BUDGET, f"state after pieces {bounds}")
@@ -118,6 +120,7 @@ def test_wkv4_split_equals_whole(rng):
 
 # ------------------------------------------------------------------------------------------------------ WKV-7
 
+@pytest.mark.usefixtures("threads")
 @pytest.mark.parametrize("shape, decay, with_state", [
     ((1, 1, 1, 16), "strong", False),        # T = 1
     ((2, 37, 3, 16), "mixed", True),         # batch > 1, odd T
@@ -138,30 +141,32 @@ def test_wkv7(rng, shape, decay, with_state, dtype):
     assert_close(S, S_ref, BUDGETS[dtype], "final state")
 
 
+@pytest.mark.usefixtures("threads")
 def test_wkv7_split_equals_whole(rng):
     T = 41
     x_np, S0_np = rwkv7_inputs(rng, 2, T, 2, 16)
-    x, S0 = [torch.tensor(z, dtype=torch.float32) for z in x_np], torch.tensor(S0_np, dtype=torch.float32)
+    x, (S0,) = fp32(*x_np), fp32(S0_np)
     y_whole, S_whole = wkv7(*x, state=S0, backend="c")
-    bounds, S, ys = split_bounds(T, rng.uniform(size=3)), S0, []
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        y, S = wkv7(*(z[:, lo:hi] for z in x), state=S, backend="c")
-        ys.append(y)
+    ys, S = in_pieces(lambda lo, hi, s: wkv7(*(z[:, lo:hi] for z in x), state=s, backend="c"),
+                      split_bounds(T, rng.uniform(size=3)), S0)
     # the same loop over the same numbers: pieces and whole agree exactly
     assert torch.equal(torch.cat(ys, 1), y_whole) and torch.equal(S, S_whole)
 
 
 # ------------------------------------------------------------------------------------------------ selective scan
 
-@pytest.mark.parametrize("case", [*SCAN_CASES, "N=7"])
+# the Triton tests' cases, and an odd state size (the C loop takes any N)
+C_SCAN_CASES = {**SCAN_CASES, "N=7": dict(batch=2, dim=5, N=7, T=23, extras=("D", "z", "state"))}
+
+
+@pytest.mark.usefixtures("threads")
+@pytest.mark.parametrize("case", C_SCAN_CASES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_selective_scan(rng, case, dtype):
-    c = dict(batch=2, dim=5, N=7, T=23, extras=("D", "z", "state")) if case == "N=7" else dict(SCAN_CASES[case])
-    softplus = c.pop("softplus", False)
-    inputs = scan_inputs(rng, **c)
+    inputs, softplus = case_inputs(rng, case, C_SCAN_CASES)
     # u, delta, B, C, z in the op's dtype; A, D, delta_bias fp32 (as Mamba keeps them); the state fp32
-    x = {k: torch.tensor(a, dtype=dtype if k in ("u", "delta", "B", "C", "z") else torch.float32)
-         for k, a in inputs.items()}
+    dtypes = dtypes_for(inputs, dtype, torch.float32)
+    x = {k: torch.tensor(a, dtype=dtypes[k]) for k, a in inputs.items()}
     y, last = ssm.selective_scan(**x, delta_softplus=softplus, backend="c")
     y_ref, last_ref = ssm_ref.selective_scan(**{k: t.double().numpy() for k, t in x.items()}, delta_softplus=softplus)
     assert y.dtype == dtype and last.dtype == torch.float32
@@ -169,15 +174,17 @@ def test_selective_scan(rng, case, dtype):
     assert_close(last, last_ref, BUDGETS[dtype], "last state")
 
 
+@pytest.mark.usefixtures("threads")
 def test_selective_scan_split_equals_whole(rng):
     inputs = {k: torch.tensor(a, dtype=torch.float32)
               for k, a in scan_inputs(rng, 2, 6, 4, 30, extras=("D", "z", "delta_bias", "state")).items()}
     y_whole, last_whole = ssm.selective_scan(**inputs, delta_softplus=True, backend="c")
-    bounds, state, ys = split_bounds(30, rng.uniform(size=3)), inputs.pop("state"), []
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        piece = {k: a[..., lo:hi] if k in ("u", "delta", "B", "C", "z") else a for k, a in inputs.items()}
-        y, state = ssm.selective_scan(**piece, state=state, delta_softplus=True, backend="c")
-        ys.append(y)
+
+    def piece(lo, hi, state):
+        sliced = {k: a[..., lo:hi] if k in ("u", "delta", "B", "C", "z") else a for k, a in inputs.items()}
+        return ssm.selective_scan(**sliced | {"state": state}, delta_softplus=True, backend="c")
+
+    ys, state = in_pieces(piece, split_bounds(30, rng.uniform(size=3)), inputs["state"])
     # the same loop over the same numbers: pieces and whole agree exactly
     assert torch.equal(torch.cat(ys, -1), y_whole) and torch.equal(state, last_whole)
 
@@ -187,7 +194,7 @@ def test_selective_scan_split_equals_whole(rng):
 def small_calls(rng):
     """One small call of each op with the C loops, as (name, fn(backend, grad) -> outputs)."""
     w, u, k, v, _ = wkv4_inputs(rng, 1, 9, 3)
-    x7 = [torch.tensor(z, dtype=torch.float32) for z in rwkv7_inputs(rng, 1, 5, 2, 4)[0]]
+    x7 = fp32(*rwkv7_inputs(rng, 1, 5, 2, 4)[0])
     xs = {k: torch.tensor(a, dtype=torch.float32) for k, a in scan_inputs(rng, 1, 3, 4, 6, extras=("D",)).items()}
 
     def leaves(tensors, grad):
@@ -201,29 +208,27 @@ def small_calls(rng):
     ]
 
 
-def flat(outputs):
-    return [t for o in outputs for t in (o if isinstance(o, tuple) else (o,))]
-
-
+@pytest.mark.usefixtures("threads")
 def test_default_backend_on_cpu(rng):
     """None takes the C loops when no gradient is wanted, the torch backend when one is."""
     for name, call in small_calls(rng):
-        for got, want in zip(flat(call(None, False)), flat(call("c", False))):
+        for got, want in zip(tree_leaves(call(None, False)), tree_leaves(call("c", False))):
             assert torch.equal(got, want), name
-        for got, want in zip(flat(call(None, True)), flat(call("torch", True))):
+        for got, want in zip(tree_leaves(call(None, True)), tree_leaves(call("torch", True))):
             assert torch.equal(got, want) and got.requires_grad == want.requires_grad, name
 
 
+@pytest.mark.usefixtures("threads")
 def test_default_backend_without_the_c_loops(rng, monkeypatch):
     """Where they cannot be built, None takes the torch backend (and says so once) and "c" says why."""
     monkeypatch.setattr(native, "unavailable_reason", lambda: "no C compiler here")
     native._warn_once.cache_clear()
     calls = small_calls(rng)
     with pytest.warns(RuntimeWarning, match="runs the slower torch backend: no C compiler here") as caught:
-        outputs = [flat(call(None, False)) for _, call in calls]
+        outputs = [tree_leaves(call(None, False)) for _, call in calls]
     assert len(caught) == 1
     for (name, call), got_outputs in zip(calls, outputs):
-        for got, want in zip(got_outputs, flat(call("torch", False))):
+        for got, want in zip(got_outputs, tree_leaves(call("torch", False))):
             assert torch.equal(got, want), name
         with pytest.raises(RuntimeError, match="backend='c' is not available here: no C compiler here"):
             call("c", False)
@@ -257,13 +262,14 @@ def nan_cases():
             *[("ssm", name, (0, 2, 3), (0, slice(None), 3)) for name in ("B", "C")]]
 
 
+@pytest.mark.usefixtures("threads")
 @pytest.mark.parametrize("op, name, where, reaches", nan_cases())
 def test_nan_in_the_input_comes_out(rng, op, name, where, reaches):
     """The loops are built assuming finite numbers (-ffinite-math-only, see kernels/native.py), under which a NaN
     does not pass through comparisons and clamps; a NaN in any input must still reach the outputs it feeds."""
     w, u, k, v, _ = wkv4_inputs(rng, 1, 6, 3)
     names7 = ("r", "log_w", "k", "v", "a", "b")
-    x7 = dict(zip(names7, (torch.tensor(z, dtype=torch.float32) for z in rwkv7_inputs(rng, 1, 5, 1, 4)[0])))
+    x7 = dict(zip(names7, fp32(*rwkv7_inputs(rng, 1, 5, 1, 4)[0])))
     xs = {k: torch.tensor(a, dtype=torch.float32)
           for k, a in scan_inputs(rng, 1, 3, 4, 6, extras=("D", "z", "delta_bias")).items()}
     inputs = {"wkv4": dict(w=w, u=u, k=k, v=v), "wkv7": x7, "ssm": dict(xs, delta_softplus=True)}[op]
@@ -277,6 +283,7 @@ def _same_in_child(inputs, expected):
     os._exit(0 if torch.equal(wkv4(*inputs, backend="c")[0], expected) else 1)
 
 
+@pytest.mark.usefixtures("threads")
 def test_threads_after_a_fork(rng):
     """A forked child (a DataLoader worker, say) runs the loops on threads, after its parent has: same result, no
     hang."""

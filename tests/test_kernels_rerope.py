@@ -142,7 +142,7 @@ def test_torch_decode_rotates_the_cache_in_chunks(rng, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_fp16qkv_inputs(rng, backend):
+def test_fp16_inputs(rng, backend):
     shape = (1, 2, 37, 32)
     exact = [x.half().double() for x in qkv_inputs(rng, shape)]                 # exactly representable in fp16
     _check_prefill(rng, shape, 9, 4.0, 16, backend, torch.float16, FP16_BUDGET, f"fp16 {backend}", inputs=exact)

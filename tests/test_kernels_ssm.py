@@ -115,8 +115,8 @@ CASES = {
 LONG = dict(batch=2, dim=3, N=4, T=75, extras=("D", "z", "delta_bias", "state"), softplus=True)
 
 
-def case_inputs(rng, case):
-    c = dict(LONG if case == "long" else CASES[case])
+def case_inputs(rng, case, cases=CASES):
+    c = dict(LONG if case == "long" else cases[case])
     softplus = c.pop("softplus", False)
     return make_inputs(rng, **c), softplus
 

@@ -6,10 +6,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import kernels.wkv7 as kw
-from kernel_cases import needs_triton, rwkv7_inputs, spy, split_bounds
+from kernel_cases import in_pieces, needs_triton, rwkv7_inputs, spy, split_bounds
 from kernels._common import accumulation_dtype
 from kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, assert_all_close,
-                             assert_close)
+                             assert_close, fp32)
 from reference.wkv7 import wkv7 as reference_wkv7
 
 # The gradients' names: of r, log_w, k, v, a, b and the initial state.
@@ -125,10 +125,7 @@ def test_torch_split_sequence_equals_whole(T, cuts, seed):
     x, S0 = [torch.tensor(z) for z in x_np], torch.tensor(S0_np)
     y_whole, S_whole = kw.wkv7(*x, state=S0, backend="torch")
     bounds = split_bounds(T, cuts)
-    S, ys = S0, []
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        y, S = kw.wkv7(*(z[:, lo:hi] for z in x), state=S, backend="torch")
-        ys.append(y)
+    ys, S = in_pieces(lambda lo, hi, s: kw.wkv7(*(z[:, lo:hi] for z in x), state=s, backend="torch"), bounds, S0)
     assert_close(torch.cat(ys, 1), y_whole, REFERENCE_BUDGET, f"y in pieces {bounds}")
     assert_close(S, S_whole, REFERENCE_BUDGET, f"state in pieces {bounds}")
 
@@ -176,7 +173,7 @@ def test_triton_fp16(rng, chunked):
 @needs_triton
 def test_triton_split_sequence_equals_whole(rng, chunked):
     x_np, S0_np = rwkv7_inputs(rng, 1, 21, 1, 16)
-    x, S0 = [torch.tensor(z, dtype=torch.float32) for z in x_np], torch.tensor(S0_np, dtype=torch.float32)
+    x, (S0,) = fp32(*x_np), fp32(S0_np)
     y_whole, S_whole = kw.wkv7(*x, state=S0, backend="triton", chunked=chunked)
     y1, S1 = kw.wkv7(*(z[:, :8] for z in x), state=S0, backend="triton", chunked=chunked)
     y2, S2 = kw.wkv7(*(z[:, 8:] for z in x), state=S1, backend="triton", chunked=chunked)
@@ -199,7 +196,7 @@ def test_triton_gradient_of_final_state_only(rng, chunked):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Dispatch and bad input
+# Bad input
 # ----------------------------------------------------------------------------------------------------------------
 
 def small_inputs(dtype=torch.float32, N=4):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kernel_cases import rwkv7_inputs, split_bounds
+from kernel_cases import in_pieces, rwkv7_inputs, split_bounds
 from kernels.testing import REFERENCE_BUDGET, assert_close
 from reference.wkv7 import wkv7, wkv7_chunked, wkv7_transition_product
 
@@ -64,10 +64,7 @@ def test_split_sequence_equals_whole(T, cuts, chunk_size, seed):
     bounds = split_bounds(T, cuts)
     for form in (wkv7, lambda *x, state: wkv7_chunked(*x, state=state, chunk_size=chunk_size)):
         y_whole, S_whole = form(*x, state=S0)
-        S, ys = S0, []
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            y, S = form(*(z[:, lo:hi] for z in x), state=S)
-            ys.append(y)
+        ys, S = in_pieces(lambda lo, hi, s: form(*(z[:, lo:hi] for z in x), state=s), bounds, S0)
         assert_forms_agree(np.concatenate(ys, axis=1), S, y_whole, S_whole, f"pieces {bounds}")
 
 
