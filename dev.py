@@ -66,10 +66,10 @@ def main(argv):
     if what == "test":
         run(PY, "-m", "pytest", "--nbval-lax", "tests", "notebooks", *argv[2:], env=env)
     elif what == "report":
-        run(PY, "-m", "kernels.crosscheck", *argv[2:], env=env)
+        run(PY, "-m", "seqmix.kernels.crosscheck", *argv[2:], env=env)
     elif not any((ROOT / "notebooks").glob("*.ipynb")):
         print("No notebooks yet: printing the headless cross-check report instead.", flush=True)
-        run(PY, "-m", "kernels.crosscheck", env=env)
+        run(PY, "-m", "seqmix.kernels.crosscheck", env=env)
     else:
         # Jupyter refuses to run as root unless told; root is common in containers, where this is the only user.
         as_root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []

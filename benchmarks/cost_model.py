@@ -1,6 +1,6 @@
 """A GPU cost model of the Triton kernels: bytes and FLOPs per token from each kernel's loop structure, arithmetic
 intensity, and the time an H100 SXM would need by the roofline; beside them registers, spills and shared memory
-from the ahead-of-time build (``kernels.aot``). ``python -m benchmarks.cost_model`` prints the table.
+from the ahead-of-time build (``kernels.aot``). ``python -m seqmix.benchmarks.cost_model`` prints the table.
 
 What is counted, for one launch at the shape given:
 - bytes issued: every element a ``tl.load`` or ``tl.store`` touches, at its dtype's size, as the loops issue them
@@ -29,7 +29,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from kernels.attention import AOT_DTYPES, block_d
+from seqmix.kernels.attention import AOT_DTYPES, block_d
 
 H100 = {"name": "H100 SXM", "bandwidth": 3.35e12, "fp32": 67e12, "tensor": 990e12,
         "sfu": 16 * 132 * 1.98e9}
@@ -121,7 +121,7 @@ def wkv4_bwd(B, T, C, dtype):
 
 
 def wkv4_models(B=4, T=2048, C=768):
-    from kernels.wkv4 import _grid, _launch_config
+    from seqmix.kernels.wkv4 import _grid, _launch_config
     programs = math.prod(_grid(B, C, _launch_config(C)))
     shape = f"B={B} T={T} C={C}"
     out = []
@@ -187,7 +187,7 @@ def wkv7_chunked_fwd(B, T, H, N, dtype, block_v, block_k, programs, ck, save):
 
 
 def wkv7_models(B=1, T=2048, H=12, N=64):
-    from kernels.wkv7 import CHECKPOINT, CHUNKED_BLOCK_K, _chunked_launch_config, _grid, _launch_config
+    from seqmix.kernels.wkv7 import CHECKPOINT, CHUNKED_BLOCK_K, _chunked_launch_config, _grid, _launch_config
     block_v, _ = _launch_config(N)
     programs = math.prod(_grid(B, H, N, block_v))
     chunked_v, _ = _chunked_launch_config(N)
@@ -247,7 +247,7 @@ def ssm_bwd(B, T, D, N, dtype, block_d, block_n, programs, chunk):
 
 
 def ssm_models(B=1, T=2048, D=1536, N=16):
-    from kernels.ssm import _grid, _launch_config
+    from seqmix.kernels.ssm import _grid, _launch_config
     cfg = _launch_config(T, N)
     programs = math.prod(_grid(B, D, cfg))
     shape = f"B={B} T={T} D={D} N={N}"
@@ -356,11 +356,11 @@ def _flash_models(op, shape, B, H, T, d, dtype, cfgs, table_bytes, costs):
 
 
 def attention_models(B=1, H=4, T=8192, d=64):
-    import kernels.attention
+    from seqmix.kernels import attention
     shape = f"B={B} H={H} T={T} d={d}"
     out = []
     for dtype in ("fp32", "bf16"):
-        cfgs = _flash_configs(kernels.attention, d, dtype)
+        cfgs = _flash_configs(attention, d, dtype)
         costs = [fn(B * H, T, d, dtype, c.block_m, c.block_n)
                  for fn, c in zip((attention_fwd, attention_bwd_dq, attention_bwd_dkdv), cfgs)]
         out += _flash_models("attention", shape, B, H, T, d, dtype, cfgs, 0, costs)
@@ -454,11 +454,11 @@ def rerope_bwd_dkdv(BH, T, d, dtype, bm, bn, w):
 
 
 def rerope_models(B=1, H=4, T=8192, d=64, w=512):
-    import kernels.rerope
+    from seqmix.kernels import rerope
     shape = f"B={B} H={H} T={T} d={d} w={w}"
     out = []
     for dtype in ("fp32", "bf16"):
-        cfgs = _flash_configs(kernels.rerope, d, dtype)
+        cfgs = _flash_configs(rerope, d, dtype)
         costs = [fn(B * H, T, d, dtype, c.block_m, c.block_n, w)
                  for fn, c in zip((rerope_fwd, rerope_bwd_dq, rerope_bwd_dkdv), cfgs)]
         # the rotation table (paths NEAR and FAR_Q, cos and sin, T x d/2 fp32) is read once for all heads
@@ -489,7 +489,7 @@ def aot_figures(labels: list[str]) -> dict:
     """Registers, spills and shared memory for sm_90 of the kernels with these labels, compiled in a fresh process
     without TRITON_INTERPRET (the JIT must be real to build for a GPU target)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.cost_model", "--aot-json", json.dumps(labels)],
+    proc = subprocess.run([sys.executable, "-m", "seqmix.benchmarks.cost_model", "--aot-json", json.dumps(labels)],
                           capture_output=True, text=True, env=env,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if proc.returncode != 0:
@@ -498,7 +498,7 @@ def aot_figures(labels: list[str]) -> dict:
 
 
 def _compile_labels(labels: list[str]) -> dict:
-    from kernels.aot import collect, compile_one
+    from seqmix.kernels.aot import collect, compile_one
     wanted = set(labels)
     result = {}
     for k in collect():

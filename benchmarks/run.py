@@ -1,8 +1,8 @@
-"""Every op beside what a user would otherwise run, and beside one streaming pass: ``python -m benchmarks.run``.
+"""Every op beside what a user would otherwise run, and beside one streaming pass: ``python -m seqmix.benchmarks.run``.
 
-    python -m benchmarks.run              full shapes, T = 1k .. 16k (about 10 minutes on 2 CPU cores)
-    python -m benchmarks.run --quick      tiny shapes, a few seconds (the smoke test runs this)
-    python -m benchmarks.run --ops wkv4,rerope --out /tmp/bench
+    python -m seqmix.benchmarks.run              full shapes, T = 1k .. 16k (about 10 minutes on 2 CPU cores)
+    python -m seqmix.benchmarks.run --quick      tiny shapes, a few seconds (the smoke test runs this)
+    python -m seqmix.benchmarks.run --ops wkv4,rerope --out /tmp/bench
 
 Writes to ``--out`` (default benchmarks/results, or benchmarks/results/quick with --quick): results.md (the
 headline table, the targets, time and memory against T, the GPU cost model), scaling.png (log-log time and memory
@@ -38,8 +38,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from benchmarks import cost_model, peers
-from kernels._common import resolve_backend
+from seqmix.benchmarks import cost_model, peers
+from seqmix.kernels._backend import resolve_backend
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 RESULTS = Path(__file__).parent / "results"
@@ -86,7 +86,7 @@ class Op:
 def _kernel(module: str, function: str):
     """The seqmix op, or the reason it cannot be had (its file is being written in parallel with this one)."""
     try:
-        return getattr(importlib.import_module(f"kernels.{module}"), function), ""
+        return getattr(importlib.import_module(f"seqmix.kernels.{module}"), function), ""
     except ModuleNotFoundError as e:
         if e.name != f"kernels.{module}":
             raise
@@ -321,8 +321,8 @@ def _isolated(op: Op, impl: Impl, T: int, quick: bool, threads: int | None) -> d
     """The peak memory from one process, the times from another (see _job)."""
     global _server
     if _server is None:
-        _server = subprocess.Popen([sys.executable, "-m", "benchmarks.run", "--serve"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
+        _server = subprocess.Popen([sys.executable, "-m", "seqmix.benchmarks.run", "--serve"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
     result = {}
     for what, key in (("memory", "peak_bytes"), ("time", "times")):
         _server.stdin.write(json.dumps({"op": op.name, "impl": impl.label, "T": T, "quick": quick,
@@ -563,7 +563,7 @@ def main(argv=None) -> int:
                     print(f"{op.name:<10} T={T:<6} {impl.label:<42} "
                           + (f"{_fmt_time(r['median_s']):>10} ±{r['spread']:.0%}  {_fmt_bytes(r['peak_bytes'])}"
                              if _ok(r) else r["status"]), flush=True)
-        run_info = {"command": " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
+        run_info = {"command": " ".join(["python -m seqmix.benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
                     "machine": machine(threads or torch.get_num_threads()), "date": time.strftime("%Y-%m-%d"),
                     "seconds": round(time.perf_counter() - started)}
     table, checks = headline(ops, rows)

@@ -22,6 +22,6 @@ def use_interpreter_without_gpu() -> str:
         return "gpu"
     if "triton" in sys.modules and _os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set: restart the kernel and call "
-                           "kernels.use_interpreter_without_gpu() first")
+                           "seqmix.use_interpreter_without_gpu() first")
     _os.environ["TRITON_INTERPRET"] = "1"
     return "interpreter"

@@ -1,4 +1,4 @@
-"""Ahead-of-time GPU build of every Triton kernel, without a GPU: ``python -m kernels.aot``.
+"""Ahead-of-time GPU build of every Triton kernel, without a GPU: ``python -m seqmix.kernels.aot``.
 
 Triton compiles for a named target (``GPUTarget("cuda", 80 | 90, 32)``) on any machine: Python source -> Triton IR ->
 PTX -> cubin (ptxas ships with triton). ``cuobjdump --dump-resource-usage`` on the cubin then reports what the
@@ -26,7 +26,7 @@ from pathlib import Path
 if "triton" not in sys.modules:
     os.environ.pop("TRITON_INTERPRET", None)
 
-MODULES = ("kernels.attention", "kernels.rerope", "kernels.wkv4", "kernels.wkv7", "kernels.ssm")
+MODULES = tuple(f"seqmix.kernels.{op}" for op in ("attention", "rerope", "wkv4", "wkv7", "ssm"))
 TARGETS = (80, 90)
 
 
@@ -59,7 +59,7 @@ def compile_one(k: AotKernel, arch: int) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     if type(k.fn).__name__ == "InterpretedFunction":
-        raise RuntimeError("the kernels were defined under TRITON_INTERPRET=1; run `python -m kernels.aot` "
+        raise RuntimeError("the kernels were defined under TRITON_INTERPRET=1; run `python -m seqmix.kernels.aot` "
                            "in a process without it")
     src = triton.compiler.ASTSource(fn=k.fn, signature=k.signature, constexprs=k.constexprs)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),

@@ -29,8 +29,8 @@ from collections import namedtuple
 import torch
 import torch.nn.functional as F
 
-from kernels._common import (check_backend_dtype, check_devices, check_same_dtype, check_tensor, new_output,
-                             resolve_backend, tl, triton)
+from seqmix.kernels._backend import check_backend_dtype, resolve_backend
+from seqmix.kernels._common import check_devices, check_same_dtype, check_tensor, new_output, tl, triton
 
 # Tile sizes and launch parameters of the three kernels; ``aot_kernels`` compiles exactly these.
 LaunchConfig = namedtuple("LaunchConfig", "block_m block_n num_warps num_stages")
@@ -41,7 +41,7 @@ AOT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat
 
 def _launch_config(head_dim: int, dtype: torch.dtype) -> LaunchConfig:
     """Tiles for head size ``head_dim`` and inputs of ``dtype``: the largest that compile without register spills
-    on sm_80 and sm_90 (``python -m kernels.aot``); fp32 operands take twice the registers of fp16 ones."""
+    on sm_80 and sm_90 (``python -m seqmix.kernels.aot``); fp32 operands take twice the registers of fp16 ones."""
     if dtype == torch.float32:
         return LaunchConfig(32, 32, 8, 1) if head_dim <= 64 else LaunchConfig(16, 32, 8, 1)
     return LaunchConfig(64, 32, 4, 2) if head_dim <= 64 else LaunchConfig(32, 32, 4, 2)
@@ -302,7 +302,7 @@ def attention(q, k, v, causal=True, scale=None, backend=None):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Ahead-of-time build (python -m kernels.aot)
+# Ahead-of-time build (python -m seqmix.kernels.aot)
 # ----------------------------------------------------------------------------------------------------------------
 
 # Argument types of the kernels here and in rerope.py, by name; every other argument is a tensor of the input dtype.
@@ -311,7 +311,7 @@ AOT_ARG_TYPES = dict(LSE="*fp32", DELTA="*fp32", ROT="*fp32", T="i32", T_q="i32"
 
 
 def aot_kernels():
-    from kernels.aot import AotKernel
+    from seqmix.kernels.aot import AotKernel
     kernels = []
     for d in (64, 128):
         for dtype, torch_dtype in AOT_DTYPES.items():

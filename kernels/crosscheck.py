@@ -1,4 +1,4 @@
-"""Headless cross-check of every formula: ``python -m kernels.crosscheck`` (or ``python3 dev.py report``).
+"""Headless cross-check of every formula: ``python -m seqmix.kernels.crosscheck`` (or ``python3 dev.py report``).
 
 Runs each op on small seeded inputs: the float64 reference forms against each other, then the torch backend, the
 Triton backend (under the interpreter when there is no GPU) and, for the recurrences, the C loops in fp32 against
@@ -13,18 +13,18 @@ import sys
 
 import numpy as np
 
-import kernels
+import seqmix
 
-MODE = kernels.use_interpreter_without_gpu()   # before anything imports triton
+MODE = seqmix.use_interpreter_without_gpu()   # before anything imports triton
 
-from kernels import _common, attention, native, rerope, ssm, wkv4, wkv7  # noqa: E402
-from kernels.testing import (FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, fp32, max_abs,  # noqa: E402
+from seqmix.kernels import _common, attention, native, rerope, ssm, wkv4, wkv7  # noqa: E402
+from seqmix.kernels.testing import (FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, fp32, max_abs,  # noqa: E402
                              rel_rms)
-from reference import attention as ref_attention  # noqa: E402
-from reference import rope as ref_rope  # noqa: E402
-from reference import ssm as ref_ssm  # noqa: E402
-from reference import wkv4 as ref_wkv4  # noqa: E402
-from reference import wkv7 as ref_wkv7  # noqa: E402
+from seqmix.reference import attention as ref_attention  # noqa: E402
+from seqmix.reference import rope as ref_rope  # noqa: E402
+from seqmix.reference import ssm as ref_ssm  # noqa: E402
+from seqmix.reference import wkv4 as ref_wkv4  # noqa: E402
+from seqmix.reference import wkv7 as ref_wkv7  # noqa: E402
 
 BACKENDS = ("torch", "triton") if _common.HAS_TRITON else ("torch",)
 # The recurrences also have C loops (kernels/native.c) where a C compiler builds them.

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from kernels._common import new_output
+from seqmix.kernels._common import new_output
 
 SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",

@@ -57,9 +57,10 @@ from collections import namedtuple
 
 import torch
 
-from kernels._common import (accumulation_dtype, check_backend_dtype, check_devices, check_same_dtype, check_tensor,
-                             new_output, resolve_backend, tl, triton)
-from kernels.attention import (AOT_ARG_TYPES, AOT_DTYPES, LaunchConfig, block_d, check_triton_head_dim,
+from seqmix.kernels._backend import check_backend_dtype, resolve_backend
+from seqmix.kernels._common import (accumulation_dtype, check_devices, check_same_dtype, check_tensor, new_output, tl,
+                                    triton)
+from seqmix.kernels.attention import (AOT_ARG_TYPES, AOT_DTYPES, LaunchConfig, block_d, check_triton_head_dim,
                                load_row_stats, load_tile, online_softmax_step, softmax_tile_grad, store_tile)
 
 LaunchConfigs = namedtuple("LaunchConfigs", "fwd dq dkdv")     # one per kernel
@@ -68,7 +69,7 @@ DECODE_CHUNK = 4096          # keys rotated at a time by the torch decode
 
 def _launch_configs(head_dim: int, dtype: torch.dtype) -> LaunchConfigs:
     """Tiles of the three kernels for head size ``head_dim`` and inputs of ``dtype``: the largest found that compile
-    without register spills on sm_80 and sm_90 (``python -m kernels.aot``). Each query and key tile is held in two
+    without register spills on sm_80 and sm_90 (``python -m seqmix.kernels.aot``). Each query and key tile is held in two
     rotations and the backward keeps two gradient accumulators per tile, hence smaller tiles than attention's."""
     if dtype == torch.float32:
         return LaunchConfigs(LaunchConfig(32, 32, 8, 1), LaunchConfig(16, 16, 8, 2), LaunchConfig(16, 16, 8, 1))
@@ -860,11 +861,11 @@ def rerope_decode(q, k_cache, v_cache, window, leaky_k=None, scale=None, train_l
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Ahead-of-time build (python -m kernels.aot)
+# Ahead-of-time build (python -m seqmix.kernels.aot)
 # ----------------------------------------------------------------------------------------------------------------
 
 def aot_kernels():
-    from kernels.aot import AotKernel
+    from seqmix.kernels.aot import AotKernel
     kernels = []
     for d in (64, 128):
         for dtype, torch_dtype in AOT_DTYPES.items():

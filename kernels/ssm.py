@@ -42,9 +42,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import native
-from kernels._common import (accumulation_dtype, check_backend_dtype, check_devices, check_same_dtype, check_tensor,
-                             needs_grad, new_output, resolve_backend, tl, triton)
+from seqmix.kernels import native
+from seqmix.kernels._backend import check_backend_dtype, resolve_backend
+from seqmix.kernels._common import (accumulation_dtype, check_devices, check_same_dtype, check_tensor, needs_grad,
+                                    new_output, tl, triton)
 
 CHUNK_LEN = 16             # torch backend: tokens per chunk (the length of the in-chunk loop)
 BLOCK_ELEMENTS = 1 << 21   # torch backend: a block holds as many chunks as keep (tokens, batch, D, N) under this
@@ -429,7 +430,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
 def aot_kernels():
     """Forward and backward kernels at Mamba sizes (D = 1536 and 8192, N = 16, T = 2048), fp32 and bf16 inputs.
     D and T are runtime arguments: the compiled kernel depends only on the launch configuration and the dtypes."""
-    from kernels.aot import AotKernel
+    from seqmix.kernels.aot import AotKernel
     kernels = []
     for dim in (1536, 8192):
         cfg = _launch_config(2048, 16)

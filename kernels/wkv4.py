@@ -57,9 +57,10 @@ from collections import namedtuple
 
 import torch
 
-from kernels import native
-from kernels._common import (accumulation_dtype, check_backend_dtype, check_devices, check_same_dtype,
-                             check_tensor, needs_grad, new_output, resolve_backend, tl, triton)
+from seqmix.kernels import native
+from seqmix.kernels._backend import check_backend_dtype, resolve_backend
+from seqmix.kernels._common import (accumulation_dtype, check_devices, check_same_dtype, check_tensor, needs_grad,
+                                    new_output, tl, triton)
 
 # The state's maximum before any token: HF's CPU loop and CUDA kernel start from this finite "minus infinity"
 # (e^{max - q} = 0 without inf - inf); keeping it makes states interchangeable with transformers'.
@@ -452,7 +453,7 @@ def wkv4(w, u, k, v, state=None, backend=None):
 
 def aot_kernels():
     """The forward (with and without saving for the backward) and backward kernels at C = 768 and 4096."""
-    from kernels.aot import AotKernel
+    from seqmix.kernels.aot import AotKernel
     kernels = []
     for C in (768, 4096):
         launch = _launch_config(C)

@@ -59,9 +59,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import native
-from kernels._common import (accumulation_dtype, check_backend_dtype, check_devices, check_same_dtype, check_tensor,
-                             needs_grad, new_output, resolve_backend, tl, triton)
+from seqmix.kernels import native
+from seqmix.kernels._backend import check_backend_dtype, resolve_backend
+from seqmix.kernels._common import (accumulation_dtype, check_devices, check_same_dtype, check_tensor, needs_grad,
+                                    new_output, tl, triton)
 
 CHUNK = 16          # torch path: steps per chunk (a power of two, for the halving in _block_couplings)
 RANGE = 20.0        # torch path: the widest spread of log decay inside a chunk that the factored couplings take
@@ -566,13 +567,13 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None, chunked=False):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Ahead-of-time build (python -m kernels.aot)
+# Ahead-of-time build (python -m seqmix.kernels.aot)
 # ----------------------------------------------------------------------------------------------------------------
 
 def aot_kernels():
     """The sequential and chunked forwards (with checkpoints) and the backward at head size 64 and 128, fp32 and bf16
     inputs."""
-    from kernels.aot import AotKernel
+    from seqmix.kernels.aot import AotKernel
     kernels = []
     for N in (64, 128):
         for dtype in ("fp32", "bf16"):

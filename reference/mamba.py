@@ -25,7 +25,7 @@ NumPy only (plus the sibling ssm.py for the selective scan and SiLU); float64 th
 """
 import numpy as np
 
-from reference.ssm import selective_scan, silu
+from seqmix.reference.ssm import selective_scan, silu
 
 
 def rms_norm(x, weight, eps):

@@ -19,7 +19,7 @@ NumPy only (plus the sibling attention.py for the softmax); float64 throughout.
 """
 import numpy as np
 
-from reference.attention import attention_from_scores, resolve_scale
+from seqmix.reference.attention import attention_from_scores, resolve_scale
 
 RELATIVE_KINDS = ("rope", "pi", "leaky_rerope", "rerope")
 

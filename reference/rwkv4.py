@@ -29,8 +29,8 @@ NumPy only (plus the siblings wkv4.py, and ssm.py for the sigmoid); float64 thro
 """
 import numpy as np
 
-from reference.ssm import sigmoid
-from reference.wkv4 import INITIAL_MAX, wkv4
+from seqmix.reference.ssm import sigmoid
+from seqmix.reference.wkv4 import INITIAL_MAX, wkv4
 
 STATE_NAMES = ("ffn_x_prev", "att_x_prev", "att_num", "att_den", "att_max")
 # transformers builds ln_out as nn.LayerNorm(hidden_size): the default eps, whatever layer_norm_epsilon says.

@@ -38,9 +38,9 @@ import re
 
 import numpy as np
 
-from reference.rwkv4 import layer_norm as rwkv4_layer_norm, token_shift
-from reference.ssm import sigmoid, softplus
-from reference.wkv7 import wkv7
+from seqmix.reference.rwkv4 import layer_norm as rwkv4_layer_norm, token_shift
+from seqmix.reference.ssm import sigmoid, softplus
+from seqmix.reference.wkv7 import wkv7
 
 LAYER_NORM_EPS = 1e-5
 GROUP_NORM_EPS = 64e-5     # ln_x, per head

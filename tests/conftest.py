@@ -1,13 +1,13 @@
 """Test set-up: the Triton interpreter on CPU, NaN-poisoned kernel outputs, seeded randomness."""
-import kernels
+import seqmix
 
-# The interpreter must be chosen before triton is first imported (kernels._common imports it).
-kernels.use_interpreter_without_gpu()
+# The interpreter must be chosen before triton is first imported (seqmix.kernels._common imports it).
+seqmix.use_interpreter_without_gpu()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from kernels import _common  # noqa: E402
+from seqmix.kernels import _common  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import copy
 import torch
 from torch.utils._pytree import tree_leaves
 
-from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
+from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
 
 
 def tokens(seed, batch, length, vocab):

@@ -2,7 +2,7 @@
 against autograd through a float64 definition that the test writes itself."""
 import torch
 
-from kernels.testing import assert_all_close, assert_close
+from seqmix.kernels.testing import assert_all_close, assert_close
 
 
 def qkv_inputs(rng, shape, spread=1.0):

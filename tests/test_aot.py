@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from kernels import _common
-from kernels.aot import MODULES, TARGETS
+from seqmix.kernels import _common
+from seqmix.kernels.aot import MODULES, TARGETS
 
 
 @pytest.mark.skipif(not _common.HAS_TRITON, reason="triton has no wheel for this platform")
 def test_every_kernel_builds_for_sm80_and_sm90_without_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # compile for real, not interpret
-    run = subprocess.run([sys.executable, "-m", "kernels.aot"], env=env, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "seqmix.kernels.aot"], env=env, capture_output=True, text=True,
                          timeout=1800)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert "not written yet" not in run.stdout, run.stdout

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import cost_model, peers, run
+from seqmix.benchmarks import cost_model, peers, run
 from kernel_cases import rwkv7_inputs
-from kernels.testing import FP32_BUDGET, assert_close, fp32
-from reference import attention as ref_attention
-from reference import rope as ref_rope
-from reference import ssm as ref_ssm
-from reference import wkv4 as ref_wkv4
-from reference import wkv7 as ref_wkv7
+from seqmix.kernels.testing import FP32_BUDGET, assert_close, fp32
+from seqmix.reference import attention as ref_attention
+from seqmix.reference import rope as ref_rope
+from seqmix.reference import ssm as ref_ssm
+from seqmix.reference import wkv4 as ref_wkv4
+from seqmix.reference import wkv7 as ref_wkv7
 
 needs_transformers = pytest.mark.skipif(not peers.HAS_TRANSFORMERS, reason="transformers is not installed")
 

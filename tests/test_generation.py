@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from kernels.models.generation import generate, sample_next
+from seqmix.models.generation import generate, sample_next
 
 V = 10
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from kernel_cases import BACKENDS, needs_triton
-from kernels import attention as attn
-from kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_close
+from seqmix.kernels import attention as attn
+from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_close
 from qkv_check import check_qkv_op, qkv_inputs
-from reference.attention import softmax_attention
+from seqmix.reference.attention import softmax_attention
 
 # (B, H, T, d): T = 1, T not a multiple of the 16-row tiles, a head dim that is not a power of two.
 SHAPES = [(1, 1, 1, 16), (2, 1, 37, 16), (1, 2, 20, 24), (1, 1, 33, 32)]

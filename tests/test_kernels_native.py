@@ -10,13 +10,13 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from kernel_cases import in_pieces, rwkv7_inputs, split_bounds
-from kernels import native, ssm
-from kernels.attention import attention
-from kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_close, fp32
-from kernels.wkv4 import wkv4
-from kernels.wkv7 import wkv7
-from reference import ssm as ssm_ref
-from reference.wkv7 import wkv7 as reference_wkv7
+from seqmix.kernels import native, ssm
+from seqmix.kernels.attention import attention
+from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_close, fp32
+from seqmix.kernels.wkv4 import wkv4
+from seqmix.kernels.wkv7 import wkv7
+from seqmix.reference import ssm as ssm_ref
+from seqmix.reference.wkv7 import wkv7 as reference_wkv7
 from test_kernels_ssm import CASES as SCAN_CASES, case_inputs, dtypes_for, make_inputs as scan_inputs
 from test_kernels_wkv4 import assert_state_close, make_inputs as wkv4_inputs, run_reference as wkv4_reference
 

@@ -14,10 +14,10 @@ from torch.utils._pytree import tree_leaves
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernel_cases import BACKENDS, needs_triton
-from kernels import rerope
-from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
+from seqmix.kernels import rerope
+from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
 from qkv_check import check_qkv_op, qkv_inputs, output_and_grads
-from reference.rope import (attention_from_relative_positions, log_n_scale, relative_positions, rerope_attention,
+from seqmix.reference.rope import (attention_from_relative_positions, log_n_scale, relative_positions, rerope_attention,
                             rerope_decode)
 
 # (T, d, window, leaky_k, train_length); tiles are 16 x 16 unless a test says otherwise.

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from kernel_cases import BACKENDS, needs_triton
-from kernels import ssm
-from kernels._common import accumulation_dtype
-from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
-from reference import ssm as ref
+from seqmix.kernels import ssm
+from seqmix.kernels._common import accumulation_dtype
+from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
+from seqmix.reference import ssm as ref
 
 TENSORS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "state")
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from kernel_cases import BACKENDS, needs_triton, spy
-from kernels import wkv4 as wkv4_module
-from kernels._common import accumulation_dtype
-from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close, f64
-from kernels.wkv4 import INITIAL_MAX, wkv4
-from reference import wkv4 as ref
+from seqmix.kernels import wkv4 as wkv4_module
+from seqmix.kernels._common import accumulation_dtype
+from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close, f64
+from seqmix.kernels.wkv4 import INITIAL_MAX, wkv4
+from seqmix.reference import wkv4 as ref
 
 BUDGETS = {torch.float32: FP32_BUDGET, torch.float16: FP16_BUDGET}
 # The gradients with_grads returns, in its order.

@@ -20,10 +20,10 @@ from hf_peer import (assert_states_close, check_against_peer_and_reference, chec
                      input_lengths, peer_greedy)
 from hf_peer import make_models as make_peer_and_ours
 from hf_peer import tokens as random_tokens
-from kernels.models.checkpoint import save_state_dict
-from kernels.models.mamba import MambaConfig, MambaForCausalLM, MambaModel
-from kernels.testing import FP32_BUDGET, assert_close
-from reference import mamba as ref
+from seqmix.models.io import save_state_dict
+from seqmix.models.mamba import MambaConfig, MambaForCausalLM, MambaModel
+from seqmix.kernels.testing import FP32_BUDGET, assert_close
+from seqmix.reference import mamba as ref
 
 STATE_NAMES = ("conv window", "h")                   # the tensors of one block's state
 SMALL = dict(vocab_size=67, hidden_size=16, state_size=5, num_hidden_layers=3, expand=2)

@@ -23,11 +23,11 @@ from hf_peer import (assert_states_close, check_against_peer_and_reference, chec
                      check_fp16_copy, check_pieces_equal_whole, check_training_step, input_lengths, peer_greedy)
 from hf_peer import make_models as make_peer_and_ours
 from hf_peer import tokens as random_tokens
-from kernels.models.checkpoint import load_state_dict, save_state_dict
-from kernels.models.generation import sample_next
-from kernels.models.rwkv4 import STATE_NAMES, RwkvConfig, RwkvForCausalLM, RwkvModel
-from kernels.testing import FP32_BUDGET, assert_close, rel_rms
-from reference import rwkv4 as ref
+from seqmix.models.io import load_state_dict, save_state_dict
+from seqmix.models.generation import sample_next
+from seqmix.models.rwkv4 import STATE_NAMES, RwkvConfig, RwkvForCausalLM, RwkvModel
+from seqmix.kernels.testing import FP32_BUDGET, assert_close, rel_rms
+from seqmix.reference import rwkv4 as ref
 
 SMALL = dict(vocab_size=67, context_length=64, hidden_size=16, num_hidden_layers=3, intermediate_size=40)
 B, T = 2, 9
@@ -275,7 +275,7 @@ def test_config_of_another_model_is_refused(tmp_path):
 
 
 def test_safetensors_reader_and_writer_agree_with_the_safetensors_package(tmp_path):
-    """Our parser/writer of the format (kernels/models/checkpoint.py) against the safetensors package, which
+    """Our parser/writer of the format (models/io.py) against the safetensors package, which
     transformers uses, on every dtype the models may meet, a scalar and an empty tensor."""
     from safetensors.torch import load_file, save_file
     g = torch.Generator().manual_seed(16)
@@ -314,8 +314,8 @@ def test_from_pretrained_needs_no_transformers(tmp_path):
     script = (
         "import sys; sys.modules['transformers'] = None\n"           # makes `import transformers` raise
         "import torch\n"
-        "import kernels.models.mamba\n"
-        "from kernels.models.rwkv4 import RwkvForCausalLM\n"
+        "import seqmix.models.mamba\n"
+        "from seqmix.models.rwkv4 import RwkvForCausalLM\n"
         f"d = {str(tmp_path)!r}\n"
         "model = RwkvForCausalLM.from_pretrained(d)\n"
         "with torch.no_grad():\n"

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import hf_peer
-from kernels.models.rwkv7 import Rwkv7, Rwkv7Config
-from kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close
-from reference import rwkv7 as ref
+from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
+from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close
+from seqmix.reference import rwkv7 as ref
 
 V, C, H, N, L, F_FFN = 67, 48, 3, 16, 3, 112
 LORA = dict(D_w=8, D_a=12, D_v=6, D_g=10)

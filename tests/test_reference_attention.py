@@ -3,8 +3,8 @@ survives huge scores."""
 import numpy as np
 import pytest
 
-from kernels.testing import REFERENCE_BUDGET, assert_close
-from reference.attention import attention_from_scores, attention_sums, online_softmax_attention, softmax_attention
+from seqmix.kernels.testing import REFERENCE_BUDGET, assert_close
+from seqmix.reference.attention import attention_from_scores, attention_sums, online_softmax_attention, softmax_attention
 
 
 def qkv(rng, *shape, dv=None, scale=1.0):

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from kernels.testing import REFERENCE_BUDGET, assert_close
-from reference.attention import softmax_attention
-from reference.rope import (apply_rope, attention_from_relative_positions, log_n_scale, relative_positions,
+from seqmix.kernels.testing import REFERENCE_BUDGET, assert_close
+from seqmix.reference.attention import softmax_attention
+from seqmix.reference.rope import (apply_rope, attention_from_relative_positions, log_n_scale, relative_positions,
                             rerope_attention, rerope_decode)
 
 

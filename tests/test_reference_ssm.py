@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from kernels.testing import REFERENCE_BUDGET, assert_close, rel_rms
-from reference import ssm
+from seqmix.kernels.testing import REFERENCE_BUDGET, assert_close, rel_rms
+from seqmix.reference import ssm
 
 
 def random_stable(rng, n):

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.testing import REFERENCE_BUDGET, assert_close, rel_rms
-from reference.wkv4 import INITIAL_MAX, wkv4, wkv4_quadratic, wkv4_recurrent
+from seqmix.kernels.testing import REFERENCE_BUDGET, assert_close, rel_rms
+from seqmix.reference.wkv4 import INITIAL_MAX, wkv4, wkv4_quadratic, wkv4_recurrent
 
 
 def inputs(rng, B=2, T=11, C=5, key_scale=1.0):

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kernel_cases import in_pieces, rwkv7_inputs, split_bounds
-from kernels.testing import REFERENCE_BUDGET, assert_close
-from reference.wkv7 import wkv7, wkv7_chunked, wkv7_transition_product
+from seqmix.kernels.testing import REFERENCE_BUDGET, assert_close
+from seqmix.reference.wkv7 import wkv7, wkv7_chunked, wkv7_transition_product
 
 
 def generic_inputs(rng, B, T, H, N):

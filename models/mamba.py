@@ -24,10 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels._common import accumulation_dtype, check_tensor
-from kernels.models.checkpoint import (CausalLMMixin, ModelOutput, PretrainedMixin, check_positive_ints,
-                                       check_token_ids)
-from kernels.ssm import selective_scan
+from seqmix.kernels._common import accumulation_dtype, check_tensor
+from seqmix.kernels.ssm import selective_scan
+from seqmix.models.base import CausalLMMixin, ModelOutput, PretrainedMixin, check_positive_ints, check_token_ids
 
 
 @dataclasses.dataclass
@@ -193,7 +192,7 @@ class MambaModel(PretrainedMixin, nn.Module):
 class MambaForCausalLM(CausalLMMixin, nn.Module):
     """MambaModel (as .backbone) and lm_head (tied to the embeddings when tie_word_embeddings, the default):
     transformers' MambaForCausalLM names. forward adds logits and the loss to MambaModel.forward; generate
-    continues a prompt (kernels/models/checkpoint.py)."""
+    continues a prompt (models/base.py)."""
     config_class = MambaConfig
     base_model_class = MambaModel
     base_model_prefix = "backbone"

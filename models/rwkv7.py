@@ -23,10 +23,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kernels._common import accumulation_dtype, check_devices, check_tensor
-from kernels.models.checkpoint import (GenerateMixin, check_positive_ints, check_state_dict, check_token_ids,
-                                       load_state_dict, token_shift)
-from kernels.wkv7 import wkv7
+from seqmix.kernels._common import accumulation_dtype, check_devices, check_tensor
+from seqmix.kernels.wkv7 import wkv7
+from seqmix.models.base import GenerateMixin, check_positive_ints, check_token_ids
+from seqmix.models.io import check_state_dict, load_state_dict
+from seqmix.models.layers import token_shift
 
 GROUP_NORM_EPS = 64e-5
 # Some BlinkDL checkpoints carry a value-residual LoRA for block 0, which makes v_first and never uses it.

@@ -26,10 +26,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from kernels._common import accumulation_dtype, check_tensor
-from kernels.models.checkpoint import (CausalLMMixin, ModelOutput, PretrainedMixin, check_positive_ints,
-                                       check_token_ids, token_shift)
-from kernels.wkv4 import INITIAL_MAX, wkv4
+from seqmix.kernels._common import accumulation_dtype, check_tensor
+from seqmix.kernels.wkv4 import INITIAL_MAX, wkv4
+from seqmix.models.base import CausalLMMixin, ModelOutput, PretrainedMixin, check_positive_ints, check_token_ids
+from seqmix.models.layers import token_shift
 
 STATE_NAMES = ("ffn_x_prev", "att_x_prev", "att_num", "att_den", "att_max")
 
@@ -211,7 +211,7 @@ class RwkvModel(PretrainedMixin, nn.Module):
 
 class RwkvForCausalLM(CausalLMMixin, nn.Module):
     """RwkvModel (as .rwkv) and the language-model head (.head): transformers' RwkvForCausalLM names. forward adds
-    logits and the loss to RwkvModel.forward; generate continues a prompt (kernels/models/checkpoint.py)."""
+    logits and the loss to RwkvModel.forward; generate continues a prompt (models/base.py)."""
     config_class = RwkvConfig
     base_model_class = RwkvModel
     base_model_prefix = "rwkv"

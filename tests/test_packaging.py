@@ -1,0 +1,274 @@
+"""The package as people install it: one import name (seqmix) over the charter's folders, imports that form a DAG
+pointing downward (reference <- kernels <- models <- experiments, benchmarks, conformance), no bare generic names,
+reference files that run alone, and an install that coexists with another distribution's top-level `kernels`."""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def package_dirs() -> dict[str, Path]:
+    """seqmix.<sub> -> its folder, as pyproject.toml maps them."""
+    text = (ROOT / "pyproject.toml").read_text()
+    line = re.search(r"^package-dir = \{(.*)\}$", text, re.M).group(1)
+    return {name: ROOT / folder for name, folder in re.findall(r'"([\w.]+)" = "([\w./]+)"', line)}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package: dotted name -> file."""
+    out = {}
+    dirs = package_dirs()
+    for pkg, folder in dirs.items():
+        for f in folder.rglob("*.py"):
+            rel = f.relative_to(folder).with_suffix("").parts
+            if any(part in {"__pycache__", "results"} for part in rel):
+                continue
+            name = ".".join((pkg, *rel))
+            # a subfolder mapped on its own (seqmix.kernels under the root package) is listed once, by its own entry
+            if not any(other != pkg and other.startswith(pkg + ".") and f.is_relative_to(d)
+                       for other, d in dirs.items()):
+                out[name.removesuffix(".__init__")] = f
+    return out
+
+
+def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
+    """The package modules that `path` imports (at module level or inside functions)."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports_of(path, name, set(mods)) for name, path in mods.items()}
+
+
+def test_package_dirs_cover_the_charter_folders():
+    dirs = package_dirs()
+    assert dirs["seqmix.reference"] == ROOT / "reference"
+    assert dirs["seqmix.kernels"] == ROOT / "kernels"
+    assert dirs["seqmix.models"] == ROOT / "models"
+    assert all(d.is_dir() for d in dirs.values()), dirs
+    listed = re.search(r"^packages = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    subpackages = {m for m, f in modules().items() if f.name == "__init__.py"}
+    assert subpackages == set(re.findall(r'"([\w.]+)"', listed)), "pyproject's packages list is out of date"
+
+
+def test_imports_form_a_dag():
+    graph = import_graph()
+    seen, on_path = set(), []
+
+    def visit(node):
+        if node in on_path:
+            cycle = on_path[on_path.index(node):] + [node]
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+        if node in seen:
+            return
+        on_path.append(node)
+        for nxt in sorted(graph[node]):
+            visit(nxt)
+        on_path.pop()
+        seen.add(node)
+
+    for node in sorted(graph):
+        visit(node)
+
+
+# Each layer may import only the layers below it.
+LAYERS = {"reference": 0, "kernels": 1, "models": 2, "experiments": 3, "benchmarks": 3, "conformance": 3}
+
+
+def test_imports_point_downward():
+    wrong = []
+    for mod, targets in import_graph().items():
+        layer = mod.split(".")[1] if mod.count(".") else None
+        for t in targets:
+            target = t.split(".")[1] if t.count(".") else None
+            if layer in LAYERS and target in LAYERS and target != layer and LAYERS[target] >= LAYERS[layer]:
+                wrong.append(f"{mod} imports {t}")
+    assert not wrong, wrong
+
+
+def test_reference_imports_numpy_and_its_siblings_only():
+    stdlib = set(sys.stdlib_module_names)
+    for name, path in modules().items():
+        if not name.startswith("seqmix.reference"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for m in mods:
+                assert m.split(".")[0] in stdlib | {"numpy"} or m.startswith("seqmix.reference"), f"{path}: {m}"
+
+
+def project_files():
+    """Every tracked or new text file of the project that holds code or commands."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    return [ROOT / f for f in listed if f.endswith((".py", ".ipynb", ".md", ".toml", ".yml", ".cfg", ".txt"))
+            or f.startswith(".ci/")]
+
+
+BARE = re.compile(r"^\s*(?:from (?:kernels|reference|benchmarks|models)\b[\w.]* import|"
+                  r"import (?:kernels|reference|benchmarks|models)\b)|-m (?:kernels|benchmarks|models)\.", re.M)
+
+
+def test_no_bare_generic_import_names():
+    """Nothing in the project imports or runs the folders by their bare names (they are seqmix.* only)."""
+    hits = []
+    for f in project_files():
+        if not f.exists() or f.name == "CHANGELOG.md":   # the migration note names the old imports on purpose
+            continue
+        text = f.read_text(errors="replace")
+        if f.suffix == ".ipynb":
+            text = "\n".join("".join(c.get("source", [])) for c in json.loads(text)["cells"])
+        hits += [f"{f.relative_to(ROOT)}: {m.group(0).strip()}" for m in BARE.finditer(text)]
+    assert not hits, hits
+
+
+def test_bare_import_check_catches_one():
+    assert BARE.search("x = 1\nfrom kernels.wkv4 import wkv4\n")
+    assert BARE.search("    import reference\n")
+    assert BARE.search("python -m " + "kernels.aot")   # split, so that this file passes its own check
+    assert not BARE.search("from seqmix.kernels.wkv4 import wkv4\nimport seqmix.reference\n")
+
+
+# Sibling-free reference files, each with a call that exercises it (g: a NumPy random generator).
+REFERENCE_ALONE = {
+    "attention.py": "m.softmax_attention(*g.normal(size=(3, 5, 4)))",
+    "wkv4.py": "m.wkv4(-np.ones(4), np.zeros(4), *g.normal(size=(2, 1, 5, 4)))",
+    "wkv7.py": "m.wkv7(*g.normal(size=(1, 1, 5, 2, 3)), -np.ones((1, 5, 2, 3)), *g.normal(size=(2, 1, 5, 2, 3)),"
+               " -np.ones((1, 5, 2, 3)) * 0.1, np.ones((1, 5, 2, 3)) * 0.1)",
+    "ssm.py": "m.selective_scan(g.normal(size=(1, 3, 5)), np.ones((1, 3, 5)), -np.ones((3, 2)),"
+              " *g.normal(size=(2, 1, 2, 5)))",
+}
+
+
+def test_every_sibling_free_reference_file_is_listed():
+    free = {f.name for f in (ROOT / "reference").glob("*.py")
+            if f.name != "__init__.py" and "seqmix" not in f.read_text()}
+    assert free == set(REFERENCE_ALONE)
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_ALONE))
+def test_reference_file_runs_alone_with_numpy(tmp_path, name):
+    """Copied into an empty folder and run where torch, triton and seqmix cannot be imported."""
+    shutil.copy(ROOT / "reference" / name, tmp_path / name)
+    script = textwrap.dedent(f"""
+        import importlib.util, sys
+        for blocked in ("torch", "triton", "seqmix", "scipy"):
+            sys.modules[blocked] = None
+        import numpy as np
+        spec = importlib.util.spec_from_file_location("copied", {str(tmp_path / name)!r})
+        m = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(m)
+        g = np.random.default_rng(0)
+        out = {REFERENCE_ALONE[name]}
+        first = out[0] if isinstance(out, tuple) else out
+        assert first.dtype == np.float64 and first.size and np.isfinite(first).all()
+        print("ran")
+        """)
+    run = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "ran", run.stderr
+
+
+STAND_IN = {   # a distribution that owns the top-level package `kernels`, as Hugging Face's does
+    "pyproject.toml": '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n'
+                      '[project]\nname = "kernels-stand-in"\nversion = "1.0"\n'
+                      '[tool.setuptools]\npackages = ["kernels"]\n',
+    "kernels/__init__.py": "from kernels._common import MARK\n",
+    "kernels/_common.py": "MARK = 'stand-in'\n",
+}
+
+
+def _pip(venv_python: Path, *args):
+    """pip of this interpreter, installing into the scratch venv (no network: --no-deps, local wheels)."""
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv_python), "--disable-pip-version-check",
+                    "-q", *args], check=True, capture_output=True)
+
+
+def _wheel(source: Path, out: Path, editable: bool) -> Path:
+    """A wheel of source built with this interpreter's setuptools (an editable one: PEP 660's hook)."""
+    hook = "build_editable" if editable else "build_wheel"
+    script = f"import setuptools.build_meta as b; print(b.{hook}({str(out)!r}))"
+    built = subprocess.run([sys.executable, "-c", script], cwd=source, capture_output=True, text=True, check=True)
+    return out / built.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("editable", [False, True], ids=["wheel", "editable"])
+def test_install_beside_another_kernels_package(tmp_path, editable):
+    """seqmix installed next to a distribution owning `kernels`: both import; uninstalling seqmix leaves the other
+    intact."""
+    stand_in = tmp_path / "stand_in"
+    for rel, text in STAND_IN.items():
+        (stand_in / rel).parent.mkdir(parents=True, exist_ok=True)
+        (stand_in / rel).write_text(text)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    _pip(python, "install", "--no-deps", str(_wheel(stand_in, wheels, False)))
+    source = ROOT
+    if not editable:   # build from a copy, so that the checkout gets no build/ folder
+        source = tmp_path / "src"
+        shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info",
+                                                                     "__pycache__", "notebooks", "tests"))
+    _pip(python, "install", "--no-deps", str(_wheel(source, wheels, editable)))
+    shutil.rmtree(ROOT / "build", ignore_errors=True) if editable else None
+    # numpy from this environment, behind the scratch venv's own site-packages
+    numpy_dir = Path(sysconfig.get_paths()["purelib"])
+    check = ("import kernels, seqmix, seqmix.kernels, seqmix.reference.wkv4 as r; "
+             "assert kernels.MARK == 'stand-in', kernels.__file__; "
+             "assert seqmix.kernels.__file__ != kernels.__file__; "
+             "print(seqmix.__version__, r.wkv4.__name__)")
+    env = dict(os.environ, PYTHONPATH=str(numpy_dir))
+    run = subprocess.run([str(python), "-c", check], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    _pip(python, "uninstall", "-y", "seqmix")
+    after = subprocess.run([str(python), "-c", "import kernels; print(kernels.MARK)"], cwd=tmp_path,
+                           capture_output=True, text=True)
+    assert after.stdout.strip() == "stand-in", after.stderr
+    gone = subprocess.run([str(python), "-c", "import seqmix.kernels"], cwd=tmp_path, capture_output=True, text=True)
+    assert gone.returncode != 0
+
+
+def test_version_is_one_string():
+    import seqmix
+    assert re.fullmatch(r"\d+\.\d+\.\d+", seqmix.__version__)
+    from importlib.metadata import version
+    assert version("seqmix") == seqmix.__version__
+
+
+def test_importing_seqmix_imports_neither_torch_nor_triton():
+    run = subprocess.run([sys.executable, "-c", "import sys, seqmix; print('torch' in sys.modules, "
+                          "'triton' in sys.modules, callable(seqmix.wkv7))"], capture_output=True, text=True)
+    assert run.stdout.split()[:2] == ["False", "False"], run.stderr
