@@ -4,6 +4,9 @@
     python3 dev.py lab       JupyterLab on notebooks/ (the main job)
     python3 dev.py test      every test: pytest over tests/ and nbval over notebooks/
     python3 dev.py report    headless cross-check of every formula, as a table
+    python3 dev.py notebooks [NAME ...]
+                             after editing notebooks/NAME.py (the jupytext source): sync it into NAME.ipynb and
+                             execute that top to bottom, as nbval and the Lab expect it (default: every notebook)
 
 Each command creates ./.venv on first use and installs the project into it (dependencies: pyproject.toml).
 
@@ -15,6 +18,7 @@ multi-GB CUDA build. Once torch is in the venv, the project's range (torch>=2.3)
 fetched for it.
 """
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -56,17 +60,48 @@ def venv_env():
     return env
 
 
+COMMANDS = ("lab", "test", "report", "notebooks")
+
+
+def execute_notebooks(names, env):
+    """Sync each notebook with its .py source (the newer wins), execute it in place, and sync the .py back."""
+    paths = ([ROOT / "notebooks" / f"{Path(n).stem}.ipynb" for n in names]
+             or sorted((ROOT / "notebooks").glob("*.ipynb")))
+    for path in paths:
+        if not path.with_suffix(".py").exists():
+            raise SystemExit(f"no notebook source {path.with_suffix('.py').relative_to(ROOT)}")
+        run(PY, "-m", "jupytext", "--sync", path.with_suffix(".py"), env=env)
+        run(PY, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--inplace",
+            "--ExecutePreprocessor.timeout=900", "--ExecutePreprocessor.record_timing=False", path, env=env)
+        strip_timings(path)
+        run(PY, "-m", "jupytext", "--sync", path, env=env)
+
+
+def strip_timings(path):
+    """Drop the per-cell execution timestamps, which would make every run a diff."""
+    notebook = json.loads(path.read_text())
+    for cell in notebook["cells"]:
+        cell.get("metadata", {}).pop("execution", None)
+    path.write_text(json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+
+
 def main(argv):
     what = argv[1] if len(argv) > 1 else "help"
-    if what not in ("lab", "test", "report"):
+    if what in ("help", "-h", "--help"):
         print(__doc__)
-        return 0 if what == "help" else 2
+        return 0
+    if what not in COMMANDS:
+        print(f"dev.py: unknown command {what!r}; the commands are {', '.join(COMMANDS)}\n", file=sys.stderr)
+        print(__doc__, file=sys.stderr)
+        return 2
     ensure_env()
     env = venv_env()
     if what == "test":
         run(PY, "-m", "pytest", "--nbval-lax", "tests", "notebooks", *argv[2:], env=env)
     elif what == "report":
         run(PY, "-m", "seqmix.kernels.crosscheck", *argv[2:], env=env)
+    elif what == "notebooks":
+        execute_notebooks(argv[2:], env)
     elif not any((ROOT / "notebooks").glob("*.ipynb")):
         print("No notebooks yet: printing the headless cross-check report instead.", flush=True)
         run(PY, "-m", "seqmix.kernels.crosscheck", env=env)

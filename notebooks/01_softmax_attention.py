@@ -1,0 +1,304 @@
+# %% [markdown]
+# # 01 · Causal softmax attention: the matrix form, the sums, the online form
+#
+# This notebook takes the attention formula every later notebook builds on and writes it four ways: the matrix form
+# $\mathrm{softmax}(QK^\top/\sqrt d)\,V$ with its causal mask, the same thing as explicit sums (the form RWKV-4 will
+# modify in notebook 02), the same sums with each row's maximum subtracted (why this is needed, and why it changes
+# nothing), and the online form that streams over the keys with a running maximum and a running sum (how
+# FlashAttention and RWKV-4's stable recurrence avoid overflow without ever seeing a whole row). Each form is checked
+# against the float64 reference, then the torch path and the Triton kernel are run on the same inputs, outputs and
+# gradients, and checked against it too.
+#
+# **Sources.** The "Rwkv attention and the recurrent formulas" section of the Hugging Face RWKV page,
+# https://huggingface.co/docs/transformers/model_doc/rwkv (matrix form, sums, max subtraction); FlashAttention,
+# arXiv:2205.14135, https://arxiv.org/abs/2205.14135 (the online form, computed in tiles).
+#
+# **Code used.** [`reference/attention.py`](../reference/attention.py): `softmax_attention`, `attention_sums`,
+# `online_softmax_attention` (NumPy, float64: the truth) ·
+# [`kernels/attention.py`](../kernels/attention.py): `attention` (backend `"torch"`: scaled dot-product attention;
+# backend `"triton"`: a flash-style kernel) · [`kernels/testing.py`](../kernels/testing.py): `check` and the error
+# budgets (relative RMS error against the float64 reference: 1e-12 between float64 forms, 1e-5 for fp32, 5e-3 for
+# fp16 inputs).
+
+# %%
+import seqmix
+
+MODE = seqmix.use_interpreter_without_gpu()    # without a GPU: TRITON_INTERPRET=1, before triton is imported
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from seqmix.kernels.attention import attention
+from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, check, rel_rms
+from seqmix.reference import attention as ref
+
+rng = np.random.default_rng(0)
+torch.manual_seed(0)
+print("Triton kernels run on:", MODE)
+
+# %% [markdown]
+# ## 1. The matrix form
+#
+# The page starts from
+#
+# $$O = \mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt d}\right) V ,$$
+#
+# with $Q, K, V$ of shape $T \times d$: one row per position (batch and heads are further leading axes and change
+# nothing). Spelled out for a language model, which must not look ahead:
+#
+# $$S = \frac{QK^\top}{\sqrt d}, \qquad M_{ij} = \begin{cases} 0 & j \le i \\ -\infty & j > i \end{cases}, \qquad
+# P = \mathrm{softmax}_{\text{rows}}(S + M), \qquad O = P V .$$
+#
+# $S_{ij}$ says how well query $i$ matches key $j$; $P_{ij}$ turns each row into weights that are positive and sum
+# to one; $O_i$ is the weighted average of the values. The mask sets $e^{-\infty} = 0$ for the future keys.
+
+# %%
+T, d = 10, 8
+q, k, v = (rng.standard_normal((T, d)) for _ in range(3))    # each (T, d)
+
+S = q @ k.T / np.sqrt(d)                                     # (T, T) scores
+M = np.triu(np.full((T, T), -np.inf), k=1)                   # (T, T) causal mask: -inf above the diagonal
+E = np.exp(S + M)                                            # (T, T) exactly 0 above the diagonal
+P = E / E.sum(axis=1, keepdims=True)                         # (T, T) each row sums to 1
+O_matrix = P @ v                                             # (T, d)
+
+# %% tags=["nbval-check-output"]
+check("matrix form vs reference.softmax_attention", O_matrix, ref.softmax_attention(q, k, v), REFERENCE_BUDGET)
+print("every row of P sums to 1:", bool(np.allclose(P.sum(axis=1), 1.0)))
+print("P is exactly zero above the diagonal:", bool((np.triu(P, k=1) == 0).all()))
+
+# %% [markdown]
+# ## 2. What the causal mask guarantees
+#
+# Output $i$ depends on positions $0..i$ only. To see it, replace the keys and values of every position after $t$
+# by new random ones: the outputs up to $t$ stay exactly what they were, the later ones change. Without the mask
+# (`causal=False`) even the first output would move.
+
+# %%
+t = 4
+k_new, v_new = k.copy(), v.copy()
+k_new[t + 1:] = rng.standard_normal((T - t - 1, d))          # a different future
+v_new[t + 1:] = rng.standard_normal((T - t - 1, d))
+O_new = ref.softmax_attention(q, k_new, v_new)
+O_new_unmasked = ref.softmax_attention(q, k_new, v_new, causal=False)
+
+# %% tags=["nbval-check-output"]
+check(f"causal outputs 0..{t} with a different future", O_new[: t + 1], O_matrix[: t + 1], REFERENCE_BUDGET)
+print(f"causal outputs after {t} changed:", not np.allclose(O_new[t + 1:], O_matrix[t + 1:]))
+print("without the mask, output 0 changed:",
+      not np.allclose(O_new_unmasked[0], ref.softmax_attention(q, k, v, causal=False)[0]))
+
+# %% [markdown]
+# ## 3. Replacing the softmax by its value
+#
+# Writing the softmax out turns the matrix product into one weighted average per query (the page's sums, with
+# $1$-based positions):
+#
+# $$O_i = \frac{\sum_{j=1}^{i} e^{\,q_i \cdot k_j / \sqrt d}\; v_j}{\sum_{j=1}^{i} e^{\,q_i \cdot k_j / \sqrt d}} .$$
+#
+# The mask has become the upper limit of the sums. This is the form RWKV-4 starts from: it keeps the weighted
+# average and replaces the score $q_i \cdot k_j / \sqrt d$ by a decay plus a key (notebook 02).
+
+# %%
+O_sums = np.empty((T, d))
+for i in range(T):
+    e = np.exp(q[i] @ k[: i + 1].T / np.sqrt(d))             # (i + 1,) weights of the keys query i may see
+    O_sums[i] = e @ v[: i + 1] / e.sum()                     # (d,) their weighted average of values
+
+# %% tags=["nbval-check-output"]
+for what, expected in (("reference.attention_sums", ref.attention_sums(q, k, v)), ("the matrix form", O_matrix)):
+    check(f"explicit sums vs {what}", O_sums, expected, REFERENCE_BUDGET)
+
+# %% [markdown]
+# ## 4. Why each row's maximum is subtracted
+#
+# $e^x$ is finite only up to $x = \ln(\text{largest float})$: about 709.8 in float64, 88.7 in float32 and 11.1 in
+# float16. A score past that gives $e^{s} = \infty$, and the ratio $\infty / \infty$ is NaN, although the true
+# output is a perfectly ordinary weighted average of values. Dividing the numerator and the denominator by the same
+# $e^{m_i}$ changes nothing in exact arithmetic:
+#
+# $$\frac{e^{s_{ij}}}{\sum_{j' \le i} e^{s_{ij'}}} = \frac{e^{s_{ij} - m_i}}{\sum_{j' \le i} e^{s_{ij'} - m_i}},
+# \qquad m_i = \max_{j \le i} s_{ij} .$$
+#
+# With $m_i$ the row's maximum every exponent is $\le 0$, the largest term is exactly 1, and the denominator lies in
+# $[1, i]$: nothing can overflow, and nothing underflows to a zero denominator.
+
+# %%
+for name, dtype in (("float64", np.float64), ("float32", np.float32), ("float16", np.float16)):
+    print(f"e^x overflows {name} for x > {np.log(np.finfo(dtype).max):.1f}")
+
+q_big = 400 * q                                              # scores of the order of a thousand
+S_big = q_big @ k.T / np.sqrt(d)                             # (T, T)
+print("largest score:", round(float(S_big.max()), 1))
+with np.errstate(over="ignore", invalid="ignore"):
+    O_unshifted = ref.attention_sums(q_big, k, v)            # the sums exactly as written
+print("rows of the unshifted sums that are NaN:", int(np.isnan(O_unshifted).any(axis=1).sum()), "of", T)
+
+# %%
+m = (S_big + M).max(axis=1, keepdims=True)                   # (T, 1) each row's maximum over j <= i
+E_big = np.exp(S_big + M - m)                                # (T, T) every exponent <= 0
+O_shifted = E_big @ v / E_big.sum(axis=1, keepdims=True)     # (T, d)
+
+m_small = (S + M).max(axis=1, keepdims=True)                 # the same shift on the ordinary scores
+E_small = np.exp(S + M - m_small)
+O_shifted_small = E_small @ v / E_small.sum(axis=1, keepdims=True)
+with np.errstate(over="ignore"):
+    print("unshifted row sums of the large scores, first 3 rows:", np.exp(S_big + M).sum(axis=1)[:3])
+print("shifted row sums (each in [1, i + 1]):", E_big.sum(axis=1).round(3))
+
+# %% tags=["nbval-check-output"]
+check("shifted sums vs unshifted sums (ordinary scores)", O_shifted_small, O_sums, REFERENCE_BUDGET)
+check("shifted sums vs reference.softmax_attention (large scores)", O_shifted,
+      ref.softmax_attention(q_big, k, v), REFERENCE_BUDGET)
+print("shifted output finite:", bool(np.isfinite(O_shifted).all()))
+
+
+# %% [markdown]
+# ## 5. The online (streaming) form
+#
+# Subtracting the maximum needs the whole row first. A long row (or one that arrives tile by tile, as in
+# FlashAttention) can instead be streamed: keep the largest score seen so far $m$, the running sum
+# $\ell = \sum e^{s_{ij} - m}$ and the running weighted sum $a = \sum e^{s_{ij} - m} v_j$ over the keys seen so far.
+# When key $j$ arrives with score $s = s_{ij}$:
+#
+# $$m' = \max(m, s), \qquad \ell' = e^{m - m'}\,\ell + e^{s - m'}, \qquad a' = e^{m - m'}\,a + e^{s - m'}\,v_j ,$$
+#
+# and after the last visible key, $O_i = a / \ell$. Why it is right: if $\ell$ and $a$ are the sums over the keys
+# seen so far, each relative to $m$, then multiplying them by $e^{m - m'}$ re-expresses them relative to $m'$, and the
+# new key adds its own term; so the invariant holds after every key, and the ratio at the end is the softmax average.
+# Start from $m = -\infty$, $\ell = 0$, $a = 0$ (then $e^{m - m'} = 0$). Every exponent is $\le 0$, whatever the
+# scores. The same update applied to a block of keys at once (its maximum, then the block's sum) is what the reference
+# and the Triton kernel do; RWKV-4's max-tracked recurrence (notebook 02) is this update with one key per time step.
+
+# %%
+def online_row(scores, values):
+    # One query's output, streaming over its visible keys one at a time. scores: (n,), values: (n, d).
+    m, l, a = -np.inf, 0.0, np.zeros(values.shape[1])
+    for s, v_j in zip(scores, values):
+        m_new = max(m, s)
+        rescale = np.exp(m - m_new)                          # e^{-inf} = 0 for the first key
+        l = rescale * l + np.exp(s - m_new)
+        a = rescale * a + np.exp(s - m_new) * v_j
+        m = m_new
+    return a / l
+
+O_online = np.stack([online_row(S_big[i, : i + 1], v[: i + 1]) for i in range(T)])   # (T, d)
+
+# %% tags=["nbval-check-output"]
+check("online form, one key at a time vs shifted sums (large scores)", O_online, O_shifted, REFERENCE_BUDGET)
+for block in (1, 3, 16):
+    check(f"reference.online_softmax_attention block_size={block} vs matrix form (large scores)",
+          ref.online_softmax_attention(q_big, k, v, block_size=block), ref.softmax_attention(q_big, k, v),
+          REFERENCE_BUDGET)
+
+# %% [markdown]
+# ## 6. What the weights look like
+#
+# Each row of $P$ is one query's distribution over the keys it may see. Causal masking leaves the upper triangle
+# empty; the first query can only look at itself (weight 1). Raising the scale (a lower softmax temperature)
+# concentrates every row on its best-matching key: the limit is a hard arg-max, and the output becomes one value
+# vector, which is also where the unshifted sums of section 4 overflow.
+
+# %%
+T_plot = 16
+qp, kp = rng.standard_normal((T_plot, 16)), rng.standard_normal((T_plot, 16))
+fig, axes = plt.subplots(1, 2, figsize=(10, 4.3), constrained_layout=True)
+for ax, factor in zip(axes, (1.0, 4.0)):
+    s = qp @ kp.T * factor / np.sqrt(16)
+    s = np.where(np.tril(np.ones((T_plot, T_plot), dtype=bool)), s, -np.inf)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    image = ax.imshow(np.where(np.isfinite(s), p, np.nan), cmap="viridis", vmin=0, vmax=1)
+    ax.set_title(f"causal attention weights, scale = {factor:g}/sqrt(d)")
+    ax.set_xlabel("key position j")
+    ax.set_ylabel("query position i")
+fig.colorbar(image, ax=axes, label="weight P_ij (row sums = 1)")
+plt.show()
+
+# %% [markdown]
+# ## 7. The torch path and the Triton kernel against the reference
+#
+# [`kernels.attention.attention`](../kernels/attention.py) takes `(B, H, T, d)` tensors. Backend `"torch"` calls
+# torch's scaled dot-product attention; backend `"triton"` is a flash-style kernel: each program owns a tile of
+# query rows and streams over key tiles with exactly the online update of section 5 (here under the Triton
+# interpreter on the CPU, so the shapes are small; $T = 24$ is not a multiple of the tile size, on purpose). Both
+# are run on the same inputs and compared with the float64 reference, causal and not, fp32 and fp16, and with scores
+# past float32's overflow point.
+
+# %%
+B, H, T, d = 2, 2, 24, 16
+q64, k64, v64 = (rng.standard_normal((B, H, T, d)) for _ in range(3))   # float64 inputs, (B, H, T, d)
+BACKENDS = ("torch", "triton")
+
+def run(backend, q, k, v, dtype=torch.float32, **options):
+    # The kernel on (q, k, v) cast to dtype; returns the output as a tensor.
+    q, k, v = (torch.tensor(x, dtype=dtype) for x in (q, k, v))
+    return attention(q, k, v, backend=backend, **options)
+
+def fp16_rounded(x):
+    # What an fp16 input holds: the reference is computed on these values.
+    return x.astype(np.float16).astype(np.float64)
+
+
+# %% tags=["nbval-check-output"]
+for backend in BACKENDS:
+    check(f"{backend} fp32 causal", run(backend, q64, k64, v64), ref.softmax_attention(q64, k64, v64), FP32_BUDGET)
+    check(f"{backend} fp32 not causal", run(backend, q64, k64, v64, causal=False),
+          ref.softmax_attention(q64, k64, v64, causal=False), FP32_BUDGET)
+    check(f"{backend} fp32 scores up to ~200 (past e^88.7)", run(backend, 60 * q64, k64, v64),
+          ref.softmax_attention(60 * q64, k64, v64), FP32_BUDGET)
+    q16, k16, v16 = (fp16_rounded(x) for x in (q64, k64, v64))
+    check(f"{backend} fp16 causal", run(backend, q16, k16, v16, dtype=torch.float16),
+          ref.softmax_attention(q16, k16, v16), FP16_BUDGET)
+
+
+# %% [markdown]
+# **Gradients.** The reference is NumPy and has no backward, so the float64 truth for the gradients is torch's
+# autograd through the matrix form of section 1, written in torch (its forward is first checked against the
+# reference). Both backends' fp32 gradients of $\sum O \odot G$, for a random upstream gradient $G$, must match it.
+
+# %%
+def matrix_form_torch(q, k, v):
+    # Section 1 in torch: softmax(q k^T / sqrt(d) + M) v, for autograd in float64.
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    future = torch.ones(s.shape[-2:], dtype=torch.bool).triu(diagonal=1)
+    return torch.softmax(s.masked_fill(future, float("-inf")), dim=-1) @ v
+
+G = rng.standard_normal((B, H, T, d))                         # upstream gradient dLoss/dO
+
+def gradients(fn, dtype):
+    # d(sum(fn(q, k, v) * G)) / d(q, k, v), computed in dtype.
+    leaves = [torch.tensor(x, dtype=dtype, requires_grad=True) for x in (q64, k64, v64)]
+    fn(*leaves).backward(torch.tensor(G, dtype=dtype))
+    return [x.grad for x in leaves]
+
+expected_grads = gradients(matrix_form_torch, torch.float64)
+backend_grads = {b: gradients(lambda q, k, v: attention(q, k, v, backend=b), torch.float32) for b in BACKENDS}
+
+# %% tags=["nbval-check-output"]
+check("matrix form in torch float64 vs reference", matrix_form_torch(*map(torch.tensor, (q64, k64, v64))),
+      ref.softmax_attention(q64, k64, v64), REFERENCE_BUDGET)
+for backend in BACKENDS:
+    for name, got, want in zip(("dq", "dk", "dv"), backend_grads[backend], expected_grads):
+        check(f"{backend} fp32 {name}", got, want, FP32_BUDGET)
+
+# %%
+# The errors themselves (this cell is not compared: the numbers depend on the machine).
+for backend in BACKENDS:
+    err = rel_rms(run(backend, q64, k64, v64), ref.softmax_attention(q64, k64, v64))
+    grad_err = max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads))
+    print(f"{backend:6s} fp32: output rel. RMS error {err:.1e}, worst gradient {grad_err:.1e}")
+
+# %% [markdown]
+# ## Summary
+#
+# - The matrix form, the explicit sums, the row-max-shifted sums and the online form are one function: they agree to
+#   float64 rounding (budget 1e-12), and so does `reference/attention.py`.
+# - The sums as written overflow once a score passes ~709.8 (float64; 88.7 in float32): subtracting the row's
+#   maximum, or tracking it while streaming, removes the problem without changing the result.
+# - The torch path and the Triton kernel reproduce the reference in fp32 (1e-5) and fp16 (5e-3), outputs and
+#   gradients, causal and not.
+#
+# Next: [02 · RWKV-4's WKV](02_rwkv4_wkv.ipynb) replaces the score $q_i \cdot k_j$ by a decay plus a key, which turns
+# these sums into a recurrence.

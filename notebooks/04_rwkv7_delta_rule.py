@@ -1,0 +1,588 @@
+# %% [markdown]
+# # 04 · RWKV-7's state: the generalized delta rule
+#
+# RWKV-4 carried two numbers per channel from token to token. RWKV-7 carries a matrix per head, and updates it with
+#
+# $$S_t = S_{t-1}\,\mathrm{diag}(w_t) + (S_{t-1} a_t)\, b_t^\top + v_t k_t^\top, \qquad y_t = S_t\, r_t .$$
+#
+# This notebook follows the RWKV-7 post's account of that update: what the state is (and its shape); the update
+# term by term (forgetting, correcting, writing); the reading of the update as one step of online gradient descent on
+# "make $S k$ return $v$"; why the transition $\mathrm{diag}(w_t) + a_t b_t^\top$ never amplifies the state (its
+# eigenvalues stay inside the unit disc, shown by a short proof and a plot, and what goes wrong with the post's
+# $a = -k$, $b = k\eta$); the same recurrence without recursion (a product of transition matrices); and the chunked
+# "WY" form that fast kernels use, derived and checked. Heatmaps of the state over time show the delta rule replace a
+# stored association where plain accumulation would blur it. Then the torch path and the Triton kernel run on the
+# same inputs and are checked against the float64 reference: outputs, states, pieces, fp16 and gradients.
+#
+# **Sources.** The RWKV-7 architecture post, https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 (the state, its update
+# and the meaning of each term: the order followed here; errata 16, 18 and 19 of
+# [`reference/ERRATA.md`](../reference/ERRATA.md) are about it); RWKV-7 "Goose", arXiv:2503.14456,
+# https://arxiv.org/abs/2503.14456 (the generalized delta rule, its chunked form); DeltaNet's parallel form,
+# arXiv:2406.06484, https://arxiv.org/abs/2406.06484 (the WY representation of a product of rank-one updates).
+#
+# **Code used.** [`reference/wkv7.py`](../reference/wkv7.py): `wkv7` (the recurrence), `wkv7_transition_product`
+# (the non-recursive definition), `wkv7_chunked` (the WY form) (NumPy, float64: the truth) ·
+# [`kernels/wkv7.py`](../kernels/wkv7.py): `wkv7` (backend `"torch"`: the chunked WY form; backend `"triton"`: the
+# recurrence in a kernel that keeps rows of the state in registers, forward and backward) ·
+# [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
+
+# %%
+import seqmix
+
+MODE = seqmix.use_interpreter_without_gpu()    # without a GPU: TRITON_INTERPRET=1, before triton is imported
+
+from functools import reduce
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, check,
+                             rel_rms)
+from seqmix.kernels.wkv7 import wkv7 as wkv7_kernel
+from seqmix.reference import wkv7 as ref
+
+rng = np.random.default_rng(0)
+torch.manual_seed(0)
+print("Triton kernels run on:", MODE)
+
+# %% [markdown]
+# ## 1. The state: a matrix per head
+#
+# The post calls the state "a three-dimensional tensor $(B, H, N, N)$". It has four dimensions (erratum 16): batch,
+# head, and an $N \times N$ matrix per head. The matrix is indexed [value, key]: it maps a vector in key space to one
+# in value space, and the output reads it with the receptance, $y_t = S_t r_t$, as attention reads values with a query.
+# One write $v k^\top$ with a unit key $k$ stores an association: reading with $r = k$ returns $v$, reading with any
+# $r$ orthogonal to $k$ returns nothing. That is the state's job: a small key-value memory, $N^2$ numbers per head,
+# however long the text.
+
+# %%
+N = 8
+key = rng.standard_normal(N)
+key /= np.linalg.norm(key)                                             # a unit key
+value = rng.standard_normal(N)
+S_one = np.outer(value, key)                                           # (N, N) [value, key]: v k^T
+orthogonal = rng.standard_normal(N)
+orthogonal -= (orthogonal @ key) * key                                 # remove the component along the key
+
+# %% tags=["nbval-check-output"]
+check("reading v k^T with r = k returns v", S_one @ key, value, REFERENCE_BUDGET)
+print("reading it with r orthogonal to k returns 0:", bool(np.abs(S_one @ orthogonal).max() < 1e-12))
+
+
+# %% [markdown]
+# ## 2. The update, term by term
+#
+# The post writes the update with row vectors, $S_t = S_{t-1}\,\mathrm{diag}(w_t) + S_{t-1} a_t^\top b_t +
+# v_t^\top k_t$, and BlinkDL's loop as `state = state * w + state @ a @ b + v @ k` (there $a$ is a column, $b$ a row).
+# With column vectors it is the formula at the top. Three terms:
+#
+# 1. **Forgetting**, $S_{t-1}\,\mathrm{diag}(w_t)$: column $j$ of the state (everything stored under key channel $j$)
+#    is multiplied by $w_{t,j} \in (0, 1)$. The decay depends on the token (it is computed from the input) and on the
+#    channel.
+# 2. **Correcting**, $(S_{t-1} a_t)\, b_t^\top$: RWKV-7 passes $a_t = -\hat\kappa_t$ and
+#    $b_t = \hat\kappa_t \odot \alpha_t$, where $\hat\kappa_t$ is a unit-length key and $\alpha_t \in (0, 1)^N$ the
+#    *in-context learning rate*. Then $S_{t-1}\hat\kappa_t$ is what the memory currently returns for that key, and
+#    the term removes it, a fraction $\alpha$ per channel: $-\left(S_{t-1}\hat\kappa_t\right)
+#    \left(\hat\kappa_t \odot \alpha_t\right)^\top$.
+# 3. **Writing**, $v_t k_t^\top$: the new association.
+#
+# **The decay (erratum 18).** The post says $w_t$ is negative because it is made by `exp(-exp(...))`. What
+# multiplies the state is $e^{-e^{\omega}}$, which lies in $(0, 1)$: it is the model's raw $\omega$ (soft-clamped
+# below $-0.5$) and the log decay $-e^{\omega}$ that are negative. So the decay lies in $(e^{-e^{-0.5}}, 1) =
+# (0.545, 1)$. The design passes the log decay, `log_w` $= -e^{\omega}$, to the op.
+#
+# **$a$ and $b$ (erratum 19).** The post writes $a = -k$, $b = k\eta$, with the key $k$ itself; the code it walks
+# through passes `-kk, kk * a`: the key that is *removed* is `kk`, the key times `k_k` normalized to unit length per
+# head, and `a` is the learning rate $\alpha$. Section 4 shows why the unit length matters.
+#
+# Below, inputs made as RWKV-7 makes them (random, not from a model: notebook 05 makes them from one), and the
+# update run in the post's own form, one head and one token at a time.
+
+# %%
+def rwkv7_inputs(B, T, H, N):
+    # r, log_w, k, v, a, b as RWKV-7 makes them: log_w = -exp(omega), omega < -0.5; a = -kk, b = kk * alpha.
+    r, k, v = (rng.standard_normal((B, T, H, N)) for _ in range(3))
+    omega = -0.5 - np.logaddexp(0.0, rng.normal(2.0, 2.0, (B, T, H, N)))   # soft-clamped below -0.5
+    kk = rng.standard_normal((B, T, H, N))
+    kk /= np.linalg.norm(kk, axis=-1, keepdims=True)                   # unit length per head
+    alpha = rng.uniform(0.0, 1.0, (B, T, H, N))                        # in-context learning rate
+    return dict(r=r, log_w=-np.exp(omega), k=k, v=v, a=-kk, b=kk * alpha)
+
+B, T, H = 2, 24, 2
+x = rwkv7_inputs(B, T, H, N)
+S0 = rng.standard_normal((B, H, N, N))                                 # an initial state
+decay = np.exp(x["log_w"])
+print(f"log decay in [{x['log_w'].min():.3g}, {x['log_w'].max():.3g}] (negative); "
+      f"decay exp(log_w) in [{decay.min():.3f}, {decay.max():.5f}], inside (0.545, 1)")
+
+
+# %%
+def update_as_in_the_post(x, S0):
+    # state = state * w + state @ a @ b + v @ k, with a, v columns and b, k rows; one head, one token at a time.
+    y = np.empty_like(x["r"])
+    S_final = np.empty_like(S0)
+    for bi in range(B):
+        for h in range(H):
+            state = S0[bi, h].copy()
+            for t in range(T):
+                w, r, k, v, a, b = (x[name][bi, t, h] for name in ("log_w", "r", "k", "v", "a", "b"))
+                w = np.exp(w)
+                state = state * w[None, :] + state @ a[:, None] @ b[None, :] + v[:, None] @ k[None, :]
+                y[bi, t, h] = state @ r
+            S_final[bi, h] = state
+    return y, S_final
+
+ARGS = ("r", "log_w", "k", "v", "a", "b")
+y_post, S_post = update_as_in_the_post(x, S0)
+y_ref, S_ref = ref.wkv7(*(x[n] for n in ARGS), state=S0)
+
+# %% tags=["nbval-check-output"]
+for what, actual, expected in (("the post's update: y vs reference.wkv7", y_post, y_ref),
+                               ("the post's update: final state vs reference.wkv7", S_post, S_ref)):
+    check(what, actual, expected, REFERENCE_BUDGET)
+
+# %% [markdown]
+# ## 3. The update as online gradient descent
+#
+# The post reads the update as "online learning": the state is trained, while the model reads, to map keys to
+# values. Take the regression loss of one pair, $\ell(S) = \tfrac12\,\lVert S k - v\rVert^2$. Its gradient is
+# $\nabla_S \ell = (S k - v)\,k^\top$, and one gradient step with learning rate $\eta$ is
+#
+# $$S - \eta\,(S k - v)\,k^\top = S\left(I - \eta\, k k^\top\right) + \eta\, v k^\top .$$
+#
+# That is the update with no decay ($w = 1$), $a = -k$, $b = \eta k$ and the value written $\eta v$: the correction
+# term is the gradient's $S k k^\top$ part, the write its $v k^\top$ part. For a unit key, one step shrinks the
+# retrieval error by exactly $1 - \eta$: $S' k - v = (1 - \eta)(S k - v)$. RWKV-7 generalizes the step: a decay
+# $\mathrm{diag}(w_t)$ in front (weight decay, per channel), a learning rate $\alpha_t$ per channel, and the key
+# removed ($\hat\kappa$) allowed to differ from the key written ($k$); hence "generalized delta rule". (The delta rule
+# is the classical name of this step: the change is proportional to the error $v - S k$, the "delta".) Linear
+# attention, by contrast, only adds $v k^\top$: it never corrects, so storing a second value under the same key adds
+# the two.
+
+# %%
+S = rng.standard_normal((N, N))
+eta = 0.3
+loss = lambda S_: 0.5 * np.sum((S_ @ key - value) ** 2)               # noqa: E731
+h = 1e-6
+numerical_gradient = np.array([[(loss(S + h * E) - loss(S - h * E)) / (2 * h)
+                                for E in np.eye(N * N)[i * N:(i + 1) * N].reshape(N, N, N)] for i in range(N)])
+gradient_step = S - eta * np.outer(S @ key - value, key)
+
+one = lambda z: np.asarray(z, dtype=float).reshape(1, 1, 1, N)        # noqa: E731  (B, T, H, N) = (1, 1, 1, N)
+_, S_step = ref.wkv7(one(key), one(np.zeros(N)), one(key), one(eta * value), one(-key), one(eta * key),
+                     state=S[None, None])
+
+# %% tags=["nbval-check-output"]
+for what, actual, expected, budget in (
+    ("(S k - v) k^T vs the gradient by finite differences", np.outer(S @ key - value, key), numerical_gradient, 1e-8),
+    ("one step of reference.wkv7 (w = 1, a = -k, b = eta k, eta v) vs the gradient step", S_step[0, 0],
+     gradient_step, REFERENCE_BUDGET),
+    ("retrieval error after the step vs (1 - eta) times before", S_step[0, 0] @ key - value,
+     (1 - eta) * (S @ key - value), REFERENCE_BUDGET),
+):
+    check(what, actual, expected, budget)
+
+# %% [markdown]
+# What a reader should see: four key-value pairs (orthonormal keys) presented over and over, and the retrieval error
+# $\lVert S k_i - v_i \rVert$ after each step. The delta rule drives it down geometrically, faster for a larger $\eta$;
+# after step 41 the value of pair 0 changes, and the delta rule learns the new one the next time pair 0 comes. The
+# additive update (linear attention) holds $n\eta v_i$ after $n$ presentations: right only if $n\eta$ happens to be
+# 1, then ever more wrong, and a changed value is added to the old one rather than replacing it. Every step is one call of `reference.wkv7` with the state passed on.
+
+# %%
+pairs = 4
+keys = np.linalg.qr(rng.standard_normal((N, N)))[0][:, :pairs].T      # (4, N) orthonormal keys
+values = rng.standard_normal((pairs, N))
+new_value0 = rng.standard_normal(N)
+
+def retrieval_errors(eta, delta_rule, steps=80):
+    state, errors, vals = np.zeros((1, 1, N, N)), [], values.copy()
+    for t in range(steps):
+        if t == 41:
+            vals[0] = new_value0                                        # pair 0 gets a new value (pair 1 is next)
+        k, v = keys[t % pairs], vals[t % pairs]
+        a, b = (-k, eta * k) if delta_rule else (np.zeros(N), np.zeros(N))
+        _, state = ref.wkv7(one(k), one(np.zeros(N)), one(k), one(eta * v), one(a), one(b), state=state)
+        errors.append(np.linalg.norm(state[0, 0] @ keys.T - vals.T, axis=0).mean())   # mean over the pairs
+    return np.array(errors)
+
+fig, ax = plt.subplots(figsize=(8, 4), constrained_layout=True)
+for eta_ in (0.2, 0.5, 1.0):
+    ax.semilogy(np.arange(1, 81), retrieval_errors(eta_, True), label=rf"delta rule, $\eta$ = {eta_}")
+ax.semilogy(np.arange(1, 81), retrieval_errors(0.3, False), "k--", label=r"additive: $S \leftarrow S + \eta\,v k^\top$, $\eta$ = 0.3")
+ax.axvline(41.5, color="grey", lw=0.8)
+ax.text(42.5, 1e-7, "pair 0 gets\na new value", fontsize=8)
+ax.set_xlabel("step (the four pairs presented in turn)")
+ax.set_ylabel(r"mean retrieval error $\Vert S k_i - v_i \Vert$")
+ax.set_title("the update as online gradient descent on $\\frac{1}{2}\\Vert S k - v \\Vert^2$")
+ax.legend(fontsize=8)
+plt.show()
+
+
+# %% [markdown]
+# ## 4. The transition's eigenvalues stay in the unit disc
+#
+# Write the update as $S_t = S_{t-1} P_t + v_t k_t^\top$ with the transition $P_t = \mathrm{diag}(w_t) + a_t b_t^\top$.
+# What the state held at time $s$ reaches time $t$ multiplied by $P_{s+1} \cdots P_t$; if a transition had an eigenvalue
+# of modulus above 1, a run of similar tokens would amplify old content without bound. RWKV-7's choice rules that out.
+# With $a = -\hat\kappa$, $b = \hat\kappa \odot \alpha$, $\lVert\hat\kappa\rVert = 1$, $\alpha \in (0, 1)^N$,
+# $w \in (0, 1)^N$, let $D = \mathrm{diag}(\sqrt{\alpha})$ and $z = D\hat\kappa$. Then
+#
+# $$D\,P\,D^{-1} = \mathrm{diag}(w) - D\hat\kappa\,\left(\hat\kappa \odot \alpha\right)^\top D^{-1}
+# = \mathrm{diag}(w) - z z^\top ,$$
+#
+# a symmetric matrix, so the eigenvalues of $P$ are real. Subtracting $z z^\top \succeq 0$ can only lower them: the
+# largest is at most $\max_j w_j < 1$. And it lowers them by at most $\lVert z\rVert^2 =
+# \sum_j \alpha_j \hat\kappa_j^2 < \sum_j \hat\kappa_j^2 = 1$: the smallest is above $\min_j w_j - 1 > -1$. Every
+# eigenvalue of every RWKV-7 transition lies in $(-1, 1)$.
+#
+# The post's $a = -k$, $b = k\eta$ with a key of any length gives $\lVert z\rVert^2 = \sum_j \eta_j k_j^2$, which is as
+# large as the key is long: eigenvalues far below $-1$, and a state that flips sign and grows at every step. For
+# contrast, a generalized delta rule with unrelated $a$ and $b$ has complex eigenvalues, some outside the disc too.
+# (What this rules out is the runaway of a transition that repeats, as the post's does below. It is not a bound on
+# every product of different transitions: a single $P_t$ is not symmetric, its norm can slightly exceed 1, as printed
+# below, so one step may lengthen a row of the state. The long run after the plot shows what happens in practice.)
+
+# %%
+def transitions(kind, count=400):
+    # Random transitions diag(w) + a b^T of one kind, as (count, N, N).
+    w = np.exp(-np.exp(-0.5 - np.logaddexp(0.0, rng.normal(2.0, 2.0, (count, N)))))
+    k = rng.standard_normal((count, N))
+    if kind == "rwkv7":
+        kk = k / np.linalg.norm(k, axis=1, keepdims=True)
+        a, b = -kk, kk * rng.uniform(0.0, 1.0, (count, N))
+    elif kind == "post":                                               # a = -k, b = k * eta, k not normalized
+        a, b = -k, k * rng.uniform(0.0, 1.0, (count, N))
+    else:                                                              # a and b unrelated
+        a, b = rng.standard_normal((count, N)) / np.sqrt(N), rng.standard_normal((count, N)) / np.sqrt(N)
+    return w[:, :, None] * np.eye(N) + a[:, :, None] * b[:, None, :]
+
+KINDS = {"rwkv7": r"RWKV-7: $a = -\hat\kappa$, $b = \hat\kappa \odot \alpha$", "post": r"the post: $a = -k$, $b = k\eta$",
+         "unrelated": r"$a$, $b$ unrelated"}
+P = {kind: transitions(kind) for kind in KINDS}
+eigenvalues = {kind: np.linalg.eigvals(P[kind]) for kind in KINDS}
+
+# %% tags=["nbval-check-output"]
+rwkv7_eigs = eigenvalues["rwkv7"]
+print("RWKV-7 transitions: every eigenvalue real:", bool(np.abs(rwkv7_eigs.imag).max() < 1e-9))
+print("RWKV-7 transitions: every eigenvalue in (-1, 1):", bool(np.abs(rwkv7_eigs).max() < 1))
+print("the post's a = -k, b = k eta: some eigenvalue of modulus > 1:", bool(np.abs(eigenvalues["post"]).max() > 1))
+
+# %% [markdown]
+# The similarity behind the proof, checked on one transition, and the largest norm $\lVert P_t \rVert_2$ among the
+# RWKV-7 transitions drawn (machine-independent enough to print here, but not compared):
+
+# %%
+w1 = np.exp(-np.exp(-0.5 - np.logaddexp(0.0, rng.normal(2.0, 2.0, N))))
+kk1 = rng.standard_normal(N)
+kk1 /= np.linalg.norm(kk1)
+alpha1 = rng.uniform(0.0, 1.0, N)
+P1 = np.diag(w1) + np.outer(-kk1, kk1 * alpha1)
+D1 = np.diag(np.sqrt(alpha1))
+z1 = D1 @ kk1
+print(f"largest spectral norm of the {len(P['rwkv7'])} RWKV-7 transitions: {np.linalg.norm(P['rwkv7'], 2, axis=(1, 2)).max():.3f}")
+
+# %% tags=["nbval-check-output"]
+check("D P D^-1 vs diag(w) - z z^T", D1 @ P1 @ np.linalg.inv(D1), np.diag(w1) - np.outer(z1, z1), REFERENCE_BUDGET)
+print("so P has real eigenvalues:", bool(np.abs(np.linalg.eigvals(P1).imag).max() < 1e-12))
+
+# %%
+fig, axes = plt.subplots(1, 3, figsize=(13, 3.9), constrained_layout=True)
+circle = np.exp(1j * np.linspace(0, 2 * np.pi, 200))
+for ax, (kind, title) in zip(axes, KINDS.items()):
+    e = eigenvalues[kind].ravel()
+    ax.plot(circle.real, circle.imag, "k-", lw=0.8, label="unit circle")
+    ax.plot(e.real, e.imag, ".", ms=3, alpha=0.4, label="eigenvalues")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("real part")
+    ax.set_ylabel("imaginary part")
+    ax.set_xlim(-2.5, 2.7)
+    ax.set_ylim(-1.6, 1.6)
+    ax.set_aspect("equal")
+    ax.text(0.02, 0.03, f"{(np.abs(e) > 1).mean():.0%} outside the unit disc; real parts from {e.real.min():.2g} "
+            f"to {e.real.max():.2g}", transform=ax.transAxes, fontsize=8)
+axes[0].legend(loc="upper left", fontsize=8)
+fig.suptitle(r"eigenvalues of 400 transitions diag(w) + a b$^\top$ each (N = 8)")
+plt.show()
+
+# %% [markdown]
+# The consequence over a long run: 300 tokens through one head, keys and values of unit size, from the same random
+# draws, once with RWKV-7's $a, b$ and once with the post's.
+
+# %%
+long = rwkv7_inputs(1, 300, 1, N)
+post = dict(long, a=-long["k"], b=long["k"] * rng.uniform(0.0, 1.0, long["k"].shape))   # the post's a = -k, b = k eta
+with np.errstate(over="ignore", invalid="ignore"):
+    state_norms = {name: [np.linalg.norm(ref.wkv7(*(inputs[n][:, :t] for n in ARGS))[1]) for t in (10, 100, 300)]
+                   for name, inputs in (("RWKV-7", long), ("the post", post))}
+for name, norms in state_norms.items():
+    print(f"{name:9s}: |S_t| at t = 10, 100, 300:", ", ".join(f"{n:.3g}" for n in norms))
+
+# %% tags=["nbval-check-output"]
+print("RWKV-7's state stays bounded (|S| < 100 at t = 300):", bool(state_norms["RWKV-7"][-1] < 100))
+print("the post's a = -k, b = k eta: |S| past 1e20 or not finite by t = 300:",
+      bool(not np.isfinite(state_norms["the post"][-1]) or state_norms["the post"][-1] > 1e20))
+
+
+# %% [markdown]
+# ## 5. Without recursion: a product of transitions
+#
+# Unrolling $S_t = S_{t-1}P_t + v_t k_t^\top$ from $S_0$:
+#
+# $$S_t = S_0\, P_1 P_2 \cdots P_t + \sum_{s=1}^{t} v_s k_s^\top\, P_{s+1} \cdots P_t, \qquad y_t = S_t r_t .$$
+#
+# A token's write reaches every later token through the product of the transitions in between: where RWKV-4 had a
+# scalar weight $e^{(t-1-s)w}$ per channel, RWKV-7 has an $N \times N$ matrix. Written out below for one head, as a
+# definition (it costs $O(T^2 N^3)$: for checking only), against `reference.wkv7_transition_product` and the
+# recurrence.
+
+# %%
+def by_products(x, S0, bi, h):
+    P_ = [np.diag(np.exp(x["log_w"][bi, t, h])) + np.outer(x["a"][bi, t, h], x["b"][bi, t, h]) for t in range(T)]
+    eye = np.eye(N)
+    ys = []
+    for t in range(1, T + 1):                                          # 1-based as in the formula
+        S_t = S0[bi, h] @ reduce(np.matmul, P_[:t], eye)
+        S_t = S_t + sum(np.outer(x["v"][bi, s - 1, h], x["k"][bi, s - 1, h]) @ reduce(np.matmul, P_[s:t], eye)
+                        for s in range(1, t + 1))
+        ys.append(S_t @ x["r"][bi, t - 1, h])
+    return np.array(ys), S_t
+
+y_products, S_products = by_products(x, S0, 1, 0)                     # batch row 1, head 0
+y_tp, S_tp = ref.wkv7_transition_product(*(x[n] for n in ARGS), state=S0)
+
+# %% tags=["nbval-check-output"]
+for what, actual, expected in (
+    ("products of transitions (one head) vs reference.wkv7: y", y_products, y_ref[1, :, 0]),
+    ("products of transitions (one head) vs reference.wkv7: state", S_products, S_ref[1, 0]),
+    ("reference.wkv7_transition_product vs reference.wkv7: y", y_tp, y_ref),
+    ("reference.wkv7_transition_product vs reference.wkv7: state", S_tp, S_ref),
+):
+    check(what, actual, expected, REFERENCE_BUDGET)
+
+# %% [markdown]
+# ## 6. The chunked WY form
+#
+# The recurrence is sequential: $T$ steps, each a rank-one update of an $N \times N$ matrix. Fast kernels cut time into
+# chunks of $L$ steps and do the work inside a chunk with matrix products. Within a chunk, let $S_0$ be the state that
+# enters it, $c_i = \sum_{m \le i} \log w_m$ the cumulative log decay ($c_0 = 0$), and $u_i = S_{i-1} a_i$ the vector
+# the correction term uses. If the $u_i$ were known, the chunk would be as easy as linear attention with decay:
+#
+# $$S_i = S_0\,\mathrm{diag}(e^{c_i}) + \sum_{j \le i} \left(u_j b_j^\top + v_j k_j^\top\right)\mathrm{diag}(e^{c_i - c_j}) .$$
+#
+# Multiplying this (at $i - 1$) by $a_i$ gives an equation for the $u$'s themselves:
+#
+# $$u_i = S_0\left(a_i \odot e^{c_{i-1}}\right) + \sum_{j < i} \left(A_{ab}\right)_{ij}\, u_j + \left(A_{ak}\right)_{ij}\, v_j,
+# \qquad \left(A_{xy}\right)_{ij} = \sum_n x_{i,n}\, y_{j,n}\, e^{c_{i-1,n} - c_{j,n}} \ (j < i),$$
+#
+# a unit lower-triangular linear system $(I - A_{ab})\,U = \tilde A\, S_0^\top + A_{ak} V$ in the $L$ rows $u_i$, solved by
+# forward substitution (or by inverting $I - A_{ab}$: the "UT transform"). Splitting the solution into the part that is
+# linear in $S_0$ and the rest, $U = W S_0^\top + U_0$ with $(I - A_{ab})\,W = \tilde A$, gives the state at the chunk's
+# end,
+#
+# $$S_L = S_0\,\underbrace{\left(\mathrm{diag}(e^{c_L}) + W^\top \hat B\right)}_{=\,P_1 \cdots P_L} + U_0^\top \hat B + V^\top \hat K,
+# \qquad \hat B_j = b_j \odot e^{c_L - c_j}, \quad \hat K_j = k_j \odot e^{c_L - c_j} .$$
+#
+# The product of $L$ transitions "diagonal plus rank one" is a diagonal plus a rank-$L$ correction, stored as two
+# $L \times N$ matrices $W$ and $\hat B$: the WY representation (as for products of Householder reflections). Every
+# exponent above is a decay from a later step back to an earlier one ($\le 0$), so nothing overflows. Checked first for
+# one chunk of one head, the WY product against the product of its transitions:
+
+# %%
+L = 6
+lw, a, b = (x[n][0, :L, 0] for n in ("log_w", "a", "b"))              # one chunk of one head: (L, N) each
+c = np.cumsum(lw, axis=0)                                              # c_1 .. c_L
+c_prev = np.vstack([np.zeros(N), c[:-1]])                              # c_0 .. c_{L-1}
+A_ab = np.array([[(a[i] * b[j] * np.exp(c_prev[i] - c[j])).sum() if j < i else 0.0 for j in range(L)]
+                 for i in range(L)])                                   # (L, L) strictly lower triangular
+W = np.empty((L, N))
+for i in range(L):                                                     # forward substitution: (I - A_ab) W = A~
+    W[i] = a[i] * np.exp(c_prev[i]) + A_ab[i, :i] @ W[:i]
+B_hat = b * np.exp(c[-1] - c)                                          # (L, N)
+wy_product = np.diag(np.exp(c[-1])) + W.T @ B_hat                      # (N, N)
+direct_product = reduce(np.matmul, [np.diag(np.exp(lw[i])) + np.outer(a[i], b[i]) for i in range(L)])
+
+# %% tags=["nbval-check-output"]
+check("WY form diag(e^{c_L}) + W^T B^ vs P_1 ... P_L", wy_product, direct_product, REFERENCE_BUDGET)
+for chunk_size in (1, 5, 16, T):
+    y_c, S_c = ref.wkv7_chunked(*(x[n] for n in ARGS), state=S0, chunk_size=chunk_size)
+    check(f"reference.wkv7_chunked, chunk {chunk_size:2d} vs the recurrence: y", y_c, y_ref, REFERENCE_BUDGET)
+    check(f"reference.wkv7_chunked, chunk {chunk_size:2d} vs the recurrence: state", S_c, S_ref, REFERENCE_BUDGET)
+
+# %% [markdown]
+# With $T = 24$, chunks of 5 leave a short last chunk and chunks of 16 one of 8: the form needs no multiple. What the
+# chunking buys: the sequential dependency runs over $T / L$ chunks instead of $T$ tokens, and the work inside a chunk is
+# matrix products ($L \times L$ couplings, $L \times N$ by $N \times N$) that a GPU's tensor cores or a CPU's BLAS run
+# well. The torch path of `kernels/wkv7.py` is this form.
+#
+# ## 7. The state over time
+#
+# What a reader should see: heatmaps of one head's state $S_t$ (rows: value channels, columns: key channels) while
+# a short stream of pairs is written. The keys are the unit vectors $e_0, e_1, e_2, e_3$, so column $j$ is the value
+# stored under key $j$ (any orthonormal keys would do; these keep the picture readable). At step 5 key $e_0$ comes
+# again, with a new value. With the delta rule ($a = -k$, $b = k$, $\alpha = 1$) column 0 is replaced; with plain
+# accumulation ($a = b = 0$, linear attention) the new value is added to the old one. No decay here ($w = 1$), to
+# isolate the correction and the write.
+
+# %%
+N_show = 6
+stream_keys = [0, 1, 2, 3, 0, 2]                                       # key e_j written at each step
+stream_values = rng.standard_normal((len(stream_keys), N_show))
+unit = np.eye(N_show)
+
+def states_over_time(delta_rule):
+    state, states = np.zeros((1, 1, N_show, N_show)), []
+    for j, v in zip(stream_keys, stream_values):
+        as_input = lambda z: z.reshape(1, 1, 1, N_show)                # noqa: E731
+        k = unit[j]
+        a, b = (-k, k) if delta_rule else (0 * k, 0 * k)
+        _, state = ref.wkv7(*(as_input(z) for z in (k, 0 * k, k, v, a, b)), state=state)
+        states.append(state[0, 0])
+    return states
+
+delta_states, additive_states = states_over_time(True), states_over_time(False)
+fig, axes = plt.subplots(2, len(stream_keys), figsize=(15, 5.6), constrained_layout=True)
+limit = np.abs(np.array(additive_states)).max()
+for row, (name, states) in enumerate((("delta rule", delta_states), ("additive", additive_states))):
+    for t, (ax, S_t) in enumerate(zip(axes[row], states)):
+        image = ax.imshow(S_t, cmap="RdBu_r", vmin=-limit, vmax=limit)
+        ax.set_title(f"{name}, t = {t + 1}: write key {stream_keys[t]}", fontsize=9)
+        ax.set_xlabel("key channel")
+        ax.set_ylabel("value channel")
+fig.colorbar(image, ax=axes, shrink=0.8, label="state entry S[value, key]")
+fig.suptitle("one head's state while pairs are written; key 0 and key 2 are written twice")
+plt.show()
+
+# %% tags=["nbval-check-output"]
+latest = {j: v for j, v in zip(stream_keys, stream_values)}            # the last value written under each key
+summed = {j: sum(v for jj, v in zip(stream_keys, stream_values) if jj == j) for j in latest}
+for j in sorted(latest):
+    check(f"delta rule: column {j} vs the last value written under key {j}", delta_states[-1][:, j], latest[j],
+          REFERENCE_BUDGET)
+    check(f"additive: column {j} vs the sum of the values written under key {j}", additive_states[-1][:, j],
+          summed[j], REFERENCE_BUDGET)
+
+# %% [markdown]
+# ## 8. The torch path and the Triton kernel against the reference
+#
+# [`kernels.wkv7.wkv7`](../kernels/wkv7.py) takes `r, log_w, k, v, a, b` of shape `(B, T, H, N)` and an optional state
+# `(B, H, N, N)` (fp32), and returns `(y, state)`. Backend `"torch"` is the chunked WY form of section 6 (chunks of 16,
+# in fp32, with its own budget, 1e-4, for the longer chains of fp32 products); backend `"triton"` runs the recurrence
+# in a kernel, one program per (batch and head, block of value rows), the rows of the state in registers (notebook 08
+# takes the kernel apart). Both run on the inputs of section 2 ($T = 24$: one chunk and a half), from the same initial
+# state: outputs and final states, the sequence fed in two pieces, and fp16. With `chunked=True` the Triton backend
+# runs the forward as the chunked WY form as well, in one kernel that walks chunks of 16 steps with products of
+# (16, 16) tiles ($T/16$ serial steps instead of $T$; the backward kernel is the same); it takes head sizes from 16,
+# so it is checked on inputs of its own after these.
+#
+# A third implementation, backend `"c"` ([`kernels/native.c`](../kernels/native.c)), is a compiled C loop that
+# walks time once: the path for inference on a CPU. It is forward only (no gradients), and `backend=None` takes it
+# on a CPU when no gradient is wanted. It runs the recurrence, like the Triton kernel, and the forward checks below
+# hold it to the same reference and the same budgets (fp32: 1e-5).
+
+# %%
+BACKENDS = {"torch": FP32_CHUNKED_WKV7_BUDGET, "triton": FP32_BUDGET}
+FORWARD_BACKENDS = {**BACKENDS, "c": FP32_BUDGET}                     # "c": the C loop, forward only
+split = 10                                                             # feed 10 tokens, then the other 14
+
+def run(backend, inputs, state, dtype=torch.float32):
+    # The kernel on float64 arrays cast to dtype, from a state (fp32); returns (y, state) as tensors.
+    return wkv7_kernel(*(torch.tensor(inputs[n], dtype=dtype) for n in ARGS),
+                       state=torch.as_tensor(state, dtype=torch.float32), backend=backend)
+
+def fp16_rounded(inputs):
+    # What fp16 inputs hold: the reference is computed on these values.
+    return {n: z.astype(np.float16).astype(np.float64) for n, z in inputs.items()}
+
+x16 = fp16_rounded(x)
+y16_ref = ref.wkv7(*(x16[n] for n in ARGS), state=S0.astype(np.float32).astype(np.float64))[0]
+first = {n: z[:, :split] for n, z in x.items()}
+rest = {n: z[:, split:] for n, z in x.items()}
+runs = {}
+for backend in FORWARD_BACKENDS:
+    y1, state1 = run(backend, first, S0)
+    runs[backend] = dict(whole=run(backend, x, S0), pieces=(y1, *run(backend, rest, state1)),
+                         fp16=run(backend, x16, S0, torch.float16))
+
+# %% tags=["nbval-check-output"]
+for backend, budget in FORWARD_BACKENDS.items():
+    (y, state), (y1, y2, state2), (y16, _) = runs[backend]["whole"], runs[backend]["pieces"], runs[backend]["fp16"]
+    check(f"{backend} fp32 y", y, y_ref, budget)
+    check(f"{backend} fp32 final state", state, S_ref, budget)
+    check(f"{backend} fp32 fed in two pieces: y", torch.cat([y1, y2], dim=1), y_ref, budget)
+    check(f"{backend} fp32 fed in two pieces: state", state2, S_ref, budget)
+    check(f"{backend} fp16 y", y16, y16_ref, FP16_BUDGET)
+
+# %% tags=["nbval-check-output"]
+# The chunked Triton forward on inputs of head size 16 (tl.dot's smallest tile), against the reference.
+x_wide, S0_wide = rwkv7_inputs(1, T, 1, 16), rng.standard_normal((1, 1, 16, 16))
+y_wide_ref, S_wide_ref = ref.wkv7(*(x_wide[n] for n in ARGS), state=S0_wide.astype(np.float32).astype(np.float64))
+for chunked in (False, True):
+    y_wide, S_wide = wkv7_kernel(*(torch.tensor(x_wide[n], dtype=torch.float32) for n in ARGS),
+                                 state=torch.tensor(S0_wide, dtype=torch.float32), backend="triton", chunked=chunked)
+    name = "chunked" if chunked else "sequential"
+    check(f"triton {name} N = 16 y", y_wide, y_wide_ref, FP32_BUDGET)
+    check(f"triton {name} N = 16 final state", S_wide, S_wide_ref, FP32_BUDGET)
+
+
+# %% [markdown]
+# **Gradients.** The float64 truth is autograd through the recurrence written in torch below, one token at a time
+# (checked against the reference first). Both backends' fp32 gradients of $\sum y \odot G + \sum S_T \odot G_S$ with
+# respect to all six inputs and the initial state must match it.
+
+# %%
+def recurrence_torch(r, log_w, k, v, a, b, S):
+    ys = []
+    for t in range(r.shape[1]):
+        Sa = (S @ a[:, t, :, :, None])[..., 0]                          # (B, H, N) S a
+        S = S * log_w[:, t, :, None, :].exp() + Sa[..., None] * b[:, t, :, None, :] + v[:, t, :, :, None] * k[:, t, :, None, :]
+        ys.append((S @ r[:, t, :, :, None])[..., 0])
+    return torch.stack(ys, dim=1), S
+
+G, G_S = rng.standard_normal((B, T, H, N)), rng.standard_normal((B, H, N, N))
+
+def gradients(fn, dtype):
+    leaves = [torch.tensor(x[n], dtype=dtype, requires_grad=True) for n in ARGS]
+    state0 = torch.tensor(S0, dtype=torch.float64 if dtype == torch.float64 else torch.float32, requires_grad=True)
+    y, S_T = fn(*leaves, state0)
+    ((y * torch.tensor(G, dtype=dtype)).sum() + (S_T * torch.tensor(G_S, dtype=S_T.dtype)).sum()).backward()
+    return [z.grad for z in leaves + [state0]]
+
+expected_grads = gradients(recurrence_torch, torch.float64)
+backend_grads = {b_: gradients(lambda *z, b_=b_: wkv7_kernel(*z[:6], state=z[6], backend=b_), torch.float32)
+                 for b_ in BACKENDS}
+
+# %% tags=["nbval-check-output"]
+y_torch64, S_torch64 = recurrence_torch(*(torch.tensor(x[n]) for n in ARGS), torch.tensor(S0))
+check("recurrence in torch float64 vs reference: y", y_torch64, y_ref, REFERENCE_BUDGET)
+for backend, budget in BACKENDS.items():
+    for name, got, want in zip([f"d{n}" for n in ARGS] + ["dstate"], backend_grads[backend], expected_grads):
+        check(f"{backend} fp32 {name}", got, want, budget)
+
+# %%
+# The errors themselves (this cell is not compared: the numbers depend on the machine).
+for backend in FORWARD_BACKENDS:
+    line = f"{backend:6s} fp32: y rel. RMS error {rel_rms(runs[backend]['whole'][0], y_ref):.1e}"
+    if backend in backend_grads:                                       # none for "c": forward only
+        line += f", worst gradient {max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads)):.1e}"
+    print(line)
+
+# %% [markdown]
+# ## Summary
+#
+# - The state is an $N \times N$ matrix per head (four dimensions with batch and head, not three: erratum 16), a
+#   key-value memory read by $y_t = S_t r_t$.
+# - The update forgets per key channel (decays in $(0.545, 1)$: it is the log decay that is negative, erratum 18),
+#   removes what the memory returns for the unit key $\hat\kappa$ at the rate $\alpha$, and writes $v k^\top$; run in
+#   the post's own form it agrees with `reference/wkv7.py`.
+# - With $w = 1$, $a = -k$, $b = \eta k$ it is one gradient step on $\tfrac12\lVert Sk - v\rVert^2$: the delta rule,
+#   which replaces a stored value where linear attention adds to it (plot and heatmaps).
+# - RWKV-7's $a = -\hat\kappa$, $b = \hat\kappa \odot \alpha$ with a unit $\hat\kappa$ makes every transition similar
+#   to a symmetric matrix with eigenvalues in $(-1, 1)$; the post's $a = -k$, $b = k\eta$ with an unnormalized key does
+#   not, and its state blows up (erratum 19).
+# - The product-of-transitions definition and the chunked WY form give the recurrence's result to float64 rounding;
+#   the torch path (WY form) and the Triton kernel (recurrence) match it in fp32 and fp16, in pieces, with gradients;
+#   so does the chunked Triton forward (`chunked=True`, head sizes from 16).
+#
+# Next: notebook 05 builds the RWKV-7 model around this op, where $r, w, k, v, \hat\kappa, \alpha$ come from.

@@ -1,0 +1,38 @@
+"""Each notebook is paired with a jupytext percent-format source (notebooks/NN_name.py), the text a review reads;
+the executed .ipynb beside it is what nbval runs and JupyterLab opens. The two must hold the same cells.
+
+After editing a .py source: `python3 dev.py notebooks NN_name` syncs the pair and executes the notebook."""
+from pathlib import Path
+
+import jupytext
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+IPYNB = sorted(NOTEBOOKS.glob("*.ipynb"))
+
+
+def cells(notebook):
+    """(kind, source, tags) of every cell: what the pair must agree on (outputs live in the .ipynb only)."""
+    return [(c.cell_type, c.source.strip(), tuple(c.metadata.get("tags", ()))) for c in notebook.cells]
+
+
+def test_every_notebook_has_a_source_and_every_source_a_notebook():
+    assert IPYNB
+    assert {p.stem for p in IPYNB} == {p.stem for p in NOTEBOOKS.glob("*.py")}
+
+
+@pytest.mark.parametrize("path", IPYNB, ids=lambda p: p.stem)
+def test_notebook_and_source_hold_the_same_cells(path):
+    ipynb = cells(jupytext.read(path))
+    source = cells(jupytext.read(path.with_suffix(".py")))
+    for i, (a, b) in enumerate(zip(ipynb, source)):
+        assert a == b, f"cell {i} differs between {path.name} and its .py: run python3 dev.py notebooks {path.stem}"
+    assert len(ipynb) == len(source), f"{path.name} and its .py have {len(ipynb)} and {len(source)} cells"
+
+
+@pytest.mark.parametrize("path", IPYNB, ids=lambda p: p.stem)
+def test_checked_cells_are_tagged_not_commented(path):
+    """nbval's checks are cell tags (nbval-check-output), not comments a student reads as code."""
+    notebook = jupytext.read(path)
+    assert not [c for c in notebook.cells if "NBVAL" in c.source]
+    assert any("nbval-check-output" in c.metadata.get("tags", ()) for c in notebook.cells)
