@@ -860,6 +860,50 @@ def rerope_decode(q, k_cache, v_cache, window, leaky_k=None, scale=None, train_l
     return run(q, k_cache, v_cache, int(window), leaky_k, scale, train_length, base)
 
 
+def _check_rows(name, x):
+    """x must be a float tensor of rows (..., T, d), at least 2-D."""
+    check_tensor(name, x, (None,) * (max(x.dim(), 2) if isinstance(x, torch.Tensor) else 2))
+
+
+def apply_rope(x, positions, *, base=10000.0):
+    """R(p_t) x_t: each row of x rotated by its own position, for RoPE attention built from ``attention``.
+
+        (R(p) x)_f = x_f cos(p theta_f) - x_{f+d/2} sin(p theta_f),  (R(p) x)_{f+d/2} = x_{f+d/2} cos + x_f sin,
+        theta_f = base^(-2f/d)
+    x: (..., T, d), d even; positions: (T,) numbers, fractional allowed (position interpolation divides them by its
+    k); base: RoPE's base (NTK-aware scaling enlarges it). Returns x's shape and dtype (rotated in fp32, float64
+    for float64 x; the angles in float64). Differentiable in x. Same meaning as reference.rope.apply_rope.
+    Source: RoPE (arXiv:2104.09864), in the rotate-half layout of https://spaces.ac.cn/archives/9708's code.
+    """
+    _check_rows("x", x)
+    T, d = x.shape[-2:]
+    if d % 2:
+        raise ValueError(f"RoPE needs an even head dim, got x with d = {d}")
+    positions = torch.as_tensor(positions, dtype=torch.float64, device=x.device)
+    if positions.shape != (T,):
+        raise ValueError(f"positions must have shape ({T},) (one per row of x), got {tuple(positions.shape)}")
+    if not torch.isfinite(positions).all():
+        raise ValueError("positions must be finite")
+    _check_options(1, None, None, None, base, d)
+    compute = accumulation_dtype(x.dtype)
+    return _rotate(x.to(compute), *_cos_sin(positions, d, base, compute)).to(x.dtype)
+
+
+def log_n_scaling(q, train_length, *, first_position=0):
+    """q_n * max(1, ln(n) / ln(L)): the source's log-n scaling of the query at 1-based position n, the rows of q
+    being positions first_position, first_position + 1, ... (0-based, n = position + 1).
+
+    q: (..., T, d); train_length: L >= 2, or None (q returned as is). Returns q's shape and dtype; differentiable.
+    rerope_attention applies the same factor itself when given train_length. Same meaning as
+    reference.rope.log_n_scale. Source: https://spaces.ac.cn/archives/9708 (log n), after arXiv:2202.12172.
+    """
+    _check_rows("q", q)
+    _check_options(1, None, None, train_length, 10000.0, q.shape[-1])
+    if isinstance(first_position, bool) or not isinstance(first_position, numbers.Integral) or first_position < 0:
+        raise ValueError(f"first_position must be an int >= 0, got {first_position!r}")
+    return _log_n(q, int(first_position), train_length)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Ahead-of-time build (python -m seqmix.kernels.aot)
 # ----------------------------------------------------------------------------------------------------------------
