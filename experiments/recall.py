@@ -1,0 +1,140 @@
+"""Multi-query associative recall (MQAR): softmax attention vs RWKV-4 vs RWKV-7 vs Mamba at equal width and depth.
+
+    python -m seqmix.experiments.recall            the full run (resumable: rerun it to continue)
+    python -m seqmix.experiments.recall --quick    a reduced run, under a minute, into experiments/results/quick
+
+The task of Zoology (Arora et al. 2023, arXiv:2312.04927): N key-value pairs, then the keys again in random order;
+at each, the model must output its value (experiments.data.mqar). Every model has 2 layers of width C; the
+grid is C in (32, 64, 128) x N in (4, 8, 16) at sequence length 64, vocabulary 128. All runs share the optimizer
+(AdamW, warmup then cosine), the batch and the step budget, and stop early at 99% validation accuracy.
+
+The rate is swept per model and setting, as Zoology does (recurrent models learn recall only in a narrow window of
+rates: Okpekpe and Orvieto 2025, arXiv:2508.19029): successive halving over the rates on a validation set with the
+first seed (training.successive_halving); its winner, trained to the end, is the first seed's final run. Two more
+seeds train at the chosen rate. Reported: accuracy on held-out sequences (a test set no run saw), all three seeds.
+
+Writes recall.json (a row per sweep and per final run, with the environment), recall.md (the tables) and
+recall.png (accuracy against width, one panel per N, as Zoology's figure), and the first seed's weights at width 64
+in weights/recall/ (fp16 safetensors; the test numbers are measured on these rounded weights).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from seqmix.experiments import data, plots, zoo
+from seqmix.experiments.records import Results, environment, fmt, markdown_table, output_dir, parse_args
+from seqmix.experiments.training import Budget, Run, evaluate, round_to_fp16, setup_torch, sweep_then_seeds
+from seqmix.models.io import save_state_dict
+
+__all__ = ["Setup", "FULL", "QUICK", "run", "report", "weights_path", "main"]
+
+NAME = "recall"
+VALID, TEST = 1, 2        # data streams of the held-out sets (a run's training stream is its seed's)
+
+
+@dataclass(frozen=True)
+class Setup:
+    archs: tuple
+    widths: tuple
+    pairs: tuple
+    lrs: tuple
+    budget: Budget
+    seeds: int = 3
+    rungs: int = 3
+    seq_len: int = 64
+    vocab_size: int = 128
+    valid_size: int = 256
+    test_size: int = 1000
+    save_width: int | None = 64
+
+
+FULL = Setup(archs=("attention", "rwkv4", "rwkv7", "mamba"), widths=(32, 64, 128), pairs=(4, 8, 16),
+             lrs=(3e-4, 1e-3, 3e-3, 1e-2), budget=Budget(steps=800, batch_size=32, eval_every=50, target=0.99))
+QUICK = Setup(archs=("attention", "rwkv4", "rwkv7", "mamba"), widths=(32,), pairs=(4,), lrs=(3e-3, 1e-2),
+              budget=Budget(steps=40, batch_size=16, eval_every=20, target=0.99), seeds=1, rungs=2,
+              valid_size=64, test_size=128, save_width=32)
+
+
+def _held_out(setup: Setup, split: int, pairs: int, size: int):
+    return data.mqar(np.random.default_rng([1000, split, pairs]), size, seq_len=setup.seq_len, num_pairs=pairs,
+                     vocab_size=setup.vocab_size)
+
+
+def _make_run(setup: Setup, arch: str, width: int, pairs: int, seed: int, lr: float) -> Run:
+    return Run(build=partial(zoo.build, arch, vocab_size=setup.vocab_size, width=width, train_length=setup.seq_len),
+               forward=zoo.logits,
+               sample=partial(data.mqar, seq_len=setup.seq_len, num_pairs=pairs, vocab_size=setup.vocab_size),
+               lr=lr, budget=setup.budget, seed=seed, valid=_held_out(setup, VALID, pairs, setup.valid_size),
+               label=f"{arch} C={width} N={pairs} lr={lr:g} seed={seed}")
+
+
+def _finish(setup: Setup, out, first_seed: int, run: Run, key: dict) -> dict:
+    """Round the run's weights to fp16 (as stored), test them, and save them for the first seed at save_width."""
+    round_to_fp16(run.model)
+    test = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, key["pairs"], setup.test_size))
+    if key["width"] == setup.save_width and key["seed"] == first_seed:
+        path = weights_path(out, key["arch"], key["width"], key["pairs"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_state_dict({k: v.half() for k, v in run.model.state_dict().items()}, path)
+    return {"test_accuracy": test["accuracy"], "test_loss": test["loss"], "test_queries": test["count"],
+            "parameters": zoo.num_parameters(run.model)}
+
+
+def weights_path(out, arch: str, width: int, pairs: int):
+    return out / "weights" / NAME / f"{arch}-C{width}-N{pairs}.safetensors"
+
+
+def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = True) -> Results:
+    """Every setting of ``setup`` not yet in <out>/recall.json: its sweep, then its seeds' final runs."""
+    setup_torch(threads)
+    results, env = Results(out, NAME), environment(threads)
+    for pairs in setup.pairs:
+        for width in setup.widths:
+            for arch in setup.archs:
+                sweep_then_seeds(results, dict(arch=arch, width=width, pairs=pairs),
+                                 partial(_make_run, setup, arch, width, pairs), setup.lrs, setup.budget, seed=seed,
+                                 seeds=setup.seeds, rungs=setup.rungs, finish=partial(_finish, setup, out, seed),
+                                 env=env, progress=progress)
+    report(results, setup, out)
+    return results
+
+
+def _test_accuracies(results: Results, setup: Setup, **setting) -> list:
+    return [r["test_accuracy"] for r in results.select(phase="test", **setting)][:setup.seeds]
+
+
+def report(results: Results, setup: Setup, out) -> str:
+    """recall.md and recall.png from the rows."""
+    lines = [f"# Multi-query associative recall (MQAR)\n\nTest accuracy on {setup.test_size} held-out sequences "
+             f"per setting (length {setup.seq_len}, vocabulary {setup.vocab_size}, 2 layers): mean of "
+             f"{setup.seeds} seeds (min - max). Budget: {setup.budget.steps} steps of {setup.budget.batch_size} "
+             f"sequences, early stop at {fmt(setup.budget.target, 0)} validation accuracy; rate chosen per "
+             f"setting from {', '.join(f'{lr:g}' for lr in setup.lrs)} by successive halving.\n"]
+    for pairs in setup.pairs:
+        rows = []
+        for arch in setup.archs:
+            cells = []
+            for width in setup.widths:
+                acc = _test_accuracies(results, setup, arch=arch, width=width, pairs=pairs)
+                sweep = results.find(phase="sweep", arch=arch, width=width, pairs=pairs)
+                cells.append("-" if not acc else f"{fmt(np.mean(acc))} ({fmt(min(acc), 0)} - {fmt(max(acc), 0)}) "
+                             f"lr {sweep['chosen_lr']:g}")
+            rows.append([arch, *cells])
+        lines += [f"\n## {pairs} key-value pairs\n", markdown_table(["model", *(f"C = {w}" for w in setup.widths)],
+                                                                   rows)]
+    text = "".join(lines)
+    (out / f"{NAME}.md").write_text(text)
+    plots.recall(results, setup, out / f"{NAME}.png")
+    return text
+
+
+def main(argv=None) -> None:
+    args = parse_args(__doc__, argv)
+    run(QUICK if args.quick else FULL, output_dir(args), args.seed, args.threads, args.progress)
+
+
+if __name__ == "__main__":
+    main()
