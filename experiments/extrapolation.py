@@ -12,7 +12,8 @@ at evaluation only). No fine-tuning follows: every position scheme is applied at
 variants of the post's predecessor are left out), ReRoPE at windows L/4, L/2 and L (the post's failing w = L case),
 and Leaky ReRoPE at L/4 and L/2 with k = 16 (positions stay below L up to 8 L, as k >= (8L - w) / (L - w) needs).
 
-Evaluation: next-character accuracy and loss at 1, 2, 4 and 8 L on held-out samples of both kinds the post uses:
+Evaluation: next-character accuracy and loss at 1, 2, 4 and 8 L on held-out samples (16384 characters per cell) of
+both kinds the post uses:
 non-repeated text, and repeated text (a stretch of L characters said again and again, so past the first stretch
 every character can be copied from L back). The learning rate is chosen for the model without log n by successive
 halving on a validation split (the model with log n takes the same rate).
@@ -36,7 +37,7 @@ from seqmix.experiments.training import Budget, Run, evaluate, round_to_fp16, se
 from seqmix.experiments.transformer import PositionScheme, Transformer, TransformerConfig
 from seqmix.models.io import load_state_dict, save_state_dict
 
-__all__ = ["Setup", "FULL", "QUICK", "schemes", "POST", "run", "main", "load_model"]
+__all__ = ["Setup", "FULL", "QUICK", "schemes", "POST", "run", "report", "main", "load_model", "held_out_samples"]
 
 NAME = "extrapolation"
 MODELS = ("plain", "log n")          # trained without / with log n scaling
@@ -53,7 +54,7 @@ class Setup:
     lrs: tuple
     budget: Budget
     factors: tuple = (1, 2, 4, 8)
-    test_samples: int = 16
+    test_chars: int = 16384          # characters predicted per cell: test_chars / length samples of each length
     valid_windows: int = 128
     rungs: int = 2
     leaky_k: float = 16.0
@@ -62,8 +63,7 @@ class Setup:
 FULL = Setup(train_length=128, hidden_size=128, num_layers=3, head_size=32, lrs=(1e-3, 2e-3, 4e-3),
              budget=Budget(steps=2000, batch_size=16, eval_every=100))
 QUICK = Setup(train_length=32, hidden_size=32, num_layers=2, head_size=16, lrs=(3e-3,),
-              budget=Budget(steps=60, batch_size=8, eval_every=30), test_samples=2, valid_windows=16, rungs=1,
-              leaky_k=16.0)
+              budget=Budget(steps=60, batch_size=8, eval_every=30), test_chars=512, valid_windows=16, rungs=1)
 
 
 def schemes(setup: Setup) -> list:
@@ -120,12 +120,12 @@ def load_model(setup: Setup, model: str, out) -> Transformer:
     return transformer.eval()
 
 
-def test_samples(setup: Setup, corpus, kind: str, factor: int):
+def held_out_samples(setup: Setup, corpus, kind: str, factor: int):
     """The held-out samples of one kind at factor x L (the same ones on every run)."""
     rng = np.random.default_rng([1000, TEST, KINDS.index(kind), factor])
     period = setup.train_length if kind == "repeated" else None
-    return data.long_samples(corpus.split("test"), rng, setup.test_samples, factor * setup.train_length,
-                             period=period)
+    length = factor * setup.train_length
+    return data.long_samples(corpus.split("test"), rng, setup.test_chars // length, length, period=period)
 
 
 def _train(results: Results, setup: Setup, corpus, out, seed: int, threads: int, progress: bool) -> None:
@@ -178,8 +178,8 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
                            kind=kind, factor=factor)
                 if results.find(**key) is None:
                     forward = lambda m, ids, scheme=scheme: m(ids, scheme)   # noqa: E731
-                    metrics = evaluate(forward, models[model], *test_samples(setup, corpus, kind, factor),
-                                       batch_size=4)
+                    metrics = evaluate(forward, models[model], *held_out_samples(setup, corpus, kind, factor),
+                                       batch_size=max(1, 4096 // (factor * setup.train_length)))
                     results.add({**key, "model": model, "length": factor * setup.train_length, **metrics})
     report(results, setup, out, seed)
     return results
@@ -207,7 +207,7 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
     text = (f"# Length extrapolation (the ReRoPE post's table at toy scale)\n\nCharacter-level transformers, "
             f"{setup.num_layers} layers, width {setup.hidden_size}, trained at L = {L} on the standard library's "
             f"sources ({setup.budget.steps} steps of {setup.budget.batch_size} windows); next-character accuracy "
-            f"on {setup.test_samples} held-out samples per cell. The post trained a 100M-parameter GAU at 512 and "
+            f"over {setup.test_chars} held-out characters per cell. The post trained a 100M-parameter GAU at 512 and "
             f"evaluated at 4096; its numbers are beside ours at 1x and {top}x. Rows: without a suffix, the model "
             f"trained without log n; \"-log n†\": the same model with log n scaling at evaluation only; \"-log n\": "
             f"the model trained with it. Trained rates: "
