@@ -1,16 +1,21 @@
-/* The recurrences as plain C loops: the CPU inference path of kernels/native.py (forward only, fp32).
+/* The recurrences as plain C loops: the CPU path of kernels/native.py (forward and backward, fp32).
  *
  * Why C: on a CPU each recurrence is a handful of multiply-adds and one or two exponentials per element, and every
  * eager torch formulation of it (chunked, in kernels/wkv4.py, wkv7.py, ssm.py) makes about twenty passes over the
  * data, each its own trip through memory. One loop that walks time once does the same work in one pass, as the
- * Triton kernels do on a GPU, and follows their formulas (see the Python modules' docstrings).
+ * Triton kernels do on a GPU, and follows their formulas (see the Python modules' docstrings). The backwards walk
+ * time in reverse as the Triton backwards do: WKV-4 from what its forward saved per token, WKV-7 and the scan from
+ * states their forwards saved every few steps (re-running those steps forward, then walking them back).
  *
  * Built by kernels/native.py with the system C compiler (its FLAGS say which and why). The inner loops run over
  * contiguous memory without dependences between iterations, so the compiler vectorizes them (`omp simd`, with
  * -fopenmp-simd: no OpenMP runtime); exp_clamped and softplus below are written so that they vectorize too. Each
  * function walks a range [first, last) of independent work items; kernels/native.py gives each thread a range.
+ * Every work item writes outputs of its own (no two items add into one number), and sums over work items run
+ * afterwards in a fixed order (sum_rows): results do not depend on the number of threads or their timing.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* e^x in fp32 within 1 ulp (0.89 measured), vectorizable (no calls, no branches), for x clamped to [-87, 88]:
@@ -90,66 +95,199 @@ static inline float poison(float x, int32_t poisoned)
     return x;
 }
 
+/* 1 when x is NaN or +inf; -inf passes. Where a number is an exponent (WKV-4's keys and state max), -inf means a
+ * weight of exactly 0 ("nothing seen yet" for the max), which the loops compute as e^-87 against terms of e^0: the
+ * other backends' answer to fp32's resolution. */
+static inline int32_t nan_or_plus_inf(float x)
+{
+    int32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return nonfinite(x) & (bits != (int32_t)0xff800000);
+}
+
+/* out[i] = sum_r in[r cols + i], the rows added in the order r = 0, 1, ... whatever the split: the sums over batch
+ * rows (or groups of channels) of the parameter gradients. Work items: columns. */
+void sum_rows(int64_t first, int64_t last, int64_t rows, int64_t cols, const float *in, float *out)
+{
+    #pragma omp simd
+    for (int64_t i = first; i < last; i++)
+        out[i] = in[i];
+    for (int64_t r = 1; r < rows; r++) {
+        const float *row = in + r * cols;
+        #pragma omp simd
+        for (int64_t i = first; i < last; i++)
+            out[i] += row[i];
+    }
+}
+
+/* A buffer of n floats for one call's work items (freed by the caller), 64-byte aligned. */
+static float *scratch_floats(int64_t n)
+{
+    return aligned_alloc(64, (size_t)((n * (int64_t)sizeof(float) + 63) / 64 * 64));
+}
+
+/* ------------------------------------------------------------------------------------------------------ WKV-4 */
+
 /* RWKV-4's WKV, the max-tracked recurrence of kernels/wkv4.py's Triton forward (same formulas, same order):
  * the scale max is kept as anchor + lag w, so that exponent differences come from key differences.
- * w, u (C,); k, v, y (B, T, C); state in and out (B, C) each: num, den, max; scratch lag (B, C), bad (B, C). A
- * work item is a batch row and a block of channels, whose time it walks; rows of C channels are contiguous, so
- * kernels/native.py makes blocks as wide as the thread count allows. A channel's outputs are NaN from its first
- * non-finite input on, as the recurrence in IEEE arithmetic would give them. */
-void wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
-                  const float *w, const float *u, const float *k, const float *v, float *y,
-                  const float *num0, const float *den0, const float *max0,
-                  float *num_out, float *den_out, float *max_out, float *lag_scratch, int32_t *bad_scratch)
+ * w, u (C,); k, v, y (B, T, C); state in and out (B, C) each: num, den, max; lag, bad (B, C): the steps since the
+ * final max's term and whether the channel met a non-finite input (the backward reads both). With SAVE, also per
+ * token what the backward needs, as the Triton forward saves it: vy = v - y (without cancellation), d = max - (u + k),
+ * z = the output's denominator over e^{the larger of max, u + k}; (B, T, C) each. A work item is a batch row and a
+ * block of channels, whose time it walks; rows of C channels are contiguous, so kernels/native.py makes blocks as wide
+ * as the thread count allows. A channel's outputs are NaN from its first NaN or +inf input on, as the recurrence in
+ * IEEE arithmetic would give them (-inf in k or the state's max is a weight of 0, see nan_or_plus_inf). */
+static inline __attribute__((always_inline)) void wkv4_item(
+    int64_t item, int64_t T, int64_t C, int64_t block, const int save,
+    const float *w, const float *u, const float *k, const float *v, float *y,
+    const float *num0, const float *den0, const float *max0, float *num_out, float *den_out, float *max_out,
+    float *lag_out, int32_t *bad_out, float *vy_save, float *d_save, float *z_save)
 {
     const int64_t blocks = (C + block - 1) / block;
+    const int64_t b = item / blocks, c0 = item % blocks * block, s = b * C + c0;
+    const int64_t width = C - c0 < block ? C - c0 : block;
+    float *num = num_out + s, *den = den_out + s, *anchor = max_out + s, *lag = lag_out + s;
+    int32_t *bad = bad_out + s;
+    for (int64_t j = 0; j < width; j++) {
+        num[j] = num0[s + j];
+        den[j] = den0[s + j];
+        anchor[j] = max0[s + j];
+        lag[j] = 0.0f;
+        bad[j] = nonfinite(w[c0 + j]) | nonfinite(u[c0 + j]) | nonfinite(num[j]) | nonfinite(den[j])
+                 | nan_or_plus_inf(anchor[j]);
+    }
+    for (int64_t t = 0; t < T; t++) {
+        const int64_t row = (b * T + t) * C + c0;
+        const float *kt = k + row, *vt = v + row;
+        float *yt = y + row;
+        #pragma omp simd
+        for (int64_t j = 0; j < width; j++) {
+            const float kj = kt[j], vj = vt[j], wj = w[c0 + j];
+            bad[j] |= nan_or_plus_inf(kj) | nonfinite(vj);
+            /* output: the past at scale e^max against the current token e^{u + k}; the larger is 1 */
+            float d = (anchor[j] - kj) + lag[j] * wj - u[c0 + j];   /* max - (u + k) */
+            float x = exp_clamped(d < 0.0f ? d : -d);
+            float past = d < 0.0f ? x : 1.0f, cur = d < 0.0f ? 1.0f : x;
+            const float z = past * den[j] + cur;
+            yt[j] = poison((past * num[j] + cur * vj) / z, bad[j]);
+            if (save) {
+                vy_save[row + j] = past * (den[j] * vj - num[j]) / z;
+                d_save[row + j] = d;
+                z_save[row + j] = z;
+            }
+            /* update: decay the past by e^w, add e^k; d = (max + w) - k decides the new scale */
+            d = (anchor[j] - kj) + (lag[j] + 1.0f) * wj;
+            x = exp_clamped(d < 0.0f ? d : -d);
+            past = d < 0.0f ? x : 1.0f;
+            cur = d < 0.0f ? 1.0f : x;
+            num[j] = past * num[j] + cur * vj;
+            den[j] = past * den[j] + cur;
+            anchor[j] = d >= 0.0f ? anchor[j] : kj;
+            lag[j] = d >= 0.0f ? lag[j] + 1.0f : 0.0f;
+        }
+    }
+    /* max is returned rounded to fp32, and num, den follow the rounding exactly: the rounding error of
+     * anchor + lag w by Knuth's two-sum (exact in IEEE arithmetic, which is why there is no -ffast-math) */
+    for (int64_t j = 0; j < width; j++) {
+        const float drift = lag[j] * w[c0 + j], mx = anchor[j] + drift, back = mx - anchor[j];
+        const float err = (anchor[j] - (mx - back)) + (drift - back), scale = exp_clamped(err);
+        num[j] = poison(num[j] * scale, bad[j]);
+        den[j] = poison(den[j] * scale, bad[j]);
+        anchor[j] = poison(mx, bad[j]);
+    }
+}
+
+void wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
+                  const float *w, const float *u, const float *k, const float *v, float *y,
+                  const float *num0, const float *den0, const float *max0, float *num_out, float *den_out,
+                  float *max_out, float *lag_out, int32_t *bad_out, float *vy_save, float *d_save, float *z_save)
+{
+    for (int64_t item = first; item < last; item++) {
+        if (vy_save)
+            wkv4_item(item, T, C, block, 1, w, u, k, v, y, num0, den0, max0, num_out, den_out, max_out, lag_out,
+                      bad_out, vy_save, d_save, z_save);
+        else
+            wkv4_item(item, T, C, block, 0, w, u, k, v, y, num0, den0, max0, num_out, den_out, max_out, lag_out,
+                      bad_out, NULL, NULL, NULL);
+    }
+}
+
+/* The backward of wkv4_forward, kernels/wkv4.py's Triton backward (same formulas, same names): time in reverse with
+ * the adjoints of the represented sums N^, D^ (an, ad) and of their w-derivatives (bn, bd), kept multiplied by
+ * e^{max_t}, every factor one of the forward's exponentials rebuilt from the saved d_t and z_t:
+ *     A(t) = gy_t / Z_t (and -gy_t y_t / Z_t) + e^w A(t+1),   B(t) = e^w (B(t+1) + A(t+1)).
+ * gy (B, T, C); gnum, gden, gmax (B, C): the cotangents of y and of the final state; num, den (B, C) the final state.
+ * Out: gk, gv (B, T, C); gw, gu (B, C), each batch row's share (kernels/native.py sums them); gnum0, gden0, gmax0
+ * (B, C). A channel that met a non-finite input has NaN gradients. Work items as in wkv4_forward. */
+void wkv4_backward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
+                   const float *w, const float *u, const float *k, const float *v,
+                   const float *vy_save, const float *d_save, const float *z_save, const float *gy,
+                   const float *num0, const float *den0, const float *max0, const float *num, const float *den,
+                   const float *lag_in, const int32_t *bad, const float *gnum, const float *gden, const float *gmax,
+                   float *gk, float *gv, float *gw_out, float *gu_out, float *gnum0, float *gden0, float *gmax0)
+{
+    const int64_t blocks = (C + block - 1) / block;
+    float *buffer = scratch_floats(7 * block);
+    float *an = buffer, *ad = an + block, *bn = ad + block, *bd = bn + block, *gw = bd + block, *gu = gw + block;
+    float *top = gu + block;                              /* g_top: the final max's effective gradient */
     for (int64_t item = first; item < last; item++) {
         const int64_t b = item / blocks, c0 = item % blocks * block, s = b * C + c0;
         const int64_t width = C - c0 < block ? C - c0 : block;
-        float *num = num_out + s, *den = den_out + s, *anchor = max_out + s, *lag = lag_scratch + s;
-        int32_t *bad = bad_scratch + s;
+        const float *lag = lag_in + s;
         for (int64_t j = 0; j < width; j++) {
-            num[j] = num0[s + j];
-            den[j] = den0[s + j];
-            anchor[j] = max0[s + j];
-            lag[j] = 0.0f;
-            bad[j] = nonfinite(w[c0 + j]) | nonfinite(u[c0 + j]) | nonfinite(num[j]) | nonfinite(den[j])
-                     | nonfinite(anchor[j]);
+            const float wj = w[c0 + j];
+            /* the final max's own gradient, less what the returned num, den (divided by e^max) pass to it */
+            top[j] = gmax[s + j] - gnum[s + j] * num[s + j] - gden[s + j] * den[s + j];
+            /* the final max's term: token T-1-lag, or the initial state's when lag = T; redo the forward's rounding
+             * of it, since the returned num, den were scaled by e^err */
+            const float anchor = lag[j] < (float)T ? k[(b * T + T - 1 - (int64_t)lag[j]) * C + c0 + j] : max0[s + j];
+            const float drift = lag[j] * wj, mx = anchor + drift, back = mx - anchor;
+            const float scale = exp_clamped((anchor - (mx - back)) + (drift - back));
+            an[j] = gnum[s + j] * scale;
+            ad[j] = gden[s + j] * scale;
+            bn[j] = bd[j] = gw[j] = gu[j] = 0.0f;
         }
-        for (int64_t t = 0; t < T; t++) {
-            const int64_t row = (b * T + t) * C + c0;
-            const float *kt = k + row, *vt = v + row;
-            float *yt = y + row;
+        for (int64_t i = 0; i < T; i++) {
+            const int64_t t = T - 1 - i, row = (b * T + t) * C + c0;
             #pragma omp simd
             for (int64_t j = 0; j < width; j++) {
-                const float kj = kt[j], vj = vt[j], wj = w[c0 + j];
-                bad[j] |= nonfinite(kj) | nonfinite(vj);
-                /* output: the past at scale e^max against the current token e^{u + k}; the larger is 1 */
-                float d = (anchor[j] - kj) + lag[j] * wj - u[c0 + j];   /* max - (u + k) */
-                float x = exp_clamped(d < 0.0f ? d : -d);
-                float past = d < 0.0f ? x : 1.0f, cur = d < 0.0f ? 1.0f : x;
-                yt[j] = poison((past * num[j] + cur * vj) / (past * den[j] + cur), bad[j]);
-                /* update: decay the past by e^w, add e^k; d = (max + w) - k decides the new scale */
-                d = (anchor[j] - kj) + (lag[j] + 1.0f) * wj;
+                const float vj = v[row + j], gyj = gy[row + j], vy = vy_save[row + j], d = d_save[row + j];
+                const float z = z_save[row + j];
+                const float d_next = d + (u[c0 + j] + w[c0 + j]);       /* (max_t + w) - k_t */
+                float x = exp_clamped(d_next < 0.0f ? d_next : -d_next);
+                const float into_next = d_next < 0.0f ? 1.0f : x;       /* e^{k_t - max_{t+1}} */
+                const float decay = d_next < 0.0f ? x : 1.0f;           /* e^{max_t + w - max_{t+1}} */
                 x = exp_clamped(d < 0.0f ? d : -d);
-                past = d < 0.0f ? x : 1.0f;
-                cur = d < 0.0f ? 1.0f : x;
-                num[j] = past * num[j] + cur * vj;
-                den[j] = past * den[j] + cur;
-                anchor[j] = d >= 0.0f ? anchor[j] : kj;
-                lag[j] = d >= 0.0f ? lag[j] + 1.0f : 0.0f;
+                const float past = (d < 0.0f ? x : 1.0f) / z;           /* e^{max_t} / Z_t */
+                const float cur = gyj * (d < 0.0f ? 1.0f : x) / z;      /* gy_t e^{u + k_t} / Z_t */
+                const float g_bonus = cur * vy;                         /* dL/d(u + k_t) through y_t */
+                gv[row + j] = poison(into_next * an[j] + cur, bad[s + j]);
+                gk[row + j] = poison(into_next * (an[j] * vj + ad[j]) + g_bonus
+                                     + (lag[j] == (float)(T - 1 - t) ? top[j] : 0.0f), bad[s + j]);
+                gu[j] += g_bonus;
+                gw[j] += into_next * (bn[j] * vj + bd[j]);
+                /* A(t) = gy_t / Z_t (and -gy_t y_t / Z_t) + e^w A(t+1);  B(t) = e^w (B(t+1) + A(t+1)) */
+                bn[j] = decay * (bn[j] + an[j]);
+                bd[j] = decay * (bd[j] + ad[j]);
+                an[j] = decay * an[j] + past * gyj;
+                ad[j] = decay * ad[j] - past * gyj * (vj - vy);
             }
         }
-        /* max is returned rounded to fp32, and num, den follow the rounding exactly: the rounding error of
-         * anchor + lag w by Knuth's two-sum (exact in IEEE arithmetic, which is why there is no -ffast-math) */
         for (int64_t j = 0; j < width; j++) {
-            const float drift = lag[j] * w[c0 + j], mx = anchor[j] + drift, back = mx - anchor[j];
-            const float err = (anchor[j] - (mx - back)) + (drift - back), scale = exp_clamped(err);
-            num[j] = poison(num[j] * scale, bad[j]);
-            den[j] = poison(den[j] * scale, bad[j]);
-            anchor[j] = poison(mx, bad[j]);
+            const int32_t poisoned = bad[s + j];
+            const int32_t from_token = lag[j] < (float)T;
+            /* the initial state's decay, then d max_T / dw */
+            gw_out[s + j] = poison(gw[j] + bn[j] * num0[s + j] + bd[j] * den0[s + j] + lag[j] * top[j], poisoned);
+            gu_out[s + j] = poison(gu[j], poisoned);
+            gnum0[s + j] = poison(an[j], poisoned);
+            gden0[s + j] = poison(ad[j], poisoned);
+            gmax0[s + j] = poison(an[j] * num0[s + j] + ad[j] * den0[s + j] + (from_token ? 0.0f : top[j]), poisoned);
         }
     }
+    free(buffer);
 }
+
+/* --------------------------------------------------------------------------------------------- selective scan */
 
 /* Mamba's selective scan: delta <- softplus(delta + delta_bias) (each when asked for),
  * x_t = e^{delta_t A} x_{t-1} + delta_t B_t u_t, y_t = (C_t . x_t + D u_t) silu(z_t).
@@ -159,7 +297,9 @@ void wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t blo
  * the products over the state are then lane-wise (no sums across a vector), and B_t, C_t are read once per block.
  * A last, partial block fills its spare lanes with copies of its last channel, which compute and store exactly
  * what that channel does; the last pass (state, skip, gate) runs once per channel. Outputs are NaN from a
- * channel's first non-finite input on. */
+ * channel's first non-finite input on. For the backward (ckpt not NULL): the state before every ck-th token,
+ * ckpt (batch * blocks, ceil(T / ck), N, LANES) in the loop's lane layout, and bad (batch * blocks, LANES): whether
+ * each lane met a non-finite input. */
 #define LANES 8
 
 /* LANES, for kernels/native.py's count of work items */
@@ -168,43 +308,62 @@ int64_t selective_scan_lanes(void)
     return LANES;
 }
 
+/* A block's lanes: channel (spare lanes repeat the last), delta's bias, A as [n][lane], and which lanes start bad. */
+static void scan_lanes(int64_t d0, int64_t D, int64_t N, const float *delta_bias, const float *A, int64_t *channel,
+                       float *bias, float *a, int32_t *bad)
+{
+    for (int64_t j = 0; j < LANES; j++) {
+        channel[j] = d0 + j < D ? d0 + j : D - 1;
+        bias[j] = delta_bias ? delta_bias[channel[j]] : 0.0f;
+        bad[j] = nonfinite(bias[j]);
+        for (int64_t n = 0; n < N; n++) {
+            a[n * LANES + j] = A[channel[j] * N + n];
+            bad[j] |= nonfinite(a[n * LANES + j]);
+        }
+    }
+}
+
+/* The steps delta_t (+ bias, softplus) along each real channel's row of T, into out (contiguous, so vectorized). */
+static void scan_steps(int64_t d0, int64_t D, int64_t T, int64_t row0, int64_t delta_softplus, const float *delta,
+                       const float *bias, float *out)
+{
+    for (int64_t j = 0; j < LANES && d0 + j < D; j++) {
+        const float *dr = delta + row0 + j * T;
+        float *o = out + row0 + j * T;
+        #pragma omp simd
+        for (int64_t t = 0; t < T; t++)
+            o[t] = dr[t] + bias[j];
+        if (delta_softplus) {
+            #pragma omp simd
+            for (int64_t t = 0; t < T; t++)
+                o[t] = softplus(o[t]);
+        }
+    }
+}
+
 void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
                             const float *u, const float *delta, const float *delta_bias, const float *A,
                             const float *Bt, const float *Ct, const float *Dskip, const float *z, float *y,
-                            float *state)
+                            float *state, int64_t ck, float *ckpt, int32_t *bad_out)
 {
-    const int64_t blocks = (D + LANES - 1) / LANES;
+    const int64_t blocks = (D + LANES - 1) / LANES, n_ckpt = (T + ck - 1) / ck;
     for (int64_t item = first; item < last; item++) {
         const int64_t b = item / blocks, d0 = item % blocks * LANES;
         int64_t channel[LANES];                                /* the lane's channel: spare lanes repeat the last */
         float x[N * LANES], a[N * LANES], bias[LANES], step[LANES], drive[LANES], out[LANES];   /* x, A: [n][lane] */
         int32_t bad[LANES];
-        for (int64_t j = 0; j < LANES; j++) {
-            channel[j] = d0 + j < D ? d0 + j : D - 1;
-            bias[j] = delta_bias ? delta_bias[channel[j]] : 0.0f;
-            bad[j] = nonfinite(bias[j]);
+        scan_lanes(d0, D, N, delta_bias, A, channel, bias, a, bad);
+        for (int64_t j = 0; j < LANES; j++)
             for (int64_t n = 0; n < N; n++) {
                 x[n * LANES + j] = state[(b * D + channel[j]) * N + n];
-                a[n * LANES + j] = A[channel[j] * N + n];
-                bad[j] |= nonfinite(x[n * LANES + j]) | nonfinite(a[n * LANES + j]);
+                bad[j] |= nonfinite(x[n * LANES + j]);
             }
-        }
-        /* the steps first, along each channel's row (contiguous, so vectorized), into y: y_t is written only after
-         * step t has been read */
-        for (int64_t j = 0; j < LANES && d0 + j < D; j++) {
-            const float *dr = delta + (b * D + channel[j]) * T;
-            float *yr = y + (b * D + channel[j]) * T;
-            #pragma omp simd
-            for (int64_t t = 0; t < T; t++)
-                yr[t] = dr[t] + bias[j];
-            if (delta_softplus) {
-                #pragma omp simd
-                for (int64_t t = 0; t < T; t++)
-                    yr[t] = softplus(yr[t]);
-            }
-        }
+        /* the steps first, into y: y_t is written only after step t has been read */
+        scan_steps(d0, D, T, (b * D + d0) * T, delta_softplus, delta, bias, y);
         for (int64_t t = 0; t < T; t++) {
             const float *Bn = Bt + (b * T + t) * N, *Cn = Ct + (b * T + t) * N;
+            if (ckpt && t % ck == 0)
+                memcpy(ckpt + (item * n_ckpt + t / ck) * N * LANES, x, sizeof x);
             for (int64_t j = 0; j < LANES; j++) {
                 const int64_t at = (b * D + channel[j]) * T + t;
                 step[j] = y[at];
@@ -224,6 +383,8 @@ void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, i
             for (int64_t j = 0; j < LANES; j++)
                 y[(b * D + channel[j]) * T + t] = poison(out[j], bad[j]);
         }
+        if (bad_out)
+            memcpy(bad_out + item * LANES, bad, sizeof bad);
         for (int64_t j = 0; j < LANES && d0 + j < D; j++) {   /* each channel once (not its spare copies) */
             for (int64_t n = 0; n < N; n++)
                 state[(b * D + channel[j]) * N + n] = poison(x[n * LANES + j], bad[j]);
@@ -240,24 +401,207 @@ void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, i
     }
 }
 
+/* The backward of selective_scan_forward, the formulas of kernels/ssm.py's Triton backward plus the elementwise
+ * ends of the op. For each chunk of ck tokens from the last: re-run it forward from its checkpoint, keeping every
+ * x_t and alpha_t = e^{delta_t A}, then walk it back with nu = dL/dx_t through the later tokens:
+ *     pre_t = C_t . x_t + D u_t,   y_t = pre_t silu(z_t):  dpre = dy silu(z),  dz = dy pre silu'(z),  dD += dpre u
+ *     lambda_t = nu + dpre C_t (dL/dx_t),   dC_t += dpre x_t,   dB_t += lambda_t delta_t u_t,
+ *     dL/d(delta_t A) = lambda_t alpha_t x_{t-1}:  ddelta_t = sum_n (that) A + u_t sum_n lambda_t B_t,
+ *                                                  dA += (that) delta_t,
+ *     du_t = delta_t sum_n lambda_t B_t + dpre D,   nu <- alpha_t lambda_t;   softplus: ddelta *= sigmoid(raw delta)
+ * A work item is a batch row and a group of `per_group` blocks of LANES channels (groups: a fixed number per batch
+ * row, chosen from the shapes alone), walked one block after the other; dB and dC are sums over channels, added
+ * across lanes and then across the group's blocks, into dB_part, dC_part (batch * groups, T, N), zero on entry;
+ * kernels/native.py sums the groups. dA_part (batch, D, N), dD_part, dbias_part (batch, D): each batch row's share.
+ * Spare lanes see dy = 0 and a zero dlast, so they add exact zeros. A lane that met a non-finite input has NaN
+ * gradients, and so have dB, dC of its batch row. ddelta holds the steps delta_t until the walk overwrites them. */
+void selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
+                             int64_t per_group, const float *u, const float *delta, const float *delta_bias,
+                             const float *A, const float *Bt, const float *Ct, const float *Dskip, const float *z,
+                             int64_t ck, const float *ckpt, const int32_t *bad_in, const float *dy,
+                             const float *dlast, float *du, float *ddelta, float *dz, float *dA_part,
+                             float *dB_part, float *dC_part, float *dD_part, float *dbias_part, float *dstate)
+{
+    const int64_t blocks = (D + LANES - 1) / LANES, groups = (blocks + per_group - 1) / per_group;
+    const int64_t n_ckpt = (T + ck - 1) / ck;
+    float *xs = scratch_floats((2 * ck + 1) * N * LANES), *alphas = xs + (ck + 1) * N * LANES;   /* [l][n][lane] */
+    for (int64_t item = first; item < last; item++) {
+        const int64_t b = item / groups, g = item % groups;
+        float *dBg = dB_part + item * T * N, *dCg = dC_part + item * T * N;
+        for (int64_t blk = g * per_group; blk < blocks && blk < (g + 1) * per_group; blk++) {
+            const int64_t d0 = blk * LANES, fwd_item = b * blocks + blk;
+            int64_t channel[LANES];
+            float a[N * LANES], nu[N * LANES], dA[N * LANES], bias[LANES], skip[LANES], live[LANES];
+            float step[LANES], drive[LANES], uj[LANES], dpre[LANES], lamB[LANES], gA[LANES], dDacc[LANES];
+            float dbias[LANES];
+            int32_t bad[LANES], any_bad = 0;
+            scan_lanes(d0, D, N, delta_bias, A, channel, bias, a, bad);
+            for (int64_t j = 0; j < LANES; j++) {
+                live[j] = d0 + j < D ? 1.0f : 0.0f;
+                skip[j] = Dskip ? Dskip[channel[j]] : 0.0f;
+                bad[j] = bad_in[fwd_item * LANES + j];
+                any_bad |= bad[j] & (d0 + j < D);
+                dDacc[j] = dbias[j] = 0.0f;
+                for (int64_t n = 0; n < N; n++) {
+                    nu[n * LANES + j] = live[j] * dlast[(b * D + channel[j]) * N + n];
+                    dA[n * LANES + j] = 0.0f;
+                }
+            }
+            const float spoil = poison(0.0f, any_bad);   /* NaN when a lane of the block was bad, else 0 */
+            scan_steps(d0, D, T, (b * D + d0) * T, delta_softplus, delta, bias, ddelta);
+            for (int64_t c = n_ckpt - 1; c >= 0; c--) {
+                const int64_t t0 = c * ck, L = T - t0 < ck ? T - t0 : ck;
+                memcpy(xs, ckpt + (fwd_item * n_ckpt + c) * N * LANES, N * LANES * sizeof(float));
+                for (int64_t l = 0; l < L; l++) {          /* the chunk forward again: x_t and alpha_t */
+                    const float *Bn = Bt + (b * T + t0 + l) * N;
+                    for (int64_t j = 0; j < LANES; j++) {
+                        const int64_t at = (b * D + channel[j]) * T + t0 + l;
+                        step[j] = ddelta[at];
+                        drive[j] = step[j] * u[at];
+                    }
+                    for (int64_t n = 0; n < N; n++) {
+                        const float *xp = xs + (l * N + n) * LANES, *an = a + n * LANES;
+                        float *xn = xs + ((l + 1) * N + n) * LANES, *al = alphas + (l * N + n) * LANES;
+                        #pragma omp simd
+                        for (int64_t j = 0; j < LANES; j++) {
+                            al[j] = exp_clamped(step[j] * an[j]);
+                            xn[j] = al[j] * xp[j] + drive[j] * Bn[n];
+                        }
+                    }
+                }
+                for (int64_t l = L - 1; l >= 0; l--) {     /* and back */
+                    const int64_t t = t0 + l;
+                    const float *Bn = Bt + (b * T + t) * N, *Cn = Ct + (b * T + t) * N;
+                    float *dBn = dBg + t * N, *dCn = dCg + t * N;
+                    for (int64_t j = 0; j < LANES; j++) {
+                        const int64_t at = (b * D + channel[j]) * T + t;
+                        const float *xt = xs + (l + 1) * N * LANES + j;
+                        float pre = 0.0f;
+                        for (int64_t n = 0; n < N; n++)                       /* C_t . x_t */
+                            pre += Cn[n] * xt[n * LANES];
+                        step[j] = ddelta[at];
+                        uj[j] = u[at];
+                        drive[j] = step[j] * uj[j];
+                        pre += skip[j] * uj[j];
+                        const float g = live[j] * dy[at];
+                        if (z) {   /* silu(z) = z sigmoid(z), silu'(z) = sigmoid(z) (1 + z (1 - sigmoid(z))) */
+                            const float zt = z[at], sg = 1.0f / (1.0f + exp_clamped(-zt));
+                            dpre[j] = g * zt * sg;
+                            if (live[j] != 0.0f)
+                                dz[at] = poison(g * pre * sg * (1.0f + zt * (1.0f - sg)), bad[j]);
+                        } else {
+                            dpre[j] = g;
+                        }
+                        dDacc[j] += dpre[j] * uj[j];
+                        lamB[j] = gA[j] = 0.0f;
+                    }
+                    for (int64_t n = 0; n < N; n++) {
+                        const float *xp = xs + (l * N + n) * LANES, *xn = xs + ((l + 1) * N + n) * LANES;
+                        const float *al = alphas + (l * N + n) * LANES, *an = a + n * LANES;
+                        float *nun = nu + n * LANES, *dAn = dA + n * LANES, sumC = spoil, sumB = spoil;
+                        #pragma omp simd reduction(+:sumC, sumB)
+                        for (int64_t j = 0; j < LANES; j++) {
+                            const float lam = nun[j] + dpre[j] * Cn[n];               /* dL/dx_t */
+                            const float ga = lam * al[j] * xp[j];                     /* dL/d(delta_t A) */
+                            sumC += dpre[j] * xn[j];
+                            sumB += lam * drive[j];
+                            lamB[j] += lam * Bn[n];
+                            dAn[j] += ga * step[j];
+                            gA[j] += ga * an[j];
+                            nun[j] = al[j] * lam;
+                        }
+                        dCn[n] += sumC;
+                        dBn[n] += sumB;
+                    }
+                    for (int64_t j = 0; j < LANES && d0 + j < D; j++) {
+                        const int64_t at = (b * D + channel[j]) * T + t;
+                        float dd = gA[j] + lamB[j] * uj[j];
+                        if (delta_softplus)   /* softplus'(x) = sigmoid(x) */
+                            dd /= 1.0f + exp_clamped(-(delta[at] + bias[j]));
+                        dbias[j] += dd;
+                        du[at] = poison(lamB[j] * step[j] + dpre[j] * skip[j], bad[j]);
+                        ddelta[at] = poison(dd, bad[j]);
+                    }
+                }
+            }
+            for (int64_t j = 0; j < LANES && d0 + j < D; j++) {
+                const int64_t at = b * D + channel[j];
+                for (int64_t n = 0; n < N; n++) {
+                    dstate[at * N + n] = poison(nu[n * LANES + j], bad[j]);
+                    dA_part[at * N + n] = poison(dA[n * LANES + j], bad[j]);
+                }
+                dD_part[at] = poison(dDacc[j], bad[j]);
+                dbias_part[at] = poison(dbias[j], bad[j]);
+            }
+        }
+    }
+    free(xs);
+}
+
+/* ------------------------------------------------------------------------------------------------------ WKV-7 */
+
 /* RWKV-7: S_t = S_{t-1} diag(e^{log_w_t}) + (S_{t-1} a_t) b_t^T + v_t k_t^T, y_t = S_t r_t.
  * r, log_w, k, v, a, b, y (B, T, H, N); state (B, H, N, N) indexed [value, key], in, overwritten with the last
- * state; scratch (B, H, N N + N). A work item is a (batch, head) pair, whose time it walks. The loop keeps the state
- * transposed, St[key][value], so that each product is a sum of rows scaled by numbers, with a vector of independent
- * sums over the values instead of a dependent sum across each row (1.4x-1.7x faster measured, with the prefetch):
+ * state. A work item is a (batch, head) pair, whose time it walks. The loop keeps the state transposed,
+ * St[key][value], so that each product is a sum of rows scaled by numbers, with a vector of independent sums over
+ * the values instead of a dependent sum across each row (1.4x-1.7x faster measured, with the prefetch):
  *     sa = sum_j a_j St[j],   St[j] = e^{log_w_j} St[j] + b_j sa + k_j v,   y = sum_j r_j St[j].
  * The inputs of a head are a row of H N numbers apart from one token to the next, which the hardware prefetcher
- * does not follow, so the loop asks for them PREFETCH tokens ahead. A head's outputs are NaN from its first
- * non-finite input on. */
+ * does not follow, so the loop asks for them PREFETCH tokens ahead. A head's outputs and state are NaN from its
+ * first non-finite log_w, k, v, a, b or state entry on; r enters y_t alone, by products and sums, which carry a
+ * NaN in it to y_t and no further. For the backward (ckpt not NULL): St before every ck-th token, ckpt
+ * (B H, ceil(T / ck), N, N), and bad (B H): whether the head met a non-finite input. */
 #define PREFETCH 2
+
+/* e^{log_w_t} into w, and whether step t's inputs other than r hold a non-finite number */
+static inline __attribute__((always_inline)) int32_t wkv7_decays(int64_t N, const float *log_w, const float *k,
+                                                                 const float *v, const float *a, const float *b,
+                                                                 float *w)
+{
+    int32_t bad = 0;
+    #pragma omp simd reduction(|:bad)
+    for (int64_t j = 0; j < N; j++) {
+        w[j] = exp_clamped(log_w[j]);
+        bad |= nonfinite(log_w[j]) | nonfinite(k[j]) | nonfinite(v[j]) | nonfinite(a[j]) | nonfinite(b[j]);
+    }
+    return bad;
+}
+
+/* One step on St (transposed), sa = S_{t-1} a_t in sa; with r (not NULL) also y_t = S_t r_t into out. */
+static inline __attribute__((always_inline)) void wkv7_step(int64_t N, float *St, const float *w, const float *k,
+                                                            const float *v, const float *a, const float *b,
+                                                            const float *r, float *sa, float *out)
+{
+    for (int64_t i = 0; i < N; i++)
+        sa[i] = 0.0f;
+    if (r)
+        for (int64_t i = 0; i < N; i++)
+            out[i] = 0.0f;
+    for (int64_t j = 0; j < N; j++) {                              /* sa = S_{t-1} a_t */
+        const float aj = a[j], *row = St + j * N;
+        #pragma omp simd
+        for (int64_t i = 0; i < N; i++)
+            sa[i] += aj * row[i];
+    }
+    for (int64_t j = 0; j < N; j++) {                              /* S_t, and y_t = S_t r_t */
+        const float wj = w[j], bj = b[j], kj = k[j], rj = r ? r[j] : 0.0f;
+        float *row = St + j * N;
+        #pragma omp simd
+        for (int64_t i = 0; i < N; i++) {
+            row[i] = wj * row[i] + bj * sa[i] + kj * v[i];
+            if (r)
+                out[i] += rj * row[i];
+        }
+    }
+}
 
 static inline __attribute__((always_inline)) void wkv7_item(
     int64_t item, int64_t T, int64_t H, int64_t N, const float *r, const float *log_w, const float *k, const float *v,
-    const float *a, const float *b, float *y, float *state, float *scratch)
+    const float *a, const float *b, float *y, float *state, float *St, int64_t ck, float *ckpt, int32_t *bad_out)
 {
-    const int64_t bi = item / H, h = item % H;
-    float *S = state + item * N * N, *St = scratch + item * (N * N + N), *w = St + N * N;   /* w: e^{log_w} */
-    float sa[N], out[N];
+    const int64_t bi = item / H, h = item % H, n_ckpt = (T + ck - 1) / ck;
+    float *S = state + item * N * N;
+    float w[N], sa[N], out[N];
     int32_t bad = 0;
     for (int64_t i = 0; i < N; i++)
         for (int64_t j = 0; j < N; j++) {
@@ -266,7 +610,6 @@ static inline __attribute__((always_inline)) void wkv7_item(
         }
     for (int64_t t = 0; t < T; t++) {
         const int64_t off = ((bi * T + t) * H + h) * N;
-        const float *rt = r + off, *kt = k + off, *vt = v + off, *at = a + off, *bt = b + off;
         if (t + PREFETCH < T)
             for (int64_t j = 0; j < N; j += 16) {                      /* 16 floats: a cache line */
                 const int64_t ahead = off + PREFETCH * H * N + j;
@@ -277,47 +620,133 @@ static inline __attribute__((always_inline)) void wkv7_item(
                 __builtin_prefetch(a + ahead);
                 __builtin_prefetch(b + ahead);
             }
-        #pragma omp simd reduction(|:bad)
-        for (int64_t j = 0; j < N; j++) {
-            w[j] = exp_clamped(log_w[off + j]);
-            bad |= nonfinite(rt[j]) | nonfinite(log_w[off + j]) | nonfinite(kt[j]) | nonfinite(vt[j])
-                   | nonfinite(at[j]) | nonfinite(bt[j]);
-        }
-        for (int64_t i = 0; i < N; i++) {
-            sa[i] = 0.0f;
-            out[i] = 0.0f;
-        }
-        for (int64_t j = 0; j < N; j++) {                              /* sa = S_{t-1} a_t */
-            const float aj = at[j], *row = St + j * N;
-            #pragma omp simd
-            for (int64_t i = 0; i < N; i++)
-                sa[i] += aj * row[i];
-        }
-        for (int64_t j = 0; j < N; j++) {                              /* S_t, and y_t = S_t r_t */
-            const float wj = w[j], bj = bt[j], kj = kt[j], rj = rt[j];
-            float *row = St + j * N;
-            #pragma omp simd
-            for (int64_t i = 0; i < N; i++) {
-                row[i] = wj * row[i] + bj * sa[i] + kj * vt[i];
-                out[i] += rj * row[i];
-            }
-        }
+        if (ckpt && t % ck == 0)
+            memcpy(ckpt + (item * n_ckpt + t / ck) * N * N, St, N * N * sizeof(float));
+        bad |= wkv7_decays(N, log_w + off, k + off, v + off, a + off, b + off, w);
+        wkv7_step(N, St, w, k + off, v + off, a + off, b + off, r + off, sa, out);
         for (int64_t i = 0; i < N; i++)
             y[off + i] = poison(out[i], bad);
     }
     for (int64_t i = 0; i < N; i++)
         for (int64_t j = 0; j < N; j++)
             S[i * N + j] = poison(St[j * N + i], bad);
+    if (bad_out)
+        bad_out[item] = bad;
 }
 
 void wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
                   const float *r, const float *log_w, const float *k, const float *v, const float *a,
-                  const float *b, float *y, float *state, float *scratch)
+                  const float *b, float *y, float *state, int64_t ck, float *ckpt, int32_t *bad_out)
 {
+    float *St = scratch_floats(N * N);
     for (int64_t item = first; item < last; item++) {
         if (N == 64)   /* RWKV-7's head size: with N a constant the compiler unrolls the rows (1.35x measured) */
-            wkv7_item(item, T, H, 64, r, log_w, k, v, a, b, y, state, scratch);
+            wkv7_item(item, T, H, 64, r, log_w, k, v, a, b, y, state, St, ck, ckpt, bad_out);
         else
-            wkv7_item(item, T, H, N, r, log_w, k, v, a, b, y, state, scratch);
+            wkv7_item(item, T, H, N, r, log_w, k, v, a, b, y, state, St, ck, ckpt, bad_out);
     }
+    free(St);
+}
+
+/* The backward of wkv7_forward, kernels/wkv7.py's Triton backward with G = dL/dS_t (kept transposed, Gt[key][value],
+ * like the state): for each chunk of ck steps from the last, re-run it forward from its checkpoint keeping S_{t-1}
+ * of every step, then walk it back:
+ *     G += dy_t r_t^T;  dr_t = S_t^T dy_t;  dv_t = G k_t;  dk_t = G^T v_t;  q = G b_t;  db_t = G^T (S_{t-1} a_t);
+ *     da_t = S_{t-1}^T q;  dlog_w_t = w_t * colsum(G * S_{t-1});  G <- G diag(w_t) + q a_t^T   (= dL/dS_{t-1})
+ * with dr_t = w_t (S_{t-1}^T dy_t) + b_t (sa . dy_t) + k_t (v_t . dy_t), S_t expanded as the Triton kernel does.
+ * In the transposed layout the sums over values (the key-vector gradients) are dot products of rows, and the sums
+ * over keys (sa, q, dv) sums of rows scaled by numbers. dy (B, T, H, N); dstate (B, H, N, N): the cotangent of the
+ * last state. Out: dr, dlog_w, dk, dv, da, db (B, T, H, N), dstate0 (B, H, N, N). A work item is a (batch, head)
+ * pair, which writes its own outputs alone; a head that met a non-finite input has NaN gradients. */
+static inline __attribute__((always_inline)) void wkv7_backward_item(
+    int64_t item, int64_t T, int64_t H, int64_t N, const float *r, const float *log_w, const float *k,
+    const float *v, const float *a, const float *b, const float *dy, const float *dstate, int64_t ck,
+    const float *ckpt, const int32_t *bad_in, float *dr, float *dlog_w, float *dk, float *dv, float *da, float *db,
+    float *dstate0, float *Gt, float *history)
+{
+    const int64_t bi = item / H, h = item % H, n_ckpt = (T + ck - 1) / ck;
+    const int32_t bad = bad_in[item];
+    float w[N], sa[N], q[N], gv[N], unused[N];
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < N; j++)
+            Gt[j * N + i] = dstate[(item * N + i) * N + j];
+    for (int64_t c = n_ckpt - 1; c >= 0; c--) {
+        const int64_t t0 = c * ck, L = T - t0 < ck ? T - t0 : ck;
+        memcpy(history, ckpt + (item * n_ckpt + c) * N * N, N * N * sizeof(float));
+        for (int64_t l = 0; l + 1 < L; l++) {                      /* history[l] = S_{t0 + l - 1}, transposed */
+            const int64_t off = ((bi * T + t0 + l) * H + h) * N;
+            float *St = history + (l + 1) * N * N;
+            memcpy(St, St - N * N, N * N * sizeof(float));
+            wkv7_decays(N, log_w + off, k + off, v + off, a + off, b + off, w);
+            wkv7_step(N, St, w, k + off, v + off, a + off, b + off, NULL, sa, unused);
+        }
+        for (int64_t l = L - 1; l >= 0; l--) {
+            const int64_t off = ((bi * T + t0 + l) * H + h) * N;
+            const float *Sp = history + l * N * N;
+            const float *rt = r + off, *kt = k + off, *vt = v + off, *at = a + off, *bt = b + off, *dyt = dy + off;
+            wkv7_decays(N, log_w + off, kt, vt, at, bt, w);
+            for (int64_t i = 0; i < N; i++)
+                sa[i] = q[i] = gv[i] = 0.0f;
+            for (int64_t j = 0; j < N; j++) {      /* sa = S_{t-1} a;  G += dy r^T;  q = G b;  dv = G k */
+                const float aj = at[j], rj = rt[j], bj = bt[j], kj = kt[j], *rowS = Sp + j * N;
+                float *rowG = Gt + j * N;
+                #pragma omp simd
+                for (int64_t i = 0; i < N; i++) {
+                    sa[i] += aj * rowS[i];
+                    rowG[i] += rj * dyt[i];
+                    q[i] += bj * rowG[i];
+                    gv[i] += kj * rowG[i];
+                }
+            }
+            float sa_dy = 0.0f, v_dy = 0.0f;
+            #pragma omp simd reduction(+:sa_dy, v_dy)
+            for (int64_t i = 0; i < N; i++) {
+                sa_dy += sa[i] * dyt[i];
+                v_dy += vt[i] * dyt[i];
+            }
+            for (int64_t j = 0; j < N; j++) {      /* the key-vector gradients, then G <- G diag(w) + q a^T */
+                const float *rowS = Sp + j * N, wj = w[j], aj = at[j];
+                float *rowG = Gt + j * N, gs = 0.0f, g_v = 0.0f, g_sa = 0.0f, s_q = 0.0f, s_dy = 0.0f;
+                #pragma omp simd reduction(+:gs, g_v, g_sa, s_q, s_dy)
+                for (int64_t i = 0; i < N; i++) {
+                    gs += rowG[i] * rowS[i];
+                    g_v += rowG[i] * vt[i];
+                    g_sa += rowG[i] * sa[i];
+                    s_q += rowS[i] * q[i];
+                    s_dy += rowS[i] * dyt[i];
+                }
+                #pragma omp simd
+                for (int64_t i = 0; i < N; i++)
+                    rowG[i] = wj * rowG[i] + aj * q[i];
+                dr[off + j] = poison(wj * s_dy + bt[j] * sa_dy + kt[j] * v_dy, bad);
+                dlog_w[off + j] = poison(wj * gs, bad);
+                dk[off + j] = poison(g_v, bad);
+                da[off + j] = poison(s_q, bad);
+                db[off + j] = poison(g_sa, bad);
+            }
+            for (int64_t i = 0; i < N; i++)
+                dv[off + i] = poison(gv[i], bad);
+        }
+    }
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < N; j++)
+            dstate0[(item * N + i) * N + j] = poison(Gt[j * N + i], bad);
+}
+
+void wkv7_backward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
+                   const float *r, const float *log_w, const float *k, const float *v, const float *a,
+                   const float *b, const float *dy, const float *dstate, int64_t ck, const float *ckpt,
+                   const int32_t *bad, float *dr, float *dlog_w, float *dk, float *dv, float *da, float *db,
+                   float *dstate0)
+{
+    float *Gt = scratch_floats((ck + 1) * N * N), *history = Gt + N * N;
+    for (int64_t item = first; item < last; item++) {
+        if (N == 64)
+            wkv7_backward_item(item, T, H, 64, r, log_w, k, v, a, b, dy, dstate, ck, ckpt, bad, dr, dlog_w, dk, dv,
+                               da, db, dstate0, Gt, history);
+        else
+            wkv7_backward_item(item, T, H, N, r, log_w, k, v, a, b, dy, dstate, ck, ckpt, bad, dr, dlog_w, dk, dv,
+                               da, db, dstate0, Gt, history);
+    }
+    free(Gt);
 }

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from seqmix.kernels import native
+from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (accumulation_dtype, check_devices, check_same_dtype, check_tensor, needs_grad,
                                     new_output, tl, triton)
@@ -396,7 +396,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     device = check_devices(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias, state=state)
     dtype = check_same_dtype(u=u, delta=delta, B=B, C=C, z=z)
     grad = needs_grad(u, delta, A, B, C, D, z, delta_bias, state)
-    backend = resolve_backend(backend, device, "selective_scan", dtype, grad)
+    backend = resolve_backend(backend, device, "selective_scan", dtype)
     check_backend_dtype(backend, dtype)
     compute = accumulation_dtype(dtype)
     for name, x in (("A", A), ("D", D), ("delta_bias", delta_bias)):
@@ -407,8 +407,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
                         f"got {state.dtype}")
 
     if backend == "c":   # the whole op in the loop: bias, softplus, scan, skip and gate
-        y, last = native.selective_scan_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state)
-        return y.to(dtype), last
+        return native_autograd.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state, grad)
     dt = delta.to(compute)
     if delta_bias is not None:
         dt = dt + delta_bias.to(compute)[:, None]

@@ -57,7 +57,7 @@ from collections import namedtuple
 
 import torch
 
-from seqmix.kernels import native
+from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (accumulation_dtype, check_devices, check_same_dtype, check_tensor, needs_grad,
                                     new_output, tl, triton)
@@ -426,7 +426,7 @@ def wkv4(w, u, k, v, state=None, backend=None):
                       for i, (name, s) in enumerate(zip(("num", "den", "max"), state)))
     device = check_devices(w=w, u=u, k=k, v=v, **({} if state is None else dict(zip(("num", "den", "max"), state))))
     grad = needs_grad(w, u, k, v, *(state or ()))
-    backend = resolve_backend(backend, device, "wkv4", dtype, grad)
+    backend = resolve_backend(backend, device, "wkv4", dtype)
     check_backend_dtype(backend, dtype)
     if torch.isnan(w).any() or (w > 0).any():
         raise ValueError("w is the per-step log decay, w = -exp(time_decay): every entry must be <= 0 and not NaN; "
@@ -441,8 +441,7 @@ def wkv4(w, u, k, v, state=None, backend=None):
         y, new_state = _torch_wkv4(*(x.to(state_dtype) for x in (w, u, k, v)), *state)
         return y.to(dtype), new_state
     if backend == "c":
-        y, new_state = native.wkv4_forward(w, u, k, v, *state)
-        return y.to(dtype), new_state
+        return native_autograd.wkv4(w, u, k, v, state, grad)
     args = (w.contiguous(), u.contiguous(), k.contiguous(), v.contiguous(), *(s.contiguous() for s in state))
     if grad:
         y, *new_state = _TritonWkv4.apply(*args)

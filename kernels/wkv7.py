@@ -59,7 +59,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from seqmix.kernels import native
+from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (accumulation_dtype, check_devices, check_same_dtype, check_tensor, needs_grad,
                                     new_output, tl, triton)
@@ -542,7 +542,7 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None, chunked=False):
     dtype = check_same_dtype(r=r, log_w=log_w, k=k, v=v, a=a, b=b)
     device = check_devices(r=r, log_w=log_w, k=k, v=v, a=a, b=b, state=state)
     grad = needs_grad(r, log_w, k, v, a, b, state)
-    backend = resolve_backend(backend, device, "wkv7", dtype, grad)
+    backend = resolve_backend(backend, device, "wkv7", dtype)
     if not isinstance(chunked, bool):
         raise TypeError(f"chunked must be True or False, got {chunked!r}")
     check_backend_dtype(backend, dtype)
@@ -555,8 +555,7 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None, chunked=False):
         y, state = _wkv7_torch(*(x.to(state_dtype) for x in (r, log_w, k, v, a, b)), state)
         return y.to(dtype), state
     if backend == "c":
-        y, state = native.wkv7_forward(r, log_w, k, v, a, b, state)
-        return y.to(dtype), state
+        return native_autograd.wkv7(r, log_w, k, v, a, b, state, grad)
     if N < 4 or N & (N - 1):
         raise ValueError(f"backend='triton' needs a head size N that is a power of two >= 4, got N = {N}")
     args = (*(x.contiguous() for x in (r, log_w, k, v, a, b)), None if state is None else state.contiguous())
