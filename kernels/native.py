@@ -27,6 +27,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import subprocess
 import tempfile
 import warnings
@@ -61,24 +62,57 @@ def _cpu_identity() -> str:
     return platform.machine() + (flags[0] if flags else platform.processor())
 
 
-def _build(compiler: str) -> Path:
-    """Compile native.c once per (source, flags, compiler, CPU) and return the shared library's path."""
+def compiler() -> list[str]:
+    """The C compiler command: ``$CC`` split as a shell would ("ccache gcc" is a command with an argument), else cc."""
+    return shlex.split(os.environ.get("CC", "")) or ["cc"]
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _intact(library_path: Path, checksum: Path) -> bool:
+    """Whether a cached library is whole: its checksum is the one its build recorded beside it. A file cut short (a
+    full disk, an interrupted copy) would otherwise be loaded, and the process killed by SIGBUS on its first call."""
     try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+        return checksum.read_text().strip() == _digest(library_path)
+    except (FileNotFoundError, NotADirectoryError):     # not built yet (or the cache is no directory: _build says)
+        return False
+    except OSError as e:
+        raise NativeUnavailable(f"cannot read the cached C library {library_path} ({e.strerror})") from None
+
+
+def _build(command: list[str]) -> Path:
+    """Compile native.c once per (source, flags, compiler, CPU) and return the shared library's path. The build goes
+    to a temporary file in the cache directory, renamed into place with its checksum: processes that build at once
+    (pytest beside a notebook kernel) each see a whole library or none, and a damaged one is built again."""
+    name = shlex.join(command)
+    try:
+        version = subprocess.run([*command, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        raise NativeUnavailable(f"no working C compiler {compiler!r} ({e}); install gcc or set CC") from None
+        raise NativeUnavailable(f"no working C compiler {name!r} ({e}); install gcc or set CC") from None
     key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version, _cpu_identity()]).encode()).hexdigest()
     cache = Path(os.environ.get("SEQMIX_CACHE", Path.home() / ".cache" / "seqmix"))
     target = cache / f"native-{key[:16]}.so"
-    if target.exists():
+    checksum = target.with_name(target.name + ".sha256")
+    if _intact(target, checksum):
         return target
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:     # built aside, then renamed: concurrent builds are safe
-        built = Path(tmp) / target.name
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise NativeUnavailable(f"{compiler} could not build {SOURCE.name}:\n{done.stderr[-2000:]}")
-        os.replace(built, target)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            built, built_checksum = Path(tmp, target.name), Path(tmp, checksum.name)
+            done = subprocess.run([*command, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise NativeUnavailable(f"C compiler {name!r} could not build {SOURCE.name}:\n{done.stderr[-2000:]}")
+            if not built.is_file():
+                raise NativeUnavailable(f"C compiler {name!r} reported success but wrote no {target.name}; "
+                                        "set CC to a C compiler")
+            built_checksum.write_text(_digest(built))
+            os.replace(built, target)
+            os.replace(built_checksum, checksum)
+    except OSError as e:
+        raise NativeUnavailable(f"cannot build the C library into the cache directory {cache} ({e.strerror or e}); "
+                                "set SEQMIX_CACHE to a writable directory") from None
     return target
 
 
@@ -89,7 +123,11 @@ def library() -> ctypes.CDLL:
         raise NativeUnavailable("the C loops are turned off by SEQMIX_NATIVE=0")
     if platform.system() == "Windows":
         raise NativeUnavailable("the C loops are built with a Unix C compiler; not on Windows")
-    lib = ctypes.CDLL(str(_build(os.environ.get("CC", "cc"))))
+    path = _build(compiler())
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise NativeUnavailable(f"cannot load the C library {path}: {e}") from None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.wkv4_forward.argtypes = [i64] * 5 + [ptr] * 16
     lib.wkv4_backward.argtypes = [i64] * 5 + [ptr] * 25
@@ -108,7 +146,7 @@ def unavailable_reason() -> str:
     """'' when the C loops build and load here, else why not."""
     try:
         library()
-    except (NativeUnavailable, OSError) as e:
+    except (NativeUnavailable, OSError) as e:     # OSError: native.c itself unreadable (the message names it)
         return str(e)
     return ""
 

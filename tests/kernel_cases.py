@@ -8,6 +8,8 @@ from seqmix.kernels._common import HAS_TRITON
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 # Parametrize a test over these: the Triton case is skipped where triton does not import.
 BACKENDS = ["torch", pytest.param("triton", marks=needs_triton)]
+# The recurrences (WKV-4, WKV-7, the selective scan) run on the C loops of kernels/native.c too, forward and backward.
+RECURRENCE_BACKENDS = [*BACKENDS, "c"]
 
 # The range of w_raw (log_w = -exp(w_raw)) per decay: "strong" (decays near 0.545, RWKV-7's strongest), "weak"
 # (near 1), "mixed", "extreme" (log_w down to -1e4: decays far below fp32's range, which wkv7's factored couplings

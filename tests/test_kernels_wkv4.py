@@ -1,4 +1,4 @@
-"""kernels/wkv4.py: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU).
+"""kernels/wkv4.py: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU) -> C loops.
 
 Outputs and final states are checked against reference/wkv4.py; gradients against float64 autograd through
 ``dense_wkv4`` below, which writes every exponent of the definition at once (no recurrence, no chunks), each row
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernel_cases import BACKENDS, needs_triton, spy
+from kernel_cases import RECURRENCE_BACKENDS, needs_triton, spy
 from seqmix.kernels import wkv4 as wkv4_module
 from seqmix.kernels._common import accumulation_dtype
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close, f64
@@ -104,7 +104,7 @@ def run_dense(w, u, k, v, state):
 SHAPES = [(1, 1, 3), (2, 7, 5), (1, 16, 4), (2, 37, 6)]   # T = 1; odd; one whole chunk; chunks and a remainder
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 @pytest.mark.parametrize("B,T,C", SHAPES)
 @pytest.mark.parametrize("with_state", [False, True])
 def test_matches_reference(rng, backend, B, T, C, with_state):
@@ -126,7 +126,7 @@ def test_dense_matches_reference(rng, key_scale):
     assert_all_close(("num", "den", "max"), (num, den, mx), state_ref, REFERENCE_BUDGET)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 @pytest.mark.parametrize("B,T,C,dtype", [(1, 1, 3, torch.float32), (2, 37, 6, torch.float32),
                                          (2, 21, 5, torch.float16)])
 def test_gradients(rng, backend, B, T, C, dtype):
@@ -146,7 +146,7 @@ def spiky_keys(rng, B, T, C):
     return k
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 @pytest.mark.parametrize("keys", ["uniform +-300", "250 + uniform +-1", "spikes of +-300"])
 def test_large_keys(rng, backend, keys):
     """Keys of several hundred: e^k overflows fp32 (and the plain sums overflow float64), the stable forms stay
@@ -169,7 +169,7 @@ def test_large_keys(rng, backend, keys):
     assert_all_close(GRAD_NAMES[:6], grads[:6], expected[:6], FP32_BUDGET)   # all but d/dmax0
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 @pytest.mark.parametrize("decays", ["steep", "near 1"])
 def test_extreme_decays(rng, backend, decays):
     """Steep: |w| spread as e^(2 N(0, 1) - 0.5) (0.01 to 13 with the tests' seed) and one channel at -1e4 (a decay of
@@ -183,7 +183,7 @@ def test_extreme_decays(rng, backend, decays):
     assert_state_close(new_state, state_ref, FP32_BUDGET, "final state")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 def test_split_equals_whole(rng, backend):
     """Fed in pieces with the returned state (random cut points) = fed whole = the reference."""
     B, T, C = 2, 39, 5
@@ -198,7 +198,7 @@ def test_split_equals_whole(rng, backend):
     assert_state_close(carried, state_ref, FP32_BUDGET, "state after the pieces")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 def test_state_is_hugging_faces(rng, backend):
     """Our state, handed to reference/wkv4.py (HF's layout and meaning), continues the sequence there."""
     B, T, C, cut = 2, 30, 4, 17
@@ -208,7 +208,7 @@ def test_state_is_hugging_faces(rng, backend):
     assert_close(y_rest, run_reference(w, u, k, v, None)[0][:, cut:], FP32_BUDGET, "continued in the reference")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 def test_fp16(rng, backend):
     w, u, k, v, state = make_inputs(rng, 2, 21, 5, dtype=torch.float16, with_state=True)
     y, new_state = wkv4(w, u, k, v, state, backend=backend)
@@ -266,7 +266,7 @@ def test_long_sequence_torch(rng, monkeypatch):
     assert redone_rows
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 def test_empty_sequence(rng, backend):
     w, u, k, v, state = make_inputs(rng, 2, 0, 3, with_state=True)
     y, new_state = wkv4(w, u, k, v, state, backend=backend)
