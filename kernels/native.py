@@ -309,7 +309,7 @@ def selective_scan_backward(u, delta, A, D, z, delta_bias, delta_softplus, saved
     du, ddelta, dz = _floats(batch, dim, T), _floats(batch, dim, T), None if z is None else _floats(batch, dim, T)
     dA, dstate = _floats(batch, dim, N), _floats(batch, dim, N)
     dD, dbias = _floats(batch, dim), _floats(batch, dim)
-    dB, dC = torch.zeros(batch, groups, T, N), torch.zeros(batch, groups, T, N)   # each group adds its channels
+    dB, dC = _floats(batch, groups, T, N), _floats(batch, groups, T, N)        # each group's channels' share
     _run(library().selective_scan_backward, batch * groups, batch * dim * T * N, dim, T, N, int(delta_softplus),
          per_group, *_pointers(u, delta, delta_bias, A, Bt, Ct, D, z), CHECKPOINT,
          *_pointers(ckpt, bad, dy, dlast, du, ddelta, dz, dA, dB, dC, dD, dbias, dstate))
