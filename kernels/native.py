@@ -1,17 +1,23 @@
-"""The C loops of kernels/native.c: the CPU inference path (backend="c") of wkv4, wkv7 and selective_scan.
+"""The C loops of kernels/native.c: the CPU path (backend="c") of wkv4, wkv7 and selective_scan, forward and backward.
 
 Why: on a CPU each recurrence costs a few multiply-adds and exponentials per element, and the chunked torch forms
 spend their time in about twenty eager passes over memory (benchmarks/README.md measures them). A loop that walks
 time once, vectorized over channels (WKV-4, the scan's groups of eight) or a head's values (WKV-7), does the work in
-one pass: the role the Triton kernels play on a GPU. These loops run the same formulas as the Triton forwards; they
-have no backward, so the ops take them only when no gradient is needed (backend=None picks them then; the chunked
-torch path runs otherwise).
+one pass: the role the Triton kernels play on a GPU. These loops run the same formulas as the Triton kernels, their
+backwards included: a forward that will be differentiated saves what its backward needs (WKV-4 three numbers per
+token; WKV-7 and the scan their state every CHECKPOINT steps), and the backward walks time in reverse.
+kernels/_native_autograd.py makes them autograd ops; backend=None takes them on CPU tensors, for inference and
+training alike.
 
-Built on first use with the system C compiler (``$CC``, else ``cc``) into a cache directory (``$SEQMIX_CACHE``,
-else ``~/.cache/seqmix``), keyed by the source, the flags, the compiler and the CPU (the build uses -march=native),
-and loaded with ctypes, whose calls release the GIL: work items (rows of the outer loops) are split over
-``torch.get_num_threads()`` threads. ``SEQMIX_NATIVE=0`` turns the path off. Every function takes CPU tensors of
-any float dtype and layout and hands the loops contiguous fp32 copies where needed; outputs and states are fp32.
+Built on first use with the system C compiler (``$CC``, split as a shell splits it, else ``cc``) into a cache
+directory (``$SEQMIX_CACHE``, else ``~/.cache/seqmix``), keyed by the source, the flags, the compiler and the CPU
+(the build uses -march=native), with a checksum beside it that is checked before every load; and loaded with ctypes,
+whose calls release the GIL. Threads: ``torch.set_num_threads(n)`` (or ``OMP_NUM_THREADS`` at start) sets torch's
+threads and these loops' alike: work items (rows of the outer loops) are split over ``torch.get_num_threads()``
+threads at each call. Every work item writes outputs of its own, and the sums over work items (the parameter
+gradients' sums over batch rows) run afterwards in a fixed order (``sum_rows``), so results are the same bits with
+any number of threads. ``SEQMIX_NATIVE=0`` turns the path off. Every function takes CPU tensors of any float dtype
+and layout and hands the loops contiguous fp32 copies where needed; outputs, states and gradients are fp32.
 
 Flags: -O3 -march=native; -fno-math-errno and -fno-trapping-math (exp never sets errno, nothing traps);
 -ffinite-math-only and -fno-signed-zeros, which GCC needs to turn the loops' comparisons into vector min/max and
@@ -153,7 +159,8 @@ def unavailable_reason() -> str:
 
 @lru_cache(maxsize=None)
 def _warn_once(reason: str) -> None:
-    warnings.warn(f"kernels: the C loops are not available, so CPU inference runs the slower torch backend: {reason}",
+    warnings.warn(f"kernels: the C loops are not available, so the recurrences run the slower torch backend on CPU: "
+                  f"{reason}",
                   RuntimeWarning, stacklevel=4)
 
 

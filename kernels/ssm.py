@@ -11,8 +11,8 @@ returned last_state (batch, D, N). The float64 truth is reference/ssm.py (`selec
 (arXiv:2312.00752), section 3 and Algorithm 2.
 
 How it is split up. delta_bias, softplus, the skip D u and the gate are elementwise over (batch, D, T) and run as
-ordinary torch ops on the torch and Triton backends (autograd differentiates them); the C loop of kernels/native.c
-(backend="c", CPU inference, forward only) does them, and the scan, in its one pass. The scan proper,
+ordinary torch ops on the torch and Triton backends (autograd differentiates them); the C loops of kernels/native.c
+(backend="c", CPU) do them, and the scan, in their one pass forward and one backward. The scan proper,
 (u, delta, A, B, C, state) -> (C_t . x_t, last state), is one torch.autograd.Function with two implementations:
 
 - torch: chunks of CHUNK_LEN tokens, grouped into blocks of up to BLOCK_ELEMENTS per (tokens, batch, D, N) tensor
@@ -370,9 +370,9 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     Returns (y (batch, D, T) in the input dtype, last_state (batch, D, N) fp32, float64 for float64 inputs); feed
     last_state back as state to continue the sequence. u, delta, B, C, z share one dtype (fp32, fp16, bf16, or
     float64 on the torch backend); A, D, delta_bias take that dtype or fp32. backend: None (Triton for CUDA tensors;
-    on CPU the C loop when no gradient is wanted and it builds, torch otherwise), "torch", "c" (kernels/native.c,
-    CPU, forward only) or "triton" (on CPU tensors the Triton interpreter, TRITON_INTERPRET=1).
-    Differentiable in every tensor argument on the torch and Triton backends.
+    on CPU the C loop where it builds, torch otherwise), "torch", "c" (kernels/native.c, CPU) or "triton" (on CPU
+    tensors the Triton interpreter, TRITON_INTERPRET=1).
+    Differentiable in every tensor argument on every backend.
     Source: Mamba (arXiv:2312.00752), Algorithm 2.
     """
     check_tensor("u", u, (None, None, None))

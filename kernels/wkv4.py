@@ -1,5 +1,5 @@
 """RWKV-4's WKV operator: a chunked torch path and Triton forward/backward kernels, exact for keys of any size
-(and, for CPU inference, the Triton forward's recurrence as a C loop: kernels/native.py).
+(and, on a CPU, the Triton kernels' recurrences as C loops, forward and backward: kernels/native.py).
 
     wkv_t = (sum_{i<t} e^{(t-1-i) w + k_i} v_i + e^{u + k_t} v_t) / (sum_{i<t} e^{(t-1-i) w + k_i} + e^{u + k_t})
 
@@ -407,8 +407,8 @@ def wkv4(w, u, k, v, state=None, backend=None):
     w, u: (C,), w = -exp(time_decay) <= 0; k, v: (B, T, C); all fp32, fp16, bf16 (or float64 on the torch
     backend), one dtype. state: (num, den, max), each (B, C), fp32 (float64 for float64 inputs), HF's layout;
     None starts from (0, 0, -1e38). Returns (wkv (B, T, C) in the input dtype, (num, den, max)).
-    backend: "torch", "triton", "c" (kernels/native.c, CPU, forward only) or None (Triton for CUDA tensors; on
-    CPU the C loop when no gradient is wanted and it builds, torch otherwise).
+    backend: "torch", "triton", "c" (kernels/native.c, CPU) or None (Triton for CUDA tensors; on CPU the C loop
+    where it builds, torch otherwise).
     Source: the attention section of https://huggingface.co/docs/transformers/model_doc/rwkv.
     """
     k = check_tensor("k", k, (None, None, None))

@@ -1,5 +1,5 @@
 """RWKV-7's WKV (the generalized delta rule): a chunked torch path and Triton forward/backward kernels, with autograd
-(and, for CPU inference, the recurrence as a C loop: kernels/native.py).
+(and, on a CPU, the recurrence and its backward as C loops: kernels/native.py).
 
     S_t = S_{t-1} diag(w_t) + (S_{t-1} a_t) b_t^T + v_t k_t^T,   w_t = exp(log_w_t),   y_t = S_t r_t
 
@@ -523,14 +523,13 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None, chunked=False):
     state: (B, H, N, N) indexed [value, key], fp32 (float64 with float64 inputs), zeros when None.
     Returns (y, state): y (B, T, H, N) in the input dtype, the state after the last step (B, H, N, N), fp32 (float64
     for float64 inputs). Feeding a sequence in pieces, each with the state the last returned, gives the same as
-    feeding it whole. backend: None (Triton for CUDA tensors; on CPU the C loop when no gradient is wanted and it
-    builds, torch otherwise), "torch", "c" (kernels/native.c, CPU, forward only) or "triton" (on CPU tensors it
-    needs TRITON_INTERPRET=1 before triton is imported); the Triton backend needs N a power of two
-    >= 4. chunked (Triton backend; the torch backend is always chunked): run the forward as the chunked WY form,
+    feeding it whole. backend: None (Triton for CUDA tensors; on CPU the C loop where it builds, torch otherwise),
+    "torch", "c" (kernels/native.c, CPU) or "triton" (on CPU tensors it needs TRITON_INTERPRET=1 before triton is
+    imported); the Triton backend needs N a power of two >= 4. chunked (Triton backend; the torch backend is always chunked): run the forward as the chunked WY form,
     T / 16 serial steps of (16, 16) tile products instead of T steps (about 2.4x the arithmetic at N = 64), where it
     applies (N >= 16, every chunk's log decays within RANGE, as RWKV-7's always are); the sequential kernel runs the
     rest. Not timed on a GPU here: which is faster depends on the GPU, the batch and T. The backward is the same.
-    Differentiable on the torch and Triton backends with respect to every input and the initial state.
+    Differentiable on every backend with respect to every input and the initial state.
     Source: the RWKV-7 post https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 and arXiv:2503.14456.
     """
     check_tensor("r", r, (None, None, None, None))

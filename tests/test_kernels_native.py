@@ -1,6 +1,7 @@
-"""kernels/native.c (backend="c"): the C loops against the float64 references, on outputs and final states (they
-have no backward), over the chain's awkward cases: T = 1, odd sizes, initial states, sequences fed in pieces,
-extreme inputs, fp16 and bf16 inputs, work split over threads; and how backend=None chooses them."""
+"""kernels/native.c (backend="c"): the C loops against the float64 truths the op tests use, on outputs, final states
+and every gradient, over the chain's awkward cases: T = 1, odd sizes, initial states, sequences fed in pieces, extreme
+inputs, fp16 and bf16 inputs, work split over 1 and 3 threads (the same bits); NaN in, NaN out; how backend=None
+chooses them; the build and its cache; and issue 13's edge cases of the C loops."""
 import multiprocessing
 import os
 import shutil
@@ -282,13 +283,27 @@ def test_same_numbers_whatever_the_threads(rng, monkeypatch):
         torch.set_num_threads(before)
 
 
+def test_torch_threads_are_the_loops_threads(monkeypatch):
+    """One setting for both: torch.set_num_threads(n) splits each C call into n ranges of work items."""
+    monkeypatch.setattr(native, "SERIAL_WORK", 0)
+    before, ranges = torch.get_num_threads(), []
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            ranges.clear()
+            native._run(lambda first, last: ranges.append((first, last)), 10, 10)
+            assert sorted(ranges) == [(10 * i // n, 10 * (i + 1) // n) for i in range(n)]
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.usefixtures("threads")
 def test_default_backend_without_the_c_loops(rng, monkeypatch):
     """Where they cannot be built, None takes the torch backend (and says so once) and "c" says why."""
     monkeypatch.setattr(native, "unavailable_reason", lambda: "no C compiler here")
     native._warn_once.cache_clear()
     calls = small_calls(rng)
-    with pytest.warns(RuntimeWarning, match="runs the slower torch backend: no C compiler here") as caught:
+    with pytest.warns(RuntimeWarning, match="run the slower torch backend on CPU: no C compiler here") as caught:
         outputs = [tree_leaves(call(None, False)) for _, call in calls]
     assert len(caught) == 1
     for (name, call), got_outputs in zip(calls, outputs):
