@@ -248,9 +248,9 @@ def small_calls(rng, T=6, batch=2):
     return [(name, call(inputs, run)) for name, inputs, run in runs]
 
 
-def outputs_and_gradients(call):
-    """The outputs of call("c", True) and the gradients of a fixed random weighting of them."""
-    outputs, leaves = call("c", True)
+def outputs_and_gradients(call, backend="c"):
+    """The outputs of call(backend, True) and the gradients of a fixed random weighting of them."""
+    outputs, leaves = call(backend, True)
     outputs = tree_leaves(outputs)
     weights = [torch.randn(o.shape, generator=torch.Generator().manual_seed(i)) for i, o in enumerate(outputs)]
     grads = torch.autograd.grad(sum((o * g).sum() for o, g in zip(outputs, weights)), leaves)
@@ -281,6 +281,15 @@ def test_same_numbers_whatever_the_threads(rng, monkeypatch):
                 assert all(torch.equal(a, b) for a, b in zip(run, runs[0])), name
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS[:2])
+def test_gradients_agree_with_the_other_backends(rng, backend):
+    """Outputs and gradients of the C loops against the torch and Triton backends', call by call (each is checked
+    against float64 autograd of the definitions elsewhere; this compares the implementations directly)."""
+    for name, call in small_calls(rng, T=21):
+        got, want = outputs_and_gradients(call, "c"), outputs_and_gradients(call, backend)
+        assert_all_close(range(len(want)), got, want, FP32_BUDGET, name)
 
 
 def test_torch_threads_are_the_loops_threads(monkeypatch):
