@@ -12,9 +12,14 @@ import torch
 from seqmix.kernels import native
 
 
-def _grads_as(grads, inputs):
+def _dtypes(*inputs):
+    """The inputs' dtypes (None for an input left out), for the gradients."""
+    return tuple(None if x is None else x.dtype for x in inputs)
+
+
+def _grads_as(grads, dtypes):
     """Each gradient in its input's dtype; None where the input is None."""
-    return tuple(None if x is None else g.to(x.dtype) for g, x in zip(grads, inputs))
+    return tuple(None if dtype is None else g.to(dtype) for g, dtype in zip(grads, dtypes))
 
 
 class Wkv4CFunction(torch.autograd.Function):
@@ -25,14 +30,14 @@ class Wkv4CFunction(torch.autograd.Function):
         fp32 = [native.fp32(x) for x in (w, u, k, v, num0, den0, max0)]
         y, state, saved = native.wkv4_forward(*fp32, save=True)
         ctx.save_for_backward(*fp32, *state[:2], *saved)
-        ctx.inputs = (w, u, k, v, num0, den0, max0)
+        ctx.dtypes = _dtypes(w, u, k, v, num0, den0, max0)
         return (y.to(k.dtype), *state)
 
     @staticmethod
     def backward(ctx, gy, g_num, g_den, g_max):
         w, u, k, v, num0, den0, max0, num, den, *saved = ctx.saved_tensors
         grads = native.wkv4_backward(w, u, k, v, num0, den0, max0, num, den, saved, gy, g_num, g_den, g_max)
-        return _grads_as(grads, ctx.inputs)
+        return _grads_as(grads, ctx.dtypes)
 
 
 class Wkv7CFunction(torch.autograd.Function):
@@ -43,13 +48,13 @@ class Wkv7CFunction(torch.autograd.Function):
         fp32 = [native.fp32(x) for x in (r, log_w, k, v, a, b)]
         y, state, saved = native.wkv7_forward(*fp32, state0, save=True)
         ctx.save_for_backward(*fp32, *saved)
-        ctx.inputs = (r, log_w, k, v, a, b, state0)
+        ctx.dtypes = _dtypes(r, log_w, k, v, a, b, state0)
         return y.to(r.dtype), state
 
     @staticmethod
     def backward(ctx, dy, dstate):
         *x, ckpt, bad = ctx.saved_tensors
-        return _grads_as(native.wkv7_backward(*x, (ckpt, bad), dy, dstate), ctx.inputs)
+        return _grads_as(native.wkv7_backward(*x, (ckpt, bad), dy, dstate), ctx.dtypes)
 
 
 class SelectiveScanCFunction(torch.autograd.Function):
@@ -61,7 +66,7 @@ class SelectiveScanCFunction(torch.autograd.Function):
         fp32 = [native.fp32(x) for x in (u, delta, A, D, z, delta_bias)]
         y, last, saved = native.selective_scan_forward(*fp32[:3], B, C, *fp32[3:], delta_softplus, state0, save=True)
         ctx.save_for_backward(*fp32, *saved)
-        ctx.inputs, ctx.delta_softplus = (u, delta, A, B, C, D, z, delta_bias, state0), delta_softplus
+        ctx.dtypes, ctx.delta_softplus = _dtypes(u, delta, A, B, C, D, z, delta_bias, state0), delta_softplus
         return y.to(u.dtype), last
 
     @staticmethod
@@ -69,7 +74,7 @@ class SelectiveScanCFunction(torch.autograd.Function):
         u, delta, A, D, z, delta_bias, *saved = ctx.saved_tensors
         du, ddelta, dA, dB, dC, dD, dz, dbias, dstate = native.selective_scan_backward(
             u, delta, A, D, z, delta_bias, ctx.delta_softplus, saved, dy, dlast)
-        return (*_grads_as((du, ddelta, dA, dB, dC, dD, dz, dbias, dstate), ctx.inputs), None)
+        return (*_grads_as((du, ddelta, dA, dB, dC, dD, dz, dbias, dstate), ctx.dtypes), None)
 
 
 def wkv4(w, u, k, v, state, grad):

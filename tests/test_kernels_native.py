@@ -25,7 +25,8 @@ from seqmix.kernels.wkv7 import wkv7
 from test_kernels_ssm import (CASES as SCAN_CASES, case_inputs, check_against_truth as scan_against_truth,
                               cotangents_for, make_inputs as scan_inputs)
 from test_kernels_wkv7 import GRAD_NAMES as WKV7_GRAD_NAMES, check_against_truth as wkv7_against_truth
-from test_kernels_wkv4 import (GRAD_NAMES as WKV4_GRAD_NAMES, assert_state_close, loss_weights as wkv4_loss_weights,
+from test_kernels_wkv4 import (GRAD_NAMES as WKV4_GRAD_NAMES, assert_state_close, check_forward as check_wkv4_forward,
+                               loss_weights as wkv4_loss_weights,
                                make_inputs as wkv4_inputs, run_dense as wkv4_dense, run_reference as wkv4_reference,
                                with_grads as wkv4_with_grads)
 
@@ -80,11 +81,8 @@ def check_wkv4(rng, w, u, k, v, state, budget, grads=WKV4_GRAD_NAMES):
     """Output and final state against the reference, then the gradients named by ``grads`` (of a loss on y and on
     what the final state represents) against float64 autograd of the definition; ``state`` None starts empty."""
     B, T, C = k.shape
-    y, new_state = wkv4(w, u, k, v, state, backend="c")
-    y_ref, state_ref = wkv4_reference(w, u, k, v, state)
+    y, new_state = check_wkv4_forward(w, u, k, v, state, "c", budget)
     assert y.dtype == k.dtype and all(s.dtype == torch.float32 and s.shape == (B, C) for s in new_state)
-    assert_close(y, y_ref, budget, "y")
-    assert_state_close(new_state, state_ref, budget, "final state")
     state = state or (torch.zeros(B, C), torch.zeros(B, C), torch.full((B, C), INITIAL_MAX))
     gy, g_state = wkv4_loss_weights(rng, B, T, C, invariant=True)
     gy = gy.to(k.dtype).double()                       # what reaches the op: dL/dy in y's dtype
@@ -389,11 +387,8 @@ def test_wkv4_state_max_of_minus_inf(rng, backend):
     """D6: a state max of -inf means "nothing seen yet" (num = den = 0), as (0, 0, -1e38) does; the C loop made it
     all NaN. Every backend gives the reference's answer."""
     w, u, k, v, _ = wkv4_inputs(rng, 2, 9, 5)
-    empty = (torch.zeros(2, 5), torch.zeros(2, 5), torch.full((2, 5), -float("inf")))
-    y, new_state = wkv4(w, u, k, v, empty, backend=backend)
-    y_ref, state_ref = wkv4_reference(w, u, k, v, empty)
-    assert_close(y, y_ref, FP32_BUDGET, "y")
-    assert_state_close(new_state, state_ref, FP32_BUDGET, "final state")
+    check_wkv4_forward(w, u, k, v, (torch.zeros(2, 5), torch.zeros(2, 5), torch.full((2, 5), -float("inf"))),
+                       backend)
 
 
 @pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
@@ -402,10 +397,7 @@ def test_wkv4_key_of_minus_inf(rng, backend):
     there on. Every backend gives the reference's answer."""
     w, u, k, v, state = wkv4_inputs(rng, 2, 9, 5, with_state=True)
     k[1, 4, 2] = -float("inf")
-    y, new_state = wkv4(w, u, k, v, state, backend=backend)
-    y_ref, state_ref = wkv4_reference(w, u, k, v, state)
-    assert_close(y, y_ref, FP32_BUDGET, "y")
-    assert_state_close(new_state, state_ref, FP32_BUDGET, "final state")
+    check_wkv4_forward(w, u, k, v, state, backend)
 
 
 def test_wkv7_nan_in_r_reaches_y_t_alone(rng):

@@ -50,6 +50,15 @@ def assert_state_close(state, expected, budget, what):
     assert_close(mx, expected[2], budget, f"{what}: max")
 
 
+def check_forward(w, u, k, v, state, backend, budget=FP32_BUDGET):
+    """wkv4 on ``backend`` against the reference: the output and what the final state represents."""
+    y, new_state = wkv4(w, u, k, v, state, backend=backend)
+    y_ref, state_ref = run_reference(w, u, k, v, state)
+    assert_close(y, y_ref, budget, "y")
+    assert_state_close(new_state, state_ref, budget, "final state")
+    return y, new_state
+
+
 def dense_wkv4(w, u, k, v, state):
     """float64 torch, differentiable: for every query time t (and t = T for the final state) all exponents at once,
 
@@ -177,10 +186,7 @@ def test_extreme_decays(rng, backend, decays):
     sequence."""
     w, u, k, v, state = make_inputs(rng, 2, 35, 7, decay_scale=2.0, with_state=True)
     w = torch.cat([w[:-1], torch.tensor([-1e4])]) if decays == "steep" else w * 1e-6 / w.abs().mean()
-    y, new_state = wkv4(w, u, k, v, state, backend=backend)
-    y_ref, state_ref = run_reference(w, u, k, v, state)
-    assert_close(y, y_ref, FP32_BUDGET, "y")
-    assert_state_close(new_state, state_ref, FP32_BUDGET, "final state")
+    check_forward(w, u, k, v, state, backend)
 
 
 @pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
