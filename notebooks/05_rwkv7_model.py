@@ -225,8 +225,10 @@ def value_residual(p, v, v_first, xv):
 # %%
 B, T = 2, 8
 ids = rng.integers(0, V, (B, T))
-# noqa: E731
-ln = lambda z_, name: ref.layer_norm(z_, params[f"{name}.weight"], params[f"{name}.bias"])
+
+def ln(z_, name):
+    # The layer norm named `name` (its weight and bias from params), over the last axis.
+    return ref.layer_norm(z_, params[f"{name}.weight"], params[f"{name}.bias"])
 
 def v_first_of(ids):
     # layer 0's time-mix input
@@ -384,7 +386,8 @@ def channel_mix(p, x, x_prev):
 
 # %% tags=["nbval-check-output"]
 names = ("channel mix vs reference.channel_mix", "its new token-shift state")
-for what, actual, expected in zip(names, channel_mix(ffn1, x1, x_prev1), ref.channel_mix(ffn1, x1, x_prev1)):
+ours, theirs = channel_mix(ffn1, x1, x_prev1), ref.channel_mix(ffn1, x1, x_prev1)
+for what, actual, expected in zip(names, ours, theirs):
     check(what, actual, expected, REFERENCE_BUDGET)
 
 # %% [markdown]

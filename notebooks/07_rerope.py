@@ -439,7 +439,7 @@ def row_entropy(i, scale_q):
     p /= p.sum(axis=1, keepdims=True)
     return -(p * np.log(p)).sum(axis=1).mean()
 
-fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), constrained_layout=True)
 axes[0].semilogx(np.arange(1, T_long + 1), factor)
 axes[0].axvline(L_short, color="gray", ls=":", label=f"training length L = {L_short}")
 axes[0].set_xlabel("position n (1-based)")
