@@ -664,7 +664,7 @@ print("the post's a, b: some layer past 1e6 or not finite:", bool(~np.isfinite(p
                                                                    np.nanmax(post_sizes) > 1e6))
 
 # %% [markdown]
-# **"Low-rank"?** The post calls $S_t$ "a low-rank state matrix". From a zero state each token adds at most one to its
+# **"Low-rank"? (erratum 20)** The post calls $S_t$ "a low-rank state matrix". From a zero state each token adds at most one to its
 # rank (the transition $\mathrm{diag}(w) + ab^\top$ does not raise it, the write $v\tilde k^\top$ adds one), so for the
 # first $N - 1$ tokens it is low-rank; after that it is full rank, $N$, like any generic matrix. What is low-rank in
 # RWKV-7 are the LoRA maps that make $\omega$, $\alpha$, $g$ and the value-residual gate, and the *change* each
