@@ -326,7 +326,8 @@ for ax, (kind, title) in zip(axes, KINDS.items()):
     ax.set_ylim(-1.6, 1.6)
     ax.set_aspect("equal")
     ax.text(0.02, 0.03, f"{(np.abs(e) > 1).mean():.0%} outside the unit disc\n"
-            f"real parts from {e.real.min():.2g} to {e.real.max():.2g}", transform=ax.transAxes, fontsize=8)
+            f"real parts from {e.real.min():.2g} to {e.real.max():.2g}",
+            transform=ax.transAxes, fontsize=8)
 axes[0].legend(loc="upper left", fontsize=8)
 fig.suptitle(r"eigenvalues of 400 transitions diag(w) + a b$^\top$ each (N = 8)")
 plt.show()
@@ -444,8 +445,9 @@ check("step 1: S_i unrolled, with the recurrence's u_i, vs the recurrence",
 # %%
 def coupling(x_, y_):
     # (A_xy)_ij = sum_n x_in y_jn e^{c_{i-1,n} - c_{j,n}} for j < i, 0 elsewhere: (L, L).
-    full = np.einsum("in,jn,ijn->ij", x_, y_, np.exp(c_prev[:, None, :] - c[None, :, :]))
-    return np.tril(full, -1)
+    below = np.tril(np.ones((L, L), dtype=bool), -1)[:, :, None]         # j < i
+    exponent = np.where(below, c_prev[:, None, :] - c[None, :, :], -np.inf)   # <= 0 where used
+    return np.einsum("in,jn,ijn->ij", x_, y_, np.exp(exponent))
 
 A_ab, A_ak = coupling(a, b), coupling(a, k_c)
 A_tilde = a * np.exp(c_prev)                                           # (L, N) rows a_i e^{c_{i-1}}
