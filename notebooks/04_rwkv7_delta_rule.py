@@ -106,7 +106,8 @@ print("reading it with r orthogonal to k returns 0:",
 
 # %%
 def rwkv7_inputs(B, T, H, N):
-    # r, log_w, k, v, a, b as RWKV-7 makes them: log_w = -exp(omega), omega < -0.5; a = -kk, b = kk * alpha.
+    # r, log_w, k, v, a, b as RWKV-7 makes them: log_w = -exp(omega), omega < -0.5; a = -kk, b = kk
+    # * alpha.
     r, k, v = (rng.standard_normal((B, T, H, N)) for _ in range(3))
     omega = -0.5 - np.logaddexp(0.0, rng.normal(2.0, 2.0, (B, T, H, N)))   # soft-clamped below -0.5
     kk = rng.standard_normal((B, T, H, N))
@@ -126,7 +127,8 @@ print(f"log decay in [{x['log_w'].min():.3g}, {x['log_w'].max():.3g}] (negative)
 ARGS_POST = ("log_w", "r", "k", "v", "a", "b")
 
 def update_as_in_the_post(x, S0):
-    # state = state * w + state @ a @ b + v @ k, with a, v columns and b, k rows; one head, one token at a time.
+    # state = state * w + state @ a @ b + v @ k, with a, v columns and b, k rows; one head, one
+    # token at a time.
     y = np.empty_like(x["r"])
     S_final = np.empty_like(S0)
     for bi in range(B):
@@ -659,7 +661,8 @@ FORWARD_BACKENDS = {**BACKENDS, "c": FP32_BUDGET}  # "c": the C loop, forward on
 split = 10  # feed 10 tokens, then the other 14
 
 def run(backend, inputs, state, dtype=torch.float32):
-    # The kernel on float64 arrays cast to dtype, from a state (fp32); returns (y, state) as tensors.
+    # The kernel on float64 arrays cast to dtype, from a state (fp32); returns (y, state) as
+    # tensors.
     return wkv7_kernel(*(torch.tensor(inputs[n], dtype=dtype) for n in ARGS),
                        state=torch.as_tensor(state, dtype=torch.float32), backend=backend)
 

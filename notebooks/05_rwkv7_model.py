@@ -112,7 +112,8 @@ for name, a in att1.items():
 
 # %%
 def token_shift_mixes(p, x, x_prev):
-    # The six mixes x + (x_{t-1} - x_t) * mu_c; x (B, T, C), x_prev (B, C): the input before the first token.
+    # The six mixes x + (x_{t-1} - x_t) * mu_c; x (B, T, C), x_prev (B, C): the input before the
+    # first token.
     xx = np.concatenate([x_prev[:, None], x[:, :-1]], axis=1) - x          # x_{t-1} - x_t
     return {c: x + xx * p[f"x_{c}"] for c in "rwkvag"}                     # (B, T, C) each
 
@@ -300,7 +301,8 @@ def rate_gate_keys(p, k, mixes):
 
 # %%
 def op_call(r, log_w, k_written, v, removed, alpha, S):
-    # The WKV-7 op with a = -removed, b = removed * alpha (RWKV-7: removed = kk). -> (y (B, T, H, N), S)
+    # The WKV-7 op with a = -removed, b = removed * alpha (RWKV-7: removed = kk). -> (y (B, T, H,
+    # N), S)
     a, b = -removed, removed * heads(alpha)
     return wkv7_reference(heads(r), heads(log_w), heads(k_written), heads(v), a, b, S)
 
@@ -432,7 +434,8 @@ def zero_state(batch):
             for _ in range(L)]
 
 def forward(params, ids, state=None, post_ab=False):
-    # GPT mode: (logits (B, T, V), state); post_ab: the post's a = -k, b = k * alpha in every time mix.
+    # GPT mode: (logits (B, T, V), state); post_ab: the post's a = -k, b = k * alpha in every time
+    # mix.
     state = state or zero_state(ids.shape[0])
     x = ln(params["emb.weight"][ids], "blocks.0.ln0")
     v_first, new_state = None, []
@@ -475,7 +478,8 @@ for i, (layer, ref_layer) in enumerate(zip(state, ref_state)):
 
 # %%
 def vectors_one(p, x, x_prev, v_first):
-    # One token: x, x_prev (C,) -> r, w (the decay itself), k~, v, kk (H, N), alpha, g; v_first (C,) or None.
+    # One token: x, x_prev (C,) -> r, w (the decay itself), k~, v, kk (H, N), alpha, g; v_first
+    # (C,) or None.
     xx = x_prev - x
     xr, xw, xk, xv, xa, xg = (x + xx * p[f"x_{c}"].ravel() for c in "rwkvag")
     r, k, v = xr @ p["receptance.weight"].T, xk @ p["key.weight"].T, xv @ p["value.weight"].T
@@ -594,7 +598,8 @@ import os
 import tempfile
 
 def blinkdl_runtime(params):
-    # BlinkDL's RWKV_x070 on these weights (fp32, CPU); its RWKV-7 mode is chosen by environment variables.
+    # BlinkDL's RWKV_x070 on these weights (fp32, CPU); its RWKV-7 mode is chosen by environment
+    # variables.
     os.environ.update(RWKV_V7_ON="1", RWKV_JIT_ON="0", RWKV_CUDA_ON="0")
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
             tempfile.TemporaryDirectory() as folder:

@@ -729,7 +729,8 @@ def gate_out(p, y, z):
     return (y * silu(z)).transpose(0, 2, 1) @ p["mixer.out_proj.weight"].T    # (B, T, C)
 
 def mamba_block(p, hidden, state):
-    # x^(l) from x^(l-1) (B, T, C); state = (conv window (B, D, K - 1), h (B, D, N)) -> (x^(l), state).
+    # x^(l) from x^(l-1) (B, T, C); state = (conv window (B, D, K - 1), h (B, D, N)) -> (x^(l),
+    # state).
     window, h = state
     x_in, z = in_proj(p, rms_norm(hidden, p["norm.weight"]))
     x_conv, window = conv_silu(p, x_in, window)
@@ -811,7 +812,7 @@ for i, ((w_i, h_i), (rw_i, rh_i)) in enumerate(zip(piece_state, state_end)):
 
 # %%
 try:
-    with warnings.catch_warnings():                  # tqdm's notice about Jupyter widgets, irrelevant here
+    with warnings.catch_warnings():                     # tqdm's notice about Jupyter widgets
         warnings.simplefilter("ignore")
         import transformers
 except ImportError:
@@ -876,7 +877,8 @@ print("position 4 differs from position 0 (the window starts with zeros at 0):",
 
 # %%
 def filler_demo_scan(values, is_filler, selective=True):
-    # One text through the scan; Delta, B, C made from x'_t = (value, is_filler, 1) by Algorithm 1's maps.
+    # One text through the scan; Delta, B, C made from x'_t = (value, is_filler, 1) by Algorithm
+    # 1's maps.
     features = np.stack([values, is_filler, np.ones_like(values)])  # (3, T): x'_t per column
     w_delta = np.array([0.0, -12.0 if selective else 0.0, 1.0])
     delta = ref.softplus(w_delta @ features)[None, None]                    # (1, 1, T)

@@ -69,7 +69,8 @@ T, d = 12, 8
 theta = 10000.0 ** (-np.arange(0, d, 2) / d)                   # (d/2,) theta_f
 
 def rotate(x, positions):
-    # R^p x via complex numbers: pair (x_f, x_{f+d/2}) is z_f = x_f + i x_{f+d/2}, multiplied by e^{i p theta_f}.
+    # R^p x via complex numbers: pair (x_f, x_{f+d/2}) is z_f = x_f + i x_{f+d/2}, multiplied by
+    # e^{i p theta_f}.
     h = x.shape[-1] // 2
     z = (x[..., :h] + 1j * x[..., h:]) * np.exp(1j * np.multiply.outer(positions, theta))
     return np.concatenate([z.real, z.imag], axis=-1)
@@ -269,7 +270,8 @@ plt.show()
 
 # %%
 def smallest_leaky_k(w, L, L_train):
-    # The smallest k that keeps Leaky ReRoPE's largest distance w + (L - 1 - w)/k within L_train - 1.
+    # The smallest k that keeps Leaky ReRoPE's largest distance w + (L - 1 - w)/k within L_train -
+    # 1.
     return (L - 1 - w) / (L_train - 1 - w)
 
 for w_ in (128, 256):
@@ -599,7 +601,8 @@ for w_ in (128, 256):
 BM, BN = 64, 32  # the kernel's tiles for head size <= 64 (kernels/rerope.py)
 
 def score_tiles(T, window):
-    # (tiles of one causal attention, tiles the fused kernel computes, of which straddling) for a length T.
+    # (tiles of one causal attention, tiles the fused kernel computes, of which straddling) for a
+    # length T.
     attention = fused = straddling = 0
     for c in range(0, T, BM):                                       # query rows c .. c + BM - 1
         last_row = min(c + BM, T) - 1
@@ -758,7 +761,8 @@ for backend in BACKENDS:
           expected_leaky_logn, FP32_BUDGET)
     check(f"{backend} fp32 decode (ReRoPE)", run_decode(backend, q64, k64, v64),
           expected[:, :, -1:], FP32_BUDGET)
-    check(f"{backend} fp32 decode (Leaky + log-n)", run_decode(backend, q64, k64, v64, **leaky_logn),
+    decoded_leaky_logn = run_decode(backend, q64, k64, v64, **leaky_logn)
+    check(f"{backend} fp32 decode (Leaky + log-n)", decoded_leaky_logn,
           expected_leaky_logn[:, :, -1:], FP32_BUDGET)
     check(f"{backend} fp16 ReRoPE", run(backend, q16, k16, v16, dtype=torch.float16),
           definition(q16, k16, v16), FP16_BUDGET)
@@ -772,7 +776,8 @@ for backend in BACKENDS:
 
 # %%
 def definition_torch(q, k, v):
-    # Leaky ReRoPE + log-n by the definition, in torch: score_ij = (sigma_i q_i) . R^{-rel_ij} k_j / sqrt(d).
+    # Leaky ReRoPE + log-n by the definition, in torch: score_ij = (sigma_i q_i) . R^{-rel_ij} k_j
+    # / sqrt(d).
     T, d = q.shape[-2:]
     sigma = torch.tensor(ref.log_n_scale(np.arange(T), train_length))[:, None]
     rel = torch.tensor(ref.relative_positions(T, "leaky_rerope", window=window, k=leaky_k))
