@@ -14,8 +14,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from seqmix.conformance import cases as make
-from seqmix.conformance import definitions
+import seqmix.conformance.cases as make
+import seqmix.conformance.definitions as definitions
 from seqmix.kernels.testing import FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET
 from seqmix.reference import attention as ref_attention
 from seqmix.reference import rope as ref_rope
