@@ -38,15 +38,19 @@ def progress(done: int, total: int, label: str, width: int = 30) -> str:
     return f"[{'#' * filled}{'.' * (width - filled)}] {done:>{len(str(total))}}/{total} {label}"
 
 
+def _count(n: int, noun: str, plural: str = "") -> str:
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def summary(report: Report) -> str:
     """One line: what ran, what failed, what was left out."""
     failed_rows = sum(not r.passed for r in report.rows)
-    line = (f"{report.op}: {len(report.checks)} checks, {len(report.rows)} quantities compared, "
+    line = (f"{report.op}: {_count(len(report.checks), 'check')}, {_count(len(report.rows), 'quantity', 'quantities')} compared, "
             f"{len(report.rows) - failed_rows} within budget, {failed_rows} not")
     if report.failed_checks:
-        line += f" (in {len(report.failed_checks)} checks)"
+        line += f" (in {_count(len(report.failed_checks), 'check')})"
     if report.skipped:
-        line += f"; {len(report.skipped)} checks left out by the options"
+        line += f"; {_count(len(report.skipped), 'check')} left out by the options"
     verdict = "FAILED" if report.failed_checks else "passed" if report.rows else "NOTHING RAN"
     return f"{line}: {verdict}"
 
