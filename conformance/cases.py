@@ -10,7 +10,8 @@ import numpy as np
 
 from seqmix.reference import wkv4 as ref_wkv4
 
-__all__ = ["W_RAW", "qkv_inputs", "wkv4_inputs", "rwkv7_inputs", "scan_inputs", "split_bounds", "in_pieces"]
+__all__ = ["W_RAW", "qkv_inputs", "wkv4_inputs", "spiky_keys", "rwkv7_inputs", "scan_inputs", "split_bounds",
+           "in_pieces"]
 
 # The range of w_raw (log_w = -exp(w_raw)) per decay: "strong" (decays near 0.545, RWKV-7's strongest), "weak"
 # (near 1), "mixed", "extreme" (log_w down to -1e4: decays far below fp32's range, which chunked kernels' factored
@@ -35,6 +36,15 @@ def wkv4_inputs(rng, B, T, C, *, key_scale=1.0, decay_scale=1.0, state=False):
         return x, None
     prefix = key_scale * rng.uniform(-1, 1, size=(B, 5, C)), rng.normal(size=(B, 5, C))
     return x, tuple(ref_wkv4.wkv4(x["w"], x["u"], *prefix)[1])
+
+
+def spiky_keys(rng, shape):
+    """Keys uniform in [-1, 1] with about 3% of them at +300 or -300: a chunked kernel sees chunks of ordinary keys
+    beside chunks whose keys span 600."""
+    k = rng.uniform(-1, 1, size=shape)
+    spikes = rng.random(size=shape) < 0.03
+    k[spikes] = 300.0 * rng.choice([-1.0, 1.0], size=int(spikes.sum()))
+    return k
 
 
 def rwkv7_inputs(rng, B, T, H, N, decay="mixed", state=True):

@@ -166,7 +166,7 @@ def _wkv4_inputs(rng, B, T, C, state=False, key_scale=1.0, decay_scale=1.0, keys
     if keys == "offset":
         x["k"] = 250.0 + rng.uniform(-1, 1, size=(B, T, C))
     elif keys == "spikes":
-        x["k"][rng.random(size=x["k"].shape) < 0.03] = 300.0 * rng.choice([-1.0, 1.0])
+        x["k"] = make.spiky_keys(rng, (B, T, C))
     if decays == "steep":
         x["w"][-1] = -1e4
     elif decays == "near 1":

@@ -35,7 +35,8 @@ def test_transformers_rwkv4_loses_precision_at_keys_of_several_hundred():
     error in y, the state and the gradients; seqmix's kernels keep 1e-7 there (tests/test_conformance.py)."""
     fn = peer("transformers.models.rwkv.modeling_rwkv", "rwkv_linear_attention_cpu")
     report = run("wkv4", transformers_rwkv4(fn))
-    large_keys = {f"wkv4/extreme/T=40,B=2,C=6,state,{label}/fp32" for label in ("keys+-300", "keys=250+-1")}
+    large_keys = {f"wkv4/extreme/T=40,B=2,C=6,state,{label}/fp32"
+                  for label in ("keys+-300", "keys=250+-1", "key spikes+-300")}
     assert {"wkv4/extreme/T=40,B=2,C=6,state,keys+-300/fp32"} <= failed_checks(report) <= large_keys
     worst = {r.what: r.error for r in report.rows if r.check.endswith("keys+-300/fp32")}
     assert worst["y"] > 1e-5 and worst["state num"] > 5e-5

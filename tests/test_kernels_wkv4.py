@@ -12,7 +12,7 @@ import torch
 
 from kernel_cases import BACKENDS, needs_triton, spy
 from seqmix.conformance import definitions
-from seqmix.conformance.cases import wkv4_inputs
+from seqmix.conformance.cases import spiky_keys, wkv4_inputs
 from seqmix.conformance.ops import WKV4
 from seqmix.kernels import wkv4 as wkv4_module
 from seqmix.kernels._common import accumulation_dtype
@@ -105,13 +105,6 @@ def test_gradients(rng, backend, B, T, C, dtype):
     assert_all_close(GRAD_NAMES, grads, expected, BUDGETS[dtype])
 
 
-def spiky_keys(rng, B, T, C):
-    """Keys of about 1 with a few of +-300: some chunks take the in-chunk recurrence, the others are redone."""
-    k = rng.uniform(-1, 1, size=(B, T, C))
-    k[rng.random(size=k.shape) < 0.03] = 300.0 * rng.choice([-1.0, 1.0])
-    return k
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("keys", ["uniform +-300", "250 + uniform +-1", "spikes of +-300"])
 def test_large_keys(rng, backend, keys):
@@ -123,7 +116,7 @@ def test_large_keys(rng, backend, keys):
     w, u, _, v, state = make_inputs(rng, B, T, C, with_state=True)
     k = {"uniform +-300": lambda: rng.uniform(-300, 300, size=(B, T, C)),
          "250 + uniform +-1": lambda: 250 + rng.uniform(-1, 1, size=(B, T, C)),
-         "spikes of +-300": lambda: spiky_keys(rng, B, T, C)}[keys]()
+         "spikes of +-300": lambda: spiky_keys(rng, (B, T, C))}[keys]()
     k = torch.tensor(k, dtype=torch.float32)
     y, new_state = wkv4(w, u, k, v, state, backend=backend)
     y_ref, state_ref = run_reference(w, u, k, v, state)
@@ -220,7 +213,7 @@ def test_long_sequence_torch(rng, monkeypatch):
     B, T, C = 1, 2 * wkv4_module.BLOCK + wkv4_module.CHUNK + 5, 4
     w, u, _, v, state = make_inputs(rng, B, T, C, decay_scale=0.3, with_state=True)
     w[0] = -5.0
-    k = torch.tensor(spiky_keys(rng, B, T, C), dtype=torch.float32)
+    k = torch.tensor(spiky_keys(rng, (B, T, C)), dtype=torch.float32)
     y, new_state = wkv4(w, u, k, v, state, backend="torch")
     y_ref, state_ref = run_reference(w, u, k, v, state)
     assert_close(y, y_ref, FP32_BUDGET, "y")
