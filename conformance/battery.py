@@ -175,13 +175,13 @@ def _outputs(op: Op, out):
     return out, None
 
 
-def _run(op: Op, fn, check: Check, tensors: dict, options: dict, state, rng):
-    """fn on the whole sequence, or (split checks) on pieces cut at random points, each from the state the last
-    returned; returns (y, final state, a note on how it was fed)."""
+def _run(op: Op, fn, check: Check, tensors: dict, options: dict, state, seed):
+    """fn on the whole sequence, or (split checks) on pieces cut at three random points (drawn from the check's
+    seed: the same for every run of the check), each from the state the last returned; returns (y, final state, a
+    note on how it was fed)."""
     if check.case.group != "split":
         return (*_outputs(op, call(op, fn, tensors, options, state)), "")
-    T = check.case.params["T"]
-    bounds = split_bounds(T, rng.uniform(size=3))
+    bounds = split_bounds(check.case.params["T"], np.random.default_rng(seed + [2]).uniform(size=3))
 
     def piece(lo, hi, s):
         sliced = {n: x.narrow(op.time_axes[n], lo, hi - lo) if n in op.time_axes else x for n, x in tensors.items()}
@@ -214,11 +214,12 @@ def _loss(op: Op, y, state, cotangents):
     return loss
 
 
-def _gradients(op: Op, fn, tensors, options, state, cotangents, check, rng, device):
-    """(names, gradients of the loss) for every float tensor and the initial state's tensors; None becomes zeros."""
+def _gradients(op: Op, fn, tensors, state, options, cotangents, check, seed, device):
+    """(names, gradients of the loss) for every float tensor and the initial state's tensors; None becomes zeros.
+    None when the output does not require grad."""
     leaves = {n: x.detach().to(device).requires_grad_() for n, x in tensors.items()}
     state_leaves = [s.detach().to(device).requires_grad_() for s in _leaves(state)]
-    y, s, _ = _run(op, fn, check, leaves, options, None if state is None else _state_like(state_leaves, state), rng)
+    y, s, _ = _run(op, fn, check, leaves, options, None if state is None else _state_like(state_leaves, state), seed)
     if not y.requires_grad:
         return None
     inputs = list(leaves.values()) + state_leaves
@@ -249,7 +250,7 @@ def run_check(op_name: str, fn, check: Check, options: Options) -> list:
         try:
             y, s, note = _run(op, fn, check, {n: t.to(options.device) for n, t in tensors.items()}, x.options,
                               None if state is None else _state_like([t.to(options.device) for t in _leaves(state)],
-                                                                     state), np.random.default_rng(seed))
+                                                                     state), seed)
         except Exception as e:                                           # the kernel's own error is the finding
             return [Row(check.id, "call", "", check.dtype, None, None, limit, False, _describe(e))]
     rows = [_compare(check, "y", y, y_ref, limit, note)]
@@ -264,30 +265,29 @@ def run_check(op_name: str, fn, check: Check, options: Options) -> list:
             rows += [_compare(check, f"state {n}" if len(_leaves(s_ref)) > 1 else "state", a, e, limit, note)
                      for n, a, e in pairs]
     if options.grad:
-        rows += _gradient_rows(op, fn, check, tensors, exact, x, state, exact_state, s is not None, seed, limit,
-                               options.device)
+        state_terms = (op.loss_terms or list)([torch.tensor(t) for t in _leaves(s_ref)]) if s is not None else []
+        rows += _gradient_rows(op, fn, check, (tensors, state), (exact, exact_state), x.options,
+                               (y_ref.shape, [t.shape for t in state_terms]), seed, options.device)
     return rows
 
 
-def _gradient_rows(op, fn, check, tensors, exact, x, state, exact_state, has_state, seed, limit, device):
+def _gradient_rows(op, fn, check, inputs, exact_inputs, options, shapes, seed, device):
     """The gradients of the function under test against autograd through the float64 definition, from one loss
-    with cotangents rounded to the output's dtype (gy) and the state's (gs)."""
+    with random cotangents of the given shapes (y's, the state terms'), rounded to y's dtype and the state's."""
     rng = np.random.default_rng(seed + [1])
-    y_true, s_true = _outputs(op, call(op, op.definition, exact, x.options, exact_state))
-    dtype, state_dtype = DTYPES[check.dtype], accumulation_dtype(DTYPES[check.dtype])
-    gy = torch.tensor(rng.standard_normal(y_true.shape)).to(dtype).double()
-    terms = (op.loss_terms or list)(_leaves(s_true)) if has_state else []
-    gs = [torch.tensor(rng.standard_normal(t.shape)).to(state_dtype).double() for t in terms]
+    dtype = DTYPES[check.dtype]
+    limit = budget(op, check.dtype)
+    gy = torch.tensor(rng.standard_normal(shapes[0])).to(dtype).double()
+    gs = [torch.tensor(rng.standard_normal(shape)).to(accumulation_dtype(dtype)).double() for shape in shapes[1]]
     try:
-        got = _gradients(op, fn, tensors, x.options, state, (gy, gs), check, np.random.default_rng(seed), device)
+        got = _gradients(op, fn, *inputs, options, (gy, gs), check, seed, device)
     except Exception as e:
         return [Row(check.id, "gradients", "", check.dtype, None, None, limit, False, _describe(e))]
     if got is None:
         return [Row(check.id, "gradients", "", check.dtype, None, None, limit, False,
                     "the output does not require grad: options.grad=False (--no-grad) for a forward-only kernel")]
     names, grads = got
-    _, truth = _gradients(op, op.definition, exact, x.options, exact_state, (gy, gs), check,
-                          np.random.default_rng(seed), "cpu")
+    _, truth = _gradients(op, op.definition, *exact_inputs, options, (gy, gs), check, seed, "cpu")
     return [_compare(check, f"d/d{n}", g, t, limit) for n, g, t in zip(names, grads, truth)
             if n not in check.case.ungraded]
 

@@ -44,7 +44,7 @@ class Case:
         parts = [f"{k}={p[k]}" for k in _SIZES if k in p and not (k in ("B", "H") and p[k] == 1)]
         parts += [f"{short}={p[k]}" for k, short in _OPTIONS.items() if p.get(k) is not None]
         parts += [x if x == "state" else f"+{x}" for x in p.get("extras", ())]
-        parts += ["state"] * bool(p.get("state")) + ["softplus"] * bool(p.get("softplus")) + [self.label] * bool(self.label)
+        parts += [flag for flag in ("state", "softplus") if p.get(flag)] + ([self.label] if self.label else [])
         return ",".join(parts)
 
 
@@ -203,12 +203,9 @@ WKV4 = Op(
         Case(dict(B=1, T=70, C=8, state=True)),
         Case(dict(B=2, T=40, C=6, state=True, key_scale=300.0), "keys+-300", **_LARGE_KEYS),
         Case(dict(B=2, T=40, C=6, state=True, keys="offset"), "keys=250+-1", **_LARGE_KEYS),
-        Case(dict(B=2, T=40, C=6, state=True, keys="spikes"), "key spikes+-300",
-             **_LARGE_KEYS),
-        Case(dict(B=2, T=35, C=7, state=True, decay_scale=2.0, decays="steep"), "decay 0",
-             group="extreme"),
-        Case(dict(B=2, T=35, C=7, state=True, decays="near 1"), "decay near 1",
-             group="extreme"),
+        Case(dict(B=2, T=40, C=6, state=True, keys="spikes"), "key spikes+-300", **_LARGE_KEYS),
+        Case(dict(B=2, T=35, C=7, state=True, decay_scale=2.0, decays="steep"), "decay 0", "extreme"),
+        Case(dict(B=2, T=35, C=7, state=True, decays="near 1"), "decay near 1", "extreme"),
     ), split=Case(dict(B=2, T=39, C=5, state=True), group="split"))
 
 
@@ -227,10 +224,8 @@ WKV7 = Op(
         Case(dict(B=2, T=37, H=2, N=16, state=True), low_precision=True),
         Case(dict(B=1, T=70, H=1, N=64, decay="strong", state=True)),
         Case(dict(B=3, T=16, H=1, N=5, decay="weak"), "decay near 1"),
-        Case(dict(B=1, T=40, H=2, N=8, decay="extreme", state=True), "decays to e^-1e4",
-             group="extreme"),
-        Case(dict(B=1, T=40, H=1, N=16, decay="weak", state=True), "decay near 1",
-             group="extreme"),
+        Case(dict(B=1, T=40, H=2, N=8, decay="extreme", state=True), "decays to e^-1e4", "extreme"),
+        Case(dict(B=1, T=40, H=1, N=16, decay="weak", state=True), "decay near 1", "extreme"),
     ), split=Case(dict(B=2, T=37, H=2, N=16, state=True), group="split"))
 
 

@@ -45,7 +45,8 @@ def _count(n: int, noun: str, plural: str = "") -> str:
 def summary(report: Report) -> str:
     """One line: what ran, what failed, what was left out."""
     failed_rows = sum(not r.passed for r in report.rows)
-    line = (f"{report.op}: {_count(len(report.checks), 'check')}, {_count(len(report.rows), 'quantity', 'quantities')} compared, "
+    line = (f"{report.op}: {_count(len(report.checks), 'check')}, "
+            f"{_count(len(report.rows), 'quantity', 'quantities')} compared, "
             f"{len(report.rows) - failed_rows} within budget, {failed_rows} not")
     if report.failed_checks:
         line += f" (in {_count(len(report.failed_checks), 'check')})"
