@@ -15,6 +15,7 @@ from kernel_cases import needs_triton
 from seqmix.conformance import PARTS, Options, definitions, plan, pytest_cases, run
 from seqmix.conformance.__main__ import main as cli_main
 from seqmix.conformance.ops import OPS
+from seqmix.conformance.report import progress
 from seqmix.kernels import native
 from seqmix.kernels.attention import attention
 from seqmix.kernels.rerope import rerope_attention, rerope_decode
@@ -235,6 +236,12 @@ def test_cli_table_summary_exit_codes_and_json(tmp_path, monkeypatch, capsys):
     assert failed == {"wkv4/shapes/T=7,B=2,C=5,state/fp32", "wkv4/shapes/T=37,B=2,C=6,state/fp32",
                       "wkv4/shapes/T=70,C=8,state/fp32", "wkv4/split/T=39,B=2,C=5,state/fp32"}
     assert main("wkv4", "student:good", "--only", "no such check") == 3
+
+
+def test_progress_bar():
+    assert progress(0, 30, "a") == f"[{'.' * 30}]  0/30 a"
+    assert progress(9, 30, "wkv4/shapes/T=1,C=3/fp32") == f"[{'#' * 9}{'.' * 21}]  9/30 wkv4/shapes/T=1,C=3/fp32"
+    assert progress(30, 30, "b") == f"[{'#' * 30}] 30/30 b"
 
 
 @pytest.mark.parametrize("args, message", [
