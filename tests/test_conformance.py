@@ -151,6 +151,21 @@ def test_broken_variants_are_rejected(op, broken, still_passing, may_fail):
 # Options and entry points
 # ----------------------------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("op, dtype, limit", [("attention", "fp32", 1e-5), ("attention", "fp16", 5e-3),
+                                              ("attention", "bf16", 2e-2), ("wkv7", "fp32", 1e-4)])
+def test_the_budget_is_the_designs(op, dtype, limit):
+    """An output off by a factor 1 + 2 budget fails, one off by 1 + budget / 2 passes (on top of our kernel's own
+    error, which is far smaller)."""
+    def scaled(factor):
+        def fn(*args, **options):
+            out = OURS[op](*args, **options, backend="torch")
+            return (out[0] * factor, out[1]) if isinstance(out, tuple) else out * factor
+        return fn
+
+    options = Options(dtypes=(dtype,), grad=False, only=("T=37,B=2",))
+    assert failures(run(op, scaled(1 + 2 * limit), options)) and run(op, scaled(1 + limit / 2), options).ok
+
+
 def test_plan_follows_the_options():
     checks, _ = plan("wkv7", Options())
     ids = [c.id for c in checks]
