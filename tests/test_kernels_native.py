@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch.utils._pytree import tree_leaves
 
-from kernel_cases import RECURRENCE_BACKENDS, in_pieces, rwkv7_inputs, split_bounds
+from kernel_cases import RECURRENCE_BACKENDS
+from seqmix.conformance.cases import in_pieces, rwkv7_inputs, scan_inputs, split_bounds
 from seqmix.kernels import native, ssm
 from seqmix.kernels._common import HAS_TRITON
 from seqmix.kernels.attention import attention
@@ -23,12 +24,11 @@ from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_all_close, a
 from seqmix.kernels.wkv4 import INITIAL_MAX, wkv4
 from seqmix.kernels.wkv7 import wkv7
 from test_kernels_ssm import (CASES as SCAN_CASES, case_inputs, check_against_truth as scan_against_truth,
-                              cotangents_for, make_inputs as scan_inputs)
+                              cotangents_for)
 from test_kernels_wkv7 import GRAD_NAMES as WKV7_GRAD_NAMES, check_against_truth as wkv7_against_truth
 from test_kernels_wkv4 import (GRAD_NAMES as WKV4_GRAD_NAMES, assert_state_close, check_forward as check_wkv4_forward,
-                               loss_weights as wkv4_loss_weights,
-                               make_inputs as wkv4_inputs, run_dense as wkv4_dense, run_reference as wkv4_reference,
-                               with_grads as wkv4_with_grads)
+                               loss_weights as wkv4_loss_weights, make_inputs as wkv4_inputs, run_dense as wkv4_dense,
+                               run_reference as wkv4_reference, with_grads as wkv4_with_grads)
 
 # bf16, which the C loops take on a CPU (the Triton interpreter cannot): its outputs are rounded to 8 bits, an RMS
 # error of 1e-3 to 2e-3 (1.7e-3 measured on WKV-4), within the half-precision budget; the reference sees the same
