@@ -360,11 +360,32 @@ def measure(fn, inputs, min_runs: int, max_runs: int, budget_s: float) -> dict:
     return {"times": times, "peak_bytes": peak}
 
 
+def measure_interleaved(fns: dict, inputs, min_rounds: int, max_rounds: int, budget_s: float) -> dict:
+    """Each of ``fns`` (label -> fn) warmed up once, then timed in rounds, one run of each per round, so that a
+    machine whose load changes slows them alike: ``min_rounds`` to ``max_rounds`` rounds (as many as fit in
+    ``budget_s``). Returns label -> times."""
+    times = {label: [] for label in fns}
+    with torch.no_grad():
+        for fn in fns.values():
+            fn(inputs)
+        while True:
+            for label, fn in fns.items():
+                times[label].append(_timed(fn, inputs))
+            rounds = len(times[label])
+            if rounds >= max_rounds or rounds >= max(min_rounds, budget_s / sum(t[0] for t in times.values())):
+                return times
+
+
+def _runs(quick: bool, interleaved: bool = False) -> tuple:
+    """(min runs, max runs, seconds): how many timed runs a case gets (interleaved: how many rounds)."""
+    return (2, 2, 0.0) if quick else (5, 15, 6.0) if interleaved else (3, 15, 3.0)
+
+
 def _case(op: Op, impl: Impl, T: int, quick: bool, threads: int | None, runs=None) -> dict:
     if threads:
         torch.set_num_threads(threads)
     inputs = op.make(T)
-    return measure(impl.fn, inputs, *(runs or ((2, 2, 0.0) if quick else (3, 15, 3.0))))
+    return measure(impl.fn, inputs, *(runs or _runs(quick)))
 
 
 def map_large_blocks() -> None:
@@ -377,12 +398,18 @@ def map_large_blocks() -> None:
 
 def _job(job: dict) -> dict:
     """One case, in a process of its own: its result, or its error. job["measure"] is "memory" (one run, for the
-    peak) or "time" (the timed runs)."""
+    peak), "time" (the timed runs) or "interleaved" (the timed runs of the implementations job["impls"], in rounds:
+    see measure_interleaved)."""
     if job["measure"] == "memory":
         map_large_blocks()
     op = next(op for op in all_ops(job["quick"]) if op.name == job["op"])
-    impl = next(impl for impl in op.impls if impl.label == job["impl"])
     try:
+        if job["measure"] == "interleaved":
+            if job["threads"]:
+                torch.set_num_threads(job["threads"])
+            fns = {impl.label: impl.fn for impl in op.impls if impl.label in job["impls"]}
+            return {"times": measure_interleaved(fns, op.make(job["T"]), *_runs(job["quick"], interleaved=True))}
+        impl = next(impl for impl in op.impls if impl.label == job["impl"])
         return _case(op, impl, job["T"], job["quick"], job["threads"],
                      runs=(1, 1, 0.0) if job["measure"] == "memory" else None)
     except Exception as e:  # any failure is a result to report in the table
@@ -420,22 +447,39 @@ def serve() -> None:
 _server = None
 
 
-def _isolated(op: Op, impl: Impl, T: int, quick: bool, threads: int | None) -> dict:
-    """The peak memory from one process, the times from another (see _job)."""
+def _ask_server(job: dict) -> dict:
+    """One job for the case server (started on first use), its result."""
     global _server
     if _server is None:
         _server = subprocess.Popen([sys.executable, "-m", "seqmix.benchmarks.run", "--serve"], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
-    result = {}
-    for what, key in (("memory", "peak_bytes"), ("time", "times")):
-        _server.stdin.write(json.dumps({"op": op.name, "impl": impl.label, "T": T, "quick": quick,
-                                        "threads": threads, "measure": what}) + "\n")
-        _server.stdin.flush()
-        part = json.loads(_server.stdout.readline())
+    _server.stdin.write(json.dumps(job) + "\n")
+    _server.stdin.flush()
+    return json.loads(_server.stdout.readline())
+
+
+def _isolated(op: Op, impl: Impl, T: int, quick: bool, threads: int | None, times=None) -> dict:
+    """The peak memory from one process, the times from another (see _job), unless ``times`` were measured."""
+    result = {} if times is None else {"times": times}
+    for what, key in (("memory", "peak_bytes"), ("time", "times"))[:1 if times else 2]:
+        part = _ask_server({"op": op.name, "impl": impl.label, "T": T, "quick": quick, "threads": threads,
+                            "measure": what})
         if "error" in part:
             return part
         result[key] = part[key]
     return result
+
+
+def interleaved_times(op: Op, T: int, quick: bool, threads: int | None) -> dict:
+    """The times of op's seqmix rows on a CPU, measured in rounds in one process (label -> times; {} with fewer than
+    two rows or on a GPU): a training op's targets compare these rows, and a shared machine's load moves
+    separately measured rows apart (see README.md)."""
+    labels = [impl.label for impl in op.impls if impl.kind == "seqmix" and impl.fn is not None]
+    if DEVICE.type != "cpu" or len(labels) < 2:
+        return {}
+    result = _ask_server({"op": op.name, "impls": labels, "T": T, "quick": quick, "threads": threads,
+                          "measure": "interleaved"})
+    return result.get("times", {})
 
 
 def _in_process(op: Op, impl: Impl, T: int, quick: bool, threads: int | None) -> dict:
@@ -445,13 +489,15 @@ def _in_process(op: Op, impl: Impl, T: int, quick: bool, threads: int | None) ->
         return {"error": f"OutOfMemoryError: {str(e).splitlines()[0]}"}
 
 
-def run_case(op: Op, impl: Impl, T: int, quick: bool, threads: int | None = None) -> dict:
+def run_case(op: Op, impl: Impl, T: int, quick: bool, threads: int | None = None, times=None) -> dict:
+    """One row: impl of op at T. ``times``: its times if they were measured already (interleaved_times)."""
     row = {"op": op.name, "impl": impl.label, "kind": impl.kind, "T": T, "shape": op.shape}
     if impl.fn is None:
         return {**row, "status": f"skipped: {impl.skip}"}
     if impl.max_T is not None and T > impl.max_T:
         return {**row, "status": f"skipped: {impl.max_T_reason}"}
-    result = (_isolated if DEVICE.type == "cpu" else _in_process)(op, impl, T, quick, threads)
+    result = (_isolated(op, impl, T, quick, threads, times) if DEVICE.type == "cpu"
+              else _in_process(op, impl, T, quick, threads))
     if "error" in result:
         return {**row, "status": "error: " + result["error"]}
     times = sorted(result["times"])
@@ -661,8 +707,9 @@ def main(argv=None) -> int:
     else:
         for op in ops:
             for T in (Ts if op.sweep else (op.headline_T,)):
+                shared = {} if op.sweep else interleaved_times(op, T, args.quick, threads)
                 for impl in op.impls:
-                    rows.append(run_case(op, impl, T, args.quick, threads))
+                    rows.append(run_case(op, impl, T, args.quick, threads, shared.get(impl.label)))
                     r = rows[-1]
                     print(f"{op.name:<10} T={T:<6} {impl.label:<42} "
                           + (f"{_fmt_time(r['median_s']):>10} ±{r['spread']:.0%}  {_fmt_bytes(r['peak_bytes'])}"
