@@ -29,7 +29,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from seqmix.kernels.attention import AOT_DTYPES, block_d
+from seqmix.kernels._flash import block_d
+from seqmix.kernels.aot import AOT_DTYPES
 
 H100 = {"name": "H100 SXM", "bandwidth": 3.35e12, "fp32": 67e12, "tensor": 990e12,
         "sfu": 16 * 132 * 1.98e9}
@@ -349,8 +350,8 @@ def _flash_models(op, shape, B, H, T, d, dtype, cfgs, table_bytes, costs):
     tile reads again (T d per head: a few MB) come from L2."""
     s, seq, rows = DTYPE_BYTES[dtype], B * H * T * d, B * H * T * 4
     fwd, dq, dkdv = cfgs
-    kinds = (("fwd", fwd.block_m, True, 4 * seq * s + rows), ("bwd_dq", dq.block_m, False, 5 * seq * s + 2 * rows),
-             ("bwd_dkdv", dkdv.block_n, False, 6 * seq * s + 2 * rows))
+    kinds = (("fwd", fwd["BLOCK_M"], True, 4 * seq * s + rows), ("bwd_dq", dq["BLOCK_M"], False, 5 * seq * s + 2 * rows),
+             ("bwd_dkdv", dkdv["BLOCK_N"], False, 6 * seq * s + 2 * rows))
     return [Model(op, f"{op}_{kind} d={d} {dtype}", shape, B * T, dtype, cost, B * H * _cdiv(T, block), 0, forward,
                   dram + table_bytes) for (kind, block, forward, dram), cost in zip(kinds, costs)]
 
@@ -361,7 +362,7 @@ def attention_models(B=1, H=4, T=8192, d=64):
     out = []
     for dtype in ("fp32", "bf16"):
         cfgs = _flash_configs(attention, d, dtype)
-        costs = [fn(B * H, T, d, dtype, c.block_m, c.block_n)
+        costs = [fn(B * H, T, d, dtype, c["BLOCK_M"], c["BLOCK_N"])
                  for fn, c in zip((attention_fwd, attention_bwd_dq, attention_bwd_dkdv), cfgs)]
         out += _flash_models("attention", shape, B, H, T, d, dtype, cfgs, 0, costs)
     return out
@@ -459,7 +460,7 @@ def rerope_models(B=1, H=4, T=8192, d=64, w=512):
     out = []
     for dtype in ("fp32", "bf16"):
         cfgs = _flash_configs(rerope, d, dtype)
-        costs = [fn(B * H, T, d, dtype, c.block_m, c.block_n, w)
+        costs = [fn(B * H, T, d, dtype, c["BLOCK_M"], c["BLOCK_N"], w)
                  for fn, c in zip((rerope_fwd, rerope_bwd_dq, rerope_bwd_dkdv), cfgs)]
         # the rotation table (paths NEAR and FAR_Q, cos and sin, T x d/2 fp32) is read once for all heads
         out += _flash_models("rerope", shape, B, H, T, d, dtype, cfgs, 2 * 2 * T * (d // 2) * 4, costs)

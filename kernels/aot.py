@@ -22,12 +22,20 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 # Compilation for a GPU target needs the real JIT, not the interpreter; kernels/ reads this when it imports triton.
 if "triton" not in sys.modules:
     os.environ.pop("TRITON_INTERPRET", None)
 
 MODULES = tuple(f"seqmix.kernels.{op}" for op in ("attention", "rerope", "wkv4", "wkv7", "ssm"))
 TARGETS = (80, 90)
+# The input dtypes of the flash kernels' builds (the recurrences' take fp32 and bf16), by their Triton names.
+AOT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Argument types of the flash kernels (attention, rerope), by name; every other argument is a pointer to the input
+# dtype.
+FLASH_ARG_TYPES = dict(LSE="*fp32", DELTA="*fp32", ROT="*fp32", T="i32", T_q="i32", T_k="i32", window="i32",
+                       scale="fp32", inv_log_len="fp32")
 
 
 @dataclass

@@ -24,89 +24,23 @@ dot is exact fp32.
 from __future__ import annotations
 
 import math
-from collections import namedtuple
 
 import torch
 import torch.nn.functional as F
 
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
-from seqmix.kernels._common import check_devices, check_same_dtype, check_tensor, new_output, tl, triton
-
-# Tile sizes and launch parameters of the three kernels; ``aot_kernels`` compiles exactly these.
-LaunchConfig = namedtuple("LaunchConfig", "block_m block_n num_warps num_stages")
-
-MIN_TRITON_HEAD_DIM, MAX_TRITON_HEAD_DIM = 16, 128
-AOT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+from seqmix.kernels._common import Launch, check_devices, check_same_dtype, check_tensor, new_output, tl, triton
+from seqmix.kernels._flash import (block_d, check_triton_head_dim, flash_launch, load_row_stats, load_tile,
+                                   online_softmax_step, softmax_tile_grad, store_tile)
 
 
-def _launch_config(head_dim: int, dtype: torch.dtype) -> LaunchConfig:
-    """Tiles for head size ``head_dim`` and inputs of ``dtype``: the largest that compile without register spills
-    on sm_80 and sm_90 (``python -m seqmix.kernels.aot``); fp32 operands take twice the registers of fp16 ones."""
+def _launch_config(head_dim: int, dtype: torch.dtype) -> Launch:
+    """Tiles of the three kernels for head size ``head_dim`` and inputs of ``dtype``: the largest that compile
+    without register spills on sm_80 and sm_90 (``python -m seqmix.kernels.aot``); fp32 operands take twice the
+    registers of fp16 ones."""
     if dtype == torch.float32:
-        return LaunchConfig(32, 32, 8, 1) if head_dim <= 64 else LaunchConfig(16, 32, 8, 1)
-    return LaunchConfig(64, 32, 4, 2) if head_dim <= 64 else LaunchConfig(32, 32, 4, 2)
-
-
-def check_triton_head_dim(d: int) -> None:
-    """The flash kernels here and in rerope.py hold a (tile, d) block per operand: 16 <= d <= 128."""
-    if not MIN_TRITON_HEAD_DIM <= d <= MAX_TRITON_HEAD_DIM:
-        raise ValueError(f"backend='triton' takes head dims d in [{MIN_TRITON_HEAD_DIM}, {MAX_TRITON_HEAD_DIM}], "
-                         f"got d = {d}")
-
-
-def block_d(head_dim: int) -> int:
-    """The head dimension rounded up to a power of two (tl.arange needs one); extra columns are masked."""
-    return max(16, triton.next_power_of_2(head_dim))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Triton: building blocks shared with kernels/rerope.py
-# ----------------------------------------------------------------------------------------------------------------
-
-@triton.jit
-def online_softmax_step(s, v, m_i, l_i, acc):
-    """Fold one tile of scores s (BLOCK_M, BLOCK_N) and its values v (BLOCK_N, BLOCK_D) into the running state.
-
-    m' = max(m, max_j s_ij);  l' = e^{m - m'} l + sum_j e^{s_ij - m'};  acc' = e^{m - m'} acc + e^{s - m'} v.
-    The same update as RWKV-4's max-tracked WKV step (reference/wkv4.py), there one time step at a time.
-    Every exponent is <= 0. Masked scores are -inf and contribute e^{-inf} = 0; the first tile a row sees holds
-    at least one unmasked score (key 0), so m is finite from then on and m - m' is never inf - inf.
-    """
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp(m_i - m_new)                               # rescales what was accumulated under the old max
-    p = tl.exp(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-    return m_new, l_i, acc
-
-
-@triton.jit
-def softmax_tile_grad(s, lse, dp, delta):
-    """P = e^{S - LSE} and dS = P * (dP - D) for one tile, dP = dO V^T; masked scores (-inf) give P = dS = 0."""
-    p = tl.exp(s - lse[:, None])
-    return p, p * (dp - delta[:, None])
-
-
-@triton.jit
-def load_row_stats(LSE, DELTA, rows, n_rows):
-    """The forward's log-sum-exp and D = rowsum(dO * O) of query rows; rows past the end get LSE = inf (so P = 0)
-    and D = 0."""
-    lse = tl.load(LSE + rows, mask=rows < n_rows, other=float("inf"))
-    delta = tl.load(DELTA + rows, mask=rows < n_rows, other=0.0)
-    return lse, delta
-
-
-@triton.jit
-def load_tile(ptr, rows, n_rows, cols, n_cols):
-    """x[rows, cols] of a row-major (n_rows, n_cols) matrix; zero outside it."""
-    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-    return tl.load(ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
-def store_tile(ptr, x, rows, n_rows, cols, n_cols):
-    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-    tl.store(ptr + rows[:, None] * n_cols + cols[None, :], x.to(ptr.dtype.element_ty), mask=mask)
+        return flash_launch(32, 32, 8, 1) if head_dim <= 64 else flash_launch(16, 32, 8, 1)
+    return flash_launch(64, 32, 4, 2) if head_dim <= 64 else flash_launch(32, 32, 4, 2)
 
 
 @triton.jit
@@ -232,9 +166,8 @@ def attention_bwd_dq_kernel(
 # Triton: launch and autograd
 # ----------------------------------------------------------------------------------------------------------------
 
-def _constexprs(head_dim: int, cfg: LaunchConfig, causal: bool) -> dict:
-    return dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                CAUSAL=causal)
+def _constexprs(head_dim: int, cfg: Launch, causal: bool) -> dict:
+    return dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), **cfg.blocks, CAUSAL=causal)
 
 
 class _AttentionTriton(torch.autograd.Function):
@@ -246,9 +179,8 @@ class _AttentionTriton(torch.autograd.Function):
         cfg = _launch_config(d, q.dtype)
         o = new_output(q.shape, q.dtype, q.device)
         lse = new_output((B, H, T), torch.float32, q.device)
-        attention_fwd_kernel[(triton.cdiv(T, cfg.block_m), B * H)](
-            q, k, v, o, lse, T, scale, **_constexprs(d, cfg, causal),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        attention_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
+            q, k, v, o, lse, T, scale, **_constexprs(d, cfg, causal), **cfg.options)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale = causal, scale
         return o
@@ -261,10 +193,10 @@ class _AttentionTriton(torch.autograd.Function):
         do = do.contiguous()
         delta = (do.float() * o.float()).sum(-1)                 # D_i = sum_c dO_ic O_ic, (B, H, T) fp32
         dq, dk, dv = (new_output(q.shape, q.dtype, q.device) for _ in range(3))
-        meta = dict(**_constexprs(d, cfg, ctx.causal), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        attention_bwd_dkdv_kernel[(triton.cdiv(T, cfg.block_n), B * H)](
+        meta = dict(**_constexprs(d, cfg, ctx.causal), **cfg.options)
+        attention_bwd_dkdv_kernel[(triton.cdiv(T, cfg["BLOCK_N"]), B * H)](
             q, k, v, do, lse, delta, dk, dv, T, ctx.scale, **meta)
-        attention_bwd_dq_kernel[(triton.cdiv(T, cfg.block_m), B * H)](
+        attention_bwd_dq_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
             q, k, v, do, lse, delta, dq, T, ctx.scale, **meta)
         return dq, dk, dv, None, None
 
@@ -305,13 +237,8 @@ def attention(q, k, v, causal=True, scale=None, backend=None):
 # Ahead-of-time build (python -m seqmix.kernels.aot)
 # ----------------------------------------------------------------------------------------------------------------
 
-# Argument types of the kernels here and in rerope.py, by name; every other argument is a tensor of the input dtype.
-AOT_ARG_TYPES = dict(LSE="*fp32", DELTA="*fp32", ROT="*fp32", T="i32", T_q="i32", T_k="i32", window="i32",
-                     scale="fp32", inv_log_len="fp32")
-
-
 def aot_kernels():
-    from seqmix.kernels.aot import AotKernel
+    from seqmix.kernels.aot import AOT_DTYPES, FLASH_ARG_TYPES, AotKernel
     kernels = []
     for d in (64, 128):
         for dtype, torch_dtype in AOT_DTYPES.items():
@@ -319,5 +246,5 @@ def aot_kernels():
             constexprs = _constexprs(d, cfg, True)
             for fn in (attention_fwd_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel):
                 kernels.append(AotKernel(f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}", fn, constexprs,
-                                         AOT_ARG_TYPES, "*" + dtype, cfg.num_warps, cfg.num_stages))
+                                         FLASH_ARG_TYPES, "*" + dtype, cfg.num_warps, cfg.num_stages))
     return kernels

@@ -58,10 +58,10 @@ from collections import namedtuple
 import torch
 
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
-from seqmix.kernels._common import (accumulation_dtype, check_devices, check_same_dtype, check_tensor, new_output, tl,
-                                    triton)
-from seqmix.kernels.attention import (AOT_ARG_TYPES, AOT_DTYPES, LaunchConfig, block_d, check_triton_head_dim,
-                               load_row_stats, load_tile, online_softmax_step, softmax_tile_grad, store_tile)
+from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
+                                    new_output, tl, triton)
+from seqmix.kernels._flash import (block_d, check_triton_head_dim, flash_launch, load_row_stats, load_tile,
+                                   online_softmax_step, softmax_tile_grad, store_tile)
 
 LaunchConfigs = namedtuple("LaunchConfigs", "fwd dq dkdv")     # one per kernel
 DECODE_CHUNK = 4096          # keys rotated at a time by the torch decode
@@ -72,9 +72,10 @@ def _launch_configs(head_dim: int, dtype: torch.dtype) -> LaunchConfigs:
     without register spills on sm_80 and sm_90 (``python -m seqmix.kernels.aot``). Each query and key tile is held in two
     rotations and the backward keeps two gradient accumulators per tile, hence smaller tiles than attention's."""
     if dtype == torch.float32:
-        return LaunchConfigs(LaunchConfig(32, 32, 8, 1), LaunchConfig(16, 16, 8, 2), LaunchConfig(16, 16, 8, 1))
-    fwd = LaunchConfig(64, 32, 4, 2) if head_dim <= 64 else LaunchConfig(32, 32, 8, 2)
-    return LaunchConfigs(fwd, LaunchConfig(16, 16, 8, 2), LaunchConfig(16, 16, 8, 2))
+        return LaunchConfigs(flash_launch(32, 32, 8, 1), flash_launch(16, 16, 8, 2), flash_launch(16, 16, 8, 1))
+    fwd = flash_launch(64, 32, 4, 2) if head_dim <= 64 else flash_launch(32, 32, 8, 2)
+    return LaunchConfigs(fwd, flash_launch(16, 16, 8, 2), flash_launch(16, 16, 8, 2))
+
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -472,14 +473,14 @@ def rerope_bwd_dkdv_kernel(
 # Triton: launch and autograd
 # ----------------------------------------------------------------------------------------------------------------
 
-def _constexprs(head_dim: int, cfg: LaunchConfig, leaky: bool) -> dict:
-    return dict(HEAD_DIM=head_dim, BLOCK_F=block_d(head_dim // 2), BLOCK_D=block_d(head_dim), BLOCK_M=cfg.block_m,
-                BLOCK_N=cfg.block_n, LEAKY=leaky)
+def _constexprs(head_dim: int, cfg: Launch, leaky: bool) -> dict:
+    return dict(HEAD_DIM=head_dim, BLOCK_F=block_d(head_dim // 2), BLOCK_D=block_d(head_dim), **cfg.blocks,
+                LEAKY=leaky)
 
 
-def _meta(head_dim: int, cfg: LaunchConfig, leaky: bool) -> dict:
+def _meta(head_dim: int, cfg: Launch, leaky: bool) -> dict:
     """The constexprs and launch options of one kernel call."""
-    return dict(**_constexprs(head_dim, cfg, leaky), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return dict(**_constexprs(head_dim, cfg, leaky), **cfg.options)
 
 
 class _ReRoPETriton(torch.autograd.Function):
@@ -496,7 +497,7 @@ class _ReRoPETriton(torch.autograd.Function):
         lse = new_output((B, H, T_q), torch.float32, q.device)
         ctx.args = (T_q, T_k, window, 0.0 if train_length is None else 1.0 / math.log(train_length), scale)
         ctx.leaky, ctx.train_length = leaky_k is not None, train_length
-        rerope_fwd_kernel[(triton.cdiv(T_q, cfg.block_m), B * H)](q, k, v, o, lse, rot, *ctx.args,
+        rerope_fwd_kernel[(triton.cdiv(T_q, cfg["BLOCK_M"]), B * H)](q, k, v, o, lse, rot, *ctx.args,
                                                                   **_meta(d, cfg, ctx.leaky))
         ctx.save_for_backward(q, k, v, o, lse, rot)
         return o
@@ -518,10 +519,10 @@ class _ReRoPETriton(torch.autograd.Function):
         dv = new_output(v.shape, v.dtype, v.device)
         operands = (q_near, q_far, k_near, k_far, v, do, lse, delta)
         cfg = ctx.configs.dq
-        rerope_bwd_dq_kernel[(triton.cdiv(T_q, cfg.block_m), B * H)](*operands, dq, rot, *ctx.args,
+        rerope_bwd_dq_kernel[(triton.cdiv(T_q, cfg["BLOCK_M"]), B * H)](*operands, dq, rot, *ctx.args,
                                                                      **_meta(d, cfg, ctx.leaky))
         cfg = ctx.configs.dkdv
-        rerope_bwd_dkdv_kernel[(triton.cdiv(T_k, cfg.block_n), B * H)](*operands, dk, dv, rot, *ctx.args[:3],
+        rerope_bwd_dkdv_kernel[(triton.cdiv(T_k, cfg["BLOCK_N"]), B * H)](*operands, dk, dv, rot, *ctx.args[:3],
                                                                        **_meta(d, cfg, ctx.leaky))
         return dq, dk, dv, None, None, None, None, None
 
@@ -865,7 +866,7 @@ def rerope_decode(q, k_cache, v_cache, window, leaky_k=None, scale=None, train_l
 # ----------------------------------------------------------------------------------------------------------------
 
 def aot_kernels():
-    from seqmix.kernels.aot import AotKernel
+    from seqmix.kernels.aot import AOT_DTYPES, FLASH_ARG_TYPES, AotKernel
     kernels = []
     for d in (64, 128):
         for dtype, torch_dtype in AOT_DTYPES.items():
@@ -875,6 +876,6 @@ def aot_kernels():
                                 (rerope_bwd_dkdv_kernel, configs.dkdv)):
                     constexprs = _constexprs(d, cfg, leaky)
                     label = f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}{' leaky' if leaky else ''}"
-                    kernels.append(AotKernel(label, fn, constexprs, AOT_ARG_TYPES, "*" + dtype, cfg.num_warps,
+                    kernels.append(AotKernel(label, fn, constexprs, FLASH_ARG_TYPES, "*" + dtype, cfg.num_warps,
                                              cfg.num_stages))
     return kernels

@@ -5,6 +5,7 @@ a float64 torch copy of the per-pair definition written here (for autograd; chec
 -> torch backend (flash pieces merged by log-sum-exp) -> Triton backend (fused kernels under the interpreter, with
 16-row tiles so that short sequences exercise far, straddling and near tiles).
 """
+import dataclasses
 import math
 
 import numpy as np
@@ -34,9 +35,12 @@ CASES = [
 @pytest.fixture(autouse=True)
 def tiles(monkeypatch):
     """16-row tiles for the interpreter; call with other sizes to change them."""
+    chosen = rerope._launch_configs
+
     def use(block_m=16, block_n=16):
-        config = rerope.LaunchConfig(block_m, block_n, 4, 1)
-        monkeypatch.setattr(rerope, "_launch_configs", lambda head_dim, dtype: rerope.LaunchConfigs(*[config] * 3))
+        tiles = {"BLOCK_M": block_m, "BLOCK_N": block_n}
+        monkeypatch.setattr(rerope, "_launch_configs", lambda *a: rerope.LaunchConfigs(
+            *(dataclasses.replace(cfg, blocks=tiles) for cfg in chosen(*a))))
     use()
     return use
 

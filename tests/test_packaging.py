@@ -117,6 +117,29 @@ def test_imports_point_downward():
     assert not wrong, wrong
 
 
+OPS = ("attention", "rerope", "wkv4", "wkv7", "ssm")
+
+
+def cross_op_imports(graph: dict[str, set[str]]) -> list[str]:
+    """The imports from one op's module (or package) of another op's: what they share belongs in a private module."""
+    def op_of(module):
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[1] == "kernels" and parts[2] in OPS else None
+
+    return [f"{m} imports {t}" for m, targets in graph.items() for t in targets
+            if op_of(m) and op_of(t) and op_of(t) != op_of(m)]
+
+
+def test_no_op_module_imports_another():
+    assert not cross_op_imports(import_graph())
+
+
+def test_cross_op_check_catches_one():
+    graph = {"seqmix.kernels.rerope.fused": {"seqmix.kernels.attention", "seqmix.kernels._flash"},
+             "seqmix.kernels.rerope": {"seqmix.kernels.rerope.fused"}, "seqmix.models.rwkv7": {"seqmix.kernels.wkv7"}}
+    assert cross_op_imports(graph) == ["seqmix.kernels.rerope.fused imports seqmix.kernels.attention"]
+
+
 def test_reference_imports_numpy_and_its_siblings_only():
     stdlib = set(sys.stdlib_module_names)
     for name, path in modules().items():
