@@ -1,8 +1,8 @@
-"""What every op shares: the optional Triton import, dtypes, input checks, output allocation (a leaf module: the
-backend choice, which needs the C loops, is ``_backend``).
+"""What every op shares: the optional Triton import, dtypes, input checks, output allocation, the launch type (a
+leaf module: the backend choice, which needs the C loops, is ``_backend``).
 
-Kernel modules write ``from __future__ import annotations`` and ``from seqmix.kernels._common import triton, tl``, so that
-``BLOCK: tl.constexpr`` is never evaluated and a module imports (torch backend only) where Triton is missing.
+Kernel modules write ``from __future__ import annotations`` and ``from seqmix.kernels._common import triton, tl``, so
+that ``BLOCK: tl.constexpr`` is never evaluated and a module imports (torch backend only) where Triton is missing.
 """
 from __future__ import annotations
 

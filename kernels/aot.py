@@ -34,8 +34,8 @@ TARGETS = (80, 90)
 AOT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Argument types of the flash kernels (attention, rerope), by name; every other argument is a pointer to the input
 # dtype.
-FLASH_ARG_TYPES = dict(LSE="*fp32", DELTA="*fp32", ROT="*fp32", T="i32", T_q="i32", T_k="i32", window="i32",
-                       scale="fp32", inv_log_len="fp32")
+FLASH_ARG_TYPES = dict(lse_ptr="*fp32", delta_ptr="*fp32", LSE="*fp32", DELTA="*fp32", ROT="*fp32", T="i32",
+                       T_q="i32", T_k="i32", window="i32", scale="fp32", inv_log_len="fp32")
 
 
 @dataclass
@@ -108,7 +108,8 @@ def main(argv=None) -> int:
             failures += bad
             print(f"{k.label:<44} sm_{arch:<2} {r['regs']:>5} {r['spill_bytes']:>8} {r['stack']:>8} "
                   f"{r['shared']:>9}" + ("  SPILLS" if bad else ""), flush=True)
-    print(f"\n{'FAILED: ' + str(failures) + ' kernel builds failed or spilled' if failures else 'all kernels built without spills'}")
+    print("\n" + (f"FAILED: {failures} kernel builds failed or spilled" if failures
+                  else "all kernels built without spills"))
     return 1 if failures else 0
 
 

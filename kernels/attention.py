@@ -34,6 +34,10 @@ from seqmix.kernels._flash import (block_d, check_triton_head_dim, flash_launch,
                                    online_softmax_step, softmax_tile_grad, store_tile)
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Triton path
+# ----------------------------------------------------------------------------------------------------------------
+
 def _launch_config(head_dim: int, dtype: torch.dtype) -> Launch:
     """Tiles of the three kernels for head size ``head_dim`` and inputs of ``dtype``: the largest that compile
     without register spills on sm_80 and sm_90 (``python -m seqmix.kernels.aot``); fp32 operands take twice the
@@ -53,15 +57,11 @@ def _scores(q, k, rows, cols, T, scale, CAUSAL: tl.constexpr):
     return tl.where(valid, s, float("-inf"))
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Triton kernels
-# ----------------------------------------------------------------------------------------------------------------
-
 @triton.jit
 def attention_fwd_kernel(
-    Q, K, V,                    # (B*H, T, d) contiguous, input dtype
-    O,                          # (B*H, T, d) output, input dtype
-    LSE,                        # (B*H, T) fp32 output: log-sum-exp of each row's scores, for the backward
+    q_ptr, k_ptr, v_ptr,        # (B*H, T, d) contiguous, input dtype
+    o_ptr,                      # (B*H, T, d) output, input dtype
+    lse_ptr,                    # (B*H, T) fp32 output: log-sum-exp of each row's scores, for the backward
     T,                          # sequence length
     scale,                      # score scale (1/sqrt(d) unless given)
     HEAD_DIM: tl.constexpr,     # d
@@ -71,10 +71,10 @@ def attention_fwd_kernel(
     CAUSAL: tl.constexpr,       # mask j > i and skip the tiles above the diagonal
 ):
     start_m = tl.program_id(0) * BLOCK_M
-    base = tl.program_id(1).to(tl.int64) * T * HEAD_DIM        # this (batch, head)'s first element
+    seq = tl.program_id(1).to(tl.int64) * T * HEAD_DIM         # this (batch, head)'s first element
     rows = start_m + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
-    q = load_tile(Q + base, rows, T, dims, HEAD_DIM)
+    q = load_tile(q_ptr + seq, rows, T, dims, HEAD_DIM)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -84,20 +84,20 @@ def attention_fwd_kernel(
         end = tl.minimum(start_m + BLOCK_M, T)
     for start_n in range(0, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = load_tile(K + base, cols, T, dims, HEAD_DIM)
-        v = load_tile(V + base, cols, T, dims, HEAD_DIM)
+        k = load_tile(k_ptr + seq, cols, T, dims, HEAD_DIM)
+        v = load_tile(v_ptr + seq, cols, T, dims, HEAD_DIM)
         s = _scores(q, k, rows, cols, T, scale, CAUSAL)
         m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc)
 
-    store_tile(O + base, acc / l_i[:, None], rows, T, dims, HEAD_DIM)
-    tl.store(LSE + tl.program_id(1).to(tl.int64) * T + rows, m_i + tl.log(l_i), mask=rows < T)
+    store_tile(o_ptr + seq, acc / l_i[:, None], rows, T, dims, HEAD_DIM)
+    tl.store(lse_ptr + tl.program_id(1).to(tl.int64) * T + rows, m_i + tl.log(l_i), mask=rows < T)
 
 
 @triton.jit
 def attention_bwd_dkdv_kernel(
-    Q, K, V, DO,                # (B*H, T, d) contiguous, input dtype; DO is the gradient of the output
-    LSE, DELTA,                 # (B*H, T) fp32: the forward's log-sum-exp, and D = rowsum(dO * O)
-    DK, DV,                     # (B*H, T, d) outputs, input dtype
+    q_ptr, k_ptr, v_ptr, do_ptr,  # (B*H, T, d) contiguous, input dtype; do_ptr: the gradient of the output
+    lse_ptr, delta_ptr,         # (B*H, T) fp32: the forward's log-sum-exp, and D = rowsum(dO * O)
+    dk_ptr, dv_ptr,             # (B*H, T, d) outputs, input dtype
     T, scale,                   # sequence length, score scale
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,  # d and its power-of-two padding
     BLOCK_M: tl.constexpr,      # query rows per tile of the inner loop
@@ -106,11 +106,11 @@ def attention_bwd_dkdv_kernel(
 ):
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1).to(tl.int64)
-    base = bh * T * HEAD_DIM
+    seq = bh * T * HEAD_DIM
     cols = start_n + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
-    k = load_tile(K + base, cols, T, dims, HEAD_DIM)
-    v = load_tile(V + base, cols, T, dims, HEAD_DIM)
+    k = load_tile(k_ptr + seq, cols, T, dims, HEAD_DIM)
+    v = load_tile(v_ptr + seq, cols, T, dims, HEAD_DIM)
     dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     first = 0
@@ -118,22 +118,22 @@ def attention_bwd_dkdv_kernel(
         first = (start_n // BLOCK_M) * BLOCK_M
     for start_m in range(first, T, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
-        q = load_tile(Q + base, rows, T, dims, HEAD_DIM)
-        do = load_tile(DO + base, rows, T, dims, HEAD_DIM)
-        lse, delta = load_row_stats(LSE + bh * T, DELTA + bh * T, rows, T)
+        q = load_tile(q_ptr + seq, rows, T, dims, HEAD_DIM)
+        do = load_tile(do_ptr + seq, rows, T, dims, HEAD_DIM)
+        lse, delta = load_row_stats(lse_ptr + bh * T, delta_ptr + bh * T, rows, T)
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         p, ds = softmax_tile_grad(_scores(q, k, rows, cols, T, scale, CAUSAL), lse, dp, delta)
         dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision="ieee")
         dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision="ieee")
-    store_tile(DK + base, dk * scale, cols, T, dims, HEAD_DIM)
-    store_tile(DV + base, dv, cols, T, dims, HEAD_DIM)
+    store_tile(dk_ptr + seq, dk * scale, cols, T, dims, HEAD_DIM)
+    store_tile(dv_ptr + seq, dv, cols, T, dims, HEAD_DIM)
 
 
 @triton.jit
 def attention_bwd_dq_kernel(
-    Q, K, V, DO,                # (B*H, T, d) contiguous, input dtype
-    LSE, DELTA,                 # (B*H, T) fp32
-    DQ,                         # (B*H, T, d) output, input dtype
+    q_ptr, k_ptr, v_ptr, do_ptr,  # (B*H, T, d) contiguous, input dtype
+    lse_ptr, delta_ptr,         # (B*H, T) fp32
+    dq_ptr,                     # (B*H, T, d) output, input dtype
     T, scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,      # query rows per program
@@ -142,67 +142,77 @@ def attention_bwd_dq_kernel(
 ):
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1).to(tl.int64)
-    base = bh * T * HEAD_DIM
+    seq = bh * T * HEAD_DIM
     rows = start_m + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
-    q = load_tile(Q + base, rows, T, dims, HEAD_DIM)
-    do = load_tile(DO + base, rows, T, dims, HEAD_DIM)
-    lse, delta = load_row_stats(LSE + bh * T, DELTA + bh * T, rows, T)
+    q = load_tile(q_ptr + seq, rows, T, dims, HEAD_DIM)
+    do = load_tile(do_ptr + seq, rows, T, dims, HEAD_DIM)
+    lse, delta = load_row_stats(lse_ptr + bh * T, delta_ptr + bh * T, rows, T)
     dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     end = T
     if CAUSAL:
         end = tl.minimum(start_m + BLOCK_M, T)
     for start_n in range(0, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = load_tile(K + base, cols, T, dims, HEAD_DIM)
-        v = load_tile(V + base, cols, T, dims, HEAD_DIM)
+        k = load_tile(k_ptr + seq, cols, T, dims, HEAD_DIM)
+        v = load_tile(v_ptr + seq, cols, T, dims, HEAD_DIM)
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         _, ds = softmax_tile_grad(_scores(q, k, rows, cols, T, scale, CAUSAL), lse, dp, delta)
         dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
-    store_tile(DQ + base, dq * scale, rows, T, dims, HEAD_DIM)
+    store_tile(dq_ptr + seq, dq * scale, rows, T, dims, HEAD_DIM)
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# Triton: launch and autograd
-# ----------------------------------------------------------------------------------------------------------------
 
 def _constexprs(head_dim: int, cfg: Launch, causal: bool) -> dict:
     return dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), **cfg.blocks, CAUSAL=causal)
 
 
-class _AttentionTriton(torch.autograd.Function):
+def attention_fwd(q, k, v, causal, scale):
+    """Runs the forward kernel on contiguous (B, H, T, d) q, k, v; returns O and each row's log-sum-exp."""
+    B, H, T, d = q.shape
+    cfg = _launch_config(d, q.dtype)
+    o = new_output(q.shape, q.dtype, q.device)
+    lse = new_output((B, H, T), torch.float32, q.device)
+    attention_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
+        q, k, v, o, lse, T, scale, **_constexprs(d, cfg, causal), **cfg.options)
+    return o, lse
+
+
+def attention_bwd(q, k, v, o, lse, do, causal, scale):
+    """Runs the two backward kernels; returns dq, dk, dv."""
+    B, H, T, d = q.shape
+    cfg = _launch_config(d, q.dtype)
+    do = do.contiguous()
+    delta = (do.float() * o.float()).sum(-1)                     # D_i = sum_c dO_ic O_ic, (B, H, T) fp32
+    dq, dk, dv = (new_output(q.shape, q.dtype, q.device) for _ in range(3))
+    meta = dict(**_constexprs(d, cfg, causal), **cfg.options)
+    attention_bwd_dkdv_kernel[(triton.cdiv(T, cfg["BLOCK_N"]), B * H)](
+        q, k, v, do, lse, delta, dk, dv, T, scale, **meta)
+    attention_bwd_dq_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
+        q, k, v, do, lse, delta, dq, T, scale, **meta)
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Autograd
+# ----------------------------------------------------------------------------------------------------------------
+
+class AttentionFunction(torch.autograd.Function):
     """The flash kernels; q, k, v contiguous (B, H, T, d)."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
-        B, H, T, d = q.shape
-        cfg = _launch_config(d, q.dtype)
-        o = new_output(q.shape, q.dtype, q.device)
-        lse = new_output((B, H, T), torch.float32, q.device)
-        attention_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
-            q, k, v, o, lse, T, scale, **_constexprs(d, cfg, causal), **cfg.options)
+        o, lse = attention_fwd(q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale = causal, scale
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        B, H, T, d = q.shape
-        cfg = _launch_config(d, q.dtype)
-        do = do.contiguous()
-        delta = (do.float() * o.float()).sum(-1)                 # D_i = sum_c dO_ic O_ic, (B, H, T) fp32
-        dq, dk, dv = (new_output(q.shape, q.dtype, q.device) for _ in range(3))
-        meta = dict(**_constexprs(d, cfg, ctx.causal), **cfg.options)
-        attention_bwd_dkdv_kernel[(triton.cdiv(T, cfg["BLOCK_N"]), B * H)](
-            q, k, v, do, lse, delta, dk, dv, T, ctx.scale, **meta)
-        attention_bwd_dq_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
-            q, k, v, do, lse, delta, dq, T, ctx.scale, **meta)
-        return dq, dk, dv, None, None
+        return (*attention_bwd(*ctx.saved_tensors, do, ctx.causal, ctx.scale), None, None)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Public function
+# Public op
 # ----------------------------------------------------------------------------------------------------------------
 
 def attention(q, k, v, causal=True, scale=None, backend=None):
@@ -230,7 +240,7 @@ def attention(q, k, v, causal=True, scale=None, backend=None):
     if backend == "torch":
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     check_triton_head_dim(d)
-    return _AttentionTriton.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale)
+    return AttentionFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -96,10 +96,10 @@ def check_against_truth(inputs, softplus, cotangents, budget, backend, dtype=tor
 
 @pytest.fixture
 def chunks_per_block(monkeypatch):
-    """chunks_per_block(k, batch, dim, N): the torch backend then makes blocks of k chunks of CHUNK_LEN tokens, so
+    """chunks_per_block(k, batch, dim, N): the torch backend then makes blocks of k chunks of CHUNK tokens, so
     that a short sequence crosses both chunk and block boundaries (by default it fits one block)."""
     def set_chunks(k, batch, dim, N):
-        monkeypatch.setattr(ssm, "BLOCK_ELEMENTS", k * ssm.CHUNK_LEN * batch * dim * N)
+        monkeypatch.setattr(ssm, "BLOCK_ELEMENTS", k * ssm.CHUNK * batch * dim * N)
     return set_chunks
 
 
