@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from seqmix.benchmarks import cost_model, peers
-from seqmix.kernels._backend import resolve_backend
+from seqmix.kernels.testing import resolve_backend
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 RESULTS = Path(__file__).parent / "results"

@@ -3,7 +3,7 @@ the cut points of a sequence fed in pieces and the feeding, and a spy on a modul
 import numpy as np
 import pytest
 
-from seqmix.kernels._common import HAS_TRITON
+from seqmix.kernels.testing import HAS_TRITON
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 # Parametrize a test over these: the Triton case is skipped where triton does not import.

@@ -6,8 +6,8 @@ import torch
 
 from kernel_cases import BACKENDS, needs_triton
 from seqmix.kernels import ssm
-from seqmix.kernels._common import accumulation_dtype
-from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
+from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, accumulation_dtype, assert_all_close,
+                                    assert_close)
 from seqmix.reference import ssm as ref
 
 TENSORS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "state")

@@ -7,9 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 import seqmix.kernels.wkv7 as kw
 from kernel_cases import in_pieces, needs_triton, rwkv7_inputs, spy, split_bounds
-from seqmix.kernels._common import accumulation_dtype
-from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, assert_all_close,
-                             assert_close, fp32)
+from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET,
+                                    accumulation_dtype, assert_all_close, assert_close, fp32)
 from seqmix.reference.wkv7 import wkv7 as reference_wkv7
 
 # The gradients' names: of r, log_w, k, v, a, b and the initial state.

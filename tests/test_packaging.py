@@ -140,6 +140,25 @@ def test_cross_op_check_catches_one():
     assert cross_op_imports(graph) == ["seqmix.kernels.rerope.fused imports seqmix.kernels.attention"]
 
 
+PRIVATE_KERNELS = re.compile(r"^\s*(?:from seqmix\.kernels(?:\.\w+)* import .*\b_(?:common|backend|flash)\b|"
+                             r"(?:from|import) seqmix\.kernels\._\w+)", re.M)
+
+
+def test_tests_and_benchmarks_use_the_public_testing_module():
+    """HAS_TRITON, the state dtype, the backend choice and poisoned outputs come from seqmix.kernels.testing; only
+    the cost model, which models the kernels' tiles, reads a private module."""
+    files = [*(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]
+    hits = [f"{f.relative_to(ROOT)}: {m.group(0).strip()}" for f in files if f.name != "cost_model.py"
+            for m in PRIVATE_KERNELS.finditer(f.read_text())]
+    assert not hits, hits
+
+
+def test_private_import_check_catches_one():
+    assert PRIVATE_KERNELS.search("from seqmix.kernels._common import HAS_TRITON\n")
+    assert PRIVATE_KERNELS.search("from seqmix.kernels import _common  # noqa\n")
+    assert not PRIVATE_KERNELS.search("from seqmix.kernels.testing import HAS_TRITON\n")
+
+
 def test_reference_imports_numpy_and_its_siblings_only():
     stdlib = set(sys.stdlib_module_names)
     for name, path in modules().items():
