@@ -73,7 +73,7 @@ class Model:
 
 def dot_rate(dtype: str, hw=H100) -> tuple[float, str]:
     """FLOP/s of the kernels' tl.dot and the unit that runs it: bf16/fp16 on tensor cores; fp32 with
-    input_precision="ieee" (what attention.py and rerope.py ask for) as plain fp32 FMAs, without tensor cores."""
+    input_precision="ieee" (what attention.py and rerope/fused.py ask for) as plain fp32 FMAs, without tensor cores."""
     if dtype in ("fp16", "bf16"):
         return hw["tensor"], "tensor cores"
     return hw["fp32"], "fp32 FMA units (IEEE dots)"
@@ -270,7 +270,7 @@ def ssm_models(B=1, T=2048, D=1536, N=16):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Flash-style attention (kernels/attention.py) and ReRoPE (kernels/rerope.py): tiles of queries against key tiles
+# Flash-style attention (kernels/attention.py) and ReRoPE (kernels/rerope/fused.py): tiles of queries against key tiles
 # ----------------------------------------------------------------------------------------------------------------
 
 # Per score of a tile: scale, the causal/length mask (2 compares, and, select), running max, subtract, row sum:
@@ -335,13 +335,15 @@ def attention_bwd_dkdv(BH, T, d, dtype, bm, bn):
     return total * BH
 
 
-def _flash_configs(module, d, dtype):
-    """The launch configurations (fwd, bwd_dq, bwd_dkdv) the module's dispatcher picks for head size d and this
-    dtype: attention uses one for all three kernels, ReRoPE one per kernel."""
+def _flash_configs(op, d, dtype):
+    """The launch configurations (fwd, bwd_dq, bwd_dkdv) the op's dispatcher picks for head size d and this dtype:
+    attention uses one for all three kernels, ReRoPE one per kernel."""
     torch_dtype = AOT_DTYPES[dtype]
-    if hasattr(module, "_launch_configs"):
-        return tuple(module._launch_configs(d, torch_dtype))
-    return (module._launch_config(d, torch_dtype),) * 3
+    if op == "rerope":
+        from seqmix.kernels.rerope import fused
+        return tuple(fused._launch_config(kernel, d, torch_dtype) for kernel in fused.KERNELS)
+    from seqmix.kernels import attention
+    return (attention._launch_config(d, torch_dtype),) * 3
 
 
 def _flash_models(op, shape, B, H, T, d, dtype, cfgs, table_bytes, costs):
@@ -358,11 +360,10 @@ def _flash_models(op, shape, B, H, T, d, dtype, cfgs, table_bytes, costs):
 
 
 def attention_models(B=1, H=4, T=8192, d=64):
-    from seqmix.kernels import attention
     shape = f"B={B} H={H} T={T} d={d}"
     out = []
     for dtype in ("fp32", "bf16"):
-        cfgs = _flash_configs(attention, d, dtype)
+        cfgs = _flash_configs("attention", d, dtype)
         costs = [fn(B * H, T, d, dtype, c["BLOCK_M"], c["BLOCK_N"])
                  for fn, c in zip((attention_fwd, attention_bwd_dq, attention_bwd_dkdv), cfgs)]
         out += _flash_models("attention", shape, B, H, T, d, dtype, cfgs, 0, costs)
@@ -370,7 +371,7 @@ def attention_models(B=1, H=4, T=8192, d=64):
 
 
 def _rerope_key_runs(c, T, w, bm, bn):
-    """kernels/rerope.py's _key_runs for a query tile starting at c (prefill): far-only, straddling, near-only."""
+    """kernels/rerope/fused.py's _key_runs for a query tile starting at c (prefill): far-only, straddling, near-only."""
     end = min(T, c + bm)
     far_end = (max(c - w + 1, 0) // bn) * bn
     near_start = min(_cdiv(max(c + bm - w, 0), bn) * bn, end)
@@ -378,7 +379,7 @@ def _rerope_key_runs(c, T, w, bm, bn):
 
 
 def _rerope_query_runs(start_n, T, w, bm, bn):
-    """kernels/rerope.py's _query_runs for a key tile starting at start_n (prefill): near-only, both, far-only."""
+    """kernels/rerope/fused.py's _query_runs for a key tile starting at start_n (prefill): near-only, both, far-only."""
     first = (start_n // bm) * bm
     near_end = max((max(start_n + w, 0) // bm) * bm, first)
     far_start = min(max(_cdiv(max(start_n + bn - 1 + w, 0), bm) * bm, near_end), T)
@@ -456,11 +457,10 @@ def rerope_bwd_dkdv(BH, T, d, dtype, bm, bn, w):
 
 
 def rerope_models(B=1, H=4, T=8192, d=64, w=512):
-    from seqmix.kernels import rerope
     shape = f"B={B} H={H} T={T} d={d} w={w}"
     out = []
     for dtype in ("fp32", "bf16"):
-        cfgs = _flash_configs(rerope, d, dtype)
+        cfgs = _flash_configs("rerope", d, dtype)
         costs = [fn(B * H, T, d, dtype, c["BLOCK_M"], c["BLOCK_N"], w)
                  for fn, c in zip((rerope_fwd, rerope_bwd_dq, rerope_bwd_dkdv), cfgs)]
         # the rotation table (paths NEAR and FAR_Q, cos and sin, T x d/2 fp32) is read once for all heads

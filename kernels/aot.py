@@ -28,14 +28,14 @@ import torch
 if "triton" not in sys.modules:
     os.environ.pop("TRITON_INTERPRET", None)
 
-MODULES = tuple(f"seqmix.kernels.{op}" for op in ("attention", "rerope", "wkv4", "wkv7", "ssm"))
+MODULES = tuple(f"seqmix.kernels.{op}" for op in ("attention", "rerope.fused", "wkv4", "wkv7", "ssm"))
 TARGETS = (80, 90)
 # The input dtypes of the flash kernels' builds (the recurrences' take fp32 and bf16), by their Triton names.
 AOT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Argument types of the flash kernels (attention, rerope), by name; every other argument is a pointer to the input
 # dtype.
-FLASH_ARG_TYPES = dict(lse_ptr="*fp32", delta_ptr="*fp32", LSE="*fp32", DELTA="*fp32", ROT="*fp32", T="i32",
-                       T_q="i32", T_k="i32", window="i32", scale="fp32", inv_log_len="fp32")
+FLASH_ARG_TYPES = dict(lse_ptr="*fp32", delta_ptr="*fp32", rot_ptr="*fp32", T="i32", T_q="i32", T_k="i32",
+                       window="i32", scale="fp32", inv_log_len="fp32")
 
 
 @dataclass

@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernel_cases import BACKENDS, needs_triton
 from seqmix.kernels import rerope
+from seqmix.kernels.rerope import fused, piecewise
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
 from qkv_check import check_qkv_op, qkv_inputs, output_and_grads
 from seqmix.reference.rope import (attention_from_relative_positions, log_n_scale, relative_positions, rerope_attention,
@@ -35,12 +36,11 @@ CASES = [
 @pytest.fixture(autouse=True)
 def tiles(monkeypatch):
     """16-row tiles for the interpreter; call with other sizes to change them."""
-    chosen = rerope._launch_configs
+    chosen = fused._launch_config
 
     def use(block_m=16, block_n=16):
         tiles = {"BLOCK_M": block_m, "BLOCK_N": block_n}
-        monkeypatch.setattr(rerope, "_launch_configs", lambda *a: rerope.LaunchConfigs(
-            *(dataclasses.replace(cfg, blocks=tiles) for cfg in chosen(*a))))
+        monkeypatch.setattr(fused, "_launch_config", lambda *a: dataclasses.replace(chosen(*a), blocks=tiles))
     use()
     return use
 
@@ -85,11 +85,11 @@ def test_prefill_outputs_and_gradients(rng, backend, T, d, window, leaky_k, trai
     _check_prefill(rng, (1, 2, T, d), window, leaky_k, train_length, backend, torch.float32, FP32_BUDGET, backend)
 
 
-@pytest.mark.parametrize("mask_rows", [4, rerope.MASK_ROWS])
+@pytest.mark.parametrize("mask_rows", [4, piecewise.MASK_ROWS])
 @pytest.mark.parametrize("T, d, window, leaky_k, train_length", CASES[:3])
 def test_torch_backend_is_exact_in_float64(rng, monkeypatch, T, d, window, leaky_k, train_length, mask_rows):
     """The pieces and their log-sum-exp merge are exact: float64 in, the definition out to 1e-12."""
-    monkeypatch.setattr(rerope, "MASK_ROWS", mask_rows)
+    monkeypatch.setattr(piecewise, "MASK_ROWS", mask_rows)
     _check_prefill(rng, (2, 2, T, d), window, leaky_k, train_length, "torch", torch.float64, REFERENCE_BUDGET,
                    "float64")
 
@@ -138,7 +138,7 @@ def test_decode_is_the_last_row_of_prefill(rng, backend, T, d, window, leaky_k, 
 
 
 def test_torch_decode_rotates_the_cache_in_chunks(rng, monkeypatch):
-    monkeypatch.setattr(rerope, "DECODE_CHUNK", 8)
+    monkeypatch.setattr(piecewise, "DECODE_CHUNK", 8)
     q, k, v = qkv_inputs(rng, (1, 2, 29, 16))
     expected = rerope_decode(q[:, :, -1:].numpy(), k.numpy(), v.numpy(), 6, 2.5, train_length=4)
     out = rerope.rerope_decode(q[:, :, -1:], k, v, 6, 2.5, train_length=4, backend="torch")
@@ -184,23 +184,23 @@ def test_gradcheck_torch_backend(rng, leaky_k):
 
 def test_chunked_pieces_match_the_definition(rng, monkeypatch):
     """The device-independent pieces (plain torch, chunks of query rows) that non-CPU tensors use."""
-    monkeypatch.setattr(rerope, "_flash_with_lse", rerope._chunked_with_lse)
-    monkeypatch.setattr(rerope, "_flash_backward", rerope._chunked_backward)
-    monkeypatch.setattr(rerope, "QUERY_CHUNK", 8)
+    monkeypatch.setattr(piecewise, "_flash_with_lse", piecewise._chunked_with_lse)
+    monkeypatch.setattr(piecewise, "_flash_backward", piecewise._chunked_backward)
+    monkeypatch.setattr(piecewise, "QUERY_CHUNK", 8)
     _check_prefill(rng, (1, 2, 37, 16), 9, 3.0, 8, "torch", torch.float64, REFERENCE_BUDGET, "chunked pieces")
 
 
-@pytest.mark.parametrize("mask_rows", [3, rerope.MASK_ROWS])
+@pytest.mark.parametrize("mask_rows", [3, piecewise.MASK_ROWS])
 @pytest.mark.parametrize("T", range(1, 21))
 def test_pieces_cover_every_causal_pair_once_on_its_path(monkeypatch, T, mask_rows):
     """Feed positions through each piece's views and its own mask: every pair j <= i is seen exactly once, by the
     path that rel(i - j) calls for (near: i - j < w)."""
-    monkeypatch.setattr(rerope, "MASK_ROWS", mask_rows)
+    monkeypatch.setattr(piecewise, "MASK_ROWS", mask_rows)
     positions = torch.arange(T, dtype=torch.float64)[None, None, :, None]          # (1, 1, T, 1)
     for window in range(1, T + 3):
         count = torch.zeros(T, T, dtype=torch.long)
-        for piece in rerope._pieces(T, window):
-            i, j, _, causal, mask = rerope._piece_args(piece, positions, positions, positions)
+        for piece in piecewise._pieces(T, window):
+            i, j, _, causal, mask = piecewise._piece_args(piece, positions, positions, positions)
             i, j = i[..., 0].long().flatten(0, -2), j[..., 0].long().flatten(0, -2)   # (pieces, L), (pieces, S)
             seen = torch.ones(i.shape[-1], j.shape[-1], dtype=torch.bool)
             seen = seen.tril() if causal else seen
