@@ -24,9 +24,7 @@ from pathlib import Path
 
 import torch
 
-# Compilation for a GPU target needs the real JIT, not the interpreter; kernels/ reads this when it imports triton.
-if "triton" not in sys.modules:
-    os.environ.pop("TRITON_INTERPRET", None)
+__all__ = ["AotKernel", "collect", "compile_one", "main", "AOT_DTYPES", "FLASH_ARG_TYPES", "TARGETS"]
 
 MODULES = tuple(f"seqmix.kernels.{op}" for op in ("attention", "rerope.fused", "wkv4", "wkv7", "ssm"))
 TARGETS = (80, 90)
@@ -88,6 +86,11 @@ def collect() -> list[AotKernel]:
 
 
 def main(argv=None) -> int:
+    """The command line: compile every kernel (or those matching --filter) for each target and print a table."""
+    # Compilation for a GPU target needs the real JIT, not the interpreter; the kernels read this when they first
+    # import triton (in collect, below). Done here, not at import, so that importing this module changes nothing.
+    if "triton" not in sys.modules:
+        os.environ.pop("TRITON_INTERPRET", None)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--filter", default="", help="only kernels whose label contains this text")
     args = parser.parse_args(argv)
