@@ -33,6 +33,8 @@ from seqmix.kernels._common import Launch, check_devices, check_same_dtype, chec
 from seqmix.kernels._flash import (block_d, check_triton_head_dim, flash_launch, load_row_stats, load_tile,
                                    online_softmax_step, softmax_tile_grad, store_tile)
 
+__all__ = ["attention"]
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Triton path
@@ -215,13 +217,20 @@ class AttentionFunction(torch.autograd.Function):
 # Public op
 # ----------------------------------------------------------------------------------------------------------------
 
-def attention(q, k, v, causal=True, scale=None, backend=None):
+def attention(q, k, v, *, causal=True, scale=None, backend=None):
     """O = softmax(q k^T * scale + M) v, M = -inf above the diagonal when causal.
 
-    q, k, v: (B, H, T, d) -> (B, H, T, d), in the input dtype. scale defaults to 1/sqrt(d).
-    backend "torch": torch.nn.functional.scaled_dot_product_attention (any d; float64 too). backend "triton": the
-    flash kernels above (16 <= d <= 128). Differentiable on both. Source: FlashAttention (arXiv:2205.14135); the
-    float64 forms are in reference/attention.py.
+    Args:
+        q, k, v (torch.Tensor): (B, H, T, d), one dtype: fp32, fp16 or bf16 (float64 too on the torch backend).
+        causal (bool): mask the keys after each query. Default: True.
+        scale (float or None): multiplies every score. Default: 1/sqrt(d).
+        backend (str or None): "torch" (torch.nn.functional.scaled_dot_product_attention, any d), "triton" (the
+            flash kernels above, 16 <= d <= 128; on CPU tensors under TRITON_INTERPRET=1) or None (Triton for CUDA
+            tensors, torch otherwise). Default: None.
+    Returns:
+        torch.Tensor: O, (B, H, T, d), in the input dtype; differentiable on both backends.
+
+    Source: FlashAttention (arXiv:2205.14135); the float64 forms are in reference/attention.py.
     """
     check_tensor("q", q, (None, None, None, None))
     B, H, T, d = q.shape

@@ -46,6 +46,8 @@ from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
                                     needs_grad, new_output, tl, triton)
 
+__all__ = ["selective_scan"]
+
 CHUNK = 16                 # torch backend: tokens per chunk (the length of the in-chunk loop)
 BLOCK_ELEMENTS = 1 << 21   # torch backend: a block holds as many chunks as keep (tokens, batch, D, N) under this
 
@@ -366,18 +368,31 @@ class SelectiveScanFunction(torch.autograd.Function):
 # Public op
 # ----------------------------------------------------------------------------------------------------------------
 
-def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, state=None,
+def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_softplus=False, state=None,
                    backend=None):
     """Mamba's selective scan: x_t = exp(delta_t A) x_{t-1} + delta_t B_t u_t, y_t = C_t . x_t + D u_t, times
     silu(z_t) when z is given; delta <- softplus(delta + delta_bias) first when asked.
 
-    u, delta, z: (batch, D, T); A: (D, N); B, C: (batch, N, T); D, delta_bias: (D,); state: (batch, D, N) or None.
-    Returns (y (batch, D, T) in the input dtype, last_state (batch, D, N) fp32, float64 for float64 inputs); feed
-    last_state back as state to continue the sequence. u, delta, B, C, z share one dtype (fp32, fp16, bf16, or
-    float64 on the torch backend); A, D, delta_bias take that dtype or fp32. backend: None (Triton for CUDA tensors;
-    on CPU the C loop when no gradient is wanted and it builds, torch otherwise), "torch", "c" (kernels/native.c,
-    CPU, forward only) or "triton" (on CPU tensors the Triton interpreter, TRITON_INTERPRET=1).
     Differentiable in every tensor argument on the torch and Triton backends.
+
+    Args:
+        u, delta (torch.Tensor): (batch, D, T), the input and the step sizes.
+        A (torch.Tensor): (D, N), one diagonal state matrix per channel (Mamba's -exp(A_log)).
+        B, C (torch.Tensor): (batch, N, T). u, delta, B, C (and z) share one dtype: fp32, fp16 or bf16 (float64
+            too on the torch backend); A, D and delta_bias take that dtype or fp32.
+        D (torch.Tensor or None): (D,), the skip term D u. Default: none.
+        z (torch.Tensor or None): (batch, D, T), the gate. Default: none.
+        delta_bias (torch.Tensor or None): (D,), added to delta. Default: none.
+        delta_softplus (bool): take softplus(delta + delta_bias). Default: False.
+        state (torch.Tensor or None): (batch, D, N), the x before the first token, fp32 (float64 for float64
+            inputs). Default: zeros.
+        backend (str or None): "torch", "triton" (on CPU tensors the Triton interpreter, TRITON_INTERPRET=1), "c"
+            (kernels/native.c, CPU, forward only) or None (Triton for CUDA tensors; on CPU the C loop when no
+            gradient is wanted and it builds, torch otherwise). Default: None.
+    Returns:
+        (y (batch, D, T) in the input dtype, last_state (batch, D, N) fp32, float64 for float64 inputs): feed
+        last_state back as state to continue the sequence.
+
     Source: Mamba (arXiv:2312.00752), Algorithm 2.
     """
     check_tensor("u", u, (None, None, None))

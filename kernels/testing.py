@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 __all__ = ["fp32", "f64", "rel_rms", "max_abs", "assert_close", "assert_all_close", "check", "REFERENCE_BUDGET",
-           "FP32_BUDGET", "FP32_CHUNKED_WKV7_BUDGET", "FP16_BUDGET", "HAS_TRITON", "accumulation_dtype",
-           "resolve_backend", "poisoned_outputs"]
+           "FP32_BUDGET", "FP32_CHUNKED_WKV7_BUDGET", "FP16_BUDGET", "poisoned_outputs",
+           "HAS_TRITON", "accumulation_dtype", "resolve_backend"]   # noqa: F822  (the last three: __getattr__ below)
 
 _FROM_KERNELS = {"HAS_TRITON": "seqmix.kernels._common", "accumulation_dtype": "seqmix.kernels._common",
                  "resolve_backend": "seqmix.kernels._backend"}

@@ -60,6 +60,8 @@ from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
                                     needs_grad, new_output, tl, triton)
 
+__all__ = ["wkv4", "INITIAL_MAX"]
+
 # The state's maximum before any token: HF's CPU loop and CUDA kernel start from this finite "minus infinity"
 # (e^{max - q} = 0 without inf - inf); keeping it makes states interchangeable with transformers'.
 INITIAL_MAX = -1e38
@@ -402,17 +404,24 @@ class Wkv4Function(torch.autograd.Function):
 # Public op
 # ----------------------------------------------------------------------------------------------------------------
 
-def wkv4(w, u, k, v, state=None, backend=None):
+def wkv4(w, u, k, v, state=None, *, backend=None):
     """RWKV-4's WKV with a max-tracked state, differentiable in every input (state included):
 
         wkv_t = (e^{max + t w} num + sum_{i<t} e^{(t-1-i) w + k_i} v_i + e^{u + k_t} v_t)
               / (e^{max + t w} den + sum_{i<t} e^{(t-1-i) w + k_i} + e^{u + k_t})
 
-    w, u: (C,), w = -exp(time_decay) <= 0; k, v: (B, T, C); all fp32, fp16, bf16 (or float64 on the torch
-    backend), one dtype. state: (num, den, max), each (B, C), fp32 (float64 for float64 inputs), HF's layout;
-    None starts from (0, 0, -1e38). Returns (wkv (B, T, C) in the input dtype, (num, den, max)).
-    backend: "torch", "triton", "c" (kernels/native.c, CPU, forward only) or None (Triton for CUDA tensors; on
-    CPU the C loop when no gradient is wanted and it builds, torch otherwise).
+    Args:
+        w (torch.Tensor): (C,), the per-step log decay, w = -exp(time_decay) <= 0.
+        u (torch.Tensor): (C,), the current token's bonus (time_first).
+        k, v (torch.Tensor): (B, T, C). w, u, k, v share one dtype: fp32, fp16 or bf16 (float64 too on the torch
+            backend).
+        state (tuple or None): (num, den, max), each (B, C), fp32 (float64 for float64 inputs), in Hugging Face's
+            layout. Default: (0, 0, INITIAL_MAX = -1e38).
+        backend (str or None): "torch", "triton", "c" (kernels/native.c, CPU, forward only) or None (Triton for CUDA
+            tensors; on CPU the C loop when no gradient is wanted and it builds, torch otherwise). Default: None.
+    Returns:
+        (wkv (B, T, C) in the input dtype, (num, den, max)): feed the state back to continue the sequence.
+
     Source: the attention section of https://huggingface.co/docs/transformers/model_doc/rwkv.
     """
     k = check_tensor("k", k, (None, None, None))

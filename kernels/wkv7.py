@@ -64,6 +64,8 @@ from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
                                     needs_grad, new_output, tl, triton)
 
+__all__ = ["wkv7"]
+
 CHUNK = 16          # torch path: steps per chunk (a power of two, for the halving in _block_couplings)
 DECAY_RANGE = 20.0  # torch path: the widest spread of log decay inside a chunk that the factored couplings take
 CHECKPOINT = 16     # Triton path: steps between saved states; the backward re-runs at most this many steps
@@ -524,22 +526,30 @@ class Wkv7Function(torch.autograd.Function):
 # Public op
 # ----------------------------------------------------------------------------------------------------------------
 
-def wkv7(r, log_w, k, v, a, b, state=None, backend=None, chunked=False):
+def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
     """S_t = S_{t-1} diag(exp(log_w_t)) + (S_{t-1} a_t) b_t^T + v_t k_t^T,  y_t = S_t r_t.
 
-    r, log_w, k, v, a, b: (B, T, H, N), one float dtype (fp32, fp16, bf16; float64 on the torch backend), T >= 1;
-    state: (B, H, N, N) indexed [value, key], fp32 (float64 with float64 inputs), zeros when None.
-    Returns (y, state): y (B, T, H, N) in the input dtype, the state after the last step (B, H, N, N), fp32 (float64
-    for float64 inputs). Feeding a sequence in pieces, each with the state the last returned, gives the same as
-    feeding it whole. backend: None (Triton for CUDA tensors; on CPU the C loop when no gradient is wanted and it
-    builds, torch otherwise), "torch", "c" (kernels/native.c, CPU, forward only) or "triton" (on CPU tensors it
-    needs TRITON_INTERPRET=1 before triton is imported); the Triton backend needs N a power of two
-    >= 4. chunked (Triton backend; the torch backend is always chunked): run the forward as the chunked WY form,
-    T / 16 serial steps of (16, 16) tile products instead of T steps (about 2.4x the arithmetic at N = 64), where it
-    applies (N >= 16, every chunk's log decays within DECAY_RANGE, as RWKV-7's always are); the sequential kernel
-    runs the rest. Not timed on a GPU here: which is faster depends on the GPU, the batch and T. The backward is the
-    same.
+    Feeding a sequence in pieces, each with the state the last returned, gives the same as feeding it whole.
     Differentiable on the torch and Triton backends with respect to every input and the initial state.
+
+    Args:
+        r, k, v, a, b (torch.Tensor): (B, T, H, N), T >= 1: receptance, key, value and the rank-one correction.
+        log_w (torch.Tensor): (B, T, H, N), the log decay (-exp(w) for BlinkDL's raw w). The six share one dtype:
+            fp32, fp16 or bf16 (float64 too on the torch backend).
+        state (torch.Tensor or None): (B, H, N, N) indexed [value, key], fp32 (float64 with float64 inputs).
+            Default: zeros.
+        backend (str or None): "torch" (the chunked WY form), "triton" (N a power of two >= 4; on CPU tensors it
+            needs TRITON_INTERPRET=1 before triton is imported), "c" (kernels/native.c, CPU, forward only) or None
+            (Triton for CUDA tensors; on CPU the C loop when no gradient is wanted and it builds, torch otherwise).
+            Default: None.
+        chunked (bool): on the Triton backend, run the forward as the chunked WY form, T / 16 serial steps of
+            (16, 16) tile products instead of T steps (about 2.4x the arithmetic at N = 64), where it applies
+            (N >= 16, every chunk's log decays within DECAY_RANGE, as RWKV-7's always are); the sequential kernel
+            runs the rest, and the backward is the same. Default: False.
+    Returns:
+        (y (B, T, H, N) in the input dtype, state (B, H, N, N) after the last step, fp32 or float64).
+
+    Notes: chunked is not timed on a GPU here: which is faster depends on the GPU, the batch and T.
     Source: the RWKV-7 post https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 and arXiv:2503.14456.
     """
     check_tensor("r", r, (None, None, None, None))

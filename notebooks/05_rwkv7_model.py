@@ -304,7 +304,7 @@ for what, actual, expected in zip(("channel mix vs reference.channel_mix", "its 
 
 # %%
 def forward(params, ids, state=None):
-    state = state or ref.zero_state(ids.shape[0], C, H, L)
+    state = state or ref.initial_state(params, ids.shape[0])
     x = ln(params["emb.weight"][ids], "blocks.0.ln0")
     v_first, new_state = None, []
     for i, (att_x_prev, S, ffn_x_prev) in enumerate(state):

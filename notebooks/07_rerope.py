@@ -18,7 +18,7 @@
 # **Code used.** [`reference/rope.py`](../reference/rope.py): `apply_rope`, `relative_positions`,
 # `attention_from_relative_positions` (the definition, pair by pair), `rerope_attention` (the source's two passes),
 # `rerope_decode`, `log_n_scale` (NumPy, float64: the truth) · [`reference/attention.py`](../reference/attention.py):
-# `softmax_attention` · [`kernels/rerope.py`](../kernels/rerope.py): `rerope_attention`, `rerope_decode` (backend
+# `softmax_attention` · [`kernels/rerope/`](../kernels/rerope/): `rerope_attention`, `rerope_decode` (backend
 # `"torch"`: exact flash-attention pieces merged by log-sum-exp; backend `"triton"`: one fused kernel, forward,
 # backward and decode) · [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 
@@ -310,7 +310,7 @@ print("the factor is 1 up to the training length:", bool((factor[:L_train] == 1)
 # %% [markdown]
 # ## 6. The fused kernel against the definition
 #
-# [`kernels.rerope.rerope_attention`](../kernels/rerope.py) computes the same attention in $O(T)$ memory, without
+# [`kernels.rerope.rerope_attention`](../kernels/rerope/) computes the same attention in $O(T)$ memory, without
 # either $T \times T$ matrix: backend `"torch"` assembles it from exact flash-attention pieces (the far part, the
 # diagonal blocks, the previous blocks) merged by their log-sum-exp; backend `"triton"` is one fused kernel (here
 # under the Triton interpreter on the CPU). Both take `(B, H, T, d)` tensors. They are checked against the float64
@@ -422,7 +422,7 @@ for backend in BACKENDS:
 # below uses the kernel's tiles for $d \le 64$ ($B_M = 64$, $B_N = 32$) and $w = 256$ (the source's best window).
 
 # %%
-BM, BN = 64, 32                                # the kernel's tiles for head size <= 64 (kernels/rerope.py)
+BM, BN = 64, 32                                # the kernel's tiles for head size <= 64 (kernels/rerope/fused.py)
 
 def score_tiles(T, window):
     # (tiles of one causal attention, tiles the fused kernel computes, of which straddling) for a length T.

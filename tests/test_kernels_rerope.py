@@ -48,7 +48,7 @@ def tiles(monkeypatch):
 def definition(q, k, v, window, leaky_k=None, train_length=None, scale=None, base=10000.0):
     """softmax_j((q_i sigma_i) . R(-rel_ij) k_j * scale) v, causal, one rotated key per pair (float64 torch)."""
     T, d = q.shape[-2:]
-    rel = torch.tensor(relative_positions(T, "rerope" if leaky_k is None else "leaky_rerope", window, leaky_k))
+    rel = torch.tensor(relative_positions(T, "rerope" if leaky_k is None else "leaky_rerope", window=window, k=leaky_k))
     if train_length is not None:
         q = q * torch.tensor(log_n_scale(np.arange(T), train_length))[:, None]
     angle = -rel[..., None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)        # (T, T, d/2)
@@ -63,7 +63,8 @@ def _check_prefill(rng, shape, window, leaky_k, train_length, backend, dtype, bu
     """rerope_attention against the float64 definition, outputs and gradients, for one random output gradient."""
     q, k, v = qkv_inputs(rng, shape) if inputs is None else inputs
     do = torch.tensor(rng.standard_normal(shape))
-    check_qkv_op(lambda *a: rerope.rerope_attention(*a, window, leaky_k, train_length=train_length, backend=backend),
+    options = dict(leaky_k=leaky_k, train_length=train_length, backend=backend)
+    check_qkv_op(lambda *a: rerope.rerope_attention(*a, window, **options),
                  lambda *a: definition(*a, window, leaky_k, train_length), q, k, v, do, dtype, budget, what)
 
 
@@ -73,9 +74,9 @@ def test_definition_here_matches_the_reference(rng, T, d, window, leaky_k, train
     q, k, v = qkv_inputs(rng, (2, 1, T, d))
     mine = definition(q, k, v, window, leaky_k, train_length)
     q_scaled = q.numpy() * (1 if train_length is None else log_n_scale(np.arange(T), train_length)[:, None])
-    rel = relative_positions(T, "rerope" if leaky_k is None else "leaky_rerope", window, leaky_k)
+    rel = relative_positions(T, "rerope" if leaky_k is None else "leaky_rerope", window=window, k=leaky_k)
     assert_close(mine, attention_from_relative_positions(q_scaled, k.numpy(), v.numpy(), rel), REFERENCE_BUDGET)
-    assert_close(mine, rerope_attention(q.numpy(), k.numpy(), v.numpy(), window, leaky_k,
+    assert_close(mine, rerope_attention(q.numpy(), k.numpy(), v.numpy(), window, leaky_k=leaky_k,
                                         train_length=train_length), REFERENCE_BUDGET)
 
 
@@ -123,7 +124,8 @@ DECODE_CASES = [
 def test_decode_is_the_last_row_of_prefill(rng, backend, T, d, window, leaky_k, train_length):
     q, k, v = qkv_inputs(rng, (2, 1, T, d))
     do = torch.tensor(rng.standard_normal((2, 1, 1, d)))
-    expected = rerope_decode(q[:, :, -1:].numpy(), k.numpy(), v.numpy(), window, leaky_k, train_length=train_length)
+    expected = rerope_decode(q[:, :, -1:].numpy(), k.numpy(), v.numpy(), window, leaky_k=leaky_k,
+                             train_length=train_length)
     opts = dict(leaky_k=leaky_k, train_length=train_length, backend=backend)
     q32, k32, v32 = q.float(), k.float(), v.float()
     out, grads = output_and_grads(lambda *a: rerope.rerope_decode(*a, window, **opts), (q32[:, :, -1:], k32, v32), do)
@@ -132,7 +134,8 @@ def test_decode_is_the_last_row_of_prefill(rng, backend, T, d, window, leaky_k, 
     assert_close(out, rerope.rerope_attention(q32, k32, v32, window, **opts)[:, :, -1:], FP32_BUDGET,
                  "decode vs last prefill row")
     if T > 1:   # with one key, dq and dk are exactly zero: nothing relative to compare
-        _, grads_e = output_and_grads(lambda *a: definition(*a, window, leaky_k, train_length)[:, :, -1:], (q, k, v), do)
+        last_row = lambda *a: definition(*a, window, leaky_k, train_length)[:, :, -1:]   # noqa: E731
+        _, grads_e = output_and_grads(last_row, (q, k, v), do)
         expected_grads = (grads_e[0][:, :, -1:], *grads_e[1:])   # dq: of the last query only
         assert_all_close(("dq", "dk", "dv"), grads, expected_grads, FP32_BUDGET, "decode")
 
@@ -140,8 +143,8 @@ def test_decode_is_the_last_row_of_prefill(rng, backend, T, d, window, leaky_k, 
 def test_torch_decode_rotates_the_cache_in_chunks(rng, monkeypatch):
     monkeypatch.setattr(piecewise, "DECODE_CHUNK", 8)
     q, k, v = qkv_inputs(rng, (1, 2, 29, 16))
-    expected = rerope_decode(q[:, :, -1:].numpy(), k.numpy(), v.numpy(), 6, 2.5, train_length=4)
-    out = rerope.rerope_decode(q[:, :, -1:], k, v, 6, 2.5, train_length=4, backend="torch")
+    expected = rerope_decode(q[:, :, -1:].numpy(), k.numpy(), v.numpy(), 6, leaky_k=2.5, train_length=4)
+    out = rerope.rerope_decode(q[:, :, -1:], k, v, 6, leaky_k=2.5, train_length=4, backend="torch")
     assert_close(out, expected, REFERENCE_BUDGET)
 
 
@@ -166,10 +169,10 @@ def test_scale_and_base_arguments(rng, backend):
     T, d, window, leaky_k = 26, 16, 6, 3.0
     q, k, v = qkv_inputs(rng, (1, 2, T, d))
     expected = definition(q, k, v, window, leaky_k, scale=0.3, base=500.0)
-    out = rerope.rerope_attention(q.float(), k.float(), v.float(), window, leaky_k, scale=0.3, backend=backend,
+    out = rerope.rerope_attention(q.float(), k.float(), v.float(), window, leaky_k=leaky_k, scale=0.3, backend=backend,
                                   base=500.0)
     assert_close(out, expected, FP32_BUDGET)
-    out = rerope.rerope_decode(q[:, :, -1:].float(), k.float(), v.float(), window, leaky_k, scale=0.3,
+    out = rerope.rerope_decode(q[:, :, -1:].float(), k.float(), v.float(), window, leaky_k=leaky_k, scale=0.3,
                                backend=backend, base=500.0)
     assert_close(out, expected[:, :, -1:], FP32_BUDGET, "decode")
 
@@ -178,7 +181,7 @@ def test_scale_and_base_arguments(rng, backend):
 def test_gradcheck_torch_backend(rng, leaky_k):
     q, k, v = (x.requires_grad_() for x in qkv_inputs(rng, (1, 1, 9, 4)))
     assert torch.autograd.gradcheck(
-        lambda *a: rerope.rerope_attention(*a, 3, leaky_k, train_length=4, backend="torch"), (q, k, v),
+        lambda *a: rerope.rerope_attention(*a, 3, leaky_k=leaky_k, train_length=4, backend="torch"), (q, k, v),
         fast_mode=True)
 
 
@@ -232,7 +235,7 @@ def test_torch_prefill_memory_is_linear_in_T(rng, leaky_k):
     T, d = 512, 16
     q, k, v = (x.float().requires_grad_() for x in qkv_inputs(rng, (1, 1, T, d)))
     with _LargestTensor() as largest:
-        rerope.rerope_attention(q, k, v, 64, leaky_k, train_length=128, backend="torch").sum().backward()
+        rerope.rerope_attention(q, k, v, 64, leaky_k=leaky_k, train_length=128, backend="torch").sum().backward()
     assert largest.numel <= 3 * T * d < T * T // 10
 
 

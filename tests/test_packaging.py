@@ -4,6 +4,7 @@ reference files that run alone, and an install that coexists with another distri
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import os
 import re
@@ -159,6 +160,21 @@ def test_private_import_check_catches_one():
     assert not PRIVATE_KERNELS.search("from seqmix.kernels.testing import HAS_TRITON\n")
 
 
+def test_every_public_module_of_kernels_and_reference_declares_its_names():
+    """__all__ in each module whose name has no leading underscore, and every name in it importable from there."""
+    missing, undefined = [], []
+    for name, path in sorted(modules().items()):
+        if name.split(".")[1:2] not in (["kernels"], ["reference"]) or name.rpartition(".")[2].startswith("_"):
+            continue
+        module = importlib.import_module(name)
+        if not hasattr(module, "__all__"):
+            if any(not isinstance(node, ast.Expr) for node in ast.parse(path.read_text()).body):
+                missing.append(name)   # (a docstring-only __init__ exports nothing)
+            continue
+        undefined += [f"{name}.{n}" for n in module.__all__ if not hasattr(module, n)]
+    assert not missing and not undefined, (missing, undefined)
+
+
 def test_reference_imports_numpy_and_its_siblings_only():
     stdlib = set(sys.stdlib_module_names)
     for name, path in modules().items():
@@ -206,6 +222,8 @@ def test_bare_import_check_catches_one():
 # Sibling-free reference files, each with a call that exercises it (g: a NumPy random generator).
 REFERENCE_ALONE = {
     "attention.py": "m.softmax_attention(*g.normal(size=(3, 5, 4)))",
+    "functional.py": "m.layer_norm(m.token_shift(g.normal(size=(1, 5, 4)), g.normal(size=(1, 4))),"
+                     " m.silu(np.ones(4)), np.zeros(4))",
     "wkv4.py": "m.wkv4(-np.ones(4), np.zeros(4), *g.normal(size=(2, 1, 5, 4)))",
     "wkv7.py": "m.wkv7(*g.normal(size=(1, 1, 5, 2, 3)), -np.ones((1, 5, 2, 3)), *g.normal(size=(2, 1, 5, 2, 3)),"
                " -np.ones((1, 5, 2, 3)) * 0.1, np.ones((1, 5, 2, 3)) * 0.1)",

@@ -71,15 +71,27 @@ def _check_qkv(q, k, v, backend, what_q):
     return backend
 
 
-def rerope_attention(q, k, v, window, leaky_k=None, scale=None, train_length=None, backend=None, base=10000.0):
+def rerope_attention(q, k, v, window, *, leaky_k=None, scale=None, train_length=None, base=10000.0, backend=None):
     """ReRoPE (leaky_k=None) or Leaky ReRoPE causal attention, memory O(T).
 
         score_ij = (q_i sigma_i) . R(-rel(i - j)) k_j * scale,  rel(x) = min(x, w) or (x < w ? x : w + (x - w)/k)
         sigma_i = max(1, ln(i + 1)/ln(train_length)) with train_length, else 1;  O = softmax(score) v
-    q, k, v: (B, H, T, d) before any rotation, d even -> (B, H, T, d) in the input dtype. scale: 1/sqrt(d) unless
-    given. window: int w >= 1. leaky_k: None or > 1. base: RoPE's base (inv_freq = base^(-2f/d)).
-    backend "torch": exact flash-attention pieces merged by log-sum-exp; "triton": one fused kernel (16 <= d <= 128).
-    Both differentiable. Same meaning as reference.rope.rerope_attention. Source: https://spaces.ac.cn/archives/9708.
+    The same meaning as reference.rope.rerope_attention; differentiable on both backends.
+
+    Args:
+        q, k, v (torch.Tensor): (B, H, T, d), before any rotation, d even; one dtype: fp32, fp16 or bf16 (float64
+            too on the torch backend).
+        window (int): w >= 1.
+        leaky_k (float or None): k > 1 for Leaky ReRoPE; None for ReRoPE. Default: None.
+        scale (float or None): multiplies every score. Default: 1/sqrt(d).
+        train_length (float or None): L >= 2 turns on log-n scaling. Default: None.
+        base (float): RoPE's base, inv_freq = base^(-2f/d). Default: 10000.0.
+        backend (str or None): "torch" (exact flash-attention pieces merged by log-sum-exp), "triton" (one fused
+            kernel, 16 <= d <= 128) or None (Triton for CUDA tensors, torch otherwise). Default: None.
+    Returns:
+        torch.Tensor: (B, H, T, d), in the input dtype.
+
+    Source: https://spaces.ac.cn/archives/9708.
     """
     check_tensor("q", q, (None, None, None, None))
     B, H, T, d = q.shape
@@ -93,15 +105,25 @@ def rerope_attention(q, k, v, window, leaky_k=None, scale=None, train_length=Non
     return run(q, k, v, int(window), leaky_k, scale, train_length, base)
 
 
-def rerope_decode(q, k_cache, v_cache, window, leaky_k=None, scale=None, train_length=None, backend=None,
-                  base=10000.0):
+def rerope_decode(q, k_cache, v_cache, window, *, leaky_k=None, scale=None, train_length=None, base=10000.0,
+                  backend=None):
     """One query at position T - 1 against a cache of T keys stored before RoPE, each rotated on the fly:
 
         score_j = (q sigma) . R(-rel(T - 1 - j)) k_j * scale,   O = softmax(score) v
-    q: (B, H, 1, d); k_cache, v_cache: (B, H, T, d), T >= 1 (the cache includes the query's own key) ->
-    (B, H, 1, d). Equals the last row of rerope_attention over the same T positions. Other arguments as there.
-    backend "torch": the cache rotated DECODE_CHUNK keys at a time, no rotated copy of the whole cache; "triton":
-    the fused kernel with one query row, keys rotated in registers. Source: https://spaces.ac.cn/archives/9708.
+    Equals the last row of rerope_attention over the same T positions.
+
+    Args:
+        q (torch.Tensor): (B, H, 1, d), before rotation.
+        k_cache, v_cache (torch.Tensor): (B, H, T, d), T >= 1, the keys before RoPE; the cache includes the
+            query's own key.
+        window, leaky_k, scale, train_length, base: as in ``rerope_attention``.
+        backend (str or None): "torch" (the cache rotated piecewise.DECODE_CHUNK keys at a time, no rotated copy of
+            the whole cache), "triton" (the fused kernel with one query row, keys rotated in registers) or None
+            (Triton for CUDA tensors, torch otherwise). Default: None.
+    Returns:
+        torch.Tensor: (B, H, 1, d), in the input dtype.
+
+    Source: https://spaces.ac.cn/archives/9708.
     """
     check_tensor("q", q, (None, None, 1, None))
     B, H, _, d = q.shape
