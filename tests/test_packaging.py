@@ -175,6 +175,21 @@ def test_every_public_module_of_kernels_and_reference_declares_its_names():
     assert not missing and not undefined, (missing, undefined)
 
 
+DOCUMENTED = ["seqmix.kernels.attention", "seqmix.kernels.rerope", "seqmix.kernels.wkv4", "seqmix.kernels.wkv7",
+              "seqmix.kernels.ssm", *(m for m in modules() if m.startswith("seqmix.reference."))]
+
+
+@pytest.mark.parametrize("name", DOCUMENTED)
+def test_public_ops_and_reference_functions_have_args_and_returns(name):
+    """fla's layout: every public op and reference function documents its arguments and what it returns."""
+    module = importlib.import_module(name)
+    functions = [getattr(module, n) for n in module.__all__]
+    functions = [f for f in functions if callable(f) and not isinstance(f, type)]
+    assert functions
+    bare = [f.__name__ for f in functions if not all(part in (f.__doc__ or "") for part in ("Args:", "Returns:"))]
+    assert not bare, bare
+
+
 def test_reference_imports_numpy_and_its_siblings_only():
     stdlib = set(sys.stdlib_module_names)
     for name, path in modules().items():
