@@ -58,17 +58,20 @@ def _check_options(window, leaky_k, scale, train_length, base, d):
     return float(scale)
 
 
-def _check_qkv(q, k, v, backend, what_q):
-    """Shared checks: dtype, device, backend, an even head dim; returns the backend."""
+def _checked_run(torch_path, q, k, v, window, leaky_k, scale, train_length, base, backend):
+    """What prefill and decode share, once their shapes are checked: dtype, device, backend, an even head dim, the
+    options; then ``torch_path`` or the fused kernels."""
     dtype = check_same_dtype(q=q, k=k, v=v)
     backend = resolve_backend(backend, check_devices(q=q, k=k, v=v))
     check_backend_dtype(backend, dtype)
     d = q.shape[-1]
     if d % 2:
-        raise ValueError(f"RoPE needs an even head dim, got {what_q} with d = {d}")
+        raise ValueError(f"RoPE needs an even head dim, got q {tuple(q.shape)} with d = {d}")
     if backend == "triton":
         check_triton_head_dim(d)
-    return backend
+    scale = _check_options(window, leaky_k, scale, train_length, base, d)
+    run = torch_path if backend == "torch" else rerope_triton
+    return run(q, k, v, int(window), leaky_k, scale, train_length, base)
 
 
 def rerope_attention(q, k, v, window, *, leaky_k=None, scale=None, train_length=None, base=10000.0, backend=None):
@@ -97,12 +100,9 @@ def rerope_attention(q, k, v, window, *, leaky_k=None, scale=None, train_length=
     B, H, T, d = q.shape
     check_tensor("k", k, (B, H, T, d))
     check_tensor("v", v, (B, H, T, d))
-    backend = _check_qkv(q, k, v, backend, f"q {tuple(q.shape)}")
     if T < 1:
         raise ValueError(f"q must hold at least one position, got shape {tuple(q.shape)}")
-    scale = _check_options(window, leaky_k, scale, train_length, base, d)
-    run = rerope_torch if backend == "torch" else rerope_triton
-    return run(q, k, v, int(window), leaky_k, scale, train_length, base)
+    return _checked_run(rerope_torch, q, k, v, window, leaky_k, scale, train_length, base, backend)
 
 
 def rerope_decode(q, k_cache, v_cache, window, *, leaky_k=None, scale=None, train_length=None, base=10000.0,
@@ -130,9 +130,6 @@ def rerope_decode(q, k_cache, v_cache, window, *, leaky_k=None, scale=None, trai
     check_tensor("k_cache", k_cache, (B, H, None, d))
     T = k_cache.shape[2]
     check_tensor("v_cache", v_cache, (B, H, T, d))
-    backend = _check_qkv(q, k_cache, v_cache, backend, f"q {tuple(q.shape)}")
     if T < 1:
         raise ValueError(f"k_cache must hold at least the query's own key (T >= 1), got shape {tuple(k_cache.shape)}")
-    scale = _check_options(window, leaky_k, scale, train_length, base, d)
-    run = rerope_decode_torch if backend == "torch" else rerope_triton
-    return run(q, k_cache, v_cache, int(window), leaky_k, scale, train_length, base)
+    return _checked_run(rerope_decode_torch, q, k_cache, v_cache, window, leaky_k, scale, train_length, base, backend)
