@@ -44,6 +44,7 @@ import torch
 
 from seqmix.kernels.testing import FP32_BUDGET, REFERENCE_BUDGET, check, rel_rms
 from seqmix.reference import rwkv7 as ref
+from seqmix.reference.functional import layer_norm
 from seqmix.reference.wkv7 import wkv7 as wkv7_reference
 
 rng = np.random.default_rng(0)
@@ -229,7 +230,7 @@ ids = rng.integers(0, V, (B, T))
 
 def ln(z_, name):
     # The layer norm named `name` (its weight and bias from params), over the last axis.
-    return ref.layer_norm(z_, params[f"{name}.weight"], params[f"{name}.bias"])
+    return layer_norm(z_, params[f"{name}.weight"], params[f"{name}.bias"])
 
 def v_first_of(ids):
     # layer 0's time-mix input

@@ -117,10 +117,10 @@ def test_cost_model_attention_forward_hand_count():
     assert c.bytes == 520 and c.dot_flops == 262144
 
 
-@pytest.mark.parametrize("module", ["attention", "rerope"])
-def test_the_flash_kernels_ask_for_the_dot_precision_the_cost_model_assumes(module):
+@pytest.mark.parametrize("path", ["attention.py", "rerope/fused.py", "_flash.py"])
+def test_the_flash_kernels_ask_for_the_dot_precision_the_cost_model_assumes(path):
     """cost_model.dot_rate prices fp32 dots as IEEE products on the FMA units: every tl.dot must ask for that."""
-    source = Path(__file__).parent.parent.joinpath("kernels", f"{module}.py").read_text()
+    source = Path(__file__).parent.parent.joinpath("kernels", path).read_text()
     calls = re.findall(r"tl\.dot\((.*)", source)
     assert calls and all('input_precision="ieee"' in call for call in calls)
 
