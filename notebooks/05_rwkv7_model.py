@@ -748,7 +748,7 @@ print("positions of v_first that change with token 3:", np.flatnonzero(moved3).t
 # numbers. nbval runs and checks it like the cells above.
 #
 # [`Rwkv7`](../models/rwkv7.py) holds the same weights (fp32) under BlinkDL's names:
-# `model(tokens, state=None, backend=None)` returns `(logits, state)`, the state a list of per-layer tuples as above
+# `model(input_ids, state=None, backend=None)` returns `(logits, state)`, the state a list of per-layer tuples as above
 # (the WKV state in fp32). `backend` chooses how the op runs: the chunked torch path or the Triton kernel (under the
 # interpreter here). Both run on the same ids, after a 3-token prefix that leaves a non-zero state, in GPT mode and in
 # RNN mode, and greedy generation (which reads the prompt once, then one token at a time through the state) must

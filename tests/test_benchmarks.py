@@ -136,3 +136,22 @@ def test_roofline_picks_the_binding_resource():
     assert bound == "fp32 FMA units (IEEE dots)" and t == pytest.approx(hw["tensor"] / hw["fp32"])
     t, bound = cost_model.predict(cost_model.Cost(flops=hw["fp32"], transcendentals=2 * hw["sfu"]), "fp32", 0.0)
     assert (t, bound) == (2.0, "special functions")
+
+
+def test_model_benchmarks_quick(tmp_path):
+    """benchmarks/models.py at tiny sizes, end to end: the CI variant of the memory goal (a checkpoint loads in a
+    fresh process within 1.2x of its size until the model is built; all five layouts, sharded included) and a speed
+    table with every runtime, limit and goal row."""
+    from seqmix.benchmarks import models as model_bench
+    assert model_bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "models.json").read_text())
+    assert [r["checkpoint"] for r in results["memory"]] == ["rwkv4", "rwkv4 sharded", "rwkv7", "rwkv7 .pth", "mamba"]
+    for row in results["memory"]:
+        assert row["ratio"] <= model_bench.MEMORY_GOAL, row
+        assert row["dtype"] == "torch.bfloat16"                   # loaded as stored
+    report = (tmp_path / "models.md").read_text()
+    for model in ("rwkv4", "rwkv7", "mamba"):
+        for dtype in ("float32", "bfloat16"):
+            runtimes = {r["runtime"] for r in results["speed"] if r["model"] == f"{model} {dtype}"}
+            assert {"seqmix", "one streaming pass over the weights", "the matmuls alone"} < runtimes
+            assert re.search(rf"\| {model} {dtype} \| [\d.]+x \| [\d.]+x \| (yes|no) \|", report)
