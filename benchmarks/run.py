@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from seqmix.benchmarks import cost_model, peers
-from seqmix.kernels._backend import resolve_backend
+from seqmix.kernels.testing import resolve_backend
 from seqmix.models.mamba import MambaConfig, MambaForCausalLM
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -714,7 +714,8 @@ def main(argv=None) -> int:
                     print(f"{op.name:<10} T={T:<6} {impl.label:<42} "
                           + (f"{_fmt_time(r['median_s']):>10} ±{r['spread']:.0%}  {_fmt_bytes(r['peak_bytes'])}"
                              if _ok(r) else r["status"]), flush=True)
-        run_info = {"command": " ".join(["python -m seqmix.benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
+        arguments = argv if argv is not None else sys.argv[1:]
+        run_info = {"command": " ".join(["python -m seqmix.benchmarks.run", *arguments]),
                     "machine": machine(threads or torch.get_num_threads()), "date": time.strftime("%Y-%m-%d"),
                     "seconds": round(time.perf_counter() - started)}
     forward, training = [op for op in ops if op.sweep], [op for op in ops if not op.sweep]

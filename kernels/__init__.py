@@ -8,6 +8,8 @@ To run the Triton kernels on CPU tensors, set ``TRITON_INTERPRET=1`` before anyt
 
 import os as _os
 
+__all__ = ["use_interpreter_without_gpu"]
+
 
 def use_interpreter_without_gpu() -> str:
     """Set TRITON_INTERPRET=1 when no CUDA GPU is present, so that backend='triton' runs on CPU tensors.

@@ -45,6 +45,9 @@ import torch
 
 from seqmix.kernels._common import new_output
 
+__all__ = ["wkv4_forward", "wkv7_forward", "selective_scan_forward", "exp", "softplus", "available",
+           "unavailable_reason", "library", "NativeUnavailable"]
+
 SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",
          "-fno-signed-zeros", "-shared", "-fPIC")

@@ -3,7 +3,7 @@ function. The input makers and the feeding of a sequence in pieces live in seqmi
 conformance battery uses them too)."""
 import pytest
 
-from seqmix.kernels._common import HAS_TRITON
+from seqmix.kernels.testing import HAS_TRITON
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 # Parametrize a test over these: the Triton case is skipped where triton does not import.

@@ -8,8 +8,8 @@ from kernel_cases import RECURRENCE_BACKENDS, needs_triton
 from seqmix.conformance.cases import scan_inputs as make_inputs
 from seqmix.conformance.definitions import selective_scan as loop_scan
 from seqmix.kernels import ssm
-from seqmix.kernels._common import accumulation_dtype
-from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
+from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, accumulation_dtype, assert_all_close,
+                                    assert_close)
 from seqmix.reference import ssm as ref
 
 TENSORS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "state")
@@ -67,10 +67,10 @@ def check_against_truth(inputs, softplus, cotangents, budget, backend, dtype=tor
 
 @pytest.fixture
 def chunks_per_block(monkeypatch):
-    """chunks_per_block(k, batch, dim, N): the torch backend then makes blocks of k chunks of CHUNK_LEN tokens, so
+    """chunks_per_block(k, batch, dim, N): the torch backend then makes blocks of k chunks of CHUNK tokens, so
     that a short sequence crosses both chunk and block boundaries (by default it fits one block)."""
     def set_chunks(k, batch, dim, N):
-        monkeypatch.setattr(ssm, "BLOCK_ELEMENTS", k * ssm.CHUNK_LEN * batch * dim * N)
+        monkeypatch.setattr(ssm, "BLOCK_ELEMENTS", k * ssm.CHUNK * batch * dim * N)
     return set_chunks
 
 

@@ -15,8 +15,8 @@ from seqmix.conformance import definitions
 from seqmix.conformance.cases import spiky_keys, wkv4_inputs
 from seqmix.conformance.ops import WKV4
 from seqmix.kernels import wkv4 as wkv4_module
-from seqmix.kernels._common import accumulation_dtype
-from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close, f64
+from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, accumulation_dtype, assert_all_close,
+                                    assert_close, f64)
 from seqmix.kernels.wkv4 import INITIAL_MAX, wkv4
 from seqmix.reference import wkv4 as ref
 
