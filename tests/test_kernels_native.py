@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_leaves
 from kernel_cases import RECURRENCE_BACKENDS
 from seqmix.conformance.cases import in_pieces, rwkv7_inputs, scan_inputs, split_bounds
 from seqmix.kernels import native, ssm
-from seqmix.kernels._common import HAS_TRITON
+from seqmix.kernels.testing import HAS_TRITON
 from seqmix.kernels.attention import attention
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_all_close, assert_close, fp32
 from seqmix.kernels.wkv4 import INITIAL_MAX, wkv4
