@@ -11,8 +11,8 @@ returned last_state (batch, D, N). The float64 truth is reference/ssm.py (`selec
 (arXiv:2312.00752), section 3 and Algorithm 2.
 
 How it is split up. delta_bias, softplus, the skip D u and the gate are elementwise over (batch, D, T) and run as
-ordinary torch ops on the torch and Triton backends (autograd differentiates them); the C loop of kernels/native.c
-(backend="c", CPU inference, forward only) does them, and the scan, in its one pass. The scan proper,
+ordinary torch ops on the torch and Triton backends (autograd differentiates them); the C loops of kernels/native.c
+(backend="c", CPU) do them, and the scan, in their one pass forward and one backward. The scan proper,
 (u, delta, A, B, C, state) -> (C_t . x_t, last state), is one torch.autograd.Function with two implementations:
 
 - torch: chunks of CHUNK tokens, grouped into blocks of up to BLOCK_ELEMENTS per (tokens, batch, D, N) tensor
@@ -41,7 +41,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from seqmix.kernels import native
+from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
                                     needs_grad, new_output, tl, triton)
@@ -373,7 +373,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_
     """Mamba's selective scan: x_t = exp(delta_t A) x_{t-1} + delta_t B_t u_t, y_t = C_t . x_t + D u_t, times
     silu(z_t) when z is given; delta <- softplus(delta + delta_bias) first when asked.
 
-    Differentiable in every tensor argument on the torch and Triton backends.
+    Differentiable in every tensor argument on every backend.
 
     Args:
         u, delta (torch.Tensor): (batch, D, T), the input and the step sizes.
@@ -387,8 +387,8 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_
         state (torch.Tensor or None): (batch, D, N), the x before the first token, fp32 (float64 for float64
             inputs). Default: zeros.
         backend (str or None): "torch", "triton" (on CPU tensors the Triton interpreter, TRITON_INTERPRET=1), "c"
-            (kernels/native.c, CPU, forward only) or None (Triton for CUDA tensors; on CPU the C loop when no
-            gradient is wanted and it builds, torch otherwise). Default: None.
+            (kernels/native.c, CPU) or None (Triton for CUDA tensors; on CPU the C loop where it builds, torch
+            otherwise). Default: None.
     Returns:
         (y (batch, D, T) in the input dtype, last_state (batch, D, N) fp32, float64 for float64 inputs): feed
         last_state back as state to continue the sequence.
@@ -416,7 +416,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_
     device = check_devices(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias, state=state)
     dtype = check_same_dtype(u=u, delta=delta, B=B, C=C, z=z)
     grad = needs_grad(u, delta, A, B, C, D, z, delta_bias, state)
-    backend = resolve_backend(backend, device, "selective_scan", dtype, grad)
+    backend = resolve_backend(backend, device, "selective_scan", dtype)
     check_backend_dtype(backend, dtype)
     compute = accumulation_dtype(dtype)
     for name, x in (("A", A), ("D", D), ("delta_bias", delta_bias)):
@@ -427,8 +427,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_
                         f"got {state.dtype}")
 
     if backend == "c":   # the whole op in the loop: bias, softplus, scan, skip and gate
-        y, last = native.selective_scan_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state)
-        return y.to(dtype), last
+        return native_autograd.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state, grad)
     dt = delta.to(compute)
     if delta_bias is not None:
         dt = dt + delta_bias.to(compute)[:, None]

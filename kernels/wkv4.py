@@ -1,5 +1,5 @@
 """RWKV-4's WKV operator: a chunked torch path and Triton forward/backward kernels, exact for keys of any size
-(and, for CPU inference, the Triton forward's recurrence as a C loop: kernels/native.py).
+(and, on a CPU, the Triton kernels' recurrences as C loops, forward and backward: kernels/native.py).
 
     wkv_t = (sum_{i<t} e^{(t-1-i) w + k_i} v_i + e^{u + k_t} v_t) / (sum_{i<t} e^{(t-1-i) w + k_i} + e^{u + k_t})
 
@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import torch
 
-from seqmix.kernels import native
+from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
                                     needs_grad, new_output, tl, triton)
@@ -417,8 +417,8 @@ def wkv4(w, u, k, v, state=None, *, backend=None):
             backend).
         state (tuple or None): (num, den, max), each (B, C), fp32 (float64 for float64 inputs), in Hugging Face's
             layout. Default: (0, 0, INITIAL_MAX = -1e38).
-        backend (str or None): "torch", "triton", "c" (kernels/native.c, CPU, forward only) or None (Triton for CUDA
-            tensors; on CPU the C loop when no gradient is wanted and it builds, torch otherwise). Default: None.
+        backend (str or None): "torch", "triton", "c" (kernels/native.c, CPU) or None (Triton for CUDA
+            tensors; on CPU the C loop where it builds, torch otherwise). Default: None.
     Returns:
         (wkv (B, T, C) in the input dtype, (num, den, max)): feed the state back to continue the sequence.
 
@@ -439,7 +439,7 @@ def wkv4(w, u, k, v, state=None, *, backend=None):
                       for i, (name, s) in enumerate(zip(("num", "den", "max"), state)))
     device = check_devices(w=w, u=u, k=k, v=v, **({} if state is None else dict(zip(("num", "den", "max"), state))))
     grad = needs_grad(w, u, k, v, *(state or ()))
-    backend = resolve_backend(backend, device, "wkv4", dtype, grad)
+    backend = resolve_backend(backend, device, "wkv4", dtype)
     check_backend_dtype(backend, dtype)
     if torch.isnan(w).any() or (w > 0).any():
         raise ValueError("w is the per-step log decay, w = -exp(time_decay): every entry must be <= 0 and not NaN; "
@@ -454,8 +454,7 @@ def wkv4(w, u, k, v, state=None, *, backend=None):
         y, new_state = _wkv4_torch(*(x.to(state_dtype) for x in (w, u, k, v)), *state)
         return y.to(dtype), new_state
     if backend == "c":
-        y, new_state = native.wkv4_forward(w, u, k, v, *state)
-        return y.to(dtype), new_state
+        return native_autograd.wkv4(w, u, k, v, state, grad)
     args = (w.contiguous(), u.contiguous(), k.contiguous(), v.contiguous(), *(s.contiguous() for s in state))
     if grad:
         y, *new_state = Wkv4Function.apply(*args)

@@ -1,5 +1,5 @@
 """RWKV-7's WKV (the generalized delta rule): a chunked torch path and Triton forward/backward kernels, with autograd
-(and, for CPU inference, the recurrence as a C loop: kernels/native.py).
+(and, on a CPU, the recurrence and its backward as C loops: kernels/native.py).
 
     S_t = S_{t-1} diag(w_t) + (S_{t-1} a_t) b_t^T + v_t k_t^T,   w_t = exp(log_w_t),   y_t = S_t r_t
 
@@ -59,7 +59,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from seqmix.kernels import native
+from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
                                     needs_grad, new_output, tl, triton)
@@ -530,7 +530,7 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
     """S_t = S_{t-1} diag(exp(log_w_t)) + (S_{t-1} a_t) b_t^T + v_t k_t^T,  y_t = S_t r_t.
 
     Feeding a sequence in pieces, each with the state the last returned, gives the same as feeding it whole.
-    Differentiable on the torch and Triton backends with respect to every input and the initial state.
+    Differentiable on every backend with respect to every input and the initial state.
 
     Args:
         r, k, v, a, b (torch.Tensor): (B, T, H, N), T >= 1: receptance, key, value and the rank-one correction.
@@ -539,8 +539,8 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
         state (torch.Tensor or None): (B, H, N, N) indexed [value, key], fp32 (float64 with float64 inputs).
             Default: zeros.
         backend (str or None): "torch" (the chunked WY form), "triton" (N a power of two >= 4; on CPU tensors it
-            needs TRITON_INTERPRET=1 before triton is imported), "c" (kernels/native.c, CPU, forward only) or None
-            (Triton for CUDA tensors; on CPU the C loop when no gradient is wanted and it builds, torch otherwise).
+            needs TRITON_INTERPRET=1 before triton is imported), "c" (kernels/native.c, CPU) or None
+            (Triton for CUDA tensors; on CPU the C loop where it builds, torch otherwise).
             Default: None.
         chunked (bool): on the Triton backend, run the forward as the chunked WY form, T / 16 serial steps of
             (16, 16) tile products instead of T steps (about 2.4x the arithmetic at N = 64), where it applies
@@ -561,7 +561,7 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
     dtype = check_same_dtype(r=r, log_w=log_w, k=k, v=v, a=a, b=b)
     device = check_devices(r=r, log_w=log_w, k=k, v=v, a=a, b=b, state=state)
     grad = needs_grad(r, log_w, k, v, a, b, state)
-    backend = resolve_backend(backend, device, "wkv7", dtype, grad)
+    backend = resolve_backend(backend, device, "wkv7", dtype)
     if not isinstance(chunked, bool):
         raise TypeError(f"chunked must be True or False, got {chunked!r}")
     check_backend_dtype(backend, dtype)
@@ -574,8 +574,7 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
         y, state = _wkv7_torch(*(x.to(state_dtype) for x in (r, log_w, k, v, a, b)), state)
         return y.to(dtype), state
     if backend == "c":
-        y, state = native.wkv7_forward(r, log_w, k, v, a, b, state)
-        return y.to(dtype), state
+        return native_autograd.wkv7(r, log_w, k, v, a, b, state, grad)
     if N < 4 or N & (N - 1):
         raise ValueError(f"backend='triton' needs a head size N that is a power of two >= 4, got N = {N}")
     args = (*(x.contiguous() for x in (r, log_w, k, v, a, b)), None if state is None else state.contiguous())

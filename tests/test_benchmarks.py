@@ -89,12 +89,13 @@ def test_quick_run_writes_the_report(tmp_path):
     data = json.loads((tmp_path / "results.json").read_text())
     errors = [r for r in data["rows"] if r["status"].startswith("error")]
     assert not errors, errors
-    ops = run.make_ops(quick=True)
+    ops = run.all_ops(quick=True)
     assert {r["op"] for r in data["rows"]} == {op.name for op in ops}
     ok = [r for r in data["rows"] if r["status"] == "ok"]
     assert ok and all(r["runs"] >= 2 and r["median_s"] > 0 and r["peak_bytes"] >= 0 for r in ok)
     report = (tmp_path / "results.md").read_text()
-    for heading in ("## Headline", "## Linear ops", "## Time and memory against T", "## GPU cost model"):
+    for heading in ("## Headline", "## Training: forward + backward", "## Linear ops", "## Time and memory against T",
+                    "## GPU cost model"):
         assert heading in report
     for op in ops:
         assert f"| {op.title}, {op.shape}, T=" in report
