@@ -270,7 +270,7 @@ for name, g, w_ in zip(ref.STATE_NAMES, got_state, want_state):
 # %%
 def forward(params, ids, state=None):
     if state is None:
-        state = ref.initial_state(ids.shape[0], C, C, L)
+        state = ref.initial_state(params, ids.shape[0])
     x = params["embeddings.weight"][ids]                              # (B, T, C)
     new_state = [s.copy() for s in state]
     for i in range(L):

@@ -18,7 +18,7 @@
 # https://arxiv.org/abs/2205.14135, for why memory traffic rather than arithmetic sets the speed of such kernels.
 #
 # **Code used.** [`kernels/wkv4.py`](../kernels/wkv4.py): `wkv4_fwd_kernel`, `_launch_config` ·
-# [`kernels/wkv7.py`](../kernels/wkv7.py): `_wkv7_fwd_kernel`, `_step`, `_launch_config` ·
+# [`kernels/wkv7.py`](../kernels/wkv7.py): `wkv7_fwd_kernel`, `_step`, `_launch_config` ·
 # [`kernels/aot.py`](../kernels/aot.py): the ahead-of-time GPU build · [`benchmarks/`](../benchmarks/README.md):
 # `run.py`, `cost_model.py` and the stored `results/` · [`reference/wkv4.py`](../reference/wkv4.py),
 # [`reference/wkv7.py`](../reference/wkv7.py): the truth · [`kernels/testing.py`](../kernels/testing.py): `check` and
@@ -98,18 +98,18 @@ print(inspect.getsource(k4.wkv4_fwd_kernel.fn))
 # %%
 B, T, C = 2, 20, 40
 launch = k4._launch_config(C)
-grid = (B, triton.cdiv(C, launch.block_c))
+grid = (B, triton.cdiv(C, launch["BLOCK_C"]))
 print(f"launch config for C = {C}: {launch}; grid = {grid}: {grid[0] * grid[1]} programs, each walks T = {T} steps")
 
-lanes = np.arange(grid[1] * launch.block_c)                            # every lane of every channel block
-program = np.array([[b * grid[1] + lane // launch.block_c for lane in lanes] for b in range(B)], dtype=float)
+lanes = np.arange(grid[1] * launch["BLOCK_C"])                            # every lane of every channel block
+program = np.array([[b * grid[1] + lane // launch["BLOCK_C"] for lane in lanes] for b in range(B)], dtype=float)
 program[:, lanes >= C] = np.nan                                        # masked lanes
 fig, ax = plt.subplots(figsize=(10, 2.4), constrained_layout=True)
 ax.imshow(program, aspect="auto", cmap="tab10", vmin=0, vmax=9, interpolation="nearest")
 ax.axvspan(C - 0.5, lanes[-1] + 0.5, color="lightgrey", hatch="//", alpha=0.5, label="masked lanes (channel >= C)")
 for b in range(B):
     for j in range(grid[1]):
-        first, last = j * launch.block_c, min((j + 1) * launch.block_c, C)                # the lanes it really has
+        first, last = j * launch["BLOCK_C"], min((j + 1) * launch["BLOCK_C"], C)  # the lanes it really has
         ax.text((first + last) / 2 - 0.5, b, f"program\n({b}, {j})", ha="center", va="center", fontsize=8)
 ax.set_yticks(range(B))
 ax.set_xlabel("channel (lane of the block)")
@@ -137,7 +137,7 @@ def launch_wkv4(block_c):
 
 
 # %% tags=["nbval-check-output"]
-for block_c in (launch.block_c, 8, 64):
+for block_c in (launch["BLOCK_C"], 8, 64):
     y, num, den, mx = launch_wkv4(block_c)
     check(f"WKV-4 kernel by hand, BLOCK_C = {block_c:2d} ({triton.cdiv(C, block_c)} blocks): y", y, expected, FP32_BUDGET)
     for name, got, want in (("num", num, expected_num), ("den", den, expected_den), ("max", mx, expected_max)):
@@ -183,7 +183,7 @@ for what, actual, expected in (("the update computed row by row vs on the whole 
 
 # %%
 print(inspect.getsource(k7._step.fn))
-source = inspect.getsource(k7._wkv7_fwd_kernel.fn)
+source = inspect.getsource(k7.wkv7_fwd_kernel.fn)
 print(source[source.index("    pid_bh"):])                              # the body, after the commented arguments
 
 # %%
@@ -200,12 +200,12 @@ def launch_wkv7(block_v):
     # The forward kernel by hand: a program per (batch * head, block of block_v rows); from S7, no checkpoints.
     inputs = [torch.tensor(x7[n], dtype=torch.float32) for n in ("r", "log_w", "k", "v", "a", "b")]
     y, state = torch.empty(B7, T7, H, N), torch.empty(B7, H, N, N)
-    k7._wkv7_fwd_kernel[(B7 * H, N // block_v)](
+    k7.wkv7_fwd_kernel[(B7 * H, N // block_v)](
         *inputs, torch.tensor(S7, dtype=torch.float32), y, state, state, T7, H,
-        N=N, BLOCK_V=block_v, CK=k7.CHECKPOINT, HAS_STATE0=True, SAVE_CKPT=False, num_warps=4)
+        N=N, BLOCK_V=block_v, CHECKPOINT=k7.CHECKPOINT, HAS_STATE0=True, SAVE_CKPT=False, num_warps=4)
     return y, state
 
-print("the dispatcher's (BLOCK_V, num_warps) for N = 8:", k7._launch_config(N), "and for N = 64:", k7._launch_config(64))
+print("the dispatcher's launch for N = 8:", k7._launch_config(N), "and for N = 64:", k7._launch_config(64))
 
 # %% tags=["nbval-check-output"]
 for block_v in (4, 2, 8):

@@ -1,15 +1,17 @@
 """kernels.attention against the float64 reference (reference/attention.py) and float64 autograd.
 
 Chain: reference (NumPy float64) -> torch backend (SDPA) -> Triton backend (flash kernels, under the interpreter
-on CPU). Gradients are compared with autograd through an explicit float64 softmax(q k^T) v written here.
+on CPU). Gradients are compared with autograd through the explicit float64 softmax(q k^T) v of
+seqmix.conformance.definitions.
 """
-import math
+import dataclasses
 
 import numpy as np
 import pytest
 import torch
 
 from kernel_cases import BACKENDS, needs_triton
+from seqmix.conformance.definitions import explicit_attention
 from seqmix.kernels import attention as attn
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_close
 from qkv_check import check_qkv_op, qkv_inputs
@@ -22,19 +24,13 @@ SHAPES = [(1, 1, 1, 16), (2, 1, 37, 16), (1, 2, 20, 24), (1, 1, 33, 32)]
 @pytest.fixture
 def tiles(monkeypatch):
     """Small tiles, so that the interpreter's short sequences still span several of them."""
+    chosen = attn._launch_config
+
     def use(block_m=16, block_n=16):
-        monkeypatch.setattr(attn, "_launch_config", lambda head_dim, dtype: attn.LaunchConfig(block_m, block_n, 4, 1))
+        tiles = {"BLOCK_M": block_m, "BLOCK_N": block_n}
+        monkeypatch.setattr(attn, "_launch_config", lambda *a: dataclasses.replace(chosen(*a), blocks=tiles))
     use()
     return use
-
-
-def _explicit_attention(q, k, v, causal, scale=None):
-    """softmax(q k^T * scale + M) v in float64 torch, written out (differentiable)."""
-    T, d = q.shape[-2:]
-    s = q @ k.transpose(-1, -2) * (1 / math.sqrt(d) if scale is None else scale)
-    if causal:
-        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-    return torch.softmax(s, -1) @ v
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -55,7 +51,7 @@ def test_gradients_match_float64_autograd(rng, tiles, backend, shape, causal):
     q, k, v = qkv_inputs(rng, shape)
     do = torch.tensor(rng.standard_normal(shape))
     check_qkv_op(lambda *a: attn.attention(*a, causal=causal, backend=backend),
-                 lambda *a: _explicit_attention(*a, causal), q, k, v, do, torch.float32, FP32_BUDGET, backend)
+                 lambda *a: explicit_attention(*a, causal=causal), q, k, v, do, torch.float32, FP32_BUDGET, backend)
 
 
 @pytest.mark.parametrize("block_m, block_n", [(16, 32), (32, 16)])
@@ -66,7 +62,7 @@ def test_triton_unequal_tiles(rng, tiles, block_m, block_n):
     shape = (1, 2, 41, 16)
     q, k, v = qkv_inputs(rng, shape)
     do = torch.tensor(rng.standard_normal(shape))
-    check_qkv_op(lambda *a: attn.attention(*a, backend="triton"), lambda *a: _explicit_attention(*a, True),
+    check_qkv_op(lambda *a: attn.attention(*a, backend="triton"), lambda *a: explicit_attention(*a),
                  q, k, v, do, torch.float32, FP32_BUDGET, f"tiles {block_m}x{block_n}")
 
 
@@ -75,7 +71,7 @@ def test_fp16_inputs(rng, tiles, backend):
     shape = (1, 2, 37, 32)
     q, k, v = (x.half().double() for x in qkv_inputs(rng, shape))     # exactly representable in fp16
     do = torch.tensor(rng.standard_normal(shape))
-    check_qkv_op(lambda *a: attn.attention(*a, backend=backend), lambda *a: _explicit_attention(*a, True),
+    check_qkv_op(lambda *a: attn.attention(*a, backend=backend), lambda *a: explicit_attention(*a),
                  q, k, v, do, torch.float16, FP16_BUDGET, f"fp16 {backend}")
 
 

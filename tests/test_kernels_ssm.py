@@ -1,47 +1,18 @@
-"""kernels/ssm.py: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU), on outputs,
-final states and the gradients of every input. Gradients are checked against torch autograd through a plain
-per-token loop written here (float64), which shares no code with either backend."""
+"""kernels/ssm.py: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU) -> C loops, on
+outputs, final states and the gradients of every input. Gradients are checked against torch autograd through the
+plain per-token loop of seqmix.conformance.definitions (float64), which shares no code with any backend."""
 import pytest
 import torch
 
-from kernel_cases import BACKENDS, needs_triton
+from kernel_cases import RECURRENCE_BACKENDS, needs_triton
+from seqmix.conformance.cases import scan_inputs as make_inputs
+from seqmix.conformance.definitions import selective_scan as loop_scan
 from seqmix.kernels import ssm
-from seqmix.kernels._common import accumulation_dtype
-from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
+from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, accumulation_dtype, assert_all_close,
+                                    assert_close)
 from seqmix.reference import ssm as ref
 
 TENSORS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "state")
-
-
-def make_inputs(rng, batch, dim, N, T, extras=(), delta_scale=1.0):
-    """Mamba-like float64 inputs: A in [-16, -0.5] (its init range -1..-N), raw delta around delta_scale.
-    extras: any of "D", "z", "delta_bias", "state"."""
-    x = dict(u=rng.standard_normal((batch, dim, T)),
-             delta=delta_scale * rng.uniform(0.05, 1.0, (batch, dim, T)),
-             A=-rng.uniform(0.5, 16.0, (dim, N)),
-             B=rng.standard_normal((batch, N, T)), C=rng.standard_normal((batch, N, T)))
-    shapes = dict(D=(dim,), z=(batch, dim, T), delta_bias=(dim,), state=(batch, dim, N))
-    for name in extras:
-        x[name] = rng.standard_normal(shapes[name])
-    return x
-
-
-def loop_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, state=None):
-    """The selective scan token by token with torch ops (float64), for autograd's gradients."""
-    dt = delta if delta_bias is None else delta + delta_bias[:, None]
-    if delta_softplus:
-        dt = torch.logaddexp(dt, torch.zeros_like(dt))
-    x = torch.zeros(u.shape[0], u.shape[1], A.shape[1], dtype=u.dtype) if state is None else state
-    ys = []
-    for t in range(u.shape[-1]):
-        x = torch.exp(dt[..., t, None] * A) * x + (dt[..., t] * u[..., t])[..., None] * B[:, None, :, t]
-        ys.append((x * C[:, None, :, t]).sum(-1))
-    y = torch.stack(ys, dim=-1)
-    if D is not None:
-        y = y + D[:, None] * u
-    if z is not None:
-        y = y * z * torch.sigmoid(z)
-    return y, x
 
 
 def dtypes_for(names, dtype, param_dtype=None):
@@ -96,10 +67,10 @@ def check_against_truth(inputs, softplus, cotangents, budget, backend, dtype=tor
 
 @pytest.fixture
 def chunks_per_block(monkeypatch):
-    """chunks_per_block(k, batch, dim, N): the torch backend then makes blocks of k chunks of CHUNK_LEN tokens, so
+    """chunks_per_block(k, batch, dim, N): the torch backend then makes blocks of k chunks of CHUNK tokens, so
     that a short sequence crosses both chunk and block boundaries (by default it fits one block)."""
     def set_chunks(k, batch, dim, N):
-        monkeypatch.setattr(ssm, "BLOCK_ELEMENTS", k * ssm.CHUNK_LEN * batch * dim * N)
+        monkeypatch.setattr(ssm, "BLOCK_ELEMENTS", k * ssm.CHUNK * batch * dim * N)
     return set_chunks
 
 
@@ -139,7 +110,7 @@ def test_torch_backend_float64(rng, chunks_per_block, case):
     check_against_truth(inputs, softplus, cot, REFERENCE_BUDGET, "torch")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_fp32(rng, backend, case):
     inputs, softplus = case_inputs(rng, case)
@@ -148,7 +119,8 @@ def test_fp32(rng, backend, case):
 
 
 @pytest.mark.parametrize("backend, dtype", [("torch", torch.float16), ("torch", torch.bfloat16),
-                                            pytest.param("triton", torch.float16, marks=needs_triton)])
+                                            pytest.param("triton", torch.float16, marks=needs_triton),
+                                            ("c", torch.float16), ("c", torch.bfloat16)])
 def test_half_precision(rng, backend, dtype):
     """fp16/bf16 sequence inputs with fp32 parameters (A, D, delta_bias), as Mamba keeps them; the truth is computed
     from the same rounded inputs, so the budget measures the kernel, not the rounding of its inputs."""
@@ -157,7 +129,7 @@ def test_half_precision(rng, backend, dtype):
     check_against_truth(inputs, softplus, cot, FP16_BUDGET, backend, dtype, param_dtype=torch.float32)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 def test_split_sequence_equals_whole(rng, chunks_per_block, backend):
     """Outputs, final state and every gradient (through the state passed between the pieces) as for the whole."""
     inputs = make_inputs(rng, 2, 3, 16, 13, extras=("D", "z", "delta_bias", "state"))
