@@ -39,16 +39,22 @@ def test_recall_quick(quick_recall):
     found = rows(quick_recall, "recall")
     setup = recall.QUICK
     settings = [(a, w, n) for n in setup.pairs for w in setup.widths for a in setup.archs]
+    width, pairs = setup.long_setting
     assert [(r["arch"], r["width"], r["pairs"], r["phase"]) for r in found] == [
-        (*s, phase) for s in settings for phase in ("sweep", "test")]
+        (*s, phase) for s in settings for phase in ("sweep", "test")] + [(a, width, pairs, "long")
+                                                                         for a in setup.archs]
     for r in found:
         assert_environment(r)
-        if r["phase"] == "test":
+        if r["phase"] in ("test", "long"):
             assert_learned(r["history"])
             assert 0 <= r["test_accuracy"] <= 1 and r["test_queries"] == setup.test_size * r["pairs"]
             assert r["lr"] == next(s["chosen_lr"] for s in found if s["phase"] == "sweep" and s["arch"] == r["arch"])
+    for r in (r for r in found if r["phase"] == "long"):      # the longer run: the budget times long_factor
+        test = next(t for t in found if t["phase"] == "test" and t["arch"] == r["arch"])
+        assert r["lr"] == test["lr"] and r["steps"] <= setup.long_factor * setup.budget.steps
+        assert test["steps"] < r["steps"] or test["reached_target"]
     text = (quick_recall / "recall.md").read_text()
-    assert all(arch in text for arch in setup.archs)
+    assert all(arch in text for arch in setup.archs) and "Is it the budget?" in text
     assert (quick_recall / "recall.png").stat().st_size > 1000
     assert len(list((quick_recall / "weights" / "recall").glob("*.safetensors"))) == len(setup.archs)
 
