@@ -32,7 +32,7 @@ from functools import partial
 import numpy as np
 
 from seqmix.experiments import data, plots
-from seqmix.experiments.records import Results, environment, fmt, markdown_table, output_dir, parse_args
+from seqmix.experiments.records import Results, command_line, environment, fmt, markdown_table
 from seqmix.experiments.training import Budget, Run, evaluate, round_to_fp16, setup_torch, successive_halving
 from seqmix.experiments.transformer import PositionScheme, Transformer, TransformerConfig
 from seqmix.models.io import load_state_dict, save_state_dict
@@ -233,8 +233,7 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
 
 
 def main(argv=None) -> None:
-    args = parse_args(__doc__, argv)
-    run(QUICK if args.quick else FULL, output_dir(args), args.seed, args.threads, args.progress)
+    command_line(__doc__, run, FULL, QUICK, argv)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from functools import partial
 import numpy as np
 
 from seqmix.experiments import data, plots, zoo
-from seqmix.experiments.records import Results, environment, fmt, markdown_table, output_dir, parse_args
+from seqmix.experiments.records import Results, command_line, environment, fmt, markdown_table
 from seqmix.experiments.training import Budget, Run, evaluate, round_to_fp16, setup_torch, sweep_then_seeds
 from seqmix.models.io import save_state_dict
 
@@ -172,8 +172,7 @@ def report(results: Results, setup: Setup, out) -> str:
 
 
 def main(argv=None) -> None:
-    args = parse_args(__doc__, argv)
-    run(QUICK if args.quick else FULL, output_dir(args), args.seed, args.threads, args.progress)
+    command_line(__doc__, run, FULL, QUICK, argv)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import torch
 
 import seqmix
 
-__all__ = ["RESULTS", "Results", "environment", "markdown_table", "parse_args", "output_dir", "fmt"]
+__all__ = ["RESULTS", "Results", "environment", "markdown_table", "parse_args", "output_dir", "command_line", "fmt"]
 
 RESULTS = Path(__file__).resolve().parent / "results"      # committed; RESULTS / "quick" is git-ignored
 
@@ -110,3 +110,10 @@ def parse_args(doc: str, argv=None) -> argparse.Namespace:
 
 def output_dir(args) -> Path:
     return args.out if args.out is not None else RESULTS / "quick" if args.quick else RESULTS
+
+
+def command_line(doc: str, run, full, quick, argv=None) -> None:
+    """What ``python -m seqmix.experiments.<name>`` does: parse_args, then run(full or quick setup, output_dir,
+    seed, threads, progress)."""
+    args = parse_args(doc, argv)
+    run(quick if args.quick else full, output_dir(args), args.seed, args.threads, args.progress)

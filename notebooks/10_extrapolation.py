@@ -96,8 +96,8 @@ for w in (L // 4, L // 2):
           f" < L = {L}: {rectify(x, w, leaky_k=setup.leaky_k).max() < L}")
 d = setup.head_size
 slowest = lambda base: (8 * L - 1) * base ** (-(d - 2) / d)                # the last pair's angle at 8x   # noqa: E731
-print(f"NTK-old at 8x: slowest pair turns {slowest(ntk_scaled_base(d, 8.0)):.2f} rad, "
-      f"RoPE at 1x: {(L - 1) * 1e4 ** (-(d - 2) / d):.2f} rad; the same as PI's p / 8: "
+print(f"NTK-old at 8x: slowest pair turns {slowest(ntk_scaled_base(d, 8.0)):.4f} rad, "
+      f"RoPE at 1x: {(L - 1) * 1e4 ** (-(d - 2) / d):.4f} rad; the same as PI's p / 8: "
       f"{np.isclose(slowest(ntk_scaled_base(d, 8.0)), (8 * L - 1) / 8 * 1e4 ** (-(d - 2) / d))}")
 
 # %%
