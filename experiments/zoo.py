@@ -3,7 +3,7 @@
     "attention"   experiments.transformer.Transformer (RoPE)        a KV cache that grows with T
     "rwkv4"       models.rwkv4.RwkvForCausalLM                       WKV-4: a decayed sum, state 2 C (+ C maxima)
     "rwkv7"       models.rwkv7.Rwkv7 (BlinkDL's training start)      WKV-7: the delta rule, state C * head_size
-    "mamba"       models.mamba.MambaForCausalLM                      selective scan, state 2 C * state_size
+    "mamba"       models.mamba.MambaForCausalLM (Mamba's training start) selective scan, state 2 C * state_size
     "mamba_lti"   the same Mamba with delta, B and C held constant  a time-invariant (LTI) SSM, same state
 
 The time-invariant model is the project's Mamba with one change: each block's x_proj, which makes (delta, B, C)
@@ -21,7 +21,7 @@ from seqmix.models.mamba import MambaConfig, MambaForCausalLM
 from seqmix.models.rwkv4 import RwkvConfig, RwkvForCausalLM
 from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
 
-__all__ = ["ARCHITECTURES", "TimeInvariantProjection", "time_invariant_system", "rwkv7_training_init", "build",
+__all__ = ["ARCHITECTURES", "TimeInvariantProjection", "time_invariant_system", "rwkv7_training_init", "mamba_training_init", "build",
            "logits", "num_parameters", "state_size"]
 
 ARCHITECTURES = ("attention", "rwkv4", "rwkv7", "mamba", "mamba_lti")
@@ -85,6 +85,19 @@ def rwkv7_training_init(model: Rwkv7) -> Rwkv7:
     return model
 
 
+@torch.no_grad()
+def mamba_training_init(model: MambaForCausalLM) -> MambaForCausalLM:
+    """The start of Mamba's own training code (mamba_ssm, models/mixer_seq_simple.py, _init_weights), in place, on
+    top of MambaModel.reset_parameters (which sets the SSM part as Mamba does and leaves torch's defaults elsewhere):
+        embeddings ~ N(0, 0.02^2)       torch's N(0, 1), tied to the head, starts at a loss near 60 (vocabulary 128)
+        out_proj /= sqrt(layers)        the residual branches' outputs scaled down (rescale_prenorm_residual)
+    """
+    nn.init.normal_(model.backbone.embeddings.weight, std=0.02)
+    for layer in model.backbone.layers:
+        layer.mixer.out_proj.weight /= len(model.backbone.layers) ** 0.5
+    return model
+
+
 def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size: int = 16, state_size: int = 16,
           train_length: int = 64) -> nn.Module:
     """A freshly initialized model (seed torch first for a reproducible one).
@@ -106,8 +119,8 @@ def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size:
         return rwkv7_training_init(Rwkv7(Rwkv7Config(vocab_size=vocab_size, n_embd=width, n_layer=layers,
                                                      head_size=head_size)))
     if arch in ("mamba", "mamba_lti"):
-        model = MambaForCausalLM(MambaConfig(vocab_size=vocab_size, hidden_size=width, num_hidden_layers=layers,
-                                             state_size=state_size))
+        model = mamba_training_init(MambaForCausalLM(MambaConfig(vocab_size=vocab_size, hidden_size=width,
+                                                                 num_hidden_layers=layers, state_size=state_size)))
         if arch == "mamba_lti":
             for layer in model.backbone.layers:
                 layer.mixer.x_proj = TimeInvariantProjection(layer.mixer.time_step_rank, state_size)
