@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
-import numpy as np  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure     # figures without pyplot: no backend is chosen, none is changed
 
 __all__ = ["recall", "extrapolation", "selective_copy", "mean_and_range"]
 
@@ -19,12 +17,12 @@ def mean_and_range(values):
 def _save(fig, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def recall(results, setup, path) -> None:
     """Test accuracy against width, one panel per number of pairs, a line per model (bars: min to max of seeds)."""
-    fig, axes = plt.subplots(1, len(setup.pairs), figsize=(4 * len(setup.pairs), 3.4), squeeze=False)
+    fig = Figure(figsize=(4 * len(setup.pairs), 3.4))
+    axes = fig.subplots(1, len(setup.pairs), squeeze=False)
     for ax, pairs in zip(axes[0], setup.pairs):
         for arch in setup.archs:
             points = [(w, [r["test_accuracy"] for r in results.select(phase="test", arch=arch, width=w, pairs=pairs)])
@@ -47,12 +45,13 @@ def extrapolation(curves, lengths, path, title) -> None:
 
     curves: {kind: {label: [accuracy per length]}}; a label ending in "-log n†" is drawn dashed, in the colour of
     the same scheme without it."""
-    fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4.2), squeeze=False)
+    fig = Figure(figsize=(6 * len(curves), 4.2))
+    axes = fig.subplots(1, len(curves), squeeze=False)
     colours = {}
     for ax, (kind, lines) in zip(axes[0], curves.items()):
         for label, acc in lines.items():
             base = label.removesuffix("-log n†")
-            colour = colours.setdefault(base, plt.get_cmap("tab10")(len(colours) % 10))
+            colour = colours.setdefault(base, matplotlib.colormaps["tab10"](len(colours) % 10))
             ax.plot(lengths, acc, marker="o", label=label, color=colour, linestyle="-" if base == label else "--")
         ax.set(xscale="log", title=f"{kind} text", xlabel="evaluation length (x training length)",
                ylabel="next-character accuracy")
@@ -65,7 +64,8 @@ def extrapolation(curves, lengths, path, title) -> None:
 
 def selective_copy(histories, path) -> None:
     """Validation accuracy during training, a line per run. histories: {label: [[step, loss, acc, val loss]]}."""
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig = Figure(figsize=(6, 3.6))
+    ax = fig.subplots()
     for label, history in histories.items():
         h = np.asarray(history, dtype=float)
         ax.plot(h[:, 0], h[:, 2], label=label)

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from tqdm import tqdm          # text bars (tqdm.auto warns in a notebook without ipywidgets)
 
 from seqmix.experiments.data import IGNORE
 
