@@ -154,7 +154,7 @@ def report(results: Results, setup: Setup, out) -> str:
                 cells.append("-" if not acc else f"{fmt(np.mean(acc))} ({fmt(min(acc), 0)} - {fmt(max(acc), 0)}) "
                              f"lr {sweep['chosen_lr']:g}{seeds}")
             rows.append([arch, *cells])
-        lines += [f"\n## {pairs} key-value pairs\n", markdown_table(["model", *(f"C = {w}" for w in setup.widths)],
+        lines += [f"\n## {pairs} key-value pairs\n\n", markdown_table(["model", *(f"C = {w}" for w in setup.widths)],
                                                                    rows)]
     if setup.long_setting is not None:
         width, pairs = setup.long_setting
