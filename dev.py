@@ -106,10 +106,20 @@ def main(argv):
         print("No notebooks yet: printing the headless cross-check report instead.", flush=True)
         run(PY, "-m", "seqmix.kernels.crosscheck", env=env)
     else:
-        # Jupyter refuses to run as root unless told; root is common in containers, where this is the only user.
-        as_root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
-        run(PY, "-m", "jupyter", "lab", "notebooks", *as_root, *argv[2:], env=env)
+        run(*lab_command(argv[2:]), env=env)
     return 0
+
+
+def lab_command(extra=()):
+    """JupyterLab serving the repository root, so that a notebook's links to ../reference, ../kernels, ../models,
+    ERRATA.md and its images resolve, and opening on notebooks/. Extra arguments go to `jupyter lab`."""
+    # Jupyter refuses to run as root unless told; root is common in containers, where this is the only user.
+    as_root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    return [PY, "-m", "jupyter", "lab", f"--ServerApp.root_dir={ROOT}", f"--LabApp.default_url={LAB_HOME}",
+            *as_root, *extra]
+
+
+LAB_HOME = "/lab/tree/notebooks"             # where the Lab opens: the file browser on notebooks/
 
 
 if __name__ == "__main__":
