@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set up and run the project from nothing: needs only Python 3.10+ with pip and venv.
 
-    python3 dev.py lab       JupyterLab on notebooks/ (the main job)
+    python3 dev.py lab       JupyterLab over the repository, opened on notebooks/ (the main job)
     python3 dev.py test      every test: pytest over tests/ and nbval over notebooks/
     python3 dev.py report    headless cross-check of every formula, as a table
     python3 dev.py notebooks [NAME ...]
