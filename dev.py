@@ -4,11 +4,16 @@
     python3 dev.py lab       JupyterLab over the repository, opened on notebooks/ (the main job)
     python3 dev.py test      every test: pytest over tests/ and nbval over notebooks/
     python3 dev.py report    headless cross-check of every formula, as a table
+    python3 dev.py constraints
+                             write the venv's package versions to constraints.txt (after a green run on newer ones)
     python3 dev.py notebooks [NAME ...]
                              after editing notebooks/NAME.py (the jupytext source): sync it into NAME.ipynb and
                              execute that top to bottom, as nbval and the Lab expect it (default: every notebook)
 
-Each command creates ./.venv on first use and installs the project into it (dependencies: pyproject.toml).
+Each command creates ./.venv on first use and installs the project into it (dependencies: pyproject.toml), at
+the versions of constraints.txt, the set CI is known to pass with, so that a new release of a dependency cannot turn
+CI red overnight. To try the newest releases pyproject.toml allows: SEQMIX_CONSTRAINTS=none python3 dev.py test;
+when they pass, `python3 dev.py constraints` records them in constraints.txt.
 
 Torch: the project is tested with torch 2.13.0, which this script installs first unless SEQMIX_TORCH names another
 requirement (for instance SEQMIX_TORCH="torch" for the newest release). On machines whose pip finds a local CPU
@@ -28,6 +33,8 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PY = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 TORCH = os.environ.get("SEQMIX_TORCH", "torch==2.13.0")
+CONSTRAINTS = ROOT / "constraints.txt"
+NEWEST = os.environ.get("SEQMIX_CONSTRAINTS") == "none"
 
 
 def run(*cmd, **kw):
@@ -39,15 +46,27 @@ def ensure_env():
     """Create .venv and install the project, once per version of pyproject.toml."""
     if not PY.exists():
         run(sys.executable, "-m", "venv", VENV)
-    stamp = VENV / ("installed-" + hashlib.sha256((ROOT / "pyproject.toml").read_bytes()
+    pins = b"newest" if NEWEST else CONSTRAINTS.read_bytes()
+    stamp = VENV / ("installed-" + hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + pins
                                                  + TORCH.encode()).hexdigest()[:16])
     if stamp.exists():
         return
     pip = [PY, "-m", "pip", "install", "--progress-bar", "off"]
     index = os.environ.get("SEQMIX_TORCH_INDEX")
     run(*pip, TORCH, *(["--index-url", index] if index else []))
-    run(*pip, "-e", ".[test,lab]")
+    pinned = ["--upgrade", "--upgrade-strategy", "eager"] if NEWEST else ["-c", CONSTRAINTS]
+    run(*pip, *pinned, "-e", ".[test,lab]")
     stamp.touch()
+
+
+def write_constraints():
+    """constraints.txt from the venv: every installed distribution but seqmix, torch without its local tag (+cpu)."""
+    frozen = subprocess.run([PY, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True,
+                            check=True).stdout.splitlines()
+    pins = sorted((line.split("+")[0] for line in frozen if "==" in line and not line.startswith("seqmix==")),
+                  key=str.lower)
+    header = "# Versions CI is known to pass with (python3 dev.py constraints writes this file; see dev.py).\n"
+    CONSTRAINTS.write_text(header + "\n".join(pins) + "\n")
 
 
 def venv_env():
@@ -60,7 +79,7 @@ def venv_env():
     return env
 
 
-COMMANDS = ("lab", "test", "report", "notebooks")
+COMMANDS = ("lab", "test", "report", "notebooks", "constraints")
 
 
 def execute_notebooks(names, env):
@@ -97,11 +116,14 @@ def main(argv):
     ensure_env()
     env = venv_env()
     if what == "test":
-        run(PY, "-m", "pytest", "--nbval-lax", "tests", "notebooks", *argv[2:], env=env)
+        # --durations: the slowest tests, so that CI's time is watched as the suite grows
+        run(PY, "-m", "pytest", "--nbval-lax", "--durations=20", "tests", "notebooks", *argv[2:], env=env)
     elif what == "report":
         run(PY, "-m", "seqmix.kernels.crosscheck", *argv[2:], env=env)
     elif what == "notebooks":
         execute_notebooks(argv[2:], env)
+    elif what == "constraints":
+        write_constraints()
     elif not any((ROOT / "notebooks").glob("*.ipynb")):
         print("No notebooks yet: printing the headless cross-check report instead.", flush=True)
         run(PY, "-m", "seqmix.kernels.crosscheck", env=env)

@@ -11,6 +11,7 @@ from seqmix.kernels.aot import MODULES, TARGETS
 
 
 @pytest.mark.skipif(not _common.HAS_TRITON, reason="triton has no wheel for this platform")
+@pytest.mark.timeout(1900)   # a cold build of every kernel takes about 5 minutes here; the subprocess has 1800 s
 def test_every_kernel_builds_for_sm80_and_sm90_without_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # compile for real, not interpret
     run = subprocess.run([sys.executable, "-m", "seqmix.kernels.aot"], env=env, capture_output=True, text=True,
