@@ -236,6 +236,7 @@ def mean_entropy(p):
 entropy = [mean_entropy(weights(f)) for f in factors]
 largest = [np.abs(qp @ kp.T * f / 4).max() for f in factors]
 
+# %%
 fig, axes = plt.subplots(1, 3, figsize=(10, 3.4), constrained_layout=True)
 for ax, factor in zip(axes[:2], (1.0, 4.0)):
     image = ax.imshow(weights(factor), cmap="viridis", vmin=0, vmax=1)

@@ -76,6 +76,7 @@ def draw(name, shape):
         return rng.standard_normal(shape)
     return rng.standard_normal(shape) / np.sqrt(shape[1])          # a Linear (out, in): unit gain
 
+# %%
 def drawn_weights(config_):
     # Every weight of an RwkvForCausalLM for config_, drawn (float64, transformers' names).
     shapes = {name: tuple(t.shape) for name, t in RwkvForCausalLM(config_).state_dict().items()}

@@ -432,6 +432,7 @@ torch.set_num_threads(threads)
 print(f"Triton interpreter, T = 16, H = 1, N = 8: {interpreter_time * 1e3:.0f} ms; "
       f"torch backend: {torch_small_time * 1e3:.1f} ms (indicative)")
 
+# %%
 fig, ax = plt.subplots(figsize=(10, 3.6), constrained_layout=True)
 for name, per_token in timings.items():
     ax.loglog(lengths, np.array(per_token) * 1e6, "o-", label=name)
