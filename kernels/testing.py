@@ -64,6 +64,7 @@ REFERENCE_BUDGET = 1e-12   # one float64 form of a formula against another
 FP32_BUDGET = 1e-5         # torch or Triton in fp32, outputs and gradients
 FP32_CHUNKED_WKV7_BUDGET = 1e-4
 FP16_BUDGET = 5e-3         # fp16 inputs, fp32 accumulation
+BF16_BUDGET = 2e-2         # bf16 inputs (8 bits of mantissa), fp32 accumulation
 
 
 def check(what: str, actual, expected, budget: float) -> None:

@@ -11,14 +11,18 @@
 # eigenvalues stay inside the unit disc, shown by a short proof and a plot, and what goes wrong with the post's
 # $a = -k$, $b = k\eta$); the same recurrence without recursion (a product of transition matrices); and the chunked
 # "WY" form that fast kernels use, derived and checked. Heatmaps of the state over time show the delta rule replace a
-# stored association where plain accumulation would blur it. Then the torch path and the Triton kernel run on the
-# same inputs and are checked against the float64 reference: outputs, states, pieces, fp16 and gradients.
+# stored association where plain accumulation would blur it. An appendix runs the torch path and the Triton kernel
+# on the same inputs and checks them against the float64 reference: outputs, states, pieces, fp16 and gradients.
 #
 # **Sources.** The RWKV-7 architecture post, https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 (the state, its update
 # and the meaning of each term: the order followed here; errata 16, 18 and 19 of
 # [`reference/ERRATA.md`](../reference/ERRATA.md) are about it); RWKV-7 "Goose", arXiv:2503.14456,
 # https://arxiv.org/abs/2503.14456 (the generalized delta rule, its chunked form); DeltaNet's parallel form,
 # arXiv:2406.06484, https://arxiv.org/abs/2406.06484 (the WY representation of a product of rank-one updates).
+#
+# **Notation.** The post's $a$ is both the op's vector $a$ (here $-\hat\kappa$) and the learning rate (here $\alpha$);
+# $w$ is the decay here but a window in notebook 07; $D$ below is a diagonal matrix, not Mamba's skip. The
+# [notation crosswalk](notation.md) lists these clashes across the notebooks.
 #
 # **Code used.** [`reference/wkv7.py`](../reference/wkv7.py): `wkv7` (the recurrence), `wkv7_transition_product`
 # (the non-recursive definition), `wkv7_chunked` (the WY form) (NumPy, float64: the truth) ·
@@ -29,7 +33,8 @@
 # %%
 import seqmix
 
-MODE = seqmix.use_interpreter_without_gpu()    # without a GPU: TRITON_INTERPRET=1, before triton is imported
+# without a GPU: TRITON_INTERPRET=1, before triton is imported
+MODE = seqmix.use_interpreter_without_gpu()
 
 from functools import reduce
 
@@ -37,9 +42,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, check,
-                             rel_rms)
-from seqmix.kernels.wkv7 import wkv7 as wkv7_kernel
+from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET,
+                                    REFERENCE_BUDGET, check, rel_rms)
 from seqmix.reference import wkv7 as ref
 
 rng = np.random.default_rng(0)
@@ -63,11 +67,12 @@ key /= np.linalg.norm(key)                                             # a unit 
 value = rng.standard_normal(N)
 S_one = np.outer(value, key)                                           # (N, N) [value, key]: v k^T
 orthogonal = rng.standard_normal(N)
-orthogonal -= (orthogonal @ key) * key                                 # remove the component along the key
+orthogonal -= (orthogonal @ key) * key  # remove the component along the key
 
 # %% tags=["nbval-check-output"]
 check("reading v k^T with r = k returns v", S_one @ key, value, REFERENCE_BUDGET)
-print("reading it with r orthogonal to k returns 0:", bool(np.abs(S_one @ orthogonal).max() < 1e-12))
+print("reading it with r orthogonal to k returns 0:",
+      bool(np.abs(S_one @ orthogonal).max() < 1e-12))
 
 
 # %% [markdown]
@@ -101,7 +106,8 @@ print("reading it with r orthogonal to k returns 0:", bool(np.abs(S_one @ orthog
 
 # %%
 def rwkv7_inputs(B, T, H, N):
-    # r, log_w, k, v, a, b as RWKV-7 makes them: log_w = -exp(omega), omega < -0.5; a = -kk, b = kk * alpha.
+    # r, log_w, k, v, a, b as RWKV-7 makes them: log_w = -exp(omega), omega < -0.5; a = -kk, b = kk
+    # * alpha.
     r, k, v = (rng.standard_normal((B, T, H, N)) for _ in range(3))
     omega = -0.5 - np.logaddexp(0.0, rng.normal(2.0, 2.0, (B, T, H, N)))   # soft-clamped below -0.5
     kk = rng.standard_normal((B, T, H, N))
@@ -118,17 +124,21 @@ print(f"log decay in [{x['log_w'].min():.3g}, {x['log_w'].max():.3g}] (negative)
 
 
 # %%
+ARGS_POST = ("log_w", "r", "k", "v", "a", "b")
+
 def update_as_in_the_post(x, S0):
-    # state = state * w + state @ a @ b + v @ k, with a, v columns and b, k rows; one head, one token at a time.
+    # state = state * w + state @ a @ b + v @ k, with a, v columns and b, k rows; one head, one
+    # token at a time.
     y = np.empty_like(x["r"])
     S_final = np.empty_like(S0)
     for bi in range(B):
         for h in range(H):
             state = S0[bi, h].copy()
             for t in range(T):
-                w, r, k, v, a, b = (x[name][bi, t, h] for name in ("log_w", "r", "k", "v", "a", "b"))
-                w = np.exp(w)
-                state = state * w[None, :] + state @ a[:, None] @ b[None, :] + v[:, None] @ k[None, :]
+                log_w, r, k, v, a, b = (x[name][bi, t, h] for name in ARGS_POST)
+                w = np.exp(log_w)
+                a, b, v, k = a[:, None], b[None, :], v[:, None], k[None, :]     # columns and rows
+                state = state * w[None, :] + state @ a @ b + v @ k
                 y[bi, t, h] = state @ r
             S_final[bi, h] = state
     return y, S_final
@@ -165,19 +175,23 @@ S = rng.standard_normal((N, N))
 eta = 0.3
 loss = lambda S_: 0.5 * np.sum((S_ @ key - value) ** 2)               # noqa: E731
 h = 1e-6
-numerical_gradient = np.array([[(loss(S + h * E) - loss(S - h * E)) / (2 * h)
-                                for E in np.eye(N * N)[i * N:(i + 1) * N].reshape(N, N, N)] for i in range(N)])
+units = np.eye(N * N).reshape(N * N, N, N)  # E_ij: one entry 1, the rest 0
+numerical_gradient = np.array([(loss(S + h * E) - loss(S - h * E)) / (2 * h)
+                               for E in units]).reshape(N, N)          # central differences
 gradient_step = S - eta * np.outer(S @ key - value, key)
 
-one = lambda z: np.asarray(z, dtype=float).reshape(1, 1, 1, N)        # noqa: E731  (B, T, H, N) = (1, 1, 1, N)
-_, S_step = ref.wkv7(one(key), one(np.zeros(N)), one(key), one(eta * value), one(-key), one(eta * key),
-                     state=S[None, None])
+def one(z):
+    return np.asarray(z, dtype=float).reshape(1, 1, 1, N)              # (B, T, H, N) = (1, 1, 1, N)
+
+step_inputs = (key, np.zeros(N), key, eta * value, -key, eta * key)       # r, log_w, k, v, a, b
+_, S_step = ref.wkv7(*map(one, step_inputs), state=S[None, None])
 
 # %% tags=["nbval-check-output"]
 for what, actual, expected, budget in (
-    ("(S k - v) k^T vs the gradient by finite differences", np.outer(S @ key - value, key), numerical_gradient, 1e-8),
-    ("one step of reference.wkv7 (w = 1, a = -k, b = eta k, eta v) vs the gradient step", S_step[0, 0],
-     gradient_step, REFERENCE_BUDGET),
+    ("(S k - v) k^T vs the gradient by finite differences", np.outer(S @ key - value, key),
+     numerical_gradient, 1e-8),
+    ("one step of reference.wkv7 (w = 1, a = -k, b = eta k, eta v) vs the gradient step",
+     S_step[0, 0], gradient_step, REFERENCE_BUDGET),
     ("retrieval error after the step vs (1 - eta) times before", S_step[0, 0] @ key - value,
      (1 - eta) * (S @ key - value), REFERENCE_BUDGET),
 ):
@@ -188,7 +202,9 @@ for what, actual, expected, budget in (
 # $\lVert S k_i - v_i \rVert$ after each step. The delta rule drives it down geometrically, faster for a larger $\eta$;
 # after step 41 the value of pair 0 changes, and the delta rule learns the new one the next time pair 0 comes. The
 # additive update (linear attention) holds $n\eta v_i$ after $n$ presentations: right only if $n\eta$ happens to be
-# 1, then ever more wrong, and a changed value is added to the old one rather than replacing it. Every step is one call of `reference.wkv7` with the state passed on.
+# 1, then ever more wrong, and a changed value is added to the old one rather than replacing it. Every step is one
+# call of `reference.wkv7` with the state passed on. With $\eta = 1$ a pair is learned exactly the first time it
+# comes (the error drops to rounding, below the plot's lower edge at $10^{-6}$), and a changed value the next time.
 
 # %%
 pairs = 4
@@ -200,19 +216,24 @@ def retrieval_errors(eta, delta_rule, steps=80):
     state, errors, vals = np.zeros((1, 1, N, N)), [], values.copy()
     for t in range(steps):
         if t == 41:
-            vals[0] = new_value0                                        # pair 0 gets a new value (pair 1 is next)
+            vals[0] = new_value0                                        # pair 0 gets a new value
         k, v = keys[t % pairs], vals[t % pairs]
         a, b = (-k, eta * k) if delta_rule else (np.zeros(N), np.zeros(N))
-        _, state = ref.wkv7(one(k), one(np.zeros(N)), one(k), one(eta * v), one(a), one(b), state=state)
-        errors.append(np.linalg.norm(state[0, 0] @ keys.T - vals.T, axis=0).mean())   # mean over the pairs
+        _, state = ref.wkv7(one(k), one(np.zeros(N)), one(k), one(eta * v), one(a), one(b),
+                            state=state)
+        # mean of the pairs
+        errors.append(np.linalg.norm(state[0, 0] @ keys.T - vals.T, axis=0).mean())
     return np.array(errors)
 
 fig, ax = plt.subplots(figsize=(8, 4), constrained_layout=True)
 for eta_ in (0.2, 0.5, 1.0):
-    ax.semilogy(np.arange(1, 81), retrieval_errors(eta_, True), label=rf"delta rule, $\eta$ = {eta_}")
-ax.semilogy(np.arange(1, 81), retrieval_errors(0.3, False), "k--", label=r"additive: $S \leftarrow S + \eta\,v k^\top$, $\eta$ = 0.3")
+    ax.semilogy(np.arange(1, 81), retrieval_errors(eta_, True),
+                label=rf"delta rule, $\eta$ = {eta_}")
+ax.semilogy(np.arange(1, 81), retrieval_errors(0.3, False), "k--",
+            label=r"additive: $S \leftarrow S + \eta\,v k^\top$, $\eta$ = 0.3")
 ax.axvline(41.5, color="grey", lw=0.8)
-ax.text(42.5, 1e-7, "pair 0 gets\na new value", fontsize=8)
+ax.text(42.5, 3e-6, "pair 0 gets\na new value", fontsize=8)
+ax.set_ylim(1e-6, 30)
 ax.set_xlabel("step (the four pairs presented in turn)")
 ax.set_ylabel(r"mean retrieval error $\Vert S k_i - v_i \Vert$")
 ax.set_title("the update as online gradient descent on $\\frac{1}{2}\\Vert S k - v \\Vert^2$")
@@ -240,9 +261,11 @@ plt.show()
 # The post's $a = -k$, $b = k\eta$ with a key of any length gives $\lVert z\rVert^2 = \sum_j \eta_j k_j^2$, which is as
 # large as the key is long: eigenvalues far below $-1$, and a state that flips sign and grows at every step. For
 # contrast, a generalized delta rule with unrelated $a$ and $b$ has complex eigenvalues, some outside the disc too.
-# (What this rules out is the runaway of a transition that repeats, as the post's does below. It is not a bound on
-# every product of different transitions: a single $P_t$ is not symmetric, its norm can slightly exceed 1, as printed
-# below, so one step may lengthen a row of the state. The long run after the plot shows what happens in practice.)
+#
+# What the proof rules out is the runaway of a transition that repeats, as the post's does below. It does not bound
+# every product of different transitions. A single $P_t$ is not symmetric, and its norm can slightly exceed 1 (the
+# largest is printed below), so one step may lengthen a row of the state. The long run after the plot shows what
+# happens in practice.
 
 # %%
 def transitions(kind, count=400):
@@ -252,13 +275,14 @@ def transitions(kind, count=400):
     if kind == "rwkv7":
         kk = k / np.linalg.norm(k, axis=1, keepdims=True)
         a, b = -kk, kk * rng.uniform(0.0, 1.0, (count, N))
-    elif kind == "post":                                               # a = -k, b = k * eta, k not normalized
+    elif kind == "post":  # a = -k, b = k * eta, k not normalized
         a, b = -k, k * rng.uniform(0.0, 1.0, (count, N))
     else:                                                              # a and b unrelated
-        a, b = rng.standard_normal((count, N)) / np.sqrt(N), rng.standard_normal((count, N)) / np.sqrt(N)
+        a, b = (rng.standard_normal((count, N)) / np.sqrt(N) for _ in range(2))
     return w[:, :, None] * np.eye(N) + a[:, :, None] * b[:, None, :]
 
-KINDS = {"rwkv7": r"RWKV-7: $a = -\hat\kappa$, $b = \hat\kappa \odot \alpha$", "post": r"the post: $a = -k$, $b = k\eta$",
+KINDS = {"rwkv7": r"RWKV-7: $a = -\hat\kappa$, $b = \hat\kappa \odot \alpha$",
+         "post": r"the post: $a = -k$, $b = k\eta$",
          "unrelated": r"$a$, $b$ unrelated"}
 P = {kind: transitions(kind) for kind in KINDS}
 eigenvalues = {kind: np.linalg.eigvals(P[kind]) for kind in KINDS}
@@ -267,7 +291,8 @@ eigenvalues = {kind: np.linalg.eigvals(P[kind]) for kind in KINDS}
 rwkv7_eigs = eigenvalues["rwkv7"]
 print("RWKV-7 transitions: every eigenvalue real:", bool(np.abs(rwkv7_eigs.imag).max() < 1e-9))
 print("RWKV-7 transitions: every eigenvalue in (-1, 1):", bool(np.abs(rwkv7_eigs).max() < 1))
-print("the post's a = -k, b = k eta: some eigenvalue of modulus > 1:", bool(np.abs(eigenvalues["post"]).max() > 1))
+print("the post's a = -k, b = k eta: some eigenvalue of modulus > 1:",
+      bool(np.abs(eigenvalues["post"]).max() > 1))
 
 # %% [markdown]
 # The similarity behind the proof, checked on one transition, and the largest norm $\lVert P_t \rVert_2$ among the
@@ -281,14 +306,16 @@ alpha1 = rng.uniform(0.0, 1.0, N)
 P1 = np.diag(w1) + np.outer(-kk1, kk1 * alpha1)
 D1 = np.diag(np.sqrt(alpha1))
 z1 = D1 @ kk1
-print(f"largest spectral norm of the {len(P['rwkv7'])} RWKV-7 transitions: {np.linalg.norm(P['rwkv7'], 2, axis=(1, 2)).max():.3f}")
+largest_norm = np.linalg.norm(P["rwkv7"], 2, axis=(1, 2)).max()
+print(f"largest spectral norm of the {len(P['rwkv7'])} RWKV-7 transitions: {largest_norm:.3f}")
 
 # %% tags=["nbval-check-output"]
-check("D P D^-1 vs diag(w) - z z^T", D1 @ P1 @ np.linalg.inv(D1), np.diag(w1) - np.outer(z1, z1), REFERENCE_BUDGET)
+check("D P D^-1 vs diag(w) - z z^T", D1 @ P1 @ np.linalg.inv(D1), np.diag(w1) - np.outer(z1, z1),
+      REFERENCE_BUDGET)
 print("so P has real eigenvalues:", bool(np.abs(np.linalg.eigvals(P1).imag).max() < 1e-12))
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(13, 3.9), constrained_layout=True)
+fig, axes = plt.subplots(1, 3, figsize=(10, 3.6), constrained_layout=True)
 circle = np.exp(1j * np.linspace(0, 2 * np.pi, 200))
 for ax, (kind, title) in zip(axes, KINDS.items()):
     e = eigenvalues[kind].ravel()
@@ -300,8 +327,9 @@ for ax, (kind, title) in zip(axes, KINDS.items()):
     ax.set_xlim(-2.5, 2.7)
     ax.set_ylim(-1.6, 1.6)
     ax.set_aspect("equal")
-    ax.text(0.02, 0.03, f"{(np.abs(e) > 1).mean():.0%} outside the unit disc; real parts from {e.real.min():.2g} "
-            f"to {e.real.max():.2g}", transform=ax.transAxes, fontsize=8)
+    ax.text(0.02, 0.03, f"{(np.abs(e) > 1).mean():.0%} outside the unit disc\n"
+            f"real parts from {e.real.min():.2g} to {e.real.max():.2g}",
+            transform=ax.transAxes, fontsize=8)
 axes[0].legend(loc="upper left", fontsize=8)
 fig.suptitle(r"eigenvalues of 400 transitions diag(w) + a b$^\top$ each (N = 8)")
 plt.show()
@@ -312,9 +340,11 @@ plt.show()
 
 # %%
 long = rwkv7_inputs(1, 300, 1, N)
-post = dict(long, a=-long["k"], b=long["k"] * rng.uniform(0.0, 1.0, long["k"].shape))   # the post's a = -k, b = k eta
+# the post's a = -k, b = k eta
+post = dict(long, a=-long["k"], b=long["k"] * rng.uniform(0.0, 1.0, long["k"].shape))
 with np.errstate(over="ignore", invalid="ignore"):
-    state_norms = {name: [np.linalg.norm(ref.wkv7(*(inputs[n][:, :t] for n in ARGS))[1]) for t in (10, 100, 300)]
+    state_norms = {name: [np.linalg.norm(ref.wkv7(*(inputs[n][:, :t] for n in ARGS))[1])
+                          for t in (10, 100, 300)]
                    for name, inputs in (("RWKV-7", long), ("the post", post))}
 for name, norms in state_norms.items():
     print(f"{name:9s}: |S_t| at t = 10, 100, 300:", ", ".join(f"{n:.3g}" for n in norms))
@@ -339,13 +369,15 @@ print("the post's a = -k, b = k eta: |S| past 1e20 or not finite by t = 300:",
 
 # %%
 def by_products(x, S0, bi, h):
-    P_ = [np.diag(np.exp(x["log_w"][bi, t, h])) + np.outer(x["a"][bi, t, h], x["b"][bi, t, h]) for t in range(T)]
+    P_ = [np.diag(np.exp(x["log_w"][bi, t, h])) + np.outer(x["a"][bi, t, h], x["b"][bi, t, h])
+          for t in range(T)]                                            # the transitions P_1 .. P_T
     eye = np.eye(N)
     ys = []
     for t in range(1, T + 1):                                          # 1-based as in the formula
         S_t = S0[bi, h] @ reduce(np.matmul, P_[:t], eye)
-        S_t = S_t + sum(np.outer(x["v"][bi, s - 1, h], x["k"][bi, s - 1, h]) @ reduce(np.matmul, P_[s:t], eye)
-                        for s in range(1, t + 1))
+        writes = (np.outer(x["v"][bi, s - 1, h], x["k"][bi, s - 1, h]) for s in range(1, t + 1))
+        S_t = S_t + sum(vk @ reduce(np.matmul, P_[s:t], eye)
+                        for s, vk in enumerate(writes, start=1))
         ys.append(S_t @ x["r"][bi, t - 1, h])
     return np.array(ys), S_t
 
@@ -361,73 +393,134 @@ for what, actual, expected in (
 ):
     check(what, actual, expected, REFERENCE_BUDGET)
 
+
 # %% [markdown]
 # ## 6. The chunked WY form
 #
 # The recurrence is sequential: $T$ steps, each a rank-one update of an $N \times N$ matrix. Fast kernels cut time into
-# chunks of $L$ steps and do the work inside a chunk with matrix products. Within a chunk, let $S_0$ be the state that
-# enters it, $c_i = \sum_{m \le i} \log w_m$ the cumulative log decay ($c_0 = 0$), and $u_i = S_{i-1} a_i$ the vector
-# the correction term uses. If the $u_i$ were known, the chunk would be as easy as linear attention with decay:
+# chunks of $L$ steps and do the work inside a chunk with matrix products. Three steps get there; each is checked on
+# one chunk of one head before the next.
+#
+# **Step 1: unroll the chunk.** Let $S_0$ be the state that enters the chunk, $c_i = \sum_{m \le i} \log w_m$ the
+# cumulative log decay ($c_0 = 0$), and $u_i = S_{i-1} a_i$ the vector the correction term uses. If the $u_i$ were
+# known, the chunk would be as easy as linear attention with decay:
 #
 # $$S_i = S_0\,\mathrm{diag}(e^{c_i}) + \sum_{j \le i} \left(u_j b_j^\top + v_j k_j^\top\right)\mathrm{diag}(e^{c_i - c_j}) .$$
 #
-# Multiplying this (at $i - 1$) by $a_i$ gives an equation for the $u$'s themselves:
+# Checked with the $u_i$ taken from running the recurrence:
+
+# %%
+L = 6
+# one chunk, one head: (L, N)
+lw, a, b, k_c, v_c = (x[n][0, :L, 0] for n in ("log_w", "a", "b", "k", "v"))
+S_in = S0[0, 0]  # the state entering the chunk
+c = np.cumsum(lw, axis=0)                                              # c_1 .. c_L
+c_prev = np.vstack([np.zeros(N), c[:-1]])                              # c_0 .. c_{L-1}
+S_run, u_run, S_steps = S_in, [], []
+for i in range(L):                                                     # the recurrence, keeping u_i
+    u_run.append(S_run @ a[i])
+    S_run = S_run * np.exp(lw[i]) + np.outer(u_run[-1], b[i]) + np.outer(v_c[i], k_c[i])
+    S_steps.append(S_run)
+
+def unrolled(i, u):
+    # S_i from S_0 and u_1 .. u_i (0-based i: the state after step i + 1).
+    decay = np.exp(c[i] - c[:i + 1])                                   # (i + 1, N): e^{c_i - c_j}
+    return S_in * np.exp(c[i]) + (u[:i + 1, :, None] * (b[:i + 1] * decay)[:, None, :]).sum(0) \
+        + (v_c[:i + 1, :, None] * (k_c[:i + 1] * decay)[:, None, :]).sum(0)
+
+# %% tags=["nbval-check-output"]
+check("step 1: S_i unrolled, with the recurrence's u_i, vs the recurrence",
+      np.array([unrolled(i, np.array(u_run)) for i in range(L)]), np.array(S_steps),
+      REFERENCE_BUDGET)
+
+# %% [markdown]
+# **Step 2: find the $u_i$ without the recurrence.** Multiplying step 1's formula (at $i - 1$) by $a_i$ gives an
+# equation for the $u$'s themselves:
 #
 # $$u_i = S_0\left(a_i \odot e^{c_{i-1}}\right) + \sum_{j < i} \left(A_{ab}\right)_{ij}\, u_j + \left(A_{ak}\right)_{ij}\, v_j,
 # \qquad \left(A_{xy}\right)_{ij} = \sum_n x_{i,n}\, y_{j,n}\, e^{c_{i-1,n} - c_{j,n}} \ (j < i),$$
 #
-# a unit lower-triangular linear system $(I - A_{ab})\,U = \tilde A\, S_0^\top + A_{ak} V$ in the $L$ rows $u_i$, solved by
-# forward substitution (or by inverting $I - A_{ab}$: the "UT transform"). Splitting the solution into the part that is
-# linear in $S_0$ and the rest, $U = W S_0^\top + U_0$ with $(I - A_{ab})\,W = \tilde A$, gives the state at the chunk's
-# end,
+# a unit lower-triangular linear system $(I - A_{ab})\,U = \tilde A\, S_0^\top + A_{ak} V$ in the $L$ rows $u_i$
+# ($\tilde A_i = a_i \odot e^{c_{i-1}}$), solved by forward substitution (or by inverting $I - A_{ab}$: the
+# "UT transform"). The couplings $A_{ab}$, $A_{ak}$ are $L \times L$ matrices: products a tensor core can do.
+
+# %%
+def coupling(x_, y_):
+    # (A_xy)_ij = sum_n x_in y_jn e^{c_{i-1,n} - c_{j,n}} for j < i, 0 elsewhere: (L, L).
+    below = np.tril(np.ones((L, L), dtype=bool), -1)[:, :, None]         # j < i
+    exponent = np.where(below, c_prev[:, None, :] - c[None, :, :], -np.inf)   # <= 0 where used
+    return np.einsum("in,jn,ijn->ij", x_, y_, np.exp(exponent))
+
+A_ab, A_ak = coupling(a, b), coupling(a, k_c)
+A_tilde = a * np.exp(c_prev)                                           # (L, N) rows a_i e^{c_{i-1}}
+rhs = A_tilde @ S_in.T + A_ak @ v_c                                    # (L, N)
+U = np.empty((L, N))
+for i in range(L):                                                     # forward substitution
+    U[i] = rhs[i] + A_ab[i, :i] @ U[:i]
+
+# %% tags=["nbval-check-output"]
+check("step 2: u_i from (I - A_ab) U = A~ S_0^T + A_ak V vs the recurrence's", U, np.array(u_run),
+      REFERENCE_BUDGET)
+
+# %% [markdown]
+# **Step 3: the chunk's end as a product.** Splitting the solution into the part that is linear in $S_0$ and the rest,
+# $U = W S_0^\top + U_0$ with $(I - A_{ab})\,W = \tilde A$, gives the state at the chunk's end,
 #
-# $$S_L = S_0\,\underbrace{\left(\mathrm{diag}(e^{c_L}) + W^\top \hat B\right)}_{=\,P_1 \cdots P_L} + U_0^\top \hat B + V^\top \hat K,
-# \qquad \hat B_j = b_j \odot e^{c_L - c_j}, \quad \hat K_j = k_j \odot e^{c_L - c_j} .$$
+# $$S_L = S_0\,\underbrace{\left(\mathrm{diag}(e^{c_L}) + W^\top \hat B\right)}_{=\,P_1 \cdots P_L} + U_0^\top \hat B
+# + V^\top \hat K, \qquad \hat B_j = b_j \odot e^{c_L - c_j}, \quad \hat K_j = k_j \odot e^{c_L - c_j} .$$
 #
 # The product of $L$ transitions "diagonal plus rank one" is a diagonal plus a rank-$L$ correction, stored as two
 # $L \times N$ matrices $W$ and $\hat B$: the WY representation (as for products of Householder reflections). Every
-# exponent above is a decay from a later step back to an earlier one ($\le 0$), so nothing overflows. Checked first for
-# one chunk of one head, the WY product against the product of its transitions:
+# exponent above is a decay from a later step back to an earlier one ($\le 0$), so nothing overflows.
 
 # %%
-L = 6
-lw, a, b = (x[n][0, :L, 0] for n in ("log_w", "a", "b"))              # one chunk of one head: (L, N) each
-c = np.cumsum(lw, axis=0)                                              # c_1 .. c_L
-c_prev = np.vstack([np.zeros(N), c[:-1]])                              # c_0 .. c_{L-1}
-A_ab = np.array([[(a[i] * b[j] * np.exp(c_prev[i] - c[j])).sum() if j < i else 0.0 for j in range(L)]
-                 for i in range(L)])                                   # (L, L) strictly lower triangular
 W = np.empty((L, N))
-for i in range(L):                                                     # forward substitution: (I - A_ab) W = A~
-    W[i] = a[i] * np.exp(c_prev[i]) + A_ab[i, :i] @ W[:i]
-B_hat = b * np.exp(c[-1] - c)                                          # (L, N)
+U0 = np.empty((L, N))
+for i in range(L):  # the same forward substitution, twice
+    W[i] = A_tilde[i] + A_ab[i, :i] @ W[:i]
+    U0[i] = (A_ak @ v_c)[i] + A_ab[i, :i] @ U0[:i]
+B_hat, K_hat = b * np.exp(c[-1] - c), k_c * np.exp(c[-1] - c)          # (L, N) each
 wy_product = np.diag(np.exp(c[-1])) + W.T @ B_hat                      # (N, N)
-direct_product = reduce(np.matmul, [np.diag(np.exp(lw[i])) + np.outer(a[i], b[i]) for i in range(L)])
+direct_product = reduce(np.matmul, [np.diag(np.exp(lw[i])) + np.outer(a[i], b[i])
+                                    for i in range(L)])                # P_1 ... P_L
+S_end = S_in @ wy_product + U0.T @ B_hat + v_c.T @ K_hat
 
 # %% tags=["nbval-check-output"]
-check("WY form diag(e^{c_L}) + W^T B^ vs P_1 ... P_L", wy_product, direct_product, REFERENCE_BUDGET)
-for chunk_size in (1, 5, 16, T):
-    y_c, S_c = ref.wkv7_chunked(*(x[n] for n in ARGS), state=S0, chunk_size=chunk_size)
-    check(f"reference.wkv7_chunked, chunk {chunk_size:2d} vs the recurrence: y", y_c, y_ref, REFERENCE_BUDGET)
-    check(f"reference.wkv7_chunked, chunk {chunk_size:2d} vs the recurrence: state", S_c, S_ref, REFERENCE_BUDGET)
+check("step 3: WY form diag(e^{c_L}) + W^T B^ vs P_1 ... P_L", wy_product, direct_product,
+      REFERENCE_BUDGET)
+check("step 3: S_L = S_0 (WY product) + U_0^T B^ + V^T K^ vs the recurrence", S_end, S_steps[-1],
+      REFERENCE_BUDGET)
 
 # %% [markdown]
-# With $T = 24$, chunks of 5 leave a short last chunk and chunks of 16 one of 8: the form needs no multiple. What the
-# chunking buys: the sequential dependency runs over $T / L$ chunks instead of $T$ tokens, and the work inside a chunk is
-# matrix products ($L \times L$ couplings, $L \times N$ by $N \times N$) that a GPU's tensor cores or a CPU's BLAS run
-# well. The torch path of `kernels/wkv7.py` is this form.
+# `reference.wkv7_chunked` runs the three steps chunk after chunk, the end state of one entering the next. With
+# $T = 24$, chunks of 5 leave a short last chunk and chunks of 16 one of 8: the form needs no multiple.
+
+# %% tags=["nbval-check-output"]
+for chunk_size in (1, 5, 16, T):
+    y_c, S_c = ref.wkv7_chunked(*(x[n] for n in ARGS), state=S0, chunk_size=chunk_size)
+    check(f"reference.wkv7_chunked, chunk {chunk_size:2d} vs the recurrence: y", y_c, y_ref,
+          REFERENCE_BUDGET)
+    check(f"reference.wkv7_chunked, chunk {chunk_size:2d} vs the recurrence: state", S_c, S_ref,
+          REFERENCE_BUDGET)
+
+# %% [markdown]
+# What the chunking buys: the sequential dependency runs over $T / L$ chunks instead of $T$ tokens, and the work
+# inside a chunk is matrix products ($L \times L$ couplings, $L \times N$ by $N \times N$) that a GPU's tensor cores or
+# a CPU's BLAS run well. The torch path of `kernels/wkv7.py` is this form.
 #
 # ## 7. The state over time
 #
-# What a reader should see: heatmaps of one head's state $S_t$ (rows: value channels, columns: key channels) while
-# a short stream of pairs is written. The keys are the unit vectors $e_0, e_1, e_2, e_3$, so column $j$ is the value
-# stored under key $j$ (any orthonormal keys would do; these keep the picture readable). At step 5 key $e_0$ comes
-# again, with a new value. With the delta rule ($a = -k$, $b = k$, $\alpha = 1$) column 0 is replaced; with plain
-# accumulation ($a = b = 0$, linear attention) the new value is added to the old one. No decay here ($w = 1$), to
-# isolate the correction and the write.
+# What a reader should see: one head's state $S_t$ (rows: value channels, columns: key channels) while a short stream
+# of pairs is written. The keys are the unit vectors $e_0, e_1, e_2, e_3$, so column $j$ is the value stored under
+# key $j$ (any orthonormal keys would do; these keep the picture readable). Steps 1 to 4 write keys 0 to 3; step 5
+# writes key 0 again with a new value, step 6 key 2. With the delta rule ($a = -k$, $b = k$, $\alpha = 1$) the
+# column is replaced; with plain accumulation ($a = b = 0$, linear attention) the new value is added to the old one.
+# No decay here ($w = 1$), to isolate the correction and the write. The top strip shows the values written; the
+# heatmaps show steps 4 to 6, the two rules and their difference (which appears only where a key was written twice).
 
 # %%
-N_show = 6
-stream_keys = [0, 1, 2, 3, 0, 2]                                       # key e_j written at each step
+N_show = 4
+stream_keys = [0, 1, 2, 3, 0, 2]  # key e_j written at each step
 stream_values = rng.standard_normal((len(stream_keys), N_show))
 unit = np.eye(N_show)
 
@@ -442,29 +535,108 @@ def states_over_time(delta_rule):
     return states
 
 delta_states, additive_states = states_over_time(True), states_over_time(False)
-fig, axes = plt.subplots(2, len(stream_keys), figsize=(15, 5.6), constrained_layout=True)
+
+# %%
+shown = (3, 4, 5)                                                      # steps 4, 5, 6 (0-based)
+rows = {"delta rule": delta_states, "additive": additive_states,
+        "delta rule - additive": [d_ - a_ for d_, a_ in zip(delta_states, additive_states)]}
 limit = np.abs(np.array(additive_states)).max()
-for row, (name, states) in enumerate((("delta rule", delta_states), ("additive", additive_states))):
-    for t, (ax, S_t) in enumerate(zip(axes[row], states)):
-        image = ax.imshow(S_t, cmap="RdBu_r", vmin=-limit, vmax=limit)
-        ax.set_title(f"{name}, t = {t + 1}: write key {stream_keys[t]}", fontsize=9)
-        ax.set_xlabel("key channel")
-        ax.set_ylabel("value channel")
-fig.colorbar(image, ax=axes, shrink=0.8, label="state entry S[value, key]")
-fig.suptitle("one head's state while pairs are written; key 0 and key 2 are written twice")
+fig = plt.figure(figsize=(9, 9.5), constrained_layout=True)
+grid = fig.add_gridspec(4, 3, height_ratios=[0.8, 1, 1, 1])
+strip = fig.add_subplot(grid[0, :])
+strip.imshow(stream_values.T, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+strip.set_xticks(range(len(stream_keys)),
+                 [f"step {t + 1}: key {j}" for t, j in enumerate(stream_keys)])
+strip.set_ylabel("value channel")
+strip.set_title("the values written (one column per step)", fontsize=10)
+for row, (name, states) in enumerate(rows.items(), start=1):
+    for col, t in enumerate(shown):
+        ax = fig.add_subplot(grid[row, col])
+        image = ax.imshow(states[t], cmap="RdBu_r", vmin=-limit, vmax=limit)
+        ax.set_title(f"{name}, after step {t + 1}", fontsize=9)
+        ax.set_xticks(range(N_show))
+        ax.set_yticks(range(N_show))
+        if row == 3:
+            ax.set_xlabel("key channel")
+        if col == 0:
+            ax.set_ylabel("value channel")
+fig.colorbar(image, ax=fig.axes, shrink=0.5, label="state entry S[value, key]")
 plt.show()
 
 # %% tags=["nbval-check-output"]
-latest = {j: v for j, v in zip(stream_keys, stream_values)}            # the last value written under each key
+latest = {j: v for j, v in zip(stream_keys, stream_values)}  # the last value written under each key
 summed = {j: sum(v for jj, v in zip(stream_keys, stream_values) if jj == j) for j in latest}
 for j in sorted(latest):
-    check(f"delta rule: column {j} vs the last value written under key {j}", delta_states[-1][:, j], latest[j],
-          REFERENCE_BUDGET)
-    check(f"additive: column {j} vs the sum of the values written under key {j}", additive_states[-1][:, j],
-          summed[j], REFERENCE_BUDGET)
+    check(f"delta rule: column {j} vs the last value written under key {j}", delta_states[-1][:, j],
+          latest[j], REFERENCE_BUDGET)
+    check(f"additive: column {j} vs the sum of the values written under key {j}",
+          additive_states[-1][:, j], summed[j], REFERENCE_BUDGET)
 
 # %% [markdown]
-# ## 8. The torch path and the Triton kernel against the reference
+# ## Summary
+#
+# - The state is an $N \times N$ matrix per head (four dimensions with batch and head, not three: erratum 16), a
+#   key-value memory read by $y_t = S_t r_t$.
+# - The update forgets per key channel (decays in $(0.545, 1)$: it is the log decay that is negative, erratum 18),
+#   removes what the memory returns for the unit key $\hat\kappa$ at the rate $\alpha$, and writes $v k^\top$; run in
+#   the post's own form it agrees with `reference/wkv7.py`.
+# - With $w = 1$, $a = -k$, $b = \eta k$ it is one gradient step on $\tfrac12\lVert Sk - v\rVert^2$: the delta rule,
+#   which replaces a stored value where linear attention adds to it (plot and heatmaps).
+# - RWKV-7's $a = -\hat\kappa$, $b = \hat\kappa \odot \alpha$ with a unit $\hat\kappa$ makes every transition similar
+#   to a symmetric matrix with eigenvalues in $(-1, 1)$; the post's $a = -k$, $b = k\eta$ with an unnormalized key does
+#   not, and its state blows up (erratum 19).
+# - The product-of-transitions definition and the chunked WY form (unrolled chunk, triangular system for the $u_i$,
+#   the chunk's product as diagonal plus rank $L$) give the recurrence's result to float64 rounding. The appendix
+#   holds the torch path (WY form) and the Triton kernel (recurrence, and chunked) to it in fp32 and fp16, in pieces,
+#   with gradients.
+#
+# Next: notebook 05 builds the RWKV-7 model around this op, where $r, w, k, v, \hat\kappa, \alpha$ come from.
+#
+# ## Exercises
+#
+# 1. **An unnormalized removal key.** Redo section 4's RWKV-7 transitions with $2\hat\kappa$ in place of $\hat\kappa$
+#    (so $\lVert z\rVert^2$ can reach 4). Where do the eigenvalues go?
+# 2. **One-step chunks.** Write section 6's $W$, $\hat B$ and the WY product for $L = 1$ by hand. Why is it the
+#    transition $P_1$ itself?
+# 3. **Why $w \in (0, 1)$ alone is not enough.** With $w = (0.9, 0.9)$, find $a$ and $b$ that give the transition
+#    $\mathrm{diag}(w) + ab^\top$ an eigenvalue above 1. What does RWKV-7's choice of $a$ and $b$ do to the same
+#    eigenvalue?
+#
+# Solutions (collapsed; click to expand):
+
+# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# 1. ||z||^2 = sum_j alpha_j (2 kk_j)^2 is up to 4: the smallest eigenvalue can go down to min w - 4 < -1.
+w_ex = np.exp(-np.exp(-0.5 - np.logaddexp(0.0, rng.normal(2.0, 2.0, (400, N)))))
+kk_ex = rng.standard_normal((400, N))
+kk_ex /= np.linalg.norm(kk_ex, axis=1, keepdims=True)
+alpha_ex = rng.uniform(0.0, 1.0, (400, N))
+a_doubled, b_doubled = -2 * kk_ex, 2 * kk_ex * alpha_ex
+P_doubled = w_ex[:, :, None] * np.eye(N) + a_doubled[:, :, None] * b_doubled[:, None, :]
+eig_doubled = np.linalg.eigvals(P_doubled)
+print("still real:", bool(np.abs(eig_doubled.imag).max() < 1e-9), "; all below 1:",
+      bool(eig_doubled.real.max() < 1), "; some below -1:", bool(eig_doubled.real.min() < -1))
+
+# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# 2. L = 1: W_1 = a_1 e^{c_0} = a_1 and B^_1 = b_1 e^{c_1 - c_1} = b_1, so diag(e^{c_1}) + W^T B^ = diag(w_1) + a_1 b_1^T.
+W_1, B_hat_1 = a[:1] * np.exp(0.0), b[:1] * np.exp(c[0] - c[0])
+check("WY product for L = 1 vs the transition P_1", np.diag(np.exp(c[0])) + W_1.T @ B_hat_1,
+      np.diag(np.exp(lw[0])) + np.outer(a[0], b[0]), REFERENCE_BUDGET)
+
+# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# 3. With equal decays w, diag(w) + a b^T has eigenvalues w (N - 1 times) and w + b.a. Any b.a > 0.1 breaks out:
+a_ex = b_ex = np.array([np.sqrt(0.5), 0.0])
+P_ex = np.diag([0.9, 0.9]) + np.outer(a_ex, b_ex)
+print("eigenvalues with a = b = (0.71, 0):", np.round(np.linalg.eigvals(P_ex), 3))
+# RWKV-7: b.a = -(kk * alpha).kk = -sum_j alpha_j kk_j^2, in (-1, 0): the eigenvalue w + b.a stays in (-1, 1).
+b_dot_a = -(kk_ex * alpha_ex * kk_ex).sum(1)
+print("RWKV-7's b.a over the 400 draws lies in (-1, 0):",
+      bool(((b_dot_a > -1) & (b_dot_a < 0)).all()))
+
+# %% [markdown]
+# ## Appendix: the production path against the reference
+#
+# The rest of this notebook is not about the math: it checks that the code people run gives the reference's
+# numbers. nbval runs and checks it like the cells above.
 #
 # [`kernels.wkv7.wkv7`](../kernels/wkv7.py) takes `r, log_w, k, v, a, b` of shape `(B, T, H, N)` and an optional state
 # `(B, H, N, N)` (fp32), and returns `(y, state)`. Backend `"torch"` is the chunked WY form of section 6 (chunks of 16,
@@ -482,12 +654,15 @@ for j in sorted(latest):
 # hold it to the same reference and the same budgets (fp32: 1e-5).
 
 # %%
+from seqmix.kernels.wkv7 import wkv7 as wkv7_kernel
+
 BACKENDS = {"torch": FP32_CHUNKED_WKV7_BUDGET, "triton": FP32_BUDGET}
-FORWARD_BACKENDS = {**BACKENDS, "c": FP32_BUDGET}                     # "c": the C loop, forward only
-split = 10                                                             # feed 10 tokens, then the other 14
+FORWARD_BACKENDS = {**BACKENDS, "c": FP32_BUDGET}  # "c": the C loop, forward only
+split = 10  # feed 10 tokens, then the other 14
 
 def run(backend, inputs, state, dtype=torch.float32):
-    # The kernel on float64 arrays cast to dtype, from a state (fp32); returns (y, state) as tensors.
+    # The kernel on float64 arrays cast to dtype, from a state (fp32); returns (y, state) as
+    # tensors.
     return wkv7_kernel(*(torch.tensor(inputs[n], dtype=dtype) for n in ARGS),
                        state=torch.as_tensor(state, dtype=torch.float32), backend=backend)
 
@@ -507,7 +682,8 @@ for backend in FORWARD_BACKENDS:
 
 # %% tags=["nbval-check-output"]
 for backend, budget in FORWARD_BACKENDS.items():
-    (y, state), (y1, y2, state2), (y16, _) = runs[backend]["whole"], runs[backend]["pieces"], runs[backend]["fp16"]
+    (y, state), (y1, y2, state2) = runs[backend]["whole"], runs[backend]["pieces"]
+    y16 = runs[backend]["fp16"][0]
     check(f"{backend} fp32 y", y, y_ref, budget)
     check(f"{backend} fp32 final state", state, S_ref, budget)
     check(f"{backend} fp32 fed in two pieces: y", torch.cat([y1, y2], dim=1), y_ref, budget)
@@ -517,10 +693,12 @@ for backend, budget in FORWARD_BACKENDS.items():
 # %% tags=["nbval-check-output"]
 # The chunked Triton forward on inputs of head size 16 (tl.dot's smallest tile), against the reference.
 x_wide, S0_wide = rwkv7_inputs(1, T, 1, 16), rng.standard_normal((1, 1, 16, 16))
-y_wide_ref, S_wide_ref = ref.wkv7(*(x_wide[n] for n in ARGS), state=S0_wide.astype(np.float32).astype(np.float64))
+S0_wide_fp32 = S0_wide.astype(np.float32).astype(np.float64)  # the state the kernel is given
+y_wide_ref, S_wide_ref = ref.wkv7(*(x_wide[n] for n in ARGS), state=S0_wide_fp32)
 for chunked in (False, True):
     y_wide, S_wide = wkv7_kernel(*(torch.tensor(x_wide[n], dtype=torch.float32) for n in ARGS),
-                                 state=torch.tensor(S0_wide, dtype=torch.float32), backend="triton", chunked=chunked)
+                                 state=torch.tensor(S0_wide, dtype=torch.float32), backend="triton",
+                                 chunked=chunked)
     name = "chunked" if chunked else "sequential"
     check(f"triton {name} N = 16 y", y_wide, y_wide_ref, FP32_BUDGET)
     check(f"triton {name} N = 16 final state", S_wide, S_wide_ref, FP32_BUDGET)
@@ -536,7 +714,8 @@ def recurrence_torch(r, log_w, k, v, a, b, S):
     ys = []
     for t in range(r.shape[1]):
         Sa = (S @ a[:, t, :, :, None])[..., 0]                          # (B, H, N) S a
-        S = S * log_w[:, t, :, None, :].exp() + Sa[..., None] * b[:, t, :, None, :] + v[:, t, :, :, None] * k[:, t, :, None, :]
+        decay, vk = log_w[:, t, :, None, :].exp(), v[:, t, :, :, None] * k[:, t, :, None, :]
+        S = S * decay + Sa[..., None] * b[:, t, :, None, :] + vk
         ys.append((S @ r[:, t, :, :, None])[..., 0])
     return torch.stack(ys, dim=1), S
 
@@ -544,20 +723,26 @@ G, G_S = rng.standard_normal((B, T, H, N)), rng.standard_normal((B, H, N, N))
 
 def gradients(fn, dtype):
     leaves = [torch.tensor(x[n], dtype=dtype, requires_grad=True) for n in ARGS]
-    state0 = torch.tensor(S0, dtype=torch.float64 if dtype == torch.float64 else torch.float32, requires_grad=True)
+    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    state0 = torch.tensor(S0, dtype=state_dtype, requires_grad=True)
     y, S_T = fn(*leaves, state0)
-    ((y * torch.tensor(G, dtype=dtype)).sum() + (S_T * torch.tensor(G_S, dtype=S_T.dtype)).sum()).backward()
+    objective = (y * torch.tensor(G, dtype=dtype)).sum()
+    objective = objective + (S_T * torch.tensor(G_S, dtype=S_T.dtype)).sum()
+    objective.backward()
     return [z.grad for z in leaves + [state0]]
 
 expected_grads = gradients(recurrence_torch, torch.float64)
-backend_grads = {b_: gradients(lambda *z, b_=b_: wkv7_kernel(*z[:6], state=z[6], backend=b_), torch.float32)
-                 for b_ in BACKENDS}
+def kernel_output(backend):
+    return lambda *z: wkv7_kernel(*z[:6], state=z[6], backend=backend)
+
+backend_grads = {b_: gradients(kernel_output(b_), torch.float32) for b_ in BACKENDS}
 
 # %% tags=["nbval-check-output"]
 y_torch64, S_torch64 = recurrence_torch(*(torch.tensor(x[n]) for n in ARGS), torch.tensor(S0))
 check("recurrence in torch float64 vs reference: y", y_torch64, y_ref, REFERENCE_BUDGET)
 for backend, budget in BACKENDS.items():
-    for name, got, want in zip([f"d{n}" for n in ARGS] + ["dstate"], backend_grads[backend], expected_grads):
+    grad_names = [f"d{n}" for n in ARGS] + ["dstate"]
+    for name, got, want in zip(grad_names, backend_grads[backend], expected_grads):
         check(f"{backend} fp32 {name}", got, want, budget)
 
 # %%
@@ -565,24 +750,7 @@ for backend, budget in BACKENDS.items():
 for backend in FORWARD_BACKENDS:
     line = f"{backend:6s} fp32: y rel. RMS error {rel_rms(runs[backend]['whole'][0], y_ref):.1e}"
     if backend in backend_grads:                                       # none for "c": forward only
-        line += f", worst gradient {max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads)):.1e}"
+        worst = max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads))
+        line += f", worst gradient {worst:.1e}"
     print(line)
 
-# %% [markdown]
-# ## Summary
-#
-# - The state is an $N \times N$ matrix per head (four dimensions with batch and head, not three: erratum 16), a
-#   key-value memory read by $y_t = S_t r_t$.
-# - The update forgets per key channel (decays in $(0.545, 1)$: it is the log decay that is negative, erratum 18),
-#   removes what the memory returns for the unit key $\hat\kappa$ at the rate $\alpha$, and writes $v k^\top$; run in
-#   the post's own form it agrees with `reference/wkv7.py`.
-# - With $w = 1$, $a = -k$, $b = \eta k$ it is one gradient step on $\tfrac12\lVert Sk - v\rVert^2$: the delta rule,
-#   which replaces a stored value where linear attention adds to it (plot and heatmaps).
-# - RWKV-7's $a = -\hat\kappa$, $b = \hat\kappa \odot \alpha$ with a unit $\hat\kappa$ makes every transition similar
-#   to a symmetric matrix with eigenvalues in $(-1, 1)$; the post's $a = -k$, $b = k\eta$ with an unnormalized key does
-#   not, and its state blows up (erratum 19).
-# - The product-of-transitions definition and the chunked WY form give the recurrence's result to float64 rounding;
-#   the torch path (WY form) and the Triton kernel (recurrence) match it in fp32 and fp16, in pieces, with gradients;
-#   so does the chunked Triton forward (`chunked=True`, head sizes from 16).
-#
-# Next: notebook 05 builds the RWKV-7 model around this op, where $r, w, k, v, \hat\kappa, \alpha$ come from.

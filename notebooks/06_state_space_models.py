@@ -1,38 +1,48 @@
 # %% [markdown]
-# # 06 · State space models: zero-order hold, the convolution kernel, and Mamba's selective scan
+# # 06 · State space models: zero-order hold, the convolution kernel, Mamba's selective scan and block
 #
 # A state space model is a linear differential equation read as a sequence layer. This notebook follows the Mamba
 # part of the RWKV/Mamba study notes: the continuous system; its zero-order-hold (ZOH) discretization, derived; the
 # matrix exponential it needs, computed three ways (and where two of them break); ZOH against the Euler and bilinear
 # discretizations, with the error of each against the step size on a log-log plot; the discrete recurrence written
-# as one convolution with a kernel $\bar K$; and Mamba's selective scan, whose $\Delta$, $B$, $C$ change from token to
-# token and whose $\bar B$ is Euler's, not ZOH's (the difference is shown). Then the torch path and the Triton kernel
-# of the selective scan run on the same inputs and are checked against the float64 reference, outputs, states and
-# gradients.
+# as one convolution with a kernel $\bar K$; Mamba's selective scan, whose $\Delta$, $B$, $C$ change from token to
+# token and whose $\bar B$ is Euler's, not ZOH's; and the Mamba block of the notes' Algorithm 2 (RMSNorm, the two
+# input projections, the causal convolution, the parameters function of Algorithm 1, the scan, the gate, the output
+# projection and the residual), stacked into a model whose state is carried from one piece of a sequence to the
+# next, and selection at work on real inputs. An appendix checks the production path (the torch, Triton and C scans,
+# and the torch Mamba model) against the float64 reference.
 #
 # **Sources.** The Mamba/SSM part of the RWKV/Mamba study notes in the source material (the order followed here;
-# errata 11, 12 and 13 of [`reference/ERRATA.md`](../reference/ERRATA.md) are about it); Mamba, arXiv:2312.00752,
-# https://arxiv.org/abs/2312.00752 (the selective scan, its discretization); S4, arXiv:2111.00396,
+# errata 11 to 15 of [`reference/ERRATA.md`](../reference/ERRATA.md) are about it); Mamba, arXiv:2312.00752,
+# https://arxiv.org/abs/2312.00752 (the selective scan, its discretization, the block); S4, arXiv:2111.00396,
 # https://arxiv.org/abs/2111.00396 (the bilinear discretization, the convolution view).
+#
+# **Notation.** Sections 1 to 6 write the state $x$ and the input $u$, as S4 does; the block of section 7 writes
+# them $h$ and $x'$, as Mamba and the notes do. Symbols that mean different things in different notebooks ($w$, $k$,
+# $a$, $D$, $x$) are listed in the [notation crosswalk](notation.md).
 #
 # **Code used.** [`reference/ssm.py`](../reference/ssm.py): `expm`, `discretize_zoh`, `discretize_zoh_diagonal`,
 # `discretize_euler`, `discretize_bilinear`, `ssm_kernel`, `ssm_recurrence`, `causal_convolution`,
-# `selective_scan` (NumPy, float64: the truth) · [`kernels/ssm.py`](../kernels/ssm.py): `selective_scan`
-# (backend `"torch"`: a chunked scan; backend `"triton"`: a sequential-in-time kernel, forward and backward) ·
+# `selective_scan` · [`reference/mamba.py`](../reference/mamba.py): `rms_norm`, `causal_conv1d`, `mixer`, `forward`
+# (NumPy, float64: the truth) · [`kernels/ssm.py`](../kernels/ssm.py): `selective_scan` (backend `"torch"`: a
+# chunked scan; `"triton"`: a sequential-in-time kernel, forward and backward; `"c"`: a C loop, forward) ·
+# [`models/mamba.py`](../models/mamba.py): `MambaModel` (torch, transformers' parameter names) ·
 # [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 
 # %%
 import seqmix
 
-MODE = seqmix.use_interpreter_without_gpu()    # without a GPU: TRITON_INTERPRET=1, before triton is imported
+# without a GPU: TRITON_INTERPRET=1, before triton is imported
+MODE = seqmix.use_interpreter_without_gpu()
+
+import warnings
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from seqmix.kernels.ssm import selective_scan as scan_kernel
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, check, rel_rms
-from seqmix.reference import ssm as ref
+from seqmix.reference import mamba as ref_mamba, ssm as ref
 
 rng = np.random.default_rng(0)
 torch.manual_seed(0)
@@ -48,8 +58,8 @@ print("Triton kernels run on:", MODE)
 #
 # $A$ ($N \times N$) moves the state on its own (its eigenvalues decide what decays and what oscillates), $B$ writes
 # the input into the state, $C$ reads it out, $D u$ is a skip term (the notes leave it out). The notes call the
-# state $h(t)$ and the input $x(t)$ in their first equations, then switch to $x$ and $u$ in the ZOH section; this
-# notebook uses $x$ and $u$ throughout, as S4 does. The notes' output equation reads $y(t) = C\,h'(t)$, with the
+# state $h(t)$ and the input $x(t)$ in their first equations, then switch to $x$ and $u$ in the ZOH section;
+# sections 1 to 6 use $x$ and $u$, as S4 does (section 7, the Mamba block, goes back to $h$ and $x'$). The notes' output equation reads $y(t) = C\,h'(t)$, with the
 # derivative; it is $y(t) = C\,h(t)$ (erratum 11; section 5 shows that the notes' own convolution kernel assumes
 # $y = Cx$).
 #
@@ -95,7 +105,7 @@ assert (np.linalg.eigvals(A).real < 0).all()        # a stable system: every mod
 delta = 0.5
 A_bar, B_bar = ref.discretize_zoh(A, B, delta)                              # (N, N), (N,)
 
-B_bar_closed = np.linalg.solve(A, ref.expm(delta * A) - np.eye(N)) @ B      # A^-1 (e^{delta A} - I) B
+B_bar_closed = np.linalg.solve(A, ref.expm(delta * A) - np.eye(N)) @ B    # A^-1 (e^{delta A} - I) B
 nodes, weights = np.polynomial.legendre.leggauss(20)                        # on [-1, 1]
 s = delta / 2 * (nodes + 1)                                                 # mapped to [0, delta]
 B_bar_quadrature = sum(wt * delta / 2 * ref.expm(si * A) @ B for si, wt in zip(s, weights))
@@ -123,7 +133,8 @@ except np.linalg.LinAlgError as error:
     print("the closed form needs A^-1:", error)
 
 # %% tags=["nbval-check-output"]
-check("ZOH B_bar of a singular A vs by hand", ref.discretize_zoh(A0, B0, delta)[1], B0_bar_by_hand, REFERENCE_BUDGET)
+check("ZOH B_bar of a singular A vs by hand", ref.discretize_zoh(A0, B0, delta)[1], B0_bar_by_hand,
+      REFERENCE_BUDGET)
 print("singular A handled: True")
 
 
@@ -134,12 +145,7 @@ print("singular A handled: True")
 #
 # $$e^{A} = \sum_{k=0}^{\infty} \frac{A^k}{k!} .$$
 #
-# (The notes write $\sum_{i=0}^{\infty} A^k/k!$: the summation index must be the exponent's, $k$; erratum 13.) For a
-# diagonal matrix it reduces to exponentiating the diagonal, and for a diagonalizable one,
-# $A = P\,\mathrm{diag}(\lambda)\,P^{-1}$, it is $e^{A} = P\,\mathrm{diag}(e^{\lambda})\,P^{-1}$. The third way, the
-# one `reference.ssm.expm` uses (as do SciPy and most libraries), is *scaling and squaring*:
-# $e^{A} = \left(e^{A/2^s}\right)^{2^s}$, with $s$ chosen so that $\|A/2^s\|$ is small, $e^{A/2^s}$ from a rational
-# (Padé) approximant that is exact to double precision there, then $s$ squarings.
+# (The notes write $\sum_{i=0}^{\infty} A^k/k!$: the summation index must be the exponent's, $k$; erratum 13.)
 
 # %%
 def expm_series(X, terms=60):
@@ -150,18 +156,38 @@ def expm_series(X, terms=60):
         total = total + term
     return total
 
+
+# %% [markdown]
+# For a diagonal matrix the series reduces to exponentiating the diagonal,
+# $e^{\mathrm{diag}(a)} = \mathrm{diag}(e^{a})$, and for a diagonalizable one,
+#
+# $$A = P\,\mathrm{diag}(\lambda)\,P^{-1} \quad\Longrightarrow\quad e^{A} = P\,\mathrm{diag}(e^{\lambda})\,P^{-1} .$$
+
+# %%
 def expm_eigen(X):
     # P diag(e^lambda) P^-1 (complex in general; the imaginary parts cancel for a real X).
     lam, P = np.linalg.eig(X)
     return ((P * np.exp(lam)) @ np.linalg.inv(P)).real
 
+
+# %% [markdown]
+# The third way, the one `reference.ssm.expm` uses (as do SciPy and most libraries), is *scaling and squaring*:
+# $e^{A} = \left(e^{A/2^s}\right)^{2^s}$, with $s$ chosen so that $\|A/2^s\|$ is small, $e^{A/2^s}$ from a rational
+# (Padé) approximant that is exact to double precision there, then $s$ squarings. The three agree on
+# $\Delta A$ of section 2; the elementwise exponential does not:
+
+# %%
 X = delta * A
-print("elementwise exp is something else: max |exp(X) - e^X| =", round(float(np.abs(np.exp(X) - ref.expm(X)).max()), 3))
+elementwise_gap = float(np.abs(np.exp(X) - ref.expm(X)).max())
+print(f"elementwise exp is something else: max |exp(X) - e^X| = {elementwise_gap:.3f}")
 
 # %% tags=["nbval-check-output"]
 check("e^{delta A}: series vs scaling and squaring", expm_series(X), ref.expm(X), REFERENCE_BUDGET)
-check("e^{delta A}: eigendecomposition vs scaling and squaring", expm_eigen(X), ref.expm(X), REFERENCE_BUDGET)
-print("diagonal matrix, e^{diag(a)} = diag(e^a):", bool(np.allclose(ref.expm(np.diag([1.0, -2.0])), np.diag(np.exp([1.0, -2.0])))))
+check("e^{delta A}: eigendecomposition vs scaling and squaring", expm_eigen(X), ref.expm(X),
+      REFERENCE_BUDGET)
+diagonal = np.diag([1.0, -2.0])
+print("diagonal matrix, e^{diag(a)} = diag(e^a):",
+      bool(np.allclose(ref.expm(diagonal), np.diag(np.exp([1.0, -2.0])))))
 
 # %% [markdown]
 # **Where two of them break.** The series is fine for a small $\|A\|$, but for a large one its terms grow to about
@@ -176,7 +202,9 @@ print("diagonal matrix, e^{diag(a)} = diag(e^a):", bool(np.allclose(ref.expm(np.
 # %%
 Q, _ = np.linalg.qr(rng.standard_normal((6, 6)))                     # orthogonal
 mu = -np.linspace(1.0, 6.0, 6)                                        # decaying modes
-def symmetric(scale):                                                 # scale * Q diag(mu) Q^T and its exact e^.
+
+def symmetric(scale):
+    # scale * Q diag(mu) Q^T and its exact exponential.
     return scale * (Q * mu) @ Q.T, (Q * np.exp(scale * mu)) @ Q.T
 
 scales = np.geomspace(0.1, 10, 15)
@@ -191,14 +219,15 @@ J = np.array([[lam, 1.0], [0.0, lam]])
 J_exact = np.exp(lam) * np.array([[1.0, 1.0], [0.0, 1.0]])
 print(f"Jordan block: eigendecomposition rel. error {rel_rms(expm_eigen(J), J_exact):.1e}, "
       f"scaling and squaring {rel_rms(ref.expm(J), J_exact):.1e}")
-print(f"symmetric, ||S|| = 60: series rel. error {rel_rms(expm_series(symmetric(10)[0]), symmetric(10)[1]):.1e}")
+S_big, exact_big = symmetric(10)
+print(f"symmetric, ||S|| = 60: series rel. error {rel_rms(expm_series(S_big), exact_big):.1e}")
 
 fig, ax = plt.subplots(figsize=(6.5, 4))
 for name, errs in errors.items():
     ax.loglog(scales * 6, errs, marker="o", label=name)
-ax.set_xlabel("||S||_2 (largest |eigenvalue| of the symmetric test matrix)")
-ax.set_ylabel("relative RMS error of e^S")
-ax.set_title("Matrix exponential: the series fails for large ||S||")
+ax.set_xlabel(r"$\Vert S \Vert_2$ (largest $|$eigenvalue$|$ of the symmetric test matrix)")
+ax.set_ylabel(r"relative RMS error of $e^S$")
+ax.set_title(r"Matrix exponential: the series fails for large $\Vert S \Vert$")
 ax.legend()
 plt.show()
 
@@ -206,7 +235,8 @@ plt.show()
 check("e^J (Jordan block): scaling and squaring vs exact", ref.expm(J), J_exact, REFERENCE_BUDGET)
 for sc in (0.1, 1.0, 10.0):
     S, exact = symmetric(sc)
-    check(f"e^S, ||S|| = {6 * sc:g}: scaling and squaring vs exact", ref.expm(S), exact, REFERENCE_BUDGET)
+    check(f"e^S, ||S|| = {6 * sc:g}: scaling and squaring vs exact", ref.expm(S), exact,
+          REFERENCE_BUDGET)
 
 # %% [markdown]
 # ## 4. ZOH against Euler and bilinear
@@ -221,37 +251,58 @@ for sc in (0.1, 1.0, 10.0):
 # Euler's $\bar A$ is the first two terms of $e^{\Delta A}$ (error $\tfrac{1}{2}\Delta^2 A^2$ per step); the bilinear
 # one agrees with $e^{\Delta A}$ up to $\tfrac{1}{12}\Delta^3 A^3$. Over a fixed time $t_\text{end}$, that is
 # $t_\text{end}/\Delta$ steps, the errors add up to $O(\Delta)$ for Euler and $O(\Delta^2)$ for bilinear: slopes 1
-# and 2 on a log-log plot, once $\Delta$ is small enough (for the largest steps below, Euler is barely stable on the
-# oscillating mode, $|1 + \Delta\lambda| \approx 1$, so the slopes are fitted over the five smallest steps). ZOH is exact whenever the input really is held, as for the step response below (a
-# constant input from a nonzero initial state), whose exact solution is
-# $x(t) = e^{tA}x_0 + A^{-1}\left(e^{tA} - I\right)B$. (ZOH's error is rounding, which grows slowly with the
-# number of steps: about $10^{-13}$ after ten thousand.)
+# and 2 on a log-log plot, once $\Delta$ is small enough.
+#
+# **Stability.** A discrete mode $\lambda$ of $A$ becomes $e^{\Delta\lambda}$ under ZOH, which lies inside the unit
+# disc for every $\Delta > 0$ when $\mathrm{Re}\,\lambda < 0$: a stable system stays stable at any step. Euler turns it
+# into $1 + \Delta\lambda$, inside the disc only for $|1 + \Delta\lambda| < 1$. For the oscillating mode of this $A$
+# that fails at the two largest steps below ($|1 + \Delta\lambda| > 1$, printed): there Euler is *unstable*, its error
+# grows with every step, and the slopes are fitted over the five smallest steps instead. (The bilinear map
+# $(1 + \Delta\lambda/2)/(1 - \Delta\lambda/2)$ stays inside the disc for every $\Delta$, like ZOH.)
+#
+# ZOH is exact whenever the input really is held, as for the step response below (a constant input from a nonzero
+# initial state), whose exact solution is $x(t) = e^{tA}x_0 + A^{-1}\left(e^{tA} - I\right)B$. (ZOH's error is
+# rounding, which grows slowly with the number of steps: about $10^{-13}$ after ten thousand.)
 
 # %%
 t_end = 5.0
 x0 = rng.standard_normal(N)
-exact_end = ref.expm(t_end * A) @ x0 + np.linalg.solve(A, ref.expm(t_end * A) - np.eye(N)) @ B   # x(t_end), u = 1
+held = np.linalg.solve(A, ref.expm(t_end * A) - np.eye(N)) @ B                # A^-1 (e^{tA} - I) B
+exact_end = ref.expm(t_end * A) @ x0 + held                                    # x(t_end), u = 1
 
 steps = 20 * 2 ** np.arange(10)                                        # 20 .. 10240 steps
 deltas = t_end / steps
-methods = {"ZOH": ref.discretize_zoh, "Euler": ref.discretize_euler, "bilinear": ref.discretize_bilinear}
+methods = {"ZOH": ref.discretize_zoh, "Euler": ref.discretize_euler,
+           "bilinear": ref.discretize_bilinear}
 final_state = {name: [] for name in methods}
 for n_steps, dt in zip(steps, deltas):
     for name, discretize in methods.items():
         Ad, Bd = discretize(A, B, dt)
-        final_state[name].append(ref.ssm_recurrence(Ad, Bd, C, np.ones(n_steps), x0=x0)[1])   # x after n steps
-step_errors = {name: np.array([rel_rms(x, exact_end) for x in xs]) for name, xs in final_state.items()}
-small = slice(-5, None)                                                # the five smallest steps: the asymptotic regime
-slopes = {name: np.polyfit(np.log(deltas[small]), np.log(step_errors[name][small]), 1)[0] for name in ("Euler", "bilinear")}
-print({name: round(float(sl), 2) for name, sl in slopes.items()}, "; worst ZOH error:", f"{step_errors['ZOH'].max():.1e}")
-assert abs(slopes["Euler"] - 1) < 0.1 and abs(slopes["bilinear"] - 2) < 0.1
+        x_after = ref.ssm_recurrence(Ad, Bd, C, np.ones(n_steps), x0=x0)[1]     # x after n steps
+        final_state[name].append(x_after)
+
+# %%
+oscillating = np.linalg.eigvals(A)[np.argmax(np.abs(np.linalg.eigvals(A).imag))]  # the complex mode
+for dt in deltas[:3]:
+    print(f"delta = {dt:.4f}: Euler |1 + delta lambda| = {abs(1 + dt * oscillating):.3f}, "
+          f"ZOH |e^(delta lambda)| = {abs(np.exp(dt * oscillating)):.3f}")
+
+step_errors = {name: np.array([rel_rms(x, exact_end) for x in xs])
+               for name, xs in final_state.items()}
+small = slice(-5, None)  # the five smallest steps: the asymptotic regime
+slopes = {name: np.polyfit(np.log(deltas[small]), np.log(step_errors[name][small]), 1)[0]
+          for name in ("Euler", "bilinear")}
+print({name: round(float(sl), 2) for name, sl in slopes.items()},
+      f"; worst ZOH error: {step_errors['ZOH'].max():.1e}")
 
 fig, ax = plt.subplots(figsize=(6.5, 4.2))
 for name, errs in step_errors.items():
-    label = name + (f" (slope {slopes[name]:.2f})" if name in slopes else " (exact for a held input)")
+    note = f"slope {slopes[name]:.2f}" if name in slopes else "exact for a held input"
+    label = f"{name} ({note})"
     ax.loglog(deltas, np.maximum(errs, 1e-17), marker="o", label=label)
-ax.set_xlabel("step size delta")
-ax.set_ylabel("relative error of x(t_end), t_end = 5")
+ax.axvspan(deltas[1] * 0.93, deltas[0] * 1.07, color="C1", alpha=0.12, label="Euler unstable")
+ax.set_xlabel(r"step size $\Delta$")
+ax.set_ylabel(r"relative error of $x(t_\mathrm{end})$, $t_\mathrm{end} = 5$")
 ax.set_title("Step response: global error against the step size")
 ax.legend()
 plt.show()
@@ -259,17 +310,29 @@ plt.show()
 # %% tags=["nbval-check-output"]
 for n_steps, x in zip(steps[[0, 5]], np.array(final_state["ZOH"])[[0, 5]]):   # 20 and 640 steps
     check(f"ZOH, {n_steps} steps, vs the exact step response", x, exact_end, REFERENCE_BUDGET)
-print("Euler is first order, bilinear second order:", abs(slopes["Euler"] - 1) < 0.1 and abs(slopes["bilinear"] - 2) < 0.1)
+print("Euler is first order, bilinear second order:",
+      abs(slopes["Euler"] - 1) < 0.1 and abs(slopes["bilinear"] - 2) < 0.1)
+print("Euler unstable at the two largest steps only:",
+      [bool(abs(1 + dt * oscillating) > 1) for dt in deltas[:4]] == [True, True, False, False])
 
 # %% [markdown]
 # ## 5. The recurrence is a convolution
 #
-# From a zero state, unroll $x_k = \bar A x_{k-1} + \bar B u_k$:
-# $x_k = \sum_{j=0}^{k} \bar A^{j}\bar B\,u_{k-j}$, hence $y_k = C x_k = \sum_{j=0}^{k} \left(C\bar A^{j}\bar B\right)
-# u_{k-j}$. That is a causal convolution with a kernel fixed once and for all (the notes' formula, their $M$ being the
-# length):
+# **An index shift first.** Section 2 derived $x_{k+1} = \bar A x_k + \bar B u_k$: the input held on
+# $[t_k, t_{k+1})$ produces the state at the *end* of that interval. S4 and Mamba write the same recurrence as
 #
-# $$\bar K = \left(C\bar B,\; C\bar A\bar B,\; C\bar A^2\bar B,\; \dots,\; C\bar A^{M-1}\bar B\right), \qquad y = \bar K * u .$$
+# $$x_k = \bar A x_{k-1} + \bar B u_k ,$$
+#
+# naming the state after the input that has just entered it: their $x_k$ is section 2's $x_{k+1}$. Nothing else
+# changes, and with this naming the output $y_k = C x_k$ already sees $u_k$. From here on (and in
+# `reference.ssm.ssm_recurrence`) the second form is used.
+#
+# From a zero state, unroll it: $x_k = \sum_{j=0}^{k} \bar A^{j}\bar B\,u_{k-j}$, hence
+# $y_k = C x_k = \sum_{j=0}^{k} \left(C\bar A^{j}\bar B\right) u_{k-j}$. That is a causal convolution with a kernel
+# fixed once and for all (the notes' formula, their $M$ being the length):
+#
+# $$\bar K = \left(C\bar B,\; C\bar A\bar B,\; C\bar A^2\bar B,\; \dots,\; C\bar A^{M-1}\bar B\right), \qquad
+# y = \bar K * u .$$
 #
 # The recurrence needs $T$ sequential steps; the convolution can be done for all positions at once (below with the
 # FFT, $O(T \log T)$), which is how S4 trains. Both need $\bar A, \bar B, C$ to be the same at every step: a linear
@@ -280,18 +343,26 @@ print("Euler is first order, bilinear second order:", abs(slopes["Euler"] - 1) <
 # %%
 T_seq = 64
 u_seq = rng.standard_normal(T_seq)
-K_bar = np.array([C @ np.linalg.matrix_power(A_bar, j) @ B_bar for j in range(T_seq)])   # (T,) by the formula
-y_rec, _ = ref.ssm_recurrence(A_bar, B_bar, C, u_seq)                                       # (T,)
+# (T,) the formula
+K_bar = np.array([C @ np.linalg.matrix_power(A_bar, j) @ B_bar for j in range(T_seq)])
+y_rec, _ = ref.ssm_recurrence(A_bar, B_bar, C, u_seq)                                   # (T,)
 n_fft = 2 * T_seq                                                # zero-padded: no wrap-around
 y_fft = np.fft.irfft(np.fft.rfft(K_bar, n_fft) * np.fft.rfft(u_seq, n_fft), n_fft)[:T_seq]
-K_integrated = np.array([sum(wt * delta / 2 * C @ ref.expm((j * delta + si) * A) @ B for si, wt in zip(s, weights))
-                         for j in range(T_seq)])          # int over step j of C e^{tA} B dt (the quadrature of section 2)
+
+def kernel_by_quadrature(j):
+    # int over step j of C e^{tA} B dt, with the Gauss-Legendre nodes of section 2.
+    return sum(wt * delta / 2 * C @ ref.expm((j * delta + si) * A) @ B
+               for si, wt in zip(s, weights))
+
+K_integrated = np.array([kernel_by_quadrature(j) for j in range(T_seq)])
 
 # %% tags=["nbval-check-output"]
 for what, actual, expected in (
-    ("kernel by the formula vs reference.ssm_kernel", K_bar, ref.ssm_kernel(A_bar, B_bar, C, T_seq)),
+    ("kernel by the formula vs reference.ssm_kernel", K_bar,
+     ref.ssm_kernel(A_bar, B_bar, C, T_seq)),
     ("kernel vs the impulse response integrated over each step", K_bar, K_integrated),
-    ("recurrence vs reference.causal_convolution(K, u)", y_rec, ref.causal_convolution(K_bar, u_seq)),
+    ("recurrence vs reference.causal_convolution(K, u)", y_rec,
+     ref.causal_convolution(K_bar, u_seq)),
     ("recurrence vs FFT convolution", y_rec, y_fft),
 ):
     check(what, actual, expected, REFERENCE_BUDGET)
@@ -307,17 +378,19 @@ for u_k in u_seq:
     x = A_bar @ x + B_bar * u_k
     x_states.append(x)
 y_from_derivative = np.array([C @ (A @ x + B * u_k) for x, u_k in zip(x_states, u_seq)])
-mismatch = rel_rms(ref.causal_convolution(K_bar, u_seq), y_from_derivative)
-print(f"notes' kernel vs y = C x': rel. error {mismatch:.2f};  vs y = C x: {rel_rms(ref.causal_convolution(K_bar, u_seq), y_rec):.1e}")
+y_conv = ref.causal_convolution(K_bar, u_seq)
+mismatch = rel_rms(y_conv, y_from_derivative)
+print(f"notes' kernel vs y = C x': rel. error {mismatch:.2f};  "
+      f"vs y = C x: {rel_rms(y_conv, y_rec):.1e}")
 assert mismatch > 0.1
 
 t_fine = np.linspace(0, (T_seq - 1) * delta, 400)
 impulse = np.array([C @ ref.expm(t * A) @ B for t in t_fine])
 fig, ax = plt.subplots(figsize=(7, 3.8))
-ax.plot(t_fine, delta * impulse, label="delta * C e^{tA} B (continuous impulse response)")
+ax.plot(t_fine, delta * impulse, label=r"$\Delta\, C e^{tA} B$ (continuous impulse response)")
 ax.plot((np.arange(T_seq) + 0.5) * delta, K_bar, "o", markersize=3,
-        label="K_bar_j = C A_bar^j B_bar (ZOH, delta = 0.5), at t = (j + 1/2) delta")
-ax.set_xlabel("time t")
+        label=r"$\bar K_j = C \bar A^j \bar B$ (ZOH, $\Delta = 0.5$), at $t = (j + 1/2)\Delta$")
+ax.set_xlabel("time $t$")
 ax.set_ylabel("kernel value")
 ax.set_title("The convolution kernel: the impulse response, one value per step")
 ax.legend(loc="lower right", fontsize=8)
@@ -330,45 +403,51 @@ plt.show()
 # $B_t$ and $C_t$ (shared by the channels). $A$ is diagonal, one row of $N$ numbers per channel $d$, so the state of a
 # channel is $N$ independent scalars. For every batch element, channel $d$, state index $n$ and token $t$:
 #
-# $$x_t = e^{\Delta_t A}\odot x_{t-1} + \Delta_t B_t\, u_t, \qquad y_t = C_t \cdot x_t + D\,u_t, \qquad
-# \text{then } y_t \odot \mathrm{silu}(z_t),$$
+# $$x_t = e^{\Delta_t A}\odot x_{t-1} + \Delta_t B_t\, u_t, \qquad y_t = C_t \cdot x_t .$$
 #
-# with $\Delta = \mathrm{softplus}(\Delta_\text{raw} + \text{bias})$ when asked for. Since $\bar A_t, \bar B_t, C_t$
-# change with $t$, there is no fixed kernel $\bar K$: the recurrence must be run as a scan (hence the name).
-#
+# Since $\bar A_t = e^{\Delta_t A}$, $\bar B_t = \Delta_t B_t$ and $C_t$ change with $t$, there is no fixed kernel
+# $\bar K$: the recurrence must be run as a scan (hence the name). (Mamba adds a skip $D u_t$ and a gate; section 7
+# puts them in.)
+
+# %%
+def selective_scan(u, delta, A, B, C, zoh_b=False):
+    # u, delta: (batch, D, T); A: (D, N); B, C: (batch, N, T) -> y (batch, D, T).
+    x = np.zeros((u.shape[0], u.shape[1], A.shape[1]))             # (batch, D, N)
+    y = np.empty(u.shape)
+    for t in range(u.shape[2]):
+        step = delta[:, :, t, None]                                 # (batch, D, 1)
+        A_bar_t = np.exp(step * A)                                  # (batch, D, N)
+        # ZOH or Mamba's (Euler)
+        B_bar_t = ((A_bar_t - 1) / A if zoh_b else step) * B[:, None, :, t]
+        x = A_bar_t * x + B_bar_t * u[:, :, t, None]
+        y[:, :, t] = (x * C[:, None, :, t]).sum(axis=-1)
+    return y
+
+
+# %% [markdown]
 # **What the notes write (erratum 12).** Their Algorithm 1 returns $\bar A = \Delta \otimes A$ and
 # $\bar B = \Delta \otimes B$, right after deriving ZOH. The first lacks the exponential: $\bar A = e^{\Delta A}$,
 # as in section 2 (with $A < 0$, $e^{\Delta A} \in (0, 1)$ is a decay, while $\Delta A < 0$ would flip the state's
 # sign at every step and, once $\Delta |A| > 1$, blow it up). The second is not ZOH's $\bar B$: it is Euler's,
-# $\bar B = \Delta B$, which Mamba uses on purpose (a simplification: it agrees with ZOH's to first order in $\Delta A$).
-# For diagonal $A$, ZOH's is
+# $\bar B = \Delta B$, which Mamba uses on purpose (a simplification: it agrees with ZOH's to first order in
+# $\Delta A$). For diagonal $A$, ZOH's is (the `zoh_b=True` branch above)
 #
 # $$\bar B^{\text{ZOH}} = \frac{e^{\Delta A} - 1}{A}\, B, \qquad
 # \frac{\bar B^{\text{Euler}}}{\bar B^{\text{ZOH}}} = \frac{\Delta A}{e^{\Delta A} - 1} = 1 - \frac{\Delta A}{2} +
 # O(\Delta^2 A^2),$$
 #
 # close to 1 for small steps, about $\Delta |A|$ for large ones. The reference computes Mamba's scan
-# (`zoh_b=False`, the default) and the exact-ZOH variant (`zoh_b=True`).
+# (`zoh_b=False`, the default) and the exact-ZOH variant (`zoh_b=True`). To test the scan as an operation, the
+# inputs below are drawn at random, $B$ and $C$ included; in a Mamba block they are made from the input (section 7),
+# and that is what "selective" means.
 
 # %%
 batch, D_ch, N_st, T_seq = 2, 3, 4, 16
-u_s = rng.standard_normal((batch, D_ch, T_seq))                     # (batch, D, T)
-delta_s = np.log1p(np.exp(rng.standard_normal((batch, D_ch, T_seq)) - 1))   # softplus: positive steps
-A_s = -np.exp(rng.standard_normal((D_ch, N_st)))                    # (D, N) negative: decaying modes
-B_s, C_s = rng.standard_normal((batch, N_st, T_seq)), rng.standard_normal((batch, N_st, T_seq))   # (batch, N, T)
-
-def selective_scan(u, delta, A, B, C, zoh_b=False):
-    # x_t = exp(delta_t A) x_{t-1} + B_bar_t u_t, y_t = C_t . x_t (no D, z: they are elementwise).
-    x = np.zeros((u.shape[0], u.shape[1], A.shape[1]))             # (batch, D, N)
-    y = np.empty(u.shape)
-    for t in range(u.shape[2]):
-        step = delta[:, :, t, None]                                 # (batch, D, 1)
-        A_bar_t = np.exp(step * A)                                  # (batch, D, N)
-        B_bar_t = ((A_bar_t - 1) / A if zoh_b else step) * B[:, None, :, t]   # ZOH or Mamba's (Euler)
-        x = A_bar_t * x + B_bar_t * u[:, :, t, None]
-        y[:, :, t] = (x * C[:, None, :, t]).sum(axis=-1)
-    return y
-
+u_s = rng.standard_normal((batch, D_ch, T_seq))                          # (batch, D, T)
+# softplus: positive steps
+delta_s = np.log1p(np.exp(rng.standard_normal((batch, D_ch, T_seq)) - 1))
+A_s = -np.exp(rng.standard_normal((D_ch, N_st)))  # (D, N) negative: decaying modes
+B_s, C_s = (rng.standard_normal((batch, N_st, T_seq)) for _ in range(2))    # (batch, N, T)
 y_mamba = selective_scan(u_s, delta_s, A_s, B_s, C_s)
 y_zoh = selective_scan(u_s, delta_s, A_s, B_s, C_s, zoh_b=True)
 
@@ -388,21 +467,23 @@ for what, actual, expected in (
 
 # %%
 d_const, B_const, C_const = 0.3, rng.standard_normal(N_st), rng.standard_normal(N_st)
-u_1 = u_s[:1]                                                          # one batch element, (1, D, T)
-tile = lambda vec: np.repeat(vec[None, :, None], T_seq, axis=2)        # (1, N, T), the same at every token
-scan_zoh = ref.selective_scan(u_1, np.full(u_1.shape, d_const), A_s, tile(B_const), tile(C_const), zoh_b=True)[0]
-scan_mamba = ref.selective_scan(u_1, np.full(u_1.shape, d_const), A_s, tile(B_const), tile(C_const))[0]
+u_1 = u_s[:1]  # one batch element, (1, D, T)
+delta_1 = np.full(u_1.shape, d_const)
+B_1, C_1 = (np.repeat(vec[None, :, None], T_seq, axis=2) for vec in (B_const, C_const))  # (1, N, T)
+scan_zoh = ref.selective_scan(u_1, delta_1, A_s, B_1, C_1, zoh_b=True)[0]
+scan_mamba = ref.selective_scan(u_1, delta_1, A_s, B_1, C_1)[0]
 lti_zoh, lti_mamba = np.empty_like(scan_zoh), np.empty_like(scan_mamba)
 for ch in range(D_ch):
-    a_bar, b_bar = ref.discretize_zoh_diagonal(A_s[ch], B_const, d_const)                 # (N,), (N,)
+    a_bar, b_bar = ref.discretize_zoh_diagonal(A_s[ch], B_const, d_const)          # (N,), (N,)
     lti_zoh[0, ch] = ref.ssm_recurrence(np.diag(a_bar), b_bar, C_const, u_1[0, ch])[0]
     lti_mamba[0, ch] = ref.ssm_recurrence(np.diag(a_bar), d_const * B_const, C_const, u_1[0, ch])[0]
 
 # %% tags=["nbval-check-output"]
 check("constant delta, B, C: ZOH scan vs LTI recurrence (ZOH)", scan_zoh, lti_zoh, REFERENCE_BUDGET)
-check("constant delta, B, C: Mamba scan vs LTI recurrence (exp(delta A), delta B)", scan_mamba, lti_mamba,
-      REFERENCE_BUDGET)
-print("Mamba's and ZOH's outputs differ here: rel. difference > 1%:", rel_rms(scan_mamba, scan_zoh) > 0.01)
+check("constant delta, B, C: Mamba scan vs LTI recurrence (exp(delta A), delta B)", scan_mamba,
+      lti_mamba, REFERENCE_BUDGET)
+print("Mamba's and ZOH's outputs differ here: rel. difference > 1%:",
+      rel_rms(scan_mamba, scan_zoh) > 0.01)
 
 
 # %% [markdown]
@@ -422,30 +503,499 @@ def scan_with_A_bar_as_printed(u, delta, A, B, C):
         x = step * A * x + step * B[:, None, :, t] * u[:, :, t, None]
     return np.abs(x).max()
 
-print(f"largest |state| after {T_seq} tokens, delta x 4: A_bar = exp(delta A): "
-      f"{np.abs(ref.selective_scan(u_s, 4 * delta_s, A_s, B_s, C_s)[1]).max():.2f};  "
-      f"A_bar = delta A as printed: {scan_with_A_bar_as_printed(u_s, 4 * delta_s, A_s, B_s, C_s):.2e}")
+with_exp = np.abs(ref.selective_scan(u_s, 4 * delta_s, A_s, B_s, C_s)[1]).max()
+as_printed = scan_with_A_bar_as_printed(u_s, 4 * delta_s, A_s, B_s, C_s)
+print(f"largest |state| after {T_seq} tokens, delta x 4: A_bar = exp(delta A): {with_exp:.2f};  "
+      f"A_bar = delta A as printed: {as_printed:.2e}")
 
+# %%
 x_axis = np.geomspace(1e-3, 20, 200)                       # delta |A|
 factors = np.geomspace(0.01, 30, 25)
 output_diff = [rel_rms(ref.selective_scan(u_s, f * delta_s, A_s, B_s, C_s)[0],
-                       ref.selective_scan(u_s, f * delta_s, A_s, B_s, C_s, zoh_b=True)[0]) for f in factors]
-fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
-axes[0].loglog(x_axis, x_axis / -np.expm1(-x_axis), label="delta A / (e^{delta A} - 1)")
-axes[0].loglog(x_axis, 1 + x_axis / 2, "--", label="1 + delta |A| / 2 (first order)")
-axes[0].set_xlabel("delta |A|")
-axes[0].set_ylabel("B_bar (Euler, Mamba) / B_bar (ZOH)")
-axes[0].set_title("Mamba's B_bar against the ZOH one")
+                       ref.selective_scan(u_s, f * delta_s, A_s, B_s, C_s, zoh_b=True)[0])
+               for f in factors]
+typical_step = np.median(delta_s[..., None] * np.abs(A_s)[None, :, None, :])   # median delta |A|
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), constrained_layout=True)
+axes[0].loglog(x_axis, x_axis / -np.expm1(-x_axis), label=r"$\Delta A / (e^{\Delta A} - 1)$")
+axes[0].loglog(x_axis, 1 + x_axis / 2, "--", label=r"$1 + \Delta |A| / 2$ (first order)")
+axes[0].set_xlabel(r"$\Delta |A|$")
+axes[0].set_ylabel(r"$\bar B$ (Euler, Mamba) / $\bar B$ (ZOH)")
+axes[0].set_title(r"Mamba's $\bar B$ against the ZOH one")
 axes[0].legend()
-typical_step = np.median(delta_s[..., None] * np.abs(A_s)[None, :, None, :])   # median delta |A| over (b, d, t, n)
 axes[1].loglog(factors * typical_step, output_diff, marker="o")
-axes[1].set_xlabel("median delta |A| over the sequence")
+axes[1].set_xlabel(r"median $\Delta |A|$ over the sequence")
 axes[1].set_ylabel("rel. difference of the outputs")
-axes[1].set_title("Selective scan: Mamba's B_bar vs exact ZOH")
+axes[1].set_title(r"Selective scan: Mamba's $\bar B$ vs exact ZOH")
 plt.show()
 
 # %% [markdown]
-# ## 7. The torch path and the Triton kernel against the reference
+# ## 7. The Mamba block (Algorithm 2)
+#
+# The notes' Algorithm 2 turns the scan into a layer. A block maps the residual stream $x^{(l-1)}$ (the notes'
+# $T_{l-1}$), one vector of $C$ numbers per token, to $x^{(l)}$ of the same shape:
+#
+# ```
+# x(l-1) ──────────────────────────────────────────────────────────────────────────────┐ residual
+#   RMSNorm ─> in_proj ─┬─> x ─> conv1d ─> SiLU ─> x' ─┬─> x_proj ─> dt_low, B, C ─> dt_proj, softplus ─> Δ
+#                       │                              └─> scan(x'; A = -exp(A_log), Δ, B, C, D) ─> y
+#                       └─> z ─> SiLU ────────────────────────────────────> y ⊙ SiLU(z) ─> out_proj ─> + ─> x(l)
+# ```
+#
+# Inside the block the channels are widened to $D = 2C$ (Mamba's `expand = 2`; the notes' $P$), and the state of
+# every channel has $N$ entries (the notes' $K$; they use $N$ for the sequence length). As in Mamba and the notes,
+# the scan's input is written $x'$ here (it was $u$ above) and its state $h$ (it was $x$). The tensors below carry
+# the names of transformers' `MambaModel`, so a state dict of it loads as is; the sizes are tiny and all different:
+# vocabulary $V = 20$, $C = 8$, $D = 16$, $N = 4$, a convolution of width $K = 4$, a step-size rank $R = 2$, and
+# $M = 2$ blocks. The weights are random, at scales where every part matters ($A$ from $-0.5$ to $-8$, steps around
+# $\mathrm{softplus}(-2)$).
+
+# %%
+V_vocab, C_model, D_inner, N_state, K_conv, R_rank, M_blocks = 20, 8, 16, 4, 4, 2, 2
+
+def block_shapes(i):
+    # One block's tensors, named as in transformers' MambaModel (Linear weights are (out, in)).
+    mixer = {"in_proj.weight": (2 * D_inner, C_model), "conv1d.weight": (D_inner, 1, K_conv),
+             "conv1d.bias": (D_inner,), "x_proj.weight": (R_rank + 2 * N_state, D_inner),
+             "dt_proj.weight": (D_inner, R_rank), "dt_proj.bias": (D_inner,),
+             "A_log": (D_inner, N_state), "D": (D_inner,), "out_proj.weight": (C_model, D_inner)}
+    mixer = {f"layers.{i}.mixer.{n}": s for n, s in mixer.items()}
+    return {f"layers.{i}.norm.weight": (C_model,), **mixer}
+
+def draw(name, shape):
+    if name.endswith(("norm.weight", "norm_f.weight")):
+        return 1.0 + 0.2 * rng.standard_normal(shape)
+    if name.endswith("A_log"):
+        return np.log(rng.uniform(0.5, 8.0, shape))  # A = -exp(A_log) in (-8, -0.5)
+    if name.endswith("dt_proj.bias"):
+        return -2.0 + 0.5 * rng.standard_normal(shape)
+    if name.endswith((".D", "embeddings.weight")):
+        return rng.standard_normal(shape)
+    if name.endswith("conv1d.bias"):
+        return 0.2 * rng.standard_normal(shape)
+    # Linear (out, in), conv1d (D, 1, K)
+    return rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
+
+shapes = {"embeddings.weight": (V_vocab, C_model), **block_shapes(0), **block_shapes(1),
+          "norm_f.weight": (C_model,)}
+params = {name: draw(name, shape) for name, shape in shapes.items()}
+block0 = {n[len("layers.0."):]: a for n, a in params.items() if n.startswith("layers.0.")}
+# (B, T) = (2, 12)
+ids = np.array([[3, 7, 1, 4, 3, 7, 1, 4, 9, 3, 7, 1], rng.integers(0, V_vocab, 12)])
+Bsz, T_tok = ids.shape
+hidden0 = params["embeddings.weight"][ids]                             # x^(0) = E[ids]: (B, T, C)
+for name, a in block0.items():
+    print(f"layers.0.{name:24s} {a.shape}")
+
+# %% [markdown]
+# ### 7.1 The norm
+#
+# $$\mathrm{RMSNorm}(x_t) = \frac{x_t}{\sqrt{\frac{1}{C}\sum_{c} x_{t,c}^2 + \epsilon}} \odot g$$
+#
+# per token, with a learned gain $g$ (`layers.l.norm.weight`) and $\epsilon = 10^{-5}$. **Erratum 14.** The notes'
+# step 1 says "layer normalization". Mamba uses RMSNorm: no mean is subtracted and no bias added, so the two differ
+# whenever a token's channels do not average to zero. Checked against torch's own `rms_norm`:
+
+# %%
+def rms_norm(x, g, eps=1e-5):
+    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * g          # (B, T, C)
+
+normed = rms_norm(hidden0, block0["norm.weight"])
+centered = hidden0 - hidden0.mean(-1, keepdims=True)
+layer_normed = centered / np.sqrt(centered.var(-1, keepdims=True) + 1e-5) * block0["norm.weight"]
+print(f"a layer norm instead: rel. difference {rel_rms(layer_normed, normed):.2f}")
+
+# %% tags=["nbval-check-output"]
+torch_rms = torch.nn.functional.rms_norm(torch.tensor(hidden0), (C_model,),
+                                         torch.tensor(block0["norm.weight"]), eps=1e-5)
+check("RMSNorm vs torch.nn.functional.rms_norm (float64)", normed, torch_rms, REFERENCE_BUDGET)
+
+# %% [markdown]
+# ### 7.2 Two projections
+#
+# $$\begin{pmatrix} x_t \\ z_t \end{pmatrix} = W_{\text{in}}\ \mathrm{RMSNorm}\big(x^{(l-1)}_t\big), \qquad
+# W_{\text{in}} \in \mathbb{R}^{2D \times C} .$$
+#
+# The notes' $\mathrm{Linear}^x$ and $\mathrm{Linear}^z$ are the two halves of one matrix, `in_proj`: the first $D$
+# outputs are the branch that goes through the scan, the other $D$ the gate. From here on the block works
+# channel-first, $(B, D, T)$, the layout of the scan.
+
+# %%
+def in_proj(p, normed):
+    xz = (normed @ p["mixer.in_proj.weight"].T).transpose(0, 2, 1)           # (B, 2D, T)
+    return xz[:, :D_inner], xz[:, D_inner:]                                  # x, z: (B, D, T) each
+
+x_in, z_gate = in_proj(block0, normed)
+
+# %% [markdown]
+# ### 7.3 The causal convolution
+#
+# $$x'_{t,d} = \mathrm{SiLU}\Big(b_d + \sum_{j=0}^{K-1} W_{d,j}\ x_{t-K+1+j,\,d}\Big), \qquad
+# \mathrm{SiLU}(s) = s\,\sigma(s) .$$
+#
+# Each channel $d$ has its own $K$ weights (a *depthwise* convolution) and sees only its own past and present
+# (*causal*). The $K - 1$ inputs before the first token come from a window carried in the state: zeros at the start
+# of a text, the last $K - 1$ inputs of the previous piece otherwise. Checked against torch's `conv1d` with $K - 1$
+# zeros of padding on the left:
+
+# %%
+def silu(s):
+    return s / (1 + np.exp(-s))
+
+def conv_silu(p, x_in, window):
+    # window: the K - 1 inputs before the first token (B, D, K - 1); returns x' and the new window.
+    padded = np.concatenate([window, x_in], axis=-1)                         # (B, D, K - 1 + T)
+    W, T_ = p["mixer.conv1d.weight"], x_in.shape[-1]
+    conv = p["mixer.conv1d.bias"][:, None] + sum(W[:, 0, j, None] * padded[..., j:j + T_]
+                                                 for j in range(K_conv))
+    return silu(conv), padded[..., T_:]  # (B, D, T), (B, D, K - 1)
+
+x_conv, window0 = conv_silu(block0, x_in, np.zeros((Bsz, D_inner, K_conv - 1)))
+
+# %% tags=["nbval-check-output"]
+conv_weight, conv_bias = (torch.tensor(block0[f"mixer.conv1d.{n}"]) for n in ("weight", "bias"))
+# torch pads K - 1 zeros on both sides: the first T outputs are the causal ones.
+torch_conv = torch.nn.functional.conv1d(torch.tensor(x_in), conv_weight, conv_bias,
+                                        padding=K_conv - 1, groups=D_inner)[..., :T_tok]
+check("causal depthwise conv1d + SiLU vs torch's conv1d", x_conv,
+      torch.nn.functional.silu(torch_conv), REFERENCE_BUDGET)
+check("the new window: the last K - 1 inputs", window0, x_in[..., -(K_conv - 1):], REFERENCE_BUDGET)
+
+# %% [markdown]
+# ### 7.4 The parameters function (Algorithm 1)
+#
+# $$\big(\delta^{\text{low}}_t,\ B_t,\ C_t\big) = W_x\, x'_t, \qquad
+# \Delta_t = \mathrm{softplus}\big(W_\Delta\, \delta^{\text{low}}_t + b_\Delta\big), \qquad A = -e^{A_{\log}} .$$
+#
+# The notes' lines 1 to 3 are $B = \mathrm{Linear}^B(x')$, $C = \mathrm{Linear}^C(x')$ and
+# $\Delta = \mathrm{softplus}(\mathrm{Linear}^\Delta(x') + \mathrm{Parameter}^\Delta)$. In Mamba the three maps share
+# one matrix, `x_proj` ($R + 2N$ outputs), and $\mathrm{Linear}^\Delta$ is low rank: `x_proj`'s first $R$ outputs
+# ($R$ = `time_step_rank`, $\lceil C/16 \rceil$ by default) go through `dt_proj` ($D \times R$) back to $D$ channels,
+# and $\mathrm{Parameter}^\Delta$ is `dt_proj`'s bias. $B_t$ and $C_t$ have $N$ entries per token, shared by the $D$
+# channels; $\Delta_t$ has one step per channel. All three are made from the token's own $x'_t$: the *selection*.
+#
+# Line 4 is $\mathrm{Parameter}^A$, one row of $N$ numbers per channel. **Erratum 15.** The notes give it no sign.
+# Mamba stores $A_{\log}$ and uses $A = -e^{A_{\log}}$, so every $A$ is negative whatever training does, and
+# $e^{\Delta A} \in (0, 1)$ is a decay; a positive $A$ would make the state grow. (The notes also leave out the skip
+# $D$ of the next step.) Lines 5 and 6, $\bar A = e^{\Delta A}$ (the exponential restored, erratum 12) and
+# $\bar B = \Delta B$, happen inside the scan.
+
+# %%
+def parameters_function(p, x_conv):
+    # Delta (B, D, T), A (D, N), B and C (B, N, T), all from x' (B, D, T).
+    dt_low, B_t, C_t = np.split(x_conv.transpose(0, 2, 1) @ p["mixer.x_proj.weight"].T,
+                                [R_rank, R_rank + N_state], axis=-1)  # (B, T, R), (B, T, N) x 2
+    # (B, T, D)
+    delta = ref.softplus(dt_low @ p["mixer.dt_proj.weight"].T + p["mixer.dt_proj.bias"])
+    A = -np.exp(p["mixer.A_log"])                                            # (D, N), all < 0
+    return delta.transpose(0, 2, 1), A, B_t.transpose(0, 2, 1), C_t.transpose(0, 2, 1)
+
+delta0, A0_sel, B0_sel, C0_sel = parameters_function(block0, x_conv)
+print(f"steps Delta in [{delta0.min():.3f}, {delta0.max():.3f}]; "
+      f"A in [{A0_sel.min():.2f}, {A0_sel.max():.2f}]")
+
+# %% [markdown]
+# ### 7.5 The scan, with the skip
+#
+# $$h_t = e^{\Delta_t A} \odot h_{t-1} + \Delta_t\, B_t\, x'_t, \qquad y_t = C_t \cdot h_t + D \odot x'_t$$
+#
+# Section 6's scan, started from a state $h$ (zeros at the start of a text) and with Mamba's skip $D$ (`mixer.D`:
+# here $D$ is a vector of $D$ numbers, one per channel; the crosswalk lists the clash).
+
+# %%
+def scan_from(h, x_conv, delta, A, B, C, D_skip):
+    # h (B, D, N); x_conv, delta (B, D, T); B, C (B, N, T) -> y (B, D, T), the last h.
+    y = np.empty_like(x_conv)
+    for t in range(x_conv.shape[-1]):
+        step = delta[..., t, None]                                           # (B, D, 1)
+        h = np.exp(step * A) * h + step * B[:, None, :, t] * x_conv[..., t, None]
+        y[..., t] = (h * C[:, None, :, t]).sum(-1) + D_skip * x_conv[..., t]
+    return y, h
+
+h_start = np.zeros((Bsz, D_inner, N_state))  # h before the first token
+y0, h0 = scan_from(h_start, x_conv, delta0, A0_sel, B0_sel, C0_sel, block0["mixer.D"])
+
+# %% [markdown]
+# ### 7.6 The gate, the output projection, the residual
+#
+# $$x^{(l)} = x^{(l-1)} + W_{\text{out}}\big(y \odot \mathrm{SiLU}(z)\big), \qquad
+# W_{\text{out}} \in \mathbb{R}^{C \times D} .$$
+#
+# The gate branch $z$ of step 7.2 scales each channel of the scan's output; `out_proj` brings the $D$ channels back
+# to $C$; the block's input is added back (the notes' $\mathrm{Linear}^T$ and residual). Then the six steps as one
+# block, against `reference.mamba.mixer` (which the reference model runs after its RMSNorm), output and state:
+
+# %%
+def gate_out(p, y, z):
+    return (y * silu(z)).transpose(0, 2, 1) @ p["mixer.out_proj.weight"].T    # (B, T, C)
+
+def mamba_block(p, hidden, state):
+    # x^(l) from x^(l-1) (B, T, C); state = (conv window (B, D, K - 1), h (B, D, N)) -> (x^(l),
+    # state).
+    window, h = state
+    x_in, z = in_proj(p, rms_norm(hidden, p["norm.weight"]))
+    x_conv, window = conv_silu(p, x_in, window)
+    y, h = scan_from(h, x_conv, *parameters_function(p, x_conv), p["mixer.D"])
+    return hidden + gate_out(p, y, z), (window, h)
+
+zero_state = (np.zeros((Bsz, D_inner, K_conv - 1)), np.zeros((Bsz, D_inner, N_state)))
+hidden1, (window1, h1) = mamba_block(block0, hidden0, zero_state)
+mixer0 = {n[len("mixer."):]: a for n, a in block0.items() if n.startswith("mixer.")}
+ref_normed = ref_mamba.rms_norm(hidden0, block0["norm.weight"], 1e-5)
+ref_out, (ref_window, ref_h) = ref_mamba.mixer(mixer0, ref_normed, zero_state)
+
+# %% tags=["nbval-check-output"]
+for what, actual, expected in (
+    ("block 0 written out vs x + reference.mamba.mixer(RMSNorm(x))", hidden1, hidden0 + ref_out),
+    ("block 0: the steps composed vs the block", hidden0 + gate_out(block0, y0, z_gate), hidden1),
+    ("block 0: conv window of the state", window1, ref_window),
+    ("block 0: SSM state h", h1, ref_h),
+):
+    check(what, actual, expected, REFERENCE_BUDGET)
+
+# %% [markdown]
+# ### 7.7 Blocks stacked
+#
+# $$x^{(0)} = E[\text{ids}] \xrightarrow{\text{block } 1} x^{(1)} \xrightarrow{\text{block } 2} \cdots
+# \xrightarrow{\text{block } M} x^{(M)}, \qquad \text{output} = \mathrm{RMSNorm}_f\big(x^{(M)}\big) .$$
+#
+# The notes draw this chain, each block "extracting more abstract information". Their $M$ counts blocks here, while in
+# their kernel $\bar K$ (section 5) it was the sequence length. A language model then reads logits as
+# $\text{output}\cdot E^\top$ (the embedding matrix reused: tied, transformers' default). The whole stack, against
+# `reference.mamba.forward`:
+
+# %%
+def mamba_forward(params, ids, state=None):
+    # (output (B, T, C), state: one (conv window, h) per block).
+    state = state or [zero_state] * M_blocks
+    hidden, new_state = params["embeddings.weight"][ids], []
+    for i, layer_state in enumerate(state):
+        p = {n[len(f"layers.{i}."):]: a for n, a in params.items() if n.startswith(f"layers.{i}.")}
+        hidden, layer_state = mamba_block(p, hidden, layer_state)
+        new_state.append(layer_state)
+    return rms_norm(hidden, params["norm_f.weight"]), new_state
+
+output, state_end = mamba_forward(params, ids)
+ref_output, ref_state_end = ref_mamba.forward(params, ids)
+
+# %% tags=["nbval-check-output"]
+check("the stack of M = 2 blocks vs reference.mamba.forward: output", output, ref_output,
+      REFERENCE_BUDGET)
+for i, ((w_i, h_i), (rw_i, rh_i)) in enumerate(zip(state_end, ref_state_end)):
+    check(f"block {i} state (conv window, h)", np.concatenate([w_i.ravel(), h_i.ravel()]),
+          np.concatenate([rw_i.ravel(), rh_i.ravel()]), REFERENCE_BUDGET)
+
+# %% [markdown]
+# ### 7.8 The state: a text in pieces
+#
+# Only two things link a token to earlier ones, in every block: the convolution's window (the last $K - 1$ inputs
+# $x$, $(B, D, K - 1)$) and the scan's $h$ $(B, D, N)$. Carry both, and a text fed in pieces gives what it gives fed
+# whole; this is how a prompt is read once and then continued token by token. Cut at 5 and 6 (pieces of 5, 1, 6):
+
+# %%
+pieces, piece_state = [], None
+for part in np.split(ids, [5, 6], axis=1):
+    piece_out, piece_state = mamba_forward(params, part, piece_state)
+    pieces.append(piece_out)
+
+# %% tags=["nbval-check-output"]
+check("pieces 5 + 1 + 6 with the state vs whole: output", np.concatenate(pieces, axis=1), output,
+      REFERENCE_BUDGET)
+for i, ((w_i, h_i), (rw_i, rh_i)) in enumerate(zip(piece_state, state_end)):
+    check(f"pieces vs whole: block {i} state", np.concatenate([w_i.ravel(), h_i.ravel()]),
+          np.concatenate([rw_i.ravel(), rh_i.ravel()]), REFERENCE_BUDGET)
+
+# %% [markdown]
+# **Independent evidence.** The block above and `reference/mamba.py` are two readings of the same sources by the
+# same project. transformers' `MambaModel` is a third, the one most people run; it takes these weights as they are
+# (its fp32 CPU path). The cell skips, with a message, where transformers is not installed (it is a test
+# dependency of this project; `tests/test_models_mamba.py` compares the two at length).
+
+# %%
+try:
+    with warnings.catch_warnings():                     # tqdm's notice about Jupyter widgets
+        warnings.simplefilter("ignore")
+        import transformers
+except ImportError:
+    transformers = None
+    print("transformers is not installed: skipped (tests/test_models_mamba.py compares against it)")
+if transformers is not None:
+    transformers.logging.set_verbosity_error()
+    config = transformers.MambaConfig(vocab_size=V_vocab, hidden_size=C_model, state_size=N_state,
+                                      num_hidden_layers=M_blocks, expand=2, conv_kernel=K_conv,
+                                      time_step_rank=R_rank)
+    peer = transformers.MambaModel(config).eval()
+    peer.load_state_dict({n: torch.tensor(a, dtype=torch.float32) for n, a in params.items()})
+    with torch.no_grad():
+        theirs = peer(torch.as_tensor(ids)).last_hidden_state
+    check("transformers' MambaModel (fp32) vs the stack written here", theirs, output, FP32_BUDGET)
+
+# %% [markdown]
+# ## 8. Selection at work
+#
+# In section 6 $\Delta$, $B$ and $C$ were drawn at random. In the block they are made from the input, so they depend
+# on the token: below, block 0's step sizes and $B_t$ for the first text, whose tokens 3, 7, 1, 4 repeat. A token's
+# $x'_t$ depends on itself and the $K - 1 = 3$ tokens before it (the convolution), so the token at position 7 (a 4
+# after 3, 7, 1) gets exactly the $\Delta$, $B$, $C$ of position 3, while position 4 (a 3 after 7, 1, 4, not after
+# the zeros of the start) does not match position 0.
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), constrained_layout=True)
+for ax, (name, values) in zip(axes, ((r"step size $\Delta_t$ per channel", delta0[0]),
+                                     (r"$B_t$ (shared by the channels)", B0_sel[0]))):
+    cmap = "viridis" if name.startswith("step") else "RdBu_r"
+    image = ax.imshow(values, aspect="auto", cmap=cmap)
+    ax.set_yticks(range(0, len(values), max(1, len(values) // 8)))
+    ax.set_xticks(range(T_tok), [f"{tok}" for tok in ids[0]])
+    ax.set_xlabel("token id at each position")
+    ax.set_ylabel("channel" if name.startswith("step") else "state index $n$")
+    ax.set_title(name, fontsize=10)
+    fig.colorbar(image, ax=ax)
+fig.suptitle("Block 0, first text: made from each token and the 3 before it")
+plt.show()
+
+# %% tags=["nbval-check-output"]
+same = [np.allclose(x[0, ..., 7], x[0, ..., 3], rtol=0, atol=1e-12)
+        for x in (delta0, B0_sel, C0_sel)]
+print("position 7 gets the Delta, B, C of position 3 (same 4 tokens in the window):", all(same))
+print("position 4 differs from position 0 (the window starts with zeros at 0):",
+      not np.allclose(delta0[0, :, 4], delta0[0, :, 0]))
+
+# %% [markdown]
+# **Why it matters: ignoring what does not count.** A time-invariant SSM forgets at a fixed rate: whatever came in
+# $n$ tokens ago is weighed by $\bar A^n$, whether those tokens mattered or not. A selective one can choose, token by
+# token. Take a text of *content* tokens, which carry a value to remember, and *filler* tokens, which carry noise.
+# Give each token the features $x'_t = (\text{value}_t,\ \text{is\_filler}_t,\ 1)$ and set Algorithm 1's maps by hand
+# (a trained Mamba learns maps of this kind; these are chosen to show the mechanism):
+#
+# $$\Delta_t = \mathrm{softplus}\big(w_\Delta \cdot x'_t\big),\ w_\Delta = (0, -12, 1), \qquad B_t = C_t = 1
+# \ (\text{they read the constant feature}), \qquad A = -1 .$$
+#
+# A content token gets $\Delta = \mathrm{softplus}(1) = 1.31$: it mostly replaces the state with its value. A filler
+# gets $\Delta = \mathrm{softplus}(-11) \approx 2 \cdot 10^{-5}$: $e^{\Delta A} \approx 1$ keeps the state, and
+# $\Delta B \approx 0$ writes nothing. The time-invariant comparison uses the content step $1.31$ for every token.
+# Both run through `reference.ssm.selective_scan`, one channel scanning the value feature.
+
+# %%
+def filler_demo_scan(values, is_filler, selective=True):
+    # One text through the scan; Delta, B, C made from x'_t = (value, is_filler, 1) by Algorithm
+    # 1's maps.
+    features = np.stack([values, is_filler, np.ones_like(values)])  # (3, T): x'_t per column
+    w_delta = np.array([0.0, -12.0 if selective else 0.0, 1.0])
+    delta = ref.softplus(w_delta @ features)[None, None]                    # (1, 1, T)
+    B_C = (np.array([0.0, 0.0, 1.0]) @ features)[None, None]  # (1, 1, T): reads the constant 1
+    # y (T,)
+    return ref.selective_scan(values[None, None], delta, -np.ones((1, 1)), B_C, B_C)[0][0, 0]
+
+def text(n_filler):
+    # A content token (value 1), n noisy fillers, then a content token of value 0.
+    values = np.concatenate([[1.0], 0.5 * rng.standard_normal(n_filler), [0.0]])
+    return values, np.r_[0.0, np.ones(n_filler), 0.0]
+
+def content_response(values, is_filler, selective):
+    # What the first token contributes to y after the fillers: the scan is linear in the values.
+    without = np.r_[0.0, values[1:]]
+    y_with, y_without = (filler_demo_scan(v, is_filler, selective) for v in (values, without))
+    return (y_with - y_without)[-2]  # just before the last token
+
+memory = {"selective": [], "time-invariant": []}
+for n in range(0, 21):
+    values, is_filler = text(n)
+    memory["selective"].append(content_response(values, is_filler, True))
+    memory["time-invariant"].append(content_response(values, is_filler, False))
+
+# %%
+values, is_filler = text(12)
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+axes[0].step(range(len(values)), values, where="mid", color="grey", lw=0.8, label="input value")
+for kind, selective in (("selective", True), ("time-invariant", False)):
+    axes[0].plot(filler_demo_scan(values, is_filler, selective), marker=".",
+                 label=f"output $y_t$, {kind}")
+axes[0].set_xlabel("position $t$ (content at 0, fillers 1 to 12)")
+axes[0].set_title("one text: the output through the fillers")
+axes[0].legend(fontsize=8)
+for kind, response in memory.items():
+    axes[1].semilogy(range(0, 21), np.abs(response), marker="o", label=kind)
+axes[1].set_xlabel("number of filler tokens after the content token")
+axes[1].set_ylabel("part of the output due to token 0")
+axes[1].set_title("how much of the content survives")
+axes[1].legend()
+plt.show()
+
+# %% tags=["nbval-check-output"]
+kept = np.array(memory["selective"]) / memory["selective"][0]
+print("selective: the content survives 20 fillers (within 0.1%):",
+      bool(np.abs(kept - 1).max() < 1e-3))
+print("time-invariant: less than 1e-9 of it is left after 20 fillers:",
+      bool(abs(memory["time-invariant"][-1] / memory["time-invariant"][0]) < 1e-9))
+
+# %% [markdown]
+# ## Summary
+#
+# - ZOH solves the system exactly for a held input: $\bar A = e^{\Delta A}$, $\bar B = \int_0^\Delta e^{As}ds\,B$,
+#   which the augmented-matrix exponential computes even for a singular $A$; it matches the closed form and a direct
+#   quadrature to float64 rounding.
+# - Of the three ways to compute $e^{A}$, only scaling and squaring is safe in general: the series fails for large
+#   $\|A\|$, the eigendecomposition for defective $A$.
+# - Euler is first order, bilinear second order, ZOH exact for a held input (the log-log slopes 1 and 2). Euler is
+#   also the only one of the three that can turn a stable system unstable ($|1 + \Delta\lambda| > 1$ at the two
+#   largest steps here).
+# - A time-invariant SSM is a convolution with $\bar K = (C\bar B, C\bar A\bar B, \dots)$ (with the state named
+#   after the input that entered it, $x_k = \bar A x_{k-1} + \bar B u_k$); Mamba's input-dependent $\Delta, B, C$
+#   make it a scan, with $\bar A = e^{\Delta A}$ and Euler's $\bar B = \Delta B$.
+# - The Mamba block is RMSNorm (not a layer norm, erratum 14), `in_proj` into $x$ and $z$, a causal depthwise
+#   convolution and SiLU, Algorithm 1 ($\Delta$ through a rank-$R$ map and softplus; $B$, $C$ from the same
+#   `x_proj`; $A = -e^{A_{\log}} < 0$, erratum 15), the scan with the skip $D$, the gate $y \odot
+#   \mathrm{SiLU}(z)$, `out_proj` and the residual. Written out step by step it matches `reference/mamba.py` and
+#   transformers' `MambaModel`; stacked, with the (conv window, $h$) state, a text in pieces gives the whole.
+# - Selection: $\Delta$, $B$, $C$ depend on the token and the $K - 1$ before it; a small $\Delta$ lets the state
+#   skip a token entirely, which no time-invariant SSM can do.
+#
+# Next: notebook 07 turns to attention's positions, RoPE and ReRoPE.
+#
+# ## Exercises
+#
+# 1. **The largest stable Euler step.** For which $\Delta$ is $|1 + \Delta\lambda| < 1$, for a mode
+#    $\lambda = \alpha + \mathrm{i}\beta$ with $\alpha < 0$? Compute the bound for every eigenvalue of this
+#    notebook's $A$ and compare it with the steps of section 4's plot.
+# 2. **Selection switched off.** In section 8, give the filler flag a weight of 0 in $w_\Delta$ (so every token gets
+#    the same $\Delta$). Which curve of the right-hand plot do you get, and why?
+# 3. **What the convolution remembers.** Feed the first text of section 7 through `mamba_forward` one token at a
+#    time. After token $t$, what does block 0's conv window hold? Check your answer against `x_in` of step 7.2.
+#
+# Solutions (collapsed; click to expand):
+
+# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# 1. |1 + delta lambda|^2 = (1 + delta alpha)^2 + (delta beta)^2 < 1  <=>  delta < -2 alpha / |lambda|^2.
+bounds = -2 * np.linalg.eigvals(A).real / np.abs(np.linalg.eigvals(A)) ** 2
+print("largest stable Euler step per mode:", np.round(np.sort(bounds), 3))
+print("the plot's steps 0.25 and 0.125 exceed the smallest bound, 0.0625 does not:",
+      bool(deltas[1] > bounds.min() > deltas[2]))
+
+# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# 2. Without the filler weight every token gets delta = softplus(1): exactly the time-invariant system.
+def filler_demo_no_flag(values, is_filler):
+    return filler_demo_scan(values, np.zeros_like(is_filler))  # the flag never reaches delta
+
+values, is_filler = text(8)
+check("no filler weight vs the time-invariant scan", filler_demo_no_flag(values, is_filler),
+      filler_demo_scan(values, is_filler, selective=False), REFERENCE_BUDGET)
+
+# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# 3. The window holds the last K - 1 inputs x (in_proj's first half, before the convolution) of block 0.
+step_state = None
+for t in range(T_tok):
+    _, step_state = mamba_forward(params, ids[:, t:t + 1], step_state)
+    if t >= K_conv - 2:  # from then on, all real tokens
+        assert np.allclose(step_state[0][0], x_in[..., t - K_conv + 2:t + 1], rtol=0, atol=1e-12)
+print("block 0's window after token t = x_in at t - 2, t - 1, t: True")
+
+# %% [markdown]
+# ## Appendix: the production path against the reference
+#
+# The rest of this notebook is not about the math: it checks that the code people run gives the reference's
+# numbers. nbval runs and checks it like the cells above.
+#
+# ### A. The selective scan: torch, Triton and C
 #
 # [`kernels.ssm.selective_scan`](../kernels/ssm.py) is Mamba's scan (Euler $\bar B$) with all its options: the skip
 # $D$, the gate $z$, the bias and softplus of $\Delta$, an initial state, and the last state returned. Backend
@@ -458,6 +1008,9 @@ plt.show()
 # on a CPU when no gradient is wanted. The forward checks below run it too, against the same reference and budgets.
 
 # %%
+from seqmix.kernels.ssm import selective_scan as scan_kernel
+from seqmix.models.mamba import MambaConfig, MambaModel
+
 batch, D_ch, N_st, T = 2, 4, 8, 24
 u64, delta64, z64 = (rng.standard_normal((batch, D_ch, T)) for _ in range(3))   # (batch, D, T)
 A64 = -np.exp(rng.standard_normal((D_ch, N_st)))                               # (D, N)
@@ -465,12 +1018,13 @@ B64, C64 = rng.standard_normal((batch, N_st, T)), rng.standard_normal((batch, N_
 D64, bias64 = rng.standard_normal(D_ch), rng.standard_normal(D_ch)             # (D,)
 inputs = dict(u=u64, delta=delta64, A=A64, B=B64, C=C64, D=D64, z=z64, delta_bias=bias64)
 BACKENDS = ("torch", "triton")
-FORWARD_BACKENDS = BACKENDS + ("c",)                                           # "c": the C loop, forward only
+FORWARD_BACKENDS = BACKENDS + ("c",)  # "c": the C loop, forward only
+FP32_PARAMS = ("A", "D", "delta_bias")  # kept fp32, as Mamba keeps them
 
 def run(backend, dtype=torch.float32, state=None, **arrays):
-    # The kernel on float64 arrays cast to dtype (A, D, delta_bias stay fp32, as Mamba keeps them).
-    fp32_params = ("A", "D", "delta_bias")
-    t = {n: torch.tensor(x, dtype=torch.float32 if n in fp32_params else dtype) for n, x in arrays.items()}
+    # The kernel on float64 arrays cast to dtype.
+    t = {n: torch.tensor(x, dtype=torch.float32 if n in FP32_PARAMS else dtype)
+         for n, x in arrays.items()}
     return scan_kernel(**t, delta_softplus=True, state=state, backend=backend)
 
 def fp16_rounded(x):
@@ -480,6 +1034,7 @@ expected, expected_last = ref.selective_scan(**inputs, delta_softplus=True)
 split = 10
 first = {n: (x[..., :split] if x.ndim == 3 else x) for n, x in inputs.items()}
 rest = {n: (x[..., split:] if x.ndim == 3 else x) for n, x in inputs.items()}
+rounded = {n: (x if n in FP32_PARAMS else fp16_rounded(x)) for n, x in inputs.items()}
 
 # %% tags=["nbval-check-output"]
 for backend in FORWARD_BACKENDS:
@@ -489,7 +1044,6 @@ for backend in FORWARD_BACKENDS:
     y1, state1 = run(backend, **first)
     y2, _ = run(backend, state=state1, **rest)
     check(f"{backend} fp32 fed in two pieces", torch.cat([y1, y2], dim=-1), expected, FP32_BUDGET)
-    rounded = {n: (x if n in ("A", "D", "delta_bias") else fp16_rounded(x)) for n, x in inputs.items()}
     check(f"{backend} fp16 y", run(backend, dtype=torch.float16, **rounded)[0],
           ref.selective_scan(**rounded, delta_softplus=True)[0], FP16_BUDGET)
 
@@ -510,7 +1064,7 @@ def scan_loop_torch(u, delta, A, B, C, D, z, delta_bias):
         ys.append((x * C[:, None, :, t]).sum(-1))
     return (torch.stack(ys, dim=-1) + D[:, None] * u) * torch.nn.functional.silu(z)
 
-G = rng.standard_normal((batch, D_ch, T))                                     # upstream gradient dLoss/dy
+G = rng.standard_normal((batch, D_ch, T))  # upstream gradient dLoss/dy
 names = list(inputs)
 
 def gradients(fn, dtype):
@@ -518,13 +1072,15 @@ def gradients(fn, dtype):
     fn(**leaves).backward(torch.tensor(G, dtype=dtype))
     return [leaves[n].grad for n in names]
 
+def kernel_output(backend):
+    return lambda **t: scan_kernel(**t, delta_softplus=True, backend=backend)[0]
+
 expected_grads = gradients(scan_loop_torch, torch.float64)
-backend_grads = {b: gradients(lambda **t: scan_kernel(**t, delta_softplus=True, backend=b)[0], torch.float32)
-                 for b in BACKENDS}
+backend_grads = {b: gradients(kernel_output(b), torch.float32) for b in BACKENDS}
 
 # %% tags=["nbval-check-output"]
-check("token loop in torch float64 vs reference", scan_loop_torch(**{n: torch.tensor(x) for n, x in inputs.items()}),
-      expected, REFERENCE_BUDGET)
+loop64 = scan_loop_torch(**{n: torch.tensor(x) for n, x in inputs.items()})
+check("token loop in torch float64 vs reference", loop64, expected, REFERENCE_BUDGET)
 for backend in BACKENDS:
     for name, got, want in zip(names, backend_grads[backend], expected_grads):
         check(f"{backend} fp32 d{name}", got, want, FP32_BUDGET)
@@ -533,20 +1089,42 @@ for backend in BACKENDS:
 # The errors themselves (this cell is not compared: the numbers depend on the machine).
 for backend in FORWARD_BACKENDS:
     line = f"{backend:6s} fp32: y rel. RMS error {rel_rms(run(backend, **inputs)[0], expected):.1e}"
-    if backend in backend_grads:                                           # none for "c": forward only
-        line += f", worst gradient {max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads)):.1e}"
+    if backend in backend_grads:  # none for "c": forward only
+        worst = max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads))
+        line += f", worst gradient {worst:.1e}"
     print(line)
 
 # %% [markdown]
-# ## Summary
+# ### B. The torch Mamba model
 #
-# - ZOH solves the system exactly for a held input: $\bar A = e^{\Delta A}$, $\bar B = \int_0^\Delta e^{As}ds\,B$,
-#   which the augmented-matrix exponential computes even for a singular $A$; it matches the closed form and a direct
-#   quadrature to float64 rounding.
-# - Of the three ways to compute $e^{A}$, only scaling and squaring is safe in general: the series fails for large
-#   $\|A\|$, the eigendecomposition for defective $A$.
-# - Euler is first order, bilinear second order, ZOH exact for a held input (the log-log slopes 1 and 2).
-# - A time-invariant SSM is a convolution with $\bar K = (C\bar B, C\bar A\bar B, \dots)$; Mamba's input-dependent
-#   $\Delta, B, C$ make it a scan, with $\bar A = e^{\Delta A}$ and Euler's $\bar B = \Delta B$.
-# - The torch path and the Triton kernel match the reference in fp32 and fp16: outputs, states, pieces and
-#   gradients.
+# [`models.mamba.MambaModel`](../models/mamba.py) is the block of section 7 in torch, on this scan, with
+# transformers' parameter names: the weights of section 7 load as they are (fp32). Each backend runs the texts of
+# section 7 whole, and in the pieces 5 + 1 + 6 with the state carried, against the float64 stack.
+
+# %%
+model = MambaModel(MambaConfig(vocab_size=V_vocab, hidden_size=C_model, state_size=N_state,
+                               num_hidden_layers=M_blocks, expand=2, conv_kernel=K_conv,
+                               time_step_rank=R_rank))
+model.load_state_dict({n: torch.tensor(a, dtype=torch.float32) for n, a in params.items()})
+
+def model_in_pieces(backend):
+    state, outs = None, []
+    with torch.no_grad():
+        for part in torch.as_tensor(ids).split([5, 1, 6], dim=1):
+            result = model(part, state=state, use_cache=True, backend=backend)
+            outs.append(result.last_hidden_state)
+            state = result.state
+    return torch.cat(outs, dim=1), state
+
+def flat_state(state):
+    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for pair in state for a in pair])
+
+# %% tags=["nbval-check-output"]
+for backend in FORWARD_BACKENDS:
+    with torch.no_grad():
+        whole = model(torch.as_tensor(ids), backend=backend).last_hidden_state
+    check(f"MambaModel, {backend} scan, fp32: output", whole, output, FP32_BUDGET)
+    in_pieces, piece_state_t = model_in_pieces(backend)
+    check(f"MambaModel, {backend} scan, fp32: in pieces", in_pieces, output, FP32_BUDGET)
+    check(f"MambaModel, {backend} scan, fp32: state after the pieces", flat_state(piece_state_t),
+          flat_state(state_end), FP32_BUDGET)

@@ -11,6 +11,7 @@ https://spaces.ac.cn/archives/9708, and RoPE, arXiv:2104.09864):
     w               w              ReRoPE's window: inside it (i - j < w) positions are exact
     k (leaky_k)     k              Leaky ReRoPE's slope outside the window is 1/k (k > 1); ReRoPE is k -> infinity
     L (train_length) maxlen        the training length of log-n scaling: q_n is multiplied by max(1, log_L n)
+    s (scale)       --             NTK-aware scaling's length factor (the source names the method, without formula)
 
 Key identity: (R(i) q) . (R(j) k) = q . R(j - i) k, so RoPE attention depends on i - j only. A relative-position
 matrix that is not linear in i - j (ReRoPE) cannot be had from one rotation per row: the source computes the
@@ -48,6 +49,25 @@ def apply_rope(x, positions, base=10000.0):
     inv_freq = _inv_freq(x.shape[-1], base)
     pos = np.asarray(positions, dtype=np.float64)
     return _rotate(x, pos[..., None] * inv_freq)                       # (..., T, d)
+
+
+def ntk_scaled_base(d, scale, *, base=10000.0):
+    """base * s^(d / (d - 2)): NTK-aware scaled RoPE is RoPE with this base, for contexts s times the training length.
+
+    Pair i then turns by p * theta_i * s^(-2i / (d - 2)): the fastest pair (i = 0) exactly as in training
+    (extrapolation), the slowest (i = d/2 - 1) as under position interpolation by s (p / s), the pairs between by a
+    factor in between ("high frequencies extrapolate, low frequencies interpolate"). Use it as
+    apply_rope(x, positions, base=ntk_scaled_base(d, s)).
+    d: the even head dimension, >= 4; scale: s >= 1 (1 gives base back). -> float.
+    Source: bloc97's "NTK-aware Scaled RoPE" (reddit.com/r/LocalLLaMA, 2023), which the ReRoPE post
+    (https://spaces.ac.cn/archives/9708) names as its predecessor; that post's tables also list "fixed" and "mixed"
+    variants from https://spaces.ac.cn/archives/9706, which are not this function.
+    """
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 4 or d % 2:
+        raise ValueError(f"d must be an even head dimension >= 4, got {d!r}")
+    if not np.isfinite(scale) or scale < 1:
+        raise ValueError(f"scale must be a finite length factor >= 1, got {scale!r}")
+    return float(base) * float(scale) ** (d / (d - 2))
 
 
 def relative_positions(n, kind, window=None, k=None):

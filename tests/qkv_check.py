@@ -1,13 +1,14 @@
 """The check the attention and ReRoPE kernel tests share: an op's output and its gradients with respect to q, k and v
-against autograd through a float64 definition that the test writes itself."""
+against autograd through a float64 definition (seqmix.conformance.definitions)."""
 import torch
 
+from seqmix.conformance import cases
 from seqmix.kernels.testing import assert_all_close, assert_close
 
 
 def qkv_inputs(rng, shape, spread=1.0):
     """q, k, v: float64 tensors of standard normals times ``spread``."""
-    return [torch.tensor(rng.standard_normal(shape) * spread) for _ in range(3)]
+    return [torch.tensor(x) for x in cases.qkv_inputs(rng, shape, spread)]
 
 
 def output_and_grads(fn, inputs, do):

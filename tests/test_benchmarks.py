@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from seqmix.benchmarks import cost_model, peers, run
-from kernel_cases import rwkv7_inputs
+from seqmix.conformance.cases import rwkv7_inputs
 from seqmix.kernels.testing import FP32_BUDGET, assert_close, fp32
 from seqmix.reference import attention as ref_attention
 from seqmix.reference import rope as ref_rope

@@ -1,15 +1,15 @@
 """kernels.attention against the float64 reference (reference/attention.py) and float64 autograd.
 
 Chain: reference (NumPy float64) -> torch backend (SDPA) -> Triton backend (flash kernels, under the interpreter
-on CPU). Gradients are compared with autograd through an explicit float64 softmax(q k^T) v written here.
+on CPU). Gradients are compared with autograd through the explicit float64 softmax(q k^T) v of
+seqmix.conformance.definitions.
 """
-import math
-
 import numpy as np
 import pytest
 import torch
 
 from kernel_cases import BACKENDS, needs_triton
+from seqmix.conformance.definitions import explicit_attention
 from seqmix.kernels import attention as attn
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_close
 from qkv_check import check_qkv_op, qkv_inputs
@@ -26,15 +26,6 @@ def tiles(monkeypatch):
         monkeypatch.setattr(attn, "_launch_config", lambda head_dim, dtype: attn.LaunchConfig(block_m, block_n, 4, 1))
     use()
     return use
-
-
-def _explicit_attention(q, k, v, causal, scale=None):
-    """softmax(q k^T * scale + M) v in float64 torch, written out (differentiable)."""
-    T, d = q.shape[-2:]
-    s = q @ k.transpose(-1, -2) * (1 / math.sqrt(d) if scale is None else scale)
-    if causal:
-        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-    return torch.softmax(s, -1) @ v
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -55,7 +46,7 @@ def test_gradients_match_float64_autograd(rng, tiles, backend, shape, causal):
     q, k, v = qkv_inputs(rng, shape)
     do = torch.tensor(rng.standard_normal(shape))
     check_qkv_op(lambda *a: attn.attention(*a, causal=causal, backend=backend),
-                 lambda *a: _explicit_attention(*a, causal), q, k, v, do, torch.float32, FP32_BUDGET, backend)
+                 lambda *a: explicit_attention(*a, causal=causal), q, k, v, do, torch.float32, FP32_BUDGET, backend)
 
 
 @pytest.mark.parametrize("block_m, block_n", [(16, 32), (32, 16)])
@@ -66,7 +57,7 @@ def test_triton_unequal_tiles(rng, tiles, block_m, block_n):
     shape = (1, 2, 41, 16)
     q, k, v = qkv_inputs(rng, shape)
     do = torch.tensor(rng.standard_normal(shape))
-    check_qkv_op(lambda *a: attn.attention(*a, backend="triton"), lambda *a: _explicit_attention(*a, True),
+    check_qkv_op(lambda *a: attn.attention(*a, backend="triton"), lambda *a: explicit_attention(*a),
                  q, k, v, do, torch.float32, FP32_BUDGET, f"tiles {block_m}x{block_n}")
 
 
@@ -75,7 +66,7 @@ def test_fp16_inputs(rng, tiles, backend):
     shape = (1, 2, 37, 32)
     q, k, v = (x.half().double() for x in qkv_inputs(rng, shape))     # exactly representable in fp16
     do = torch.tensor(rng.standard_normal(shape))
-    check_qkv_op(lambda *a: attn.attention(*a, backend=backend), lambda *a: _explicit_attention(*a, True),
+    check_qkv_op(lambda *a: attn.attention(*a, backend=backend), lambda *a: explicit_attention(*a),
                  q, k, v, do, torch.float16, FP16_BUDGET, f"fp16 {backend}")
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_leaves
 
-from kernel_cases import in_pieces, rwkv7_inputs, split_bounds
+from seqmix.conformance.cases import in_pieces, rwkv7_inputs, scan_inputs, split_bounds
 from seqmix.kernels import native, ssm
 from seqmix.kernels.attention import attention
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_close, fp32
@@ -17,7 +17,7 @@ from seqmix.kernels.wkv4 import wkv4
 from seqmix.kernels.wkv7 import wkv7
 from seqmix.reference import ssm as ssm_ref
 from seqmix.reference.wkv7 import wkv7 as reference_wkv7
-from test_kernels_ssm import CASES as SCAN_CASES, case_inputs, dtypes_for, make_inputs as scan_inputs
+from test_kernels_ssm import CASES as SCAN_CASES, case_inputs, dtypes_for
 from test_kernels_wkv4 import assert_state_close, make_inputs as wkv4_inputs, run_reference as wkv4_reference
 
 # bf16, which the C loops take on a CPU (the Triton interpreter cannot): its outputs are rounded to 8 bits, an RMS

@@ -1,12 +1,11 @@
 """kernels.rerope against the per-pair definition score_ij = (q_i sigma_i) . R(-rel(i - j)) k_j.
 
 Chain: reference/rope.py (NumPy float64: attention_from_relative_positions, rerope_attention, rerope_decode) ->
-a float64 torch copy of the per-pair definition written here (for autograd; checked against the reference to 1e-12)
+the float64 torch per-pair definition of seqmix.conformance.definitions (for autograd; checked here against the
+reference to 1e-12)
 -> torch backend (flash pieces merged by log-sum-exp) -> Triton backend (fused kernels under the interpreter, with
 16-row tiles so that short sequences exercise far, straddling and near tiles).
 """
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -14,6 +13,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernel_cases import BACKENDS, needs_triton
+from seqmix.conformance.definitions import rerope_attention as definition
 from seqmix.kernels import rerope
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
 from qkv_check import check_qkv_op, qkv_inputs, output_and_grads
@@ -41,33 +41,20 @@ def tiles(monkeypatch):
     return use
 
 
-def definition(q, k, v, window, leaky_k=None, train_length=None, scale=None, base=10000.0):
-    """softmax_j((q_i sigma_i) . R(-rel_ij) k_j * scale) v, causal, one rotated key per pair (float64 torch)."""
-    T, d = q.shape[-2:]
-    rel = torch.tensor(relative_positions(T, "rerope" if leaky_k is None else "leaky_rerope", window, leaky_k))
-    if train_length is not None:
-        q = q * torch.tensor(log_n_scale(np.arange(T), train_length))[:, None]
-    angle = -rel[..., None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)        # (T, T, d/2)
-    k1, k2 = k[..., None, :, : d // 2], k[..., None, :, d // 2:]                               # (B, H, 1, T, d/2)
-    k_rot = torch.cat((k1 * angle.cos() - k2 * angle.sin(), k2 * angle.cos() + k1 * angle.sin()), -1)
-    s = torch.einsum("bhid,bhijd->bhij", q, k_rot) * (1 / math.sqrt(d) if scale is None else scale)
-    s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-    return torch.softmax(s, -1) @ v
-
-
 def _check_prefill(rng, shape, window, leaky_k, train_length, backend, dtype, budget, what, inputs=None):
     """rerope_attention against the float64 definition, outputs and gradients, for one random output gradient."""
     q, k, v = qkv_inputs(rng, shape) if inputs is None else inputs
     do = torch.tensor(rng.standard_normal(shape))
     check_qkv_op(lambda *a: rerope.rerope_attention(*a, window, leaky_k, train_length=train_length, backend=backend),
-                 lambda *a: definition(*a, window, leaky_k, train_length), q, k, v, do, dtype, budget, what)
+                 lambda *a: definition(*a, window, leaky_k=leaky_k, train_length=train_length), q, k, v, do, dtype,
+                 budget, what)
 
 
 @pytest.mark.parametrize("T, d, window, leaky_k, train_length", CASES)
 def test_definition_here_matches_the_reference(rng, T, d, window, leaky_k, train_length):
     """The torch definition used for gradients == reference's per-pair definition == the source's two-pass form."""
     q, k, v = qkv_inputs(rng, (2, 1, T, d))
-    mine = definition(q, k, v, window, leaky_k, train_length)
+    mine = definition(q, k, v, window, leaky_k=leaky_k, train_length=train_length)
     q_scaled = q.numpy() * (1 if train_length is None else log_n_scale(np.arange(T), train_length)[:, None])
     rel = relative_positions(T, "rerope" if leaky_k is None else "leaky_rerope", window, leaky_k)
     assert_close(mine, attention_from_relative_positions(q_scaled, k.numpy(), v.numpy(), rel), REFERENCE_BUDGET)
@@ -128,7 +115,8 @@ def test_decode_is_the_last_row_of_prefill(rng, backend, T, d, window, leaky_k, 
     assert_close(out, rerope.rerope_attention(q32, k32, v32, window, **opts)[:, :, -1:], FP32_BUDGET,
                  "decode vs last prefill row")
     if T > 1:   # with one key, dq and dk are exactly zero: nothing relative to compare
-        _, grads_e = output_and_grads(lambda *a: definition(*a, window, leaky_k, train_length)[:, :, -1:], (q, k, v), do)
+        _, grads_e = output_and_grads(
+            lambda *a: definition(*a, window, leaky_k=leaky_k, train_length=train_length)[:, :, -1:], (q, k, v), do)
         expected_grads = (grads_e[0][:, :, -1:], *grads_e[1:])   # dq: of the last query only
         assert_all_close(("dq", "dk", "dv"), grads, expected_grads, FP32_BUDGET, "decode")
 
@@ -161,7 +149,7 @@ def test_large_scores_do_not_overflow(rng, backend):
 def test_scale_and_base_arguments(rng, backend):
     T, d, window, leaky_k = 26, 16, 6, 3.0
     q, k, v = qkv_inputs(rng, (1, 2, T, d))
-    expected = definition(q, k, v, window, leaky_k, scale=0.3, base=500.0)
+    expected = definition(q, k, v, window, leaky_k=leaky_k, scale=0.3, base=500.0)
     out = rerope.rerope_attention(q.float(), k.float(), v.float(), window, leaky_k, scale=0.3, backend=backend,
                                   base=500.0)
     assert_close(out, expected, FP32_BUDGET)

@@ -1,47 +1,18 @@
 """kernels/ssm.py: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU), on outputs,
-final states and the gradients of every input. Gradients are checked against torch autograd through a plain
-per-token loop written here (float64), which shares no code with either backend."""
+final states and the gradients of every input. Gradients are checked against torch autograd through the plain
+per-token loop of seqmix.conformance.definitions (float64), which shares no code with either backend."""
 import pytest
 import torch
 
 from kernel_cases import BACKENDS, needs_triton
+from seqmix.conformance.cases import scan_inputs as make_inputs
+from seqmix.conformance.definitions import selective_scan as loop_scan
 from seqmix.kernels import ssm
 from seqmix.kernels._common import accumulation_dtype
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
 from seqmix.reference import ssm as ref
 
 TENSORS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "state")
-
-
-def make_inputs(rng, batch, dim, N, T, extras=(), delta_scale=1.0):
-    """Mamba-like float64 inputs: A in [-16, -0.5] (its init range -1..-N), raw delta around delta_scale.
-    extras: any of "D", "z", "delta_bias", "state"."""
-    x = dict(u=rng.standard_normal((batch, dim, T)),
-             delta=delta_scale * rng.uniform(0.05, 1.0, (batch, dim, T)),
-             A=-rng.uniform(0.5, 16.0, (dim, N)),
-             B=rng.standard_normal((batch, N, T)), C=rng.standard_normal((batch, N, T)))
-    shapes = dict(D=(dim,), z=(batch, dim, T), delta_bias=(dim,), state=(batch, dim, N))
-    for name in extras:
-        x[name] = rng.standard_normal(shapes[name])
-    return x
-
-
-def loop_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, state=None):
-    """The selective scan token by token with torch ops (float64), for autograd's gradients."""
-    dt = delta if delta_bias is None else delta + delta_bias[:, None]
-    if delta_softplus:
-        dt = torch.logaddexp(dt, torch.zeros_like(dt))
-    x = torch.zeros(u.shape[0], u.shape[1], A.shape[1], dtype=u.dtype) if state is None else state
-    ys = []
-    for t in range(u.shape[-1]):
-        x = torch.exp(dt[..., t, None] * A) * x + (dt[..., t] * u[..., t])[..., None] * B[:, None, :, t]
-        ys.append((x * C[:, None, :, t]).sum(-1))
-    y = torch.stack(ys, dim=-1)
-    if D is not None:
-        y = y + D[:, None] * u
-    if z is not None:
-        y = y * z * torch.sigmoid(z)
-    return y, x
 
 
 def dtypes_for(names, dtype, param_dtype=None):

@@ -1,8 +1,8 @@
 """kernels/wkv4.py: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU).
 
 Outputs and final states are checked against reference/wkv4.py; gradients against float64 autograd through
-``dense_wkv4`` below, which writes every exponent of the definition at once (no recurrence, no chunks), each row
-shifted by its own maximum. States are compared by what they represent (num e^max, den e^max): a max rounded
+seqmix.conformance.definitions.wkv4, which writes every exponent of the definition at once (no recurrence, no
+chunks), each row shifted by its own maximum. States are compared by what they represent (num e^max, den e^max): a max rounded
 differently to fp32 rescales num and den without changing the sums, so they are compared after rescaling to the
 reference's max, and the max itself separately.
 """
@@ -11,6 +11,9 @@ import pytest
 import torch
 
 from kernel_cases import BACKENDS, needs_triton, spy
+from seqmix.conformance import definitions
+from seqmix.conformance.cases import spiky_keys, wkv4_inputs
+from seqmix.conformance.ops import WKV4
 from seqmix.kernels import wkv4 as wkv4_module
 from seqmix.kernels._common import accumulation_dtype
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close, f64
@@ -24,16 +27,10 @@ GRAD_NAMES = ("d/dw", "d/du", "d/dk", "d/dv", "d/dnum0", "d/dden0", "d/dmax0")
 
 def make_inputs(rng, B, T, C, dtype=torch.float32, key_scale=1.0, decay_scale=1.0, with_state=False):
     """w, u, k, v (and a state left by a random 5-token prefix, or None) in ``dtype``: what both sides see."""
-    w = -np.exp(decay_scale * rng.normal(size=C) - 0.5)
-    u = 0.5 * rng.normal(size=C)
-    k = key_scale * rng.uniform(-1, 1, size=(B, T, C))
-    v = rng.normal(size=(B, T, C))
-    w, u, k, v = (torch.tensor(x, dtype=dtype) for x in (w, u, k, v))
-    state = None
-    if with_state:
-        prefix = key_scale * rng.uniform(-1, 1, size=(B, 5, C)), rng.normal(size=(B, 5, C))
-        state_dtype = accumulation_dtype(dtype)
-        state = tuple(torch.tensor(s, dtype=state_dtype) for s in ref.wkv4(f64(w), f64(u), *prefix)[1])
+    x, state = wkv4_inputs(rng, B, T, C, key_scale=key_scale, decay_scale=decay_scale, state=with_state)
+    w, u, k, v = (torch.tensor(x[n], dtype=dtype) for n in "wukv")
+    if state is not None:
+        state = tuple(torch.tensor(s, dtype=accumulation_dtype(dtype)) for s in state)
     return w, u, k, v, state
 
 
@@ -42,41 +39,10 @@ def run_reference(w, u, k, v, state):
 
 
 def assert_state_close(state, expected, budget, what):
-    """(num, den, max) against the reference's: the represented sums num e^max, den e^max, then max itself."""
-    num, den, mx = (f64(s) for s in state)
-    rescale = np.exp(mx - expected[2])                                   # 1 up to the rounding of max
-    assert_close(num * rescale, expected[0], budget, f"{what}: num")
-    assert_close(den * rescale, expected[1], budget, f"{what}: den")
-    assert_close(mx, expected[2], budget, f"{what}: max")
-
-
-def dense_wkv4(w, u, k, v, state):
-    """float64 torch, differentiable: for every query time t (and t = T for the final state) all exponents at once,
-
-        state  max_0 + t w      (weights num_0, den_0)
-        token  (t-1-i) w + k_i  for i < t   (weights v_i, 1)
-        bonus  u + k_t          for t < T   (weights v_t, 1)
-    each row divided by e^{its maximum}; row T's maximum is the final state's max (HF's: the largest exponent).
-    """
-    B, T, C = k.shape
-    num0, den0, max0 = state
-    t = torch.arange(T + 1, dtype=torch.float64)[:, None]                # (T+1, 1) query times
-    i = torch.arange(T, dtype=torch.float64)[None, :]                    # (1, T) key times
-    minus_inf = torch.tensor(-torch.inf, dtype=torch.float64)
-    tokens = torch.where((i < t)[..., None], (t - 1 - i)[..., None] * w + k[:, None], minus_inf)   # (B, T+1, T, C)
-    bonus = torch.cat([u + k, minus_inf.expand(B, 1, C)], 1)             # (B, T+1, C)
-    z = torch.cat([(max0[:, None] + t * w)[:, :, None], tokens, bonus[:, :, None]], 2)   # (B, T+1, T+2, C)
-    top = z.amax(2, keepdim=True)
-    p = torch.exp(z - top)
-
-    def weighted(of_state, of_tokens):                                  # (B, C), (B, T, C) -> (B, T+1, C)
-        per_term = torch.cat([of_state[:, None, None].expand(B, T + 1, 1, C),
-                              of_tokens[:, None].expand(B, T + 1, T, C),
-                              torch.cat([of_tokens, of_tokens[:, :1]], 1)[:, :, None]], 2)   # row T's bonus: e^-inf
-        return (p * per_term).sum(2)
-
-    num, den = weighted(num0, v), weighted(den0, torch.ones_like(v))
-    return num[:, :T] / den[:, :T], (num[:, T], den[:, T], top[:, T, 0])
+    """(num, den, max) against the reference's as the conformance battery compares them: the represented sums
+    num e^max, den e^max, then max itself."""
+    names, actual, wanted = zip(*WKV4.compare_state([f64(s) for s in state], expected))
+    assert_all_close(names, actual, wanted, budget, f"{what}:")
 
 
 def with_grads(fn, w, u, k, v, state, gy, g_state):
@@ -87,7 +53,7 @@ def with_grads(fn, w, u, k, v, state, gy, g_state):
     """
     leaves = [x.detach().clone().requires_grad_() for x in (w, u, k, v, *state)]
     y, (num, den, mx) = fn(*leaves[:4], tuple(leaves[4:]))
-    terms = (num / den, mx + torch.log(den)) if g_state["invariant"] else (num, den, mx)
+    terms = WKV4.loss_terms((num, den, mx)) if g_state["invariant"] else (num, den, mx)
     loss = (y.double() * gy).sum() + sum((s.double() * g).sum() for s, g in zip(terms, g_state["weights"]))
     return y, (num, den, mx), torch.autograd.grad(loss, leaves)
 
@@ -98,7 +64,7 @@ def loss_weights(rng, B, T, C, invariant=False):
 
 
 def run_dense(w, u, k, v, state):
-    return dense_wkv4(*(x.double() for x in (w, u, k, v)), tuple(s.double() for s in state))
+    return definitions.wkv4(*(x.double() for x in (w, u, k, v)), state=tuple(s.double() for s in state))
 
 
 SHAPES = [(1, 1, 3), (2, 7, 5), (1, 16, 4), (2, 37, 6)]   # T = 1; odd; one whole chunk; chunks and a remainder
@@ -139,13 +105,6 @@ def test_gradients(rng, backend, B, T, C, dtype):
     assert_all_close(GRAD_NAMES, grads, expected, BUDGETS[dtype])
 
 
-def spiky_keys(rng, B, T, C):
-    """Keys of about 1 with a few of +-300: some chunks take the in-chunk recurrence, the others are redone."""
-    k = rng.uniform(-1, 1, size=(B, T, C))
-    k[rng.random(size=k.shape) < 0.03] = 300.0 * rng.choice([-1.0, 1.0])
-    return k
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("keys", ["uniform +-300", "250 + uniform +-1", "spikes of +-300"])
 def test_large_keys(rng, backend, keys):
@@ -157,7 +116,7 @@ def test_large_keys(rng, backend, keys):
     w, u, _, v, state = make_inputs(rng, B, T, C, with_state=True)
     k = {"uniform +-300": lambda: rng.uniform(-300, 300, size=(B, T, C)),
          "250 + uniform +-1": lambda: 250 + rng.uniform(-1, 1, size=(B, T, C)),
-         "spikes of +-300": lambda: spiky_keys(rng, B, T, C)}[keys]()
+         "spikes of +-300": lambda: spiky_keys(rng, (B, T, C))}[keys]()
     k = torch.tensor(k, dtype=torch.float32)
     y, new_state = wkv4(w, u, k, v, state, backend=backend)
     y_ref, state_ref = run_reference(w, u, k, v, state)
@@ -254,7 +213,7 @@ def test_long_sequence_torch(rng, monkeypatch):
     B, T, C = 1, 2 * wkv4_module.BLOCK + wkv4_module.CHUNK + 5, 4
     w, u, _, v, state = make_inputs(rng, B, T, C, decay_scale=0.3, with_state=True)
     w[0] = -5.0
-    k = torch.tensor(spiky_keys(rng, B, T, C), dtype=torch.float32)
+    k = torch.tensor(spiky_keys(rng, (B, T, C)), dtype=torch.float32)
     y, new_state = wkv4(w, u, k, v, state, backend="torch")
     y_ref, state_ref = run_reference(w, u, k, v, state)
     assert_close(y, y_ref, FP32_BUDGET, "y")

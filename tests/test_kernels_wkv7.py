@@ -1,12 +1,16 @@
 """kernels/wkv7.py against the float64 truth: outputs, final states and every gradient (the initial state's too), on
-the torch backend (chunked WY form) and the Triton backend (under the interpreter on CPU)."""
+the torch backend (chunked WY form) and the Triton backend (under the interpreter on CPU). Gradients come from
+autograd through the per-token recurrence of seqmix.conformance.definitions, checked against the NumPy reference
+first."""
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 import seqmix.kernels.wkv7 as kw
-from kernel_cases import in_pieces, needs_triton, rwkv7_inputs, spy, split_bounds
+from kernel_cases import needs_triton, spy
+from seqmix.conformance import definitions
+from seqmix.conformance.cases import in_pieces, rwkv7_inputs, split_bounds
 from seqmix.kernels._common import accumulation_dtype
 from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, assert_all_close,
                              assert_close, fp32)
@@ -16,25 +20,13 @@ from seqmix.reference.wkv7 import wkv7 as reference_wkv7
 GRAD_NAMES = ("dr", "dlog_w", "dk", "dv", "da", "db", "dstate")
 
 
-def recurrence(r, log_w, k, v, a, b, S):
-    """The per-token recurrence in torch, written independently of kernels/: autograd through it gives the true
-    gradients (it is checked against the NumPy reference first)."""
-    ys = []
-    for t in range(r.shape[1]):
-        Sa = (S @ a[:, t, :, :, None]).squeeze(-1)
-        S = (S * log_w[:, t, :, None, :].exp() + Sa[..., None] * b[:, t, :, None, :]
-             + v[:, t, :, :, None] * k[:, t, :, None, :])
-        ys.append((S @ r[:, t, :, :, None]).squeeze(-1))
-    return torch.stack(ys, 1), S
-
-
 def truth(x, S0, with_state, dtype, state_dtype):
     """Output, final state and gradients of <y, gy> + <S_T, gS> in float64, from inputs and cotangents rounded to
     the kernel's dtypes (so that only the kernel's own error is measured). Returns (x, y, S, grads, gy, gS)."""
     x = [torch.tensor(z).to(dtype).double().requires_grad_() for z in x]
     S0 = (torch.tensor(S0).to(state_dtype).double().requires_grad_() if with_state
           else torch.zeros(S0.shape, dtype=torch.float64))
-    y, S = recurrence(*x, S0)
+    y, S = definitions.wkv7(*x, state=S0)
     y_np, S_np = reference_wkv7(*(z.detach().numpy() for z in x), state=S0.detach().numpy())
     assert_close(y, y_np, REFERENCE_BUDGET, "torch recurrence vs reference: y")
     assert_close(S, S_np, REFERENCE_BUDGET, "torch recurrence vs reference: state")
@@ -190,7 +182,7 @@ def test_triton_gradient_of_final_state_only(rng, chunked):
     _, S = kw.wkv7(*x, state=S0, backend="triton", chunked=chunked)
     grads = torch.autograd.grad(S.square().sum(), x + [S0])
     x64 = [z.detach().double().requires_grad_() for z in x + [S0]]
-    _, S_true = recurrence(*x64)
+    _, S_true = definitions.wkv7(*x64[:6], state=x64[6])
     grads_true = torch.autograd.grad(S_true.square().sum(), x64, allow_unused=True, materialize_grads=True)
     assert_all_close(GRAD_NAMES, grads, grads_true, FP32_BUDGET)
 

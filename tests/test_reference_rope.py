@@ -4,15 +4,16 @@ import pytest
 
 from seqmix.kernels.testing import REFERENCE_BUDGET, assert_close
 from seqmix.reference.attention import softmax_attention
-from seqmix.reference.rope import (apply_rope, attention_from_relative_positions, log_n_scale, relative_positions,
-                            rerope_attention, rerope_decode)
+from seqmix.reference.rope import (apply_rope, attention_from_relative_positions, log_n_scale, ntk_scaled_base,
+                                   relative_positions, rerope_attention, rerope_decode)
 
 
-def rotation_matrix(p, d, base=10000.0):
-    """R(p) built as an explicit d x d matrix of 2 x 2 rotations on pairs (i, i + d/2): independent of _rotate."""
+def rotation_matrix(p, d, base=10000.0, ntk_scale=1.0):
+    """R(p) built as an explicit d x d matrix of 2 x 2 rotations on pairs (i, i + d/2): independent of _rotate.
+    ntk_scale = s slows pair i by s^(2i / (d - 2)) (NTK-aware scaling written per pair, not through the base)."""
     R = np.zeros((d, d))
     for i in range(d // 2):
-        a = p * base ** (-2 * i / d)
+        a = p * base ** (-2 * i / d) / ntk_scale ** (2 * i / (d - 2))
         j = i + d // 2
         R[i, i], R[i, j], R[j, i], R[j, j] = np.cos(a), -np.sin(a), np.sin(a), np.cos(a)
     return R
@@ -23,6 +24,18 @@ def test_apply_rope_is_the_rotation_matrix(rng):
     pos = np.array([0, 1, 2.5, 17, 300])
     expected = np.stack([rotation_matrix(p, 8) @ x[t] for t, p in enumerate(pos)])
     assert_close(apply_rope(x, pos), expected, REFERENCE_BUDGET, "apply_rope")
+
+
+@pytest.mark.parametrize("d,scale", [(4, 2.0), (8, 4.0), (64, 8.0), (16, 1.0)])
+def test_ntk_scaled_base_extrapolates_the_fastest_pair_and_interpolates_the_slowest(rng, d, scale):
+    x = rng.normal(size=(6, d))
+    pos = np.array([0, 1, 5.5, 17, 300, 4095])
+    rotated = apply_rope(x, pos, base=ntk_scaled_base(d, scale))
+    per_pair = np.stack([rotation_matrix(p, d, ntk_scale=scale) @ x[t] for t, p in enumerate(pos)])
+    assert_close(rotated, per_pair, REFERENCE_BUDGET, "NTK base vs per-pair slowing")
+    fast, slow = [0, d // 2], [d // 2 - 1, d - 1]                       # the fastest and the slowest pair
+    assert_close(rotated[:, fast], apply_rope(x, pos)[:, fast], REFERENCE_BUDGET, "fastest pair: plain RoPE")
+    assert_close(rotated[:, slow], apply_rope(x, pos / scale)[:, slow], REFERENCE_BUDGET, "slowest pair: PI")
 
 
 def test_scores_depend_only_on_distance(rng):
@@ -110,6 +123,10 @@ def test_log_n_scale():
     lambda q, k, v: relative_positions(4, "rerope"),
     lambda q, k, v: attention_from_relative_positions(q, k, v, np.zeros((5, 5))),
     lambda q, k, v: log_n_scale([1], 1),
+    lambda q, k, v: ntk_scaled_base(2, 4.0),                              # d / (d - 2) undefined
+    lambda q, k, v: ntk_scaled_base(7, 4.0),
+    lambda q, k, v: ntk_scaled_base(8, 0.5),                              # a factor below 1
+    lambda q, k, v: ntk_scaled_base(8, float("nan")),
 ])
 def test_bad_input(rng, call):
     with pytest.raises(ValueError):

@@ -1,0 +1,327 @@
+"""The battery: plan the checks of an op, run each on a function under test, and compare with the float64 truth.
+
+A check is one case at one dtype: its inputs are drawn in float64, rounded to the dtype (the decays and
+parameters an op keeps in fp32 stay fp32), and both sides see the same rounded values: the reference
+(seqmix.reference, NumPy float64) for outputs and final states, the definition (seqmix.conformance.definitions,
+float64 torch) for gradients. The function under test gets them on the chosen device, with requires_grad when
+gradients are checked; the loss is <y, gy> + <state terms, gs> with random cotangents rounded to the output's and
+the state's dtype. Every compared quantity becomes one Row: its relative RMS error ||a - b|| / ||b||, its max abs
+error, the design's budget for the dtype, and whether it passed. A check whose call raises gives one failed row.
+"""
+from __future__ import annotations
+
+import traceback
+import zlib
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from seqmix.conformance.cases import in_pieces, split_bounds
+from seqmix.conformance.ops import OPS, Case, Op, call
+from seqmix.kernels._common import accumulation_dtype
+from seqmix.kernels.testing import BF16_BUDGET, FP16_BUDGET, REFERENCE_BUDGET, f64, max_abs, rel_rms
+
+__all__ = ["DTYPES", "PARTS", "Options", "Check", "Row", "Report", "budget", "plan", "run_check", "run"]
+
+DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+PARTS = ("shapes", "split", "extreme")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Which checks to run and how.
+
+    Args:
+        dtypes: input dtypes, of "fp32", "fp16", "bf16", "fp64" (fp16/bf16 run on the cases marked for them).
+        device: where the function under test gets its inputs ("cpu", "cuda", ...); the truth stays on the CPU.
+        grad: check the gradients of every float input and of the initial state (False for a forward-only kernel).
+        state: the function takes ``state=`` (False: cases drop their initial state and the split check is left out;
+            a final state the function still returns is compared).
+        parts: of "shapes" (awkward shapes), "split" (a sequence fed in pieces with the state passed on),
+            "extreme" (the edges of the valid inputs).
+        head_sizes: the head sizes (d, C or N: the op says which) the kernel takes; each case's is replaced by the
+            nearest of these. None: the op's own.
+        max_len: skip cases longer than this many tokens.
+        only, skip: substrings of check ids ("wkv4/shapes/T=37,B=2,C=6,state/fp32") to keep or leave out.
+        seed: inputs are drawn from (seed, check id), so a check sees the same inputs whatever else runs.
+    """
+    dtypes: tuple = ("fp32", "fp16", "bf16")
+    device: str = "cpu"
+    grad: bool = True
+    state: bool = True
+    parts: tuple = PARTS
+    head_sizes: tuple | None = None
+    max_len: int | None = None
+    only: tuple = ()
+    skip: tuple = ()
+    seed: int = 0
+
+    @classmethod
+    def for_function(cls, fn, **options) -> "Options":
+        """Options for ``fn``: the defaults, updated by fn's ``conformance_options`` (an adapter of a peer that takes
+        no initial state sets state=False there), then by ``options``."""
+        return cls(**{**getattr(fn, "conformance_options", {}), **options})
+
+    def __post_init__(self):
+        for name, given, known in (("dtypes", self.dtypes, DTYPES), ("parts", self.parts, PARTS)):
+            unknown = [x for x in given if x not in known]
+            if unknown:
+                raise ValueError(f"{name} must be among {list(known)}, got {unknown}")
+
+
+@dataclass(frozen=True)
+class Check:
+    op: str
+    case: Case
+    dtype: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.op}/{self.case.group}/{self.case.name}/{self.dtype}"
+
+
+@dataclass
+class Row:
+    """One compared quantity: error and max_abs are None where nothing could be compared (message says why)."""
+    check: str
+    what: str
+    shape: str
+    dtype: str
+    error: float | None
+    max_abs: float | None
+    budget: float
+    passed: bool
+    message: str = ""
+
+
+@dataclass
+class Report:
+    op: str
+    options: Options
+    rows: list = field(default_factory=list)
+    checks: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)       # (check id, reason)
+
+    @property
+    def failed_checks(self) -> list:
+        return sorted({row.check for row in self.rows if not row.passed})
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.rows) and not self.failed_checks
+
+    def as_dict(self) -> dict:
+        return dict(op=self.op, options=asdict(self.options), rows=[asdict(r) for r in self.rows],
+                    skipped=[dict(check=c, reason=r) for c, r in self.skipped])
+
+
+def budget(op: Op, dtype: str) -> float:
+    """The design's budget: fp64 1e-12, fp32 1e-5 (1e-4 for WKV-7, whose chunked forms are allowed), fp16 5e-3,
+    bf16 2e-2; gradients the same."""
+    return {"fp64": REFERENCE_BUDGET, "fp32": op.fp32_budget, "fp16": FP16_BUDGET, "bf16": BF16_BUDGET}[dtype]
+
+
+def _fitted(op: Op, case: Case, options: Options) -> Case:
+    """The case with the nearest head size the kernel takes, and without its initial state when it takes none."""
+    params = dict(case.params)
+    if options.head_sizes:
+        params[op.head] = min(options.head_sizes, key=lambda h: (abs(h - params[op.head]), -h))
+    if not options.state:
+        params.pop("state", None)
+        if "extras" in params:
+            params["extras"] = tuple(x for x in params["extras"] if x != "state")
+    return replace(case, params=params)
+
+
+def plan(op_name: str, options: Options) -> tuple[list, list]:
+    """(the checks to run, the (check id, reason) of those the options leave out)."""
+    op = OPS[op_name]
+    cases = [c for c in op.cases if c.group in options.parts]
+    if op.split is not None and "split" in options.parts and options.state:
+        cases.append(op.split)
+    checks, skipped, seen = [], [], set()
+    for case in (_fitted(op, c, options) for c in cases):
+        for dtype in options.dtypes:
+            check = Check(op.name, case, dtype)
+            if check.id in seen or (dtype in ("fp16", "bf16") and not case.low_precision
+                                    and case.group != "split"):
+                continue
+            seen.add(check.id)
+            if options.max_len is not None and case.params["T"] > options.max_len:
+                skipped.append((check.id, f"T = {case.params['T']} > max_len = {options.max_len}"))
+            elif (options.only and not any(s in check.id for s in options.only)) or any(
+                    s in check.id for s in options.skip):
+                skipped.append((check.id, "left out by only/skip"))
+            else:
+                checks.append(check)
+    return checks, skipped
+
+
+def _leaves(state) -> list:
+    return [] if state is None else list(state) if isinstance(state, (tuple, list)) else [state]
+
+
+def _state_like(leaves, template):
+    """leaves shaped as the op's state: a tuple when the template (the initial state) is one."""
+    return tuple(leaves) if isinstance(template, tuple) else leaves[0]
+
+
+def _outputs(op: Op, out):
+    """(y, final state or None): a stateful op's function may return y alone (then it has no final state)."""
+    if op.stateful and isinstance(out, (tuple, list)):
+        return out[0], out[1]
+    return out, None
+
+
+def _run(op: Op, fn, check: Check, tensors: dict, options: dict, state, seed):
+    """fn on the whole sequence, or (split checks) on pieces cut at three random points (drawn from the check's
+    seed: the same for every run of the check), each from the state the last returned; returns (y, final state, a
+    note on how it was fed)."""
+    if check.case.group != "split":
+        return (*_outputs(op, call(op, fn, tensors, options, state)), "")
+    bounds = split_bounds(check.case.params["T"], np.random.default_rng(seed + [2]).uniform(size=3))
+
+    def piece(lo, hi, s):
+        sliced = {n: x.narrow(op.time_axes[n], lo, hi - lo) if n in op.time_axes else x for n, x in tensors.items()}
+        return _outputs(op, call(op, fn, sliced, options, s))
+
+    ys, s = in_pieces(piece, bounds, state)
+    return torch.cat(ys, op.y_time_axis), s, f"pieces {bounds}"
+
+
+def _compare(check: Check, what: str, actual, expected, limit: float, note: str = "") -> Row:
+    a, b = f64(actual), f64(expected)
+    row = Row(check.id, what, str(tuple(b.shape)), check.dtype, None, None, limit, False, note)
+    if a.shape != b.shape:
+        row.message = f"shape {tuple(a.shape)}, expected {tuple(b.shape)}"
+    elif not np.isfinite(a).all():
+        row.message = f"{int(a.size - np.isfinite(a).sum())} non-finite values"
+    else:
+        row.error, row.max_abs = rel_rms(a, b), max_abs(a, b)
+        row.passed = row.error <= limit
+    return row
+
+
+def _loss(op: Op, y, state, cotangents):
+    """<y, gy> + <terms(state), gs>, in float64 (the state's terms only where there is a state)."""
+    gy, gs = cotangents
+    loss = (y.double() * gy).sum()
+    if state is not None:
+        terms = op.loss_terms(_leaves(state)) if op.loss_terms else _leaves(state)
+        loss = loss + sum((t.double() * g).sum() for t, g in zip(terms, gs))
+    return loss
+
+
+def _gradients(op: Op, fn, tensors, state, options, cotangents, check, seed, device):
+    """(names, gradients of the loss) for every float tensor and the initial state's tensors; None becomes zeros.
+    None when the output does not require grad."""
+    leaves = {n: x.detach().to(device).requires_grad_() for n, x in tensors.items()}
+    state_leaves = [s.detach().to(device).requires_grad_() for s in _leaves(state)]
+    y, s, _ = _run(op, fn, check, leaves, options, None if state is None else _state_like(state_leaves, state), seed)
+    if not y.requires_grad:
+        return None
+    inputs = list(leaves.values()) + state_leaves
+    grads = torch.autograd.grad(_loss(op, y, s, cotangents), inputs, allow_unused=True)
+    names = list(leaves) + [f"{n}0" if len(state_leaves) > 1 else n for n in op.state_names[:len(state_leaves)]]
+    return names, [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]
+
+
+def run_check(op_name: str, fn, check: Check, options: Options) -> list:
+    """The rows of one check: y, the final state's tensors, then (options.grad) every gradient."""
+    op = OPS[op_name]
+    dtype = DTYPES[check.dtype]
+    state_dtype = accumulation_dtype(dtype)
+    limit = budget(op, check.dtype)
+    seed = [options.seed, zlib.crc32(check.id.encode())]
+    x = op.make(np.random.default_rng(seed), **check.case.params)
+    tensors = {n: torch.tensor(a, dtype=torch.float32 if n in op.fp32_params and dtype != torch.float64 else dtype)
+               for n, a in x.tensors.items()}
+    state = None if x.state is None else _state_like([torch.tensor(s, dtype=state_dtype)
+                                                      for s in _leaves(x.state)], x.state)
+    exact = {n: t.double() for n, t in tensors.items()}
+    exact_state = None if state is None else _state_like([s.double() for s in _leaves(state)], state)
+    expected = call(op, op.reference, {n: t.numpy() for n, t in exact.items()}, x.options,
+                    None if state is None else _state_like([s.numpy() for s in _leaves(exact_state)], state))
+    y_ref, s_ref = _outputs(op, expected)
+
+    with torch.no_grad():
+        try:
+            y, s, note = _run(op, fn, check, {n: t.to(options.device) for n, t in tensors.items()}, x.options,
+                              None if state is None else _state_like([t.to(options.device) for t in _leaves(state)],
+                                                                     state), seed)
+        except Exception as e:                                           # the kernel's own error is the finding
+            return [Row(check.id, "call", "", check.dtype, None, None, limit, False, _describe(e))]
+    rows = [_compare(check, "y", y, y_ref, limit, note)]
+    if op.stateful and (s is not None or options.state):
+        if s is None:
+            rows.append(Row(check.id, "state", "", check.dtype, None, None, limit, False,
+                            "the function returned no final state (options.state=False if it keeps none)"))
+        else:
+            actual = [f64(t) for t in _leaves(s)]
+            pairs = op.compare_state(actual, _leaves(s_ref)) if op.compare_state else zip(op.state_names, actual,
+                                                                                        _leaves(s_ref))
+            rows += [_compare(check, f"state {n}" if len(_leaves(s_ref)) > 1 else "state", a, e, limit, note)
+                     for n, a, e in pairs]
+    if options.grad:
+        state_terms = (op.loss_terms or list)([torch.tensor(t) for t in _leaves(s_ref)]) if s is not None else []
+        rows += _gradient_rows(op, fn, check, (tensors, state), (exact, exact_state), x.options,
+                               (y_ref.shape, [t.shape for t in state_terms]), seed, options.device)
+    return rows
+
+
+def _gradient_rows(op, fn, check, inputs, exact_inputs, options, shapes, seed, device):
+    """The gradients of the function under test against autograd through the float64 definition, from one loss
+    with random cotangents of the given shapes (y's, the state terms'), rounded to y's dtype and the state's."""
+    rng = np.random.default_rng(seed + [1])
+    dtype = DTYPES[check.dtype]
+    limit = budget(op, check.dtype)
+    gy = torch.tensor(rng.standard_normal(shapes[0])).to(dtype).double()
+    gs = [torch.tensor(rng.standard_normal(shape)).to(accumulation_dtype(dtype)).double() for shape in shapes[1]]
+    try:
+        got = _gradients(op, fn, *inputs, options, (gy, gs), check, seed, device)
+    except Exception as e:
+        return [Row(check.id, "gradients", "", check.dtype, None, None, limit, False, _describe(e))]
+    if got is None:
+        return [Row(check.id, "gradients", "", check.dtype, None, None, limit, False,
+                    "the output does not require grad: options.grad=False (--no-grad) for a forward-only kernel")]
+    names, grads = got
+    _, truth = _gradients(op, op.definition, *exact_inputs, options, (gy, gs), check, seed, "cpu")
+    return [_compare(check, f"d/d{n}", g, t, limit) for n, g, t in zip(names, grads, truth)
+            if n not in check.case.ungraded]
+
+
+def _describe(error: Exception) -> str:
+    """The error's type and first line; where it has no message (a bare assert), the line that raised it."""
+    text = str(error).strip().splitlines()
+    if text:
+        return f"{type(error).__name__}: {text[0]}"
+    frame = traceback.extract_tb(error.__traceback__)[-1]
+    return f"{type(error).__name__} at {Path(frame.filename).name}:{frame.lineno}: {frame.line}"
+
+
+def run(op_name: str, fn, options: Options | None = None, on_check=None) -> Report:
+    """Every planned check of ``op_name`` on ``fn``; on_check(index, count, check, rows) is called before each
+    (rows None) and after it (the CLI's progress bar and table).
+
+    Args:
+        op_name: one of OPS (attention, rerope_attention, rerope_decode, wkv4, wkv7, selective_scan).
+        fn: a function with the signature and conventions of seqmix.kernels' op of that name (or an adapter's).
+        options: Options; None: Options.for_function(fn).
+    Returns:
+        Report with one Row per compared quantity.
+    """
+    if op_name not in OPS:
+        raise ValueError(f"op must be one of {sorted(OPS)}, got {op_name!r}")
+    options = options or Options.for_function(fn)
+    checks, skipped = plan(op_name, options)
+    report = Report(op_name, options, checks=[c.id for c in checks], skipped=skipped)
+    for i, check in enumerate(checks):
+        if on_check is not None:
+            on_check(i, len(checks), check, None)
+        rows = run_check(op_name, fn, check, options)
+        report.rows += rows
+        if on_check is not None:
+            on_check(i, len(checks), check, rows)
+    return report

@@ -1,0 +1,271 @@
+"""seqmix.conformance on our own kernels: every backend passes, deliberately broken variants are rejected where (and
+only where) the breakage shows, and the entry points behave as documented: the plan's options, pytest_cases, the
+CLI's table, exit codes and JSON report (validated against conformance/report.schema.json)."""
+import json
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+
+from kernel_cases import needs_triton
+from seqmix.conformance import PARTS, Options, definitions, plan, pytest_cases, run
+from seqmix.conformance.__main__ import main as cli_main
+from seqmix.conformance.ops import OPS
+from seqmix.conformance.report import progress
+from seqmix.kernels import native
+from seqmix.kernels.attention import attention
+from seqmix.kernels.rerope import rerope_attention, rerope_decode
+from seqmix.kernels.ssm import selective_scan
+from seqmix.kernels.wkv4 import wkv4
+from seqmix.kernels.wkv7 import wkv7
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS = dict(attention=attention, rerope_attention=rerope_attention, rerope_decode=rerope_decode, wkv4=wkv4,
+            wkv7=wkv7, selective_scan=selective_scan)
+DEFINITIONS = {op: getattr(definitions, "explicit_attention" if op == "attention" else op) for op in OURS}
+RECURRENCES = ("wkv4", "wkv7", "selective_scan")
+
+
+def failures(report) -> dict:
+    """group/case/dtype -> the names of the rows out of budget."""
+    out = {}
+    for row in report.rows:
+        if not row.passed:
+            out.setdefault(row.check.split("/", 1)[1], []).append(row.what)
+    return out
+
+
+def assert_ok(report):
+    assert report.rows and report.ok, failures(report)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_definitions_compute_the_references(op):
+    """The gradients' yardstick is the references' function: run as a kernel in float64, within 1e-12."""
+    assert_ok(run(op, DEFINITIONS[op], Options(dtypes=("fp64",), grad=False)))
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_torch_backend_conforms(op):
+    """Every check at fp32, fp16 and bf16, with gradients (float64 to 1e-12 is each kernel test's)."""
+    assert_ok(run(op, partial(OURS[op], backend="torch")))
+
+
+@pytest.mark.skipif(bool(native.unavailable_reason()), reason="the C loops did not build here")
+@pytest.mark.parametrize("op", RECURRENCES)
+def test_c_loops_conform(op):
+    assert_ok(run(op, partial(OURS[op], backend="c"), Options(grad=False)))
+
+
+# The Triton interpreter runs a program step by step: tiny shapes only, head size 16 (its kernels' smallest tile).
+TRITON_OPTIONS = dict(attention=dict(max_len=7), rerope_attention=dict(max_len=7), rerope_decode=dict(max_len=7),
+                      wkv4=dict(max_len=16), selective_scan=dict(max_len=19), wkv7=dict(max_len=7, parts=("shapes",)))
+
+
+@needs_triton
+@pytest.mark.parametrize("op", list(OPS))
+def test_triton_backend_conforms_on_tiny_shapes(op):
+    options = Options(dtypes=("fp32", "fp16"), head_sizes=(16,), **TRITON_OPTIONS[op])
+    report = run(op, partial(OURS[op], backend="triton"), options)
+    assert len(report.checks) >= 3
+    assert_ok(report)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Broken variants of our kernels: each must be rejected exactly where its breakage shows
+# ----------------------------------------------------------------------------------------------------------------
+
+def wkv4_decays_one_step_too_many(w, u, k, v, state=None):
+    """Past token i weighs e^{(t-i) w + k_i} instead of e^{(t-1-i) w + k_i} (u, k shifted: the bonus stays right)."""
+    return wkv4(w, u - w, k + w, v, state=state, backend="torch")
+
+
+def wkv7_decays_by_the_previous_token(r, log_w, k, v, a, b, state=None):
+    """Step t multiplies the state by token t-1's decay (an index off by one)."""
+    return wkv7(r, torch.cat([log_w[:, :1], log_w[:, :-1]], 1), k, v, a, b, state=state, backend="torch")
+
+
+def wkv7_drops_the_state_gradient(r, log_w, k, v, a, b, state=None):
+    """Right values, but no gradient flows into the state passed in."""
+    return wkv7(r, log_w, k, v, a, b, state=None if state is None else state.detach(), backend="torch")
+
+
+def scan_drops_the_skip_gradient(u, delta, A, B, C, D=None, **options):
+    """Right values, but the D u term has no gradient with respect to D."""
+    return selective_scan(u, delta, A, B, C, D=None if D is None else D.detach(), **options, backend="torch")
+
+
+def scan_forgets_the_state(u, delta, A, B, C, state=None, **options):
+    """Takes state= and ignores it: every call starts from zeros."""
+    return selective_scan(u, delta, A, B, C, **options, backend="torch")
+
+
+def attention_scaled_by_one_over_d(q, k, v, causal=True, scale=None):
+    """The default scale 1/d instead of 1/sqrt(d)."""
+    return attention(q, k, v, causal=causal, scale=1 / q.shape[-1] if scale is None else scale, backend="torch")
+
+
+def rerope_window_one_too_wide(q, k, v, window, **options):
+    return rerope_attention(q, k, v, window=window + 1, **options, backend="torch")
+
+
+# (op, broken function, the cases it still passes, the only rows that may fail (None: any)); WKV-7's per-token
+# definition is the slowest truth, so its variants run without the extreme cases.
+BROKEN = {
+    "decay one step late (WKV-4)": ("wkv4", wkv4_decays_one_step_too_many, [], None),
+    "decay off by one token (WKV-7)": ("wkv7", wkv7_decays_by_the_previous_token, ["shapes/T=1,N=16"], None),
+    "state gradient dropped (WKV-7)": ("wkv7", wkv7_drops_the_state_gradient,
+                                       ["shapes/T=1,N=16", "shapes/T=16,B=3,N=5,decay near 1"],
+                                       {"d/dstate", "d/dr", "d/dlog_w", "d/dk", "d/dv", "d/da", "d/db"}),
+    "skip gradient dropped (scan)": ("selective_scan", scan_drops_the_skip_gradient,
+                                     ["shapes/T=19,D=4,N=16", "shapes/T=37,B=2,D=3,N=8,state",
+                                      "extreme/T=13,D=4,N=16,+delta_bias,softplus,delta~50"], {"d/dD"}),
+    "state not carried (scan)": ("selective_scan", scan_forgets_the_state,
+                                 ["shapes/T=1,D=3,N=16,+D,+z", "shapes/T=19,D=4,N=16",
+                                  "extreme/T=13,D=4,N=16,+delta_bias,softplus,delta~50"], None),
+    "scale 1/d (attention)": ("attention", attention_scaled_by_one_over_d,
+                              ["shapes/T=1,d=16", "shapes/T=19,d=16,scale=0.3"], None),
+    "window one too wide (ReRoPE)": ("rerope_attention", rerope_window_one_too_wide,
+                                     ["shapes/T=1,d=16,w=3", "shapes/T=23,d=16,w=40,leaky=2.0,L=8"], None),
+}
+
+
+@pytest.mark.parametrize("op, broken, still_passing, may_fail", BROKEN.values(), ids=BROKEN.keys())
+def test_broken_variants_are_rejected(op, broken, still_passing, may_fail):
+    """Every check fails except those where the breakage cannot show (T = 1, a window wider than the sequence, no
+    state or no D to differentiate); a breakage of the gradients alone fails gradient rows only."""
+    report = run(op, broken, Options(dtypes=("fp32",), parts=("shapes", "split") if op == "wkv7" else PARTS))
+    failed = failures(report)
+    passing = [c.split("/", 1)[1].removesuffix("/fp32") for c in report.checks
+               if c.split("/", 1)[1] not in failed]
+    assert passing == still_passing
+    if may_fail is not None:
+        assert {what for rows in failed.values() for what in rows} <= may_fail
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Options and entry points
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op, dtype, limit", [("attention", "fp32", 1e-5), ("attention", "fp16", 5e-3),
+                                              ("attention", "bf16", 2e-2), ("wkv7", "fp32", 1e-4)])
+def test_the_budget_is_the_designs(op, dtype, limit):
+    """An output off by a factor 1 + 2 budget fails, one off by 1 + budget / 2 passes (on top of our kernel's own
+    error, which is far smaller)."""
+    def scaled(factor):
+        def fn(*args, **options):
+            out = OURS[op](*args, **options, backend="torch")
+            return (out[0] * factor, out[1]) if isinstance(out, tuple) else out * factor
+        return fn
+
+    options = Options(dtypes=(dtype,), grad=False, only=("T=37,B=2",))
+    assert failures(run(op, scaled(1 + 2 * limit), options)) and run(op, scaled(1 + limit / 2), options).ok
+
+
+def test_plan_follows_the_options():
+    checks, _ = plan("wkv7", Options())
+    ids = [c.id for c in checks]
+    assert len(ids) == len(set(ids)) and "wkv7/split/T=37,B=2,H=2,N=16,state/bf16" in ids
+    assert {c.case.params["N"] for c in checks} == {4, 5, 8, 16, 64}
+    checks, skipped = plan("wkv7", Options(head_sizes=(16, 64), max_len=37, state=False, dtypes=("fp32",),
+                                           skip=("extreme",)))
+    assert {c.case.params["N"] for c in checks} == {16}          # 4, 5 and 8 become 16; 64 only at T = 70
+    assert not any(c.case.group == "split" or c.case.params.get("state") for c in checks)
+    assert ("wkv7/shapes/T=70,N=64/fp32", "T = 70 > max_len = 37") in skipped
+    assert all(c.case.group == "shapes" for c in checks)
+    with pytest.raises(ValueError, match=r"dtypes must be among .*, got \['fp8'\]"):
+        Options(dtypes=("fp8",))
+
+
+def test_an_adapters_defaults_apply_unless_overridden():
+    def fn(*args, **kwargs):
+        raise AssertionError("not called")
+    fn.conformance_options = {"state": False}
+    assert not Options.for_function(fn).state and Options.for_function(fn, state=True).state
+
+
+def test_a_kernel_that_raises_fails_with_its_message():
+    def refuses_long_sequences(w, u, k, v, state=None):
+        if k.shape[1] > 16:
+            raise ValueError("T > 16 is not supported")
+        return wkv4(w, u, k, v, state=state, backend="torch")
+
+    report = run("wkv4", refuses_long_sequences, Options(dtypes=("fp32",), parts=("shapes",)))
+    rows = [r for r in report.rows if not r.passed]
+    assert {r.check for r in rows} == {"wkv4/shapes/T=37,B=2,C=6,state/fp32", "wkv4/shapes/T=70,C=8,state/fp32"}
+    assert all(r.what == "call" and r.message == "ValueError: T > 16 is not supported" for r in rows)
+
+
+def test_a_forward_only_kernel_needs_no_grad():
+    fn = partial(wkv4, backend="torch")
+    forward_only = lambda *a, **kw: tuple(x.detach() if torch.is_tensor(x) else x for x in fn(*a, **kw))  # noqa: E731
+    report = run("wkv4", forward_only, Options(dtypes=("fp32",), only=("T=7,",)))
+    assert [(r.what, r.passed) for r in report.rows if r.what == "gradients"] == [("gradients", False)]
+    assert_ok(run("wkv4", forward_only, Options(dtypes=("fp32",), only=("T=7,",), grad=False)))
+
+
+def test_pytest_cases_run_one_check_each():
+    params = pytest_cases("wkv4", partial(wkv4, backend="torch"), dtypes=("fp32",), only=("T=16",))
+    assert [p.id for p in params] == ["wkv4/shapes/T=16,C=4/fp32"]
+    params[0].values[0]()
+    broken = pytest_cases("wkv4", wkv4_decays_one_step_too_many, dtypes=("fp32",), only=("T=16",))
+    with pytest.raises(AssertionError, match=r"wkv4/shapes/T=16,C=4/fp32:\n  y: relative RMS error .* > budget"):
+        broken[0].values[0]()
+
+
+def main(*args) -> int:
+    """The CLI in this process: its exit code."""
+    try:
+        return cli_main([str(a) for a in args])
+    except SystemExit as e:                                              # argparse's usage errors
+        return e.code
+
+
+def test_cli_table_summary_exit_codes_and_json(tmp_path, monkeypatch, capsys):
+    module = tmp_path / "student.py"
+    module.write_text("from seqmix.kernels.wkv4 import wkv4\n\n"
+                      "def good(w, u, k, v, state=None):\n    return wkv4(w, u, k, v, state=state, backend='torch')\n\n"
+                      "def no_state(w, u, k, v, state=None):\n    return wkv4(w, u, k, v, backend='torch')\n")
+    fast = ["--dtypes", "fp32", "--parts", "shapes", "split"]
+    good = subprocess.run([sys.executable, "-m", "seqmix.conformance", "wkv4", f"{module}:good", *fast, "--json",
+                           tmp_path / "good.json"], capture_output=True, text=True, cwd=ROOT)
+    assert good.returncode == 0, good.stdout[-2000:] + good.stderr[-2000:]
+    lines = good.stdout.splitlines()
+    assert lines[0].split() == ["check", "what", "shape", "dtype", "rel", "RMS", "max", "abs", "budget", "result"]
+    assert lines[1].split()[:4] == ["wkv4/shapes/T=1,C=3/fp32", "y", "(1,", "1,"] and lines[1].endswith("pass")
+    # 8 quantities without a state (y, num, den, max, 4 gradients), 11 with one (3 more gradients): 2 * 8 + 4 * 11
+    assert lines[-1] == "wkv4: 6 checks, 60 quantities compared, 60 within budget, 0 not: passed"
+    monkeypatch.chdir(tmp_path)                                          # MODULE:FUNCTION from the current directory
+    assert main("wkv4", "student:no_state", *fast, "--json", tmp_path / "bad.json") == 1
+    assert capsys.readouterr().out.splitlines()[-1].endswith("FAILED")
+    schema = json.loads((ROOT / "conformance" / "report.schema.json").read_text())
+    for name, ok in (("good.json", True), ("bad.json", False)):
+        doc = json.loads((tmp_path / name).read_text())
+        jsonschema.validate(doc, schema)
+        assert doc["summary"]["ok"] is ok and len(doc["rows"]) == doc["summary"]["rows"]
+    failed = {r["check"] for r in json.loads((tmp_path / "bad.json").read_text())["rows"] if not r["passed"]}
+    assert failed == {"wkv4/shapes/T=7,B=2,C=5,state/fp32", "wkv4/shapes/T=37,B=2,C=6,state/fp32",
+                      "wkv4/shapes/T=70,C=8,state/fp32", "wkv4/split/T=39,B=2,C=5,state/fp32"}
+    assert main("wkv4", "student:good", "--only", "no such check") == 3
+
+
+def test_progress_bar():
+    assert progress(0, 30, "a") == f"[{'.' * 30}]  0/30 a"
+    assert progress(9, 30, "wkv4/shapes/T=1,C=3/fp32") == f"[{'#' * 9}{'.' * 21}]  9/30 wkv4/shapes/T=1,C=3/fp32"
+    assert progress(30, 30, "b") == f"[{'#' * 30}] 30/30 b"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["wkv4", "no_such_module:fn"], "cannot load no_such_module:fn: No module named 'no_such_module'"),
+    (["wkv4", "seqmix.kernels.wkv4:no_such_fn"], "has no function 'no_such_fn'"),
+    (["wkv4", "seqmix.kernels.wkv4"], "expected MODULE:FUNCTION"),
+    (["wkv4", "no_such_file.py:fn"], "no such file: no_such_file.py"),
+    (["wkv4", "seqmix.kernels.wkv4:wkv4", "--adapter", "fla"], "adapter fla is for wkv7, not wkv4"),
+    (["wkv5", "seqmix.kernels.wkv4:wkv4"], "invalid choice: 'wkv5'"),
+])
+def test_cli_usage_errors_exit_2(capsys, args, message):
+    assert main(*args) == 2 and message in capsys.readouterr().err
