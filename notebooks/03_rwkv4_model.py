@@ -604,8 +604,8 @@ check("logits_to_keep=1 vs the last position of all logits", last, every[:, -1:]
 
 # %% tags=["nbval-check-output"]
 try:
-    with warnings.catch_warnings():                  # tqdm, imported by transformers, warns without ipywidgets
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings():                  # tqdm (transformers imports it) warns
+        warnings.simplefilter("ignore")              # when ipywidgets is missing
         import transformers
 except ImportError:
     transformers = None
