@@ -260,8 +260,15 @@ def open_notebook(lab, browser, name):
     }""", arg=[len(cells), markdown], timeout=120_000)
     page.wait_for_function("""() => Array.from(document.querySelectorAll('.jp-Notebook img'))
         .every(img => img.complete)""", timeout=60_000)
-    page.wait_for_timeout(1500)                                  # let MathJax finish typesetting
+    if _has_math(cells):                                         # MathJax typesets after the markdown renders
+        page.wait_for_function("() => document.querySelector('.jp-Notebook mjx-container') !== null",
+                               timeout=60_000)
+    page.wait_for_timeout(1500)                                  # and may still be at it
     return page, cells, errors
+
+
+def _has_math(cells):
+    return any("$" in "".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
 
 
 def rendered_problems(page, cells):
@@ -281,13 +288,12 @@ def rendered_problems(page, cells):
     expected_images = sum("image/png" in o.get("data", {}) for c in cells for o in c.get("outputs", ()))
     expected_images += sum(kind == "image" for c in cells if c["cell_type"] == "markdown"
                            for kind, _ in _markdown_targets("".join(c["source"])))
-    has_math = any("$" in "".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     problems = []
     if found["stderr"]:
         problems.append(f"{found['stderr']} error or stderr outputs")
     if found["mathErrors"]:
         problems.append(f"math errors: {found['mathErrors']}")
-    if has_math and not found["math"]:
+    if _has_math(cells) and not found["math"]:
         problems.append("no math typeset")
     if found["dialogs"]:
         problems.append(f"dialogs: {found['dialogs']}")
