@@ -29,7 +29,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from seqmix.kernels.attention import AOT_DTYPES, block_d
+from seqmix.kernels._flash import block_d
+from seqmix.kernels.aot import AOT_DTYPES
 
 H100 = {"name": "H100 SXM", "bandwidth": 3.35e12, "fp32": 67e12, "tensor": 990e12,
         "sfu": 16 * 132 * 1.98e9}
@@ -72,7 +73,7 @@ class Model:
 
 def dot_rate(dtype: str, hw=H100) -> tuple[float, str]:
     """FLOP/s of the kernels' tl.dot and the unit that runs it: bf16/fp16 on tensor cores; fp32 with
-    input_precision="ieee" (what attention.py and rerope.py ask for) as plain fp32 FMAs, without tensor cores."""
+    input_precision="ieee" (what attention.py and rerope/fused.py ask for) as plain fp32 FMAs, without tensor cores."""
     if dtype in ("fp16", "bf16"):
         return hw["tensor"], "tensor cores"
     return hw["fp32"], "fp32 FMA units (IEEE dots)"
@@ -139,10 +140,10 @@ def wkv4_models(B=4, T=2048, C=768):
 # ----------------------------------------------------------------------------------------------------------------
 
 def wkv7_fwd(B, T, H, N, dtype, block_v, programs, ck, save):
-    """_wkv7_fwd_kernel. Per (token, program): loads r, log_w, k, a, b (N each: every program of a head loads them)
+    """wkv7_fwd_kernel. Per (token, program): loads r, log_w, k, a, b (N each: every program of a head loads them)
     and v (BLOCK_V); stores y (BLOCK_V); N exp for w. Per (token, state element): S a (2), S w + sa b + v k (5),
-    S r (2) = 9 FLOPs. With SAVE_CKPT the state is stored every CK steps. Per program: the final state stored (the
-    benchmark passes no initial state, so none is loaded)."""
+    S r (2) = 9 FLOPs. With SAVE_CKPT the state is stored every ck = CHECKPOINT steps. Per program: the final state
+    stored (the benchmark passes no initial state, so none is loaded)."""
     s = DTYPE_BYTES[dtype]
     total = (T * Cost(bytes=5 * N * s + 2 * block_v * s, transcendentals=N)) * programs
     total += Cost(flops=9 * T * B * H * N * N, bytes=B * H * N * N * 4 * (1 + (_cdiv(T, ck) if save else 0)))
@@ -150,10 +151,10 @@ def wkv7_fwd(B, T, H, N, dtype, block_v, programs, ck, save):
 
 
 def wkv7_bwd(B, T, H, N, dtype, block_v, programs, ck):
-    """_wkv7_bwd_kernel: per chunk of CK steps the forward again from the checkpoint (loads as the forward, stores
-    each entering state to the scratch buffer; 7 FLOPs per state element), then the chunk in reverse: loads the
-    scratch state, the step's vectors and dy; atomically adds the 5 key-vector gradients (N fp32 each, read and
-    written) and stores dv (BLOCK_V). Per state element: S a (2), the reductions for dr, dlog_w, dk, da, db, dv
+    """wkv7_bwd_kernel: per run of ck = CHECKPOINT steps the forward again from the checkpoint (loads as the
+    forward, stores each entering state to the scratch buffer; 7 FLOPs per state element), then the run in reverse:
+    loads the scratch state, the step's vectors and dy; atomically adds the 5 key-vector gradients (N fp32 each, read
+    and written) and stores dv (BLOCK_V). Per state element: S a (2), the reductions for dr, dlog_w, dk, da, db, dv
     (2 each), G += dy r (2), q = G b (2), G w + q a (3) = 21 FLOPs. N exp per token and program in each pass."""
     s = DTYPE_BYTES[dtype]
     tile = block_v * N * 4
@@ -165,7 +166,7 @@ def wkv7_bwd(B, T, H, N, dtype, block_v, programs, ck):
 
 
 def wkv7_chunked_fwd(B, T, H, N, dtype, block_v, block_k, programs, ck, save):
-    """_wkv7_chunked_fwd_kernel. Per (chunk of CK steps, program), with BK = block_k, BV = block_v:
+    """wkv7_chunked_fwd_kernel. Per (chunk of CK = CHUNK steps, program), with BK = block_k, BV = block_v:
     first loop, per key block: loads the state tile (BV BK fp32; stored again as the checkpoint with SAVE_CKPT) and
     the (CK, BK) tiles of log_w, a, r, b, k; 3 CK BK exp (e^{-c}, e^{c - log_w}, e^c); products: the four couplings
     (2 CK CK BK each) and a~ S^T, r~ S^T (2 CK BV BK each); about 7 CK BK elementwise FLOPs (cumsum, differences,
@@ -188,10 +189,10 @@ def wkv7_chunked_fwd(B, T, H, N, dtype, block_v, block_k, programs, ck, save):
 
 def wkv7_models(B=1, T=2048, H=12, N=64):
     from seqmix.kernels.wkv7 import CHECKPOINT, CHUNKED_BLOCK_K, _chunked_launch_config, _grid, _launch_config
-    block_v, _ = _launch_config(N)
-    programs = math.prod(_grid(B, H, N, block_v))
-    chunked_v, _ = _chunked_launch_config(N)
-    chunked_programs = math.prod(_grid(B, H, N, chunked_v))
+    cfg, chunked_cfg = _launch_config(N), _chunked_launch_config(N)
+    block_v, chunked_v = cfg["BLOCK_V"], chunked_cfg["BLOCK_V"]
+    programs = math.prod(_grid(B, H, N, cfg))
+    chunked_programs = math.prod(_grid(B, H, N, chunked_cfg))
     shape = f"B={B} T={T} H={H} N={N}"
     out = []
     for dtype in ("fp32", "bf16"):
@@ -216,60 +217,60 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
 # Mamba selective scan (kernels/ssm.py): one program per (batch, BLOCK_D channels), state (BLOCK_D, N) in registers
 # ----------------------------------------------------------------------------------------------------------------
 
-def ssm_fwd(B, T, D, N, dtype, block_d, programs, chunk):
-    """_scan_fwd_kernel. Per (token, program): loads u (input dtype) and delta (fp32) for BLOCK_D channels, B_t and
-    C_t (input dtype) for N states; stores y (fp32) for BLOCK_D channels. Per (token, channel, state): dt A (1),
+def ssm_fwd(B, T, D, N, dtype, block_d, programs, checkpoint):
+    """selective_scan_fwd_kernel. Per (token, program): loads u (input dtype) and delta (fp32) for BLOCK_D channels,
+    B_t and C_t (input dtype) for N states; stores y (fp32) for BLOCK_D channels. Per (token, channel, state): dt A (1),
     exp (1 transcendental), exp * x (1), dt u B (1, dt u once per channel), add (1), x C (1), the sum over n (1):
-    6 FLOPs. Per chunk of CHUNK tokens: a checkpoint of the state stored (BLOCK_D N fp32); per program: A, the
+    6 FLOPs. Per run of CHECKPOINT tokens: a checkpoint of the state stored (BLOCK_D N fp32); per program: A, the
     initial state, the last state."""
     s = DTYPE_BYTES[dtype]
     per_step_program = Cost(bytes=block_d * (s + 4 + 4) + 2 * N * s)     # masked lanes (channels >= D) are few
     per_element_step = Cost(flops=6, transcendentals=1)
     total = (T * per_step_program) * programs + (T * per_element_step) * (B * D * N)
-    total += Cost(bytes=_cdiv(T, chunk) * B * D * N * 4 + 3 * B * D * N * 4)
+    total += Cost(bytes=_cdiv(T, checkpoint) * B * D * N * 4 + 3 * B * D * N * 4)
     total += Cost(flops=T * B * D)                                       # dt * u once per (token, channel)
     return total
 
 
-def ssm_bwd(B, T, D, N, dtype, block_d, block_n, programs, chunk):
-    """_scan_bwd_kernel: per chunk, the forward recurrence again from the checkpoint (loads u, delta, B; stores
-    x_{t-1} into the scratch buffer), then the chunk backwards: loads x_{t-1} back, u, delta, B, C, dy; two atomic
-    adds of N values (dB, dC: read and write, 8 bytes each); stores du, ddelta. Per (token, channel, state):
-    recompute 4 FLOPs + 1 exp, backward: alpha (1 + 1 exp), x (3), lam (2), dC term (2), dB term (2), lam B (2),
-    grad_a (2), dA (2), ddelta sum (2), nu (1) = 19 FLOPs + 1 exp."""
+def ssm_bwd(B, T, D, N, dtype, block_d, block_n, programs, checkpoint):
+    """selective_scan_bwd_kernel: per run of CHECKPOINT tokens, the forward recurrence again from the checkpoint
+    (loads u, delta, B; stores x_{t-1} into the scratch buffer), then the run backwards: loads x_{t-1} back, u, delta,
+    B, C, dy; two atomic adds of N values (dB, dC: read and write, 8 bytes each); stores du, ddelta. Per (token,
+    channel, state): recompute 4 FLOPs + 1 exp, backward: alpha (1 + 1 exp), x (3), lam (2), dC term (2), dB term
+    (2), lam B (2), grad_a (2), dA (2), ddelta sum (2), nu (1) = 19 FLOPs + 1 exp."""
     s = DTYPE_BYTES[dtype]
     recompute = Cost(bytes=block_d * (s + 4) + N * s + block_d * block_n * 4)
     backward = Cost(bytes=block_d * block_n * 4 + block_d * (s + 4 + 4) + 2 * N * s + 2 * N * 8 + block_d * 8)
     total = (T * (recompute + backward)) * programs
     total += (T * Cost(flops=4 + 19, transcendentals=2)) * (B * D * N)
-    total += Cost(bytes=_cdiv(T, chunk) * B * D * N * 4 + 4 * B * D * N * 4)
+    total += Cost(bytes=_cdiv(T, checkpoint) * B * D * N * 4 + 4 * B * D * N * 4)
     return total
 
 
 def ssm_models(B=1, T=2048, D=1536, N=16):
-    from seqmix.kernels.ssm import _grid, _launch_config
-    cfg = _launch_config(T, N)
+    from seqmix.kernels.ssm import _checkpoint_interval, _grid, _launch_config
+    cfg, checkpoint = _launch_config(N), _checkpoint_interval(T)
     programs = math.prod(_grid(B, D, cfg))
     shape = f"B={B} T={T} D={D} N={N}"
     args = (B, T, D, N)
-    fwd_args = (cfg.BLOCK_D, programs, cfg.chunk)
-    bwd_args = (cfg.BLOCK_D, cfg.BLOCK_N, programs, cfg.chunk)
+    fwd_args = (cfg["BLOCK_D"], programs, checkpoint)
+    bwd_args = (cfg["BLOCK_D"], cfg["BLOCK_N"], programs, checkpoint)
     out = []
     for dtype in ("fp32", "bf16"):
         s, states = DTYPE_BYTES[dtype], B * D * N * 4
         # DRAM: u, delta, y (and dy, du, ddelta) once, B and C once (every program loads them: L2), checkpoints,
         # A and the states; the backward's scratch stays in L2
-        out += [Model("ssm", f"ssm_scan_fwd D={D} N={N} {dtype}", shape, B * T, dtype,
+        out += [Model("ssm", f"selective_scan_fwd D={D} N={N} {dtype}", shape, B * T, dtype,
                       ssm_fwd(*args, dtype, *fwd_args), programs, T, True,
-                      B * D * T * (s + 8) + 2 * B * N * T * s + states * (_cdiv(T, cfg.chunk) + 3)),
-                Model("ssm", f"ssm_scan_bwd D={D} N={N} {dtype}", shape, B * T, dtype,
+                      B * D * T * (s + 8) + 2 * B * N * T * s + states * (_cdiv(T, checkpoint) + 3)),
+                Model("ssm", f"selective_scan_bwd D={D} N={N} {dtype}", shape, B * T, dtype,
                       ssm_bwd(*args, dtype, *bwd_args), programs, 2 * T, False,
-                      B * D * T * (s + 16) + 2 * B * N * T * (s + 4) + states * (_cdiv(T, cfg.chunk) + 4))]
+                      B * D * T * (s + 16) + 2 * B * N * T * (s + 4) + states * (_cdiv(T, checkpoint) + 4))]
     return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Flash-style attention (kernels/attention.py) and ReRoPE (kernels/rerope.py): tiles of queries against key tiles
+# Flash-style attention (kernels/attention.py) and ReRoPE (kernels/rerope/fused.py): tiles of queries against key tiles
 # ----------------------------------------------------------------------------------------------------------------
 
 # Per score of a tile: scale, the causal/length mask (2 compares, and, select), running max, subtract, row sum:
@@ -334,13 +335,15 @@ def attention_bwd_dkdv(BH, T, d, dtype, bm, bn):
     return total * BH
 
 
-def _flash_configs(module, d, dtype):
-    """The launch configurations (fwd, bwd_dq, bwd_dkdv) the module's dispatcher picks for head size d and this
-    dtype: attention uses one for all three kernels, ReRoPE one per kernel."""
+def _flash_configs(op, d, dtype):
+    """The launch configurations (fwd, bwd_dq, bwd_dkdv) the op's dispatcher picks for head size d and this dtype:
+    attention uses one for all three kernels, ReRoPE one per kernel."""
     torch_dtype = AOT_DTYPES[dtype]
-    if hasattr(module, "_launch_configs"):
-        return tuple(module._launch_configs(d, torch_dtype))
-    return (module._launch_config(d, torch_dtype),) * 3
+    if op == "rerope":
+        from seqmix.kernels.rerope import fused
+        return tuple(fused._launch_config(kernel, d, torch_dtype) for kernel in fused.KERNELS)
+    from seqmix.kernels import attention
+    return (attention._launch_config(d, torch_dtype),) * 3
 
 
 def _flash_models(op, shape, B, H, T, d, dtype, cfgs, table_bytes, costs):
@@ -349,26 +352,26 @@ def _flash_models(op, shape, B, H, T, d, dtype, cfgs, table_bytes, costs):
     tile reads again (T d per head: a few MB) come from L2."""
     s, seq, rows = DTYPE_BYTES[dtype], B * H * T * d, B * H * T * 4
     fwd, dq, dkdv = cfgs
-    kinds = (("fwd", fwd.block_m, True, 4 * seq * s + rows), ("bwd_dq", dq.block_m, False, 5 * seq * s + 2 * rows),
-             ("bwd_dkdv", dkdv.block_n, False, 6 * seq * s + 2 * rows))
+    kinds = (("fwd", fwd["BLOCK_M"], True, 4 * seq * s + rows),
+             ("bwd_dq", dq["BLOCK_M"], False, 5 * seq * s + 2 * rows),
+             ("bwd_dkdv", dkdv["BLOCK_N"], False, 6 * seq * s + 2 * rows))
     return [Model(op, f"{op}_{kind} d={d} {dtype}", shape, B * T, dtype, cost, B * H * _cdiv(T, block), 0, forward,
                   dram + table_bytes) for (kind, block, forward, dram), cost in zip(kinds, costs)]
 
 
 def attention_models(B=1, H=4, T=8192, d=64):
-    from seqmix.kernels import attention
     shape = f"B={B} H={H} T={T} d={d}"
     out = []
     for dtype in ("fp32", "bf16"):
-        cfgs = _flash_configs(attention, d, dtype)
-        costs = [fn(B * H, T, d, dtype, c.block_m, c.block_n)
+        cfgs = _flash_configs("attention", d, dtype)
+        costs = [fn(B * H, T, d, dtype, c["BLOCK_M"], c["BLOCK_N"])
                  for fn, c in zip((attention_fwd, attention_bwd_dq, attention_bwd_dkdv), cfgs)]
         out += _flash_models("attention", shape, B, H, T, d, dtype, cfgs, 0, costs)
     return out
 
 
 def _rerope_key_runs(c, T, w, bm, bn):
-    """kernels/rerope.py's _key_runs for a query tile starting at c (prefill): far-only, straddling, near-only."""
+    """kernels/rerope/fused.py's _key_runs for a query tile starting at c (prefill): far-only, straddling, near-only."""
     end = min(T, c + bm)
     far_end = (max(c - w + 1, 0) // bn) * bn
     near_start = min(_cdiv(max(c + bm - w, 0), bn) * bn, end)
@@ -376,7 +379,7 @@ def _rerope_key_runs(c, T, w, bm, bn):
 
 
 def _rerope_query_runs(start_n, T, w, bm, bn):
-    """kernels/rerope.py's _query_runs for a key tile starting at start_n (prefill): near-only, both, far-only."""
+    """kernels/rerope/fused.py's _query_runs for a key tile starting at start_n (prefill): near-only, both, far-only."""
     first = (start_n // bm) * bm
     near_end = max((max(start_n + w, 0) // bm) * bm, first)
     far_start = min(max(_cdiv(max(start_n + bn - 1 + w, 0), bm) * bm, near_end), T)
@@ -454,12 +457,11 @@ def rerope_bwd_dkdv(BH, T, d, dtype, bm, bn, w):
 
 
 def rerope_models(B=1, H=4, T=8192, d=64, w=512):
-    from seqmix.kernels import rerope
     shape = f"B={B} H={H} T={T} d={d} w={w}"
     out = []
     for dtype in ("fp32", "bf16"):
-        cfgs = _flash_configs(rerope, d, dtype)
-        costs = [fn(B * H, T, d, dtype, c.block_m, c.block_n, w)
+        cfgs = _flash_configs("rerope", d, dtype)
+        costs = [fn(B * H, T, d, dtype, c["BLOCK_M"], c["BLOCK_N"], w)
                  for fn, c in zip((rerope_fwd, rerope_bwd_dq, rerope_bwd_dkdv), cfgs)]
         # the rotation table (paths NEAR and FAR_Q, cos and sin, T x d/2 fp32) is read once for all heads
         out += _flash_models("rerope", shape, B, H, T, d, dtype, cfgs, 2 * 2 * T * (d // 2) * 4, costs)
@@ -553,9 +555,9 @@ def report(compile_aot: bool = True, measured: list[dict] | None = None) -> dict
                 row["measured_s"] = hit[0]["median_s"]
         rows.append(row)
     lines = [f"Predicted for an {H100['name']} ({H100['bandwidth'] / 1e12:.3g} TB/s; {H100['fp32'] / 1e12:.3g} TFLOP/s "
-             f"fp32, also for the fp32 dots (IEEE, no tensor cores); {H100['tensor'] / 1e12:.3g} TFLOP/s bf16 on tensor "
-             f"cores; {H100['sfu'] / 1e12:.1f} T/s special functions); registers, spills, stack and shared memory from "
-             f"`kernels.aot` for sm_{ARCH}. Per token = per (batch, position).", "",
+             f"fp32, also for the fp32 dots (IEEE, no tensor cores); {H100['tensor'] / 1e12:.3g} TFLOP/s bf16 on "
+             f"tensor cores; {H100['sfu'] / 1e12:.1f} T/s special functions); registers, spills, stack and shared "
+             f"memory from `kernels.aot` for sm_{ARCH}. Per token = per (batch, position).", "",
              "| kernel | shape | bytes/token: issued, DRAM | FLOP/token (dot + other) | exp, log /token | "
              "FLOP/DRAM byte | "
              "predicted | bound | programs x serial steps | regs | spill B | stack B | shared B |"

@@ -31,7 +31,8 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -39,7 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from seqmix.benchmarks import cost_model, peers
-from seqmix.kernels._backend import resolve_backend
+from seqmix.kernels.testing import resolve_backend
+from seqmix.models.mamba import MambaConfig, MambaForCausalLM
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 RESULTS = Path(__file__).parent / "results"
@@ -76,6 +78,7 @@ class Op:
     headline_T: int
     linear: bool                   # linear in T (a per-token cost that should not grow)
     targets: list[Target] = field(default_factory=list)
+    sweep: bool = True             # measured at every T of the run (else at headline_T alone)
 
     @property
     def ours(self) -> str:
@@ -95,14 +98,17 @@ def _kernel(module: str, function: str):
         return None, f"kernels/{module}.py fails to import: {type(e).__name__}: {e}"
 
 
-def _seqmix_impls(module: str, function: str, call: Callable) -> list[Impl]:
-    """``call(fn, inputs, backend)`` runs the op: first on the backend that backend=None picks here under
-    torch.no_grad() (Triton with a GPU, the C loops on a CPU for the ops that have them), then on the torch backend
-    beside it when that is another one."""
-    fn, why = _kernel(module, function)
+def _backends(function: str) -> tuple:
+    """The backend that backend=None picks here (Triton with a GPU, the C loops on a CPU for the ops that have them),
+    then the torch backend beside it when that is another one."""
     default = resolve_backend(None, DEVICE, function)
-    backends = (default, "torch") if default != "torch" else ("torch",)
-    return [Impl(f"seqmix {b}", "seqmix", fn and (lambda x, b=b: call(fn, x, b)), why) for b in backends]
+    return (default, "torch") if default != "torch" else ("torch",)
+
+
+def _seqmix_impls(module: str, function: str, call: Callable) -> list[Impl]:
+    """``call(fn, inputs, backend)`` runs the op, on each of _backends(function)."""
+    fn, why = _kernel(module, function)
+    return [Impl(f"seqmix {b}", "seqmix", fn and (lambda x, b=b: call(fn, x, b)), why) for b in _backends(function)]
 
 
 def _hf_impl(label: str, fn: Callable) -> Impl:
@@ -119,36 +125,54 @@ def _generator():
     return torch.Generator(DEVICE).manual_seed(0)
 
 
+def wkv4_inputs(B: int, C: int) -> Callable[[int], dict]:
+    """T -> RWKV-4 WKV inputs of B rows and C channels."""
+    def make(T):
+        g = _generator()
+        time_decay = torch.linspace(-5.0, 3.0, C, device=DEVICE)        # the range transformers initializes
+        return dict(w=-torch.exp(time_decay), u=0.5 * _randn(g, C), k=_randn(g, B, T, C), v=_randn(g, B, T, C))
+    return make
+
+
+def wkv7_inputs(B: int, H: int, N: int) -> Callable[[int], dict]:
+    """T -> RWKV-7 WKV inputs, as RWKV-7 makes them."""
+    def make(T):
+        g = _generator()
+        r, k, v = (_randn(g, B, T, H, N) for _ in range(3))
+        log_w = -torch.exp(-0.5 - F.softplus(-_randn(g, B, T, H, N)))     # RWKV-7's decay, in (-e^-0.5, 0)
+        kk = F.normalize(_randn(g, B, T, H, N), dim=-1)                    # the removal key: unit length
+        return dict(r=r, log_w=log_w, k=k, v=v, a=-kk, b=kk * torch.sigmoid(_randn(g, B, T, H, N)))
+    return make
+
+
+def ssm_inputs(B: int, D: int, N: int) -> Callable[[int], dict]:
+    """T -> selective-scan inputs with Mamba's initialization of A and delta's bias."""
+    def make(T):
+        g = _generator()
+        dt = torch.exp(torch.rand(D, generator=g, device=DEVICE) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        return dict(u=_randn(g, B, D, T), delta=0.5 * _randn(g, B, D, T),
+                    A=-torch.arange(1, N + 1, dtype=torch.float32, device=DEVICE).expand(D, N).contiguous(),
+                    B=_randn(g, B, N, T), C=_randn(g, B, N, T), D=torch.ones(D, device=DEVICE),
+                    z=_randn(g, B, D, T), delta_bias=torch.log(torch.expm1(dt)))   # Mamba's initialization
+    return make
+
+
+WKV4_CALL = lambda f, x, b: f(x["w"], x["u"], x["k"], x["v"], backend=b)   # noqa: E731
+WKV7_CALL = lambda f, x, b: f(**x, backend=b)                               # noqa: E731
+SSM_CALL = lambda f, x, b: f(**x, delta_softplus=True, backend=b)           # noqa: E731
+
+
 def make_ops(quick: bool) -> list[Op]:
     """The ops at the targets' shapes (issue 3 and 4), or at tiny shapes with ``quick``."""
     T_attention = QUICK_T[-1] if quick else 8192     # the headline T of the targets
     T_recurrent = QUICK_T[-1] if quick else 2048
 
     B4, C4 = (1, 16) if quick else (4, 768)
-
-    def make_wkv4(T):
-        g = _generator()
-        time_decay = torch.linspace(-5.0, 3.0, C4, device=DEVICE)      # the range transformers initializes
-        return dict(w=-torch.exp(time_decay), u=0.5 * _randn(g, C4), k=_randn(g, B4, T, C4), v=_randn(g, B4, T, C4))
-
+    make_wkv4 = wkv4_inputs(B4, C4)
     B7, H7, N7 = (1, 2, 8) if quick else (1, 12, 64)
-
-    def make_wkv7(T):
-        g = _generator()
-        r, k, v = (_randn(g, B7, T, H7, N7) for _ in range(3))
-        log_w = -torch.exp(-0.5 - F.softplus(-_randn(g, B7, T, H7, N7)))  # RWKV-7's decay, in (-e^-0.5, 0)
-        kk = F.normalize(_randn(g, B7, T, H7, N7), dim=-1)                 # the removal key: unit length
-        return dict(r=r, log_w=log_w, k=k, v=v, a=-kk, b=kk * torch.sigmoid(_randn(g, B7, T, H7, N7)))
-
+    make_wkv7 = wkv7_inputs(B7, H7, N7)
     Bs, Ds, Ns = (1, 16, 4) if quick else (1, 1536, 16)
-
-    def make_ssm(T):
-        g = _generator()
-        dt = torch.exp(torch.rand(Ds, generator=g, device=DEVICE) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
-        return dict(u=_randn(g, Bs, Ds, T), delta=0.5 * _randn(g, Bs, Ds, T),
-                    A=-torch.arange(1, Ns + 1, dtype=torch.float32, device=DEVICE).expand(Ds, Ns).contiguous(),
-                    B=_randn(g, Bs, Ns, T), C=_randn(g, Bs, Ns, T), D=torch.ones(Ds, device=DEVICE),
-                    z=_randn(g, Bs, Ds, T), delta_bias=torch.log(torch.expm1(dt)))   # Mamba's initialization
+    make_ssm = ssm_inputs(Bs, Ds, Ns)
 
     Ba, Ha, da, window = (1, 2, 16, 16) if quick else (1, 4, 64, 512)
 
@@ -158,7 +182,7 @@ def make_ops(quick: bool) -> list[Op]:
 
     return [
         Op("wkv4", "RWKV-4 WKV", f"B={B4}, C={C4}", make_wkv4, [
-            *_seqmix_impls("wkv4", "wkv4", lambda f, x, b: f(x["w"], x["u"], x["k"], x["v"], backend=b)),
+            *_seqmix_impls("wkv4", "wkv4", WKV4_CALL),
             _hf_impl("transformers rwkv_linear_attention_cpu", lambda x: peers.hf_wkv4(**x)),
             Impl("one streaming pass", "floor", lambda x: peers.streaming_pass(x["k"], x["v"], x["w"], x["u"])),
         ], T_recurrent, True, [
@@ -166,14 +190,14 @@ def make_ops(quick: bool) -> list[Op]:
             Target("one streaming pass", "time", 0.1, "within 10x"),
         ]),
         Op("wkv7", "RWKV-7 WKV", f"B={B7}, H={H7}, N={N7}", make_wkv7, [
-            *_seqmix_impls("wkv7", "wkv7", lambda f, x, b: f(**x, backend=b)),
+            *_seqmix_impls("wkv7", "wkv7", WKV7_CALL),
             Impl("per-token loop (torch)", "peer", lambda x: peers.wkv7_per_token(**x)),
             Impl("one streaming pass", "floor", lambda x: peers.streaming_pass(*x.values())),
         ], T_recurrent, True, [
             Target("per-token loop (torch)", "time", 10, ">= 10x faster"),
         ]),
         Op("ssm", "Mamba selective scan", f"B={Bs}, D={Ds}, N={Ns}", make_ssm, [
-            *_seqmix_impls("ssm", "selective_scan", lambda f, x, b: f(**x, delta_softplus=True, backend=b)),
+            *_seqmix_impls("ssm", "selective_scan", SSM_CALL),
             _hf_impl("transformers mamba_selective_scan", lambda x: peers.hf_selective_scan(**x)),
             Impl("one streaming pass", "floor", lambda x: peers.streaming_pass(*x.values())),
         ], T_recurrent, True, [
@@ -198,6 +222,85 @@ def make_ops(quick: bool) -> list[Op]:
             Impl("one streaming pass", "floor", lambda x: peers.streaming_pass(*x.values())),
         ], T_attention, False),
     ]
+
+
+def all_ops(quick: bool) -> list[Op]:
+    """The forward ops, then the training ops."""
+    return make_ops(quick) + make_training_ops(quick)
+
+
+def _forward_backward(call: Callable[[dict], object]) -> Callable[[dict], None]:
+    """inputs -> None: call(inputs) with every input a leaf that wants its gradient, then the backward of its output
+    (the first, for ops that return a state too) for a cotangent of ones."""
+    def run(inputs):
+        with torch.enable_grad():
+            y = call({k: x.detach().requires_grad_() for k, x in inputs.items()})
+            y = y[0] if isinstance(y, tuple) else y
+            y.backward(torch.ones_like(y))
+    return run
+
+
+def _training(impls: list[Impl]) -> list[Impl]:
+    """The same rows, each timing forward + backward (see _forward_backward)."""
+    return [replace(impl, fn=impl.fn and _forward_backward(impl.fn)) for impl in impls]
+
+
+@lru_cache(maxsize=None)
+def _mamba(backend: str, hidden: int, state_size: int, layers: int, vocab: int):
+    """A Mamba language model and its AdamW optimizer, built once per process (each case has a process of its own)."""
+    torch.manual_seed(0)
+    config = MambaConfig(vocab_size=vocab, hidden_size=hidden, state_size=state_size, num_hidden_layers=layers)
+    model = MambaForCausalLM(config).to(DEVICE)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def _mamba_step(ids: torch.Tensor, backend: str, shape: tuple) -> None:
+    """One training step of _mamba(backend, *shape): the next-token loss on ids, its backward, AdamW's update."""
+    model, optimizer = _mamba(backend, *shape)
+    with torch.enable_grad():
+        loss = model(ids, labels=ids, backend=backend).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def make_training_ops(quick: bool) -> list[Op]:
+    """Forward + backward of the recurrences (issue 18) on the C loops, the torch backend and autograd through the
+    peers' per-token loops: at the training shapes (batch 32, 128 tokens, the layers of a width-128 model: RWKV-4
+    C = 128, RWKV-7 4 heads of 32, Mamba D = 256, N = 16) and at the forward benchmark's shapes (T = 2048); and a
+    whole Mamba training step (2 layers, width 128, D = 256, N = 16, AdamW). Tiny shapes with ``quick``."""
+    T_train, T_long = (32, 64) if quick else (128, 2048)
+    B = 2 if quick else 32
+    wkv4_shapes = [(B, 8), (1, 16)] if quick else [(B, 128), (4, 768)]
+    wkv7_shapes = [(B, 2, 8), (1, 2, 8)] if quick else [(B, 4, 32), (1, 12, 64)]
+    ssm_shapes = [(B, 16, 4), (1, 16, 4)] if quick else [(B, 256, 16), (1, 1536, 16)]
+    ops = []
+    for T, suffix, s4, s7, ss in zip((T_train, T_long), ("", "_long"), wkv4_shapes, wkv7_shapes, ssm_shapes):
+        ops += [
+            Op(f"wkv4_train{suffix}", "RWKV-4 WKV, forward + backward", "B={}, C={}".format(*s4), wkv4_inputs(*s4),
+               _training([*_seqmix_impls("wkv4", "wkv4", WKV4_CALL),
+                          _hf_impl("transformers rwkv_linear_attention_cpu", lambda x: peers.hf_wkv4(**x))]),
+               T, False, [Target("seqmix torch", "time", 2, ">= 2x faster")], sweep=False),
+            Op(f"wkv7_train{suffix}", "RWKV-7 WKV, forward + backward", "B={}, H={}, N={}".format(*s7),
+               wkv7_inputs(*s7),
+               _training([*_seqmix_impls("wkv7", "wkv7", WKV7_CALL),
+                          Impl("per-token loop (torch)", "peer", lambda x: peers.wkv7_per_token(**x))]),
+               T, False, [Target("seqmix torch", "time", 4, ">= 4x faster")], sweep=False),
+            Op(f"ssm_train{suffix}", "Mamba selective scan, forward + backward", "B={}, D={}, N={}".format(*ss),
+               ssm_inputs(*ss),
+               _training([*_seqmix_impls("ssm", "selective_scan", SSM_CALL),
+                          _hf_impl("transformers mamba_selective_scan", lambda x: peers.hf_selective_scan(**x))]),
+               T, False, [Target("seqmix torch", "time", 4, ">= 4x faster")], sweep=False),
+        ]
+    shape = (16, 4, 2, 256) if quick else (128, 16, 2, 256)      # width, N, layers, vocabulary; D = 2 x width
+    ops.append(Op(
+        "mamba_step", "Mamba training step (2 layers, AdamW)",
+        f"B={B}, width={shape[0]}, D={2 * shape[0]}, N={shape[1]}, vocabulary {shape[3]}",
+        lambda T: {"ids": torch.randint(0, shape[3], (B, T), generator=_generator(), device=DEVICE)},
+        [Impl(f"seqmix {b}", "seqmix", lambda x, b=b: _mamba_step(x["ids"], b, shape))
+         for b in _backends("selective_scan")],
+        T_train, False, [Target("seqmix torch", "time", 3, ">= 3x faster")], sweep=False))
+    return ops
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -257,11 +360,32 @@ def measure(fn, inputs, min_runs: int, max_runs: int, budget_s: float) -> dict:
     return {"times": times, "peak_bytes": peak}
 
 
+def measure_interleaved(fns: dict, inputs, min_rounds: int, max_rounds: int, budget_s: float) -> dict:
+    """Each of ``fns`` (label -> fn) warmed up once, then timed in rounds, one run of each per round, so that a
+    machine whose load changes slows them alike: ``min_rounds`` to ``max_rounds`` rounds (as many as fit in
+    ``budget_s``). Returns label -> times."""
+    times = {label: [] for label in fns}
+    with torch.no_grad():
+        for fn in fns.values():
+            fn(inputs)
+        while True:
+            for label, fn in fns.items():
+                times[label].append(_timed(fn, inputs))
+            rounds = len(times[label])
+            if rounds >= max_rounds or rounds >= max(min_rounds, budget_s / sum(t[0] for t in times.values())):
+                return times
+
+
+def _runs(quick: bool, interleaved: bool = False) -> tuple:
+    """(min runs, max runs, seconds): how many timed runs a case gets (interleaved: how many rounds)."""
+    return (2, 2, 0.0) if quick else (5, 15, 6.0) if interleaved else (3, 15, 3.0)
+
+
 def _case(op: Op, impl: Impl, T: int, quick: bool, threads: int | None, runs=None) -> dict:
     if threads:
         torch.set_num_threads(threads)
     inputs = op.make(T)
-    return measure(impl.fn, inputs, *(runs or ((2, 2, 0.0) if quick else (3, 15, 3.0))))
+    return measure(impl.fn, inputs, *(runs or _runs(quick)))
 
 
 def map_large_blocks() -> None:
@@ -274,12 +398,18 @@ def map_large_blocks() -> None:
 
 def _job(job: dict) -> dict:
     """One case, in a process of its own: its result, or its error. job["measure"] is "memory" (one run, for the
-    peak) or "time" (the timed runs)."""
+    peak), "time" (the timed runs) or "interleaved" (the timed runs of the implementations job["impls"], in rounds:
+    see measure_interleaved)."""
     if job["measure"] == "memory":
         map_large_blocks()
-    op = next(op for op in make_ops(job["quick"]) if op.name == job["op"])
-    impl = next(impl for impl in op.impls if impl.label == job["impl"])
+    op = next(op for op in all_ops(job["quick"]) if op.name == job["op"])
     try:
+        if job["measure"] == "interleaved":
+            if job["threads"]:
+                torch.set_num_threads(job["threads"])
+            fns = {impl.label: impl.fn for impl in op.impls if impl.label in job["impls"]}
+            return {"times": measure_interleaved(fns, op.make(job["T"]), *_runs(job["quick"], interleaved=True))}
+        impl = next(impl for impl in op.impls if impl.label == job["impl"])
         return _case(op, impl, job["T"], job["quick"], job["threads"],
                      runs=(1, 1, 0.0) if job["measure"] == "memory" else None)
     except Exception as e:  # any failure is a result to report in the table
@@ -317,22 +447,39 @@ def serve() -> None:
 _server = None
 
 
-def _isolated(op: Op, impl: Impl, T: int, quick: bool, threads: int | None) -> dict:
-    """The peak memory from one process, the times from another (see _job)."""
+def _ask_server(job: dict) -> dict:
+    """One job for the case server (started on first use), its result."""
     global _server
     if _server is None:
         _server = subprocess.Popen([sys.executable, "-m", "seqmix.benchmarks.run", "--serve"], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
-    result = {}
-    for what, key in (("memory", "peak_bytes"), ("time", "times")):
-        _server.stdin.write(json.dumps({"op": op.name, "impl": impl.label, "T": T, "quick": quick,
-                                        "threads": threads, "measure": what}) + "\n")
-        _server.stdin.flush()
-        part = json.loads(_server.stdout.readline())
+    _server.stdin.write(json.dumps(job) + "\n")
+    _server.stdin.flush()
+    return json.loads(_server.stdout.readline())
+
+
+def _isolated(op: Op, impl: Impl, T: int, quick: bool, threads: int | None, times=None) -> dict:
+    """The peak memory from one process, the times from another (see _job), unless ``times`` were measured."""
+    result = {} if times is None else {"times": times}
+    for what, key in (("memory", "peak_bytes"), ("time", "times"))[:1 if times else 2]:
+        part = _ask_server({"op": op.name, "impl": impl.label, "T": T, "quick": quick, "threads": threads,
+                            "measure": what})
         if "error" in part:
             return part
         result[key] = part[key]
     return result
+
+
+def interleaved_times(op: Op, T: int, quick: bool, threads: int | None) -> dict:
+    """The times of op's seqmix rows on a CPU, measured in rounds in one process (label -> times; {} with fewer than
+    two rows or on a GPU): a training op's targets compare these rows, and a shared machine's load moves
+    separately measured rows apart (see README.md)."""
+    labels = [impl.label for impl in op.impls if impl.kind == "seqmix" and impl.fn is not None]
+    if DEVICE.type != "cpu" or len(labels) < 2:
+        return {}
+    result = _ask_server({"op": op.name, "impls": labels, "T": T, "quick": quick, "threads": threads,
+                          "measure": "interleaved"})
+    return result.get("times", {})
 
 
 def _in_process(op: Op, impl: Impl, T: int, quick: bool, threads: int | None) -> dict:
@@ -342,13 +489,15 @@ def _in_process(op: Op, impl: Impl, T: int, quick: bool, threads: int | None) ->
         return {"error": f"OutOfMemoryError: {str(e).splitlines()[0]}"}
 
 
-def run_case(op: Op, impl: Impl, T: int, quick: bool, threads: int | None = None) -> dict:
+def run_case(op: Op, impl: Impl, T: int, quick: bool, threads: int | None = None, times=None) -> dict:
+    """One row: impl of op at T. ``times``: its times if they were measured already (interleaved_times)."""
     row = {"op": op.name, "impl": impl.label, "kind": impl.kind, "T": T, "shape": op.shape}
     if impl.fn is None:
         return {**row, "status": f"skipped: {impl.skip}"}
     if impl.max_T is not None and T > impl.max_T:
         return {**row, "status": f"skipped: {impl.max_T_reason}"}
-    result = (_isolated if DEVICE.type == "cpu" else _in_process)(op, impl, T, quick, threads)
+    result = (_isolated(op, impl, T, quick, threads, times) if DEVICE.type == "cpu"
+              else _in_process(op, impl, T, quick, threads))
     if "error" in result:
         return {**row, "status": "error: " + result["error"]}
     times = sorted(result["times"])
@@ -524,7 +673,8 @@ def machine(threads: int) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes (T = 64, 128): a smoke test, no AOT build")
-    parser.add_argument("--ops", default="", help="comma-separated subset of: wkv4, wkv7, ssm, rerope, attention")
+    parser.add_argument("--ops", default="", help="comma-separated subset of: wkv4, wkv7, ssm, rerope, attention, "
+                        "wkv4_train, wkv7_train, ssm_train (each also _long), mamba_step")
     parser.add_argument("--out", type=Path, default=None, help="output folder")
     parser.add_argument("--from-json", action="store_true",
                         help="measure nothing: rewrite the report from the results.json in --out (cost model rebuilt)")
@@ -539,7 +689,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     Ts = QUICK_T if args.quick else FULL_T
     threads = args.threads or (1 if args.quick else None)
-    ops = make_ops(args.quick)
+    ops = all_ops(args.quick)
     if args.ops:
         wanted = args.ops.split(",")
         unknown = set(wanted) - {op.name for op in ops}
@@ -556,41 +706,52 @@ def main(argv=None) -> int:
         run_info = stored["run"]
     else:
         for op in ops:
-            for T in Ts:
+            for T in (Ts if op.sweep else (op.headline_T,)):
+                shared = {} if op.sweep else interleaved_times(op, T, args.quick, threads)
                 for impl in op.impls:
-                    rows.append(run_case(op, impl, T, args.quick, threads))
+                    rows.append(run_case(op, impl, T, args.quick, threads, shared.get(impl.label)))
                     r = rows[-1]
                     print(f"{op.name:<10} T={T:<6} {impl.label:<42} "
                           + (f"{_fmt_time(r['median_s']):>10} ±{r['spread']:.0%}  {_fmt_bytes(r['peak_bytes'])}"
                              if _ok(r) else r["status"]), flush=True)
-        run_info = {"command": " ".join(["python -m seqmix.benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
+        arguments = argv if argv is not None else sys.argv[1:]
+        run_info = {"command": " ".join(["python -m seqmix.benchmarks.run", *arguments]),
                     "machine": machine(threads or torch.get_num_threads()), "date": time.strftime("%Y-%m-%d"),
                     "seconds": round(time.perf_counter() - started)}
-    table, checks = headline(ops, rows)
-    growth, growth_checks = per_token_growth(ops, rows, Ts)
-    checks += growth_checks
-    costs = cost_model.report(compile_aot=not args.quick, measured=rows if DEVICE.type == "cuda" else None)
+    forward, training = [op for op in ops if op.sweep], [op for op in ops if not op.sweep]
+    table, checks = headline(forward, rows)
+    training_table, training_checks = headline(training, rows)
+    growth, growth_checks = per_token_growth(forward, rows, Ts)
+    checks += training_checks + growth_checks
+    # the cost model is of the Triton kernels the forward ops run: a run of training ops alone leaves it out
+    costs = (cost_model.report(compile_aot=not args.quick, measured=rows if DEVICE.type == "cuda" else None)
+             if forward else {"markdown": "", "rows": []})
     missed = [c for c in checks if c["met"] is False]
+    sections = {
+        "Headline": [table] if forward else [],
+        "Training: forward + backward": [training_table] if training else [],
+        "Linear ops: time per token as T grows": [growth] if forward else [],
+        "Targets missed": ["\n".join(f"- {c['op']} vs {c['vs']} at T={c['T']}: {c['metric']} ratio "
+                                     f"{_ratio(c['ratio'])}, target {c['target']}" for c in missed) or "None."],
+        "Time and memory against T": ["![scaling](scaling.png)", scaling_tables(forward, rows, Ts)] if forward else [],
+        "GPU cost model of the Triton kernels": [costs["markdown"]] if forward else [],
+    }
     md = [f"# Benchmarks\n\n`{run_info['command']}` on {run_info['machine']}, {run_info['date']}; "
           f"{run_info['seconds']} s." + (f" Report rewritten from results.json on {time.strftime('%Y-%m-%d %H:%M')}."
                                         if args.from_json else ""),
           "Median of n runs after one warm-up; spread = (max - min) / median; peak memory = resident memory "
-          "(CPU) or allocated memory (CUDA) above the inputs during one call; fp32; torch.no_grad(). "
+          "(CPU) or allocated memory (CUDA) above the inputs during one call; fp32; torch.no_grad() but for the "
+          "training table (forward + backward; a training step). "
           "Ratios are the other implementation's figure over seqmix's: above 1, seqmix is faster or smaller."
           + (" **Quick mode: tiny shapes, not the targets' shapes; the target checks below mean nothing.**"
              if args.quick else ""),
-          "## Headline", table,
-          "## Linear ops: time per token as T grows", growth,
-          "## Targets missed",
-          "\n".join(f"- {c['op']} vs {c['vs']} at T={c['T']}: {c['metric']} ratio {_ratio(c['ratio'])}, target "
-                    f"{c['target']}" for c in missed) or "None.",
-          "## Time and memory against T", "![scaling](scaling.png)", scaling_tables(ops, rows, Ts),
-          "## GPU cost model of the Triton kernels", costs["markdown"]]
+          *(part for title, parts in sections.items() if parts for part in (f"## {title}", *parts))]
     (out / "results.md").write_text("\n\n".join(md) + "\n")
     (out / "results.json").write_text(json.dumps({"run": run_info, "rows": rows, "checks": checks,
                                                   "cost_model": costs["rows"]}, indent=1))
-    plot(ops, rows, out / "scaling.png", run_info["machine"])
-    print(f"\nwrote {out / 'results.md'}, {out / 'scaling.png'}, {out / 'results.json'}")
+    if forward:
+        plot(forward, rows, out / "scaling.png", run_info["machine"])
+    print(f"\nwrote {out / 'results.md'}, {out / 'results.json'}" + (f", {out / 'scaling.png'}" if forward else ""))
     print("\n".join(f"MISSED: {c['op']} vs {c['vs']}: {c['metric']} {_ratio(c['ratio'])}, target {c['target']}"
                     for c in missed))
     return 0

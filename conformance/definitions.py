@@ -78,7 +78,7 @@ def rerope_attention(q, k, v, window, *, leaky_k=None, scale=None, train_length=
         (B, H, T, d).
     """
     T = q.shape[-2]
-    rel = relative_positions(T, _kind(leaky_k), window, leaky_k)
+    rel = relative_positions(T, _kind(leaky_k), window=window, k=leaky_k)
     s = _rerope_scores(q, k, rel, np.arange(T), train_length, scale, base)
     s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=q.device).tril(), float("-inf"))
     return torch.softmax(s, -1) @ v
@@ -93,7 +93,7 @@ def rerope_decode(q, k_cache, v_cache, window, *, leaky_k=None, scale=None, trai
         (B, H, 1, d).
     """
     T = k_cache.shape[-2]
-    rel = relative_positions(T, _kind(leaky_k), window, leaky_k)[-1:]                         # (1, T)
+    rel = relative_positions(T, _kind(leaky_k), window=window, k=leaky_k)[-1:]                         # (1, T)
     s = _rerope_scores(q, k_cache, rel, np.array([T - 1]), train_length, scale, base)
     return torch.softmax(s, -1) @ v_cache
 

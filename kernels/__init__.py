@@ -2,11 +2,13 @@
 
 One module per op (``attention``, ``rerope``, ``wkv4``, ``wkv7``, ``ssm``); each exposes one public function
 with a ``backend`` argument (None: Triton for CUDA tensors; on CPU tensors the C loops of ``native`` for the
-recurrences when no gradient is wanted, torch otherwise). Triton is optional: without it the torch backend works.
+recurrences, forward and backward, torch otherwise). Triton is optional: without it the torch backend works.
 To run the Triton kernels on CPU tensors, set ``TRITON_INTERPRET=1`` before anything imports triton.
 """
 
 import os as _os
+
+__all__ = ["use_interpreter_without_gpu"]
 
 
 def use_interpreter_without_gpu() -> str:

@@ -9,19 +9,18 @@ from seqmix.kernels import native
 from seqmix.kernels._common import FLOAT_DTYPES, HAS_TRITON, TORCH_DTYPES
 
 BACKENDS = ("torch", "triton", "c")
-# The ops that have C loops (kernels/native.c): the recurrences, forward only.
+# The ops that have C loops (kernels/native.c): the recurrences, forward and backward.
 C_OPS = ("wkv4", "wkv7", "selective_scan")
 
 
-def resolve_backend(backend: str | None, device: torch.device, op: str = "", dtype: torch.dtype = torch.float32,
-                    grad: bool = False) -> str:
+def resolve_backend(backend: str | None, device: torch.device, op: str = "", dtype: torch.dtype = torch.float32) -> str:
     """The backend a call runs on. None picks Triton for CUDA tensors; for CPU tensors, the C loops when ``op``
-    has them (C_OPS), no gradient is wanted (``grad``), the dtype is fp32, fp16 or bf16 and they build here; the
-    torch backend otherwise. 'triton' on CPU needs the interpreter; 'c' is forward only."""
+    has them (C_OPS), the dtype is fp32, fp16 or bf16 and they build here (for inference and training alike); the
+    torch backend otherwise. 'triton' on CPU needs the interpreter."""
     if backend is None:
         if device.type == "cuda" and HAS_TRITON:
             return "triton"
-        if op in C_OPS and device.type == "cpu" and not grad and dtype in backend_dtypes("c"):
+        if op in C_OPS and device.type == "cpu" and dtype in backend_dtypes("c"):
             if native.available():
                 return "c"
         return "torch"
@@ -39,9 +38,6 @@ def resolve_backend(backend: str | None, device: torch.device, op: str = "", dty
             raise ValueError(f"backend='c' exists for {', '.join(C_OPS)} only, not {op or 'this op'}")
         if device.type != "cpu":
             raise ValueError(f"backend='c' takes CPU tensors, got {device}")
-        if grad:
-            raise ValueError("backend='c' is forward only (no autograd): call it under torch.no_grad() or on tensors "
-                             "that do not require grad, or use backend='torch' for gradients")
         if native.unavailable_reason():
             raise RuntimeError(f"backend='c' is not available here: {native.unavailable_reason()}")
     return backend

@@ -1,10 +1,12 @@
-"""What every op shares: the optional Triton import, dtypes, input checks, output allocation (a leaf module: the
-backend choice, which needs the C loops, is ``_backend``).
+"""What every op shares: the optional Triton import, dtypes, input checks, output allocation, the launch type (a
+leaf module: the backend choice, which needs the C loops, is ``_backend``).
 
-Kernel modules write ``from __future__ import annotations`` and ``from seqmix.kernels._common import triton, tl``, so that
-``BLOCK: tl.constexpr`` is never evaluated and a module imports (torch backend only) where Triton is missing.
+Kernel modules write ``from __future__ import annotations`` and ``from seqmix.kernels._common import triton, tl``, so
+that ``BLOCK: tl.constexpr`` is never evaluated and a module imports (torch backend only) where Triton is missing.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -32,6 +34,23 @@ TORCH_DTYPES = FLOAT_DTYPES + (torch.float64,)
 
 # Tests set this to True so that every output buffer starts as NaN: a kernel that skips an element then fails.
 POISON_OUTPUTS = False
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How one Triton kernel is launched: its tile sizes, by the names of its constexprs (``{"BLOCK_M": 32, ...}``),
+    and the compiler's num_warps and num_stages. ``kernel[grid](..., **launch.blocks, **launch.options)``; each
+    module's ``aot_kernels`` compiles the same."""
+    blocks: dict
+    num_warps: int = 4
+    num_stages: int = 3     # Triton's default on NVIDIA GPUs
+
+    def __getitem__(self, name: str) -> int:
+        return self.blocks[name]
+
+    @property
+    def options(self) -> dict:
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -22,12 +22,18 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-# Compilation for a GPU target needs the real JIT, not the interpreter; kernels/ reads this when it imports triton.
-if "triton" not in sys.modules:
-    os.environ.pop("TRITON_INTERPRET", None)
+import torch
 
-MODULES = tuple(f"seqmix.kernels.{op}" for op in ("attention", "rerope", "wkv4", "wkv7", "ssm"))
+__all__ = ["AotKernel", "collect", "compile_one", "main", "AOT_DTYPES", "FLASH_ARG_TYPES", "TARGETS"]
+
+MODULES = tuple(f"seqmix.kernels.{op}" for op in ("attention", "rerope.fused", "wkv4", "wkv7", "ssm"))
 TARGETS = (80, 90)
+# The input dtypes of the flash kernels' builds (the recurrences' take fp32 and bf16), by their Triton names.
+AOT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Argument types of the flash kernels (attention, rerope), by name; every other argument is a pointer to the input
+# dtype.
+FLASH_ARG_TYPES = dict(lse_ptr="*fp32", delta_ptr="*fp32", rot_ptr="*fp32", T="i32", T_q="i32", T_k="i32",
+                       window="i32", scale="fp32", inv_log_len="fp32")
 
 
 @dataclass
@@ -80,6 +86,11 @@ def collect() -> list[AotKernel]:
 
 
 def main(argv=None) -> int:
+    """The command line: compile every kernel (or those matching --filter) for each target and print a table."""
+    # Compilation for a GPU target needs the real JIT, not the interpreter; the kernels read this when they first
+    # import triton (in collect, below). Done here, not at import, so that importing this module changes nothing.
+    if "triton" not in sys.modules:
+        os.environ.pop("TRITON_INTERPRET", None)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--filter", default="", help="only kernels whose label contains this text")
     args = parser.parse_args(argv)
@@ -100,7 +111,8 @@ def main(argv=None) -> int:
             failures += bad
             print(f"{k.label:<44} sm_{arch:<2} {r['regs']:>5} {r['spill_bytes']:>8} {r['stack']:>8} "
                   f"{r['shared']:>9}" + ("  SPILLS" if bad else ""), flush=True)
-    print(f"\n{'FAILED: ' + str(failures) + ' kernel builds failed or spilled' if failures else 'all kernels built without spills'}")
+    print("\n" + (f"FAILED: {failures} kernel builds failed or spilled" if failures
+                  else "all kernels built without spills"))
     return 1 if failures else 0
 
 

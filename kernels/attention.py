@@ -24,89 +24,29 @@ dot is exact fp32.
 from __future__ import annotations
 
 import math
-from collections import namedtuple
 
 import torch
 import torch.nn.functional as F
 
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
-from seqmix.kernels._common import check_devices, check_same_dtype, check_tensor, new_output, tl, triton
+from seqmix.kernels._common import Launch, check_devices, check_same_dtype, check_tensor, new_output, tl, triton
+from seqmix.kernels._flash import (block_d, check_triton_head_dim, flash_launch, load_row_stats, load_tile,
+                                   online_softmax_step, softmax_tile_grad, store_tile)
 
-# Tile sizes and launch parameters of the three kernels; ``aot_kernels`` compiles exactly these.
-LaunchConfig = namedtuple("LaunchConfig", "block_m block_n num_warps num_stages")
-
-MIN_TRITON_HEAD_DIM, MAX_TRITON_HEAD_DIM = 16, 128
-AOT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+__all__ = ["attention"]
 
 
-def _launch_config(head_dim: int, dtype: torch.dtype) -> LaunchConfig:
-    """Tiles for head size ``head_dim`` and inputs of ``dtype``: the largest that compile without register spills
-    on sm_80 and sm_90 (``python -m seqmix.kernels.aot``); fp32 operands take twice the registers of fp16 ones."""
+# ----------------------------------------------------------------------------------------------------------------
+# Triton path
+# ----------------------------------------------------------------------------------------------------------------
+
+def _launch_config(head_dim: int, dtype: torch.dtype) -> Launch:
+    """Tiles of the three kernels for head size ``head_dim`` and inputs of ``dtype``: the largest that compile
+    without register spills on sm_80 and sm_90 (``python -m seqmix.kernels.aot``); fp32 operands take twice the
+    registers of fp16 ones."""
     if dtype == torch.float32:
-        return LaunchConfig(32, 32, 8, 1) if head_dim <= 64 else LaunchConfig(16, 32, 8, 1)
-    return LaunchConfig(64, 32, 4, 2) if head_dim <= 64 else LaunchConfig(32, 32, 4, 2)
-
-
-def check_triton_head_dim(d: int) -> None:
-    """The flash kernels here and in rerope.py hold a (tile, d) block per operand: 16 <= d <= 128."""
-    if not MIN_TRITON_HEAD_DIM <= d <= MAX_TRITON_HEAD_DIM:
-        raise ValueError(f"backend='triton' takes head dims d in [{MIN_TRITON_HEAD_DIM}, {MAX_TRITON_HEAD_DIM}], "
-                         f"got d = {d}")
-
-
-def block_d(head_dim: int) -> int:
-    """The head dimension rounded up to a power of two (tl.arange needs one); extra columns are masked."""
-    return max(16, triton.next_power_of_2(head_dim))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Triton: building blocks shared with kernels/rerope.py
-# ----------------------------------------------------------------------------------------------------------------
-
-@triton.jit
-def online_softmax_step(s, v, m_i, l_i, acc):
-    """Fold one tile of scores s (BLOCK_M, BLOCK_N) and its values v (BLOCK_N, BLOCK_D) into the running state.
-
-    m' = max(m, max_j s_ij);  l' = e^{m - m'} l + sum_j e^{s_ij - m'};  acc' = e^{m - m'} acc + e^{s - m'} v.
-    The same update as RWKV-4's max-tracked WKV step (reference/wkv4.py), there one time step at a time.
-    Every exponent is <= 0. Masked scores are -inf and contribute e^{-inf} = 0; the first tile a row sees holds
-    at least one unmasked score (key 0), so m is finite from then on and m - m' is never inf - inf.
-    """
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp(m_i - m_new)                               # rescales what was accumulated under the old max
-    p = tl.exp(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-    return m_new, l_i, acc
-
-
-@triton.jit
-def softmax_tile_grad(s, lse, dp, delta):
-    """P = e^{S - LSE} and dS = P * (dP - D) for one tile, dP = dO V^T; masked scores (-inf) give P = dS = 0."""
-    p = tl.exp(s - lse[:, None])
-    return p, p * (dp - delta[:, None])
-
-
-@triton.jit
-def load_row_stats(LSE, DELTA, rows, n_rows):
-    """The forward's log-sum-exp and D = rowsum(dO * O) of query rows; rows past the end get LSE = inf (so P = 0)
-    and D = 0."""
-    lse = tl.load(LSE + rows, mask=rows < n_rows, other=float("inf"))
-    delta = tl.load(DELTA + rows, mask=rows < n_rows, other=0.0)
-    return lse, delta
-
-
-@triton.jit
-def load_tile(ptr, rows, n_rows, cols, n_cols):
-    """x[rows, cols] of a row-major (n_rows, n_cols) matrix; zero outside it."""
-    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-    return tl.load(ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
-def store_tile(ptr, x, rows, n_rows, cols, n_cols):
-    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-    tl.store(ptr + rows[:, None] * n_cols + cols[None, :], x.to(ptr.dtype.element_ty), mask=mask)
+        return flash_launch(32, 32, 8, 1) if head_dim <= 64 else flash_launch(16, 32, 8, 1)
+    return flash_launch(64, 32, 4, 2) if head_dim <= 64 else flash_launch(32, 32, 4, 2)
 
 
 @triton.jit
@@ -119,15 +59,11 @@ def _scores(q, k, rows, cols, T, scale, CAUSAL: tl.constexpr):
     return tl.where(valid, s, float("-inf"))
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Triton kernels
-# ----------------------------------------------------------------------------------------------------------------
-
 @triton.jit
 def attention_fwd_kernel(
-    Q, K, V,                    # (B*H, T, d) contiguous, input dtype
-    O,                          # (B*H, T, d) output, input dtype
-    LSE,                        # (B*H, T) fp32 output: log-sum-exp of each row's scores, for the backward
+    q_ptr, k_ptr, v_ptr,        # (B*H, T, d) contiguous, input dtype
+    o_ptr,                      # (B*H, T, d) output, input dtype
+    lse_ptr,                    # (B*H, T) fp32 output: log-sum-exp of each row's scores, for the backward
     T,                          # sequence length
     scale,                      # score scale (1/sqrt(d) unless given)
     HEAD_DIM: tl.constexpr,     # d
@@ -137,10 +73,10 @@ def attention_fwd_kernel(
     CAUSAL: tl.constexpr,       # mask j > i and skip the tiles above the diagonal
 ):
     start_m = tl.program_id(0) * BLOCK_M
-    base = tl.program_id(1).to(tl.int64) * T * HEAD_DIM        # this (batch, head)'s first element
+    seq = tl.program_id(1).to(tl.int64) * T * HEAD_DIM         # this (batch, head)'s first element
     rows = start_m + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
-    q = load_tile(Q + base, rows, T, dims, HEAD_DIM)
+    q = load_tile(q_ptr + seq, rows, T, dims, HEAD_DIM)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -150,20 +86,20 @@ def attention_fwd_kernel(
         end = tl.minimum(start_m + BLOCK_M, T)
     for start_n in range(0, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = load_tile(K + base, cols, T, dims, HEAD_DIM)
-        v = load_tile(V + base, cols, T, dims, HEAD_DIM)
+        k = load_tile(k_ptr + seq, cols, T, dims, HEAD_DIM)
+        v = load_tile(v_ptr + seq, cols, T, dims, HEAD_DIM)
         s = _scores(q, k, rows, cols, T, scale, CAUSAL)
         m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc)
 
-    store_tile(O + base, acc / l_i[:, None], rows, T, dims, HEAD_DIM)
-    tl.store(LSE + tl.program_id(1).to(tl.int64) * T + rows, m_i + tl.log(l_i), mask=rows < T)
+    store_tile(o_ptr + seq, acc / l_i[:, None], rows, T, dims, HEAD_DIM)
+    tl.store(lse_ptr + tl.program_id(1).to(tl.int64) * T + rows, m_i + tl.log(l_i), mask=rows < T)
 
 
 @triton.jit
 def attention_bwd_dkdv_kernel(
-    Q, K, V, DO,                # (B*H, T, d) contiguous, input dtype; DO is the gradient of the output
-    LSE, DELTA,                 # (B*H, T) fp32: the forward's log-sum-exp, and D = rowsum(dO * O)
-    DK, DV,                     # (B*H, T, d) outputs, input dtype
+    q_ptr, k_ptr, v_ptr, do_ptr,  # (B*H, T, d) contiguous, input dtype; do_ptr: the gradient of the output
+    lse_ptr, delta_ptr,         # (B*H, T) fp32: the forward's log-sum-exp, and D = rowsum(dO * O)
+    dk_ptr, dv_ptr,             # (B*H, T, d) outputs, input dtype
     T, scale,                   # sequence length, score scale
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,  # d and its power-of-two padding
     BLOCK_M: tl.constexpr,      # query rows per tile of the inner loop
@@ -172,11 +108,11 @@ def attention_bwd_dkdv_kernel(
 ):
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1).to(tl.int64)
-    base = bh * T * HEAD_DIM
+    seq = bh * T * HEAD_DIM
     cols = start_n + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
-    k = load_tile(K + base, cols, T, dims, HEAD_DIM)
-    v = load_tile(V + base, cols, T, dims, HEAD_DIM)
+    k = load_tile(k_ptr + seq, cols, T, dims, HEAD_DIM)
+    v = load_tile(v_ptr + seq, cols, T, dims, HEAD_DIM)
     dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     first = 0
@@ -184,22 +120,22 @@ def attention_bwd_dkdv_kernel(
         first = (start_n // BLOCK_M) * BLOCK_M
     for start_m in range(first, T, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
-        q = load_tile(Q + base, rows, T, dims, HEAD_DIM)
-        do = load_tile(DO + base, rows, T, dims, HEAD_DIM)
-        lse, delta = load_row_stats(LSE + bh * T, DELTA + bh * T, rows, T)
+        q = load_tile(q_ptr + seq, rows, T, dims, HEAD_DIM)
+        do = load_tile(do_ptr + seq, rows, T, dims, HEAD_DIM)
+        lse, delta = load_row_stats(lse_ptr + bh * T, delta_ptr + bh * T, rows, T)
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         p, ds = softmax_tile_grad(_scores(q, k, rows, cols, T, scale, CAUSAL), lse, dp, delta)
         dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision="ieee")
         dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision="ieee")
-    store_tile(DK + base, dk * scale, cols, T, dims, HEAD_DIM)
-    store_tile(DV + base, dv, cols, T, dims, HEAD_DIM)
+    store_tile(dk_ptr + seq, dk * scale, cols, T, dims, HEAD_DIM)
+    store_tile(dv_ptr + seq, dv, cols, T, dims, HEAD_DIM)
 
 
 @triton.jit
 def attention_bwd_dq_kernel(
-    Q, K, V, DO,                # (B*H, T, d) contiguous, input dtype
-    LSE, DELTA,                 # (B*H, T) fp32
-    DQ,                         # (B*H, T, d) output, input dtype
+    q_ptr, k_ptr, v_ptr, do_ptr,  # (B*H, T, d) contiguous, input dtype
+    lse_ptr, delta_ptr,         # (B*H, T) fp32
+    dq_ptr,                     # (B*H, T, d) output, input dtype
     T, scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,      # query rows per program
@@ -208,78 +144,93 @@ def attention_bwd_dq_kernel(
 ):
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1).to(tl.int64)
-    base = bh * T * HEAD_DIM
+    seq = bh * T * HEAD_DIM
     rows = start_m + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
-    q = load_tile(Q + base, rows, T, dims, HEAD_DIM)
-    do = load_tile(DO + base, rows, T, dims, HEAD_DIM)
-    lse, delta = load_row_stats(LSE + bh * T, DELTA + bh * T, rows, T)
+    q = load_tile(q_ptr + seq, rows, T, dims, HEAD_DIM)
+    do = load_tile(do_ptr + seq, rows, T, dims, HEAD_DIM)
+    lse, delta = load_row_stats(lse_ptr + bh * T, delta_ptr + bh * T, rows, T)
     dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     end = T
     if CAUSAL:
         end = tl.minimum(start_m + BLOCK_M, T)
     for start_n in range(0, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = load_tile(K + base, cols, T, dims, HEAD_DIM)
-        v = load_tile(V + base, cols, T, dims, HEAD_DIM)
+        k = load_tile(k_ptr + seq, cols, T, dims, HEAD_DIM)
+        v = load_tile(v_ptr + seq, cols, T, dims, HEAD_DIM)
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         _, ds = softmax_tile_grad(_scores(q, k, rows, cols, T, scale, CAUSAL), lse, dp, delta)
         dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
-    store_tile(DQ + base, dq * scale, rows, T, dims, HEAD_DIM)
+    store_tile(dq_ptr + seq, dq * scale, rows, T, dims, HEAD_DIM)
+
+
+def _constexprs(head_dim: int, cfg: Launch, causal: bool) -> dict:
+    return dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), **cfg.blocks, CAUSAL=causal)
+
+
+def attention_fwd(q, k, v, causal, scale):
+    """Runs the forward kernel on contiguous (B, H, T, d) q, k, v; returns O and each row's log-sum-exp."""
+    B, H, T, d = q.shape
+    cfg = _launch_config(d, q.dtype)
+    o = new_output(q.shape, q.dtype, q.device)
+    lse = new_output((B, H, T), torch.float32, q.device)
+    attention_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
+        q, k, v, o, lse, T, scale, **_constexprs(d, cfg, causal), **cfg.options)
+    return o, lse
+
+
+def attention_bwd(q, k, v, o, lse, do, causal, scale):
+    """Runs the two backward kernels; returns dq, dk, dv."""
+    B, H, T, d = q.shape
+    cfg = _launch_config(d, q.dtype)
+    do = do.contiguous()
+    delta = (do.float() * o.float()).sum(-1)                     # D_i = sum_c dO_ic O_ic, (B, H, T) fp32
+    dq, dk, dv = (new_output(q.shape, q.dtype, q.device) for _ in range(3))
+    meta = dict(**_constexprs(d, cfg, causal), **cfg.options)
+    attention_bwd_dkdv_kernel[(triton.cdiv(T, cfg["BLOCK_N"]), B * H)](
+        q, k, v, do, lse, delta, dk, dv, T, scale, **meta)
+    attention_bwd_dq_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
+        q, k, v, do, lse, delta, dq, T, scale, **meta)
+    return dq, dk, dv
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Triton: launch and autograd
+# Autograd
 # ----------------------------------------------------------------------------------------------------------------
 
-def _constexprs(head_dim: int, cfg: LaunchConfig, causal: bool) -> dict:
-    return dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                CAUSAL=causal)
-
-
-class _AttentionTriton(torch.autograd.Function):
+class AttentionFunction(torch.autograd.Function):
     """The flash kernels; q, k, v contiguous (B, H, T, d)."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
-        B, H, T, d = q.shape
-        cfg = _launch_config(d, q.dtype)
-        o = new_output(q.shape, q.dtype, q.device)
-        lse = new_output((B, H, T), torch.float32, q.device)
-        attention_fwd_kernel[(triton.cdiv(T, cfg.block_m), B * H)](
-            q, k, v, o, lse, T, scale, **_constexprs(d, cfg, causal),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        o, lse = attention_fwd(q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale = causal, scale
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        B, H, T, d = q.shape
-        cfg = _launch_config(d, q.dtype)
-        do = do.contiguous()
-        delta = (do.float() * o.float()).sum(-1)                 # D_i = sum_c dO_ic O_ic, (B, H, T) fp32
-        dq, dk, dv = (new_output(q.shape, q.dtype, q.device) for _ in range(3))
-        meta = dict(**_constexprs(d, cfg, ctx.causal), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        attention_bwd_dkdv_kernel[(triton.cdiv(T, cfg.block_n), B * H)](
-            q, k, v, do, lse, delta, dk, dv, T, ctx.scale, **meta)
-        attention_bwd_dq_kernel[(triton.cdiv(T, cfg.block_m), B * H)](
-            q, k, v, do, lse, delta, dq, T, ctx.scale, **meta)
-        return dq, dk, dv, None, None
+        return (*attention_bwd(*ctx.saved_tensors, do, ctx.causal, ctx.scale), None, None)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Public function
+# Public op
 # ----------------------------------------------------------------------------------------------------------------
 
-def attention(q, k, v, causal=True, scale=None, backend=None):
+def attention(q, k, v, *, causal=True, scale=None, backend=None):
     """O = softmax(q k^T * scale + M) v, M = -inf above the diagonal when causal.
 
-    q, k, v: (B, H, T, d) -> (B, H, T, d), in the input dtype. scale defaults to 1/sqrt(d).
-    backend "torch": torch.nn.functional.scaled_dot_product_attention (any d; float64 too). backend "triton": the
-    flash kernels above (16 <= d <= 128). Differentiable on both. Source: FlashAttention (arXiv:2205.14135); the
-    float64 forms are in reference/attention.py.
+    Args:
+        q, k, v (torch.Tensor): (B, H, T, d), one dtype: fp32, fp16 or bf16 (float64 too on the torch backend).
+        causal (bool): mask the keys after each query. Default: True.
+        scale (float or None): multiplies every score. Default: 1/sqrt(d).
+        backend (str or None): "torch" (torch.nn.functional.scaled_dot_product_attention, any d), "triton" (the
+            flash kernels above, 16 <= d <= 128; on CPU tensors under TRITON_INTERPRET=1) or None (Triton for CUDA
+            tensors, torch otherwise). Default: None.
+    Returns:
+        torch.Tensor: O, (B, H, T, d), in the input dtype; differentiable on both backends.
+
+    Source: FlashAttention (arXiv:2205.14135); the float64 forms are in reference/attention.py.
     """
     check_tensor("q", q, (None, None, None, None))
     B, H, T, d = q.shape
@@ -298,20 +249,15 @@ def attention(q, k, v, causal=True, scale=None, backend=None):
     if backend == "torch":
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     check_triton_head_dim(d)
-    return _AttentionTriton.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale)
+    return AttentionFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Ahead-of-time build (python -m seqmix.kernels.aot)
 # ----------------------------------------------------------------------------------------------------------------
 
-# Argument types of the kernels here and in rerope.py, by name; every other argument is a tensor of the input dtype.
-AOT_ARG_TYPES = dict(LSE="*fp32", DELTA="*fp32", ROT="*fp32", T="i32", T_q="i32", T_k="i32", window="i32",
-                     scale="fp32", inv_log_len="fp32")
-
-
 def aot_kernels():
-    from seqmix.kernels.aot import AotKernel
+    from seqmix.kernels.aot import AOT_DTYPES, FLASH_ARG_TYPES, AotKernel
     kernels = []
     for d in (64, 128):
         for dtype, torch_dtype in AOT_DTYPES.items():
@@ -319,5 +265,5 @@ def aot_kernels():
             constexprs = _constexprs(d, cfg, True)
             for fn in (attention_fwd_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel):
                 kernels.append(AotKernel(f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}", fn, constexprs,
-                                         AOT_ARG_TYPES, "*" + dtype, cfg.num_warps, cfg.num_stages))
+                                         FLASH_ARG_TYPES, "*" + dtype, cfg.num_warps, cfg.num_stages))
     return kernels

@@ -17,16 +17,18 @@ import seqmix
 
 MODE = seqmix.use_interpreter_without_gpu()   # before anything imports triton
 
-from seqmix.kernels import _common, attention, native, rerope, ssm, wkv4, wkv7  # noqa: E402
-from seqmix.kernels.testing import (FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, fp32, max_abs,  # noqa: E402
-                             rel_rms)
+from seqmix.kernels import attention, native, rerope, ssm, wkv4, wkv7  # noqa: E402
+from seqmix.kernels.testing import (FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, HAS_TRITON, REFERENCE_BUDGET,  # noqa: E402
+                                    fp32, max_abs, rel_rms)
 from seqmix.reference import attention as ref_attention  # noqa: E402
 from seqmix.reference import rope as ref_rope  # noqa: E402
 from seqmix.reference import ssm as ref_ssm  # noqa: E402
 from seqmix.reference import wkv4 as ref_wkv4  # noqa: E402
 from seqmix.reference import wkv7 as ref_wkv7  # noqa: E402
 
-BACKENDS = ("torch", "triton") if _common.HAS_TRITON else ("torch",)
+__all__ = ["main"]
+
+BACKENDS = ("torch", "triton") if HAS_TRITON else ("torch",)
 # The recurrences also have C loops (kernels/native.c) where a C compiler builds them.
 RECURRENCE_BACKENDS = BACKENDS + (() if native.unavailable_reason() else ("c",))
 
@@ -35,7 +37,8 @@ def attention_rows(rng):
     q, k, v = rng.normal(size=(3, 2, 2, 37, 16))
     truth = ref_attention.softmax_attention(q, k, v)
     yield "softmax attention", "explicit sums", ref_attention.attention_sums(q, k, v), truth, REFERENCE_BUDGET
-    yield "softmax attention", "online form", ref_attention.online_softmax_attention(q, k, v, 8), truth, REFERENCE_BUDGET
+    yield "softmax attention", "online form", ref_attention.online_softmax_attention(q, k, v, block_size=8), truth, \
+        REFERENCE_BUDGET
     for backend in BACKENDS:
         yield "softmax attention", f"kernel, {backend}", attention.attention(*fp32(q, k, v), backend=backend), truth, \
             FP32_BUDGET
@@ -52,14 +55,15 @@ def rope_rows(rng):
         rel = ref_rope.relative_positions(37, "rerope" if leaky_k is None else "leaky_rerope", window=10, k=leaky_k)
         scaled_q = q * ref_rope.log_n_scale(pos, 16)[:, None]
         truth = ref_rope.attention_from_relative_positions(scaled_q, k, v, rel)
-        prefill = ref_rope.rerope_attention(q, k, v, 10, leaky_k, train_length=16)
+        prefill = ref_rope.rerope_attention(q, k, v, 10, leaky_k=leaky_k, train_length=16)
         yield name, "two-pass prefill", prefill, truth, REFERENCE_BUDGET
-        yield name, "one-pass decode", ref_rope.rerope_decode(q[..., -1:, :], k, v, 10, leaky_k, train_length=16), \
-            truth[..., -1:, :], REFERENCE_BUDGET
+        decode = ref_rope.rerope_decode(q[..., -1:, :], k, v, 10, leaky_k=leaky_k, train_length=16)
+        yield name, "one-pass decode", decode, truth[..., -1:, :], REFERENCE_BUDGET
         for backend in BACKENDS:
-            out = rerope.rerope_attention(*fp32(q, k, v), 10, leaky_k, train_length=16, backend=backend)
+            out = rerope.rerope_attention(*fp32(q, k, v), 10, leaky_k=leaky_k, train_length=16, backend=backend)
             yield name, f"kernel prefill, {backend}", out, truth, FP32_BUDGET
-            out = rerope.rerope_decode(*fp32(q[..., -1:, :], k, v), 10, leaky_k, train_length=16, backend=backend)
+            out = rerope.rerope_decode(*fp32(q[..., -1:, :], k, v), 10, leaky_k=leaky_k, train_length=16,
+                                       backend=backend)
             yield name, f"kernel decode, {backend}", out, truth[..., -1:, :], FP32_BUDGET
 
 
@@ -117,7 +121,7 @@ def ssm_rows(rng):
 
 def main() -> int:
     rng = np.random.default_rng(0)
-    print(f"Triton: {'not installed' if not _common.HAS_TRITON else MODE}\n")
+    print(f"Triton: {'not installed' if not HAS_TRITON else MODE}\n")
     header = f"| {'formula':<32} | {'computation':<40} | rel RMS  | max abs  | budget | ok |"
     print(header + "\n|" + "|".join("-" * (len(c) + 0) for c in header.split("|")[1:-1]) + "|")
     failures = 0

@@ -1,16 +1,21 @@
-/* The recurrences as plain C loops: the CPU inference path of kernels/native.py (forward only, fp32).
+/* The recurrences as plain C loops: the CPU path of kernels/native.py (forward and backward, fp32).
  *
  * Why C: on a CPU each recurrence is a handful of multiply-adds and one or two exponentials per element, and every
  * eager torch formulation of it (chunked, in kernels/wkv4.py, wkv7.py, ssm.py) makes about twenty passes over the
  * data, each its own trip through memory. One loop that walks time once does the same work in one pass, as the
- * Triton kernels do on a GPU, and follows their formulas (see the Python modules' docstrings).
+ * Triton kernels do on a GPU, and follows their formulas (see the Python modules' docstrings). The backwards walk
+ * time in reverse as the Triton backwards do: WKV-4 from what its forward saved per token, WKV-7 and the scan from
+ * states their forwards saved every few steps (re-running those steps forward, then walking them back).
  *
  * Built by kernels/native.py with the system C compiler (its FLAGS say which and why). The inner loops run over
  * contiguous memory without dependences between iterations, so the compiler vectorizes them (`omp simd`, with
  * -fopenmp-simd: no OpenMP runtime); exp_clamped and softplus below are written so that they vectorize too. Each
  * function walks a range [first, last) of independent work items; kernels/native.py gives each thread a range.
+ * Every work item writes outputs of its own (no two items add into one number), and sums over work items run
+ * afterwards in a fixed order (sum_rows): results do not depend on the number of threads or their timing.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* e^x in fp32 within 1 ulp (0.89 measured), vectorizable (no calls, no branches), for x clamped to [-87, 88]:
@@ -90,66 +95,209 @@ static inline float poison(float x, int32_t poisoned)
     return x;
 }
 
+/* 1 when x is NaN or +inf; -inf passes. Where a number is an exponent (WKV-4's keys and state max), -inf means a
+ * weight of exactly 0 ("nothing seen yet" for the max), which the loops compute as e^-87 against terms of e^0: the
+ * other backends' answer to fp32's resolution. */
+static inline int32_t nan_or_plus_inf(float x)
+{
+    int32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return nonfinite(x) & (bits != (int32_t)0xff800000);
+}
+
+/* out[i] = sum_r in[r cols + i], the rows added in the order r = 0, 1, ... whatever the split: the sums over batch
+ * rows (or groups of channels) of the parameter gradients. Work items: columns. */
+void sum_rows(int64_t first, int64_t last, int64_t rows, int64_t cols, const float *in, float *out)
+{
+    #pragma omp simd
+    for (int64_t i = first; i < last; i++)
+        out[i] = in[i];
+    for (int64_t r = 1; r < rows; r++) {
+        const float *row = in + r * cols;
+        #pragma omp simd
+        for (int64_t i = first; i < last; i++)
+            out[i] += row[i];
+    }
+}
+
+/* A buffer of n floats for one call's work items (freed by the caller), 64-byte aligned. */
+static float *scratch_floats(int64_t n)
+{
+    return aligned_alloc(64, (size_t)((n * (int64_t)sizeof(float) + 63) / 64 * 64));
+}
+
+/* The sum of x[0 .. 7] as a tree of pairs: a few shuffles of one vector (GCC adds the lanes of a reduction's vector
+ * one after the other, a chain of 7 dependent additions) */
+static inline float sum8(float *x)
+{
+    for (int64_t half = 4; half > 0; half /= 2)
+        for (int64_t l = 0; l < half; l++)
+            x[l] += x[l + half];
+    return x[0];
+}
+
+/* ------------------------------------------------------------------------------------------------------ WKV-4 */
+
 /* RWKV-4's WKV, the max-tracked recurrence of kernels/wkv4.py's Triton forward (same formulas, same order):
  * the scale max is kept as anchor + lag w, so that exponent differences come from key differences.
- * w, u (C,); k, v, y (B, T, C); state in and out (B, C) each: num, den, max; scratch lag (B, C), bad (B, C). A
- * work item is a batch row and a block of channels, whose time it walks; rows of C channels are contiguous, so
- * kernels/native.py makes blocks as wide as the thread count allows. A channel's outputs are NaN from its first
- * non-finite input on, as the recurrence in IEEE arithmetic would give them. */
-void wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
-                  const float *w, const float *u, const float *k, const float *v, float *y,
-                  const float *num0, const float *den0, const float *max0,
-                  float *num_out, float *den_out, float *max_out, float *lag_scratch, int32_t *bad_scratch)
+ * w, u (C,); k, v, y (B, T, C); state in and out (B, C) each: num, den, max; lag, bad (B, C): the steps since the
+ * final max's term and whether the channel met a non-finite input (the backward reads both). With SAVE, also per
+ * token what the backward needs, as the Triton forward saves it: vy = v - y (without cancellation), d = max - (u + k),
+ * z = the output's denominator over e^{the larger of max, u + k}; (B, T, C) each. A work item is a batch row and a
+ * block of channels, whose time it walks; rows of C channels are contiguous, so kernels/native.py makes blocks as wide
+ * as the thread count allows. A channel's outputs are NaN from its first NaN or +inf input on, as the recurrence in
+ * IEEE arithmetic would give them (-inf in k or the state's max is a weight of 0, see nan_or_plus_inf). */
+static inline __attribute__((always_inline)) void wkv4_item(
+    int64_t item, int64_t T, int64_t C, int64_t block, const int save,
+    const float *w, const float *u, const float *k, const float *v, float *y,
+    const float *num0, const float *den0, const float *max0, float *num_out, float *den_out, float *max_out,
+    float *lag_out, int32_t *bad_out, float *vy_save, float *d_save, float *z_save)
 {
     const int64_t blocks = (C + block - 1) / block;
+    const int64_t b = item / blocks, c0 = item % blocks * block, s = b * C + c0;
+    const int64_t width = C - c0 < block ? C - c0 : block;
+    float *num = num_out + s, *den = den_out + s, *anchor = max_out + s, *lag = lag_out + s;
+    int32_t *bad = bad_out + s;
+    for (int64_t j = 0; j < width; j++) {
+        num[j] = num0[s + j];
+        den[j] = den0[s + j];
+        anchor[j] = max0[s + j];
+        lag[j] = 0.0f;
+        bad[j] = nonfinite(w[c0 + j]) | nonfinite(u[c0 + j]) | nonfinite(num[j]) | nonfinite(den[j])
+                 | nan_or_plus_inf(anchor[j]);
+    }
+    for (int64_t t = 0; t < T; t++) {
+        const int64_t row = (b * T + t) * C + c0;
+        const float *kt = k + row, *vt = v + row;
+        float *yt = y + row;
+        #pragma omp simd
+        for (int64_t j = 0; j < width; j++) {
+            const float kj = kt[j], vj = vt[j], wj = w[c0 + j];
+            bad[j] |= nan_or_plus_inf(kj) | nonfinite(vj);
+            /* output: the past at scale e^max against the current token e^{u + k}; the larger is 1 */
+            float d = (anchor[j] - kj) + lag[j] * wj - u[c0 + j];   /* max - (u + k) */
+            float x = exp_clamped(d < 0.0f ? d : -d);
+            float past = d < 0.0f ? x : 1.0f, cur = d < 0.0f ? 1.0f : x;
+            const float z = past * den[j] + cur;
+            yt[j] = poison((past * num[j] + cur * vj) / z, bad[j]);
+            if (save) {
+                vy_save[row + j] = past * (den[j] * vj - num[j]) / z;
+                d_save[row + j] = d;
+                z_save[row + j] = z;
+            }
+            /* update: decay the past by e^w, add e^k; d = (max + w) - k decides the new scale */
+            d = (anchor[j] - kj) + (lag[j] + 1.0f) * wj;
+            x = exp_clamped(d < 0.0f ? d : -d);
+            past = d < 0.0f ? x : 1.0f;
+            cur = d < 0.0f ? 1.0f : x;
+            num[j] = past * num[j] + cur * vj;
+            den[j] = past * den[j] + cur;
+            anchor[j] = d >= 0.0f ? anchor[j] : kj;
+            lag[j] = d >= 0.0f ? lag[j] + 1.0f : 0.0f;
+        }
+    }
+    /* max is returned rounded to fp32, and num, den follow the rounding exactly: the rounding error of
+     * anchor + lag w by Knuth's two-sum (exact in IEEE arithmetic, which is why there is no -ffast-math) */
+    for (int64_t j = 0; j < width; j++) {
+        const float drift = lag[j] * w[c0 + j], mx = anchor[j] + drift, back = mx - anchor[j];
+        const float err = (anchor[j] - (mx - back)) + (drift - back), scale = exp_clamped(err);
+        num[j] = poison(num[j] * scale, bad[j]);
+        den[j] = poison(den[j] * scale, bad[j]);
+        anchor[j] = poison(mx, bad[j]);
+    }
+}
+
+void wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
+                  const float *w, const float *u, const float *k, const float *v, float *y,
+                  const float *num0, const float *den0, const float *max0, float *num_out, float *den_out,
+                  float *max_out, float *lag_out, int32_t *bad_out, float *vy_save, float *d_save, float *z_save)
+{
+    for (int64_t item = first; item < last; item++) {
+        if (vy_save)
+            wkv4_item(item, T, C, block, 1, w, u, k, v, y, num0, den0, max0, num_out, den_out, max_out, lag_out,
+                      bad_out, vy_save, d_save, z_save);
+        else
+            wkv4_item(item, T, C, block, 0, w, u, k, v, y, num0, den0, max0, num_out, den_out, max_out, lag_out,
+                      bad_out, NULL, NULL, NULL);
+    }
+}
+
+/* The backward of wkv4_forward, kernels/wkv4.py's Triton backward (same formulas, same names): time in reverse with
+ * the adjoints of the represented sums N^, D^ (an, ad) and of their w-derivatives (bn, bd), kept multiplied by
+ * e^{max_t}, every factor one of the forward's exponentials rebuilt from the saved d_t and z_t:
+ *     A(t) = gy_t / Z_t (and -gy_t y_t / Z_t) + e^w A(t+1),   B(t) = e^w (B(t+1) + A(t+1)).
+ * gy (B, T, C); gnum, gden, gmax (B, C): the cotangents of y and of the final state; num, den (B, C) the final state.
+ * Out: gk, gv (B, T, C); gw, gu (B, C), each batch row's share (kernels/native.py sums them); gnum0, gden0, gmax0
+ * (B, C). A channel that met a non-finite input has NaN gradients. Work items as in wkv4_forward. */
+void wkv4_backward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
+                   const float *w, const float *u, const float *k, const float *v,
+                   const float *vy_save, const float *d_save, const float *z_save, const float *gy,
+                   const float *num0, const float *den0, const float *max0, const float *num, const float *den,
+                   const float *lag_in, const int32_t *bad, const float *gnum, const float *gden, const float *gmax,
+                   float *gk, float *gv, float *gw_out, float *gu_out, float *gnum0, float *gden0, float *gmax0)
+{
+    const int64_t blocks = (C + block - 1) / block;
+    float *buffer = scratch_floats(7 * block);
+    float *an = buffer, *ad = an + block, *bn = ad + block, *bd = bn + block, *gw = bd + block, *gu = gw + block;
+    float *top = gu + block;                              /* g_top: the final max's effective gradient */
     for (int64_t item = first; item < last; item++) {
         const int64_t b = item / blocks, c0 = item % blocks * block, s = b * C + c0;
         const int64_t width = C - c0 < block ? C - c0 : block;
-        float *num = num_out + s, *den = den_out + s, *anchor = max_out + s, *lag = lag_scratch + s;
-        int32_t *bad = bad_scratch + s;
+        const float *lag = lag_in + s;
         for (int64_t j = 0; j < width; j++) {
-            num[j] = num0[s + j];
-            den[j] = den0[s + j];
-            anchor[j] = max0[s + j];
-            lag[j] = 0.0f;
-            bad[j] = nonfinite(w[c0 + j]) | nonfinite(u[c0 + j]) | nonfinite(num[j]) | nonfinite(den[j])
-                     | nonfinite(anchor[j]);
+            const float wj = w[c0 + j];
+            /* the final max's own gradient, less what the returned num, den (divided by e^max) pass to it */
+            top[j] = gmax[s + j] - gnum[s + j] * num[s + j] - gden[s + j] * den[s + j];
+            /* the final max's term: token T-1-lag, or the initial state's when lag = T; redo the forward's rounding
+             * of it, since the returned num, den were scaled by e^err */
+            const float anchor = lag[j] < (float)T ? k[(b * T + T - 1 - (int64_t)lag[j]) * C + c0 + j] : max0[s + j];
+            const float drift = lag[j] * wj, mx = anchor + drift, back = mx - anchor;
+            const float scale = exp_clamped((anchor - (mx - back)) + (drift - back));
+            an[j] = gnum[s + j] * scale;
+            ad[j] = gden[s + j] * scale;
+            bn[j] = bd[j] = gw[j] = gu[j] = 0.0f;
         }
-        for (int64_t t = 0; t < T; t++) {
-            const int64_t row = (b * T + t) * C + c0;
-            const float *kt = k + row, *vt = v + row;
-            float *yt = y + row;
+        for (int64_t i = 0; i < T; i++) {
+            const int64_t t = T - 1 - i, row = (b * T + t) * C + c0;
             #pragma omp simd
             for (int64_t j = 0; j < width; j++) {
-                const float kj = kt[j], vj = vt[j], wj = w[c0 + j];
-                bad[j] |= nonfinite(kj) | nonfinite(vj);
-                /* output: the past at scale e^max against the current token e^{u + k}; the larger is 1 */
-                float d = (anchor[j] - kj) + lag[j] * wj - u[c0 + j];   /* max - (u + k) */
-                float x = exp_clamped(d < 0.0f ? d : -d);
-                float past = d < 0.0f ? x : 1.0f, cur = d < 0.0f ? 1.0f : x;
-                yt[j] = poison((past * num[j] + cur * vj) / (past * den[j] + cur), bad[j]);
-                /* update: decay the past by e^w, add e^k; d = (max + w) - k decides the new scale */
-                d = (anchor[j] - kj) + (lag[j] + 1.0f) * wj;
+                const float vj = v[row + j], gyj = gy[row + j], vy = vy_save[row + j], d = d_save[row + j];
+                const float z = z_save[row + j];
+                const float d_next = d + (u[c0 + j] + w[c0 + j]);       /* (max_t + w) - k_t */
+                float x = exp_clamped(d_next < 0.0f ? d_next : -d_next);
+                const float into_next = d_next < 0.0f ? 1.0f : x;       /* e^{k_t - max_{t+1}} */
+                const float decay = d_next < 0.0f ? x : 1.0f;           /* e^{max_t + w - max_{t+1}} */
                 x = exp_clamped(d < 0.0f ? d : -d);
-                past = d < 0.0f ? x : 1.0f;
-                cur = d < 0.0f ? 1.0f : x;
-                num[j] = past * num[j] + cur * vj;
-                den[j] = past * den[j] + cur;
-                anchor[j] = d >= 0.0f ? anchor[j] : kj;
-                lag[j] = d >= 0.0f ? lag[j] + 1.0f : 0.0f;
+                const float past = (d < 0.0f ? x : 1.0f) / z;           /* e^{max_t} / Z_t */
+                const float cur = gyj * (d < 0.0f ? 1.0f : x) / z;      /* gy_t e^{u + k_t} / Z_t */
+                const float g_bonus = cur * vy;                         /* dL/d(u + k_t) through y_t */
+                gv[row + j] = poison(into_next * an[j] + cur, bad[s + j]);
+                gk[row + j] = poison(into_next * (an[j] * vj + ad[j]) + g_bonus
+                                     + (lag[j] == (float)(T - 1 - t) ? top[j] : 0.0f), bad[s + j]);
+                gu[j] += g_bonus;
+                gw[j] += into_next * (bn[j] * vj + bd[j]);
+                /* A(t) = gy_t / Z_t (and -gy_t y_t / Z_t) + e^w A(t+1);  B(t) = e^w (B(t+1) + A(t+1)) */
+                bn[j] = decay * (bn[j] + an[j]);
+                bd[j] = decay * (bd[j] + ad[j]);
+                an[j] = decay * an[j] + past * gyj;
+                ad[j] = decay * ad[j] - past * gyj * (vj - vy);
             }
         }
-        /* max is returned rounded to fp32, and num, den follow the rounding exactly: the rounding error of
-         * anchor + lag w by Knuth's two-sum (exact in IEEE arithmetic, which is why there is no -ffast-math) */
         for (int64_t j = 0; j < width; j++) {
-            const float drift = lag[j] * w[c0 + j], mx = anchor[j] + drift, back = mx - anchor[j];
-            const float err = (anchor[j] - (mx - back)) + (drift - back), scale = exp_clamped(err);
-            num[j] = poison(num[j] * scale, bad[j]);
-            den[j] = poison(den[j] * scale, bad[j]);
-            anchor[j] = poison(mx, bad[j]);
+            const int32_t poisoned = bad[s + j];
+            const int32_t from_token = lag[j] < (float)T;
+            /* the initial state's decay, then d max_T / dw */
+            gw_out[s + j] = poison(gw[j] + bn[j] * num0[s + j] + bd[j] * den0[s + j] + lag[j] * top[j], poisoned);
+            gu_out[s + j] = poison(gu[j], poisoned);
+            gnum0[s + j] = poison(an[j], poisoned);
+            gden0[s + j] = poison(ad[j], poisoned);
+            gmax0[s + j] = poison(an[j] * num0[s + j] + ad[j] * den0[s + j] + (from_token ? 0.0f : top[j]), poisoned);
         }
     }
+    free(buffer);
 }
+
+/* --------------------------------------------------------------------------------------------- selective scan */
 
 /* Mamba's selective scan: delta <- softplus(delta + delta_bias) (each when asked for),
  * x_t = e^{delta_t A} x_{t-1} + delta_t B_t u_t, y_t = (C_t . x_t + D u_t) silu(z_t).
@@ -159,7 +307,9 @@ void wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t blo
  * the products over the state are then lane-wise (no sums across a vector), and B_t, C_t are read once per block.
  * A last, partial block fills its spare lanes with copies of its last channel, which compute and store exactly
  * what that channel does; the last pass (state, skip, gate) runs once per channel. Outputs are NaN from a
- * channel's first non-finite input on. */
+ * channel's first non-finite input on. For the backward (ckpt not NULL): the state before every ck-th token,
+ * ckpt (batch * blocks, ceil(T / ck), N, LANES) in the loop's lane layout, and bad (batch * blocks, LANES): whether
+ * each lane met a non-finite input. */
 #define LANES 8
 
 /* LANES, for kernels/native.py's count of work items */
@@ -168,43 +318,62 @@ int64_t selective_scan_lanes(void)
     return LANES;
 }
 
+/* A block's lanes: channel (spare lanes repeat the last), delta's bias, A as [n][lane], and which lanes start bad. */
+static void scan_lanes(int64_t d0, int64_t D, int64_t N, const float *delta_bias, const float *A, int64_t *channel,
+                       float *bias, float *a, int32_t *bad)
+{
+    for (int64_t j = 0; j < LANES; j++) {
+        channel[j] = d0 + j < D ? d0 + j : D - 1;
+        bias[j] = delta_bias ? delta_bias[channel[j]] : 0.0f;
+        bad[j] = nonfinite(bias[j]);
+        for (int64_t n = 0; n < N; n++) {
+            a[n * LANES + j] = A[channel[j] * N + n];
+            bad[j] |= nonfinite(a[n * LANES + j]);
+        }
+    }
+}
+
+/* The steps delta_t (+ bias, softplus) along each real channel's row of T, into out (contiguous, so vectorized). */
+static void scan_steps(int64_t d0, int64_t D, int64_t T, int64_t row0, int64_t delta_softplus, const float *delta,
+                       const float *bias, float *out)
+{
+    for (int64_t j = 0; j < LANES && d0 + j < D; j++) {
+        const float *dr = delta + row0 + j * T;
+        float *o = out + row0 + j * T;
+        #pragma omp simd
+        for (int64_t t = 0; t < T; t++)
+            o[t] = dr[t] + bias[j];
+        if (delta_softplus) {
+            #pragma omp simd
+            for (int64_t t = 0; t < T; t++)
+                o[t] = softplus(o[t]);
+        }
+    }
+}
+
 void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
                             const float *u, const float *delta, const float *delta_bias, const float *A,
                             const float *Bt, const float *Ct, const float *Dskip, const float *z, float *y,
-                            float *state)
+                            float *state, int64_t ck, float *ckpt, int32_t *bad_out)
 {
-    const int64_t blocks = (D + LANES - 1) / LANES;
+    const int64_t blocks = (D + LANES - 1) / LANES, n_ckpt = (T + ck - 1) / ck;
     for (int64_t item = first; item < last; item++) {
         const int64_t b = item / blocks, d0 = item % blocks * LANES;
         int64_t channel[LANES];                                /* the lane's channel: spare lanes repeat the last */
         float x[N * LANES], a[N * LANES], bias[LANES], step[LANES], drive[LANES], out[LANES];   /* x, A: [n][lane] */
         int32_t bad[LANES];
-        for (int64_t j = 0; j < LANES; j++) {
-            channel[j] = d0 + j < D ? d0 + j : D - 1;
-            bias[j] = delta_bias ? delta_bias[channel[j]] : 0.0f;
-            bad[j] = nonfinite(bias[j]);
+        scan_lanes(d0, D, N, delta_bias, A, channel, bias, a, bad);
+        for (int64_t j = 0; j < LANES; j++)
             for (int64_t n = 0; n < N; n++) {
                 x[n * LANES + j] = state[(b * D + channel[j]) * N + n];
-                a[n * LANES + j] = A[channel[j] * N + n];
-                bad[j] |= nonfinite(x[n * LANES + j]) | nonfinite(a[n * LANES + j]);
+                bad[j] |= nonfinite(x[n * LANES + j]);
             }
-        }
-        /* the steps first, along each channel's row (contiguous, so vectorized), into y: y_t is written only after
-         * step t has been read */
-        for (int64_t j = 0; j < LANES && d0 + j < D; j++) {
-            const float *dr = delta + (b * D + channel[j]) * T;
-            float *yr = y + (b * D + channel[j]) * T;
-            #pragma omp simd
-            for (int64_t t = 0; t < T; t++)
-                yr[t] = dr[t] + bias[j];
-            if (delta_softplus) {
-                #pragma omp simd
-                for (int64_t t = 0; t < T; t++)
-                    yr[t] = softplus(yr[t]);
-            }
-        }
+        /* the steps first, into y: y_t is written only after step t has been read */
+        scan_steps(d0, D, T, (b * D + d0) * T, delta_softplus, delta, bias, y);
         for (int64_t t = 0; t < T; t++) {
             const float *Bn = Bt + (b * T + t) * N, *Cn = Ct + (b * T + t) * N;
+            if (ckpt && t % ck == 0)
+                memcpy(ckpt + (item * n_ckpt + t / ck) * N * LANES, x, sizeof x);
             for (int64_t j = 0; j < LANES; j++) {
                 const int64_t at = (b * D + channel[j]) * T + t;
                 step[j] = y[at];
@@ -224,6 +393,8 @@ void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, i
             for (int64_t j = 0; j < LANES; j++)
                 y[(b * D + channel[j]) * T + t] = poison(out[j], bad[j]);
         }
+        if (bad_out)
+            memcpy(bad_out + item * LANES, bad, sizeof bad);
         for (int64_t j = 0; j < LANES && d0 + j < D; j++) {   /* each channel once (not its spare copies) */
             for (int64_t n = 0; n < N; n++)
                 state[(b * D + channel[j]) * N + n] = poison(x[n * LANES + j], bad[j]);
@@ -240,24 +411,254 @@ void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, i
     }
 }
 
+/* The backward of selective_scan_forward, the formulas of kernels/ssm.py's Triton backward plus the elementwise
+ * ends of the op. For each chunk of ck tokens from the last: re-run it forward from its checkpoint, keeping every
+ * x_t and alpha_t = e^{delta_t A}, then walk it back with nu = dL/dx_t through the later tokens:
+ *     pre_t = C_t . x_t + D u_t,   y_t = pre_t silu(z_t):  dpre = dy silu(z),  dz = dy pre silu'(z),  dD += dpre u
+ *     lambda_t = nu + dpre C_t (dL/dx_t),   dC_t += dpre x_t,   dB_t += lambda_t delta_t u_t,
+ *     dL/d(delta_t A) = lambda_t alpha_t x_{t-1}:  ddelta_t = sum_n (that) A + u_t sum_n lambda_t B_t,
+ *                                                  dA += (that) delta_t,
+ *     du_t = delta_t sum_n lambda_t B_t + dpre D,   nu <- alpha_t lambda_t;   softplus: ddelta *= sigmoid(raw delta)
+ * A work item is a batch row and a group of `per_group` blocks of LANES channels (a number of groups per batch row
+ * chosen from the shapes alone); it walks the chunks from the last, each through every block of the group, whose
+ * nu and sums it keeps meanwhile. dB and dC are sums over channels: the lanes' shares are added lane by lane over
+ * the group's blocks, then across the lanes once per chunk, into dB_part, dC_part (batch * groups, T, N); kernels/
+ * native.py sums the groups. dA_part (batch, D, N), dD_part, dbias_part (batch, D): each batch row's share. A chunk's
+ * rows of u, dy, z, delta (and the outputs du, ddelta, dz) pass through [token][lane] tiles, so that the per-token
+ * work over a block's lanes is a vector too. Spare lanes see dy = 0 and a zero dlast, so they add exact zeros. A
+ * lane that met a non-finite input has NaN gradients, and so have dB, dC of its batch row's group. */
+void selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
+                             int64_t per_group, const float *u, const float *delta, const float *delta_bias,
+                             const float *A, const float *Bt, const float *Ct, const float *Dskip, const float *z,
+                             int64_t ck, const float *ckpt, const int32_t *bad_in, const float *dy,
+                             const float *dlast, float *du, float *ddelta, float *dz, float *dA_part,
+                             float *dB_part, float *dC_part, float *dD_part, float *dbias_part, float *dstate)
+{
+    const int64_t blocks = (D + LANES - 1) / LANES, groups = (blocks + per_group - 1) / per_group;
+    const int64_t n_ckpt = (T + ck - 1) / ck, tile = ck * LANES, state = N * LANES;
+    /* per call: the chunk's x_t (ck + 1 of them), alpha_t, the lanes' shares of dB and dC; eight [token][lane]
+     * tiles; per block of a group: nu, dA (N x LANES), dD, dbias (LANES) */
+    float *xs = scratch_floats((ck + 1) * state + 3 * ck * state + 8 * tile + per_group * (2 * state + 2 * LANES));
+    float *alphas = xs + (ck + 1) * state, *shareB = alphas + ck * state, *shareC = shareB + ck * state;
+    float *step = shareC + ck * state, *slope = step + tile, *ut = slope + tile, *gt = ut + tile, *zt = gt + tile;
+    float *du_t = zt + tile, *dd_t = du_t + tile, *dz_t = dd_t + tile;
+    float *nus = dz_t + tile, *dAs = nus + per_group * state, *dDs = dAs + per_group * state;
+    float *dbiases = dDs + per_group * LANES;
+    for (int64_t item = first; item < last; item++) {
+        const int64_t b = item / groups, g = item % groups, blk0 = g * per_group;
+        const int64_t n_blk = blocks - blk0 < per_group ? blocks - blk0 : per_group;
+        int32_t group_bad = 0;
+        for (int64_t bk = 0; bk < n_blk; bk++)
+            for (int64_t j = 0; j < LANES && (blk0 + bk) * LANES + j < D; j++) {
+                const int64_t d = (blk0 + bk) * LANES + j;
+                group_bad |= bad_in[(b * blocks + blk0 + bk) * LANES + j];
+                for (int64_t n = 0; n < N; n++)
+                    nus[bk * state + n * LANES + j] = dlast[(b * D + d) * N + n];
+            }
+        for (int64_t bk = 0; bk < n_blk; bk++)       /* spare lanes: zero nu, so zero everything */
+            for (int64_t j = 0; j < LANES; j++) {
+                if ((blk0 + bk) * LANES + j >= D)
+                    for (int64_t n = 0; n < N; n++)
+                        nus[bk * state + n * LANES + j] = 0.0f;
+                dDs[bk * LANES + j] = dbiases[bk * LANES + j] = 0.0f;
+                for (int64_t n = 0; n < N; n++)
+                    dAs[bk * state + n * LANES + j] = 0.0f;
+            }
+        for (int64_t c = n_ckpt - 1; c >= 0; c--) {
+            const int64_t t0 = c * ck, L = T - t0 < ck ? T - t0 : ck;
+            memset(shareB, 0, 2 * ck * state * sizeof(float));
+            for (int64_t bk = 0; bk < n_blk; bk++) {
+                const int64_t blk = blk0 + bk, d0 = blk * LANES, fwd_item = b * blocks + blk;
+                int64_t channel[LANES];
+                float a[N * LANES], bias[LANES], skip[LANES], pre[LANES], dpre[LANES], lamB[LANES], gA[LANES];
+                float *nu = nus + bk * state, *dA = dAs + bk * state, *dDacc = dDs + bk * LANES;
+                float *dbias = dbiases + bk * LANES;
+                int32_t bad[LANES];
+                scan_lanes(d0, D, N, delta_bias, A, channel, bias, a, bad);
+                for (int64_t j = 0; j < LANES; j++) {
+                    const int64_t row = (b * D + channel[j]) * T + t0;
+                    const float live = d0 + j < D ? 1.0f : 0.0f;
+                    skip[j] = Dskip ? Dskip[channel[j]] : 0.0f;
+                    bad[j] = bad_in[fwd_item * LANES + j];
+                    if (c > 0) {             /* the previous chunk's rows, which this block reads next time */
+                        __builtin_prefetch(delta + row - ck);
+                        __builtin_prefetch(u + row - ck);
+                        __builtin_prefetch(dy + row - ck);
+                        if (z)
+                            __builtin_prefetch(z + row - ck);
+                    }
+                    for (int64_t l = 0; l < L; l++) {                 /* the chunk's rows, as [token][lane] tiles */
+                        step[l * LANES + j] = delta[row + l] + bias[j];
+                        ut[l * LANES + j] = u[row + l];
+                        gt[l * LANES + j] = live * dy[row + l];
+                        zt[l * LANES + j] = z ? z[row + l] : 0.0f;
+                    }
+                }
+                if (delta_softplus) {
+                    #pragma omp simd
+                    for (int64_t i = 0; i < L * LANES; i++) {     /* softplus and its slope, sigmoid */
+                        slope[i] = 1.0f / (1.0f + exp_clamped(-step[i]));
+                        step[i] = softplus(step[i]);
+                    }
+                } else {
+                    for (int64_t i = 0; i < L * LANES; i++)
+                        slope[i] = 1.0f;
+                }
+                memcpy(xs, ckpt + (fwd_item * n_ckpt + c) * state, state * sizeof(float));
+                for (int64_t l = 0; l < L; l++) {          /* the chunk forward again: x_t and alpha_t */
+                    const float *Bn = Bt + (b * T + t0 + l) * N, *sl = step + l * LANES, *ul = ut + l * LANES;
+                    for (int64_t n = 0; n < N; n++) {
+                        const float *xp = xs + (l * N + n) * LANES, *an = a + n * LANES, bn = Bn[n];
+                        float *xn = xs + ((l + 1) * N + n) * LANES, *al = alphas + (l * N + n) * LANES;
+                        #pragma omp simd
+                        for (int64_t j = 0; j < LANES; j++) {
+                            al[j] = exp_clamped(sl[j] * an[j]);
+                            xn[j] = al[j] * xp[j] + sl[j] * ul[j] * bn;
+                        }
+                    }
+                }
+                for (int64_t l = L - 1; l >= 0; l--) {     /* and back */
+                    const int64_t t = t0 + l;
+                    const float *Bn = Bt + (b * T + t) * N, *Cn = Ct + (b * T + t) * N, *xt = xs + (l + 1) * state;
+                    const float *sl = step + l * LANES, *ul = ut + l * LANES, *gl = gt + l * LANES;
+                    const float *zl = zt + l * LANES;
+                    #pragma omp simd
+                    for (int64_t j = 0; j < LANES; j++)
+                        pre[j] = skip[j] * ul[j];
+                    for (int64_t n = 0; n < N; n++)                                  /* + C_t . x_t */
+                        #pragma omp simd
+                        for (int64_t j = 0; j < LANES; j++)
+                            pre[j] += Cn[n] * xt[n * LANES + j];
+                    #pragma omp simd
+                    for (int64_t j = 0; j < LANES; j++) {
+                        /* silu(z) = z sigmoid(z), silu'(z) = sigmoid(z) (1 + z (1 - sigmoid(z))) */
+                        const float sg = 1.0f / (1.0f + exp_clamped(-zl[j]));
+                        dpre[j] = z ? gl[j] * zl[j] * sg : gl[j];
+                        dz_t[l * LANES + j] = gl[j] * pre[j] * sg * (1.0f + zl[j] * (1.0f - sg));
+                        dDacc[j] += dpre[j] * ul[j];
+                        lamB[j] = gA[j] = 0.0f;
+                    }
+                    for (int64_t n = 0; n < N; n++) {
+                        const float *xp = xs + (l * N + n) * LANES, *xn = xt + n * LANES;
+                        const float *al = alphas + (l * N + n) * LANES, *an = a + n * LANES, bn = Bn[n], cn = Cn[n];
+                        float *nun = nu + n * LANES, *dAn = dA + n * LANES;
+                        float *sB = shareB + (l * N + n) * LANES, *sC = shareC + (l * N + n) * LANES;
+                        #pragma omp simd
+                        for (int64_t j = 0; j < LANES; j++) {
+                            const float lam = nun[j] + dpre[j] * cn;                  /* dL/dx_t */
+                            const float ga = lam * al[j] * xp[j];                     /* dL/d(delta_t A) */
+                            sC[j] += dpre[j] * xn[j];
+                            sB[j] += lam * sl[j] * ul[j];
+                            lamB[j] += lam * bn;
+                            dAn[j] += ga * sl[j];
+                            gA[j] += ga * an[j];
+                            nun[j] = al[j] * lam;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t j = 0; j < LANES; j++) {
+                        const float dd = (gA[j] + lamB[j] * ul[j]) * slope[l * LANES + j];
+                        dbias[j] += dd;
+                        du_t[l * LANES + j] = lamB[j] * sl[j] + dpre[j] * skip[j];
+                        dd_t[l * LANES + j] = dd;
+                    }
+                }
+                for (int64_t j = 0; j < LANES && d0 + j < D; j++) {   /* the tiles back into the rows */
+                    const int64_t row = (b * D + channel[j]) * T + t0;
+                    for (int64_t l = 0; l < L; l++) {
+                        du[row + l] = poison(du_t[l * LANES + j], bad[j]);
+                        ddelta[row + l] = poison(dd_t[l * LANES + j], bad[j]);
+                        if (z)
+                            dz[row + l] = poison(dz_t[l * LANES + j], bad[j]);
+                    }
+                }
+            }
+            for (int64_t l = 0; l < L; l++)            /* dB_t, dC_t: the lanes' shares added across the lanes */
+                for (int64_t n = 0; n < N; n++) {
+                    const int64_t at = (item * T + t0 + l) * N + n;
+                    dB_part[at] = poison(sum8(shareB + (l * N + n) * LANES), group_bad);
+                    dC_part[at] = poison(sum8(shareC + (l * N + n) * LANES), group_bad);
+                }
+        }
+        for (int64_t bk = 0; bk < n_blk; bk++)
+            for (int64_t j = 0; j < LANES && (blk0 + bk) * LANES + j < D; j++) {
+                const int64_t d = (blk0 + bk) * LANES + j, at = b * D + d;
+                const int32_t poisoned = bad_in[(b * blocks + blk0 + bk) * LANES + j];
+                for (int64_t n = 0; n < N; n++) {
+                    dstate[at * N + n] = poison(nus[bk * state + n * LANES + j], poisoned);
+                    dA_part[at * N + n] = poison(dAs[bk * state + n * LANES + j], poisoned);
+                }
+                dD_part[at] = poison(dDs[bk * LANES + j], poisoned);
+                dbias_part[at] = poison(dbiases[bk * LANES + j], poisoned);
+            }
+    }
+    free(xs);
+}
+
+/* ------------------------------------------------------------------------------------------------------ WKV-7 */
+
 /* RWKV-7: S_t = S_{t-1} diag(e^{log_w_t}) + (S_{t-1} a_t) b_t^T + v_t k_t^T, y_t = S_t r_t.
  * r, log_w, k, v, a, b, y (B, T, H, N); state (B, H, N, N) indexed [value, key], in, overwritten with the last
- * state; scratch (B, H, N N + N). A work item is a (batch, head) pair, whose time it walks. The loop keeps the state
- * transposed, St[key][value], so that each product is a sum of rows scaled by numbers, with a vector of independent
- * sums over the values instead of a dependent sum across each row (1.4x-1.7x faster measured, with the prefetch):
+ * state. A work item is a (batch, head) pair, whose time it walks. The loop keeps the state transposed,
+ * St[key][value], so that each product is a sum of rows scaled by numbers, with a vector of independent sums over
+ * the values instead of a dependent sum across each row (1.4x-1.7x faster measured, with the prefetch):
  *     sa = sum_j a_j St[j],   St[j] = e^{log_w_j} St[j] + b_j sa + k_j v,   y = sum_j r_j St[j].
  * The inputs of a head are a row of H N numbers apart from one token to the next, which the hardware prefetcher
- * does not follow, so the loop asks for them PREFETCH tokens ahead. A head's outputs are NaN from its first
- * non-finite input on. */
+ * does not follow, so the loop asks for them PREFETCH tokens ahead. A head's outputs and state are NaN from its
+ * first non-finite log_w, k, v, a, b or state entry on; r enters y_t alone, by products and sums, which carry a
+ * NaN in it to y_t and no further. For the backward (ckpt not NULL): St before every ck-th token, ckpt
+ * (B H, ceil(T / ck), N, N), and bad (B H): whether the head met a non-finite input. */
 #define PREFETCH 2
+
+/* e^{log_w_t} into w, and whether step t's inputs other than r hold a non-finite number */
+static inline __attribute__((always_inline)) int32_t wkv7_decays(int64_t N, const float *log_w, const float *k,
+                                                                 const float *v, const float *a, const float *b,
+                                                                 float *w)
+{
+    int32_t bad = 0;
+    #pragma omp simd reduction(|:bad)
+    for (int64_t j = 0; j < N; j++) {
+        w[j] = exp_clamped(log_w[j]);
+        bad |= nonfinite(log_w[j]) | nonfinite(k[j]) | nonfinite(v[j]) | nonfinite(a[j]) | nonfinite(b[j]);
+    }
+    return bad;
+}
+
+/* One step on St (transposed), sa = S_{t-1} a_t in sa; with r (not NULL) also y_t = S_t r_t into out. */
+static inline __attribute__((always_inline)) void wkv7_step(int64_t N, float *St, const float *w, const float *k,
+                                                            const float *v, const float *a, const float *b,
+                                                            const float *r, float *sa, float *out)
+{
+    for (int64_t i = 0; i < N; i++)
+        sa[i] = 0.0f;
+    if (r)
+        for (int64_t i = 0; i < N; i++)
+            out[i] = 0.0f;
+    for (int64_t j = 0; j < N; j++) {                              /* sa = S_{t-1} a_t */
+        const float aj = a[j], *row = St + j * N;
+        #pragma omp simd
+        for (int64_t i = 0; i < N; i++)
+            sa[i] += aj * row[i];
+    }
+    for (int64_t j = 0; j < N; j++) {                              /* S_t, and y_t = S_t r_t */
+        const float wj = w[j], bj = b[j], kj = k[j], rj = r ? r[j] : 0.0f;
+        float *row = St + j * N;
+        #pragma omp simd
+        for (int64_t i = 0; i < N; i++) {
+            row[i] = wj * row[i] + bj * sa[i] + kj * v[i];
+            if (r)
+                out[i] += rj * row[i];
+        }
+    }
+}
 
 static inline __attribute__((always_inline)) void wkv7_item(
     int64_t item, int64_t T, int64_t H, int64_t N, const float *r, const float *log_w, const float *k, const float *v,
-    const float *a, const float *b, float *y, float *state, float *scratch)
+    const float *a, const float *b, float *y, float *state, float *St, int64_t ck, float *ckpt, int32_t *bad_out)
 {
-    const int64_t bi = item / H, h = item % H;
-    float *S = state + item * N * N, *St = scratch + item * (N * N + N), *w = St + N * N;   /* w: e^{log_w} */
-    float sa[N], out[N];
+    const int64_t bi = item / H, h = item % H, n_ckpt = (T + ck - 1) / ck;
+    float *S = state + item * N * N;
+    float w[N], sa[N], out[N];
     int32_t bad = 0;
     for (int64_t i = 0; i < N; i++)
         for (int64_t j = 0; j < N; j++) {
@@ -266,7 +667,6 @@ static inline __attribute__((always_inline)) void wkv7_item(
         }
     for (int64_t t = 0; t < T; t++) {
         const int64_t off = ((bi * T + t) * H + h) * N;
-        const float *rt = r + off, *kt = k + off, *vt = v + off, *at = a + off, *bt = b + off;
         if (t + PREFETCH < T)
             for (int64_t j = 0; j < N; j += 16) {                      /* 16 floats: a cache line */
                 const int64_t ahead = off + PREFETCH * H * N + j;
@@ -277,47 +677,170 @@ static inline __attribute__((always_inline)) void wkv7_item(
                 __builtin_prefetch(a + ahead);
                 __builtin_prefetch(b + ahead);
             }
-        #pragma omp simd reduction(|:bad)
-        for (int64_t j = 0; j < N; j++) {
-            w[j] = exp_clamped(log_w[off + j]);
-            bad |= nonfinite(rt[j]) | nonfinite(log_w[off + j]) | nonfinite(kt[j]) | nonfinite(vt[j])
-                   | nonfinite(at[j]) | nonfinite(bt[j]);
-        }
-        for (int64_t i = 0; i < N; i++) {
-            sa[i] = 0.0f;
-            out[i] = 0.0f;
-        }
-        for (int64_t j = 0; j < N; j++) {                              /* sa = S_{t-1} a_t */
-            const float aj = at[j], *row = St + j * N;
-            #pragma omp simd
-            for (int64_t i = 0; i < N; i++)
-                sa[i] += aj * row[i];
-        }
-        for (int64_t j = 0; j < N; j++) {                              /* S_t, and y_t = S_t r_t */
-            const float wj = w[j], bj = bt[j], kj = kt[j], rj = rt[j];
-            float *row = St + j * N;
-            #pragma omp simd
-            for (int64_t i = 0; i < N; i++) {
-                row[i] = wj * row[i] + bj * sa[i] + kj * vt[i];
-                out[i] += rj * row[i];
-            }
-        }
+        if (ckpt && t % ck == 0)
+            memcpy(ckpt + (item * n_ckpt + t / ck) * N * N, St, N * N * sizeof(float));
+        bad |= wkv7_decays(N, log_w + off, k + off, v + off, a + off, b + off, w);
+        wkv7_step(N, St, w, k + off, v + off, a + off, b + off, r + off, sa, out);
         for (int64_t i = 0; i < N; i++)
             y[off + i] = poison(out[i], bad);
     }
     for (int64_t i = 0; i < N; i++)
         for (int64_t j = 0; j < N; j++)
             S[i * N + j] = poison(St[j * N + i], bad);
+    if (bad_out)
+        bad_out[item] = bad;
 }
 
 void wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
                   const float *r, const float *log_w, const float *k, const float *v, const float *a,
-                  const float *b, float *y, float *state, float *scratch)
+                  const float *b, float *y, float *state, int64_t ck, float *ckpt, int32_t *bad_out)
 {
+    float *St = scratch_floats(N * N);
     for (int64_t item = first; item < last; item++) {
-        if (N == 64)   /* RWKV-7's head size: with N a constant the compiler unrolls the rows (1.35x measured) */
-            wkv7_item(item, T, H, 64, r, log_w, k, v, a, b, y, state, scratch);
+        if (N == 32)        /* the head size of small models (the experiments'): 1.2x measured */
+            wkv7_item(item, T, H, 32, r, log_w, k, v, a, b, y, state, St, ck, ckpt, bad_out);
+        else if (N == 64)   /* RWKV-7's head size: with N a constant the compiler unrolls the rows (1.35x measured) */
+            wkv7_item(item, T, H, 64, r, log_w, k, v, a, b, y, state, St, ck, ckpt, bad_out);
         else
-            wkv7_item(item, T, H, N, r, log_w, k, v, a, b, y, state, scratch);
+            wkv7_item(item, T, H, N, r, log_w, k, v, a, b, y, state, St, ck, ckpt, bad_out);
     }
+    free(St);
+}
+
+/* The backward of wkv7_forward, kernels/wkv7.py's Triton backward with G = dL/dS_t:
+ *     G += dy_t r_t^T;  dr_t = S_t^T dy_t;  dv_t = G k_t;  dk_t = G^T v_t;  q = G b_t;  db_t = G^T (S_{t-1} a_t);
+ *     da_t = S_{t-1}^T q;  dlog_w_t = w_t * colsum(G * S_{t-1});  G <- G diag(w_t) + q a_t^T   (= dL/dS_{t-1})
+ * with dr_t = w_t (S_{t-1}^T dy_t) + b_t (sa . dy_t) + k_t (v_t . dy_t), S_t expanded as the Triton kernel does.
+ * For each chunk of ck steps from the last: re-run it forward from its checkpoint, keeping S_{t-1} and
+ * sa = S_{t-1} a_t of every step, then walk it back. Unlike the forward, G and the re-run states are kept
+ * [value][key], as the state is: the key-vector gradients (sums over values) are then sums of rows scaled by
+ * numbers, with no sum across a vector, and one pass over the rows of G and S_{t-1} does a whole step, including
+ * the next step's G += dy r^T and its dot products q = G b, dv = G k (about 10% faster measured than G transposed
+ * and a pass for each; specializing N = 32 as the forward does N = 64: 1.45x). dy (B, T, H, N); dstate (B, H, N, N): the cotangent of the last state. Out: dr, dlog_w, dk, dv, da, db
+ * (B, T, H, N), dstate0 (B, H, N, N). A work item is a (batch, head) pair, which writes its own outputs alone; a head
+ * that met a non-finite input has NaN gradients. */
+
+/* G += dy r^T, then q = G b and gv = G k, for row i of G: the dot products as eight partial sums each */
+static inline __attribute__((always_inline)) void wkv7_add_output(int64_t N, float *Gi, float dyi, const float *r,
+                                                                  const float *b, const float *k, float *qi, float *gvi)
+{
+    float q[8] = {0.0f}, gv[8] = {0.0f}, q_rest = 0.0f, gv_rest = 0.0f;
+    int64_t j = 0;
+    for (; j + 8 <= N; j += 8)
+        #pragma omp simd
+        for (int64_t l = 0; l < 8; l++) {
+            Gi[j + l] += dyi * r[j + l];
+            q[l] += Gi[j + l] * b[j + l];
+            gv[l] += Gi[j + l] * k[j + l];
+        }
+    for (; j < N; j++) {
+        Gi[j] += dyi * r[j];
+        q_rest += Gi[j] * b[j];
+        gv_rest += Gi[j] * k[j];
+    }
+    *qi = sum8(q) + q_rest;
+    *gvi = sum8(gv) + gv_rest;
+}
+
+static inline __attribute__((always_inline)) void wkv7_backward_item(
+    int64_t item, int64_t T, int64_t H, int64_t N, const float *r, const float *log_w, const float *k,
+    const float *v, const float *a, const float *b, const float *dy, const float *dstate, int64_t ck,
+    const float *ckpt, const int32_t *bad_in, float *dr, float *dlog_w, float *dk, float *dv, float *da, float *db,
+    float *dstate0, float *G, float *history, float *sas)
+{
+    const int64_t bi = item / H, h = item % H, n_ckpt = (T + ck - 1) / ck, stride = H * N;
+    const int32_t bad = bad_in[item];
+    float w[N], q[N], gv[N], gs[N], g_v[N], g_sa[N], s_q[N], s_dy[N];
+    memcpy(G, dstate + item * N * N, N * N * sizeof(float));
+    const int64_t last = ((bi * T + T - 1) * H + h) * N;
+    for (int64_t i = 0; i < N; i++)
+        wkv7_add_output(N, G + i * N, dy[last + i], r + last, b + last, k + last, q + i, gv + i);
+    for (int64_t c = n_ckpt - 1; c >= 0; c--) {
+        const int64_t t0 = c * ck, L = T - t0 < ck ? T - t0 : ck;
+        const float *St = ckpt + (item * n_ckpt + c) * N * N;             /* the forward's layout, [key][value] */
+        for (int64_t i = 0; i < N; i++)
+            for (int64_t j = 0; j < N; j++)
+                history[i * N + j] = St[j * N + i];
+        for (int64_t l = 0; l < L; l++) {        /* history[l] = S_{t-1}, sas[l] = S_{t-1} a_t, t = t0 + l */
+            const int64_t off = ((bi * T + t0 + l) * H + h) * N;
+            const float *S = history + l * N * N, *at = a + off, *bt = b + off, *kt = k + off;
+            float *next = history + (l + 1) * N * N, *sa = sas + l * N;
+            wkv7_decays(N, log_w + off, kt, v + off, at, bt, w);
+            for (int64_t i = 0; i < N; i++) {
+                const float *Si = S + i * N;
+                float dot = 0.0f;
+                #pragma omp simd reduction(+:dot)
+                for (int64_t j = 0; j < N; j++)
+                    dot += Si[j] * at[j];
+                sa[i] = dot;
+                if (l + 1 < L) {
+                    const float vi = v[off + i];
+                    #pragma omp simd
+                    for (int64_t j = 0; j < N; j++)
+                        next[i * N + j] = w[j] * Si[j] + dot * bt[j] + vi * kt[j];
+                }
+            }
+        }
+        for (int64_t l = L - 1; l >= 0; l--) {
+            const int64_t t = t0 + l, off = ((bi * T + t) * H + h) * N, prev = off - stride * (t > 0);
+            const float *S = history + l * N * N, *sa = sas + l * N;
+            const float *at = a + off, *bt = b + off, *kt = k + off, *vt = v + off, *dyt = dy + off;
+            wkv7_decays(N, log_w + off, kt, vt, at, bt, w);
+            float sa_dy = 0.0f, v_dy = 0.0f;
+            #pragma omp simd reduction(+:sa_dy, v_dy)
+            for (int64_t i = 0; i < N; i++) {
+                sa_dy += sa[i] * dyt[i];
+                v_dy += vt[i] * dyt[i];
+                dv[off + i] = poison(gv[i], bad);
+            }
+            for (int64_t j = 0; j < N; j++)
+                gs[j] = g_v[j] = g_sa[j] = s_q[j] = s_dy[j] = 0.0f;
+            for (int64_t i = 0; i < N; i++) {
+                const float *Si = S + i * N, qi = q[i], vi = vt[i], sai = sa[i], dyi = dyt[i];
+                float *Gi = G + i * N;
+                #pragma omp simd
+                for (int64_t j = 0; j < N; j++) {
+                    gs[j] += Gi[j] * Si[j];
+                    g_v[j] += Gi[j] * vi;
+                    g_sa[j] += Gi[j] * sai;
+                    s_q[j] += Si[j] * qi;
+                    s_dy[j] += Si[j] * dyi;
+                    Gi[j] = w[j] * Gi[j] + qi * at[j];
+                }
+                if (t > 0)   /* the previous step's G += dy r^T, q = G b, gv = G k, while the row is at hand */
+                    wkv7_add_output(N, Gi, dy[prev + i], r + prev, b + prev, k + prev, q + i, gv + i);
+            }
+            #pragma omp simd
+            for (int64_t j = 0; j < N; j++) {
+                dr[off + j] = poison(w[j] * s_dy[j] + bt[j] * sa_dy + kt[j] * v_dy, bad);
+                dlog_w[off + j] = poison(w[j] * gs[j], bad);
+                dk[off + j] = poison(g_v[j], bad);
+                da[off + j] = poison(s_q[j], bad);
+                db[off + j] = poison(g_sa[j], bad);
+            }
+        }
+    }
+    for (int64_t i = 0; i < N * N; i++)
+        dstate0[item * N * N + i] = poison(G[i], bad);
+}
+
+void wkv7_backward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
+                   const float *r, const float *log_w, const float *k, const float *v, const float *a,
+                   const float *b, const float *dy, const float *dstate, int64_t ck, const float *ckpt,
+                   const int32_t *bad, float *dr, float *dlog_w, float *dk, float *dv, float *da, float *db,
+                   float *dstate0)
+{
+    float *G = scratch_floats((ck + 2) * N * N + ck * N), *history = G + N * N, *sas = history + (ck + 1) * N * N;
+    for (int64_t item = first; item < last; item++) {
+        if (N == 32)
+            wkv7_backward_item(item, T, H, 32, r, log_w, k, v, a, b, dy, dstate, ck, ckpt, bad, dr, dlog_w, dk, dv,
+                               da, db, dstate0, G, history, sas);
+        else if (N == 64)
+            wkv7_backward_item(item, T, H, 64, r, log_w, k, v, a, b, dy, dstate, ck, ckpt, bad, dr, dlog_w, dk, dv,
+                               da, db, dstate0, G, history, sas);
+        else
+            wkv7_backward_item(item, T, H, N, r, log_w, k, v, a, b, dy, dstate, ck, ckpt, bad, dr, dlog_w, dk, dv,
+                               da, db, dstate0, G, history, sas);
+    }
+    free(G);
 }

@@ -1,17 +1,23 @@
-"""The C loops of kernels/native.c: the CPU inference path (backend="c") of wkv4, wkv7 and selective_scan.
+"""The C loops of kernels/native.c: the CPU path (backend="c") of wkv4, wkv7 and selective_scan, forward and backward.
 
 Why: on a CPU each recurrence costs a few multiply-adds and exponentials per element, and the chunked torch forms
 spend their time in about twenty eager passes over memory (benchmarks/README.md measures them). A loop that walks
 time once, vectorized over channels (WKV-4, the scan's groups of eight) or a head's values (WKV-7), does the work in
-one pass: the role the Triton kernels play on a GPU. These loops run the same formulas as the Triton forwards; they
-have no backward, so the ops take them only when no gradient is needed (backend=None picks them then; the chunked
-torch path runs otherwise).
+one pass: the role the Triton kernels play on a GPU. These loops run the same formulas as the Triton kernels, their
+backwards included: a forward that will be differentiated saves what its backward needs (WKV-4 three numbers per
+token; WKV-7 and the scan their state every CHECKPOINT steps), and the backward walks time in reverse.
+kernels/_native_autograd.py makes them autograd ops; backend=None takes them on CPU tensors, for inference and
+training alike.
 
-Built on first use with the system C compiler (``$CC``, else ``cc``) into a cache directory (``$SEQMIX_CACHE``,
-else ``~/.cache/seqmix``), keyed by the source, the flags, the compiler and the CPU (the build uses -march=native),
-and loaded with ctypes, whose calls release the GIL: work items (rows of the outer loops) are split over
-``torch.get_num_threads()`` threads. ``SEQMIX_NATIVE=0`` turns the path off. Every function takes CPU tensors of
-any float dtype and layout and hands the loops contiguous fp32 copies where needed; outputs and states are fp32.
+Built on first use with the system C compiler (``$CC``, split as a shell splits it, else ``cc``) into a cache
+directory (``$SEQMIX_CACHE``, else ``~/.cache/seqmix``), keyed by the source, the flags, the compiler and the CPU
+(the build uses -march=native), with a checksum beside it that is checked before every load; and loaded with ctypes,
+whose calls release the GIL. Threads: ``torch.set_num_threads(n)`` (or ``OMP_NUM_THREADS`` at start) sets torch's
+threads and these loops' alike: work items (rows of the outer loops) are split over ``torch.get_num_threads()``
+threads at each call. Every work item writes outputs of its own, and the sums over work items (the parameter
+gradients' sums over batch rows) run afterwards in a fixed order (``sum_rows``), so results are the same bits with
+any number of threads. ``SEQMIX_NATIVE=0`` turns the path off. Every function takes CPU tensors of any float dtype
+and layout and hands the loops contiguous fp32 copies where needed; outputs, states and gradients are fp32.
 
 Flags: -O3 -march=native; -fno-math-errno and -fno-trapping-math (exp never sets errno, nothing traps);
 -ffinite-math-only and -fno-signed-zeros, which GCC needs to turn the loops' comparisons into vector min/max and
@@ -27,6 +33,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import subprocess
 import tempfile
 import warnings
@@ -38,11 +45,17 @@ import torch
 
 from seqmix.kernels._common import new_output
 
+__all__ = ["wkv4_forward", "wkv7_forward", "selective_scan_forward", "exp", "softplus", "available",
+           "unavailable_reason", "library", "NativeUnavailable"]
+
 SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",
          "-fno-signed-zeros", "-shared", "-fPIC")
 SERIAL_WORK = 1 << 15    # below this many elements per call, one thread: starting threads would cost more
 ALIGN = 16               # WKV-4 channel blocks are multiples of this (whole vectors)
+CHECKPOINT = 16          # WKV-7 and the scan keep their state every this many steps for the backward, which re-runs
+                         # at most this many steps from one, in memory that stays in cache
+GROUPS_PER_CALL = 16     # the scan's backward: work items per call where the batch alone gives fewer
 
 
 class NativeUnavailable(RuntimeError):
@@ -58,24 +71,57 @@ def _cpu_identity() -> str:
     return platform.machine() + (flags[0] if flags else platform.processor())
 
 
-def _build(compiler: str) -> Path:
-    """Compile native.c once per (source, flags, compiler, CPU) and return the shared library's path."""
+def compiler() -> list[str]:
+    """The C compiler command: ``$CC`` split as a shell would ("ccache gcc" is a command with an argument), else cc."""
+    return shlex.split(os.environ.get("CC", "")) or ["cc"]
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _intact(library_path: Path, checksum: Path) -> bool:
+    """Whether a cached library is whole: its checksum is the one its build recorded beside it. A file cut short (a
+    full disk, an interrupted copy) would otherwise be loaded, and the process killed by SIGBUS on its first call."""
     try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+        return checksum.read_text().strip() == _digest(library_path)
+    except (FileNotFoundError, NotADirectoryError):     # not built yet (or the cache is no directory: _build says)
+        return False
+    except OSError as e:
+        raise NativeUnavailable(f"cannot read the cached C library {library_path} ({e.strerror})") from None
+
+
+def _build(command: list[str]) -> Path:
+    """Compile native.c once per (source, flags, compiler, CPU) and return the shared library's path. The build goes
+    to a temporary file in the cache directory, renamed into place with its checksum: processes that build at once
+    (pytest beside a notebook kernel) each see a whole library or none, and a damaged one is built again."""
+    name = shlex.join(command)
+    try:
+        version = subprocess.run([*command, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        raise NativeUnavailable(f"no working C compiler {compiler!r} ({e}); install gcc or set CC") from None
+        raise NativeUnavailable(f"no working C compiler {name!r} ({e}); install gcc or set CC") from None
     key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version, _cpu_identity()]).encode()).hexdigest()
     cache = Path(os.environ.get("SEQMIX_CACHE", Path.home() / ".cache" / "seqmix"))
     target = cache / f"native-{key[:16]}.so"
-    if target.exists():
+    checksum = target.with_name(target.name + ".sha256")
+    if _intact(target, checksum):
         return target
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:     # built aside, then renamed: concurrent builds are safe
-        built = Path(tmp) / target.name
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise NativeUnavailable(f"{compiler} could not build {SOURCE.name}:\n{done.stderr[-2000:]}")
-        os.replace(built, target)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            built, built_checksum = Path(tmp, target.name), Path(tmp, checksum.name)
+            done = subprocess.run([*command, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise NativeUnavailable(f"C compiler {name!r} could not build {SOURCE.name}:\n{done.stderr[-2000:]}")
+            if not built.is_file():
+                raise NativeUnavailable(f"C compiler {name!r} reported success but wrote no {target.name}; "
+                                        "set CC to a C compiler")
+            built_checksum.write_text(_digest(built))
+            os.replace(built, target)
+            os.replace(built_checksum, checksum)
+    except OSError as e:
+        raise NativeUnavailable(f"cannot build the C library into the cache directory {cache} ({e.strerror or e}); "
+                                "set SEQMIX_CACHE to a writable directory") from None
     return target
 
 
@@ -86,11 +132,19 @@ def library() -> ctypes.CDLL:
         raise NativeUnavailable("the C loops are turned off by SEQMIX_NATIVE=0")
     if platform.system() == "Windows":
         raise NativeUnavailable("the C loops are built with a Unix C compiler; not on Windows")
-    lib = ctypes.CDLL(str(_build(os.environ.get("CC", "cc"))))
+    path = _build(compiler())
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise NativeUnavailable(f"cannot load the C library {path}: {e}") from None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.wkv4_forward.argtypes = [i64] * 5 + [ptr] * 13
-    lib.selective_scan_forward.argtypes = [i64] * 6 + [ptr] * 10
-    lib.wkv7_forward.argtypes = [i64] * 5 + [ptr] * 9
+    lib.wkv4_forward.argtypes = [i64] * 5 + [ptr] * 16
+    lib.wkv4_backward.argtypes = [i64] * 5 + [ptr] * 25
+    lib.selective_scan_forward.argtypes = [i64] * 6 + [ptr] * 10 + [i64] + [ptr] * 2
+    lib.selective_scan_backward.argtypes = [i64] * 7 + [ptr] * 8 + [i64] + [ptr] * 13
+    lib.wkv7_forward.argtypes = [i64] * 5 + [ptr] * 8 + [i64] + [ptr] * 2
+    lib.wkv7_backward.argtypes = [i64] * 5 + [ptr] * 8 + [i64] + [ptr] * 9
+    lib.sum_rows.argtypes = [i64] * 4 + [ptr] * 2
     lib.exp_array.argtypes = lib.softplus_array.argtypes = [i64, ptr, ptr]
     lib.selective_scan_lanes.restype = i64
     return lib
@@ -101,14 +155,15 @@ def unavailable_reason() -> str:
     """'' when the C loops build and load here, else why not."""
     try:
         library()
-    except (NativeUnavailable, OSError) as e:
+    except (NativeUnavailable, OSError) as e:     # OSError: native.c itself unreadable (the message names it)
         return str(e)
     return ""
 
 
 @lru_cache(maxsize=None)
 def _warn_once(reason: str) -> None:
-    warnings.warn(f"kernels: the C loops are not available, so CPU inference runs the slower torch backend: {reason}",
+    warnings.warn(f"kernels: the C loops are not available, so the recurrences run the slower torch backend on CPU: "
+                  f"{reason}",
                   RuntimeWarning, stacklevel=4)
 
 
@@ -143,7 +198,7 @@ def _pointers(*tensors):
     return [None if x is None else ctypes.c_void_p(x.data_ptr()) for x in tensors]
 
 
-def _fp32(x):
+def fp32(x):
     """x as a contiguous fp32 tensor (x itself when it is one already); None stays None."""
     return None if x is None else x.float().contiguous()
 
@@ -167,47 +222,135 @@ def softplus(x):
     return out
 
 
-def wkv4_forward(w, u, k, v, num0, den0, max0):
-    """RWKV-4's WKV: w, u (C,); k, v (B, T, C); state (B, C) each -> (y (B, T, C), (num, den, max)); all fp32.
-    Work items are (batch row, channel block); blocks are as wide as the thread count allows, since a narrow block
-    walks memory with a stride of a whole row per token (measured 3x slower at 64 channels than at 768)."""
-    w, u, k, v, num0, den0, max0 = map(_fp32, (w, u, k, v, num0, den0, max0))
-    B, T, C = k.shape
+def sum_rows(x):
+    """x (R, ...) summed over its first axis, the rows added in order whatever the thread count: the parameter
+    gradients' sums over batch rows, so that a training run gives the same numbers with 1 thread or 8."""
+    x = x.contiguous()
+    out = torch.empty(x.shape[1:])
+    cols = out.numel()
+    _run(library().sum_rows, cols, x.numel(), x.shape[0], cols, *_pointers(x, out))
+    return out
+
+
+def _floats(*shape):
+    return new_output(shape, torch.float32, torch.device("cpu"))
+
+
+def _wkv4_block(B, C):
+    """Channels per WKV-4 work item: blocks as wide as the thread count allows, since a narrow block walks memory
+    with a stride of a whole row per token (measured 3x slower at 64 channels than at 768)."""
     per_row = -(-torch.get_num_threads() // B)                             # blocks per row to feed every thread
-    block = min(C, -(-C // per_row // ALIGN) * ALIGN)
-    blocks = -(-C // block)
-    y = new_output((B, T, C), torch.float32, k.device)
-    num, den, mx = (new_output((B, C), torch.float32, k.device) for _ in range(3))
-    lag, bad = torch.empty(B, C), torch.empty(B, C, dtype=torch.int32)             # scratch
-    _run(library().wkv4_forward, B * blocks, k.numel(), T, C, block,
-         *_pointers(w, u, k, v, y, num0, den0, max0, num, den, mx, lag, bad))
-    return y, (num, den, mx)
+    return min(C, -(-C // per_row // ALIGN) * ALIGN)
 
 
-def selective_scan_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state):
+def wkv4_forward(w, u, k, v, num0, den0, max0, save=False):
+    """RWKV-4's WKV: w, u (C,); k, v (B, T, C); state (B, C) each -> (y (B, T, C), (num, den, max), saved); all fp32.
+    ``saved``: what wkv4_backward needs (v - y, d, z per token; lag and bad per channel), None without ``save``.
+    Work items are (batch row, channel block)."""
+    w, u, k, v, num0, den0, max0 = map(fp32, (w, u, k, v, num0, den0, max0))
+    B, T, C = k.shape
+    block = _wkv4_block(B, C)
+    y = _floats(B, T, C)
+    num, den, mx, lag = (_floats(B, C) for _ in range(4))
+    bad = torch.empty(B, C, dtype=torch.int32)
+    per_token = [_floats(B, T, C) for _ in range(3)] if save else [None] * 3
+    _run(library().wkv4_forward, B * -(-C // block), k.numel(), T, C, block,
+         *_pointers(w, u, k, v, y, num0, den0, max0, num, den, mx, lag, bad, *per_token))
+    return y, (num, den, mx), ((*per_token, lag, bad) if save else None)
+
+
+def wkv4_backward(w, u, k, v, num0, den0, max0, num, den, saved, gy, g_num, g_den, g_max):
+    """The gradients of wkv4_forward (fp32 inputs, as it took them; num, den its final state, ``saved`` what it
+    saved) for the cotangents gy (B, T, C) and g_num, g_den, g_max (B, C): (dw, du, dk, dv, dnum0, dden0, dmax0),
+    fp32; dw and du summed over the batch in a fixed order."""
+    gy, g_num, g_den, g_max = map(fp32, (gy, g_num, g_den, g_max))
+    B, T, C = k.shape
+    block = _wkv4_block(B, C)
+    gk, gv = _floats(B, T, C), _floats(B, T, C)
+    gw, gu, g_num0, g_den0, g_max0 = (_floats(B, C) for _ in range(5))
+    _run(library().wkv4_backward, B * -(-C // block), k.numel(), T, C, block,
+         *_pointers(w, u, k, v, *saved[:3], gy, num0, den0, max0, num, den, *saved[3:], g_num, g_den, g_max,
+                    gk, gv, gw, gu, g_num0, g_den0, g_max0))
+    return sum_rows(gw), sum_rows(gu), gk, gv, g_num0, g_den0, g_max0
+
+
+def _scan_groups(batch, blocks):
+    """Blocks of channels per work item of the scan's backward, from the shapes alone (never the thread count, so
+    that dB and dC are summed in one order): one group per batch row when there are rows enough to share out,
+    else up to GROUPS_PER_CALL groups in all."""
+    per_row = min(blocks, -(-GROUPS_PER_CALL // batch))
+    return -(-blocks // per_row)
+
+
+def selective_scan_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state, save=False):
     """delta <- softplus(delta + delta_bias) (when asked), x_t = e^{delta_t A} x_{t-1} + delta_t B_t u_t,
     y_t = (C_t . x_t + D u_t) silu(z_t): u, delta, z (batch, D, T); A (D, N); B, C (batch, N, T); D, delta_bias (D,);
-    D, z, delta_bias and state (batch, D, N) may be None -> (y (batch, D, T), last state (batch, D, N)); fp32."""
-    u, delta, A, D, z, delta_bias = map(_fp32, (u, delta, A, D, z, delta_bias))
+    D, z, delta_bias and state (batch, D, N) may be None -> (y (batch, D, T), last state (batch, D, N), saved); fp32.
+    ``saved``: what selective_scan_backward needs (B and C time-major, checkpoints, bad lanes), None without
+    ``save``."""
+    u, delta, A, D, z, delta_bias = map(fp32, (u, delta, A, D, z, delta_bias))
     batch, dim, T = u.shape
     N = A.shape[1]
-    y = new_output((batch, dim, T), torch.float32, u.device)
+    y = _floats(batch, dim, T)
     last = _initial_state(state, (batch, dim, N))
     Bt, Ct = (x.float().transpose(1, 2).contiguous() for x in (B, C))       # (batch, T, N): a token's N adjacent
     lanes = library().selective_scan_lanes()                                  # channels per work item
-    _run(library().selective_scan_forward, batch * -(-dim // lanes), batch * dim * T * N, dim, T, N,
-         int(delta_softplus), *_pointers(u, delta, delta_bias, A, Bt, Ct, D, z, y, last))
-    return y, last
+    items = batch * -(-dim // lanes)
+    ckpt, bad = ((_floats(items, -(-T // CHECKPOINT), N, lanes), torch.empty(items, lanes, dtype=torch.int32))
+                 if save else (None, None))
+    _run(library().selective_scan_forward, items, batch * dim * T * N, dim, T, N, int(delta_softplus),
+         *_pointers(u, delta, delta_bias, A, Bt, Ct, D, z, y, last), CHECKPOINT, *_pointers(ckpt, bad))
+    return y, last, ((Bt, Ct, ckpt, bad) if save else None)
 
 
-def wkv7_forward(r, log_w, k, v, a, b, state):
+def selective_scan_backward(u, delta, A, D, z, delta_bias, delta_softplus, saved, dy, dlast):
+    """The gradients of selective_scan_forward (fp32 inputs, as it took them; ``saved`` what it saved) for the
+    cotangents dy (batch, D, T) and dlast (batch, D, N): (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dstate), fp32,
+    None for D, z, delta_bias where they were None; dA, dD, ddelta_bias summed over the batch, dB, dC over the
+    channels, each in a fixed order."""
+    Bt, Ct, ckpt, bad = saved
+    dy, dlast = fp32(dy), fp32(dlast)
+    batch, dim, T = u.shape
+    N = A.shape[1]
+    lanes = library().selective_scan_lanes()
+    blocks = -(-dim // lanes)
+    per_group = _scan_groups(batch, blocks)
+    groups = -(-blocks // per_group)
+    du, ddelta, dz = _floats(batch, dim, T), _floats(batch, dim, T), None if z is None else _floats(batch, dim, T)
+    dA, dstate = _floats(batch, dim, N), _floats(batch, dim, N)
+    dD, dbias = _floats(batch, dim), _floats(batch, dim)
+    dB, dC = _floats(batch, groups, T, N), _floats(batch, groups, T, N)        # each group's channels' share
+    _run(library().selective_scan_backward, batch * groups, batch * dim * T * N, dim, T, N, int(delta_softplus),
+         per_group, *_pointers(u, delta, delta_bias, A, Bt, Ct, D, z), CHECKPOINT,
+         *_pointers(ckpt, bad, dy, dlast, du, ddelta, dz, dA, dB, dC, dD, dbias, dstate))
+    dB, dC = ((x[:, 0] if groups == 1 else sum_rows(x.transpose(0, 1))).transpose(1, 2) for x in (dB, dC))
+    return (du, ddelta, sum_rows(dA), dB, dC, None if D is None else sum_rows(dD), dz,
+            None if delta_bias is None else sum_rows(dbias), dstate)
+
+
+def wkv7_forward(r, log_w, k, v, a, b, state, save=False):
     """S_t = S_{t-1} diag(e^{log_w_t}) + (S_{t-1} a_t) b_t^T + v_t k_t^T, y_t = S_t r_t: r, log_w, k, v, a, b
-    (B, T, H, N); state (B, H, N, N) [value, key] or None -> (y (B, T, H, N), last state (B, H, N, N)); fp32."""
-    r, log_w, k, v, a, b = map(_fp32, (r, log_w, k, v, a, b))
+    (B, T, H, N); state (B, H, N, N) [value, key] or None -> (y (B, T, H, N), last state (B, H, N, N), saved);
+    fp32. ``saved``: what wkv7_backward needs (checkpoints, bad heads), None without ``save``."""
+    r, log_w, k, v, a, b = map(fp32, (r, log_w, k, v, a, b))
     B, T, H, N = r.shape
-    y = new_output((B, T, H, N), torch.float32, r.device)
+    y = _floats(B, T, H, N)
     last = _initial_state(state, (B, H, N, N))
-    scratch = torch.empty(B, H, N * N + N)                                  # per head: S transposed, e^{log_w}
+    ckpt, bad = ((_floats(B * H, -(-T // CHECKPOINT), N, N), torch.empty(B * H, dtype=torch.int32)) if save
+                 else (None, None))
     _run(library().wkv7_forward, B * H, B * T * H * N * N, T, H, N,
-         *_pointers(r, log_w, k, v, a, b, y, last, scratch))
-    return y, last
+         *_pointers(r, log_w, k, v, a, b, y, last), CHECKPOINT, *_pointers(ckpt, bad))
+    return y, last, ((ckpt, bad) if save else None)
+
+
+def wkv7_backward(r, log_w, k, v, a, b, saved, dy, dstate):
+    """The gradients of wkv7_forward (fp32 inputs, as it took them; ``saved`` what it saved) for the cotangents
+    dy (B, T, H, N) and dstate (B, H, N, N): (dr, dlog_w, dk, dv, da, db, dstate0), fp32."""
+    ckpt, bad = saved
+    dy, dstate = fp32(dy), fp32(dstate)
+    B, T, H, N = r.shape
+    grads = [_floats(B, T, H, N) for _ in range(6)]
+    dstate0 = _floats(B, H, N, N)
+    _run(library().wkv7_backward, B * H, B * T * H * N * N, T, H, N,
+         *_pointers(r, log_w, k, v, a, b, dy, dstate), CHECKPOINT, *_pointers(ckpt, bad, *grads, dstate0))
+    return (*grads, dstate0)

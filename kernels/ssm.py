@@ -11,11 +11,11 @@ returned last_state (batch, D, N). The float64 truth is reference/ssm.py (`selec
 (arXiv:2312.00752), section 3 and Algorithm 2.
 
 How it is split up. delta_bias, softplus, the skip D u and the gate are elementwise over (batch, D, T) and run as
-ordinary torch ops on the torch and Triton backends (autograd differentiates them); the C loop of kernels/native.c
-(backend="c", CPU inference, forward only) does them, and the scan, in its one pass. The scan proper,
+ordinary torch ops on the torch and Triton backends (autograd differentiates them); the C loops of kernels/native.c
+(backend="c", CPU) do them, and the scan, in their one pass forward and one backward. The scan proper,
 (u, delta, A, B, C, state) -> (C_t . x_t, last state), is one torch.autograd.Function with two implementations:
 
-- torch: chunks of CHUNK_LEN tokens, grouped into blocks of up to BLOCK_ELEMENTS per (tokens, batch, D, N) tensor
+- torch: chunks of CHUNK tokens, grouped into blocks of up to BLOCK_ELEMENTS per (tokens, batch, D, N) tensor
   that are processed one after the other (so memory is bounded whatever T is, and time is linear in T). Within a
   block: (1) the recurrence runs over the positions of a chunk from a zero entering state, each step updating
   every chunk of the block at once, which gives each chunk's exit state; (2) the state entering each chunk follows
@@ -26,9 +26,9 @@ ordinary torch ops on the torch and Triton backends (autograd differentiates the
   a product, an exponential and a multiply-add, with the same factors <= 1. The backward pass saves only the state
   at each block's start and recomputes a block's states when it gets to it.
 - triton: one program per (batch, block of BLOCK_D channels); the state (BLOCK_D, N) lives in registers and the
-  program walks time sequentially. The forward kernel stores the state every CHUNK tokens (CHUNK ~ sqrt(T)); the
-  backward kernel walks the chunks in reverse, recomputes a chunk's states from its checkpoint into a scratch
-  buffer, then walks the chunk backwards. Extra memory: batch * D * N * (T / CHUNK + CHUNK) fp32, about
+  program walks time sequentially. The forward kernel stores the state every CHECKPOINT tokens (~ sqrt(T)); the
+  backward kernel walks these runs in reverse, recomputes a run's states from its checkpoint into a scratch
+  buffer, then walks the run backwards. Extra memory: batch * D * N * (T / CHECKPOINT + CHECKPOINT) fp32, about
   2 sqrt(T) states per channel instead of T.
 
 States and accumulation are fp32 (float64 for float64 inputs on the torch backend); outputs take the input dtype.
@@ -37,30 +37,33 @@ A, D and delta_bias may be fp32 while the sequence inputs are fp16/bf16 (Mamba k
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from seqmix.kernels import native
+from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
-from seqmix.kernels._common import (accumulation_dtype, check_devices, check_same_dtype, check_tensor, needs_grad,
-                                    new_output, tl, triton)
+from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
+                                    needs_grad, new_output, tl, triton)
 
-CHUNK_LEN = 16             # torch backend: tokens per chunk (the length of the in-chunk loop)
+__all__ = ["selective_scan"]
+
+CHUNK = 16                 # torch backend: tokens per chunk (the length of the in-chunk loop)
 BLOCK_ELEMENTS = 1 << 21   # torch backend: a block holds as many chunks as keep (tokens, batch, D, N) under this
 
 
-# ----------------------------------------------------------------------------------------------- torch backend
+# ----------------------------------------------------------------------------------------------------------------
+# Torch path
+# ----------------------------------------------------------------------------------------------------------------
 
 def _to_chunks(x: torch.Tensor) -> torch.Tensor:
-    """(batch, K, n CHUNK_LEN) -> (CHUNK_LEN, batch, n, K), contiguous: one slice holds one position of every chunk."""
+    """(batch, K, n CHUNK) -> (CHUNK, batch, n, K), contiguous: one slice holds one position of every chunk."""
     batch, K, t = x.shape
-    return x.reshape(batch, K, t // CHUNK_LEN, CHUNK_LEN).permute(3, 0, 2, 1).contiguous()
+    return x.reshape(batch, K, t // CHUNK, CHUNK).permute(3, 0, 2, 1).contiguous()
 
 
 def _from_chunks(x: torch.Tensor) -> torch.Tensor:
-    """(CHUNK_LEN, batch, n, K) -> (batch, K, n CHUNK_LEN)."""
+    """(CHUNK, batch, n, K) -> (batch, K, n CHUNK)."""
     L, batch, n, K = x.shape
     return x.permute(1, 3, 2, 0).reshape(batch, K, n * L)
 
@@ -95,33 +98,33 @@ def _chunked_scan(alpha, chunk_decay, hbuf, h0, reverse):
 
 
 def _block_states(u, delta, A, B, h0):
-    """One block (batch, ., t), t a multiple of CHUNK_LEN, in chunk layout: delta (L, batch, n, D), alpha, each
+    """One block (batch, ., t), t a multiple of CHUNK, in chunk layout: delta (L, batch, n, D), alpha, each
     chunk's whole decay (see _chunked_scan; the backward's reverse scan takes it too), the states (hbuf) and the
     state after the block."""
     dl = _to_chunks(delta)                                       # (L, batch, n, D)
     alpha = torch.exp(dl[..., None] * A)                         # (L, batch, n, D, N)
     # The decay over a whole chunk in log space: A times the sum of delta, <= 1 whatever delta is (A <= 0).
     chunk_decay = torch.exp(dl.sum(0)[..., None] * A)           # (batch, n, D, N)
-    hbuf = alpha.new_empty((CHUNK_LEN + 1,) + alpha.shape[1:])
+    hbuf = alpha.new_empty((CHUNK + 1,) + alpha.shape[1:])
     torch.mul((dl * _to_chunks(u))[..., None], _to_chunks(B)[:, :, :, None, :], out=hbuf[1:])   # w = delta u B
     h = _chunked_scan(alpha, chunk_decay, hbuf, h0, reverse=False)
     return dl, alpha, chunk_decay, hbuf, h
 
 
 def _padded(compute, *tensors):
-    """In the compute dtype, padded with zeros to a multiple of CHUNK_LEN tokens: a step with delta = 0 and u = 0
+    """In the compute dtype, padded with zeros to a multiple of CHUNK tokens: a step with delta = 0 and u = 0
     leaves the state as it is, so the padding changes nothing."""
-    pad = -tensors[0].shape[-1] % CHUNK_LEN
+    pad = -tensors[0].shape[-1] % CHUNK
     return [F.pad(x.to(compute), (0, pad)) if pad else x.to(compute) for x in tensors]
 
 
 def _block_slices(batch, dim, T, N):
     """Blocks of whole chunks, each with at most BLOCK_ELEMENTS per (tokens, batch, D, N) tensor (at least a chunk)."""
-    step = CHUNK_LEN * max(1, BLOCK_ELEMENTS // (CHUNK_LEN * batch * dim * N))
+    step = CHUNK * max(1, BLOCK_ELEMENTS // (CHUNK * batch * dim * N))
     return [slice(t0, t0 + step) for t0 in range(0, T, step)]
 
 
-def _torch_scan_forward(u, delta, A, B, C, state):
+def _selective_scan_torch_fwd(u, delta, A, B, C, state):
     """(y (batch, D, T), last state (batch, D, N), the state before each block (blocks, batch, D, N))."""
     batch, dim, T = u.shape
     u, delta, B, C = _padded(A.dtype, u, delta, B, C)
@@ -135,7 +138,7 @@ def _torch_scan_forward(u, delta, A, B, C, state):
     return y[..., :T], h, torch.stack(checkpoints)
 
 
-def _torch_scan_backward(u, delta, A, B, C, checkpoints, dy, dlast):
+def _selective_scan_torch_bwd(u, delta, A, B, C, checkpoints, dy, dlast):
     """Gradients of the scan, block by block from the last. With lambda_t = dL/dx_t (all paths) and
     nu_t = alpha_t lambda_t (what reaches x_{t-1}):
 
@@ -169,10 +172,12 @@ def _torch_scan_backward(u, delta, A, B, C, checkpoints, dy, dlast):
     return du[..., :T], ddelta[..., :T], dA, dB[..., :T], dC[..., :T], nu
 
 
-# ---------------------------------------------------------------------------------------------- Triton backend
+# ----------------------------------------------------------------------------------------------------------------
+# Triton path
+# ----------------------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _scan_fwd_kernel(
+def selective_scan_fwd_kernel(
     u_ptr,        # (batch, D, T) input u, fp32/fp16/bf16
     delta_ptr,    # (batch, D, T) fp32 step sizes (delta_bias and softplus already applied)
     A_ptr,        # (D, N) fp32
@@ -181,9 +186,9 @@ def _scan_fwd_kernel(
     state_ptr,    # (batch, D, N) fp32 state before the first token; read only when HAS_STATE
     y_ptr,        # (batch, D, T) fp32 out: C_t . x_t
     last_ptr,     # (batch, D, N) fp32 out: the state after the last token
-    ckpt_ptr,     # (batch, n_chunks, D, N) fp32 out: the state before each chunk of CHUNK tokens
+    ckpt_ptr,     # (batch, n_ckpt, D, N) fp32 out: the state before each run of CHECKPOINT tokens
     dim, T, N,    # sizes: channels D, tokens, state size
-    CHUNK,        # tokens per chunk (checkpoint spacing)
+    CHECKPOINT,   # tokens between saved states
     HAS_STATE: tl.constexpr,
     BLOCK_D: tl.constexpr,   # channels per program
     BLOCK_N: tl.constexpr,   # N rounded up to a power of two
@@ -201,10 +206,10 @@ def _scan_fwd_kernel(
         x = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
     seq = pid_b * dim * T + offs_d * T                           # row starts in (batch, D, T) tensors
     bc = pid_b * N * T + offs_n * T                              # row starts in (batch, N, T) tensors
-    n_chunks = tl.cdiv(T, CHUNK)
-    for c in range(n_chunks):
-        tl.store(ckpt_ptr + (pid_b * n_chunks + c) * dim * N + dn, x, mask=mask_dn)
-        for t in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, T)):
+    n_ckpt = tl.cdiv(T, CHECKPOINT)
+    for c in range(n_ckpt):
+        tl.store(ckpt_ptr + (pid_b * n_ckpt + c) * dim * N + dn, x, mask=mask_dn)
+        for t in range(c * CHECKPOINT, tl.minimum(c * CHECKPOINT + CHECKPOINT, T)):
             u = tl.load(u_ptr + seq + t, mask=mask_d, other=0.0).to(tl.float32)
             dt = tl.load(delta_ptr + seq + t, mask=mask_d, other=0.0)
             Bt = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
@@ -215,12 +220,12 @@ def _scan_fwd_kernel(
 
 
 @triton.jit
-def _scan_bwd_kernel(
-    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr,   # the forward inputs, as in _scan_fwd_kernel
-    ckpt_ptr,     # (batch, n_chunks, D, N) fp32: the states before each chunk, from the forward kernel
+def selective_scan_bwd_kernel(
+    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr,   # the forward inputs, as in selective_scan_fwd_kernel
+    ckpt_ptr,     # (batch, n_ckpt, D, N) fp32: the saved states, from the forward kernel
     dy_ptr,       # (batch, D, T) fp32 gradient of y
     dlast_ptr,    # (batch, D, N) fp32 gradient of the last state
-    scratch_ptr,  # (batch, D blocks, CHUNK, BLOCK_D, BLOCK_N) fp32 workspace: one chunk's states x_{t-1}
+    scratch_ptr,  # (batch, D blocks, CHECKPOINT, BLOCK_D, BLOCK_N) fp32 workspace: one run's states x_{t-1}
     du_ptr,       # (batch, D, T) fp32 out
     ddelta_ptr,   # (batch, D, T) fp32 out
     dA_ptr,       # (batch, D, N) fp32 out: this batch's share of dA (the caller sums over batch)
@@ -228,7 +233,7 @@ def _scan_bwd_kernel(
     dC_ptr,       # (batch, N, T) fp32, zero on entry: likewise
     dstate_ptr,   # (batch, D, N) fp32 out: gradient of the state before the first token
     dim, T, N,    # sizes
-    CHUNK,        # tokens per chunk, as in the forward call
+    CHECKPOINT,   # tokens between saved states, as in the forward call
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -242,24 +247,24 @@ def _scan_bwd_kernel(
     A = tl.load(A_ptr + dn, mask=mask_dn, other=0.0)
     seq = pid_b * dim * T + offs_d * T
     bc = pid_b * N * T + offs_n * T
-    scratch = (scratch_ptr + (pid_b * tl.num_programs(1) + pid_d) * CHUNK * BLOCK_D * BLOCK_N
+    scratch = (scratch_ptr + (pid_b * tl.num_programs(1) + pid_d) * CHECKPOINT * BLOCK_D * BLOCK_N
                + tl.arange(0, BLOCK_D)[:, None] * BLOCK_N + offs_n[None, :])
     nu = tl.load(dlast_ptr + pid_b * dim * N + dn, mask=mask_dn, other=0.0)   # dL/dx_t via the later tokens
     dA = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
-    n_chunks = tl.cdiv(T, CHUNK)
-    for i in range(n_chunks):
-        c = n_chunks - 1 - i
-        t0 = c * CHUNK
-        length = tl.minimum(CHUNK, T - t0)
-        # recompute the chunk's states from its checkpoint; keep x_{t-1} for every t
-        x = tl.load(ckpt_ptr + (pid_b * n_chunks + c) * dim * N + dn, mask=mask_dn, other=0.0)
+    n_ckpt = tl.cdiv(T, CHECKPOINT)
+    for i in range(n_ckpt):
+        c = n_ckpt - 1 - i
+        t0 = c * CHECKPOINT
+        length = tl.minimum(CHECKPOINT, T - t0)
+        # recompute the run's states from its checkpoint; keep x_{t-1} for every t
+        x = tl.load(ckpt_ptr + (pid_b * n_ckpt + c) * dim * N + dn, mask=mask_dn, other=0.0)
         for t in range(t0, t0 + length):
             tl.store(scratch + (t - t0) * BLOCK_D * BLOCK_N, x)
             u = tl.load(u_ptr + seq + t, mask=mask_d, other=0.0).to(tl.float32)
             dt = tl.load(delta_ptr + seq + t, mask=mask_d, other=0.0)
             Bt = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
             x = tl.exp(dt[:, None] * A) * x + (dt * u)[:, None] * Bt[None, :]
-        # walk the chunk backwards
+        # walk the run backwards
         for j in range(length):
             t = t0 + length - 1 - j
             x_prev = tl.load(scratch + (t - t0) * BLOCK_D * BLOCK_N)
@@ -283,68 +288,68 @@ def _scan_bwd_kernel(
     tl.store(dstate_ptr + pid_b * dim * N + dn, nu, mask=mask_dn)
 
 
-@dataclass(frozen=True)
-class _LaunchConfig:
-    BLOCK_D: int      # channels per program
-    BLOCK_N: int      # N rounded up to a power of two
-    chunk: int        # tokens between checkpoints, ~sqrt(T): checkpoints and scratch then cost about the same
-    num_warps: int
-
-
-def _launch_config(T: int, N: int) -> _LaunchConfig:
-    """16 channels per program: for batch 1 and D = 1536 that is 96 programs, enough to spread over a GPU's SMs.
-    A (16, 16) state tile over 4 warps is 2 elements per thread: 56-80 registers (fewer warps cost more registers,
-    up to 255 at 1 warp). Checkpoints every ~sqrt(T) tokens (8 to 256)."""
+def _launch_config(N: int) -> Launch:
+    """16 channels per program (BLOCK_D): for batch 1 and D = 1536 that is 96 programs, enough to spread over a
+    GPU's SMs; BLOCK_N, N rounded up to a power of two. A (16, 16) state tile over 4 warps is 2 elements per thread:
+    56-80 registers (fewer warps cost more registers, up to 255 at 1 warp)."""
     block_n = triton.next_power_of_2(N)
-    chunk = min(256, max(8, triton.next_power_of_2(math.isqrt(T))))
-    return _LaunchConfig(BLOCK_D=16, BLOCK_N=block_n, chunk=chunk, num_warps=max(1, min(4, 16 * block_n // 64)))
+    return Launch({"BLOCK_D": 16, "BLOCK_N": block_n}, num_warps=max(1, min(4, 16 * block_n // 64)))
 
 
-def _grid(batch, dim, cfg):
+def _checkpoint_interval(T: int) -> int:
+    """Tokens between saved states, ~sqrt(T) (8 to 256): the checkpoints and the scratch then cost about the same."""
+    return min(256, max(8, triton.next_power_of_2(math.isqrt(T))))
+
+
+def _grid(batch, dim, cfg: Launch):
     """One program per (batch, block of BLOCK_D channels)."""
-    return (batch, triton.cdiv(dim, cfg.BLOCK_D))
+    return (batch, triton.cdiv(dim, cfg["BLOCK_D"]))
 
 
-def _triton_scan_forward(u, delta, A, B, C, state):
+def selective_scan_fwd(u, delta, A, B, C, state):
+    """Runs the forward kernel; returns y (C_t . x_t), the last state and the checkpoints the backward starts from."""
     batch, dim, T = u.shape
     N = A.shape[1]
-    cfg = _launch_config(T, N)
+    cfg, checkpoint = _launch_config(N), _checkpoint_interval(T)
     y = new_output((batch, dim, T), torch.float32, u.device)
     last = new_output((batch, dim, N), torch.float32, u.device)
-    checkpoints = new_output((batch, triton.cdiv(T, cfg.chunk), dim, N), torch.float32, u.device)
-    _scan_fwd_kernel[_grid(batch, dim, cfg)](
-        u, delta, A, B, C, last if state is None else state, y, last, checkpoints, dim, T, N, cfg.chunk,
-        HAS_STATE=state is not None, BLOCK_D=cfg.BLOCK_D, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
+    checkpoints = new_output((batch, triton.cdiv(T, checkpoint), dim, N), torch.float32, u.device)
+    selective_scan_fwd_kernel[_grid(batch, dim, cfg)](
+        u, delta, A, B, C, last if state is None else state, y, last, checkpoints, dim, T, N, checkpoint,
+        HAS_STATE=state is not None, **cfg.blocks, **cfg.options)
     return y, last, checkpoints
 
 
-def _triton_scan_backward(u, delta, A, B, C, checkpoints, dy, dlast):
+def selective_scan_bwd(u, delta, A, B, C, checkpoints, dy, dlast):
+    """Runs the backward kernel from the forward's checkpoints; returns the gradients of (u, delta, A, B, C) and of
+    the initial state."""
     batch, dim, T = u.shape
     N = A.shape[1]
-    cfg = _launch_config(T, N)
+    cfg, checkpoint = _launch_config(N), _checkpoint_interval(T)
     grid = _grid(batch, dim, cfg)
-    scratch = torch.empty((batch, grid[1], cfg.chunk, cfg.BLOCK_D, cfg.BLOCK_N), dtype=torch.float32,
+    scratch = torch.empty((batch, grid[1], checkpoint, cfg["BLOCK_D"], cfg["BLOCK_N"]), dtype=torch.float32,
                           device=u.device)
     du, ddelta = (new_output((batch, dim, T), torch.float32, u.device) for _ in range(2))
     dA_per_batch, dstate = (new_output((batch, dim, N), torch.float32, u.device) for _ in range(2))
     dB, dC = (torch.zeros((batch, N, T), dtype=torch.float32, device=u.device) for _ in range(2))
-    _scan_bwd_kernel[grid](
+    selective_scan_bwd_kernel[grid](
         u, delta, A, B, C, checkpoints, dy.float().contiguous(), dlast.float().contiguous(), scratch,
-        du, ddelta, dA_per_batch, dB, dC, dstate, dim, T, N, cfg.chunk,
-        BLOCK_D=cfg.BLOCK_D, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
+        du, ddelta, dA_per_batch, dB, dC, dstate, dim, T, N, checkpoint, **cfg.blocks, **cfg.options)
     return du, ddelta, dA_per_batch.sum(0), dB, dC, dstate
 
 
-# -------------------------------------------------------------------------------------------------- autograd
+# ----------------------------------------------------------------------------------------------------------------
+# Autograd
+# ----------------------------------------------------------------------------------------------------------------
 
-class _SelectiveScan(torch.autograd.Function):
+class SelectiveScanFunction(torch.autograd.Function):
     """(u, delta, A, B, C, state) -> (y, last state): y_t = C_t . x_t, x_t = exp(delta_t A) x_{t-1} + delta_t B_t u_t.
     delta and A come in the compute dtype (fp32, or float64), u, B, C in the input dtype; state is None (zero) or
     in the compute dtype. y and the last state come out in the compute dtype."""
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, state, backend):
-        run = _torch_scan_forward if backend == "torch" else _triton_scan_forward
+        run = _selective_scan_torch_fwd if backend == "torch" else selective_scan_fwd
         y, last, checkpoints = run(u, delta, A, B, C, state)
         ctx.save_for_backward(u, delta, A, B, C, checkpoints)
         ctx.backend, ctx.has_state = backend, state is not None
@@ -353,26 +358,41 @@ class _SelectiveScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dlast):
         u, delta, A, B, C, checkpoints = ctx.saved_tensors
-        run = _torch_scan_backward if ctx.backend == "torch" else _triton_scan_backward
+        run = _selective_scan_torch_bwd if ctx.backend == "torch" else selective_scan_bwd
         du, ddelta, dA, dB, dC, dstate = run(u, delta, A, B, C, checkpoints, dy.contiguous(), dlast.contiguous())
         return (du.to(u.dtype), ddelta.to(delta.dtype), dA.to(A.dtype), dB.to(B.dtype), dC.to(C.dtype),
                 dstate if ctx.has_state else None, None)
 
 
-# ---------------------------------------------------------------------------------------------------- public
+# ----------------------------------------------------------------------------------------------------------------
+# Public op
+# ----------------------------------------------------------------------------------------------------------------
 
-def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, state=None,
+def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_softplus=False, state=None,
                    backend=None):
     """Mamba's selective scan: x_t = exp(delta_t A) x_{t-1} + delta_t B_t u_t, y_t = C_t . x_t + D u_t, times
     silu(z_t) when z is given; delta <- softplus(delta + delta_bias) first when asked.
 
-    u, delta, z: (batch, D, T); A: (D, N); B, C: (batch, N, T); D, delta_bias: (D,); state: (batch, D, N) or None.
-    Returns (y (batch, D, T) in the input dtype, last_state (batch, D, N) fp32, float64 for float64 inputs); feed
-    last_state back as state to continue the sequence. u, delta, B, C, z share one dtype (fp32, fp16, bf16, or
-    float64 on the torch backend); A, D, delta_bias take that dtype or fp32. backend: None (Triton for CUDA tensors;
-    on CPU the C loop when no gradient is wanted and it builds, torch otherwise), "torch", "c" (kernels/native.c,
-    CPU, forward only) or "triton" (on CPU tensors the Triton interpreter, TRITON_INTERPRET=1).
-    Differentiable in every tensor argument on the torch and Triton backends.
+    Differentiable in every tensor argument on every backend.
+
+    Args:
+        u, delta (torch.Tensor): (batch, D, T), the input and the step sizes.
+        A (torch.Tensor): (D, N), one diagonal state matrix per channel (Mamba's -exp(A_log)).
+        B, C (torch.Tensor): (batch, N, T). u, delta, B, C (and z) share one dtype: fp32, fp16 or bf16 (float64
+            too on the torch backend); A, D and delta_bias take that dtype or fp32.
+        D (torch.Tensor or None): (D,), the skip term D u. Default: none.
+        z (torch.Tensor or None): (batch, D, T), the gate. Default: none.
+        delta_bias (torch.Tensor or None): (D,), added to delta. Default: none.
+        delta_softplus (bool): take softplus(delta + delta_bias). Default: False.
+        state (torch.Tensor or None): (batch, D, N), the x before the first token, fp32 (float64 for float64
+            inputs). Default: zeros.
+        backend (str or None): "torch", "triton" (on CPU tensors the Triton interpreter, TRITON_INTERPRET=1), "c"
+            (kernels/native.c, CPU) or None (Triton for CUDA tensors; on CPU the C loop where it builds, torch
+            otherwise). Default: None.
+    Returns:
+        (y (batch, D, T) in the input dtype, last_state (batch, D, N) fp32, float64 for float64 inputs): feed
+        last_state back as state to continue the sequence.
+
     Source: Mamba (arXiv:2312.00752), Algorithm 2.
     """
     check_tensor("u", u, (None, None, None))
@@ -396,7 +416,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     device = check_devices(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias, state=state)
     dtype = check_same_dtype(u=u, delta=delta, B=B, C=C, z=z)
     grad = needs_grad(u, delta, A, B, C, D, z, delta_bias, state)
-    backend = resolve_backend(backend, device, "selective_scan", dtype, grad)
+    backend = resolve_backend(backend, device, "selective_scan", dtype)
     check_backend_dtype(backend, dtype)
     compute = accumulation_dtype(dtype)
     for name, x in (("A", A), ("D", D), ("delta_bias", delta_bias)):
@@ -407,8 +427,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
                         f"got {state.dtype}")
 
     if backend == "c":   # the whole op in the loop: bias, softplus, scan, skip and gate
-        y, last = native.selective_scan_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state)
-        return y.to(dtype), last
+        return native_autograd.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state, grad)
     dt = delta.to(compute)
     if delta_bias is not None:
         dt = dt + delta_bias.to(compute)[:, None]
@@ -416,7 +435,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
         # Above the threshold softplus(x) is taken as x; at torch's default, 20, that is off by e^-20 = 2e-9, which
         # float64 sees. At 40 it is off by 4e-18, and exp(40) is still far from overflowing fp32.
         dt = F.softplus(dt, threshold=40.0)
-    y, last = _SelectiveScan.apply(u.contiguous(), dt.contiguous(), A.to(compute).contiguous(), B.contiguous(),
+    y, last = SelectiveScanFunction.apply(u.contiguous(), dt.contiguous(), A.to(compute).contiguous(), B.contiguous(),
                                    C.contiguous(), None if state is None else state.contiguous(), backend)
     if D is not None:
         y = y + D.to(compute)[:, None] * u.to(compute)
@@ -425,7 +444,9 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     return y.to(dtype), last
 
 
-# ------------------------------------------------------------------------------------------- ahead of time
+# ----------------------------------------------------------------------------------------------------------------
+# Ahead-of-time build (python -m seqmix.kernels.aot)
+# ----------------------------------------------------------------------------------------------------------------
 
 def aot_kernels():
     """Forward and backward kernels at Mamba sizes (D = 1536 and 8192, N = 16, T = 2048), fp32 and bf16 inputs.
@@ -433,14 +454,13 @@ def aot_kernels():
     from seqmix.kernels.aot import AotKernel
     kernels = []
     for dim in (1536, 8192):
-        cfg = _launch_config(2048, 16)
+        cfg = _launch_config(16)
         for dtype in ("fp32", "bf16"):
             # u, B, C in the input dtype; every other pointer fp32
             types = {"u_ptr": f"*{dtype}", "B_ptr": f"*{dtype}", "C_ptr": f"*{dtype}",
-                     "dim": "i32", "T": "i32", "N": "i32", "CHUNK": "i32"}
-            blocks = {"BLOCK_D": cfg.BLOCK_D, "BLOCK_N": cfg.BLOCK_N}
-            for fn, label, constexprs in ((_scan_fwd_kernel, "ssm_scan_fwd", {"HAS_STATE": True, **blocks}),
-                                          (_scan_bwd_kernel, "ssm_scan_bwd", blocks)):
-                kernels.append(AotKernel(f"{label} D={dim} N=16 {dtype}", fn, constexprs, types, "*fp32",
-                                         num_warps=cfg.num_warps))
+                     "dim": "i32", "T": "i32", "N": "i32", "CHECKPOINT": "i32"}
+            for fn, label, flags in ((selective_scan_fwd_kernel, "selective_scan_fwd", {"HAS_STATE": True}),
+                                     (selective_scan_bwd_kernel, "selective_scan_bwd", {})):
+                kernels.append(AotKernel(f"{label} D={dim} N=16 {dtype}", fn, {**flags, **cfg.blocks}, types,
+                                         "*fp32", cfg.num_warps, cfg.num_stages))
     return kernels

@@ -1,12 +1,48 @@
-"""Agreement metrics shared by the tests, the notebooks and the cross-check report.
+"""Agreement metrics shared by the tests, the notebooks and the cross-check report, and what tests and benchmarks
+need to know of the kernels' set-up.
 
 The design's measure: relative RMS error ||a - b|| / ||b|| against the reference b, plus max abs error.
 Accepts NumPy arrays and torch tensors (compared in float64).
+
+Also here, from the private modules, so that nothing outside kernels/ imports those: ``HAS_TRITON`` (whether triton
+imports), ``accumulation_dtype`` (the dtype states take for inputs of a dtype), ``resolve_backend`` (the backend a
+call runs on) and ``poisoned_outputs`` (NaN-filled output buffers). The first three are looked up on first use, so
+that importing this module does not import triton (``seqmix.use_interpreter_without_gpu()`` must come first).
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
+
+__all__ = ["fp32", "f64", "rel_rms", "max_abs", "assert_close", "assert_all_close", "check", "REFERENCE_BUDGET",
+           "FP32_BUDGET", "FP32_CHUNKED_WKV7_BUDGET", "FP16_BUDGET", "poisoned_outputs",
+           "HAS_TRITON", "accumulation_dtype", "resolve_backend"]   # noqa: F822  (the last three: __getattr__ below)
+
+_FROM_KERNELS = {"HAS_TRITON": "seqmix.kernels._common", "accumulation_dtype": "seqmix.kernels._common",
+                 "resolve_backend": "seqmix.kernels._backend"}
+
+
+def __getattr__(name: str):
+    """HAS_TRITON, accumulation_dtype and resolve_backend, imported when first asked for (they import triton)."""
+    if name in _FROM_KERNELS:
+        import importlib
+        return getattr(importlib.import_module(_FROM_KERNELS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@contextlib.contextmanager
+def poisoned_outputs():
+    """Inside the block every output buffer the ops allocate starts as NaN, so that an element a kernel skips shows
+    up as a non-finite output (tests/conftest.py turns it on for every test)."""
+    from seqmix.kernels import _common
+    before = _common.POISON_OUTPUTS
+    _common.POISON_OUTPUTS = True
+    try:
+        yield
+    finally:
+        _common.POISON_OUTPUTS = before
 
 
 def fp32(*arrays) -> list:
@@ -31,6 +67,7 @@ def rel_rms(actual, expected) -> float:
 
 
 def max_abs(actual, expected) -> float:
+    """max |actual - expected| (0 for empty arrays)."""
     a, b = f64(actual), f64(expected)
     return float(np.max(np.abs(a - b))) if a.size else 0.0
 

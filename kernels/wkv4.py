@@ -1,5 +1,5 @@
 """RWKV-4's WKV operator: a chunked torch path and Triton forward/backward kernels, exact for keys of any size
-(and, for CPU inference, the Triton forward's recurrence as a C loop: kernels/native.py).
+(and, on a CPU, the Triton kernels' recurrences as C loops, forward and backward: kernels/native.py).
 
     wkv_t = (sum_{i<t} e^{(t-1-i) w + k_i} v_i + e^{u + k_t} v_t) / (sum_{i<t} e^{(t-1-i) w + k_i} + e^{u + k_t})
 
@@ -22,7 +22,7 @@ e^u (E_tau v_tau, E_tau) for the current token, plus e^{max + tau w - K} (num, d
 chunk, and wkv is their ratio. Between chunks (num, den, max) advance in closed form: max' = max(max + L w, nu)
 (nu = max_j k_j + (L-1-j) w, the chunk's largest term at its end) and P_L comes in scaled by e^{K - nu}, exact
 whatever the keys: the largest term is kept at e^0 and anything that underflows is below fp32's resolution next to
-it. The rows are exact only while the chunk's keys (and u + keys) lie within e^-RANGE of K; the rows of other
+it. The rows are exact only while the chunk's keys (and u + keys) lie within e^-KEY_RANGE of K; the rows of other
 (batch, chunk, channel) columns (keys of several hundred) come from the max-tracked recurrence over the chunk's L
 offsets, all such columns at once, and their chunk sums from the terms e^{k_j + (L-1-j) w - nu}. Exponent
 differences are formed from differences of nearby numbers (key - the chunk's largest key, max - max), which keeps
@@ -53,28 +53,28 @@ autograd through the stable recurrence gives (away from ties); for a loss of y a
 """
 from __future__ import annotations
 
-from collections import namedtuple
-
 import torch
 
-from seqmix.kernels import native
+from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
-from seqmix.kernels._common import (accumulation_dtype, check_devices, check_same_dtype, check_tensor, needs_grad,
-                                    new_output, tl, triton)
+from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
+                                    needs_grad, new_output, tl, triton)
+
+__all__ = ["wkv4", "INITIAL_MAX"]
 
 # The state's maximum before any token: HF's CPU loop and CUDA kernel start from this finite "minus infinity"
 # (e^{max - q} = 0 without inf - inf); keeping it makes states interchangeable with transformers'.
 INITIAL_MAX = -1e38
 
-# Torch path.
+# The torch path's chunks and the bounds of its exponents.
 CHUNK = 16          # tokens per chunk: the in-chunk recurrence runs over these L offsets, all chunks at once
 BLOCK = 256         # tokens per call of the chunked computation, so that its intermediates stay in cache
-RANGE = 30.0        # a chunk's rows come from the in-chunk recurrence when its keys (and u + keys) lie within
-                    # e^-RANGE of its largest key; other (batch, chunk, channel) columns are redone one by one
-DECAY_FLOOR = 55.0  # e^w is taken as at least e^-55: past terms (>= e^-RANGE) times it stay normal fp32 numbers,
-                    # and what the floor adds is below e^-(55 - RANGE) = 1e-11 of the row's current term
+KEY_RANGE = 30.0    # a chunk's rows come from the in-chunk recurrence when its keys (and u + keys) lie within
+                    # e^-KEY_RANGE of its largest key; other (batch, chunk, channel) columns are redone one by one
+DECAY_FLOOR = 55.0  # e^w is taken as at least e^-55: past terms (>= e^-KEY_RANGE) times it stay normal fp32 numbers,
+                    # and what the floor adds is below e^-(55 - KEY_RANGE) = 1e-11 of the row's current term
 FLOOR = 60.0        # exponents are clamped at -FLOOR (see below)
-STATE_FLOOR = 80.0  # the same for the carried state's factor: rows span down to e^-RANGE, and 80 - 30 leaves e^-50
+STATE_FLOOR = 80.0  # the same for the carried state's factor: rows span down to e^-KEY_RANGE, and 80 - 30 leaves e^-50
 BONUS_CAP = 20.0    # e^u is formed directly; u above it (never in trained models) is redone
 STATE_CAP = 60.0    # a state more than e^STATE_CAP above a chunk's own terms swamps them; capped against overflow
 # Why a floor: on x86, torch.exp of a large negative number, and arithmetic on the denormals it yields, are 50-500
@@ -140,10 +140,10 @@ def _torch_chunks(w, u, k, v, num, den, mx):
     lag_to_end = torch.arange(L - 1, -1, -1, dtype=k.dtype, device=k.device)[:, None] * w   # (L, C) (L-1-j) w
     G = kK + lag_to_end                                                   # (B, n, L, C)
     nu_rel = G.amax(2)                                                    # (B, n, C) nu - K
-    totals = sums[-1] * _exp(-nu_rel, RANGE)                              # (2, B, n, C) the chunk's sums / e^nu
+    totals = sums[-1] * _exp(-nu_rel, KEY_RANGE)                              # (2, B, n, C) the chunk's sums / e^nu
 
     spread = kK.detach().amin(2) + u.detach().clamp_max(0)                # (B, n, C) smallest exponent - K
-    redo = (spread < -RANGE) | (u.detach() > BONUS_CAP)                   # (B, n, C)
+    redo = (spread < -KEY_RANGE) | (u.detach() > BONUS_CAP)                   # (B, n, C)
     any_redo = bool(redo.any())
     if any_redo:
         bi, ni, ci = redo.nonzero(as_tuple=True)                          # (F,) each: batch, chunk, channel
@@ -180,7 +180,7 @@ def _torch_chunks(w, u, k, v, num, den, mx):
     return rows, state
 
 
-def _torch_wkv4(w, u, k, v, num, den, mx):
+def _wkv4_torch(w, u, k, v, num, den, mx):
     """The chunked path over a whole sequence, BLOCK tokens at a time (full chunks), then the last T % CHUNK tokens
     as one shorter chunk."""
     B, T, C = k.shape
@@ -199,12 +199,9 @@ def _torch_wkv4(w, u, k, v, num, den, mx):
 # Triton path
 # ----------------------------------------------------------------------------------------------------------------
 
-Launch = namedtuple("Launch", "block_c num_warps")
-
-
 def _launch_config(C: int) -> Launch:
     """One thread per channel: 32 channels (one warp) per program, fewer when C is smaller."""
-    return Launch(min(32, triton.next_power_of_2(C)), 1)
+    return Launch({"BLOCK_C": min(32, triton.next_power_of_2(C))}, num_warps=1)
 
 
 @triton.jit
@@ -240,9 +237,9 @@ def wkv4_fwd_kernel(
     # then formed from differences of keys, so keys of several hundred keep fp32's relative precision.
     anchor = tl.load(max0_ptr + b * C + cs, mask=mask, other=0.0)
     lag = tl.zeros([BLOCK_C], dtype=tl.float32)                # exact integers up to 2^24 tokens
-    base = b.to(tl.int64) * T * C + cs
+    seq = b.to(tl.int64) * T * C + cs                # this batch row's channels at step 0
     for t in range(T):
-        off = base + t * C
+        off = seq + t * C
         k = tl.load(k_ptr + off, mask=mask, other=0.0).to(tl.float32)
         v = tl.load(v_ptr + off, mask=mask, other=0.0).to(tl.float32)
         # output: the past (num, den at scale e^max) against the current token e^{u + k}; q = the larger exponent
@@ -293,7 +290,7 @@ def wkv4_bwd_kernel(
     cs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = cs < C
     sc = b * C + cs
-    base = b.to(tl.int64) * T * C + cs
+    seq = b.to(tl.int64) * T * C + cs
     w = tl.load(w_ptr + cs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + cs, mask=mask, other=0.0).to(tl.float32)
     max0 = tl.load(max0_ptr + sc, mask=mask, other=0.0)
@@ -306,7 +303,7 @@ def wkv4_bwd_kernel(
     # since the returned num, den were scaled by e^err
     lag = tl.load(lag_ptr + sc, mask=mask, other=0.0)
     from_token = lag < T
-    anchor = tl.load(k_ptr + base + (T - 1 - lag).to(tl.int32) * C, mask=mask & from_token, other=0.0)
+    anchor = tl.load(k_ptr + seq + (T - 1 - lag).to(tl.int32) * C, mask=mask & from_token, other=0.0)
     _, err = _rounded_max(tl.where(from_token, anchor.to(tl.float32), max0), lag, w)
     # Adjoints of N^_t, D^_t (an, ad) and of their w-derivatives (bn, bd), times e^{max_t}: the forward's max before
     # token t. Every factor below is a forward exponential (<= 1) rebuilt from d_t and z_t.
@@ -318,7 +315,7 @@ def wkv4_bwd_kernel(
     gu = tl.zeros([BLOCK_C], dtype=tl.float32)
     for i in range(T):
         t = T - 1 - i
-        off = base + t * C
+        off = seq + t * C
         v = tl.load(v_ptr + off, mask=mask, other=0.0).to(tl.float32)
         gy = tl.load(gy_ptr + off, mask=mask, other=0.0).to(tl.float32)
         vy = tl.load(vy_ptr + off, mask=mask, other=0.0)
@@ -351,14 +348,15 @@ def wkv4_bwd_kernel(
     tl.store(gmax0_ptr + sc, an * num0 + ad * den0 + tl.where(from_token, 0.0, g_top), mask=mask)
 
 
-def _grid(B, C, launch):
-    return (B, triton.cdiv(C, launch.block_c))
+def _grid(B, C, cfg: Launch):
+    """One program per (batch row, block of BLOCK_C channels)."""
+    return (B, triton.cdiv(C, cfg["BLOCK_C"]))
 
 
-def _triton_forward(w, u, k, v, num0, den0, max0, save: bool):
+def wkv4_fwd(w, u, k, v, num0, den0, max0, save: bool):
     """Runs the forward kernel; returns y, the final state and (when ``save``) what the backward needs."""
     B, T, C = k.shape
-    launch = _launch_config(C)
+    cfg = _launch_config(C)
     y = new_output((B, T, C), k.dtype, k.device)
     state = tuple(new_output((B, C), torch.float32, k.device) for _ in range(3))
     if save:
@@ -366,49 +364,64 @@ def _triton_forward(w, u, k, v, num0, den0, max0, save: bool):
                  new_output((B, C), torch.float32, k.device))
     else:
         saved = (y,) * 4   # never written
-    wkv4_fwd_kernel[_grid(B, C, launch)](w, u, k, v, y, num0, den0, max0, *state, *saved, T, C,
-                                         SAVE=save, BLOCK_C=launch.block_c, num_warps=launch.num_warps)
+    wkv4_fwd_kernel[_grid(B, C, cfg)](w, u, k, v, y, num0, den0, max0, *state, *saved, T, C,
+                                      SAVE=save, **cfg.blocks, **cfg.options)
     return y, state, (saved if save else None)
 
 
-class _TritonWkv4(torch.autograd.Function):
+def wkv4_bwd(w, u, k, v, num0, den0, max0, num, den, vy, d, z, lag, gy, g_num, g_den, g_max):
+    """Runs the backward kernel on what wkv4_fwd saved; returns the gradients of (w, u, k, v, num0, den0, max0)."""
+    B, T, C = k.shape
+    cfg = _launch_config(C)
+    gk, gv = (new_output((B, T, C), k.dtype, k.device) for _ in range(2))
+    gw, gu, g_num0, g_den0, g_max0 = (new_output((B, C), torch.float32, k.device) for _ in range(5))
+    wkv4_bwd_kernel[_grid(B, C, cfg)](
+        w, u, k, v, vy, d, z, gy.contiguous(), num0, den0, max0, num, den, lag,
+        g_num.contiguous(), g_den.contiguous(), g_max.contiguous(), gk, gv, gw, gu, g_num0, g_den0, g_max0,
+        T, C, **cfg.blocks, **cfg.options)
+    return gw.sum(0).to(w.dtype), gu.sum(0).to(u.dtype), gk, gv, g_num0, g_den0, g_max0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Autograd
+# ----------------------------------------------------------------------------------------------------------------
+
+class Wkv4Function(torch.autograd.Function):
     """The Triton kernels as an autograd op: (w, u, k, v, num0, den0, max0) -> (y, num, den, max)."""
 
     @staticmethod
     def forward(ctx, w, u, k, v, num0, den0, max0):
-        y, state, saved = _triton_forward(w, u, k, v, num0, den0, max0, save=True)
+        y, state, saved = wkv4_fwd(w, u, k, v, num0, den0, max0, save=True)
         ctx.save_for_backward(w, u, k, v, num0, den0, max0, state[0], state[1], *saved)
         return (y, *state)
 
     @staticmethod
     def backward(ctx, gy, g_num, g_den, g_max):
-        w, u, k, v, num0, den0, max0, num, den, vy, d, z, lag = ctx.saved_tensors
-        B, T, C = k.shape
-        launch = _launch_config(C)
-        gk, gv = (new_output((B, T, C), k.dtype, k.device) for _ in range(2))
-        gw, gu, g_num0, g_den0, g_max0 = (new_output((B, C), torch.float32, k.device) for _ in range(5))
-        wkv4_bwd_kernel[_grid(B, C, launch)](
-            w, u, k, v, vy, d, z, gy.contiguous(), num0, den0, max0, num, den, lag,
-            g_num.contiguous(), g_den.contiguous(), g_max.contiguous(), gk, gv, gw, gu, g_num0, g_den0, g_max0,
-            T, C, BLOCK_C=launch.block_c, num_warps=launch.num_warps)
-        return gw.sum(0).to(w.dtype), gu.sum(0).to(u.dtype), gk, gv, g_num0, g_den0, g_max0
+        return wkv4_bwd(*ctx.saved_tensors, gy, g_num, g_den, g_max)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Public op
 # ----------------------------------------------------------------------------------------------------------------
 
-def wkv4(w, u, k, v, state=None, backend=None):
+def wkv4(w, u, k, v, state=None, *, backend=None):
     """RWKV-4's WKV with a max-tracked state, differentiable in every input (state included):
 
         wkv_t = (e^{max + t w} num + sum_{i<t} e^{(t-1-i) w + k_i} v_i + e^{u + k_t} v_t)
               / (e^{max + t w} den + sum_{i<t} e^{(t-1-i) w + k_i} + e^{u + k_t})
 
-    w, u: (C,), w = -exp(time_decay) <= 0; k, v: (B, T, C); all fp32, fp16, bf16 (or float64 on the torch
-    backend), one dtype. state: (num, den, max), each (B, C), fp32 (float64 for float64 inputs), HF's layout;
-    None starts from (0, 0, -1e38). Returns (wkv (B, T, C) in the input dtype, (num, den, max)).
-    backend: "torch", "triton", "c" (kernels/native.c, CPU, forward only) or None (Triton for CUDA tensors; on
-    CPU the C loop when no gradient is wanted and it builds, torch otherwise).
+    Args:
+        w (torch.Tensor): (C,), the per-step log decay, w = -exp(time_decay) <= 0.
+        u (torch.Tensor): (C,), the current token's bonus (time_first).
+        k, v (torch.Tensor): (B, T, C). w, u, k, v share one dtype: fp32, fp16 or bf16 (float64 too on the torch
+            backend).
+        state (tuple or None): (num, den, max), each (B, C), fp32 (float64 for float64 inputs), in Hugging Face's
+            layout. Default: (0, 0, INITIAL_MAX = -1e38).
+        backend (str or None): "torch", "triton", "c" (kernels/native.c, CPU) or None (Triton for CUDA
+            tensors; on CPU the C loop where it builds, torch otherwise). Default: None.
+    Returns:
+        (wkv (B, T, C) in the input dtype, (num, den, max)): feed the state back to continue the sequence.
+
     Source: the attention section of https://huggingface.co/docs/transformers/model_doc/rwkv.
     """
     k = check_tensor("k", k, (None, None, None))
@@ -426,7 +439,7 @@ def wkv4(w, u, k, v, state=None, backend=None):
                       for i, (name, s) in enumerate(zip(("num", "den", "max"), state)))
     device = check_devices(w=w, u=u, k=k, v=v, **({} if state is None else dict(zip(("num", "den", "max"), state))))
     grad = needs_grad(w, u, k, v, *(state or ()))
-    backend = resolve_backend(backend, device, "wkv4", dtype, grad)
+    backend = resolve_backend(backend, device, "wkv4", dtype)
     check_backend_dtype(backend, dtype)
     if torch.isnan(w).any() or (w > 0).any():
         raise ValueError("w is the per-step log decay, w = -exp(time_decay): every entry must be <= 0 and not NaN; "
@@ -438,25 +451,28 @@ def wkv4(w, u, k, v, state=None, backend=None):
         return k.new_empty((B, T, C)), state
 
     if backend == "torch":
-        y, new_state = _torch_wkv4(*(x.to(state_dtype) for x in (w, u, k, v)), *state)
+        y, new_state = _wkv4_torch(*(x.to(state_dtype) for x in (w, u, k, v)), *state)
         return y.to(dtype), new_state
     if backend == "c":
-        y, new_state = native.wkv4_forward(w, u, k, v, *state)
-        return y.to(dtype), new_state
+        return native_autograd.wkv4(w, u, k, v, state, grad)
     args = (w.contiguous(), u.contiguous(), k.contiguous(), v.contiguous(), *(s.contiguous() for s in state))
     if grad:
-        y, *new_state = _TritonWkv4.apply(*args)
+        y, *new_state = Wkv4Function.apply(*args)
     else:
-        y, new_state, _ = _triton_forward(*args, save=False)
+        y, new_state, _ = wkv4_fwd(*args, save=False)
     return y, tuple(new_state)
 
+
+# ----------------------------------------------------------------------------------------------------------------
+# Ahead-of-time build (python -m seqmix.kernels.aot)
+# ----------------------------------------------------------------------------------------------------------------
 
 def aot_kernels():
     """The forward (with and without saving for the backward) and backward kernels at C = 768 and 4096."""
     from seqmix.kernels.aot import AotKernel
     kernels = []
     for C in (768, 4096):
-        launch = _launch_config(C)
+        cfg = _launch_config(C)
         for dtype in ("fp32", "bf16"):
             # pointers in the input dtype; the others are fp32 (states, saved values)
             types = {**{a: f"*{dtype}" for a in ("w_ptr", "u_ptr", "k_ptr", "v_ptr", "y_ptr", "gy_ptr", "gk_ptr",
@@ -464,6 +480,6 @@ def aot_kernels():
             for fn, label, constexprs in ((wkv4_fwd_kernel, "wkv4_fwd", {"SAVE": False}),
                                           (wkv4_fwd_kernel, "wkv4_fwd_save", {"SAVE": True}),
                                           (wkv4_bwd_kernel, "wkv4_bwd", {})):
-                constexprs = {**constexprs, "BLOCK_C": launch.block_c}
-                kernels.append(AotKernel(f"{label} C={C} {dtype}", fn, constexprs, types, "*fp32", launch.num_warps))
+                kernels.append(AotKernel(f"{label} C={C} {dtype}", fn, {**constexprs, **cfg.blocks}, types, "*fp32",
+                                         cfg.num_warps, cfg.num_stages))
     return kernels

@@ -1,5 +1,5 @@
 """RWKV-7's WKV (the generalized delta rule): a chunked torch path and Triton forward/backward kernels, with autograd
-(and, for CPU inference, the recurrence as a C loop: kernels/native.py).
+(and, on a CPU, the recurrence and its backward as C loops: kernels/native.py).
 
     S_t = S_{t-1} diag(w_t) + (S_{t-1} a_t) b_t^T + v_t k_t^T,   w_t = exp(log_w_t),   y_t = S_t r_t
 
@@ -25,7 +25,7 @@ matmul of (L, N) by (N, L) per coupling. But e^{-c_j} grows with the decay accum
 e^{0.61} a step at RWKV-7's strongest decay, 0.545: e^{39} over 64 steps, inf in fp32 after ~145 steps, and
 after a few steps of stronger decays), its product with a tiny e^{c_i} then loses everything, and the rounding
 of c (relative to |c|) becomes a relative error of the factor. So the factored form runs only when every chunk's
-spread of c is at most RANGE = 20 (factors below e^20, error within ~20 fp32 roundings); RWKV-7's decays give at
+spread of c is at most DECAY_RANGE = 20 (factors below e^20, error within ~20 fp32 roundings); RWKV-7's decays give at
 most 0.61 L = 9.7 at L = 16, so trained models always take it. Otherwise `_block_couplings` builds the couplings
 from blocks doubling in size, each pair of blocks factored at the step between them with log decays summed
 locally: every exponential is a decay (<= 1 for log_w <= 0), none overflows and no large sums cancel, however
@@ -34,9 +34,9 @@ its end (B^, K^). Gradients come from autograd through these operations (a graph
 
 Triton path: a sequential scan. One program per (batch, head, block of value rows) holds its rows of S in fp32
 registers (rows of S evolve independently: row i of S diag(w) + (S a) b^T + v k^T needs only row i) and walks time.
-The forward saves the state every CK = 16 steps when a gradient is wanted. The backward walks chunks of CK steps
-from the last: it reloads the chunk's checkpoint, re-runs the chunk forward to store each step's entering state in
-a scratch buffer, then walks the chunk in reverse with G = dL/dS_t:
+The forward saves the state every CHECKPOINT = 16 steps when a gradient is wanted. The backward walks these runs of
+steps from the last: it reloads the run's checkpoint, re-runs it forward to store each step's entering state in a
+scratch buffer, then walks the run in reverse with G = dL/dS_t:
 
     G += dy_t r_t^T;  dr_t = S_t^T dy_t;  dv_t = G k_t;  dk_t = G^T v_t;  q = G b_t;  db_t = G^T (S_{t-1} a_t);
     da_t = S_{t-1}^T q;  dlog_w_t = w_t * colsum(G * S_{t-1});  G <- G diag(w_t) + q a_t^T   (= dL/dS_{t-1})
@@ -59,13 +59,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from seqmix.kernels import native
+from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
-from seqmix.kernels._common import (accumulation_dtype, check_devices, check_same_dtype, check_tensor, needs_grad,
-                                    new_output, tl, triton)
+from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
+                                    needs_grad, new_output, tl, triton)
+
+__all__ = ["wkv7"]
 
 CHUNK = 16          # torch path: steps per chunk (a power of two, for the halving in _block_couplings)
-RANGE = 20.0        # torch path: the widest spread of log decay inside a chunk that the factored couplings take
+DECAY_RANGE = 20.0  # torch path: the widest spread of log decay inside a chunk that the factored couplings take
 CHECKPOINT = 16     # Triton path: steps between saved states; the backward re-runs at most this many steps
 
 
@@ -117,10 +119,10 @@ def _unit_lower_inverse(A):
 
 def _factors_in_range(c):
     """Whether every chunk's couplings may take the factored form exp(c_i - c_j) = e^{c_i} e^{-c_j}: c, the
-    cumulative log decays from each chunk's start (any layout), spans at most RANGE. Every chunk's c, and 0, lie in
-    [min(c, 0), max(c, 0)], a bound on its spread."""
+    cumulative log decays from each chunk's start (any layout), spans at most DECAY_RANGE. Every chunk's c, and 0,
+    lie in [min(c, 0), max(c, 0)], a bound on its spread."""
     lo, hi = c.aminmax()
-    return (hi.clamp(min=0) - lo.clamp(max=0)).item() <= RANGE
+    return (hi.clamp(min=0) - lo.clamp(max=0)).item() <= DECAY_RANGE
 
 
 def _add_matmul(C, A, B):
@@ -149,7 +151,7 @@ def _wkv7_torch(r, log_w, k, v, a, b, state):
     a_t = F.pad(e_c[..., :-1, :], (0, 0, 1, 0), value=1.0) * a          # a_i e^{c_{i-1}}
     r_t = e_c * r                                                        # r_i e^{c_i}
     if _factors_in_range(c):
-        e_neg = torch.reciprocal(e_c)                                    # e^{-c_j}, below e^RANGE
+        e_neg = torch.reciprocal(e_c)                                    # e^{-c_j}, below e^DECAY_RANGE
         b_s, k_s = e_neg * b, e_neg * k                                  # b_j e^{-c_j}, k_j e^{-c_j}
         A_ab, A_ak = (a_t @ b_s.mT).tril(-1), (a_t @ k_s.mT).tril(-1)    # (chunks, BH, L, L)
         Q_rb, Q_rk = (r_t @ b_s.mT).tril(), (r_t @ k_s.mT).tril()
@@ -219,16 +221,16 @@ def _checkpoint(ckpt_ptr, pid_bh, n_ckpt, index, N: tl.constexpr):
 
 
 @triton.jit
-def _wkv7_fwd_kernel(
+def wkv7_fwd_kernel(
     r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs, contiguous, one float dtype
     state0_ptr,          # (B, H, N, N) fp32 initial state, read when HAS_STATE0
     y_ptr,               # (B, T, H, N) output, input dtype
     state_ptr,           # (B, H, N, N) fp32 final state
-    ckpt_ptr,            # (B * H, cdiv(T, CK), N, N) fp32: states entering steps 0, CK, 2 CK, ... (SAVE_CKPT)
+    ckpt_ptr,            # (B * H, cdiv(T, CHECKPOINT), N, N) fp32: states entering steps 0, CHECKPOINT, ... (SAVE_CKPT)
     T, H,                # sequence length, heads
     N: tl.constexpr,         # head size, a power of two
     BLOCK_V: tl.constexpr,   # value rows (of S) per program
-    CK: tl.constexpr,        # checkpoint interval
+    CHECKPOINT: tl.constexpr,  # steps between saved states
     HAS_STATE0: tl.constexpr,  # start from state0 (else from zeros)
     SAVE_CKPT: tl.constexpr,   # write the checkpoints (a gradient will be wanted)
 ):
@@ -242,11 +244,11 @@ def _wkv7_fwd_kernel(
         S = tl.load(state0_ptr + head_state + tile)
     else:
         S = tl.zeros((BLOCK_V, N), dtype=tl.float32)
-    n_ckpt = tl.cdiv(T, CK)
+    n_ckpt = tl.cdiv(T, CHECKPOINT)
     for t in range(T):
         if SAVE_CKPT:
-            if t % CK == 0:
-                tl.store(_checkpoint(ckpt_ptr, pid_bh, n_ckpt, t // CK, N) + tile, S)
+            if t % CHECKPOINT == 0:
+                tl.store(_checkpoint(ckpt_ptr, pid_bh, n_ckpt, t // CHECKPOINT, N) + tile, S)
         off = seq + t * stride_t
         r, w, k, v, a, b, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, T)
         S = _step(S, w, k, v, a, b)
@@ -256,35 +258,36 @@ def _wkv7_fwd_kernel(
 
 
 @triton.jit
-def _load_chunk(ptr, off, t0, T, stride_t, cols, CK: tl.constexpr):
-    """Steps t0 .. t0 + CK - 1 of one head at columns cols, as a (CK, len(cols)) fp32 tile; steps past T read 0."""
-    steps = t0 + tl.arange(0, CK)
+def _load_chunk(ptr, off, t0, T, stride_t, cols, CHUNK: tl.constexpr):
+    """Steps t0 .. t0 + CHUNK - 1 of one head at columns cols, as a (CHUNK, len(cols)) fp32 tile; steps past T read
+    0."""
+    steps = t0 + tl.arange(0, CHUNK)
     live = (steps < T)[:, None] & (cols[None, :] >= 0)          # a full-shape mask: the interpreter wants one
     return tl.load(ptr + off + steps[:, None] * stride_t + cols[None, :], mask=live, other=0.0).to(tl.float32)
 
 
 @triton.jit
 def _dot(x, y):
-    """x @ y with fp32 products (no TF32): the factored couplings carry factors up to e^RANGE."""
+    """x @ y with fp32 products (no TF32): the factored couplings carry factors up to e^DECAY_RANGE."""
     return tl.dot(x, y, input_precision="ieee")
 
 
 @triton.jit
-def _wkv7_chunked_fwd_kernel(
+def wkv7_chunked_fwd_kernel(
     r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs, contiguous, one float dtype
     state0_ptr,          # (B, H, N, N) fp32 initial state, read when HAS_STATE0
     y_ptr,               # (B, T, H, N) output, input dtype
     state_ptr,           # (B, H, N, N) fp32: the state as it advances (each program its rows), the final state
-    ckpt_ptr,            # (B * H, cdiv(T, CK), N, N) fp32: states entering steps 0, CK, 2 CK, ... (SAVE_CKPT)
+    ckpt_ptr,            # (B * H, cdiv(T, CHUNK), N, N) fp32: states entering steps 0, CHUNK, ... (SAVE_CKPT)
     T, H,                # sequence length, heads
     N: tl.constexpr,         # head size, a power of two >= 16
     BLOCK_V: tl.constexpr,   # value rows (of S) per program, 16: tl.dot's smallest tile
     BLOCK_K: tl.constexpr,   # keys per step of the loops over keys, 16
-    CK: tl.constexpr,        # steps per chunk, 16: also the checkpoint interval, so the backward kernel can use them
+    CHUNK: tl.constexpr,     # steps per chunk, 16; the caller passes CHECKPOINT: the backward kernel reuses them
     HAS_STATE0: tl.constexpr,  # start from state0 (else from zeros)
     SAVE_CKPT: tl.constexpr,   # write the checkpoints (a gradient will be wanted)
 ):
-    """The torch path's chunked WY form (module docstring), one chunk of CK steps per iteration, the caller having
+    """The torch path's chunked WY form (module docstring), one chunk of CHUNK steps per iteration, the caller having
     checked _factors_in_range. Per chunk, a first loop over blocks of BLOCK_K keys sums the couplings and the
     products of a~ and r~ with the state; (I - A_ab)^{-1} = (I + A)(I + A^2)(I + A^4)(I + A^8) (A strictly lower
     triangular: A^16 = 0); then U and Y; a second loop over keys updates the state. The state lives in state_ptr,
@@ -300,32 +303,32 @@ def _wkv7_chunked_fwd_kernel(
             tl.store(state_ptr + head_state + tile, tl.load(state0_ptr + head_state + tile))
         else:
             tl.store(state_ptr + head_state + tile, tl.zeros((BLOCK_V, BLOCK_K), dtype=tl.float32))
-    i = tl.arange(0, CK)
+    i = tl.arange(0, CHUNK)
     before = i[None, :] < i[:, None]                 # j < i
     eye = (i[:, None] == i[None, :]).to(tl.float32)
-    n_chunks = tl.cdiv(T, CK)
+    n_chunks = tl.cdiv(T, CHUNK)
     for chunk in range(n_chunks):
-        t0 = chunk * CK
+        t0 = chunk * CHUNK
         tl.debug_barrier()                           # the state stored by all threads is read below
-        A_ab = tl.zeros((CK, CK), dtype=tl.float32)  # couplings, summed over key blocks
-        A_ak = tl.zeros((CK, CK), dtype=tl.float32)
-        Q_rb = tl.zeros((CK, CK), dtype=tl.float32)
-        Q_rk = tl.zeros((CK, CK), dtype=tl.float32)
-        aS = tl.zeros((CK, BLOCK_V), dtype=tl.float32)   # rows a~_i S^T
-        rS = tl.zeros((CK, BLOCK_V), dtype=tl.float32)   # rows r~_i S^T
+        A_ab = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)  # couplings, summed over key blocks
+        A_ak = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+        Q_rb = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+        Q_rk = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+        aS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # rows a~_i S^T
+        rS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # rows r~_i S^T
         for k0 in range(0, N, BLOCK_K):
             keys = k0 + tl.arange(0, BLOCK_K)
             tile = rows[:, None] * N + keys[None, :]
             S = tl.load(state_ptr + head_state + tile)                      # (BLOCK_V, BLOCK_K)
             if SAVE_CKPT:
                 tl.store(_checkpoint(ckpt_ptr, pid_bh, n_chunks, chunk, N) + tile, S)
-            log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CK)  # (CK, BLOCK_K); 0 past T: no decay
+            log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)  # (CHUNK, BLOCK_K); 0 past T
             c = tl.cumsum(log_w, axis=0)                                    # c_i
-            e_neg = tl.exp(-c)                                              # e^{-c_j}, below e^RANGE
-            a_t = _load_chunk(a_ptr, seq, t0, T, stride_t, keys, CK) * tl.exp(c - log_w)   # a_i e^{c_{i-1}}
-            r_t = _load_chunk(r_ptr, seq, t0, T, stride_t, keys, CK) * tl.exp(c)          # r_i e^{c_i}
-            b_s = tl.trans(_load_chunk(b_ptr, seq, t0, T, stride_t, keys, CK) * e_neg)    # (BLOCK_K, CK)
-            k_s = tl.trans(_load_chunk(k_ptr, seq, t0, T, stride_t, keys, CK) * e_neg)
+            e_neg = tl.exp(-c)                                              # e^{-c_j}, below e^DECAY_RANGE
+            a_t = _load_chunk(a_ptr, seq, t0, T, stride_t, keys, CHUNK) * tl.exp(c - log_w)   # a_i e^{c_{i-1}}
+            r_t = _load_chunk(r_ptr, seq, t0, T, stride_t, keys, CHUNK) * tl.exp(c)          # r_i e^{c_i}
+            b_s = tl.trans(_load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK) * e_neg)    # (BLOCK_K, CHUNK)
+            k_s = tl.trans(_load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK) * e_neg)
             A_ab += _dot(a_t, b_s)
             A_ak += _dot(a_t, k_s)
             Q_rb += _dot(r_t, b_s)
@@ -336,13 +339,13 @@ def _wkv7_chunked_fwd_kernel(
         A_ak = tl.where(before, A_ak, 0.0)
         Q_rb = tl.where(before | (eye > 0), Q_rb, 0.0)                     # j <= i
         Q_rk = tl.where(before | (eye > 0), Q_rk, 0.0)
-        tl.static_assert(CK == 16, "four factors (I + A^(2^m)) invert I - A only while A^16 = 0")
+        tl.static_assert(CHUNK == 16, "four factors (I + A^(2^m)) invert I - A only while A^16 = 0")
         T_inv = eye + A_ab                                                  # (I - A_ab)^{-1}
         power = A_ab
         for _ in tl.static_range(3):
             power = _dot(power, power)
             T_inv += _dot(T_inv, power)
-        v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CK)             # (CK, BLOCK_V): this program's rows
+        v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CHUNK)          # (CHUNK, BLOCK_V): this program's rows
         U = _dot(T_inv, aS + _dot(A_ak, v))                                 # rows u_j = S_{j-1} a_j
         Y = rS + _dot(Q_rb, U) + _dot(Q_rk, v)                              # rows y_i = S_i r_i
         steps = t0 + i
@@ -352,30 +355,30 @@ def _wkv7_chunked_fwd_kernel(
         for k0 in range(0, N, BLOCK_K):              # S <- S diag(e^{c_L}) + U^T B^ + V^T K^
             keys = k0 + tl.arange(0, BLOCK_K)
             tile = rows[:, None] * N + keys[None, :]
-            log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CK)
+            log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)
             decay = tl.exp(tl.sum(log_w, axis=0))                           # e^{c_L}
             to_end = decay[None, :] * tl.exp(-tl.cumsum(log_w, axis=0))     # e^{c_L - c_j}
-            b_hat = _load_chunk(b_ptr, seq, t0, T, stride_t, keys, CK) * to_end
-            k_hat = _load_chunk(k_ptr, seq, t0, T, stride_t, keys, CK) * to_end
+            b_hat = _load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
+            k_hat = _load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
             S = tl.load(state_ptr + head_state + tile)
             S = S * decay[None, :] + _dot(tl.trans(U), b_hat) + _dot(tl.trans(v), k_hat)
             tl.store(state_ptr + head_state + tile, S)
 
 
 @triton.jit
-def _wkv7_bwd_kernel(
+def wkv7_bwd_kernel(
     r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs of the forward, contiguous
     dy_ptr,              # (B, T, H, N) gradient of y, contiguous, input dtype
     dstate_ptr,          # (B, H, N, N) fp32 gradient of the final state, read when HAS_DSTATE
-    ckpt_ptr,            # (B * H, cdiv(T, CK), N, N) fp32 checkpoints saved by the forward
-    scratch_ptr,         # (B * H * N / BLOCK_V, CK, BLOCK_V, N) fp32: each program's states inside one chunk
+    ckpt_ptr,            # (B * H, cdiv(T, CHECKPOINT), N, N) fp32 checkpoints saved by the forward
+    scratch_ptr,         # (B * H * N / BLOCK_V, CHECKPOINT, BLOCK_V, N) fp32: each program's states in one chunk
     dkeys_ptr,           # (5, B, T, H, N) fp32, zeros: dr, dlog_w, dk, da, db, summed over row blocks atomically
     dv_ptr,              # (B, T, H, N) fp32 gradient of v
     dstate0_ptr,         # (B, H, N, N) fp32 gradient of the initial state
     T, H,                # sequence length, heads
     N: tl.constexpr,         # head size, a power of two
     BLOCK_V: tl.constexpr,   # value rows per program
-    CK: tl.constexpr,        # checkpoint interval of the forward
+    CHECKPOINT: tl.constexpr,  # steps between the forward's saved states
     HAS_DSTATE: tl.constexpr,  # the final state has a gradient (else it is zero)
 ):
     pid_bh = tl.program_id(0)
@@ -386,26 +389,26 @@ def _wkv7_bwd_kernel(
     local = tl.arange(0, BLOCK_V)[:, None] * N + keys[None, :]       # a tile of the scratch buffer
     head_state, seq, stride_t = _head_offsets(pid_bh, T, H, N)
     numel = tl.num_programs(0).to(tl.int64) * T * N                   # B * T * H * N
-    scratch = scratch_ptr + (pid_bh.to(tl.int64) * tl.num_programs(1) + pid_v) * CK * BLOCK_V * N
+    scratch = scratch_ptr + (pid_bh.to(tl.int64) * tl.num_programs(1) + pid_v) * CHECKPOINT * BLOCK_V * N
     if HAS_DSTATE:
         G = tl.load(dstate_ptr + head_state + tile)                   # dL/dS_T
     else:
         G = tl.zeros((BLOCK_V, N), dtype=tl.float32)
-    n_ckpt = tl.cdiv(T, CK)
+    n_ckpt = tl.cdiv(T, CHECKPOINT)
     for back in range(n_ckpt):
         chunk = n_ckpt - 1 - back
         # Re-run the chunk from its checkpoint, keeping the state that enters each of its steps.
         S = tl.load(_checkpoint(ckpt_ptr, pid_bh, n_ckpt, chunk, N) + tile)
-        for j in range(CK):
-            t = chunk * CK + j
+        for j in range(CHECKPOINT):
+            t = chunk * CHECKPOINT + j
             off = seq + t * stride_t
             tl.store(scratch + j * BLOCK_V * N + local, S)
             r, w, k, v, a, b, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, T)
             S = _step(S, w, k, v, a, b)
         tl.debug_barrier()           # the scratch written by all threads is read back below
-        for jj in range(CK):
-            j = CK - 1 - jj
-            t = chunk * CK + j
+        for jj in range(CHECKPOINT):
+            j = CHECKPOINT - 1 - jj
+            t = chunk * CHECKPOINT + j
             off = seq + t * stride_t
             S_prev = tl.load(scratch + j * BLOCK_V * N + local)
             r, w, k, v, a, b, key_live, row_live = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys,
@@ -427,24 +430,24 @@ def _wkv7_bwd_kernel(
     tl.store(dstate0_ptr + head_state + tile, G)
 
 
-def _launch_config(N):
-    """(BLOCK_V, num_warps): 16 value rows per program (half the rows of smaller heads, so that a head always spans
-    two programs or more); a (16, N) fp32 tile over 4 warps is 8 (N = 64) or 16 (N = 128) registers a thread."""
-    return min(16, N // 2), 4
+def _launch_config(N) -> Launch:
+    """16 value rows per program (half the rows of smaller heads, so that a head always spans two programs or more);
+    a (16, N) fp32 tile over 4 warps is 8 (N = 64) or 16 (N = 128) registers a thread."""
+    return Launch({"BLOCK_V": min(16, N // 2)}, num_warps=4)
 
 
 CHUNKED_BLOCK_K = 16   # keys per step of the chunked forward's loops over keys
 
 
-def _chunked_launch_config(N):
-    """(BLOCK_V, num_warps) of the chunked forward: 16 value rows per program, tl.dot's smallest tile; its tiles
-    are (16, 16), one element a thread over 8 warps (fp32 inputs at 4 warps need 168-255 registers and a stack)."""
-    return 16, 8
+def _chunked_launch_config(N) -> Launch:
+    """The chunked forward's: 16 value rows per program, tl.dot's smallest tile; its tiles are (16, 16), one element
+    a thread over 8 warps (fp32 inputs at 4 warps need 168-255 registers and a stack)."""
+    return Launch({"BLOCK_V": 16, "BLOCK_K": CHUNKED_BLOCK_K}, num_warps=8)
 
 
-def _grid(B, H, N, block_v):
+def _grid(B, H, N, cfg: Launch):
     """One program per (batch, head) and block of BLOCK_V value rows."""
-    return (B * H, N // block_v)
+    return (B * H, N // cfg["BLOCK_V"])
 
 
 def _use_chunked_forward(log_w):
@@ -458,48 +461,55 @@ def _use_chunked_forward(log_w):
     return _factors_in_range(c)
 
 
-def _triton_forward(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
+def wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
+    """Runs the sequential or (where it applies) the chunked forward kernel; returns y, the final state and the
+    checkpoints (the state itself, unwritten, without ``save_checkpoints``)."""
     B, T, H, N = r.shape
-    if chunked and _use_chunked_forward(log_w):
-        kernel, config, extra = _wkv7_chunked_fwd_kernel, _chunked_launch_config, {"BLOCK_K": CHUNKED_BLOCK_K}
+    if chunked and _use_chunked_forward(log_w):   # its chunks are the checkpoint intervals
+        kernel, cfg, steps = wkv7_chunked_fwd_kernel, _chunked_launch_config(N), {"CHUNK": CHECKPOINT}
     else:
-        kernel, config, extra = _wkv7_fwd_kernel, _launch_config, {}
-    block_v, num_warps = config(N)
+        kernel, cfg, steps = wkv7_fwd_kernel, _launch_config(N), {"CHECKPOINT": CHECKPOINT}
     y = new_output((B, T, H, N), r.dtype, r.device)
     state = new_output((B, H, N, N), torch.float32, r.device)
     ckpt = (new_output((B * H, triton.cdiv(T, CHECKPOINT), N, N), torch.float32, r.device) if save_checkpoints
             else state)                              # not written without SAVE_CKPT
-    kernel[_grid(B, H, N, block_v)](
+    kernel[_grid(B, H, N, cfg)](
         r, log_w, k, v, a, b, state0 if state0 is not None else state, y, state, ckpt, T, H,
-        N=N, BLOCK_V=block_v, CK=CHECKPOINT, HAS_STATE0=state0 is not None, SAVE_CKPT=save_checkpoints,
-        num_warps=num_warps, **extra)
+        N=N, **cfg.blocks, **steps, HAS_STATE0=state0 is not None, SAVE_CKPT=save_checkpoints, **cfg.options)
     return y, state, ckpt
 
 
-def _triton_backward(r, log_w, k, v, a, b, ckpt, dy, dstate):
+def wkv7_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate):
+    """Runs the backward kernel from the forward's checkpoints; returns the gradients of (r, log_w, k, v, a, b) and
+    of the initial state."""
     B, T, H, N = r.shape
-    block_v, num_warps = _launch_config(N)
-    grid = _grid(B, H, N, block_v)
-    scratch = torch.empty((grid[0] * grid[1], CHECKPOINT, block_v, N), dtype=torch.float32, device=r.device)
+    cfg = _launch_config(N)
+    grid = _grid(B, H, N, cfg)
+    scratch = torch.empty((grid[0] * grid[1], CHECKPOINT, cfg["BLOCK_V"], N), dtype=torch.float32,
+                          device=r.device)
     # Every row block adds its share of the key-vector gradients: they start at zero, not as new_output.
     dkeys = torch.zeros((5, B, T, H, N), dtype=torch.float32, device=r.device)
     dv = new_output((B, T, H, N), torch.float32, r.device)
     dstate0 = new_output((B, H, N, N), torch.float32, r.device)
-    _wkv7_bwd_kernel[grid](
+    wkv7_bwd_kernel[grid](
         r, log_w, k, v, a, b, dy, dstate if dstate is not None else dstate0, ckpt, scratch, dkeys, dv, dstate0, T, H,
-        N=N, BLOCK_V=block_v, CK=CHECKPOINT, HAS_DSTATE=dstate is not None, num_warps=num_warps)
+        N=N, **cfg.blocks, CHECKPOINT=CHECKPOINT, HAS_DSTATE=dstate is not None, **cfg.options)
     dr, dlog_w, dk, da, db = dkeys.to(r.dtype)
     return dr, dlog_w, dk, dv.to(r.dtype), da, db, dstate0
 
 
-class _Wkv7Triton(torch.autograd.Function):
+# ----------------------------------------------------------------------------------------------------------------
+# Autograd
+# ----------------------------------------------------------------------------------------------------------------
+
+class Wkv7Function(torch.autograd.Function):
     """Triton forward (saving a checkpoint every CHECKPOINT steps) and Triton backward; used when a gradient is
     wanted (wkv7 calls the forward alone otherwise, as wkv4 does)."""
 
     @staticmethod
     def forward(ctx, r, log_w, k, v, a, b, state0, chunked):
         ctx.set_materialize_grads(False)
-        y, state, ckpt = _triton_forward(r, log_w, k, v, a, b, state0, save_checkpoints=True, chunked=chunked)
+        y, state, ckpt = wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints=True, chunked=chunked)
         ctx.save_for_backward(r, log_w, k, v, a, b, ckpt)
         return y, state
 
@@ -508,29 +518,38 @@ class _Wkv7Triton(torch.autograd.Function):
         r, log_w, k, v, a, b, ckpt = ctx.saved_tensors
         dy = torch.zeros_like(r) if dy is None else dy.contiguous()
         dstate = None if dstate is None else dstate.contiguous().float()
-        grads = _triton_backward(r, log_w, k, v, a, b, ckpt, dy, dstate)
+        grads = wkv7_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate)
         return grads[:6] + (grads[6] if ctx.needs_input_grad[6] else None, None)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Public function
+# Public op
 # ----------------------------------------------------------------------------------------------------------------
 
-def wkv7(r, log_w, k, v, a, b, state=None, backend=None, chunked=False):
+def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
     """S_t = S_{t-1} diag(exp(log_w_t)) + (S_{t-1} a_t) b_t^T + v_t k_t^T,  y_t = S_t r_t.
 
-    r, log_w, k, v, a, b: (B, T, H, N), one float dtype (fp32, fp16, bf16; float64 on the torch backend), T >= 1;
-    state: (B, H, N, N) indexed [value, key], fp32 (float64 with float64 inputs), zeros when None.
-    Returns (y, state): y (B, T, H, N) in the input dtype, the state after the last step (B, H, N, N), fp32 (float64
-    for float64 inputs). Feeding a sequence in pieces, each with the state the last returned, gives the same as
-    feeding it whole. backend: None (Triton for CUDA tensors; on CPU the C loop when no gradient is wanted and it
-    builds, torch otherwise), "torch", "c" (kernels/native.c, CPU, forward only) or "triton" (on CPU tensors it
-    needs TRITON_INTERPRET=1 before triton is imported); the Triton backend needs N a power of two
-    >= 4. chunked (Triton backend; the torch backend is always chunked): run the forward as the chunked WY form,
-    T / 16 serial steps of (16, 16) tile products instead of T steps (about 2.4x the arithmetic at N = 64), where it
-    applies (N >= 16, every chunk's log decays within RANGE, as RWKV-7's always are); the sequential kernel runs the
-    rest. Not timed on a GPU here: which is faster depends on the GPU, the batch and T. The backward is the same.
-    Differentiable on the torch and Triton backends with respect to every input and the initial state.
+    Feeding a sequence in pieces, each with the state the last returned, gives the same as feeding it whole.
+    Differentiable on every backend with respect to every input and the initial state.
+
+    Args:
+        r, k, v, a, b (torch.Tensor): (B, T, H, N), T >= 1: receptance, key, value and the rank-one correction.
+        log_w (torch.Tensor): (B, T, H, N), the log decay (-exp(w) for BlinkDL's raw w). The six share one dtype:
+            fp32, fp16 or bf16 (float64 too on the torch backend).
+        state (torch.Tensor or None): (B, H, N, N) indexed [value, key], fp32 (float64 with float64 inputs).
+            Default: zeros.
+        backend (str or None): "torch" (the chunked WY form), "triton" (N a power of two >= 4; on CPU tensors it
+            needs TRITON_INTERPRET=1 before triton is imported), "c" (kernels/native.c, CPU) or None
+            (Triton for CUDA tensors; on CPU the C loop where it builds, torch otherwise).
+            Default: None.
+        chunked (bool): on the Triton backend, run the forward as the chunked WY form, T / 16 serial steps of
+            (16, 16) tile products instead of T steps (about 2.4x the arithmetic at N = 64), where it applies
+            (N >= 16, every chunk's log decays within DECAY_RANGE, as RWKV-7's always are); the sequential kernel
+            runs the rest, and the backward is the same. Default: False.
+    Returns:
+        (y (B, T, H, N) in the input dtype, state (B, H, N, N) after the last step, fp32 or float64).
+
+    Notes: chunked is not timed on a GPU here: which is faster depends on the GPU, the batch and T.
     Source: the RWKV-7 post https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 and arXiv:2503.14456.
     """
     check_tensor("r", r, (None, None, None, None))
@@ -542,7 +561,7 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None, chunked=False):
     dtype = check_same_dtype(r=r, log_w=log_w, k=k, v=v, a=a, b=b)
     device = check_devices(r=r, log_w=log_w, k=k, v=v, a=a, b=b, state=state)
     grad = needs_grad(r, log_w, k, v, a, b, state)
-    backend = resolve_backend(backend, device, "wkv7", dtype, grad)
+    backend = resolve_backend(backend, device, "wkv7", dtype)
     if not isinstance(chunked, bool):
         raise TypeError(f"chunked must be True or False, got {chunked!r}")
     check_backend_dtype(backend, dtype)
@@ -555,14 +574,13 @@ def wkv7(r, log_w, k, v, a, b, state=None, backend=None, chunked=False):
         y, state = _wkv7_torch(*(x.to(state_dtype) for x in (r, log_w, k, v, a, b)), state)
         return y.to(dtype), state
     if backend == "c":
-        y, state = native.wkv7_forward(r, log_w, k, v, a, b, state)
-        return y.to(dtype), state
+        return native_autograd.wkv7(r, log_w, k, v, a, b, state, grad)
     if N < 4 or N & (N - 1):
         raise ValueError(f"backend='triton' needs a head size N that is a power of two >= 4, got N = {N}")
     args = (*(x.contiguous() for x in (r, log_w, k, v, a, b)), None if state is None else state.contiguous())
     if grad:
-        return _Wkv7Triton.apply(*args, chunked)
-    y, state, _ = _triton_forward(*args, save_checkpoints=False, chunked=chunked)   # inference: no checkpoints
+        return Wkv7Function.apply(*args, chunked)
+    y, state, _ = wkv7_fwd(*args, save_checkpoints=False, chunked=chunked)   # inference: no checkpoints
     return y, state
 
 
@@ -581,12 +599,12 @@ def aot_kernels():
             types = {**{a: f"*{dtype}" for a in ("r_ptr", "log_w_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "y_ptr",
                                                  "dy_ptr")}, "T": "i32", "H": "i32"}
             forward = {"HAS_STATE0": True, "SAVE_CKPT": True}
-            for fn, label, flags, config in (
-                    (_wkv7_fwd_kernel, "wkv7_fwd", forward, _launch_config),
-                    (_wkv7_chunked_fwd_kernel, "wkv7_chunked_fwd", {**forward, "BLOCK_K": CHUNKED_BLOCK_K},
-                     _chunked_launch_config),
-                    (_wkv7_bwd_kernel, "wkv7_bwd", {"HAS_DSTATE": True}, _launch_config)):
-                block_v, num_warps = config(N)
-                constexprs = {"N": N, "BLOCK_V": block_v, "CK": CHECKPOINT, **flags}
-                kernels.append(AotKernel(f"{label} N={N} {dtype}", fn, constexprs, types, "*fp32", num_warps))
+            for fn, label, flags, cfg in (
+                    (wkv7_fwd_kernel, "wkv7_fwd", {**forward, "CHECKPOINT": CHECKPOINT}, _launch_config(N)),
+                    (wkv7_chunked_fwd_kernel, "wkv7_chunked_fwd", {**forward, "CHUNK": CHECKPOINT},
+                     _chunked_launch_config(N)),
+                    (wkv7_bwd_kernel, "wkv7_bwd", {"HAS_DSTATE": True, "CHECKPOINT": CHECKPOINT}, _launch_config(N))):
+                constexprs = {"N": N, **cfg.blocks, **flags}
+                kernels.append(AotKernel(f"{label} N={N} {dtype}", fn, constexprs, types, "*fp32", cfg.num_warps,
+                                         cfg.num_stages))
     return kernels

@@ -1,25 +1,35 @@
-"""What the three torch models share: outputs, configs, token checks, the loss, and the mixins that give them
-from_pretrained / save_pretrained / generate.
+"""What the three torch models share: outputs, configs, token and state checks, the loss, and the mixins that give
+them from_pretrained / save_pretrained / generate / generate_text.
 
     ModelOutput, CausalLMOutput            what the models return
     config_from_dict(cls, d), config_to_dict(config)   dataclass configs <-> config.json dicts
-    check_positive_ints(config, names)     ValueError naming a config field that is not a positive int
-    check_token_ids(input_ids, vocab_size), causal_lm_loss(logits, labels)
+    check_positive_ints, check_positive_floats, check_bools   ValueError naming a config field that is nonsense
+    check_token_ids(input_ids, vocab_size), check_state_dtype(dtype), causal_lm_loss(logits, labels)
+    resolve_dtype(dtype, state_dict)       the dtype a model is built in (None: the checkpoint's own)
     PretrainedMixin                        from_pretrained / save_pretrained / load_checkpoint (weights: models/io.py)
-    GenerateMixin                          generate (models/generation.py) over a model's _step
+    GenerateMixin                          generate (models/generation.py) and generate_text (models/text.py)
     CausalLMMixin                          PretrainedMixin and GenerateMixin, with forward over a base model
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 
 import torch
 import torch.nn.functional as F
 
-from seqmix.models import generation
+from seqmix.models import generation, text
 from seqmix.models.io import check_state_dict, load_pretrained_dir, save_pretrained_dir
 
-__all__ = ["ModelOutput", "CausalLMOutput", "config_from_dict", "config_to_dict", "check_positive_ints", "check_token_ids", "causal_lm_loss", "PretrainedMixin", "GenerateMixin", "CausalLMMixin"]
+__all__ = ["ModelOutput", "CausalLMOutput", "config_from_dict", "config_to_dict", "check_positive_ints",
+           "check_positive_floats", "check_bools", "check_token_ids", "check_state_dtype", "check_logits_to_keep",
+           "causal_lm_loss", "resolve_dtype", "PretrainedMixin", "GenerateMixin", "CausalLMMixin"]
+
+# The dtypes a model can be built in; from_pretrained also takes their names ("bfloat16", ...).
+MODEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+STATE_DTYPES = (torch.float32, torch.float64)
+
 
 @dataclasses.dataclass
 class ModelOutput:
@@ -42,9 +52,20 @@ class CausalLMOutput:
 
 
 def config_from_dict(cls, config: dict):
-    """An instance of the dataclass ``cls`` from a config.json dict. Keys that are not constructor fields of cls
-    (transformers' bookkeeping: architectures, transformers_version, dtype, ...; derived fields such as Mamba's
-    intermediate_size) are ignored; a config of another model type is refused."""
+    """An instance of the dataclass ``cls`` from a config.json dict.
+
+    Args:
+        cls: a config dataclass with a ``model_type`` class variable.
+        config: the parsed config.json. Keys that are not constructor fields of cls (transformers' bookkeeping:
+            architectures, transformers_version, dtype, ...; derived fields such as Mamba's intermediate_size) are
+            ignored.
+
+    Returns:
+        cls(**the known fields); its own checks refuse nonsense values.
+
+    Raises:
+        ValueError for a config of another model type.
+    """
     model_type = config.get("model_type", cls.model_type)
     if model_type != cls.model_type:
         raise ValueError(f"config is for model_type {model_type!r}, expected {cls.model_type!r}")
@@ -61,27 +82,79 @@ def check_positive_ints(config, names) -> None:
     """Raise ValueError naming the first of config's fields ``names`` that is not a positive int."""
     for name in names:
         value = getattr(config, name)
-        if not isinstance(value, int) or value < 1:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{type(config).__name__}.{name} must be a positive int, got {value!r}")
 
 
+def check_positive_floats(config, names) -> None:
+    """Raise ValueError naming the first of config's fields ``names`` that is not a finite number > 0 (an epsilon
+    of -1 makes every logit NaN; a string fails only at the first forward)."""
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{type(config).__name__}.{name} must be a finite number > 0, got {value!r}")
+
+
+def check_bools(config, names) -> None:
+    """Raise ValueError naming the first of config's fields ``names`` that is not a bool."""
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, bool):
+            raise ValueError(f"{type(config).__name__}.{name} must be true or false, got {value!r}")
+
+
 def check_token_ids(input_ids, vocab_size: int, name: str = "input_ids") -> torch.Tensor:
-    """input_ids must be an integer tensor of shape (B, T), T >= 1, with every id in [0, vocab_size)."""
+    """Check token ids and return them as int64 (what nn.Embedding takes).
+
+    Args:
+        input_ids: an integer tensor (any integer dtype: int8, uint8, int16, int32, int64) of shape (B, T),
+            B >= 1, T >= 1, every id in [0, vocab_size).
+        vocab_size: the model's vocabulary size.
+        name: the argument's name, for the error messages.
+
+    Returns:
+        input_ids as int64.
+
+    Raises:
+        TypeError for a non-tensor or a non-integer dtype; ValueError for a bad shape or an id out of range.
+    """
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(input_ids).__name__}")
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor, got {input_ids.dtype}")
-    if input_ids.dim() != 2 or input_ids.shape[1] < 1:
-        raise ValueError(f"{name} must have shape (B, T) with T >= 1, got {tuple(input_ids.shape)}")
+    if input_ids.dim() != 2 or min(input_ids.shape) < 1:
+        raise ValueError(f"{name} must have shape (B, T) with B >= 1 and T >= 1, got {tuple(input_ids.shape)}")
     lo, hi = int(input_ids.min()), int(input_ids.max())
     if lo < 0 or hi >= vocab_size:
         raise ValueError(f"{name} must lie in [0, {vocab_size}), got values in [{lo}, {hi}]")
-    return input_ids
+    return input_ids.long()
+
+
+def check_state_dtype(dtype) -> torch.dtype:
+    """States are fp32 (float64 for a float64 model): -1e38, RWKV-4's "nothing seen yet", is -inf in fp16."""
+    if dtype not in STATE_DTYPES:
+        raise TypeError(f"state dtype must be torch.float32 or torch.float64, got {dtype}")
+    return dtype
+
+
+def check_logits_to_keep(logits_to_keep) -> int:
+    """logits_to_keep: 0 (every position) or a positive number of last positions."""
+    if not isinstance(logits_to_keep, int) or isinstance(logits_to_keep, bool) or logits_to_keep < 0:
+        raise ValueError(f"logits_to_keep must be an int >= 0 (0: every position), got {logits_to_keep!r}")
+    return logits_to_keep
 
 
 def causal_lm_loss(logits: torch.Tensor, labels) -> torch.Tensor:
-    """Next-token cross-entropy: the mean over t of -log softmax(logits[:, t])[labels[:, t + 1]], skipping labels
-    equal to -100 (labels are shifted here, so labels = input_ids is the usual call). Computed in fp32."""
+    """Next-token cross-entropy, computed in fp32.
+
+    Args:
+        logits: (B, T, V).
+        labels: (B, T) token ids, or -100 where a position is ignored; shifted here (position t predicts
+            labels[:, t + 1]), so labels = input_ids is the usual call.
+
+    Returns:
+        the mean over the positions not ignored of -log softmax(logits[:, t])[labels[:, t + 1]].
+    """
     B, T, V = logits.shape
     if not isinstance(labels, torch.Tensor) or labels.shape != (B, T):
         raise ValueError(f"labels must be a tensor of shape ({B}, {T}), got "
@@ -91,38 +164,117 @@ def causal_lm_loss(logits: torch.Tensor, labels) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].float().reshape(-1, V), labels[:, 1:].reshape(-1).long(), ignore_index=-100)
 
 
+def resolve_dtype(dtype, state_dict: dict[str, torch.Tensor]) -> torch.dtype:
+    """The dtype a model is built in.
+
+    Args:
+        dtype: None or "auto" (the checkpoint's own: the floating dtype holding most of its elements), a floating
+            torch.dtype, or its name ("float32", "float16", "bfloat16", "float64").
+        state_dict: the checkpoint's tensors.
+
+    Returns:
+        a torch.dtype of MODEL_DTYPES.
+    """
+    if dtype is None or dtype == "auto":
+        sizes: dict[torch.dtype, int] = {}
+        for t in state_dict.values():
+            if t.dtype in MODEL_DTYPES:
+                sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
+        return max(sizes, key=sizes.get) if sizes else torch.float32
+    named = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if named not in MODEL_DTYPES:
+        raise TypeError(f"dtype must be None ('auto': as stored), one of {[str(d) for d in MODEL_DTYPES]} or its "
+                        f"name ('bfloat16', ...), got {dtype!r}")
+    return named
+
+
 class PretrainedMixin:
     """from_pretrained / save_pretrained / load_checkpoint for an nn.Module built as cls(config).
 
     Class attributes: config_class, a dataclass with a model_type class variable; base_model_prefix, the base
     model's attribute in the causal LM ("rwkv", "backbone"), so that a base model reads a causal-LM checkpoint;
     tied_weights, the names that share the embedding when config.tie_word_embeddings (transformers leaves them out
-    of saved checkpoints, and so do we).
+    of saved checkpoints, and so do we). A model whose files use other names or another config (RWKV-7 in
+    flash-linear-attention's layout) overrides the four _..._file hooks.
     """
     config_class: type
-    base_model_prefix: str
+    base_model_prefix: str = ""
     tied_weights: tuple = ()
+    tokenizer = None                  # set by from_pretrained when the directory ships one (models/text.py)
 
     @classmethod
-    def from_pretrained(cls, local_dir, dtype: torch.dtype = torch.float32):
-        """The model saved in local_dir (config.json + model.safetensors or pytorch_model.bin, as written by our
-        save_pretrained or transformers'), in eval mode, with parameters in dtype. Needs no transformers."""
+    def from_pretrained(cls, local_dir, dtype=None):
+        """The model saved in a directory, built without allocating its weights twice.
+
+        The modules are built on the meta device; the checkpoint's tensors (memory-mapped, models/io.py) then
+        become the parameters, converted only where ``dtype`` differs from the stored one.
+
+        Args:
+            local_dir: config.json + model.safetensors or pytorch_model.bin, or a sharded index and its shards, as
+                written by our save_pretrained or transformers' (needs no transformers).
+            dtype: None or "auto" for the stored dtype, else a torch.dtype or its name ("bfloat16").
+
+        Returns:
+            the model in eval mode; ``model.tokenizer`` is the directory's tokenizer (tokenizer.json or RWKV's
+            World vocabulary, models/text.py) or None.
+        """
         config, state_dict = load_pretrained_dir(local_dir)
-        model = cls(config_from_dict(cls.config_class, config))
-        model.load_checkpoint(state_dict)
-        return model.to(dtype).eval()
+        model = cls._from_state_dict(cls._config_from_file(config), cls._state_dict_from_file(state_dict), dtype)
+        model.tokenizer = text.find_tokenizer(local_dir)
+        return model
+
+    @classmethod
+    def _from_state_dict(cls, config, state_dict: dict, dtype):
+        dtype = resolve_dtype(dtype, state_dict)
+        with torch.device("meta"):
+            model = cls(config)
+        model.load_checkpoint(state_dict, assign_dtype=dtype)
+        return model.eval()
 
     def save_pretrained(self, local_dir) -> None:
-        """config.json + model.safetensors, readable by from_pretrained and by transformers."""
+        """Write config.json + model.safetensors, readable by from_pretrained and by the peer library.
+
+        Args:
+            local_dir: the directory (created if needed). The save is atomic (models/io.py): a save that fails
+                leaves an existing directory loadable; an older pytorch_model.bin or sharded set is removed.
+        """
         tied = self._tied_names()
-        save_pretrained_dir(local_dir, config_to_dict(self.config, type(self).__name__),
-                            {k: v for k, v in self.state_dict().items() if k not in tied})
+        save_pretrained_dir(local_dir, self._config_to_file(),
+                            self._state_dict_to_file({k: v for k, v in self.state_dict().items() if k not in tied}))
+
+    @classmethod
+    def _config_from_file(cls, config: dict):
+        return config_from_dict(cls.config_class, config)
+
+    def _config_to_file(self) -> dict:
+        return config_to_dict(self.config, type(self).__name__)
+
+    @classmethod
+    def _state_dict_from_file(cls, state_dict: dict) -> dict:
+        return state_dict
+
+    def _state_dict_to_file(self, state_dict: dict) -> dict:
+        return state_dict
 
     def _tied_names(self) -> set:
-        return set(self.tied_weights) if self.config.tie_word_embeddings else set()
+        return set(self.tied_weights) if getattr(self.config, "tie_word_embeddings", False) else set()
 
-    def load_checkpoint(self, state_dict: dict) -> None:
-        """Copy a state dict into the parameters (converting dtypes) after checking every name and shape."""
+    def _tie_weights(self) -> None:
+        """Make the tied parameters one tensor again (after load_state_dict(assign=True) replaced one of them)."""
+
+    def load_checkpoint(self, state_dict: dict, assign_dtype: torch.dtype | None = None) -> None:
+        """Load a state dict after checking every name and shape.
+
+        Args:
+            state_dict: name -> tensor in this model's names (a causal-LM checkpoint also loads into its base
+                model; tied names are ignored).
+            assign_dtype: None: copy into the existing parameters (converting dtypes). A dtype: the tensors,
+                converted to it where they differ, become the parameters themselves (no copy when the dtype is the
+                stored one), as from_pretrained does for a model built on the meta device.
+
+        Raises:
+            KeyError / ValueError naming a missing, unexpected or misshapen tensor.
+        """
         tied = self._tied_names()
         expected = {k: tuple(v.shape) for k, v in self.state_dict().items() if k not in tied}
         prefix = self.base_model_prefix + "."
@@ -131,27 +283,69 @@ class PretrainedMixin:
             state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
         state_dict = {k: v for k, v in state_dict.items() if k not in tied}
         check_state_dict(expected, state_dict)
-        self.load_state_dict(state_dict, strict=False)   # strict checking done above; tied names are absent
+        if assign_dtype is None:
+            self.load_state_dict(state_dict, strict=False)   # strict checking done above; tied names are absent
+            return
+        self.load_state_dict({k: v.to(assign_dtype) for k, v in state_dict.items()}, strict=False, assign=True)
+        self._tie_weights()
 
 
 class GenerateMixin:
-    """generate for a model with a method _step(tokens (B, t), state, backend) -> (logits of the last position
-    (B, V), state after the last token)."""
+    """generate and generate_text for a model with a method _step(input_ids (B, t), state, backend) -> (logits of
+    the last position (B, V), state after the last token)."""
+    tokenizer = None
 
-    def _step(self, tokens, state, backend):
+    def _step(self, input_ids, state, backend):
         raise NotImplementedError
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, state=None, temperature: float = 0.0,
                  top_p: float = 1.0, stop_sequences=(), generator: torch.Generator | None = None,
                  backend: str | None = None):
-        """Continue input_ids (B, T) by up to max_new_tokens: greedy when temperature is 0, else sampling with
-        temperature and top-p; a row ends after one of stop_sequences (e.g. [[187, 187]], "\\n\\n" in the GPT-NeoX
-        tokenizer). The prompt is read once, then one forward of one token per new token, through the state.
-        -> (tokens (B, T + n), state after the last token). See models/generation.py."""
-        def step(tokens, step_state):
-            return self._step(tokens, step_state, backend)
-        return generation.generate(step, input_ids, max_new_tokens, state, temperature, top_p, stop_sequences,
-                                   generator)
+        """Continue a batch of prompts token by token through the recurrent state.
+
+        The prompt is read once, then one forward of one token per new token (models/generation.py).
+
+        Args:
+            input_ids: (B, T) integer token ids, B >= 1, T >= 1.
+            max_new_tokens: how many tokens to add at most (>= 0).
+            state: the state to start from (e.g. one saved with models.io.save_state), None for the initial one.
+            temperature: 0 for greedy decoding, else sampling from softmax(logits / temperature).
+            top_p: nucleus sampling: the smallest set of most likely tokens whose probability reaches top_p.
+            stop_sequences: a list of token-id lists (e.g. [[187, 187]], "\\n\\n" in the GPT-NeoX tokenizer); a row
+                ends right after producing one (it is kept) and is padded with its last token while others go on.
+            generator: a torch.Generator for reproducible sampling.
+            backend: the ops' backend (None: the default for the device).
+
+        Returns:
+            (tokens (B, T + n) int64, the state after the last token).
+        """
+        return generation.generate(self._bound_step(backend), input_ids, max_new_tokens, state, temperature, top_p,
+                                   stop_sequences, generator)
+
+    def generate_text(self, prompt: str, tokenizer=None, backend: str | None = None, **kwargs) -> "text.TextStream":
+        """Continue a text prompt, streaming the decoded text as the tokens arrive.
+
+        Args:
+            prompt: the text to continue.
+            tokenizer: a tokenizer of models/text.py (load_tokenizer("world"), a tokenizer.json, ...); default
+                the one from_pretrained found beside the weights.
+            backend: the ops' backend (None: the default for the device).
+            **kwargs: max_new_tokens, temperature, top_p, stop (a string matched on the decoded text), state,
+                generator: as for models.text.TextStream.
+
+        Returns:
+            a TextStream: iterate it for the text pieces; afterwards .state, .text, .tokens and the speeds.
+        """
+        tokenizer = tokenizer or self.tokenizer
+        if tokenizer is None:
+            raise ValueError("generate_text needs a tokenizer: none was found beside the weights; pass "
+                             "tokenizer=seqmix.models.text.load_tokenizer('world' or a tokenizer.json path)")
+        return text.TextStream(self._bound_step(backend), tokenizer, prompt, **kwargs)
+
+    def _bound_step(self, backend):
+        def step(input_ids, state):
+            return self._step(input_ids, state, backend)
+        return step
 
 
 class CausalLMMixin(GenerateMixin, PretrainedMixin):
@@ -166,22 +360,47 @@ class CausalLMMixin(GenerateMixin, PretrainedMixin):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        base = self.base_model_class(config)
-        setattr(self, self.base_model_prefix, base)
+        setattr(self, self.base_model_prefix, self.base_model_class(config))
         setattr(self, self.head_name, torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False))
-        if config.tie_word_embeddings:
-            getattr(self, self.head_name).weight = base.embeddings.weight
+        self._tie_weights()
 
     @property
     def tied_weights(self) -> tuple:
         return (self.head_name + ".weight",)
 
+    def _tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            getattr(self, self.head_name).weight = getattr(self, self.base_model_prefix).embeddings.weight
+
+    def initial_state(self, batch: int, device=None, dtype=torch.float32):
+        """The base model's initial_state (the state before any token).
+
+        Args:
+            batch: B. device: where the tensors live. dtype: torch.float32 or torch.float64.
+
+        Returns:
+            the state, as the base model's forward takes it.
+        """
+        return getattr(self, self.base_model_prefix).initial_state(batch, device, dtype)
+
     def forward(self, input_ids, state=None, labels=None, use_cache: bool | None = None,
                 output_hidden_states: bool = False, logits_to_keep: int = 0,
                 backend: str | None = None) -> CausalLMOutput:
-        """The base model's forward, plus logits (B, T, V) (of the last logits_to_keep positions if > 0) and, when
-        labels (B, T) are given, the next-token loss (labels shifted inside, -100 ignored)."""
-        if labels is not None and logits_to_keep:
+        """The base model's forward, then the logits and (with labels) the next-token loss.
+
+        Args:
+            input_ids: (B, T) integer token ids in [0, vocab_size).
+            state: None or the state of a previous call.
+            labels: (B, T) targets for the loss (shifted inside; -100 ignored), usually input_ids.
+            use_cache: whether to return the state (default config.use_cache).
+            output_hidden_states: whether to return every block's output.
+            logits_to_keep: 0 for the logits of every position, n > 0 for the last n only (generation).
+            backend: the ops' backend (None: the default for the device).
+
+        Returns:
+            CausalLMOutput(logits (B, T or logits_to_keep, V), loss, state, hidden_states).
+        """
+        if check_logits_to_keep(logits_to_keep) and labels is not None:
             raise ValueError("labels need the logits of every position: pass logits_to_keep=0")
         out = getattr(self, self.base_model_prefix)(input_ids, state, use_cache, output_hidden_states, backend)
         hidden = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
@@ -190,6 +409,6 @@ class CausalLMMixin(GenerateMixin, PretrainedMixin):
         loss = causal_lm_loss(logits, labels) if labels is not None else None
         return CausalLMOutput(logits, loss, out.state, out.hidden_states)
 
-    def _step(self, tokens, state, backend):
-        out = self(tokens, state=state, use_cache=True, logits_to_keep=1, backend=backend)
+    def _step(self, input_ids, state, backend):
+        out = self(input_ids, state=state, use_cache=True, logits_to_keep=1, backend=backend)
         return out.logits[:, -1], out.state

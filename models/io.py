@@ -1,114 +1,119 @@
-"""Weights I/O: state dicts and pretrained directories, without transformers or the safetensors package.
+"""Weights I/O: state dicts, pretrained directories (single file or sharded), recurrent states.
 
-    load_state_dict(path) -> dict          .safetensors (parsed here), .bin/.pt/.pth (torch.load, weights_only)
-    save_state_dict(state_dict, path)      .safetensors
+    load_state_dict(path)                  name -> tensor from .safetensors, .pth/.pt/.bin, memory-mapped
+    save_state_dict(state_dict, path)      .safetensors (through the safetensors library)
     check_state_dict(expected_shapes, sd)  KeyError / ValueError naming a missing, unexpected or misshapen tensor
-    load_pretrained_dir(local_dir)         (config dict, state dict) of a saved Hugging Face model directory
+    load_pretrained_dir(local_dir)         (config dict, state dict) of a Hugging Face model directory
     save_pretrained_dir(local_dir, config, state_dict)
+    save_state(state, path), load_state(path)   a model's recurrent state on disk, to resume from later
 
-The safetensors layout (https://huggingface.co/docs/safetensors): an 8-byte little-endian unsigned header length
-n, then n bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}, then the
-raw little-endian tensor bytes; offsets count from the end of the header.
+Loading costs about the file's own size: safetensors files are memory-mapped by the safetensors library
+(https://huggingface.co/docs/safetensors) and torch's zip checkpoints by torch.load(mmap=True, weights_only=True),
+so a tensor is a view of the file's pages until something writes to it. The models build their modules on the
+meta device and take these tensors as their parameters (models/base.py), so the weights are never held twice.
+A sharded directory (model.safetensors.index.json or pytorch_model.bin.index.json, as transformers writes every
+checkpoint above a few GB) lists its shards in "weight_map"; a shard name that leaves the directory is refused.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import struct
-import sys
+import tempfile
+import warnings
+import zipfile
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
-__all__ = ["load_state_dict", "save_state_dict", "check_state_dict", "load_pretrained_dir", "save_pretrained_dir"]
+__all__ = ["load_state_dict", "save_state_dict", "check_state_dict", "load_pretrained_dir", "save_pretrained_dir",
+           "read_json", "save_state", "load_state", "WEIGHT_FILES"]
 
-SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-_DTYPE_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
-# Weight files of a saved Hugging Face model directory, in the order they are looked for.
+# Weight files of a saved Hugging Face model directory, in the order they are looked for; each may instead be
+# sharded, with an index "<name>.index.json" beside its shards.
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-_MAX_HEADER = 100 * 2**20   # the format's own limit on the JSON header (100 MB)
+_ZIP_MAGIC = b"PK\x03\x04"           # torch.save's format since torch 1.6 is a zip archive
 
 
-def _check_little_endian():
-    if sys.byteorder != "little":
-        raise RuntimeError("reading/writing safetensors here assumes a little-endian machine")
-
-
-def _load_safetensors(path: str) -> dict[str, torch.Tensor]:
-    _check_little_endian()
-    with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < 8:
-        raise ValueError(f"{path}: too short to be a safetensors file ({len(data)} bytes)")
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > min(_MAX_HEADER, len(data) - 8):
-        raise ValueError(f"{path}: header length {n} does not fit the file ({len(data)} bytes)")
+def read_json(path, what: str = "a JSON object") -> dict:
+    """The JSON object in ``path``. Raises ValueError naming the file when it is not JSON or not an object."""
     try:
-        header = json.loads(data[8:8 + n])
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: the header is not valid JSON ({e})") from None
-    body = memoryview(data)[8 + n:]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = SAFETENSORS_DTYPES.get(info.get("dtype"))
-        if dtype is None:
-            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info.get('dtype')!r}")
-        shape, (begin, end) = tuple(info["shape"]), info["data_offsets"]
-        numel = 1
-        for s in shape:
-            numel *= s
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        if not 0 <= begin <= end <= len(body) or end - begin != numel * itemsize:
-            raise ValueError(f"{path}: tensor {name!r} of dtype {info['dtype']} and shape {list(shape)} needs "
-                             f"{numel * itemsize} bytes, its data_offsets are [{begin}, {end}] in a body of "
-                             f"{len(body)} bytes")
-        # A copy per tensor: each owns writable, suitably aligned memory (frombuffer refuses an empty buffer).
-        flat = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype) if end > begin else torch.empty(0, dtype=dtype)
-        out[name] = flat.reshape(shape)
-    return out
+        raise ValueError(f"{os.fspath(path)}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{os.fspath(path)}: expected {what}, got a JSON {type(data).__name__}")
+    return data
+
+
+def _load_torch_file(path: str) -> dict:
+    with open(path, "rb") as f:
+        is_zip = f.read(4) == _ZIP_MAGIC
+    if is_zip and not zipfile.is_zipfile(path):
+        raise ValueError(f"{path}: a torch zip checkpoint that is truncated or damaged (no central directory)")
+    if not is_zip:
+        warnings.warn(f"{path}: a legacy (pre-zip) torch checkpoint: it is read whole into memory, without mmap; "
+                      f"re-save it with torch.save or as .safetensors to load it memory-mapped", stacklevel=3)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
+    except Exception as e:                     # torch raises RuntimeError, EOFError, UnpicklingError, OSError, ...
+        raise ValueError(f"{path}: cannot be read as a torch checkpoint ({type(e).__name__}: {e})") from None
 
 
 def load_state_dict(path) -> dict[str, torch.Tensor]:
-    """name -> tensor from a .safetensors file (parsed here) or a torch pickle (.bin, .pt, .pth; loaded with
-    weights_only=True, so a pickle cannot run code). Tensors are on the CPU, in their stored dtype."""
+    """Read the tensors of a checkpoint file, memory-mapped, in their stored dtype, on the CPU.
+
+    Args:
+        path: a ``.safetensors`` file, or a torch checkpoint (``.pth``, ``.pt``, ``.bin``) holding a dict of
+            name -> tensor. Torch's zip format is memory-mapped (``torch.load(mmap=True, weights_only=True)``); a
+            legacy (pre-zip) file is read whole, with a warning. ``weights_only`` means a pickle cannot run code.
+
+    Returns:
+        dict name -> tensor; each tensor is a copy-on-write view of the file's pages.
+
+    Raises:
+        FileNotFoundError if the file does not exist; ValueError naming the file if it is damaged, truncated or
+        not a dict of tensors (for safetensors: a header that is not a JSON object, overlapping or out-of-range
+        data offsets, ...).
+    """
     path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such checkpoint file")
     if path.endswith(".safetensors"):
-        return _load_safetensors(path)
-    state_dict = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            return load_file(path)
+        except SafetensorError as e:
+            raise ValueError(f"{path}: not a valid safetensors file ({e})") from None
+    state_dict = _load_torch_file(path)
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise ValueError(f"{path}: expected a dict of name -> tensor, got {type(state_dict).__name__}")
     return dict(state_dict)
 
 
 def save_state_dict(state_dict: dict[str, torch.Tensor], path) -> None:
-    """Write name -> tensor as a .safetensors file (metadata {"format": "pt"}, as transformers writes).
-    Tensors that share memory (tied weights) are written once each, under every name: pass only the names wanted."""
-    _check_little_endian()
-    header, chunks, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, t in state_dict.items():
-        if t.dtype not in _DTYPE_NAMES:
-            raise TypeError(f"tensor {name!r}: dtype {t.dtype} has no safetensors name")
-        raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        header[name] = {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        chunks.append(raw)
-        offset += len(raw)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)          # pad so that the data starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        for raw in chunks:
-            f.write(raw)
+    """Write tensors as a ``.safetensors`` file (metadata {"format": "pt"}, as transformers writes).
+
+    Args:
+        state_dict: name -> tensor. Tensors that share memory (tied weights) must be passed under one name only.
+        path: the file to write (replaced if it exists).
+    """
+    save_file({k: v.detach().cpu().contiguous() for k, v in state_dict.items()}, os.fspath(path),
+              metadata={"format": "pt"})
 
 
 def check_state_dict(expected_shapes: dict[str, tuple], state_dict: dict[str, torch.Tensor]) -> None:
-    """Raise KeyError naming the first missing or unexpected tensor, or ValueError naming a tensor whose shape
-    differs from expected_shapes[name] (and both shapes)."""
+    """Check a state dict's names and shapes against a model's.
+
+    Args:
+        expected_shapes: name -> shape, every tensor the model needs.
+        state_dict: name -> tensor, as read from a checkpoint.
+
+    Raises:
+        KeyError naming the first missing tensor or the unexpected ones; ValueError naming a tensor whose shape
+        differs from the expected one (and both shapes).
+    """
     for name, shape in expected_shapes.items():
         if name not in state_dict:
             raise KeyError(f"checkpoint is missing tensor {name!r} (expected shape {tuple(shape)})")
@@ -120,34 +125,142 @@ def check_state_dict(expected_shapes: dict[str, tuple], state_dict: dict[str, to
         raise KeyError(f"checkpoint has unexpected tensor(s) {extra[:5]}{' ...' if len(extra) > 5 else ''}")
 
 
+def _shard_path(local_dir: str, index_path: str, shard) -> str:
+    """The path of a shard named in an index, refused unless it is a relative name inside local_dir."""
+    if not isinstance(shard, str) or not shard:
+        raise ValueError(f"{index_path}: shard names must be non-empty strings, got {shard!r}")
+    path = os.path.normpath(os.path.join(local_dir, shard))
+    if os.path.isabs(shard) or os.path.commonpath([os.path.abspath(local_dir), os.path.abspath(path)]) != \
+            os.path.abspath(local_dir):
+        raise ValueError(f"{index_path}: shard {shard!r} lies outside the model directory {local_dir}")
+    return path
+
+
+def _index_shards(local_dir: str, index_path: str) -> dict[str, list[str]]:
+    """shard path -> the tensor names the index assigns to it."""
+    weight_map = read_json(index_path, "a sharded checkpoint index (an object with a weight_map)").get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{index_path}: no \"weight_map\" object of tensor name -> shard file")
+    shards: dict[str, list[str]] = {}
+    for name, shard in weight_map.items():
+        shards.setdefault(_shard_path(local_dir, index_path, shard), []).append(name)
+    return shards
+
+
+def _load_sharded(local_dir: str, index_path: str) -> dict[str, torch.Tensor]:
+    state_dict = {}
+    for shard, names in _index_shards(local_dir, index_path).items():
+        tensors = load_state_dict(shard)
+        missing = sorted(set(names) - set(tensors))
+        if missing:
+            raise KeyError(f"{shard}: missing tensor(s) {missing[:5]} that {os.path.basename(index_path)} "
+                           f"places in it")
+        state_dict.update({k: tensors[k] for k in names})
+    return state_dict
+
+
 def load_pretrained_dir(local_dir) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config.json as a dict, state dict) of a directory written by save_pretrained (ours or transformers'):
-    model.safetensors or pytorch_model.bin, or shards listed in model.safetensors.index.json /
-    pytorch_model.bin.index.json."""
+    """Read a saved Hugging Face model directory (ours, transformers' or flash-linear-attention's).
+
+    Args:
+        local_dir: a directory with config.json and model.safetensors or pytorch_model.bin, or the shards listed in
+            model.safetensors.index.json / pytorch_model.bin.index.json.
+
+    Returns:
+        (config.json as a dict, state dict name -> tensor, memory-mapped, in the stored dtypes).
+
+    Raises:
+        FileNotFoundError when the directory, config.json or every weight file is missing; ValueError naming the
+        file when one is damaged or an index names a shard outside the directory.
+    """
     local_dir = os.fspath(local_dir)
+    if not os.path.isdir(local_dir):
+        raise FileNotFoundError(f"{local_dir}: not a directory (from_pretrained reads a saved model directory)")
     config_path = os.path.join(local_dir, "config.json")
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"{local_dir}: no config.json")
-    with open(config_path) as f:
-        config = json.load(f)
+    config = read_json(config_path, "a config object")
     for weights in WEIGHT_FILES:
         if os.path.isfile(os.path.join(local_dir, weights)):
             return config, load_state_dict(os.path.join(local_dir, weights))
         index = os.path.join(local_dir, weights + ".index.json")
         if os.path.isfile(index):
-            with open(index) as f:
-                shards = sorted(set(json.load(f)["weight_map"].values()))
-            state_dict = {}
-            for shard in shards:
-                state_dict.update(load_state_dict(os.path.join(local_dir, shard)))
-            return config, state_dict
+            return config, _load_sharded(local_dir, index)
     raise FileNotFoundError(f"{local_dir}: none of {list(WEIGHT_FILES)} (or their .index.json) found")
 
 
+@contextlib.contextmanager
+def _temporary_file(directory: str, suffix: str):
+    """A fresh file name in ``directory``, removed on the way out unless it was moved away."""
+    fd, path = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=suffix)
+    os.close(fd)
+    try:
+        yield path
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def _superseded_files(local_dir: str) -> list[str]:
+    """What an older save may have left that a new model.safetensors replaces: pytorch_model.bin, and every index
+    with the shards it lists (only those inside the directory)."""
+    found = [os.path.join(local_dir, "pytorch_model.bin")]
+    for weights in WEIGHT_FILES:
+        index = os.path.join(local_dir, weights + ".index.json")
+        if os.path.isfile(index):
+            with contextlib.suppress(ValueError):          # a damaged index: remove it, keep the files it names
+                found += list(_index_shards(local_dir, index))
+            found.append(index)
+    return [path for path in found if os.path.isfile(path)]
+
+
 def save_pretrained_dir(local_dir, config: dict, state_dict: dict[str, torch.Tensor]) -> None:
-    """Write config.json and model.safetensors into local_dir (created if needed)."""
+    """Write config.json and model.safetensors into local_dir (created if needed), atomically.
+
+    Both files are written to temporary files in the directory first, then moved into place with os.replace,
+    weights first: a save that fails part-way (an unsupported dtype, a full disk, Ctrl-C) leaves the directory as it
+    was, loadable. Weight files of an older save that the new model.safetensors supersedes (pytorch_model.bin,
+    sharded indexes and their shards) are removed afterwards; other files (README, tokenizer) are kept.
+
+    Args:
+        local_dir: the model directory.
+        config: what config.json should hold (JSON-serializable).
+        state_dict: name -> tensor, tied weights under one name only.
+    """
     local_dir = os.fspath(local_dir)
     os.makedirs(local_dir, exist_ok=True)
-    with open(os.path.join(local_dir, "config.json"), "w") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-    save_state_dict(state_dict, os.path.join(local_dir, "model.safetensors"))
+    stale = _superseded_files(local_dir)
+    with _temporary_file(local_dir, ".safetensors") as weights_tmp, _temporary_file(local_dir, ".json") as config_tmp:
+        with open(config_tmp, "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+        save_state_dict(state_dict, weights_tmp)
+        os.replace(weights_tmp, os.path.join(local_dir, "model.safetensors"))
+        os.replace(config_tmp, os.path.join(local_dir, "config.json"))
+    for path in stale:
+        os.remove(path)
+
+
+def save_state(state, path) -> None:
+    """Save a model's recurrent state (as returned by forward or generate) to a file, to resume from it later.
+
+    Args:
+        state: a list of tensors or of tuples of tensors (RWKV-4, RWKV-7, Mamba).
+        path: the file to write (torch's format).
+    """
+    torch.save(state, os.fspath(path))
+
+
+def load_state(path):
+    """A state saved by save_state, on the CPU (weights_only: the file cannot run code).
+
+    Args:
+        path: the file written by save_state.
+
+    Returns:
+        the state, to pass as ``state=`` to the same model's forward or generate.
+    """
+    path = os.fspath(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"{path}: cannot be read as a saved state ({type(e).__name__}: {e})") from None

@@ -26,7 +26,10 @@ from torch import nn
 
 from seqmix.kernels._common import accumulation_dtype, check_tensor
 from seqmix.kernels.ssm import selective_scan
-from seqmix.models.base import CausalLMMixin, ModelOutput, PretrainedMixin, check_positive_ints, check_token_ids
+from seqmix.models.base import (STATE_DTYPES, CausalLMMixin, ModelOutput, PretrainedMixin, check_bools,
+                                check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)
+
+__all__ = ["MambaConfig", "MambaModel", "MambaForCausalLM"]
 
 
 @dataclasses.dataclass
@@ -65,6 +68,8 @@ class MambaConfig:
             self.time_step_rank = math.ceil(self.hidden_size / 16)
         check_positive_ints(self, ("vocab_size", "hidden_size", "state_size", "num_hidden_layers",
                                    "intermediate_size", "conv_kernel", "time_step_rank"))
+        check_positive_floats(self, ("layer_norm_epsilon", "time_step_min", "time_step_max", "time_step_floor"))
+        check_bools(self, ("use_bias", "use_conv_bias", "residual_in_fp32", "use_cache", "tie_word_embeddings"))
         if self.hidden_act != "silu":
             raise ValueError(f"MambaConfig.hidden_act: only 'silu' is supported, got {self.hidden_act!r}")
 
@@ -140,7 +145,7 @@ class MambaModel(PretrainedMixin, nn.Module):
         self.reset_parameters()
 
     @torch.no_grad()
-    def reset_parameters(self):
+    def reset_parameters(self) -> None:
         """Mamba's initialization of the SSM part (S4D-real A = -(1, ..., N) per channel, D = 1, dt_proj bias such
         that softplus(bias) is log-uniform in [time_step_min, time_step_max]); torch's defaults elsewhere."""
         cfg = self.config
@@ -154,7 +159,15 @@ class MambaModel(PretrainedMixin, nn.Module):
             mixer.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))          # softplus^-1(dt)
 
     def initial_state(self, batch: int, device=None, dtype=torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Zeros: per block (conv window (B, D, K - 1), h (B, D, N))."""
+        """The state before any token: zeros.
+
+        Args:
+            batch: B. device: where the tensors live (default the CPU). dtype: torch.float32 or torch.float64.
+
+        Returns:
+            per block (conv window (B, D, K - 1), h (B, D, N)).
+        """
+        check_state_dtype(dtype)
         cfg = self.config
         D, K, N = cfg.intermediate_size, cfg.conv_kernel, cfg.state_size
         return [(torch.zeros(batch, D, K - 1, device=device, dtype=dtype),
@@ -166,15 +179,26 @@ class MambaModel(PretrainedMixin, nn.Module):
         if not isinstance(state, (list, tuple)) or len(state) != L or not all(
                 isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in state):
             raise ValueError(f"state must be a list of {L} (conv window, h) pairs, one per block")
-        return [(check_tensor(f"state[{i}][0] (conv window)", window, (batch, D, K - 1)),
-                 check_tensor(f"state[{i}][1] (h)", h, (batch, D, N))) for i, (window, h) in enumerate(state)]
+        return [(check_tensor(f"state[{i}][0] (conv window)", window, (batch, D, K - 1), dtypes=STATE_DTYPES),
+                 check_tensor(f"state[{i}][1] (h)", h, (batch, D, N), dtypes=STATE_DTYPES))
+                for i, (window, h) in enumerate(state)]
 
     def forward(self, input_ids, state=None, use_cache: bool | None = None, output_hidden_states: bool = False,
                 backend: str | None = None) -> ModelOutput:
-        """input_ids: (B, T) ints in [0, vocab_size); state: None or the per-block pairs of a previous call.
-        -> ModelOutput(last_hidden_state (B, T, C), state (None unless use_cache, default config.use_cache),
-        hidden_states (if output_hidden_states: each block's output, then norm_f's output))."""
-        check_token_ids(input_ids, self.config.vocab_size)
+        """Run the blocks over a sequence, from a state.
+
+        Args:
+            input_ids: (B, T) integer token ids in [0, vocab_size).
+            state: None (the initial state) or the per-block (conv window, h) pairs of a previous call (fp32 or
+                float64); never modified.
+            use_cache: whether to return the state (default config.use_cache).
+            output_hidden_states: whether to return each block's output, then norm_f's output.
+            backend: the scan's backend (None: the default for the device).
+
+        Returns:
+            ModelOutput(last_hidden_state (B, T, C), state or None, hidden_states or None).
+        """
+        input_ids = check_token_ids(input_ids, self.config.vocab_size)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         x = self.embeddings(input_ids)
         B, state_dtype = x.shape[0], accumulation_dtype(x.dtype)

@@ -28,8 +28,11 @@ from torch import nn
 
 from seqmix.kernels._common import accumulation_dtype, check_tensor
 from seqmix.kernels.wkv4 import INITIAL_MAX, wkv4
-from seqmix.models.base import CausalLMMixin, ModelOutput, PretrainedMixin, check_positive_ints, check_token_ids
+from seqmix.models.base import (STATE_DTYPES, CausalLMMixin, ModelOutput, PretrainedMixin, check_bools,
+                                check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)
 from seqmix.models.layers import token_shift
+
+__all__ = ["RwkvConfig", "RwkvModel", "RwkvForCausalLM", "STATE_NAMES"]
 
 STATE_NAMES = ("ffn_x_prev", "att_x_prev", "att_num", "att_den", "att_max")
 
@@ -61,6 +64,10 @@ class RwkvConfig:
             self.intermediate_size = 4 * self.hidden_size
         check_positive_ints(self, ("vocab_size", "hidden_size", "num_hidden_layers", "attention_hidden_size",
                                    "intermediate_size"))
+        check_positive_floats(self, ("layer_norm_epsilon",))
+        check_bools(self, ("tie_word_embeddings", "use_cache"))
+        if not isinstance(self.rescale_every, int) or isinstance(self.rescale_every, bool) or self.rescale_every < 0:
+            raise ValueError(f"RwkvConfig.rescale_every must be an int >= 0 (0: never), got {self.rescale_every!r}")
 
 
 def _mix(x, xx, mu):
@@ -150,7 +157,7 @@ class RwkvModel(PretrainedMixin, nn.Module):
         self.reset_parameters()
 
     @torch.no_grad()
-    def reset_parameters(self):
+    def reset_parameters(self) -> None:
         """A simple start for training from scratch (load a checkpoint for real use): torch's default Linear and
         LayerNorm, N(0, 1) embeddings; decays spread from slow (time_decay = -5) to fast (+3) across channels,
         bonus log(0.3), and token-shift mixes growing from 0 to 1 across channels."""
@@ -167,7 +174,16 @@ class RwkvModel(PretrainedMixin, nn.Module):
         return (self.config.hidden_size,) * 2 + (self.config.attention_hidden_size,) * 3
 
     def initial_state(self, batch: int, device=None, dtype=torch.float32) -> list[torch.Tensor]:
-        """Zeros, and the WKV max at INITIAL_MAX: the state before any token, shapes as in the module docstring."""
+        """The state before any token: zeros, and the WKV max at INITIAL_MAX.
+
+        Args:
+            batch: B. device: where the tensors live (default the CPU).
+            dtype: torch.float32 or torch.float64 (fp16 would turn INITIAL_MAX into -inf).
+
+        Returns:
+            the five tensors of the module docstring, each (B, C or attention_hidden_size, L).
+        """
+        check_state_dtype(dtype)
         L = self.config.num_hidden_layers
         state = [torch.zeros(batch, c, L, device=device, dtype=dtype) for c in self._state_widths()]
         state[4].fill_(INITIAL_MAX)
@@ -178,15 +194,25 @@ class RwkvModel(PretrainedMixin, nn.Module):
             raise ValueError(f"state must be a list of 5 tensors {STATE_NAMES}, got {type(state).__name__}"
                              f"{' of length ' + str(len(state)) if isinstance(state, (list, tuple)) else ''}")
         L = self.config.num_hidden_layers
-        return [check_tensor(f"state[{i}] ({STATE_NAMES[i]})", s, (batch, c, L))
+        return [check_tensor(f"state[{i}] ({STATE_NAMES[i]})", s, (batch, c, L), dtypes=STATE_DTYPES)
                 for i, (s, c) in enumerate(zip(state, self._state_widths()))]
 
     def forward(self, input_ids, state=None, use_cache: bool | None = None, output_hidden_states: bool = False,
                 backend: str | None = None) -> ModelOutput:
-        """input_ids: (B, T) ints in [0, vocab_size); state: None or the five (B, C, L) tensors of a previous call.
-        -> ModelOutput(last_hidden_state (B, T, C), state (None unless use_cache, default config.use_cache),
-        hidden_states (if output_hidden_states: each block's output, after rescaling, then ln_out's output))."""
-        check_token_ids(input_ids, self.config.vocab_size)
+        """Run the blocks over a sequence, from a state.
+
+        Args:
+            input_ids: (B, T) integer token ids in [0, vocab_size).
+            state: None (the initial state) or the five (B, C, L) fp32/float64 tensors of a previous call; never
+                modified.
+            use_cache: whether to return the state (default config.use_cache).
+            output_hidden_states: whether to return each block's output (after rescaling), then ln_out's output.
+            backend: the WKV op's backend (None: the default for the device).
+
+        Returns:
+            ModelOutput(last_hidden_state (B, T, C), state or None, hidden_states or None).
+        """
+        input_ids = check_token_ids(input_ids, self.config.vocab_size)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         x = self.embeddings(input_ids)
         B, state_dtype = x.shape[0], accumulation_dtype(x.dtype)

@@ -1,21 +1,30 @@
 """RWKV-7 "Goose" as a torch module with BlinkDL's parameter names, so a BlinkDL RWKV-7 `.pth` loads as it is.
 
-    Rwkv7Config                sizes: vocab, n_embd, n_layer, head_size, dim_ffn and the four LoRA widths
-    Rwkv7(config)              emb -> blocks.0.ln0 -> L x (ln1 -> att, ln2 -> ffn) -> ln_out -> head
-    Rwkv7.from_checkpoint(p)   reads a `.pth` (or .safetensors); the sizes come from the tensors (head size from
-                               r_k, which is (H, N))
-    model(tokens, state=None, backend=None) -> (logits (B, T, V), state)
-    model.generate(...)        greedy or temperature/top-p continuation, one forward of one token per new token
+    Rwkv7Config                  sizes: vocab, n_embd, n_layer, head_size, dim_ffn and the four LoRA widths; eps
+    Rwkv7(config)                emb -> blocks.0.ln0 -> L x (ln1 -> att, ln2 -> ffn) -> ln_out -> head
+    Rwkv7.from_checkpoint(p)     a BlinkDL `.pth` (or .safetensors); the sizes come from the tensors (head size from
+                                 r_k, which is (H, N))
+    Rwkv7.from_pretrained(dir)   flash-linear-attention's Hugging Face layout (config.json + safetensors, names
+                                 like model.layers.0.attn.r_proj.weight; the map: models/rwkv7_fla.py);
+                                 save_pretrained writes it
+    model(input_ids, state=None, logits_to_keep=0, backend=None) -> (logits (B, T, V), state)
+    model.generate(...), model.generate_text(...)   continuation through the state (models/base.py)
 
 GPT mode: a call with T tokens runs the whole sequence through the WKV-7 op (kernels/wkv7.py) in each layer.
 RNN mode: calls with one token each, the returned state passed back in; both give the same logits.
 State: a list of L tuples (att_x_prev (B, C), att_kv (B, H, N, N) fp32 indexed [value, key], ffn_x_prev (B, C)).
+
+Where Rwkv7 differs from RwkvForCausalLM and MambaForCausalLM, on purpose: forward returns the pair (logits, state)
+as BlinkDL's runtime does, not a CausalLMOutput (no labels or hidden_states: the loss is causal_lm_loss of
+models/base.py on the logits); there is no separate base model (BlinkDL's checkpoints have none); the token-shift
+parts of the state take the model's dtype (only att_kv is fp32), as in BlinkDL's runtime.
 
 The math is that of reference/rwkv7.py (whose docstring has the glossary); sources: the RWKV-7 architecture post
 https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 and arXiv:2503.14456.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -25,11 +34,14 @@ import torch.nn.functional as F
 
 from seqmix.kernels._common import accumulation_dtype, check_devices, check_tensor
 from seqmix.kernels.wkv7 import wkv7
-from seqmix.models.base import GenerateMixin, check_positive_ints, check_token_ids
-from seqmix.models.io import check_state_dict, load_state_dict
+from seqmix.models import rwkv7_fla
+from seqmix.models.base import (STATE_DTYPES, GenerateMixin, PretrainedMixin, check_logits_to_keep,
+                                check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)
+from seqmix.models.io import load_state_dict
 from seqmix.models.layers import token_shift
 
-GROUP_NORM_EPS = 64e-5
+__all__ = ["Rwkv7Config", "Rwkv7", "UNUSED_CHECKPOINT_KEYS"]
+
 # Some BlinkDL checkpoints carry a value-residual LoRA for block 0, which makes v_first and never uses it.
 UNUSED_CHECKPOINT_KEYS = ("blocks.0.att.v0", "blocks.0.att.v1", "blocks.0.att.v2")
 
@@ -41,7 +53,9 @@ def _suggested_lora(C: int, scale: float, power: float) -> int:
 @dataclass
 class Rwkv7Config:
     """Sizes of an RWKV-7 model. The LoRA widths default to one of the suggestions in BlinkDL's RWKV-7 training
-    code (it has changed between versions); `Rwkv7.from_checkpoint` reads the actual ones from the tensors."""
+    code (it has changed between versions); `Rwkv7.from_checkpoint` reads the actual ones from the tensors.
+    layer_norm_epsilon: the layer norms' eps (BlinkDL: torch's default 1e-5); group_norm_epsilon: the per-head
+    group norm's (BlinkDL: 64e-5; flash-linear-attention: head_size * norm_eps, the same for head size 64)."""
     vocab_size: int = 65536
     n_embd: int = 768
     n_layer: int = 12
@@ -51,16 +65,19 @@ class Rwkv7Config:
     a_lora: int | None = None         # a1, a2 (in-context learning rate)
     v_lora: int | None = None         # v1, v2 (value residual, blocks 1 ...)
     gate_lora: int | None = None      # g1, g2
+    layer_norm_epsilon: float = 1e-5
+    group_norm_epsilon: float = 64e-5
 
     def __post_init__(self):
+        check_positive_ints(self, ("vocab_size", "n_embd", "n_layer", "head_size"))     # before C ** 0.5 below
         C = self.n_embd
         defaults = dict(dim_ffn=4 * C, decay_lora=_suggested_lora(C, 1.8, 0.5), a_lora=_suggested_lora(C, 1.8, 0.5),
                         v_lora=_suggested_lora(C, 1.3, 0.5), gate_lora=_suggested_lora(C, 0.6, 0.8))
         for name, value in defaults.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
-        check_positive_ints(self, ("vocab_size", "n_embd", "n_layer", "head_size", "dim_ffn", "decay_lora", "a_lora",
-                                   "v_lora", "gate_lora"))
+        check_positive_ints(self, ("dim_ffn", "decay_lora", "a_lora", "v_lora", "gate_lora"))
+        check_positive_floats(self, ("layer_norm_epsilon", "group_norm_epsilon"))
         if C % self.head_size:
             raise ValueError(f"n_embd ({C}) must be a multiple of head_size ({self.head_size})")
 
@@ -70,8 +87,18 @@ class Rwkv7Config:
 
     @classmethod
     def from_state_dict(cls, state_dict: dict[str, torch.Tensor]) -> "Rwkv7Config":
-        """Sizes read from a BlinkDL checkpoint: emb.weight (V, C), r_k (H, N), ffn.key.weight (F, C), w1, a1,
-        v1 (block 1), g1 (C, D)."""
+        """The sizes of a BlinkDL checkpoint, read from its tensors.
+
+        Args:
+            state_dict: name -> tensor in BlinkDL's names: emb.weight (V, C), blocks.0.att.r_k (H, N),
+                blocks.0.ffn.key.weight (F, C), the LoRA matrices w1, a1, g1 (C, D) and v1 (block 1).
+
+        Returns:
+            the Rwkv7Config (the epsilons at BlinkDL's values, which a .pth does not record).
+
+        Raises:
+            KeyError / ValueError naming a tensor that is missing or not 2-D.
+        """
         def shape(key):
             if key not in state_dict:
                 raise KeyError(f"checkpoint is missing tensor {key!r}")
@@ -114,7 +141,7 @@ class TimeMix(nn.Module):
         self.k_k, self.k_a = _channel_vector(C), _channel_vector(C)
         self.r_k = nn.Parameter(torch.empty(H, N))
         self.receptance, self.key, self.value, self.output = (nn.Linear(C, C, bias=False) for _ in range(4))
-        self.ln_x = nn.GroupNorm(H, C, eps=GROUP_NORM_EPS)
+        self.ln_x = nn.GroupNorm(H, C, eps=config.group_norm_epsilon)
 
     def forward(self, x, x_prev, kv, v_first, backend=None):
         """x: layer-normed input (B, T, C); x_prev (B, C); kv (B, H, N, N) fp32; v_first (B, T, C) or None in
@@ -123,10 +150,13 @@ class TimeMix(nn.Module):
         H, N = self.r_k.shape
         heads = lambda z: z.reshape(B, T, H, N)                               # noqa: E731
         xx = token_shift(x, x_prev) - x                                       # x_{t-1} - x_t
-        xr, xw, xk, xv, xa, xg = (x + xx * mix for mix in (self.x_r, self.x_w, self.x_k, self.x_v, self.x_a, self.x_g))
+        # x + xx * mix for the six mixes at once (one op instead of twelve: decoding is bound by op count)
+        mixes = torch.stack((self.x_r, self.x_w, self.x_k, self.x_v, self.x_a, self.x_g))
+        xr, xw, xk, xv, xa, xg = torch.addcmul(x, xx, mixes).unbind(0)
         r = self.receptance(xr)
-        w = -F.softplus(-(self.w0 + torch.tanh(xw @ self.w1) @ self.w2)) - 0.5   # soft-clamped to (-inf, -0.5)
-        log_w = -torch.exp(w)                                                     # decay exp(-exp(w))
+        # w = -softplus(-(w0 + tanh(xw w1) w2)) - 0.5, soft-clamped to (-inf, -0.5); the decay is exp(-exp(w)), so
+        # log_w = -exp(w) = -exp(-0.5) sigmoid(w0 + tanh(xw w1) w2), since exp(-softplus(-z)) = sigmoid(z)
+        log_w = -math.exp(-0.5) * torch.sigmoid(self.w0 + torch.tanh(xw @ self.w1) @ self.w2)
         k = self.key(xk)
         v = self.value(xv)
         if v_first is None:                                                   # layer 0: its v is v_first
@@ -161,9 +191,9 @@ class Block(nn.Module):
     def __init__(self, config: Rwkv7Config, layer_id: int):
         super().__init__()
         if layer_id == 0:
-            self.ln0 = nn.LayerNorm(config.n_embd)    # normalizes the embeddings
-        self.ln1 = nn.LayerNorm(config.n_embd)
-        self.ln2 = nn.LayerNorm(config.n_embd)
+            self.ln0 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)    # normalizes the embeddings
+        self.ln1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.ln2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.att = TimeMix(config, layer_id)
         self.ffn = ChannelMix(config)
 
@@ -175,22 +205,28 @@ class Block(nn.Module):
         return x + dx, (att_x_prev, att_kv, ffn_x_prev), v_first
 
 
-class Rwkv7(GenerateMixin, nn.Module):
-    """The RWKV-7 language model; `state_dict()` keys and shapes are those of a BlinkDL RWKV-7 `.pth`."""
+class Rwkv7(GenerateMixin, PretrainedMixin, nn.Module):
+    """The RWKV-7 language model; `state_dict()` keys and shapes are those of a BlinkDL RWKV-7 `.pth`. See the
+    module docstring for where it differs from the other two models."""
+    config_class = Rwkv7Config
 
     def __init__(self, config: Rwkv7Config):
         super().__init__()
         self.config = config
         self.emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
-        self.ln_out = nn.LayerNorm(config.n_embd)
+        self.ln_out = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02) -> None:
         """A plain starting point, not BlinkDL's training initialization: norms weight 1 and bias 0, every other
-        tensor N(0, std^2) (so the decays start near exp(-exp(-softplus(0) - 0.5)) = 0.74)."""
+        tensor N(0, std^2) (so the decays start near exp(-exp(-softplus(0) - 0.5)) = 0.74).
+
+        Args:
+            std: the standard deviation of the random tensors.
+        """
         for module in self.modules():
             if isinstance(module, (nn.LayerNorm, nn.GroupNorm)):
                 nn.init.ones_(module.weight)
@@ -200,56 +236,105 @@ class Rwkv7(GenerateMixin, nn.Module):
                     nn.init.normal_(p, std=std)
 
     @classmethod
-    def from_checkpoint(cls, path, dtype: torch.dtype = torch.float32) -> "Rwkv7":
-        """A model with the weights of a BlinkDL RWKV-7 checkpoint (.pth read with torch.load(weights_only=True),
-        or .safetensors). A missing, unexpected or misshapen tensor raises an error that names it."""
+    def from_checkpoint(cls, path, dtype=None) -> "Rwkv7":
+        """A model with the weights of a BlinkDL RWKV-7 checkpoint, built without allocating them twice.
+
+        Args:
+            path: a `.pth` (read memory-mapped with torch.load(mmap=True, weights_only=True)) or `.safetensors`
+                in BlinkDL's names; the sizes are read from the tensors.
+            dtype: None or "auto" for the stored dtype, else a torch.dtype or its name ("bfloat16").
+
+        Returns:
+            the model, in eval mode.
+
+        Raises:
+            KeyError / ValueError naming a missing, unexpected or misshapen tensor, or the damaged file.
+        """
         state_dict = {k: v for k, v in load_state_dict(path).items() if k not in UNUSED_CHECKPOINT_KEYS}
-        model = cls(Rwkv7Config.from_state_dict(state_dict))
-        check_state_dict({k: tuple(v.shape) for k, v in model.state_dict().items()}, state_dict)
-        model.load_state_dict(state_dict)
-        return model.to(dtype)
+        return cls._from_state_dict(Rwkv7Config.from_state_dict(state_dict), state_dict, dtype)
+
+    # from_pretrained / save_pretrained (models/base.py) read and write flash-linear-attention's layout:
+    @classmethod
+    def _config_from_file(cls, config: dict) -> Rwkv7Config:
+        return Rwkv7Config(**rwkv7_fla.config_from_fla(config))
+
+    def _config_to_file(self) -> dict:
+        return rwkv7_fla.config_to_fla(self.config)
+
+    @classmethod
+    def _state_dict_from_file(cls, state_dict: dict) -> dict:
+        return rwkv7_fla.fla_to_blink(state_dict)
+
+    def _state_dict_to_file(self, state_dict: dict) -> dict:
+        return rwkv7_fla.blink_to_fla(state_dict)
 
     @property
     def kv_dtype(self) -> torch.dtype:
         """The WKV state is fp32 (float64 for a float64 model); the token-shift states take the model's dtype."""
         return accumulation_dtype(self.emb.weight.dtype)
 
-    def zero_state(self, batch_size: int) -> list:
-        c, p = self.config, self.emb.weight
-        return [(p.new_zeros(batch_size, c.n_embd),
-                 p.new_zeros(batch_size, c.n_head, c.head_size, c.head_size, dtype=self.kv_dtype),
-                 p.new_zeros(batch_size, c.n_embd)) for _ in range(c.n_layer)]
+    def initial_state(self, batch: int, device=None, dtype=torch.float32) -> list:
+        """The state before any token: zeros.
 
-    def _check_state(self, state, B: int) -> None:
+        Args:
+            batch: B. device: where the tensors live (default: the model's).
+            dtype: att_kv's dtype, torch.float32 or torch.float64 (forward computes in kv_dtype); the token-shift
+                parts take the model's dtype.
+
+        Returns:
+            per layer (att_x_prev (B, C), att_kv (B, H, N, N), ffn_x_prev (B, C)).
+        """
+        check_state_dtype(dtype)
+        c, p = self.config, self.emb.weight
+        device = p.device if device is None else device
+        return [(p.new_zeros(batch, c.n_embd, device=device),
+                 torch.zeros(batch, c.n_head, c.head_size, c.head_size, dtype=dtype, device=device),
+                 p.new_zeros(batch, c.n_embd, device=device)) for _ in range(c.n_layer)]
+
+    def _check_state(self, state, B: int) -> list:
         c, p = self.config, self.emb.weight
         H, N, C = c.n_head, c.head_size, c.n_embd
         if not isinstance(state, (list, tuple)) or len(state) != c.n_layer:
             raise ValueError(f"state must be a list of {c.n_layer} tuples (att_x_prev, att_kv, ffn_x_prev), "
                              f"got {type(state).__name__} of length {len(state) if hasattr(state, '__len__') else '-'}")
+        checked = []
         for i, layer in enumerate(state):
-            if len(layer) != 3:
-                raise ValueError(f"state[{i}] must be (att_x_prev, att_kv, ffn_x_prev), got {len(layer)} entries")
-            for name, x, shape, dtype in zip(("att_x_prev", "att_kv", "ffn_x_prev"), layer,
-                                             ((B, C), (B, H, N, N), (B, C)), (p.dtype, self.kv_dtype, p.dtype)):
+            if not isinstance(layer, (list, tuple)) or len(layer) != 3:
+                raise ValueError(f"state[{i}] must be (att_x_prev, att_kv, ffn_x_prev), got {type(layer).__name__}")
+            for name, x, shape, dtypes in zip(("att_x_prev", "att_kv", "ffn_x_prev"), layer,
+                                              ((B, C), (B, H, N, N), (B, C)), ((p.dtype,), STATE_DTYPES, (p.dtype,))):
                 label = f"state[{i}] ({name})"
-                check_devices(**{label: check_tensor(label, x, shape, dtypes=(dtype,)), "emb.weight": p})
+                check_devices(**{label: check_tensor(label, x, shape, dtypes=dtypes), "emb.weight": p})
+            checked.append((layer[0], layer[1].to(self.kv_dtype), layer[2]))
+        return checked
 
-    def forward(self, tokens: torch.Tensor, state=None, backend: str | None = None):
-        """tokens (B, T) integers in [0, V); state as returned by a previous call (zeros when None); backend of
-        the WKV-7 op (None: Triton on CUDA; on CPU the C loop without gradients, torch with them).
-        Returns (logits (B, T, V), state)."""
-        check_token_ids(tokens, self.config.vocab_size, name="tokens")
-        B = tokens.shape[0]
-        if state is None:
-            state = self.zero_state(B)
-        self._check_state(state, B)
-        x = self.blocks[0].ln0(self.emb(tokens.long()))
+    def forward(self, input_ids: torch.Tensor, state=None, logits_to_keep: int = 0, backend: str | None = None):
+        """Run the model over a sequence, from a state.
+
+        Args:
+            input_ids: (B, T) integer token ids in [0, vocab_size).
+            state: as returned by a previous call (never modified), or None for initial_state.
+            logits_to_keep: 0 for the logits of every position, n > 0 for the last n only (generation: the head
+                is the largest matrix).
+            backend: the WKV-7 op's backend (None: Triton on CUDA; on CPU the C loop without gradients, torch
+                with them).
+
+        Returns:
+            (logits (B, T or logits_to_keep, V) in the model's dtype, state after the last token).
+        """
+        input_ids = check_token_ids(input_ids, self.config.vocab_size)
+        check_logits_to_keep(logits_to_keep)
+        B = input_ids.shape[0]
+        state = self.initial_state(B, dtype=self.kv_dtype) if state is None else self._check_state(state, B)
+        x = self.blocks[0].ln0(self.emb(input_ids))
         v_first, new_state = None, []
         for block, layer_state in zip(self.blocks, state):
             x, layer_state, v_first = block(x, layer_state, v_first, backend)
             new_state.append(layer_state)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
         return self.head(self.ln_out(x)), new_state
 
-    def _step(self, tokens, state, backend):
-        logits, state = self(tokens, state, backend=backend)
+    def _step(self, input_ids, state, backend):
+        logits, state = self(input_ids, state, logits_to_keep=1, backend=backend)
         return logits[:, -1], state

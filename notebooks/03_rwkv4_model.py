@@ -327,7 +327,7 @@ for name, g, w_ in zip(ref.STATE_NAMES, got_state, want_state):
 # %%
 def forward(params, ids, state=None):
     if state is None:
-        state = ref.initial_state(ids.shape[0], C, C, L)
+        state = ref.initial_state(params, ids.shape[0])
     x = params["embeddings.weight"][ids]                              # (B, T, C)
     new_state = [s.copy() for s in state]
     for i in range(L):
@@ -499,7 +499,7 @@ check("the model with eps 0.01 vs reference.forward(eps=0.01)", eps_out.last_hid
 with torch.no_grad():
     states = model.rwkv(ids_t, output_hidden_states=True).hidden_states
 embedded = params["embeddings.weight"][ids]                           # (B, T, C)
-block0_out = ref.block(p0, embedded, [s[..., 0] for s in ref.initial_state(B, C, C, L)])[0]
+block0_out = ref.block(p0, embedded, [s[..., 0] for s in ref.initial_state(params, B)])[0]
 print(f"{len(states)} hidden states for L = {L} blocks; the first is the embeddings:",
       rel_rms(states[0], embedded) < FP32_BUDGET)
 check("the first hidden state vs block 0's output", states[0], block0_out, FP32_BUDGET)

@@ -44,6 +44,7 @@ import torch
 
 from seqmix.kernels.testing import FP32_BUDGET, REFERENCE_BUDGET, check, rel_rms
 from seqmix.reference import rwkv7 as ref
+from seqmix.reference.functional import layer_norm
 from seqmix.reference.wkv7 import wkv7 as wkv7_reference
 
 rng = np.random.default_rng(0)
@@ -229,7 +230,7 @@ ids = rng.integers(0, V, (B, T))
 
 def ln(z_, name):
     # The layer norm named `name` (its weight and bias from params), over the last axis.
-    return ref.layer_norm(z_, params[f"{name}.weight"], params[f"{name}.bias"])
+    return layer_norm(z_, params[f"{name}.weight"], params[f"{name}.bias"])
 
 def v_first_of(ids):
     # layer 0's time-mix input
@@ -747,7 +748,7 @@ print("positions of v_first that change with token 3:", np.flatnonzero(moved3).t
 # numbers. nbval runs and checks it like the cells above.
 #
 # [`Rwkv7`](../models/rwkv7.py) holds the same weights (fp32) under BlinkDL's names:
-# `model(tokens, state=None, backend=None)` returns `(logits, state)`, the state a list of per-layer tuples as above
+# `model(input_ids, state=None, backend=None)` returns `(logits, state)`, the state a list of per-layer tuples as above
 # (the WKV state in fp32). `backend` chooses how the op runs: the chunked torch path or the Triton kernel (under the
 # interpreter here). Both run on the same ids, after a 3-token prefix that leaves a non-zero state, in GPT mode and in
 # RNN mode, and greedy generation (which reads the prompt once, then one token at a time through the state) must

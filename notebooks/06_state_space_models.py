@@ -43,6 +43,7 @@ import torch
 
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, check, rel_rms
 from seqmix.reference import mamba as ref_mamba, ssm as ref
+from seqmix.reference.functional import softplus
 
 rng = np.random.default_rng(0)
 torch.manual_seed(0)
@@ -685,7 +686,7 @@ def parameters_function(p, x_conv):
     dt_low, B_t, C_t = np.split(x_conv.transpose(0, 2, 1) @ p["mixer.x_proj.weight"].T,
                                 [R_rank, R_rank + N_state], axis=-1)  # (B, T, R), (B, T, N) x 2
     # (B, T, D)
-    delta = ref.softplus(dt_low @ p["mixer.dt_proj.weight"].T + p["mixer.dt_proj.bias"])
+    delta = softplus(dt_low @ p["mixer.dt_proj.weight"].T + p["mixer.dt_proj.bias"])
     A = -np.exp(p["mixer.A_log"])                                            # (D, N), all < 0
     return delta.transpose(0, 2, 1), A, B_t.transpose(0, 2, 1), C_t.transpose(0, 2, 1)
 
@@ -740,7 +741,7 @@ def mamba_block(p, hidden, state):
 zero_state = (np.zeros((Bsz, D_inner, K_conv - 1)), np.zeros((Bsz, D_inner, N_state)))
 hidden1, (window1, h1) = mamba_block(block0, hidden0, zero_state)
 mixer0 = {n[len("mixer."):]: a for n, a in block0.items() if n.startswith("mixer.")}
-ref_normed = ref_mamba.rms_norm(hidden0, block0["norm.weight"], 1e-5)
+ref_normed = ref_mamba.rms_norm(hidden0, block0["norm.weight"], eps=1e-5)
 ref_out, (ref_window, ref_h) = ref_mamba.mixer(mixer0, ref_normed, zero_state)
 
 # %% tags=["nbval-check-output"]
@@ -881,7 +882,7 @@ def filler_demo_scan(values, is_filler, selective=True):
     # 1's maps.
     features = np.stack([values, is_filler, np.ones_like(values)])  # (3, T): x'_t per column
     w_delta = np.array([0.0, -12.0 if selective else 0.0, 1.0])
-    delta = ref.softplus(w_delta @ features)[None, None]                    # (1, 1, T)
+    delta = softplus(w_delta @ features)[None, None]                    # (1, 1, T)
     B_C = (np.array([0.0, 0.0, 1.0]) @ features)[None, None]  # (1, 1, T): reads the constant 1
     # y (T,)
     return ref.selective_scan(values[None, None], delta, -np.ones((1, 1)), B_C, B_C)[0][0, 0]

@@ -26,7 +26,7 @@
 # `rectify`, `attention_from_relative_positions` (the definition, pair by pair), `rerope_attention` (the post's two
 # passes), `rerope_decode`, `log_n_scale` (NumPy, float64: the truth) ·
 # [`reference/attention.py`](../reference/attention.py): `softmax_attention` ·
-# [`kernels/rerope.py`](../kernels/rerope.py): `rerope_attention`, `rerope_decode` (backend `"torch"`: exact
+# [`kernels/rerope/`](../kernels/rerope/): `rerope_attention`, `rerope_decode` (backend `"torch"`: exact
 # flash-attention pieces merged by log-sum-exp; backend `"triton"`: one fused kernel, forward, backward and decode)
 # · [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 
@@ -238,7 +238,7 @@ show_causal(ref.relative_positions(8, "rerope", window=3))
 w_plot, k_leaky, k_pi = 256, 16.0, 8.0
 maps = {"RoPE: $x$": lambda x: x, f"PI: $x/k$, $k = {k_pi:g}$": lambda x: x / k_pi,
         f"Leaky ReRoPE: $w = {w_plot}$, $k = {k_leaky:g}$":
-            lambda x: ref.rectify(x, w_plot, k_leaky),
+            lambda x: ref.rectify(x, w_plot, leaky_k=k_leaky),
         f"ReRoPE: $\\min(x, w)$, $w = {w_plot}$": lambda x: ref.rectify(x, w_plot)}
 fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
 for ax, x_max in zip(axes, (L_test, 64)):
@@ -288,7 +288,7 @@ distance = np.subtract.outer(np.arange(L), np.arange(L))
 for kind, f in formulas.items():
     rel = ref.relative_positions(L, kind, window=w, k=k_def)
     check(f"{kind}: every entry is f(i - j)", rel[causal], f[distance][causal], REFERENCE_BUDGET)
-reach = ref.rectify(np.array([L_test - 1.0]), 256, smallest_leaky_k(256, L_test, L_train))[0]
+reach = ref.rectify(np.array([L_test - 1.0]), 256, leaky_k=smallest_leaky_k(256, L_test, L_train))[0]
 print("Leaky ReRoPE at the smallest k reaches exactly L_train - 1:",
       bool(np.isclose(reach, L_train - 1)))
 
@@ -555,7 +555,7 @@ print("the factor is 1 up to the training length:", bool((factor[:L_short] == 1)
 # %% tags=["nbval-check-output"]
 for w_ in (128, 256):
     for k_ in (64, 32, 16, 8):
-        reach = ref.rectify(np.array([L_test - 1.0]), w_, float(k_))[0]
+        reach = ref.rectify(np.array([L_test - 1.0]), w_, leaky_k=float(k_))[0]
         print(f"Leaky ReRoPE w = {w_}, k = {k_:2d}: largest distance at 4096 = {reach:6.1f}, "
               f"within training (<= {L_train - 1}): {reach <= L_train - 1}")
 
@@ -598,7 +598,7 @@ for w_ in (128, 256):
 # below uses the kernel's tiles for $d \le 64$ ($B_M = 64$, $B_N = 32$) and $w = 256$ (the post's best window).
 
 # %%
-BM, BN = 64, 32  # the kernel's tiles for head size <= 64 (kernels/rerope.py)
+BM, BN = 64, 32  # the kernel's tiles for head size <= 64 (kernels/rerope/fused.py)
 
 def score_tiles(T, window):
     # (tiles of one causal attention, tiles the fused kernel computes, of which straddling) for a
@@ -681,7 +681,7 @@ assert (straddling_per_query_tile <= BM / BN + 1).all()
 w_ex, k_ex = 128, 16.0
 longest = int(1 + w_ex + k_ex * (L_train - 1 - w_ex))
 print("longest text:", longest)
-reach_at = {n: ref.rectify(np.array([n - 1.0]), w_ex, k_ex)[0] for n in (longest, longest + 1)}
+reach_at = {n: ref.rectify(np.array([n - 1.0]), w_ex, leaky_k=k_ex)[0] for n in (longest, longest + 1)}
 print("largest distance at that length and one more:",
       {n: round(float(r), 4) for n, r in reach_at.items()})
 
@@ -689,14 +689,14 @@ print("largest distance at that length and one more:",
 # 2. With k < 1, (w - x)(1 - 1/k) changes sign: the max picks the leaky branch inside the window and -x outside.
 k_bad, T_ex = 0.5, len(q)
 distances = np.subtract.outer(np.arange(T_ex), np.arange(T_ex)).astype(float)   # i - j
-rel_bad = ref.rectify(distances, window, k_bad)
+rel_bad = ref.rectify(distances, window, leaky_k=k_bad)
 wanted = ref.attention_from_relative_positions(q, k, v, rel_bad)[-1]
 decoded_bad = decode(q[-1], k, v, window, leaky_k=k_bad)
 print(f"k = 0.5: decode vs the definition, rel. difference {rel_rms(decoded_bad, wanted):.2f}")
 x_ex = np.arange(8.0)
 picked = np.maximum(-x_ex, (window - x_ex) / k_bad - window)
 print("exponent the max picks for x = 0..7:", picked.tolist())
-print("minus the map f(x) it should be:    ", (0.0 - ref.rectify(x_ex, window, k_bad)).tolist())
+print("minus the map f(x) it should be:    ", (0.0 - ref.rectify(x_ex, window, leaky_k=k_bad)).tolist())
 
 # %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
 # 3. Pairs with 512 theta_f >= 2 pi have seen every angle; NTK slows pair f by s^(2f / (d - 2)).
@@ -712,7 +712,7 @@ print(f"pair {first_slow} is slowed by {slowdown:.2f} (the slowest by {s_ntk:g})
 # The rest of this notebook is not about the math: it checks that the code people run gives the definition's
 # numbers. nbval runs and checks it like the cells above.
 #
-# [`kernels.rerope.rerope_attention`](../kernels/rerope.py) computes the same attention in $O(T)$ memory, without
+# [`kernels.rerope.rerope_attention`](../kernels/rerope/) computes the same attention in $O(T)$ memory, without
 # either $T \times T$ matrix: backend `"torch"` assembles it from exact flash-attention pieces (the far part, the
 # diagonal blocks, the previous blocks) merged by their log-sum-exp; backend `"triton"` is one fused kernel (here
 # under the Triton interpreter on the CPU). Both take `(B, H, T, d)` tensors. They are checked against the float64

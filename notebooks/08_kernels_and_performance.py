@@ -8,9 +8,8 @@
 # (one program per batch row, head and block of rows of the state), each launched here by hand, with different block
 # sizes, against the reference. Then what the CPU run is and is not: the Triton interpreter against the compiled GPU
 # build, which `python -m seqmix.kernels.aot` produces without a GPU (registers and spills per kernel). Last, the
-# benchmarks: the stored results of `python -m seqmix.benchmarks.run` (ratios against what a user would otherwise
-# run, time per token against sequence length, the GPU cost model), which every claim here rests on, and a small live
-# timing, labelled as indicative. Exercises close the notebook.
+# benchmarks: the stored results of `python -m seqmix.benchmarks.run` (ratios against what a user would otherwise run, time
+# per token against sequence length, the GPU cost model), and a small live timing, labelled as indicative.
 #
 # **Sources.** The Triton language and its programming model, https://triton-lang.org (program ids, blocks, the
 # interpreter); the formulas are those of notebooks 02 (RWKV-4 WKV, after the Hugging Face RWKV page,
@@ -19,18 +18,16 @@
 # https://arxiv.org/abs/2205.14135, for why memory traffic rather than arithmetic sets the speed of such kernels.
 #
 # **Code used.** [`kernels/wkv4.py`](../kernels/wkv4.py): `wkv4_fwd_kernel`, `_launch_config` ·
-# [`kernels/wkv7.py`](../kernels/wkv7.py): `_wkv7_fwd_kernel`, `_step`, `_launch_config` ·
+# [`kernels/wkv7.py`](../kernels/wkv7.py): `wkv7_fwd_kernel`, `_step`, `_launch_config` ·
 # [`kernels/aot.py`](../kernels/aot.py): the ahead-of-time GPU build · [`benchmarks/`](../benchmarks/README.md):
 # `run.py`, `cost_model.py` and the stored `results/` · [`reference/wkv4.py`](../reference/wkv4.py),
 # [`reference/wkv7.py`](../reference/wkv7.py): the truth · [`kernels/testing.py`](../kernels/testing.py): `check` and
 # the error budgets.
-#
-# **Notation.** $w$, $k$, $N$, $S$ mean other things in other notebooks: see the [notation crosswalk](notation.md).
 
 # %%
 import seqmix
 
-MODE = seqmix.use_interpreter_without_gpu()    # no GPU: TRITON_INTERPRET=1 before triton
+MODE = seqmix.use_interpreter_without_gpu()    # without a GPU: TRITON_INTERPRET=1, before triton is imported
 
 import inspect
 import json
@@ -44,7 +41,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import triton
-from IPython.display import Markdown, display
 
 import seqmix.kernels.wkv4 as k4
 import seqmix.kernels.wkv7 as k7
@@ -102,27 +98,24 @@ print(inspect.getsource(k4.wkv4_fwd_kernel.fn))
 # %%
 B, T, C = 2, 20, 40
 launch = k4._launch_config(C)
-grid = (B, triton.cdiv(C, launch.block_c))
-print(f"launch config for C = {C}: {launch}; grid = {grid}: {grid[0] * grid[1]} programs,",
-      f"each walks T = {T} steps")
+grid = (B, triton.cdiv(C, launch["BLOCK_C"]))
+print(f"launch config for C = {C}: {launch}; grid = {grid}: {grid[0] * grid[1]} programs, each walks T = {T} steps")
 
-lanes = np.arange(grid[1] * launch.block_c)                  # every lane of every channel block
-program = np.array([b * grid[1] + lanes // launch.block_c for b in range(B)], dtype=float)
-program[:, lanes >= C] = np.nan                                   # masked lanes
+lanes = np.arange(grid[1] * launch["BLOCK_C"])                            # every lane of every channel block
+program = np.array([[b * grid[1] + lane // launch["BLOCK_C"] for lane in lanes] for b in range(B)], dtype=float)
+program[:, lanes >= C] = np.nan                                        # masked lanes
 fig, ax = plt.subplots(figsize=(10, 2.4), constrained_layout=True)
 ax.imshow(program, aspect="auto", cmap="tab10", vmin=0, vmax=9, interpolation="nearest")
-ax.axvspan(C - 0.5, lanes[-1] + 0.5, color="lightgrey", hatch="//", alpha=0.5,
-           label="masked lanes (channel >= C)")
+ax.axvspan(C - 0.5, lanes[-1] + 0.5, color="lightgrey", hatch="//", alpha=0.5, label="masked lanes (channel >= C)")
 for b in range(B):
     for j in range(grid[1]):
-        first, last = j * launch.block_c, min((j + 1) * launch.block_c, C)   # its real lanes
-        ax.text((first + last) / 2 - 0.5, b, f"program\n({b}, {j})", ha="center", va="center",
-                fontsize=9)
+        first, last = j * launch["BLOCK_C"], min((j + 1) * launch["BLOCK_C"], C)  # the lanes it really has
+        ax.text((first + last) / 2 - 0.5, b, f"program\n({b}, {j})", ha="center", va="center", fontsize=8)
 ax.set_yticks(range(B))
 ax.set_xlabel("channel (lane of the block)")
 ax.set_ylabel("batch row b")
-ax.set_title("WKV-4 forward: the program of each (b, channel), looping over t, state in registers")
-ax.legend(loc="upper right", fontsize=9)
+ax.set_title("WKV-4 forward: which program computes which (b, channel); each loops over t with its state in registers")
+ax.legend(loc="upper right", fontsize=8)
 plt.show()
 
 # %%
@@ -131,12 +124,12 @@ u, k, v = rng.standard_normal(C), rng.standard_normal((B, T, C)), rng.standard_n
 expected, (expected_num, expected_den, expected_max) = ref4.wkv4(w, u, k, v)
 
 def launch_wkv4(block_c):
-    # The kernel launched by hand: fp32 inputs, state from nothing, nothing saved for a backward.
+    # The forward kernel launched by hand: inputs fp32, state from nothing, nothing saved for a backward.
     w_, u_, k_, v_ = (torch.tensor(z, dtype=torch.float32) for z in (w, u, k, v))
     y = torch.empty(B, T, C)
     num0, den0, max0 = torch.zeros(B, C), torch.zeros(B, C), torch.full((B, C), k4.INITIAL_MAX)
     num, den, mx = torch.empty(B, C), torch.empty(B, C), torch.empty(B, C)
-    unused = y                                      # the SAVE pointers: not written when SAVE=False
+    unused = y                                                         # the SAVE pointers: not written when SAVE=False
     k4.wkv4_fwd_kernel[(B, triton.cdiv(C, block_c))](
         w_, u_, k_, v_, y, num0, den0, max0, num, den, mx, unused, unused, unused, unused, T, C,
         SAVE=False, BLOCK_C=block_c, num_warps=1)
@@ -144,13 +137,11 @@ def launch_wkv4(block_c):
 
 
 # %% tags=["nbval-check-output"]
-for block_c in (launch.block_c, 8, 64):
+for block_c in (launch["BLOCK_C"], 8, 64):
     y, num, den, mx = launch_wkv4(block_c)
-    label = f"WKV-4 kernel by hand, BLOCK_C = {block_c:2d}"
-    check(f"{label} ({triton.cdiv(C, block_c)} blocks): y", y, expected, FP32_BUDGET)
-    for name, got, want in zip(("num", "den", "max"), (num, den, mx),
-                               (expected_num, expected_den, expected_max)):
-        check(f"{label}: state {name}", got, want, FP32_BUDGET)
+    check(f"WKV-4 kernel by hand, BLOCK_C = {block_c:2d} ({triton.cdiv(C, block_c)} blocks): y", y, expected, FP32_BUDGET)
+    for name, got, want in (("num", num, expected_num), ("den", den, expected_den), ("max", mx, expected_max)):
+        check(f"WKV-4 kernel by hand, BLOCK_C = {block_c:2d}: state {name}", got, want, FP32_BUDGET)
 
 # %% [markdown]
 # The block size changes how the channels are dealt out, not what any channel computes: each lane runs the same
@@ -175,70 +166,53 @@ for block_c in (launch.block_c, 8, 64):
 # | $y_t = S_t r_t$ | `tl.sum(S * r[None, :], axis=1)` |
 #
 # Each program reloads the key-side vectors $r, w, k, a, b$ (those are shared) and its own slice of $v$. First the
-# independence of the rows: one step computed as the kernel computes it, block of rows by block of rows, in NumPy
-# with the kernel's own expressions, against one step of `reference.wkv7` on the whole state. Then the kernel's update
-# and forward loop; then the kernel launched by hand with several `BLOCK_V`, against `reference.wkv7`.
+# independence of the rows, in NumPy; then the kernel's update and forward loop; then the kernel launched by hand with
+# several `BLOCK_V`, against `reference.wkv7`.
 
 # %%
-N, BLOCK_V = 8, 4
-S = rng.standard_normal((N, N))                                   # one head's state, [value, key]
-r7, k7_, v7, a7, b7 = (rng.standard_normal(N) for _ in range(5))
-log_w7 = -np.exp(rng.standard_normal(N))                          # decays exp(log_w7) in (0, 1)
-w7 = np.exp(log_w7)
-
-def kernel_step(S_rows, v_rows):
-    # One step for a block of rows, with _step's and the output's expressions: (new rows, their y).
-    sa = (S_rows * a7[None, :]).sum(axis=1)                   # tl.sum(S * a[None, :], axis=1)
-    S_rows = S_rows * w7[None, :] + sa[:, None] * b7[None, :] + v_rows[:, None] * k7_[None, :]
-    return S_rows, (S_rows * r7[None, :]).sum(axis=1)         # tl.sum(S * r[None, :], axis=1)
-
-blocks = [kernel_step(S[i:i + BLOCK_V], v7[i:i + BLOCK_V]) for i in range(0, N, BLOCK_V)]
-S_blocks, y_blocks = np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks])
-one_step = [x[None, None, None] for x in (r7, log_w7, k7_, v7, a7, b7)]   # each (1, 1, 1, N)
-y_ref, S_ref = ref7.wkv7(*one_step, state=S[None, None])
+N = 8
+S = rng.standard_normal((N, N))
+w7, a7, b7, k7_, v7 = np.exp(-np.exp(rng.standard_normal(N))), *(rng.standard_normal(N) for _ in range(4))
+whole = S @ np.diag(w7) + np.outer(S @ a7, b7) + np.outer(v7, k7_)
+row_by_row = np.array([S[i] * w7 + (S[i] @ a7) * b7 + v7[i] * k7_ for i in range(N)])
 
 # %% tags=["nbval-check-output"]
-check(f"one step in blocks of {BLOCK_V} rows vs reference.wkv7: state", S_blocks, S_ref[0, 0],
-      REFERENCE_BUDGET)
-check(f"one step in blocks of {BLOCK_V} rows vs reference.wkv7: y = S r", y_blocks, y_ref[0, 0, 0],
-      REFERENCE_BUDGET)
+for what, actual, expected in (("the update computed row by row vs on the whole matrix", row_by_row, whole),
+                               ("y = S r row by row vs the matrix product", [row @ w7 for row in whole], whole @ w7)):
+    check(what, actual, expected, REFERENCE_BUDGET)
 
 # %%
 print(inspect.getsource(k7._step.fn))
-source = inspect.getsource(k7._wkv7_fwd_kernel.fn)
-print(source[source.index("    pid_bh"):])                # the body, after the commented arguments
+source = inspect.getsource(k7.wkv7_fwd_kernel.fn)
+print(source[source.index("    pid_bh"):])                              # the body, after the commented arguments
 
 # %%
 B7, T7, H = 2, 16, 2
-shape7 = (B7, T7, H, N)
-x7 = dict(r=rng.standard_normal(shape7), log_w=-np.exp(rng.uniform(-8.0, -0.5, shape7)),
-          k=rng.standard_normal(shape7), v=rng.standard_normal(shape7))
-kk = rng.standard_normal(shape7)
-kk /= np.linalg.norm(kk, axis=-1, keepdims=True)                  # unit keys: a stable transition
-x7.update(a=-kk, b=kk * rng.uniform(0.0, 1.0, shape7))
+x7 = dict(r=rng.standard_normal((B7, T7, H, N)), log_w=-np.exp(rng.uniform(-8.0, -0.5, (B7, T7, H, N))),
+          k=rng.standard_normal((B7, T7, H, N)), v=rng.standard_normal((B7, T7, H, N)))
+kk = rng.standard_normal((B7, T7, H, N))
+kk /= np.linalg.norm(kk, axis=-1, keepdims=True)
+x7.update(a=-kk, b=kk * rng.uniform(0.0, 1.0, (B7, T7, H, N)))
 S7 = rng.standard_normal((B7, H, N, N))
-ORDER = ("r", "log_w", "k", "v", "a", "b")
-y7_ref, S7_ref = ref7.wkv7(*(x7[n] for n in ORDER), state=S7)
+y7_ref, S7_ref = ref7.wkv7(*(x7[n] for n in ("r", "log_w", "k", "v", "a", "b")), state=S7)
 
 def launch_wkv7(block_v):
-    # The forward kernel by hand: a program per (batch * head, block of block_v rows); from S7.
-    inputs = [torch.tensor(x7[n], dtype=torch.float32) for n in ORDER]
+    # The forward kernel by hand: a program per (batch * head, block of block_v rows); from S7, no checkpoints.
+    inputs = [torch.tensor(x7[n], dtype=torch.float32) for n in ("r", "log_w", "k", "v", "a", "b")]
     y, state = torch.empty(B7, T7, H, N), torch.empty(B7, H, N, N)
-    k7._wkv7_fwd_kernel[(B7 * H, N // block_v)](
+    k7.wkv7_fwd_kernel[(B7 * H, N // block_v)](
         *inputs, torch.tensor(S7, dtype=torch.float32), y, state, state, T7, H,
-        N=N, BLOCK_V=block_v, CK=k7.CHECKPOINT, HAS_STATE0=True, SAVE_CKPT=False, num_warps=4)
+        N=N, BLOCK_V=block_v, CHECKPOINT=k7.CHECKPOINT, HAS_STATE0=True, SAVE_CKPT=False, num_warps=4)
     return y, state
 
-print("the dispatcher's (BLOCK_V, num_warps) for N = 8:", k7._launch_config(N),
-      "and for N = 64:", k7._launch_config(64))
+print("the dispatcher's launch for N = 8:", k7._launch_config(N), "and for N = 64:", k7._launch_config(64))
 
 # %% tags=["nbval-check-output"]
 for block_v in (4, 2, 8):
     y, state = launch_wkv7(block_v)
     programs = B7 * H * (N // block_v)
-    label = f"WKV-7 kernel by hand, BLOCK_V = {block_v} ({programs:2d} programs)"
-    check(f"{label}: y", y, y7_ref, FP32_BUDGET)
-    check(f"{label}: state", state, S7_ref, FP32_BUDGET)
+    check(f"WKV-7 kernel by hand, BLOCK_V = {block_v} ({programs:2d} programs): y", y, y7_ref, FP32_BUDGET)
+    check(f"WKV-7 kernel by hand, BLOCK_V = {block_v} ({programs:2d} programs): state", state, S7_ref, FP32_BUDGET)
 
 # %% [markdown]
 # On a GPU the choice of `BLOCK_V` trades parallelism against registers: a (BLOCK_V, N) fp32 tile over `num_warps`
@@ -268,23 +242,21 @@ aot_script = ("from seqmix.kernels import aot\n"
               "for label in ('wkv4_fwd C=768 fp32', 'wkv7_fwd N=64 fp32'):\n"
               "    aot.main(['--filter', label])\n")
 started = time.perf_counter()
-aot_run = subprocess.run([sys.executable, "-c", aot_script], cwd=REPO, env=environment,
-                         capture_output=True, text=True)
+aot_run = subprocess.run([sys.executable, "-c", aot_script], cwd=REPO, env=environment, capture_output=True, text=True)
 print(aot_run.stdout)
-elapsed = time.perf_counter() - started
-print(f"(exit status {aot_run.returncode}; {elapsed:.0f} s, compiling included)")
+print(f"(exit status {aot_run.returncode}; {time.perf_counter() - started:.0f} s, compiling included)")
 
 # %% [markdown]
 # How to read it: `regs` are the registers each thread holds; `spill B` (local memory) would be registers that did not
 # fit and went to memory: 0 means the state stays in registers, as intended. (The WKV-7 forward's few bytes of shared
-# memory are for its reductions across warps, the row sums $S a$ and $S r$.) A GPU's register file is 64K 32-bit
-# registers per SM, so a kernel at 30 registers a thread leaves room for many programs per SM at once, which is how a
-# GPU hides the latency of the loads in each time step.
+# memory are for its reductions across warps, the row sums $S a$ and $S r$.) A GPU's register file is 64K 32-bit registers per SM, so a kernel at 30
+# registers a thread leaves room for many programs per SM at once, which is how a GPU hides the latency of the loads in
+# each time step.
 #
 # ## 5. The benchmarks
 #
-# `python -m seqmix.benchmarks.run` times every op beside what a user would otherwise run (transformers' loops for
-# RWKV-4 and Mamba, a per-token loop for RWKV-7, `scaled_dot_product_attention`), beside one streaming pass over the same
+# `python -m seqmix.benchmarks.run` times every op beside what a user would otherwise run (transformers' loops for RWKV-4
+# and Mamba, a per-token loop for RWKV-7, `scaled_dot_product_attention`), beside one streaming pass over the same
 # tensors (the least memory traffic any implementation must pay), at $T$ = 1k to 16k, and writes
 # `benchmarks/results/` (see [`benchmarks/README.md`](../benchmarks/README.md) for the method). Running it takes
 # about ten minutes on this machine, so the notebook reads the stored results instead. They come from a 2-core CPU
@@ -295,15 +267,10 @@ results = json.loads((REPO / "benchmarks" / "results" / "results.json").read_tex
 run = results["run"]
 print(f"{run['command']}  ({run['date']}, {run['seconds'] / 60:.0f} min)")
 print("machine:", run["machine"])
-
-def table(header, rows):
-    # A Markdown table, which the Lab wraps to its width.
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return Markdown("\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows]))
-
-display(table(("op", "T", "against", "metric", "ratio", "target", "met"),
-              [(c["op"], c["T"], c["vs"], c["metric"], f"{c['ratio']:.3g}x", c["target"], c["met"])
-               for c in results["checks"]]))
+print()
+print(f"{'op':7s} {'T':>6s}  {'against':40s} {'metric':15s} {'ratio':>8s}  target            met")
+for c in results["checks"]:
+    print(f"{c['op']:7s} {c['T']:>6d}  {c['vs']:40s} {c['metric']:15s} {c['ratio']:>7.3g}x  {c['target']:17s} {c['met']}")
 
 # %% [markdown]
 # A ratio is the other implementation's time (or memory) over seqmix's: above 1, seqmix is faster (or smaller). The
@@ -312,31 +279,24 @@ display(table(("op", "T", "against", "metric", "ratio", "target", "met"),
 # `kernels/native.c` ("seqmix c"), which walks time once like the Triton kernels do on a GPU. The chunked torch
 # backend ("seqmix torch", the one that also differentiates) is measured beside it: in eager torch the chunked forms
 # are about twenty passes over memory each, and the benchmarks' README explains in numbers why no rearrangement of
-# them reached the targets. The time per token against $T$, drawn from the stored samples (one colour per
-# implementation in every panel; in the attention panel "seqmix torch" *is* torch's SDPA, so the two lines
-# coincide):
+# them reached the targets. The time per token against $T$, drawn from the stored samples:
 
 # %%
-OPS = {"wkv4": "RWKV-4 WKV", "wkv7": "RWKV-7 WKV", "ssm": "selective scan",
-       "rerope": "ReRoPE prefill", "attention": "causal attention (seqmix torch = SDPA)"}
-# One colour per implementation in every panel; every other implementation is the op's peer, in C2.
-STYLE = {"seqmix c": ("C0", "o-"), "seqmix torch": ("C1", "o-"), "one streaming pass": ("k", ":"),
-         "two-pass (source)": ("C3", "s--")}
-fig, axes = plt.subplots(2, 3, figsize=(10, 6.4), constrained_layout=True)
-lines = {}                                          # label -> a line, for one shared legend
-for ax, (op, title) in zip(axes.flat, OPS.items()):
+OPS = {"wkv4": "RWKV-4 WKV", "wkv7": "RWKV-7 WKV", "ssm": "selective scan", "rerope": "ReRoPE prefill",
+       "attention": "causal attention"}
+fig, axes = plt.subplots(1, len(OPS), figsize=(17, 3.8), constrained_layout=True)
+for ax, (op, title) in zip(axes, OPS.items()):
     rows = [r for r in results["rows"] if r["op"] == op and r["status"] == "ok"]
     for impl in dict.fromkeys(r["impl"] for r in rows):
         points = sorted((r["T"], r["median_s"] / r["T"]) for r in rows if r["impl"] == impl)
-        colour, style = STYLE.get(impl, ("C2", "s--"))
-        lines[impl], = ax.loglog(*zip(*points), style, color=colour, ms=4)
-    ax.set_title(f"{title}\n{rows[0]['shape']}", fontsize=10)
+        style = "o-" if impl.startswith("seqmix") else ("k:" if impl == "one streaming pass" else "s--")
+        ax.loglog(*zip(*points), style, ms=4, label=impl)
+    ax.set_title(f"{title} ({rows[0]['shape']})", fontsize=9)
     ax.set_xlabel("sequence length T")
     ax.set_ylabel("median time per token (s)")
-key = axes.flat[-1]
-key.axis("off")
-key.legend(lines.values(), lines.keys(), loc="center", fontsize=8.5,
-           title="stored results (CPU, fp32)\nflat = linear in T;\nattention, ReRoPE: quadratic")
+    ax.legend(fontsize=6.5)
+fig.suptitle("stored results of python -m seqmix.benchmarks.run (CPU, fp32): a flat line is linear in T "
+             "(attention and ReRoPE are quadratic)")
 plt.show()
 
 # %% [markdown]
@@ -347,64 +307,53 @@ plt.show()
 #
 # **The GPU cost model.** With no GPU to time the Triton kernels, `benchmarks/cost_model.py` counts, from each
 # kernel's own loops, the bytes it moves and the operations it does per token, and predicts an H100 time as the larger
-# of memory time (bytes / 3.35 TB/s) and compute time, for the whole shape; registers and spills come from the
-# AOT build of section 4.
-# For the WKV-4 forward the count can be done by hand: per token and channel the program reads $k_t$ and $v_t$ and
-# writes $y_t$, 4 bytes each in fp32, while the state stays in registers,
-#
-# $$\text{bytes per token} \approx 3 \cdot 4\,C = 12\,C = 9216 \ \text{ for } C = 768 ,$$
-#
-# plus the parameters and the state, read and written once per sequence (exercise 2 accounts for them). The forward
-# kernels:
+# of memory time (bytes / 3.35 TB/s) and compute time; registers and spills come from the AOT build of section 4. The
+# forward kernels:
 
 # %%
-forward = [m for m in results["cost_model"] if m["forward"]]
-display(table(("kernel", "shape", "bytes/token", "FLOP/byte", "predicted H100 time", "bound",
-               "programs × steps", "regs", "spill B"),
-              [(m["kernel"], m["shape"], f"{m['bytes_per_token']:,.0f}", f"{m['intensity']:.3g}",
-                f"{m['predicted_s'] * 1e6:.3g} µs", m["bound"],
-                f"{m['programs']} × {m['serial_steps'] or '-'}", m["aot"]["regs"],
-                m["aot"]["spill_bytes"])
-               for m in forward]))
+print(f"{'kernel':30s} {'shape':28s} {'bytes/token':>11s} {'FLOP/byte':>9s} {'predicted':>10s} {'bound':>24s} "
+      f"{'programs x steps':>17s} {'regs':>5s} {'spill B':>7s}")
+for m in results["cost_model"]:
+    if m["forward"]:
+        steps = f"{m['programs']} x {m['serial_steps'] or '-'}"
+        print(f"{m['kernel']:30s} {m['shape']:28s} {m['bytes_per_token']:>11,.0f} {m['intensity']:>9.3g} "
+              f"{m['predicted_s'] * 1e6:>8.3g}us {m['bound']:>24s} {steps:>17s} {m['aot']['regs']:>5d} "
+              f"{m['aot']['spill_bytes']:>7d}")
 
 
 # %% [markdown]
 # How to read it: `FLOP/byte` is the kernel's arithmetic intensity; against the H100's balance point (67 fp32
 # TFLOP/s over 3.35 TB/s, about 20 operations per byte, far higher for tensor-core products), it says whether memory
 # traffic or arithmetic should set the time, and `bound` names the resource that does in the model. The IO-aware view
-# is FlashAttention's: count the bytes first. `programs × steps` is the other limit of the recurrent kernels: they
+# is FlashAttention's: count the bytes first. `programs x steps` is the other limit of the recurrent kernels: they
 # launch only as many programs as batch rows times channel blocks (or heads times row blocks), each walking its $T$
 # steps in order; at small batch that is far fewer than a GPU needs in flight to reach its bandwidth, so the
 # prediction is a floor that a latency-bound kernel will not reach, and the chunked forms (more arithmetic, fewer
 # sequential steps) are the way past it.
 #
-# **A live timing (indicative only).** Measured now on this machine, one thread, small shapes: RWKV-7's WKV on the
-# torch path (chunked) and in the C loop (`backend="c"`), against the recurrence one token at a time in torch. The
-# claims of this notebook rest on the stored results above, measured side by side on a quiet machine. A live timing
-# depends on the machine and on whatever else runs on it: on a busy machine the curves zig-zag, and it proves
-# nothing about scaling. It shows the order of magnitude between the three on your machine, and why the Triton
-# interpreter, timed on one small case, is a correctness tool and not a fast path.
+# **A live timing (indicative).** Measured now on this machine, one thread, small shapes and growing $T$: RWKV-7's WKV
+# on the torch path (chunked) and in the C loop (`backend="c"`), against the recurrence one token at a time in torch.
+# Absolute numbers depend on the machine and its load; the shape of the curves is the point: all three are linear in
+# $T$; the chunked form does its work in fewer, larger operations than the token loop, and the C loop does the token
+# loop's own arithmetic without an operation per step. The Triton interpreter on one small case is
+# timed too, to show why it is a correctness tool.
 
 # %%
 def per_token_loop(r, log_w, k, v, a, b, S):
     # The recurrence one token at a time in torch: what the chunked form replaces.
     ys = []
     for t in range(r.shape[1]):
-        sa = (S @ a[:, t, :, :, None])[..., 0]                        # (B, H, N) S a
-        S = (S * log_w[:, t, :, None, :].exp() + sa[..., None] * b[:, t, :, None, :]
-             + v[:, t, :, :, None] * k[:, t, :, None, :])
+        sa = (S @ a[:, t, :, :, None])[..., 0]
+        S = S * log_w[:, t, :, None, :].exp() + sa[..., None] * b[:, t, :, None, :] + v[:, t, :, :, None] * k[:, t, :, None, :]
         ys.append((S @ r[:, t, :, :, None])[..., 0])
     return torch.stack(ys, dim=1), S
 
 def make_inputs(T_, H_=4, N_=32):
-    # RWKV-7 inputs (B = 1): unit removal keys, decays in (e^{-e^{-0.5}}, e^{-e^{-8}}).
     r, k, v = (torch.randn(1, T_, H_, N_) for _ in range(3))
     kk_ = torch.nn.functional.normalize(torch.randn(1, T_, H_, N_), dim=-1)
-    log_w = -torch.exp(torch.empty(1, T_, H_, N_).uniform_(-8.0, -0.5))
-    return r, log_w, k, v, -kk_, kk_ * torch.rand(1, T_, H_, N_)
+    return r, -torch.exp(torch.empty(1, T_, H_, N_).uniform_(-8.0, -0.5)), k, v, -kk_, kk_ * torch.rand(1, T_, H_, N_)
 
 def best_of(fn, repeats=3):
-    # The shortest of a few wall-clock times of fn(), in seconds.
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
@@ -412,19 +361,17 @@ def best_of(fn, repeats=3):
         times.append(time.perf_counter() - started)
     return min(times)
 
-# %%
 threads = torch.get_num_threads()
 torch.set_num_threads(1)
-lengths = (64, 256, 1024)
+lengths = (64, 128, 256, 512, 1024)
 timings = {"chunked (torch backend)": [], "C loop (backend='c')": [], "per-token loop (torch)": []}
 with torch.no_grad():
     for T_ in lengths:
-        inputs, S_ = make_inputs(T_), torch.zeros(1, 4, 32, 32)
-        runs = {"chunked (torch backend)": lambda: k7.wkv7(*inputs, state=S_, backend="torch"),
-                "C loop (backend='c')": lambda: k7.wkv7(*inputs, state=S_, backend="c"),
-                "per-token loop (torch)": lambda: per_token_loop(*inputs, S_)}
-        for name, fn in runs.items():
-            timings[name].append(best_of(fn) / T_)
+        inputs = make_inputs(T_)
+        S_ = torch.zeros(1, 4, 32, 32)
+        timings["chunked (torch backend)"].append(best_of(lambda: k7.wkv7(*inputs, state=S_, backend="torch")) / T_)
+        timings["C loop (backend='c')"].append(best_of(lambda: k7.wkv7(*inputs, state=S_, backend="c")) / T_)
+        timings["per-token loop (torch)"].append(best_of(lambda: per_token_loop(*inputs, S_)) / T_)
     small = make_inputs(16, 1, 8)
     interpreter_time = best_of(lambda: k7.wkv7(*small, backend="triton"), 1)
     torch_small_time = best_of(lambda: k7.wkv7(*small, backend="torch"), 3)
@@ -433,76 +380,31 @@ print(f"Triton interpreter, T = 16, H = 1, N = 8: {interpreter_time * 1e3:.0f} m
       f"torch backend: {torch_small_time * 1e3:.1f} ms (indicative)")
 
 # %%
-fig, ax = plt.subplots(figsize=(10, 3.6), constrained_layout=True)
+fig, ax = plt.subplots(figsize=(7.5, 3.8), constrained_layout=True)
 for name, per_token in timings.items():
     ax.loglog(lengths, np.array(per_token) * 1e6, "o-", label=name)
 ax.set_xlabel("sequence length T (B = 1, H = 4, N = 32)")
-ax.set_ylabel("time per token (µs), best of 3")
-ax.set_title("RWKV-7 WKV on this machine, now: indicative only (claims: the stored results)")
-ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=9)
+ax.set_ylabel("time per token (us), best of 3")
+ax.set_title("RWKV-7 WKV on this CPU, now (indicative)")
+ax.legend()
 plt.show()
+for name in ("chunked (torch backend)", "C loop (backend='c')"):
+    ratio = np.array(timings["per-token loop (torch)"]) / np.array(timings[name])
+    print(f"per-token loop / {name}, by T:", ", ".join(f"{T_}: {q:.1f}x" for T_, q in zip(lengths, ratio)))
 
 # %% [markdown]
 # ## Summary
 #
 # - A Triton kernel describes one program of a grid; the formula decides what a program owns. WKV-4: a batch row and
-#   a block of channels, its three state numbers per channel in registers, a loop over time. WKV-7: a batch row, a
-#   head and a block of rows of the $N \times N$ state, because rows of the state evolve independently (checked
-#   against one step of `reference.wkv7`).
-# - Launched by hand with other block sizes, both kernels still agree with the float64 reference: the block size
-#   deals out the work, it does not change what is computed.
-# - The interpreter checks the arithmetic and indexing of a kernel on a CPU; the AOT build
-#   (`python -m seqmix.kernels.aot`) compiles the same kernels for sm_80 and sm_90 and shows their registers, with no
-#   spills.
+#   a block of channels, its three state numbers per channel in registers, a loop over time. WKV-7: a batch row, a head
+#   and a block of rows of the $N \times N$ state, because rows of the state evolve independently.
+# - Launched by hand with other block sizes, both kernels still agree with the float64 reference: the block size deals
+#   out the work, it does not change what is computed.
+# - The interpreter checks the arithmetic and indexing of a kernel on a CPU; the AOT build (`python -m seqmix.kernels.aot`)
+#   compiles the same kernels for sm_80 and sm_90 and shows their registers, with no spills.
 # - The stored benchmarks: the recurrent ops are linear in $T$; on a CPU their inference runs C loops
 #   (`kernels/native.c`) that walk time once, as the Triton kernels do on a GPU, and meet the speed targets that the
 #   torch backend's chunked forms (eager torch, many passes over memory) miss, for reasons the benchmarks' README
-#   gives in numbers; the cost model predicts each Triton kernel's H100 time from its bytes and operations, a floor
-#   for the recurrent kernels, which at small batch are limited by how few programs walk time in parallel.
-#
-# ## Exercises
-#
-# Each solution is in the collapsed cell below its question (click the three dots to open it); it runs with the
-# notebook, so it is checked too.
-#
-# **1. Programs and masked lanes.** How many programs does the WKV-4 forward launch for $B = 4$, $C = 768$ (the
-# benchmark's shape), and for $B = 1$, $C = 100$? How many lanes are masked in each case? Compare the first with
-# the cost model's `programs`.
-
-# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-for B_, C_ in ((4, 768), (1, 100)):
-    block_c = k4._launch_config(C_).block_c                      # channels per program
-    blocks_ = triton.cdiv(C_, block_c)
-    print(f"B = {B_}, C = {C_}: {B_ * blocks_} programs of {block_c} lanes, "
-          f"{B_ * (blocks_ * block_c - C_)} masked")
-stored = next(m for m in results["cost_model"] if m["kernel"] == "wkv4_fwd C=768 fp32")
-print("the cost model's programs for B = 4, C = 768:", stored["programs"])
-
-# %% [markdown]
-# **2. Bytes per token, to the byte.** The cost model gives 9228 bytes per token for the WKV-4 forward at
-# $B = 4$, $T = 2048$, $C = 768$, fp32, 12 more than $12\,C$. Account for the 12: what else does each program read or
-# write, once per sequence?
-
-# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-# Once per sequence and channel: w and u read, the state (num, den, max) read and written:
-# 8 numbers of 4 bytes, spread over the T tokens of the sequence.
-B_, T_, C_ = 4, 2048, 768
-per_token = 3 * 4 * C_ + 8 * 4 * C_ / T_
-print(f"12 C + 32 C / T = {12 * C_} + {8 * 4 * C_ / T_:g} = {per_token:g} bytes per token")
-check("bytes per token by hand vs the stored cost model", per_token, stored["bytes_per_token"],
-      REFERENCE_BUDGET)
-
-# %% [markdown]
-# **3. Registers for the state tile.** The WKV-7 forward holds a (BLOCK_V, N) fp32 tile of $S$ over `num_warps`
-# warps of 32 threads. How many registers per thread does the tile take with the dispatcher's choice at $N = 64$,
-# and with BLOCK_V = 32, 4 warps? How many programs does the dispatcher's choice launch for $B = 1$, $H = 12$,
-# $N = 64$? Compare with the cost model's `programs × steps` for `wkv7_fwd N=64 fp32`.
-
-# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-block_v, warps = k7._launch_config(64)
-for rows_, warps_ in ((block_v, warps), (32, 4)):
-    registers = rows_ * 64 // (32 * warps_)
-    print(f"BLOCK_V = {rows_}, {warps_} warps, N = 64: {registers} registers a thread for S")
-stored7 = next(m for m in results["cost_model"] if m["kernel"] == "wkv7_fwd N=64 fp32")
-print(f"programs: B H N / BLOCK_V = {1 * 12 * 64 // block_v}; stored: {stored7['programs']} "
-      f"x {stored7['serial_steps']} steps (T = 2048)")
+#   gives in numbers; the cost model predicts each Triton kernel's H100 time from its
+#   bytes and operations, a floor for the recurrent kernels, which at small batch are limited by how few programs walk
+#   time in parallel.

@@ -16,6 +16,8 @@ NumPy only; float64 throughout.
 """
 import numpy as np
 
+__all__ = ["softmax_attention", "attention_from_scores", "attention_sums", "online_softmax_attention", "resolve_scale"]
+
 
 def _check_qkv(q, k, v):
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
@@ -27,27 +29,50 @@ def _check_qkv(q, k, v):
 
 
 def resolve_scale(scale, d):
-    """The score scale: 1/sqrt(d) unless given."""
+    """The score scale: 1/sqrt(d) unless given.
+
+    Args:
+        scale (float or None): the scale asked for.
+        d (int): the head dimension.
+    Returns:
+        float.
+    """
     return 1.0 / np.sqrt(d) if scale is None else float(scale)
 
 
-def softmax_attention(q, k, v, causal=True, scale=None):
+def softmax_attention(q, k, v, *, causal=True, scale=None):
     """O = softmax(Q K^T * scale + M) V, with M_ij = -inf for j > i when causal.
 
-    q, k: (..., T, d); v: (..., T, dv) -> O: (..., T, dv). scale defaults to 1/sqrt(d).
     The softmax subtracts each row's maximum before exponentiating, which changes nothing in exact arithmetic and
-    keeps e^{s} from overflowing. Source: HF RWKV page, first equation of its attention section.
+    keeps e^{s} from overflowing.
+
+    Args:
+        q, k (array): (..., T, d).
+        v (array): (..., T, dv).
+        causal (bool): mask the keys after each query. Default: True.
+        scale (float or None): multiplies every score. Default: 1/sqrt(d).
+    Returns:
+        array: O, (..., T, dv).
+
+    Source: HF RWKV page, first equation of its attention section.
     """
     q, k, v = _check_qkv(q, k, v)
-    return attention_from_scores(q @ np.swapaxes(k, -1, -2) * resolve_scale(scale, q.shape[-1]), v, causal)
+    return attention_from_scores(q @ np.swapaxes(k, -1, -2) * resolve_scale(scale, q.shape[-1]), v, causal=causal)
 
 
-def attention_from_scores(s, v, causal=True):
-    """O = softmax(s + M) v for a given score matrix s (..., T, S); when causal, M_ij = -inf where j > i + S - T.
+def attention_from_scores(s, v, *, causal=True):
+    """O = softmax(s + M) v for a given score matrix s; when causal, M_ij = -inf where j > i + S - T.
 
-    v: (..., S, dv) -> O: (..., T, dv). The T queries are the last T of the S positions (T = S in prefill, T = 1
-    in decoding), so the causal mask is aligned to the bottom right. The row maximum is subtracted before exponentiating (stable softmax).
-    Shared by every attention here whose scores are built some other way (RoPE, ReRoPE in rope.py).
+    The T queries are the last T of the S positions (T = S in prefill, T = 1 in decoding), so the causal mask is
+    aligned to the bottom right. The row maximum is subtracted before exponentiating (stable softmax). Shared by
+    every attention here whose scores are built some other way (RoPE, ReRoPE in rope.py).
+
+    Args:
+        s (array): the scores, (..., T, S).
+        v (array): (..., S, dv).
+        causal (bool): mask the keys after each query. Default: True.
+    Returns:
+        array: O, (..., T, dv).
     """
     s, v = np.asarray(s, dtype=np.float64), np.asarray(v, dtype=np.float64)
     if s.ndim < 2 or s.shape[-1] != v.shape[-2]:
@@ -59,11 +84,20 @@ def attention_from_scores(s, v, causal=True):
     return (p / p.sum(axis=-1, keepdims=True)) @ v                # (..., T, dv)
 
 
-def attention_sums(q, k, v, scale=None):
-    """O_i = sum_{j<=i} e^{s_ij} v_j / sum_{j<=i} e^{s_ij}, s_ij = q_i . k_j * scale: the softmax replaced by its value.
+def attention_sums(q, k, v, *, scale=None):
+    """O_i = sum_{j<=i} e^{s_ij} v_j / sum_{j<=i} e^{s_ij}, s_ij = q_i . k_j * scale: the softmax replaced by its
+    value.
 
-    q, k: (..., T, d); v: (..., T, dv) -> O: (..., T, dv). Causal. Deliberately unstabilized, as the source writes
-    it: e^{s_ij} overflows to inf once a score passes ~709, and the output becomes NaN.
+    Causal. Deliberately unstabilized, as the source writes it: e^{s_ij} overflows to inf once a score passes ~709,
+    and the output becomes NaN.
+
+    Args:
+        q, k (array): (..., T, d).
+        v (array): (..., T, dv).
+        scale (float or None): multiplies every score. Default: 1/sqrt(d).
+    Returns:
+        array: O, (..., T, dv).
+
     Source: HF RWKV page, "Replacing the softmax by its value gives".
     """
     q, k, v = _check_qkv(q, k, v)
@@ -76,7 +110,7 @@ def attention_sums(q, k, v, scale=None):
     return out
 
 
-def online_softmax_attention(q, k, v, block_size=16, scale=None):
+def online_softmax_attention(q, k, v, *, block_size=16, scale=None):
     """Causal attention streamed over key blocks with a running max m and running sum l.
 
     For each new block of scores s (j <= i only):
@@ -84,8 +118,17 @@ def online_softmax_attention(q, k, v, block_size=16, scale=None):
         l' = e^{m - m'} l + sum_j e^{s_ij - m'}
         a' = e^{m - m'} a + sum_j e^{s_ij - m'} v_j
     and finally O_i = a / l. Every exponent is <= 0, so nothing overflows, whatever the scores.
-    q, k: (..., T, d); v: (..., T, dv) -> O: (..., T, dv). Source: the stable-softmax note of the HF RWKV page,
-    applied block by block as in FlashAttention (arXiv:2205.14135).
+
+    Args:
+        q, k (array): (..., T, d).
+        v (array): (..., T, dv).
+        block_size (int): keys per block, >= 1. Default: 16.
+        scale (float or None): multiplies every score. Default: 1/sqrt(d).
+    Returns:
+        array: O, (..., T, dv).
+
+    Source: the stable-softmax note of the HF RWKV page, applied block by block as in FlashAttention
+    (arXiv:2205.14135).
     """
     q, k, v = _check_qkv(q, k, v)
     if int(block_size) < 1:

@@ -21,15 +21,26 @@ A block (Algorithm 2): x + out_proj(SSM(u) * SiLU(z)) with u, z from in_proj(RMS
 blocks, norm_f (RMSNorm). Model state: a list with one (conv window (B, D, K - 1), h (B, D, N)) per block;
 feeding a prompt and then tokens one at a time with the state equals feeding the whole sequence.
 The notes call Algorithm 2's first step a layer normalization: Mamba uses RMSNorm (no mean, no bias).
-NumPy only (plus the sibling ssm.py for the selective scan and SiLU); float64 throughout.
+NumPy only (plus the siblings ssm.py for the selective scan and functional.py for SiLU); float64 throughout.
 """
 import numpy as np
 
-from seqmix.reference.ssm import selective_scan, silu
+from seqmix.reference.functional import silu
+from seqmix.reference.ssm import selective_scan
+
+__all__ = ["forward", "initial_state", "num_layers", "mixer", "causal_conv1d", "rms_norm"]
 
 
-def rms_norm(x, weight, eps):
-    """x / sqrt(mean(x^2) + eps) * weight over the last axis. x: (..., C); weight: (C,)."""
+def rms_norm(x, weight, *, eps):
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis.
+
+    Args:
+        x (array): (..., C).
+        weight (array): (C,).
+        eps (float): added to the mean square.
+    Returns:
+        array: x's shape.
+    """
     return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * weight
 
 
@@ -37,8 +48,15 @@ def causal_conv1d(x, weight, bias, window):
     """y_t = bias + sum_{j=0}^{K-1} weight[:, 0, j] * x_{t-K+1+j} per channel, the inputs before t = 0 taken from
     window (zeros at the start of a sequence). This is PyTorch's depthwise Conv1d with K - 1 zeros of padding on
     the left, cut to T outputs (transformers' MambaMixer).
-    x: (B, D, T); weight: (D, 1, K) as stored; bias: (D,) or None; window: (B, D, K - 1)
-    -> (y (B, D, T), the new window: the last K - 1 inputs)."""
+
+    Args:
+        x (array): (B, D, T).
+        weight (array): (D, 1, K), as stored.
+        bias (array or None): (D,).
+        window (array): (B, D, K - 1), the inputs before x.
+    Returns:
+        (y (B, D, T), the new window: the last K - 1 inputs).
+    """
     K, T = weight.shape[-1], x.shape[-1]
     padded = np.concatenate([window, x], axis=-1)                        # (B, D, K - 1 + T)
     y = sum(weight[:, 0, j, None] * padded[..., j:j + T] for j in range(K))   # (B, D, T)
@@ -54,8 +72,14 @@ def mixer(p, x, layer_state):
         delta = softplus(dt_proj(dt_low));   A = -exp(A_log)
         h_t = exp(delta_t A) h_{t-1} + delta_t B_t u_t;   y_t = C_t h_t + D u_t      (selective scan)
         out = out_proj(y * SiLU(z))
-    p: one block's parameters without the "layers.i.mixer." prefix; x: (B, T, C) (after the norm);
-    layer_state: (conv window (B, D, K - 1), h (B, D, N)) -> (out (B, T, C), layer_state).
+
+    Args:
+        p (dict): one block's parameters without the "layers.i.mixer." prefix.
+        x (array): (B, T, C), after the norm.
+        layer_state (tuple): (conv window (B, D, K - 1), h (B, D, N)).
+    Returns:
+        (out (B, T, C), layer_state).
+
     Source: the notes' Algorithms 1 and 2 (A_bar = exp(Delta A), not Delta A: reference/ERRATA.md); names and
     the time_step_rank split of x_proj as in transformers' MambaMixer.
     """
@@ -77,7 +101,14 @@ def mixer(p, x, layer_state):
 
 
 def initial_state(params, batch):
-    """Zeros: an empty conv window and h = 0 for every block."""
+    """The state before any token: an empty (zero) conv window and h = 0 for every block.
+
+    Args:
+        params (dict): the model's parameters (``forward``); the sizes are read from them.
+        batch (int): B.
+    Returns:
+        list: L tuples (conv window (B, D, K - 1), h (B, D, N)).
+    """
     state = []
     for i in range(num_layers(params)):
         D, K = params[f"layers.{i}.mixer.conv1d.weight"].shape[::2]
@@ -92,18 +123,31 @@ def _shapes(state):
 
 
 def num_layers(params):
-    """L, the number of blocks: the count of "layers.<i>.norm.weight" entries."""
+    """L, the number of blocks: the count of "layers.<i>.norm.weight" entries.
+
+    Args:
+        params (dict): the model's parameters.
+    Returns:
+        int.
+    """
     return sum(1 for name in params if name.startswith("layers.") and name.endswith(".norm.weight"))
 
 
-def forward(params, input_ids, state=None, eps=1e-5):
+def forward(params, input_ids, state=None, *, eps=1e-5):
     """hidden = norm_f(blocks(embeddings[input_ids])), block: x = x + mixer(RMSNorm(x)).
 
-    params: dict name -> array keyed like transformers.MambaModel.state_dict() ("embeddings.weight",
-    "layers.0.norm.weight", "layers.0.mixer.in_proj.weight", ..., "norm_f.weight"); input_ids: (B, T) ints;
-    state: None (zeros) or the list of per-block (conv window (B, D, K - 1), h (B, D, N)) of a previous call;
-    eps: the RMSNorms' eps (layer_norm_epsilon). -> (hidden (B, T, C), state).
     The logits of MambaForCausalLM are hidden @ lm_head^T (lm_head = the embedding matrix when tied, the default).
+
+    Args:
+        params (dict): name -> array, keyed like transformers.MambaModel.state_dict() ("embeddings.weight",
+            "layers.0.norm.weight", "layers.0.mixer.in_proj.weight", ..., "norm_f.weight"); taken as float64.
+        input_ids (array): (B, T) integers.
+        state (list or None): per block (conv window (B, D, K - 1), h (B, D, N)), as a previous call returned.
+            Default: ``initial_state``.
+        eps (float): the RMSNorms' eps (layer_norm_epsilon). Default: 1e-5.
+    Returns:
+        (hidden (B, T, C), state).
+
     Source: transformers' MambaModel (structure, names); the notes' Algorithm 2 for the block.
     """
     params = {name: np.asarray(a, dtype=np.float64) for name, a in params.items()}
@@ -126,7 +170,7 @@ def forward(params, input_ids, state=None, eps=1e-5):
     for i, layer_state in enumerate(state):
         prefix = f"layers.{i}.mixer."
         p = {name[len(prefix):]: a for name, a in params.items() if name.startswith(prefix)}
-        out, layer_state = mixer(p, rms_norm(x, params[f"layers.{i}.norm.weight"], eps), layer_state)
+        out, layer_state = mixer(p, rms_norm(x, params[f"layers.{i}.norm.weight"], eps=eps), layer_state)
         x = x + out                                                      # (B, T, C)
         new_state.append(layer_state)
-    return rms_norm(x, params["norm_f.weight"], eps), new_state
+    return rms_norm(x, params["norm_f.weight"], eps=eps), new_state

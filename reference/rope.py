@@ -22,6 +22,9 @@ import numpy as np
 
 from seqmix.reference.attention import attention_from_scores, resolve_scale
 
+__all__ = ["apply_rope", "ntk_scaled_base", "relative_positions", "rectify", "attention_from_relative_positions",
+           "log_n_scale", "rerope_attention", "rerope_decode", "RELATIVE_KINDS"]
+
 RELATIVE_KINDS = ("rope", "pi", "leaky_rerope", "rerope")
 
 
@@ -38,11 +41,18 @@ def _rotate(x, angle):
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
-def apply_rope(x, positions, base=10000.0):
-    """R(p_t) x_t: rotate each row of x by its position.
+def apply_rope(x, positions, *, base=10000.0):
+    """R(p_t) x_t: rotate each row of x by its position; inv_freq_i = base^(-2i/d), rotate-half layout (dim i paired
+    with i + d/2).
 
-    x: (..., T, d); positions: (T,) or broadcastable to x.shape[:-1]; fractional positions are allowed (position
-    interpolation uses them). inv_freq_i = base^(-2i/d); rotate-half layout (dim i paired with i + d/2).
+    Args:
+        x (array): (..., T, d), d even.
+        positions (array): (T,) or broadcastable to x.shape[:-1]; fractional positions are allowed (position
+            interpolation uses them).
+        base (float): RoPE's base. Default: 10000.0.
+    Returns:
+        array: (..., T, d).
+
     Source: RoPE (arXiv:2104.09864); the layout is the one of GPT-NeoX / LLaMA implementations.
     """
     x = np.asarray(x, dtype=np.float64)
@@ -58,7 +68,14 @@ def ntk_scaled_base(d, scale, *, base=10000.0):
     (extrapolation), the slowest (i = d/2 - 1) as under position interpolation by s (p / s), the pairs between by a
     factor in between ("high frequencies extrapolate, low frequencies interpolate"). Use it as
     apply_rope(x, positions, base=ntk_scaled_base(d, s)).
-    d: the even head dimension, >= 4; scale: s >= 1 (1 gives base back). -> float.
+
+    Args:
+        d (int): the even head dimension, >= 4.
+        scale (float): s >= 1, the context length over the training length (1 gives base back).
+        base (float): RoPE's base. Default: 10000.
+    Returns:
+        float: the scaled base.
+
     Source: bloc97's "NTK-aware Scaled RoPE" (reddit.com/r/LocalLLaMA, 2023), which the ReRoPE post
     (https://spaces.ac.cn/archives/9708) names as its predecessor; that post's tables also list "fixed" and "mixed"
     variants from https://spaces.ac.cn/archives/9706, which are not this function.
@@ -70,13 +87,21 @@ def ntk_scaled_base(d, scale, *, base=10000.0):
     return float(base) * float(scale) ** (d / (d - 2))
 
 
-def relative_positions(n, kind, window=None, k=None):
+def relative_positions(n, kind, *, window=None, k=None):
     """The (n, n) matrix rel_ij = f(i - j) of the source, for every i, j (causal attention masks j > i).
 
         "rope":          f(x) = x
         "pi":            f(x) = x / k                      (position interpolation)
         "leaky_rerope":  f(x) = x if x < w else w + (x - w) / k
         "rerope":        f(x) = min(x, w)                  (the k -> infinity limit)
+
+    Args:
+        n (int): the number of positions.
+        kind (str): one of RELATIVE_KINDS, above.
+        window (int or None): w, for "leaky_rerope" and "rerope" (>= 1).
+        k (float or None): the slope's divisor, for "pi" (> 0) and "leaky_rerope" (> 1).
+    Returns:
+        array: (n, n).
 
     Source: the four matrices of https://spaces.ac.cn/archives/9708 (its PI matrix repeats (L-1)/k in its last
     row; f(x) = x/k is what position interpolation means: see reference/ERRATA.md).
@@ -92,22 +117,40 @@ def relative_positions(n, kind, window=None, k=None):
         return x
     if kind == "pi":
         return x / k
-    return rectify(x, window, k if kind == "leaky_rerope" else None)
+    return rectify(x, window, leaky_k=k if kind == "leaky_rerope" else None)
 
 
-def rectify(x, window, leaky_k=None):
-    """ReRoPE's map of a distance x = i - j: min(x, w); Leaky ReRoPE's: x if x < w else w + (x - w)/k."""
+def rectify(x, window, *, leaky_k=None):
+    """ReRoPE's map of a distance x = i - j: min(x, w); Leaky ReRoPE's: x if x < w else w + (x - w)/k.
+
+    Args:
+        x (array): distances, any shape.
+        window (int): w.
+        leaky_k (float or None): k > 1 for Leaky ReRoPE; None for ReRoPE. Default: None.
+    Returns:
+        array: x's shape.
+    """
     x = np.asarray(x, dtype=np.float64)
     if leaky_k is None:
         return np.minimum(x, window)
     return np.where(x < window, x, window + (x - window) / leaky_k)
 
 
-def attention_from_relative_positions(q, k, v, rel, scale=None, causal=True, base=10000.0):
+def attention_from_relative_positions(q, k, v, rel, *, scale=None, causal=True, base=10000.0):
     """The definition: score_ij = q_i . R(-rel_ij) k_j * scale, then (causal) softmax, times v.
 
-    q, k: (..., T, d) before any rotation; v: (..., T, dv); rel: (T, T) -> (..., T, dv).
     Builds every rotated key pair by pair: O(T^2 d) memory, meant for checking, not for speed.
+
+    Args:
+        q, k (array): (..., T, d), before any rotation.
+        v (array): (..., T, dv).
+        rel (array): (T, T), the relative position of each (query, key) pair (``relative_positions``).
+        scale (float or None): multiplies every score. Default: 1/sqrt(d).
+        causal (bool): mask the keys after each query. Default: True.
+        base (float): RoPE's base. Default: 10000.0.
+    Returns:
+        array: (..., T, dv).
+
     Source: https://spaces.ac.cn/archives/9708 (a_ij = q_i^T R^{j-i} k_j, with j - i replaced by -rel_ij).
     """
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
@@ -117,11 +160,18 @@ def attention_from_relative_positions(q, k, v, rel, scale=None, causal=True, bas
         raise ValueError(f"rel must have shape ({T}, {T}), got {rel.shape}")
     k_rot = _rotate(k[..., None, :, :], -rel[..., None] * _inv_freq(d, base))   # (..., T_i, T_j, d)
     s = np.einsum("...id,...ijd->...ij", q, k_rot)                             # (..., T, T)
-    return attention_from_scores(s * resolve_scale(scale, d), v, causal)
+    return attention_from_scores(s * resolve_scale(scale, d), v, causal=causal)
 
 
 def log_n_scale(positions, train_length):
-    """max(1, ln(p + 1) / ln(L)): log-n scaling of the query at 0-based position p (the source's q_n, n = p + 1)."""
+    """max(1, ln(p + 1) / ln(L)): log-n scaling of the query at 0-based position p (the source's q_n, n = p + 1).
+
+    Args:
+        positions (array): 0-based positions p, any shape.
+        train_length (float): L >= 2, the training length.
+    Returns:
+        array: positions' shape.
+    """
     if train_length is None or train_length < 2:
         raise ValueError(f"train_length must be >= 2, got {train_length}")
     return np.maximum(1.0, np.log(np.asarray(positions, dtype=np.float64) + 1) / np.log(train_length))
@@ -140,14 +190,25 @@ def _check_rerope(q, k, v, window, leaky_k):
     return q, k, v
 
 
-def rerope_attention(q, k, v, window, leaky_k=None, scale=None, train_length=None, base=10000.0):
+def rerope_attention(q, k, v, window, *, leaky_k=None, scale=None, train_length=None, base=10000.0):
     """ReRoPE (leaky_k=None) or Leaky ReRoPE prefill, computed as the source does: two score matrices, merged.
 
         a1_ij = (R(i) q_i) . (R(j) k_j)                                  (plain RoPE, used where i - j < w)
         a2_ij = (R(w) q_i) . k_j                                         (ReRoPE, used where i - j >= w)
         a2_ij = (R((i - w)/k + w) q_i) . (R(j/k) k_j)                    (Leaky ReRoPE)
-    With train_length = L, q_i is first multiplied by max(1, ln(i + 1)/ln L) (log-n scaling).
-    q, k: (..., T, d) before any rotation; v: (..., T, dv) -> (..., T, dv). Causal.
+    With train_length = L, q_i is first multiplied by max(1, ln(i + 1)/ln L) (log-n scaling). Causal.
+
+    Args:
+        q, k (array): (..., T, d), before any rotation, d even.
+        v (array): (..., T, dv).
+        window (int): w >= 1.
+        leaky_k (float or None): k > 1 for Leaky ReRoPE; None for ReRoPE. Default: None.
+        scale (float or None): multiplies every score. Default: 1/sqrt(d).
+        train_length (float or None): L >= 2 turns on log-n scaling. Default: None.
+        base (float): RoPE's base. Default: 10000.0.
+    Returns:
+        array: (..., T, dv).
+
     Source: https://spaces.ac.cn/archives/9708, section "计算" (computation).
     """
     q, k, v = _check_rerope(q, k, v, window, leaky_k)
@@ -155,24 +216,33 @@ def rerope_attention(q, k, v, window, leaky_k=None, scale=None, train_length=Non
     pos = np.arange(T, dtype=np.float64)
     if train_length is not None:
         q = q * log_n_scale(pos, train_length)[:, None]
-    a1 = apply_rope(q, pos, base) @ np.swapaxes(apply_rope(k, pos, base), -1, -2)          # (..., T, T)
+    a1 = apply_rope(q, pos, base=base) @ np.swapaxes(apply_rope(k, pos, base=base), -1, -2)  # (..., T, T)
     if leaky_k is None:
-        a2 = apply_rope(q, np.full(T, float(window)), base) @ np.swapaxes(k, -1, -2)
+        a2 = apply_rope(q, np.full(T, float(window)), base=base) @ np.swapaxes(k, -1, -2)
     else:
-        a2 = (apply_rope(q, (pos - window) / leaky_k + window, base)
-              @ np.swapaxes(apply_rope(k, pos / leaky_k, base), -1, -2))
+        a2 = (apply_rope(q, (pos - window) / leaky_k + window, base=base)
+              @ np.swapaxes(apply_rope(k, pos / leaky_k, base=base), -1, -2))
     inside = np.subtract.outer(pos, pos) < window                                         # (T, T)
     s = np.where(inside, a1, a2) * resolve_scale(scale, d)
     return attention_from_scores(s, v, causal=True)
 
 
-def rerope_decode(q, k_cache, v_cache, window, leaky_k=None, scale=None, train_length=None, base=10000.0):
+def rerope_decode(q, k_cache, v_cache, window, *, leaky_k=None, scale=None, train_length=None, base=10000.0):
     """One query at position T-1 against T cached keys stored before RoPE, each rotated on the fly:
 
         score_j = q . R(-rel(T-1-j)) k_j,  rel(x) = min(x, w)  or  x if x < w else w + (x - w)/k  (Leaky)
     The source writes the rotation as R^{max(j-i, -w)} (ReRoPE) and R^{max(j-i, (j-i+w)/k - w)} (Leaky): the same.
-    q: (..., 1, d) before rotation; k_cache: (..., T, d); v_cache: (..., T, dv) -> (..., 1, dv).
-    Equals the last row of rerope_attention on the same sequence. Source: https://spaces.ac.cn/archives/9708.
+    Equals the last row of rerope_attention on the same sequence.
+
+    Args:
+        q (array): (..., 1, d), before rotation.
+        k_cache (array): (..., T, d), the keys before RoPE, the query's own included.
+        v_cache (array): (..., T, dv).
+        window, leaky_k, scale, train_length, base: as in ``rerope_attention``.
+    Returns:
+        array: (..., 1, dv).
+
+    Source: https://spaces.ac.cn/archives/9708.
     """
     q, k, v = _check_rerope(q, k_cache, v_cache, window, leaky_k)
     if q.shape[-2] != 1:
@@ -181,6 +251,6 @@ def rerope_decode(q, k_cache, v_cache, window, leaky_k=None, scale=None, train_l
     if train_length is not None:
         q = q * log_n_scale(T - 1, train_length)
     x = (T - 1) - np.arange(T, dtype=np.float64)                                          # (T,) i - j
-    k_rot = _rotate(k, -rectify(x, window, leaky_k)[:, None] * _inv_freq(d, base))                               # (..., T, d)
-    s = q @ np.swapaxes(k_rot, -1, -2) * resolve_scale(scale, d)                                # (..., 1, T)
+    k_rot = _rotate(k, -rectify(x, window, leaky_k=leaky_k)[:, None] * _inv_freq(d, base))   # (..., T, d)
+    s = q @ np.swapaxes(k_rot, -1, -2) * resolve_scale(scale, d)                              # (..., 1, T)
     return attention_from_scores(s, v, causal=False)

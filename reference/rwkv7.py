@@ -38,9 +38,11 @@ import re
 
 import numpy as np
 
-from seqmix.reference.rwkv4 import layer_norm as rwkv4_layer_norm, token_shift
-from seqmix.reference.ssm import sigmoid, softplus
+from seqmix.reference.functional import layer_norm, sigmoid, softplus, token_shift
 from seqmix.reference.wkv7 import wkv7
+
+__all__ = ["forward", "forward_rnn", "initial_state", "num_layers", "check_params", "checkpoint_shapes", "time_mix",
+           "channel_mix", "log_decay"]
 
 LAYER_NORM_EPS = 1e-5
 GROUP_NORM_EPS = 64e-5     # ln_x, per head
@@ -48,7 +50,14 @@ GROUP_NORM_EPS = 64e-5     # ln_x, per head
 
 def checkpoint_shapes(V, C, H, L, F, D_w, D_a, D_v, D_g):
     """{key: shape} of a BlinkDL RWKV-7 checkpoint. v0, v1, v2 exist from block 1 on (block 0 makes v_first);
-    ln0 on block 0 only. Linear weights are (out, in) as in torch.nn.Linear; LoRA matrices are (in, out)."""
+    ln0 on block 0 only. Linear weights are (out, in) as in torch.nn.Linear; LoRA matrices are (in, out).
+
+    Args:
+        V, C, H, L (int): vocabulary, channels, heads, layers (glossary).
+        F, D_w, D_a, D_v, D_g (int): the channel mix's width and the four LoRA widths.
+    Returns:
+        dict: key -> shape.
+    """
     N = C // H
     shapes = {"emb.weight": (V, C), "ln_out.weight": (C,), "ln_out.bias": (C,), "head.weight": (V, C),
               "blocks.0.ln0.weight": (C,), "blocks.0.ln0.bias": (C,)}
@@ -74,12 +83,18 @@ def _param(params, key):
 
 
 def check_params(params):
-    """Every tensor of the checkpoint present, float64, in its shape; returns (V, C, H, N, L).
-    The sizes are read from emb.weight, blocks.0.att.r_k (H, N), ffn.key.weight and the LoRA matrices.
-    Other keys (such as the unused blocks.0.att.v0/v1/v2 some checkpoints carry) are ignored."""
+    """Every tensor of the checkpoint present, in its shape. The sizes are read from emb.weight, blocks.0.att.r_k
+    (H, N), ffn.key.weight and the LoRA matrices. Other keys (such as the unused blocks.0.att.v0/v1/v2 some
+    checkpoints carry) are ignored.
+
+    Args:
+        params (dict): key -> array (``forward``).
+    Returns:
+        (V, C, H, N, L).
+    """
     V, C = np.shape(_param(params, "emb.weight"))
     H, N = np.shape(_param(params, "blocks.0.att.r_k"))
-    L = 1 + max(int(m.group(1)) for m in map(re.compile(r"blocks\.(\d+)\.").match, params) if m)
+    L = num_layers(params)
     width = {key: np.shape(_param(params, key))[-1]                      # LoRA widths: (C, D) matrices
              for key in ("blocks.0.att.w1", "blocks.0.att.a1", "blocks.0.att.g1") + ("blocks.1.att.v1",) * (L > 1)}
     shapes = checkpoint_shapes(V, C, H, L, F=np.shape(_param(params, "blocks.0.ffn.key.weight"))[0],
@@ -88,26 +103,47 @@ def check_params(params):
     if H * N != C:
         raise ValueError(f"blocks.0.att.r_k has shape {(H, N)}: H * N must equal n_embd = {C}")
     for key, shape in shapes.items():
-        x = _param(params, key)
-        if not isinstance(x, np.ndarray) or x.dtype != np.float64 or x.shape != shape:
-            got = f"{x.dtype} array of shape {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
-            raise ValueError(f"params[{key!r}] must be a float64 array of shape {shape}, got {got}")
+        if np.shape(_param(params, key)) != shape:
+            raise ValueError(f"params[{key!r}] must have shape {shape}, got {np.shape(params[key])}")
     return V, C, H, N, L
 
 
-def zero_state(B, C, H, L):
-    N = C // H
-    return [(np.zeros((B, C)), np.zeros((B, H, N, N)), np.zeros((B, C))) for _ in range(L)]
+def num_layers(params):
+    """L, the number of blocks: one more than the largest i of the "blocks.<i>." keys.
+
+    Args:
+        params (dict): the checkpoint's parameters.
+    Returns:
+        int.
+    """
+    return 1 + max(int(m.group(1)) for m in map(re.compile(r"blocks\.(\d+)\.").match, params) if m)
 
 
-def layer_norm(x, weight, bias, eps=LAYER_NORM_EPS):
-    """RWKV-4's layer norm (reference/rwkv4.py) with RWKV-7's eps as the default."""
-    return rwkv4_layer_norm(x, weight, bias, eps)
+def initial_state(params, batch):
+    """The state before any token: zeros for every layer.
+
+    Args:
+        params (dict): the checkpoint's parameters (``forward``); the sizes are read from them.
+        batch (int): B.
+    Returns:
+        list: L tuples (att_x_prev (B, C), att_kv (B, H, N, N), ffn_x_prev (B, C)).
+    """
+    C = np.shape(_param(params, "emb.weight"))[1]
+    H, N = np.shape(_param(params, "blocks.0.att.r_k"))
+    return [(np.zeros((batch, C)), np.zeros((batch, H, N, N)), np.zeros((batch, C)))
+            for _ in range(num_layers(params))]
 
 
 def log_decay(xw, w0, w1, w2):
     """log_w = -exp(w), w = -softplus(-(w0 + tanh(xw w1) w2)) - 0.5 in (-inf, -0.5): the decay exp(log_w) =
-    exp(-exp(w)) lies in (exp(-exp(-0.5)), 1). A more negative w forgets less. xw (B, T, C) -> (B, T, C).
+    exp(-exp(w)) lies in (exp(-exp(-0.5)), 1). A more negative w forgets less.
+
+    Args:
+        xw (array): (B, T, C), the decay's token-shift mix.
+        w0 (array): (1, 1, C); w1 (C, D_w) and w2 (D_w, C): the LoRA.
+    Returns:
+        array: log_w, (B, T, C).
+
     Source: the post's `w = -F.softplus(-(self.w0 + torch.tanh(xw @ self.w1) @ self.w2)) - 0.5`."""
     w = -softplus(-(w0 + np.tanh(xw @ w1) @ w2)) - 0.5                   # (B, T, C)
     return -np.exp(w)
@@ -116,9 +152,16 @@ def log_decay(xw, w0, w1, w2):
 def time_mix(p, x, x_prev, S, v_first, H):
     """out = output((GroupNorm_heads(wkv7(r, log_w, k~, v, -kk, kk * a)) + (sum r k~ r_k) v) * g).
 
-    p: one block's att.* params without the prefix; x: layer-normed input (B, T, C); x_prev (B, C);
-    S (B, H, N, N) [value, key]; v_first: layer 0's value (B, T, C), or None in layer 0, which makes it.
-    Returns (out (B, T, C), new x_prev (B, C), new S, v_first).
+    Args:
+        p (dict): one block's att.* params without the prefix.
+        x (array): (B, T, C), layer-normed.
+        x_prev (array): (B, C), the token-shift state.
+        S (array): (B, H, N, N) indexed [value, key].
+        v_first (array or None): layer 0's value (B, T, C), or None in layer 0, which makes it.
+        H (int): heads.
+    Returns:
+        (out (B, T, C), x_prev (B, C), S, v_first): the new states, and v_first.
+
     Source: RWKV_Tmix_x070.forward as walked through in the post.
     """
     B, T, C = x.shape
@@ -149,8 +192,14 @@ def time_mix(p, x, x_prev, S, v_first, H):
 def channel_mix(p, x, x_prev):
     """out = value(relu(key(x + (x_{t-1} - x) * x_k))^2).
 
-    p: one block's ffn.* params without the prefix; x: layer-normed input (B, T, C); x_prev (B, C).
-    Returns (out (B, T, C), new x_prev (B, C)). Source: RWKV_CMix_x070 in the post.
+    Args:
+        p (dict): one block's ffn.* params without the prefix.
+        x (array): (B, T, C), layer-normed.
+        x_prev (array): (B, C), the token-shift state.
+    Returns:
+        (out (B, T, C), x_prev (B, C)).
+
+    Source: RWKV_CMix_x070 in the post.
     """
     xk = x + (token_shift(x, x_prev) - x) * p["x_k"]                     # (B, T, C)
     k = np.maximum(xk @ p["key.weight"].T, 0.0) ** 2                     # (B, T, F), squared ReLU
@@ -174,31 +223,42 @@ def _check_input_ids(input_ids, V):
 
 
 def _check_state(state, B, C, H, N, L):
+    """The state as a list of L tuples of float64 arrays of their shapes."""
     if not isinstance(state, (list, tuple)) or len(state) != L:
         raise ValueError(f"state must be a list of {L} tuples (att_x_prev, att_kv, ffn_x_prev), got {state!r:.80}")
+    checked = []
     for i, layer in enumerate(state):
+        layer = tuple(np.asarray(x, dtype=np.float64) for x in layer)
         for name, x, shape in zip(("att_x_prev", "att_kv", "ffn_x_prev"), layer, ((B, C), (B, H, N, N), (B, C))):
-            if not isinstance(x, np.ndarray) or x.dtype != np.float64 or x.shape != shape:
-                got = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
-                raise ValueError(f"state[{i}] {name} must be a float64 array of shape {shape}, got {got}")
+            if x.shape != shape:
+                raise ValueError(f"state[{i}] {name} must have shape {shape}, got {x.shape}")
+        checked.append(layer)
+    return checked
 
 
 def forward(params, input_ids, state=None):
     """GPT mode: logits = head(LN_out(x_L)), x_{i+1} = x_i' + CMix(LN2(x_i')), x_i' = x_i + TMix(LN1(x_i)),
     x_0 = LN0(emb[input_ids]); each time mix runs the whole sequence through the WKV-7 op.
 
-    params: a BlinkDL RWKV-7 checkpoint as float64 arrays (see `checkpoint_shapes`); input_ids (B, T) integers
-    in [0, V); state: list of L tuples (att_x_prev (B, C), att_kv (B, H, N, N), ffn_x_prev (B, C)), zeros when
-    None. Returns (logits (B, T, V), state after the last token).
+    Args:
+        params (dict): a BlinkDL RWKV-7 checkpoint, key -> array (see ``checkpoint_shapes``); taken as float64.
+        input_ids (array): (B, T) integers in [0, V).
+        state (list or None): L tuples (att_x_prev (B, C), att_kv (B, H, N, N), ffn_x_prev (B, C)).
+            Default: ``initial_state``.
+    Returns:
+        (logits (B, T, V), state after the last token).
+
     Source: the post's block structure (ln0 on block 0, then ln1 -> time mix, ln2 -> channel mix, residuals).
     """
     V, C, H, N, L = check_params(params)
+    params = {key: np.asarray(x, dtype=np.float64) for key, x in params.items()}
     ids = _check_input_ids(input_ids, V)
     B = ids.shape[0]
-    if state is None:
-        state = zero_state(B, C, H, L)
-    _check_state(state, B, C, H, N, L)
-    ln = lambda z, name: layer_norm(z, params[f"{name}.weight"], params[f"{name}.bias"])   # noqa: E731
+    state = _check_state(initial_state(params, B) if state is None else state, B, C, H, N, L)
+
+    def ln(z, name):
+        return layer_norm(z, params[f"{name}.weight"], params[f"{name}.bias"], eps=LAYER_NORM_EPS)
+
     x = ln(params["emb.weight"][ids], "blocks.0.ln0")                    # (B, T, C)
     v_first, new_state = None, []
     for i in range(L):
@@ -214,8 +274,14 @@ def forward(params, input_ids, state=None):
 
 
 def forward_rnn(params, input_ids, state=None):
-    """RNN mode: `forward` on one token at a time, the state carried from each step to the next.
-    Same arguments and result as `forward` (the post's rwkv_v7_demo_rnn.py against rwkv_v7_demo.py)."""
+    """RNN mode: ``forward`` on one token at a time, the state carried from each step to the next (the post's
+    rwkv_v7_demo_rnn.py against rwkv_v7_demo.py).
+
+    Args:
+        params, input_ids, state: as in ``forward``.
+    Returns:
+        (logits (B, T, V), state after the last token), as ``forward``.
+    """
     ids = _check_input_ids(input_ids, np.shape(_param(params, "emb.weight"))[0])
     logits = []
     for t in range(ids.shape[1]):

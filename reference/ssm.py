@@ -34,6 +34,9 @@ import math
 
 import numpy as np
 
+__all__ = ["expm", "discretize_zoh", "discretize_zoh_diagonal", "discretize_euler", "discretize_bilinear",
+           "ssm_kernel", "causal_convolution", "ssm_recurrence", "selective_scan"]
+
 # Scaling and squaring with a [13/13] Pade approximant (Higham 2005, "The scaling and squaring method for the matrix
 # exponential revisited"): for ||X||_1 <= THETA_13 the approximant is exact to double precision (backward error).
 THETA_13 = 5.371920351148152
@@ -100,9 +103,15 @@ def _zoh_input_scale(a, delta):
 def expm(A):
     """e^A = sum_{k>=0} A^k / k!, by scaling and squaring: e^A = r(A / 2^s)^(2^s), r the [13/13] Pade approximant.
 
-    A: (N, N) -> (N, N). s is the smallest integer with ||A / 2^s||_1 <= THETA_13, so that r is exact to double
-    precision; r(X) = q(X)^-1 p(X) with p(X) = sum_j c_j X^j (even part V, odd part U) and q(X) = p(-X) = V - U.
-    Works for any square matrix: no eigendecomposition, so defective (Jordan) and stiff matrices are fine.
+    s is the smallest integer with ||A / 2^s||_1 <= THETA_13, so that r is exact to double precision;
+    r(X) = q(X)^-1 p(X) with p(X) = sum_j c_j X^j (even part V, odd part U) and q(X) = p(-X) = V - U. Works for any
+    square matrix: no eigendecomposition, so defective (Jordan) and stiff matrices are fine.
+
+    Args:
+        A (array): (N, N), finite.
+    Returns:
+        array: e^A, (N, N).
+
     Source: the series and the diagonal case are in the notes ("matrix exponential"); the algorithm is Higham (2005).
     """
     A = _square("A", A)
@@ -129,7 +138,14 @@ def discretize_zoh(A, B, delta):
         expm([[A, B], [0, 0]] delta) = [[A_bar, B_bar], [0, I]].
 
     Exact when u is constant over each step. No A^-1: singular A is fine (where A = 0, B_bar = delta B).
-    A: (N, N), B: (N,) or (N, M), delta > 0 -> A_bar (N, N), B_bar shaped like B.
+
+    Args:
+        A (array): (N, N).
+        B (array): (N,) (one input) or (N, M) (M inputs).
+        delta (float): the step, > 0.
+    Returns:
+        (A_bar (N, N), B_bar shaped like B).
+
     Source: the notes' ZOH section (A_bar = e^{Delta A}, B_bar as an integral, A^-1 (e^{A Delta} - I) B when A is
     invertible); the augmented matrix is Van Loan's (1978) way to compute the integral.
     """
@@ -148,8 +164,15 @@ def discretize_zoh(A, B, delta):
 def discretize_zoh_diagonal(a, B, delta):
     """ZOH for diagonal A = diag(a): A_bar = exp(delta a), B_bar = (exp(delta a) - 1) / a * B (delta B where a = 0).
 
-    a: (N,), B: (N,) or (N, M), delta > 0 -> A_bar (N,) (the diagonal), B_bar shaped like B. The division is done
-    with expm1, so B_bar keeps full precision when delta a is tiny (exp(x) - 1 would lose the digits of x).
+    The division is done with expm1, so B_bar keeps full precision when delta a is tiny (exp(x) - 1 would lose the
+    digits of x).
+
+    Args:
+        a (array): (N,), the diagonal of A.
+        B, delta: as in ``discretize_zoh``.
+    Returns:
+        (A_bar (N,) (the diagonal), B_bar shaped like B).
+
     Source: the notes' closed form A^-1 (e^{A Delta} - I) B, with A diagonal; Mamba (arXiv:2312.00752), eq. (4).
     """
     a = _checked("a", a, (None,))
@@ -164,7 +187,11 @@ def discretize_zoh_diagonal(a, B, delta):
 def discretize_euler(A, B, delta):
     """Forward Euler: A_bar = I + delta A, B_bar = delta B. First order: one step is off by O(delta^2).
 
-    A: (N, N), B: (N,) or (N, M), delta > 0 -> A_bar (N, N), B_bar shaped like B.
+    Args:
+        A, B, delta: as in ``discretize_zoh``.
+    Returns:
+        (A_bar (N, N), B_bar shaped like B).
+
     Source: S4 (arXiv:2111.00396), section 2, for contrast with ZOH and bilinear.
     """
     A = _square("A", A)
@@ -176,8 +203,14 @@ def discretize_euler(A, B, delta):
 def discretize_bilinear(A, B, delta):
     """Bilinear (Tustin): A_bar = (I - delta/2 A)^-1 (I + delta/2 A), B_bar = (I - delta/2 A)^-1 delta B.
 
-    Second order: one step is off by O(delta^3). A: (N, N), B: (N,) or (N, M), delta > 0 -> A_bar (N, N), B_bar
-    shaped like B. Source: S4 (arXiv:2111.00396), eq. (3).
+    Second order: one step is off by O(delta^3).
+
+    Args:
+        A, B, delta: as in ``discretize_zoh``.
+    Returns:
+        (A_bar (N, N), B_bar shaped like B).
+
+    Source: S4 (arXiv:2111.00396), eq. (3).
     """
     A = _square("A", A)
     B = _input_matrix(A, B)
@@ -205,8 +238,16 @@ def _as_mimo(B, C, A_size):
 def ssm_kernel(A_bar, B_bar, C, length):
     """K = (C B_bar, C A_bar B_bar, C A_bar^2 B_bar, ..., C A_bar^{L-1} B_bar), K_k = C A_bar^k B_bar.
 
-    A_bar: (N, N). Single input/output: B_bar (N,), C (N,) -> K (L,). Multi-channel: B_bar (N, M), C (P, N)
-    -> K (L, P, M). With it, y = causal_convolution(K, u) equals the recurrence from a zero state (without D).
+    With it, y = causal_convolution(K, u) equals the recurrence from a zero state (without D).
+
+    Args:
+        A_bar (array): (N, N).
+        B_bar (array): (N,) single input, or (N, M).
+        C (array): (N,) single output (with B_bar (N,)), or (P, N).
+        length (int): L >= 1.
+    Returns:
+        array: K, (L,) single input/output, else (L, P, M).
+
     Source: the notes' "recursion" section (their K-bar, M = length); S4 (arXiv:2111.00396), eq. (5).
     """
     A_bar = _square("A_bar", A_bar)
@@ -224,8 +265,15 @@ def ssm_kernel(A_bar, B_bar, C, length):
 def causal_convolution(K, u):
     """y_k = sum_{j=0}^{min(k, L-1)} K_j u_{k-j}: the causal convolution y = K * u.
 
-    Single channel: K (L,), u (T,) -> y (T,). Multi-channel: K (L, P, M), u (T, M) -> y (T, P). Any L: taps
-    beyond T - 1 never reach an output. Source: the notes' y = x * K-bar (their x is the input); S4, eq. (5).
+    Any L: taps beyond T - 1 never reach an output.
+
+    Args:
+        K (array): (L,) single channel, or (L, P, M).
+        u (array): (T,) single channel, or (T, M).
+    Returns:
+        array: y, (T,) single channel, else (T, P).
+
+    Source: the notes' y = x * K-bar (their x is the input); S4, eq. (5).
     """
     K, u = _array("K", K), _array("u", u)
     if K.ndim == 1 and u.ndim == 1:
@@ -243,10 +291,18 @@ def causal_convolution(K, u):
 def ssm_recurrence(A_bar, B_bar, C, u, D=None, x0=None):
     """x_k = A_bar x_{k-1} + B_bar u_k, y_k = C x_k + D u_k, from x_{-1} = x0 (zero by default).
 
-    Single input/output: B_bar (N,), C (N,), u (T,), D a scalar -> y (T,).
-    Multi-channel: B_bar (N, M), C (P, N), u (T, M), D (P, M) -> y (T, P).
-    A_bar: (N, N); x0 and the returned x_last: (N,). Returns (y, x_last); feeding x_last back as x0 continues the
-    sequence. Source: the notes' discrete recursion x_{k+1} = A_bar x_k + B_bar u_k; S4, eq. (3).
+    Feeding x_last back as x0 continues the sequence.
+
+    Args:
+        A_bar (array): (N, N).
+        B_bar, C (array): (N,) and (N,) single input/output, or (N, M) and (P, N).
+        u (array): (T,) single input, or (T, M).
+        D (array or None): a scalar single input/output, or (P, M). Default: 0.
+        x0 (array or None): (N,), the state before the first input. Default: zeros.
+    Returns:
+        (y (T,) or (T, P), x_last (N,)).
+
+    Source: the notes' discrete recursion x_{k+1} = A_bar x_k + B_bar u_k; S4, eq. (3).
     """
     A_bar = _square("A_bar", A_bar)
     N = len(A_bar)
@@ -262,23 +318,19 @@ def ssm_recurrence(A_bar, B_bar, C, u, D=None, x0=None):
     return (y[:, 0] if siso else y), x
 
 
-def softplus(x):
+# The scan's own activations: the models' copies live in functional.py; these keep this file runnable alone.
+def _softplus(x):
     """log(1 + e^x), without overflow."""
     return np.logaddexp(0.0, x)
 
 
-def sigmoid(x):
-    """1 / (1 + e^{-x}) = e^{-softplus(-x)}, elementwise; softplus never overflows and keeps full relative precision
-    for large negative x."""
-    return np.exp(-softplus(-x))
+def _silu(x):
+    """x sigmoid(x), sigmoid(x) = e^{-softplus(-x)}: softplus never overflows and keeps full relative precision for
+    large negative x."""
+    return x * np.exp(-_softplus(-x))
 
 
-def silu(x):
-    """x sigmoid(x)."""
-    return x * sigmoid(x)
-
-
-def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, state=None,
+def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_softplus=False, state=None,
                    zoh_b=False):
     """Mamba's selective scan, for every batch b, channel d, state index n and token t:
 
@@ -287,10 +339,22 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
         B_bar_t = delta_t B_t                                  Mamba (Euler / "simplified" ZOH for B)
                 = (exp(delta_t A) - 1) / A * B_t                exact ZOH when zoh_b (delta_t B_t where A = 0)
         y_t = sum_n C_t x_t + D u_t,   times silu(z_t) when z is given.
+    delta must be finite and, after bias and softplus, >= 0.
 
-    u, delta, z: (batch, D, T); A: (D, N); B, C: (batch, N, T) (shared by all channels, different per token: the
-    "selection"); D, delta_bias: (D,); state (the x before the first token) and the returned last_state:
-    (batch, D, N). Returns (y (batch, D, T), last_state). delta must be finite and, after bias and softplus, >= 0.
+    Args:
+        u (array): (batch, D, T), the input.
+        delta (array): (batch, D, T), the step sizes.
+        A (array): (D, N), one diagonal state matrix per channel.
+        B, C (array): (batch, N, T), shared by all channels, different per token: the "selection".
+        D (array or None): (D,), the skip term D u. Default: none.
+        z (array or None): (batch, D, T), the gate. Default: none.
+        delta_bias (array or None): (D,), added to delta. Default: none.
+        delta_softplus (bool): take softplus(delta + delta_bias). Default: False.
+        state (array or None): (batch, D, N), the x before the first token. Default: zeros.
+        zoh_b (bool): the exact ZOH B_bar instead of Mamba's delta B. Default: False.
+    Returns:
+        (y (batch, D, T), last_state (batch, D, N)); feed last_state back as state to continue the sequence.
+
     Source: Mamba (arXiv:2312.00752), Algorithm 2 and section 3, and its reference selective_scan_ref; the notes'
     Algorithm 1 (with the exp that it leaves out of A_bar) and Algorithm 2 (gate y * silu(z)).
     """
@@ -311,7 +375,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     if delta_bias is not None:
         delta = delta + delta_bias[:, None]                  # (batch, D, T)
     if delta_softplus:
-        delta = softplus(delta)
+        delta = _softplus(delta)
     if (delta < 0).any():
         raise ValueError(f"delta must be >= 0 (a step size) after delta_bias and softplus, got min {delta.min()}")
     x = np.zeros((batch, dim, N)) if state is None else state.copy()    # (batch, D, N)
@@ -324,5 +388,5 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     if D is not None:
         y = y + D[:, None] * u
     if z is not None:
-        y = y * silu(z)
+        y = y * _silu(z)
     return y, x

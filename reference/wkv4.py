@@ -20,6 +20,8 @@ NumPy only; float64 throughout.
 """
 import numpy as np
 
+__all__ = ["wkv4_quadratic", "wkv4_recurrent", "wkv4", "INITIAL_MAX"]
+
 # The state's initial maximum. Hugging Face's CPU loop and CUDA kernel start from -1e38 (a finite "minus
 # infinity" that keeps e^{M - q} = 0 without inf - inf = NaN); we keep its value so that states are interchangeable.
 INITIAL_MAX = -1e38
@@ -47,7 +49,15 @@ def wkv4_quadratic(w, u, k, v):
     """The definition, summed for every t from scratch: O(T^2) work.
 
         wkv_t = (sum_{i<t} e^{(t-1-i) w + k_i} v_i + e^{u + k_t} v_t) / (sum_{i<t} e^{(t-1-i) w + k_i} + e^{u + k_t})
-    w, u: (C,); k, v: (B, T, C) -> (B, T, C). Overflows like the plain recurrence for large keys.
+    Overflows like the plain recurrence for large keys.
+
+    Args:
+        w (array): (C,), the per-step log decay, w = -exp(time_decay) <= 0.
+        u (array): (C,), the current token's bonus.
+        k, v (array): (B, T, C).
+    Returns:
+        array: wkv, (B, T, C).
+
     Source: the HF RWKV page ("the RWKV attention is given by"), with W_0 = u, W_i = (i-1) w.
     """
     w, u, k, v, _ = _check(w, u, k, v, None, 0)
@@ -66,8 +76,14 @@ def wkv4_recurrent(w, u, k, v, state=None):
 
         wkv_t = (num + e^{u + k_t} v_t) / (den + e^{u + k_t})
         num <- e^w num + e^{k_t} v_t,   den <- e^w den + e^{k_t}
-    w, u: (C,); k, v: (B, T, C); state (num, den), each (B, C), zeros if None -> (wkv (B, T, C), (num, den)).
     Overflows (inf, then NaN) once a key passes ~709: on purpose, to show why the stable form exists.
+
+    Args:
+        w, u, k, v: as in ``wkv4_quadratic``.
+        state (tuple or None): (num, den), each (B, C). Default: zeros.
+    Returns:
+        (wkv (B, T, C), (num, den)): the output and the state after the last token.
+
     Source: the HF RWKV page (N^_{j+1} = e^{K_j} V_j + e^w N^_j, and likewise for D^).
     """
     w, u, k, v, state = _check(w, u, k, v, state, 2)
@@ -89,8 +105,14 @@ def wkv4(w, u, k, v, state=None):
                  wkv_t = (a num + b v_t) / (a den + b)
         update:  q = max(max + w, k_t);  a = e^{max + w - q},  b = e^{k_t - q}
                  num <- a num + b v_t,  den <- a den + b,  max <- q
-    w, u: (C,); k, v: (B, T, C); state (num, den, max), each (B, C), in Hugging Face's order and meaning
-    (zeros, zeros, -1e38 if None) -> (wkv (B, T, C), (num, den, max)).
+
+    Args:
+        w, u, k, v: as in ``wkv4_quadratic``.
+        state (tuple or None): (num, den, max), each (B, C), in Hugging Face's order and meaning. Default: (zeros,
+            zeros, INITIAL_MAX).
+    Returns:
+        (wkv (B, T, C), (num, den, max)): the output and the state after the last token.
+
     Source: the HF RWKV page, last part of its attention section. The page writes the output step as
     e^{u + K_i - q} V_i + e^{M_i} N~_i: the second factor must be e^{M_i - q} (see reference/ERRATA.md).
     """

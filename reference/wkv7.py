@@ -28,16 +28,15 @@ meaning of a = -kk and b = kk * icl, w = exp(-exp(w_raw))), and the RWKV-7 "Goos
 """
 import numpy as np
 
+__all__ = ["wkv7", "wkv7_transition_product", "wkv7_chunked"]
+
 
 def _check_inputs(r, log_w, k, v, a, b, state):
-    """All six inputs float64 arrays of one shape (B, T, H, N), state (B, H, N, N) or None; log_w finite."""
-    named = dict(r=r, log_w=log_w, k=k, v=v, a=a, b=b)
-    if state is not None:
-        named["state"] = state
-    for name, x in named.items():
-        if not isinstance(x, np.ndarray) or x.dtype != np.float64:
-            what = f"{type(x).__name__} of dtype {x.dtype}" if isinstance(x, np.ndarray) else type(x).__name__
-            raise TypeError(f"{name} must be a float64 numpy array, got {what}")
+    """The six inputs as float64 arrays of one shape (B, T, H, N), state (B, H, N, N) or None; log_w finite.
+    Returns them in that order, state last."""
+    named = {name: np.asarray(x, dtype=np.float64) for name, x in dict(r=r, log_w=log_w, k=k, v=v, a=a, b=b).items()}
+    r, log_w = named["r"], named["log_w"]
+    state = None if state is None else np.asarray(state, dtype=np.float64)
     if r.ndim != 4:
         raise ValueError(f"r must have shape (B, T, H, N), got {r.shape}")
     for name in ("log_w", "k", "v", "a", "b"):
@@ -49,7 +48,7 @@ def _check_inputs(r, log_w, k, v, a, b, state):
     if not np.isfinite(log_w).all():
         raise ValueError(f"log_w must be finite, got {np.isnan(log_w).sum()} NaN and {np.isinf(log_w).sum()} infinite "
                          "entries (a decay exp(log_w) of 0 is reached by a very negative log_w such as -1e4)")
-    return B, T, H, N
+    return (*named.values(), state)
 
 
 def _initial_state(state, B, H, N):
@@ -59,14 +58,21 @@ def _initial_state(state, B, H, N):
 def wkv7(r, log_w, k, v, a, b, state=None):
     """S_t = S_{t-1} diag(exp(log_w_t)) + (S_{t-1} a_t) b_t^T + v_t k_t^T,  y_t = S_t r_t,  one step at a time.
 
-    r, log_w, k, v, a, b: (B, T, H, N); state: (B, H, N, N) indexed [value, key], zeros when None.
-    Returns (y, state): y (B, T, H, N), the state after the last step (B, H, N, N).
     log_w may be any finite real (the formula is defined for all: log_w > 0 makes the state grow); RWKV-7 feeds
     log_w = -exp(w_raw) < 0, so the decays exp(log_w) lie in (0, 1). NaN or infinity in log_w raises ValueError.
+
+    Args:
+        r, k, v, a, b (array): (B, T, H, N): receptance, key, value and the rank-one correction a b^T.
+        log_w (array): (B, T, H, N), the log of the per-key decay.
+        state (array or None): (B, H, N, N) indexed [value, key]. Default: zeros.
+    Returns:
+        (y (B, T, H, N), state (B, H, N, N)): the output and the state after the last step.
+
     Source: the state update of the RWKV-7 post (S_t = S_{t-1} diag(w_t) + S_{t-1} a_t^T b_t + v_t^T k_t in its
     row-vector notation) and arXiv:2503.14456, section 4.
     """
-    B, T, H, N = _check_inputs(r, log_w, k, v, a, b, state)
+    r, log_w, k, v, a, b, state = _check_inputs(r, log_w, k, v, a, b, state)
+    B, T, H, N = r.shape
     S = _initial_state(state, B, H, N)                                   # (B, H, N, N)
     w = np.exp(log_w)                                                    # (B, T, H, N)
     y = np.empty((B, T, H, N))
@@ -83,11 +89,18 @@ def wkv7_transition_product(r, log_w, k, v, a, b, state=None):
     """S_t = S_0 P_1 ... P_t + sum_{s=1..t} v_s k_s^T P_{s+1} ... P_t,  P_s = diag(exp(log_w_s)) + a_s b_s^T,
     y_t = S_t r_t: the closed form of the recurrence, no state carried from step to step.
 
-    Shapes and meaning as in `wkv7`. Costs O(T^2) matrix products: for checking, not for use.
+    Costs O(T^2) matrix products: for checking, not for use.
+
+    Args:
+        r, log_w, k, v, a, b, state: as in ``wkv7``.
+    Returns:
+        (y (B, T, H, N), state (B, H, N, N)), as ``wkv7``.
+
     Source: unrolling the recurrence of the RWKV-7 post; arXiv:2503.14456 writes the same product of
     transition matrices diag(w_t) + a_t b_t^T.
     """
-    B, T, H, N = _check_inputs(r, log_w, k, v, a, b, state)
+    r, log_w, k, v, a, b, state = _check_inputs(r, log_w, k, v, a, b, state)
+    B, T, H, N = r.shape
     S0 = _initial_state(state, B, H, N)                                  # (B, H, N, N)
     P = np.zeros((B, T, H, N, N))
     P[..., np.arange(N), np.arange(N)] = np.exp(log_w)                  # diag(w_s)
@@ -126,7 +139,7 @@ def _forward_substitution(A, rhs):
     return X
 
 
-def wkv7_chunked(r, log_w, k, v, a, b, state=None, chunk_size=16):
+def wkv7_chunked(r, log_w, k, v, a, b, state=None, *, chunk_size=16):
     """The chunked (WY / UT-transform) form of `wkv7`. Inside a chunk of L steps, with S_0 the state entering it,
     c_i = log_w_1 + ... + log_w_i and u_i = S_{i-1} a_i:
         S_i = S_0 diag(e^{c_i}) + sum_{j<=i} (u_j b_j^T + v_j k_j^T) diag(e^{c_i - c_j})
@@ -139,11 +152,17 @@ def wkv7_chunked(r, log_w, k, v, a, b, state=None, chunk_size=16):
     where A~_i = a_i e^{c_{i-1}}, R~_i = r_i e^{c_i}, B^_j = b_j e^{c_L - c_j}, K^_j = k_j e^{c_L - c_j}.
     Every exponent is a decay from a later step back to an earlier one (<= 0 when log_w <= 0): nothing overflows.
 
-    Shapes and meaning as in `wkv7`; chunk_size >= 1, and T need not be a multiple of it (the last chunk is short).
+    Args:
+        r, log_w, k, v, a, b, state: as in ``wkv7``.
+        chunk_size (int): L >= 1; T need not be a multiple of it (the last chunk is short). Default: 16.
+    Returns:
+        (y (B, T, H, N), state (B, H, N, N)), as ``wkv7``.
+
     Source: the chunked form of the generalized delta rule, arXiv:2503.14456 (which follows the WY
     representation used by DeltaNet kernels); derived here from the recurrence.
     """
-    B, T, H, N = _check_inputs(r, log_w, k, v, a, b, state)
+    r, log_w, k, v, a, b, state = _check_inputs(r, log_w, k, v, a, b, state)
+    B, T, H, N = r.shape
     if not (isinstance(chunk_size, (int, np.integer)) and chunk_size >= 1):
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     S = _initial_state(state, B, H, N)                                   # (B, H, N, N)

@@ -3,11 +3,14 @@ function. The input makers and the feeding of a sequence in pieces live in seqmi
 conformance battery uses them too)."""
 import pytest
 
-from seqmix.kernels._common import HAS_TRITON
+from seqmix.kernels.testing import HAS_TRITON
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 # Parametrize a test over these: the Triton case is skipped where triton does not import.
 BACKENDS = ["torch", pytest.param("triton", marks=needs_triton)]
+# The recurrences (WKV-4, WKV-7, the selective scan) run on the C loops of kernels/native.c too, forward and backward.
+RECURRENCE_BACKENDS = [*BACKENDS, "c"]
+
 
 def spy(monkeypatch, module, name):
     """Replace module.name by a wrapper that records what each call returns; returns the (live) list of returns."""

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from seqmix.kernels import _common
-from seqmix.kernels.aot import MODULES, TARGETS
+from seqmix.kernels.aot import TARGETS, collect
+from seqmix.kernels.testing import HAS_TRITON
 
 
-@pytest.mark.skipif(not _common.HAS_TRITON, reason="triton has no wheel for this platform")
+@pytest.mark.skipif(not HAS_TRITON, reason="triton has no wheel for this platform")
 @pytest.mark.timeout(1900)   # a cold build of every kernel takes about 5 minutes here; the subprocess has 1800 s
 def test_every_kernel_builds_for_sm80_and_sm90_without_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # compile for real, not interpret
@@ -18,8 +18,8 @@ def test_every_kernel_builds_for_sm80_and_sm90_without_spills():
                          timeout=1800)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert "not written yet" not in run.stdout, run.stdout
-    rows = [line.split() for line in run.stdout.splitlines() if re.search(r"\bsm_\d\d\b", line)]
-    for module in MODULES:
-        op = module.split(".")[-1]
+    rows = [line for line in run.stdout.splitlines() if re.search(r"\bsm_\d\d\b", line)]
+    for kernel in collect():
         for arch in TARGETS:
-            assert any(r[0].startswith(op) and f"sm_{arch}" in r for r in rows), f"no {op} kernel built for sm_{arch}"
+            assert any(r.startswith(kernel.label + " ") and f"sm_{arch}" in r.split() for r in rows), \
+                f"{kernel.label} was not built for sm_{arch}"

@@ -89,12 +89,13 @@ def test_quick_run_writes_the_report(tmp_path):
     data = json.loads((tmp_path / "results.json").read_text())
     errors = [r for r in data["rows"] if r["status"].startswith("error")]
     assert not errors, errors
-    ops = run.make_ops(quick=True)
+    ops = run.all_ops(quick=True)
     assert {r["op"] for r in data["rows"]} == {op.name for op in ops}
     ok = [r for r in data["rows"] if r["status"] == "ok"]
     assert ok and all(r["runs"] >= 2 and r["median_s"] > 0 and r["peak_bytes"] >= 0 for r in ok)
     report = (tmp_path / "results.md").read_text()
-    for heading in ("## Headline", "## Linear ops", "## Time and memory against T", "## GPU cost model"):
+    for heading in ("## Headline", "## Training: forward + backward", "## Linear ops", "## Time and memory against T",
+                    "## GPU cost model"):
         assert heading in report
     for op in ops:
         assert f"| {op.title}, {op.shape}, T=" in report
@@ -117,10 +118,10 @@ def test_cost_model_attention_forward_hand_count():
     assert c.bytes == 520 and c.dot_flops == 262144
 
 
-@pytest.mark.parametrize("module", ["attention", "rerope"])
-def test_the_flash_kernels_ask_for_the_dot_precision_the_cost_model_assumes(module):
+@pytest.mark.parametrize("path", ["attention.py", "rerope/fused.py", "_flash.py"])
+def test_the_flash_kernels_ask_for_the_dot_precision_the_cost_model_assumes(path):
     """cost_model.dot_rate prices fp32 dots as IEEE products on the FMA units: every tl.dot must ask for that."""
-    source = Path(__file__).parent.parent.joinpath("kernels", f"{module}.py").read_text()
+    source = Path(__file__).parent.parent.joinpath("kernels", path).read_text()
     calls = re.findall(r"tl\.dot\((.*)", source)
     assert calls and all('input_precision="ieee"' in call for call in calls)
 
@@ -136,3 +137,22 @@ def test_roofline_picks_the_binding_resource():
     assert bound == "fp32 FMA units (IEEE dots)" and t == pytest.approx(hw["tensor"] / hw["fp32"])
     t, bound = cost_model.predict(cost_model.Cost(flops=hw["fp32"], transcendentals=2 * hw["sfu"]), "fp32", 0.0)
     assert (t, bound) == (2.0, "special functions")
+
+
+def test_model_benchmarks_quick(tmp_path):
+    """benchmarks/models.py at tiny sizes, end to end: the CI variant of the memory goal (a checkpoint loads in a
+    fresh process within 1.2x of its size until the model is built; all five layouts, sharded included) and a speed
+    table with every runtime, limit and goal row."""
+    from seqmix.benchmarks import models as model_bench
+    assert model_bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "models.json").read_text())
+    assert [r["checkpoint"] for r in results["memory"]] == ["rwkv4", "rwkv4 sharded", "rwkv7", "rwkv7 .pth", "mamba"]
+    for row in results["memory"]:
+        assert row["ratio"] <= model_bench.MEMORY_GOAL, row
+        assert row["dtype"] == "torch.bfloat16"                   # loaded as stored
+    report = (tmp_path / "models.md").read_text()
+    for model in ("rwkv4", "rwkv7", "mamba"):
+        for dtype in ("float32", "bfloat16"):
+            runtimes = {r["runtime"] for r in results["speed"] if r["model"] == f"{model} {dtype}"}
+            assert {"seqmix", "one streaming pass over the weights", "the matmuls alone"} < runtimes
+            assert re.search(rf"\| {model} {dtype} \| [\d.]+x \| [\d.]+x \| (yes|no) \|", report)

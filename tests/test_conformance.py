@@ -58,7 +58,8 @@ def test_torch_backend_conforms(op):
 @pytest.mark.skipif(bool(native.unavailable_reason()), reason="the C loops did not build here")
 @pytest.mark.parametrize("op", RECURRENCES)
 def test_c_loops_conform(op):
-    assert_ok(run(op, partial(OURS[op], backend="c"), Options(grad=False)))
+    """Every check at fp32, fp16 and bf16, with gradients (the C loops have a backward)."""
+    assert_ok(run(op, partial(OURS[op], backend="c")))
 
 
 # The Triton interpreter runs a program step by step: tiny shapes only, head size 16 (its kernels' smallest tile).

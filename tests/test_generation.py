@@ -68,3 +68,38 @@ def test_bad_sampling_arguments(kw):
 def test_bad_prompt():
     with pytest.raises(ValueError):
         generate(counting_step([]), torch.tensor([1, 2]), 3)
+
+
+def test_a_stop_sequence_must_match_whole():
+    """[5, 5] is never produced (the toy model counts 4, 5, 6): matching any one position would stop at the
+    first 5; the row goes on to the budget."""
+    out, _ = generate(counting_step([]), torch.tensor([[2]]), max_new_tokens=8, stop_sequences=[[5, 5]])
+    assert out.tolist() == [[2, 3, 4, 5, 6, 7, 8, 9, 0]]
+
+
+@pytest.mark.parametrize("stops,message", [([[]], "non-empty"), ([1, 2], "list of token-id lists"),
+                                           ([[1, 2], 3], "list of token-id lists"), (torch.tensor([1]), "lists")])
+def test_malformed_stop_sequences_are_refused(stops, message):
+    """C13: [[]] gave a shape mismatch, a flat [1, 2] "len() of a 0-d tensor"."""
+    with pytest.raises(ValueError, match=message):
+        generate(counting_step([]), torch.tensor([[1]]), 3, stop_sequences=stops)
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=float("nan")), dict(temperature=float("inf")),
+                                dict(top_p=float("nan")), dict(temperature="1")])
+def test_nan_sampling_arguments_are_refused(kw):
+    """C13: temperature NaN reached torch.multinomial and failed there."""
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        generate(counting_step([]), torch.tensor([[1]]), 3, **kw)
+
+
+def test_batch_of_zero_rows_is_refused():
+    """C11: generate with B = 0 failed in torch's min()."""
+    with pytest.raises(ValueError, match=r"input_ids must have shape \(B, T\) with B >= 1"):
+        generate(counting_step([]), torch.zeros(0, 3, dtype=torch.long), 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32])
+def test_any_integer_dtype_of_prompt(dtype):
+    out, _ = generate(counting_step([]), torch.tensor([[0, 1, 2]], dtype=dtype), max_new_tokens=2)
+    assert out.dtype == torch.int64 and out.tolist() == [[0, 1, 2, 3, 4]]

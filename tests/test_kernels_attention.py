@@ -4,6 +4,8 @@ Chain: reference (NumPy float64) -> torch backend (SDPA) -> Triton backend (flas
 on CPU). Gradients are compared with autograd through the explicit float64 softmax(q k^T) v of
 seqmix.conformance.definitions.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -22,8 +24,11 @@ SHAPES = [(1, 1, 1, 16), (2, 1, 37, 16), (1, 2, 20, 24), (1, 1, 33, 32)]
 @pytest.fixture
 def tiles(monkeypatch):
     """Small tiles, so that the interpreter's short sequences still span several of them."""
+    chosen = attn._launch_config
+
     def use(block_m=16, block_n=16):
-        monkeypatch.setattr(attn, "_launch_config", lambda head_dim, dtype: attn.LaunchConfig(block_m, block_n, 4, 1))
+        tiles = {"BLOCK_M": block_m, "BLOCK_N": block_n}
+        monkeypatch.setattr(attn, "_launch_config", lambda *a: dataclasses.replace(chosen(*a), blocks=tiles))
     use()
     return use
 

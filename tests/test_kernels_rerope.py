@@ -6,6 +6,8 @@ reference to 1e-12)
 -> torch backend (flash pieces merged by log-sum-exp) -> Triton backend (fused kernels under the interpreter, with
 16-row tiles so that short sequences exercise far, straddling and near tiles).
 """
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kernel_cases import BACKENDS, needs_triton
 from seqmix.conformance.definitions import rerope_attention as definition
 from seqmix.kernels import rerope
+from seqmix.kernels.rerope import fused, piecewise
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
 from qkv_check import check_qkv_op, qkv_inputs, output_and_grads
 from seqmix.reference.rope import (attention_from_relative_positions, log_n_scale, relative_positions, rerope_attention,
@@ -34,9 +37,11 @@ CASES = [
 @pytest.fixture(autouse=True)
 def tiles(monkeypatch):
     """16-row tiles for the interpreter; call with other sizes to change them."""
+    chosen = fused._launch_config
+
     def use(block_m=16, block_n=16):
-        config = rerope.LaunchConfig(block_m, block_n, 4, 1)
-        monkeypatch.setattr(rerope, "_launch_configs", lambda head_dim, dtype: rerope.LaunchConfigs(*[config] * 3))
+        tiles = {"BLOCK_M": block_m, "BLOCK_N": block_n}
+        monkeypatch.setattr(fused, "_launch_config", lambda *a: dataclasses.replace(chosen(*a), blocks=tiles))
     use()
     return use
 
@@ -45,7 +50,8 @@ def _check_prefill(rng, shape, window, leaky_k, train_length, backend, dtype, bu
     """rerope_attention against the float64 definition, outputs and gradients, for one random output gradient."""
     q, k, v = qkv_inputs(rng, shape) if inputs is None else inputs
     do = torch.tensor(rng.standard_normal(shape))
-    check_qkv_op(lambda *a: rerope.rerope_attention(*a, window, leaky_k, train_length=train_length, backend=backend),
+    options = dict(leaky_k=leaky_k, train_length=train_length, backend=backend)
+    check_qkv_op(lambda *a: rerope.rerope_attention(*a, window, **options),
                  lambda *a: definition(*a, window, leaky_k=leaky_k, train_length=train_length), q, k, v, do, dtype,
                  budget, what)
 
@@ -56,9 +62,9 @@ def test_definition_here_matches_the_reference(rng, T, d, window, leaky_k, train
     q, k, v = qkv_inputs(rng, (2, 1, T, d))
     mine = definition(q, k, v, window, leaky_k=leaky_k, train_length=train_length)
     q_scaled = q.numpy() * (1 if train_length is None else log_n_scale(np.arange(T), train_length)[:, None])
-    rel = relative_positions(T, "rerope" if leaky_k is None else "leaky_rerope", window, leaky_k)
+    rel = relative_positions(T, "rerope" if leaky_k is None else "leaky_rerope", window=window, k=leaky_k)
     assert_close(mine, attention_from_relative_positions(q_scaled, k.numpy(), v.numpy(), rel), REFERENCE_BUDGET)
-    assert_close(mine, rerope_attention(q.numpy(), k.numpy(), v.numpy(), window, leaky_k,
+    assert_close(mine, rerope_attention(q.numpy(), k.numpy(), v.numpy(), window, leaky_k=leaky_k,
                                         train_length=train_length), REFERENCE_BUDGET)
 
 
@@ -68,11 +74,11 @@ def test_prefill_outputs_and_gradients(rng, backend, T, d, window, leaky_k, trai
     _check_prefill(rng, (1, 2, T, d), window, leaky_k, train_length, backend, torch.float32, FP32_BUDGET, backend)
 
 
-@pytest.mark.parametrize("mask_rows", [4, rerope.MASK_ROWS])
+@pytest.mark.parametrize("mask_rows", [4, piecewise.MASK_ROWS])
 @pytest.mark.parametrize("T, d, window, leaky_k, train_length", CASES[:3])
 def test_torch_backend_is_exact_in_float64(rng, monkeypatch, T, d, window, leaky_k, train_length, mask_rows):
     """The pieces and their log-sum-exp merge are exact: float64 in, the definition out to 1e-12."""
-    monkeypatch.setattr(rerope, "MASK_ROWS", mask_rows)
+    monkeypatch.setattr(piecewise, "MASK_ROWS", mask_rows)
     _check_prefill(rng, (2, 2, T, d), window, leaky_k, train_length, "torch", torch.float64, REFERENCE_BUDGET,
                    "float64")
 
@@ -106,7 +112,8 @@ DECODE_CASES = [
 def test_decode_is_the_last_row_of_prefill(rng, backend, T, d, window, leaky_k, train_length):
     q, k, v = qkv_inputs(rng, (2, 1, T, d))
     do = torch.tensor(rng.standard_normal((2, 1, 1, d)))
-    expected = rerope_decode(q[:, :, -1:].numpy(), k.numpy(), v.numpy(), window, leaky_k, train_length=train_length)
+    expected = rerope_decode(q[:, :, -1:].numpy(), k.numpy(), v.numpy(), window, leaky_k=leaky_k,
+                             train_length=train_length)
     opts = dict(leaky_k=leaky_k, train_length=train_length, backend=backend)
     q32, k32, v32 = q.float(), k.float(), v.float()
     out, grads = output_and_grads(lambda *a: rerope.rerope_decode(*a, window, **opts), (q32[:, :, -1:], k32, v32), do)
@@ -122,10 +129,10 @@ def test_decode_is_the_last_row_of_prefill(rng, backend, T, d, window, leaky_k, 
 
 
 def test_torch_decode_rotates_the_cache_in_chunks(rng, monkeypatch):
-    monkeypatch.setattr(rerope, "DECODE_CHUNK", 8)
+    monkeypatch.setattr(piecewise, "DECODE_CHUNK", 8)
     q, k, v = qkv_inputs(rng, (1, 2, 29, 16))
-    expected = rerope_decode(q[:, :, -1:].numpy(), k.numpy(), v.numpy(), 6, 2.5, train_length=4)
-    out = rerope.rerope_decode(q[:, :, -1:], k, v, 6, 2.5, train_length=4, backend="torch")
+    expected = rerope_decode(q[:, :, -1:].numpy(), k.numpy(), v.numpy(), 6, leaky_k=2.5, train_length=4)
+    out = rerope.rerope_decode(q[:, :, -1:], k, v, 6, leaky_k=2.5, train_length=4, backend="torch")
     assert_close(out, expected, REFERENCE_BUDGET)
 
 
@@ -150,10 +157,10 @@ def test_scale_and_base_arguments(rng, backend):
     T, d, window, leaky_k = 26, 16, 6, 3.0
     q, k, v = qkv_inputs(rng, (1, 2, T, d))
     expected = definition(q, k, v, window, leaky_k=leaky_k, scale=0.3, base=500.0)
-    out = rerope.rerope_attention(q.float(), k.float(), v.float(), window, leaky_k, scale=0.3, backend=backend,
+    out = rerope.rerope_attention(q.float(), k.float(), v.float(), window, leaky_k=leaky_k, scale=0.3, backend=backend,
                                   base=500.0)
     assert_close(out, expected, FP32_BUDGET)
-    out = rerope.rerope_decode(q[:, :, -1:].float(), k.float(), v.float(), window, leaky_k, scale=0.3,
+    out = rerope.rerope_decode(q[:, :, -1:].float(), k.float(), v.float(), window, leaky_k=leaky_k, scale=0.3,
                                backend=backend, base=500.0)
     assert_close(out, expected[:, :, -1:], FP32_BUDGET, "decode")
 
@@ -162,29 +169,29 @@ def test_scale_and_base_arguments(rng, backend):
 def test_gradcheck_torch_backend(rng, leaky_k):
     q, k, v = (x.requires_grad_() for x in qkv_inputs(rng, (1, 1, 9, 4)))
     assert torch.autograd.gradcheck(
-        lambda *a: rerope.rerope_attention(*a, 3, leaky_k, train_length=4, backend="torch"), (q, k, v),
+        lambda *a: rerope.rerope_attention(*a, 3, leaky_k=leaky_k, train_length=4, backend="torch"), (q, k, v),
         fast_mode=True)
 
 
 def test_chunked_pieces_match_the_definition(rng, monkeypatch):
     """The device-independent pieces (plain torch, chunks of query rows) that non-CPU tensors use."""
-    monkeypatch.setattr(rerope, "_flash_with_lse", rerope._chunked_with_lse)
-    monkeypatch.setattr(rerope, "_flash_backward", rerope._chunked_backward)
-    monkeypatch.setattr(rerope, "QUERY_CHUNK", 8)
+    monkeypatch.setattr(piecewise, "_flash_with_lse", piecewise._chunked_with_lse)
+    monkeypatch.setattr(piecewise, "_flash_backward", piecewise._chunked_backward)
+    monkeypatch.setattr(piecewise, "QUERY_CHUNK", 8)
     _check_prefill(rng, (1, 2, 37, 16), 9, 3.0, 8, "torch", torch.float64, REFERENCE_BUDGET, "chunked pieces")
 
 
-@pytest.mark.parametrize("mask_rows", [3, rerope.MASK_ROWS])
+@pytest.mark.parametrize("mask_rows", [3, piecewise.MASK_ROWS])
 @pytest.mark.parametrize("T", range(1, 21))
 def test_pieces_cover_every_causal_pair_once_on_its_path(monkeypatch, T, mask_rows):
     """Feed positions through each piece's views and its own mask: every pair j <= i is seen exactly once, by the
     path that rel(i - j) calls for (near: i - j < w)."""
-    monkeypatch.setattr(rerope, "MASK_ROWS", mask_rows)
+    monkeypatch.setattr(piecewise, "MASK_ROWS", mask_rows)
     positions = torch.arange(T, dtype=torch.float64)[None, None, :, None]          # (1, 1, T, 1)
     for window in range(1, T + 3):
         count = torch.zeros(T, T, dtype=torch.long)
-        for piece in rerope._pieces(T, window):
-            i, j, _, causal, mask = rerope._piece_args(piece, positions, positions, positions)
+        for piece in piecewise._pieces(T, window):
+            i, j, _, causal, mask = piecewise._piece_args(piece, positions, positions, positions)
             i, j = i[..., 0].long().flatten(0, -2), j[..., 0].long().flatten(0, -2)   # (pieces, L), (pieces, S)
             seen = torch.ones(i.shape[-1], j.shape[-1], dtype=torch.bool)
             seen = seen.tril() if causal else seen
@@ -216,7 +223,7 @@ def test_torch_prefill_memory_is_linear_in_T(rng, leaky_k):
     T, d = 512, 16
     q, k, v = (x.float().requires_grad_() for x in qkv_inputs(rng, (1, 1, T, d)))
     with _LargestTensor() as largest:
-        rerope.rerope_attention(q, k, v, 64, leaky_k, train_length=128, backend="torch").sum().backward()
+        rerope.rerope_attention(q, k, v, 64, leaky_k=leaky_k, train_length=128, backend="torch").sum().backward()
     assert largest.numel <= 3 * T * d < T * T // 10
 
 

@@ -1,15 +1,15 @@
-"""kernels/ssm.py: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU), on outputs,
-final states and the gradients of every input. Gradients are checked against torch autograd through the plain
-per-token loop of seqmix.conformance.definitions (float64), which shares no code with either backend."""
+"""kernels/ssm.py: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU) -> C loops, on
+outputs, final states and the gradients of every input. Gradients are checked against torch autograd through the
+plain per-token loop of seqmix.conformance.definitions (float64), which shares no code with any backend."""
 import pytest
 import torch
 
-from kernel_cases import BACKENDS, needs_triton
+from kernel_cases import RECURRENCE_BACKENDS, needs_triton
 from seqmix.conformance.cases import scan_inputs as make_inputs
 from seqmix.conformance.definitions import selective_scan as loop_scan
 from seqmix.kernels import ssm
-from seqmix.kernels._common import accumulation_dtype
-from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
+from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, accumulation_dtype, assert_all_close,
+                                    assert_close)
 from seqmix.reference import ssm as ref
 
 TENSORS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "state")
@@ -67,10 +67,10 @@ def check_against_truth(inputs, softplus, cotangents, budget, backend, dtype=tor
 
 @pytest.fixture
 def chunks_per_block(monkeypatch):
-    """chunks_per_block(k, batch, dim, N): the torch backend then makes blocks of k chunks of CHUNK_LEN tokens, so
+    """chunks_per_block(k, batch, dim, N): the torch backend then makes blocks of k chunks of CHUNK tokens, so
     that a short sequence crosses both chunk and block boundaries (by default it fits one block)."""
     def set_chunks(k, batch, dim, N):
-        monkeypatch.setattr(ssm, "BLOCK_ELEMENTS", k * ssm.CHUNK_LEN * batch * dim * N)
+        monkeypatch.setattr(ssm, "BLOCK_ELEMENTS", k * ssm.CHUNK * batch * dim * N)
     return set_chunks
 
 
@@ -110,7 +110,7 @@ def test_torch_backend_float64(rng, chunks_per_block, case):
     check_against_truth(inputs, softplus, cot, REFERENCE_BUDGET, "torch")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_fp32(rng, backend, case):
     inputs, softplus = case_inputs(rng, case)
@@ -119,7 +119,8 @@ def test_fp32(rng, backend, case):
 
 
 @pytest.mark.parametrize("backend, dtype", [("torch", torch.float16), ("torch", torch.bfloat16),
-                                            pytest.param("triton", torch.float16, marks=needs_triton)])
+                                            pytest.param("triton", torch.float16, marks=needs_triton),
+                                            ("c", torch.float16), ("c", torch.bfloat16)])
 def test_half_precision(rng, backend, dtype):
     """fp16/bf16 sequence inputs with fp32 parameters (A, D, delta_bias), as Mamba keeps them; the truth is computed
     from the same rounded inputs, so the budget measures the kernel, not the rounding of its inputs."""
@@ -128,7 +129,7 @@ def test_half_precision(rng, backend, dtype):
     check_against_truth(inputs, softplus, cot, FP16_BUDGET, backend, dtype, param_dtype=torch.float32)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 def test_split_sequence_equals_whole(rng, chunks_per_block, backend):
     """Outputs, final state and every gradient (through the state passed between the pieces) as for the whole."""
     inputs = make_inputs(rng, 2, 3, 16, 13, extras=("D", "z", "delta_bias", "state"))

@@ -1,4 +1,4 @@
-"""kernels/wkv4.py: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU).
+"""kernels/wkv4.py: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU) -> C loops.
 
 Outputs and final states are checked against reference/wkv4.py; gradients against float64 autograd through
 seqmix.conformance.definitions.wkv4, which writes every exponent of the definition at once (no recurrence, no
@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from kernel_cases import BACKENDS, needs_triton, spy
+from kernel_cases import RECURRENCE_BACKENDS, needs_triton, spy
 from seqmix.conformance import definitions
 from seqmix.conformance.cases import spiky_keys, wkv4_inputs
 from seqmix.conformance.ops import WKV4
 from seqmix.kernels import wkv4 as wkv4_module
-from seqmix.kernels._common import accumulation_dtype
-from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close, f64
+from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, accumulation_dtype, assert_all_close,
+                                    assert_close, f64)
 from seqmix.kernels.wkv4 import INITIAL_MAX, wkv4
 from seqmix.reference import wkv4 as ref
 
@@ -45,6 +45,15 @@ def assert_state_close(state, expected, budget, what):
     assert_all_close(names, actual, wanted, budget, f"{what}:")
 
 
+def check_forward(w, u, k, v, state, backend, budget=FP32_BUDGET):
+    """wkv4 on ``backend`` against the reference: the output and what the final state represents."""
+    y, new_state = wkv4(w, u, k, v, state, backend=backend)
+    y_ref, state_ref = run_reference(w, u, k, v, state)
+    assert_close(y, y_ref, budget, "y")
+    assert_state_close(new_state, state_ref, budget, "final state")
+    return y, new_state
+
+
 def with_grads(fn, w, u, k, v, state, gy, g_state):
     """fn's outputs and the gradients in (w, u, k, v, num0, den0, max0) of sum(gy y) + sum(g_state . state terms).
 
@@ -70,7 +79,7 @@ def run_dense(w, u, k, v, state):
 SHAPES = [(1, 1, 3), (2, 7, 5), (1, 16, 4), (2, 37, 6)]   # T = 1; odd; one whole chunk; chunks and a remainder
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 @pytest.mark.parametrize("B,T,C", SHAPES)
 @pytest.mark.parametrize("with_state", [False, True])
 def test_matches_reference(rng, backend, B, T, C, with_state):
@@ -92,7 +101,7 @@ def test_dense_matches_reference(rng, key_scale):
     assert_all_close(("num", "den", "max"), (num, den, mx), state_ref, REFERENCE_BUDGET)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 @pytest.mark.parametrize("B,T,C,dtype", [(1, 1, 3, torch.float32), (2, 37, 6, torch.float32),
                                          (2, 21, 5, torch.float16)])
 def test_gradients(rng, backend, B, T, C, dtype):
@@ -105,7 +114,7 @@ def test_gradients(rng, backend, B, T, C, dtype):
     assert_all_close(GRAD_NAMES, grads, expected, BUDGETS[dtype])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 @pytest.mark.parametrize("keys", ["uniform +-300", "250 + uniform +-1", "spikes of +-300"])
 def test_large_keys(rng, backend, keys):
     """Keys of several hundred: e^k overflows fp32 (and the plain sums overflow float64), the stable forms stay
@@ -128,7 +137,7 @@ def test_large_keys(rng, backend, keys):
     assert_all_close(GRAD_NAMES[:6], grads[:6], expected[:6], FP32_BUDGET)   # all but d/dmax0
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 @pytest.mark.parametrize("decays", ["steep", "near 1"])
 def test_extreme_decays(rng, backend, decays):
     """Steep: |w| spread as e^(2 N(0, 1) - 0.5) (0.01 to 13 with the tests' seed) and one channel at -1e4 (a decay of
@@ -136,13 +145,10 @@ def test_extreme_decays(rng, backend, decays):
     sequence."""
     w, u, k, v, state = make_inputs(rng, 2, 35, 7, decay_scale=2.0, with_state=True)
     w = torch.cat([w[:-1], torch.tensor([-1e4])]) if decays == "steep" else w * 1e-6 / w.abs().mean()
-    y, new_state = wkv4(w, u, k, v, state, backend=backend)
-    y_ref, state_ref = run_reference(w, u, k, v, state)
-    assert_close(y, y_ref, FP32_BUDGET, "y")
-    assert_state_close(new_state, state_ref, FP32_BUDGET, "final state")
+    check_forward(w, u, k, v, state, backend)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 def test_split_equals_whole(rng, backend):
     """Fed in pieces with the returned state (random cut points) = fed whole = the reference."""
     B, T, C = 2, 39, 5
@@ -157,7 +163,7 @@ def test_split_equals_whole(rng, backend):
     assert_state_close(carried, state_ref, FP32_BUDGET, "state after the pieces")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 def test_state_is_hugging_faces(rng, backend):
     """Our state, handed to reference/wkv4.py (HF's layout and meaning), continues the sequence there."""
     B, T, C, cut = 2, 30, 4, 17
@@ -167,7 +173,7 @@ def test_state_is_hugging_faces(rng, backend):
     assert_close(y_rest, run_reference(w, u, k, v, None)[0][:, cut:], FP32_BUDGET, "continued in the reference")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 def test_fp16(rng, backend):
     w, u, k, v, state = make_inputs(rng, 2, 21, 5, dtype=torch.float16, with_state=True)
     y, new_state = wkv4(w, u, k, v, state, backend=backend)
@@ -225,7 +231,7 @@ def test_long_sequence_torch(rng, monkeypatch):
     assert redone_rows
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 def test_empty_sequence(rng, backend):
     w, u, k, v, state = make_inputs(rng, 2, 0, 3, with_state=True)
     y, new_state = wkv4(w, u, k, v, state, backend=backend)

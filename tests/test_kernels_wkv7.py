@@ -11,9 +11,8 @@ import seqmix.kernels.wkv7 as kw
 from kernel_cases import needs_triton, spy
 from seqmix.conformance import definitions
 from seqmix.conformance.cases import in_pieces, rwkv7_inputs, split_bounds
-from seqmix.kernels._common import accumulation_dtype
-from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET, assert_all_close,
-                             assert_close, fp32)
+from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET,
+                                    accumulation_dtype, assert_all_close, assert_close, fp32)
 from seqmix.reference.wkv7 import wkv7 as reference_wkv7
 
 # The gradients' names: of r, log_w, k, v, a, b and the initial state.
@@ -58,9 +57,10 @@ def check_against_truth(rng, shape, decay, with_state, dtype, backend, budget, *
 
 @pytest.fixture(params=["factored", "blocks"])
 def couplings(request, monkeypatch):
-    """Run a test on both ways of building the in-chunk couplings: a RANGE below every spread forces the blocks."""
+    """Run a test on both ways of building the in-chunk couplings: a DECAY_RANGE below every spread forces the
+    blocks."""
     if request.param == "blocks":
-        monkeypatch.setattr(kw, "RANGE", -1.0)
+        monkeypatch.setattr(kw, "DECAY_RANGE", -1.0)
     return request.param
 
 
@@ -88,8 +88,8 @@ def test_torch_half(rng, dtype):
 @pytest.mark.parametrize("dtype, budget", [(torch.float64, REFERENCE_BUDGET),
                                            (torch.float32, FP32_CHUNKED_WKV7_BUDGET)])
 def test_torch_extreme_decays_take_the_block_couplings(rng, monkeypatch, dtype, budget):
-    """Decays down to exp(-1e4): the spread of c inside a chunk exceeds RANGE, so the blocks are used (the factored
-    form would overflow: e^{-c} = inf), and the result stays exact."""
+    """Decays down to exp(-1e4): the spread of c inside a chunk exceeds DECAY_RANGE, so the blocks are used (the
+    factored form would overflow: e^{-c} = inf), and the result stays exact."""
     calls = spy(monkeypatch, kw, "_block_couplings")
     check_against_truth(rng, (1, 40, 2, 8), "extreme", True, dtype, "torch", budget)
     assert calls

@@ -23,7 +23,7 @@ from hf_peer import (assert_states_close, check_against_peer_and_reference, chec
                      check_fp16_copy, check_pieces_equal_whole, check_training_step, input_lengths, peer_greedy)
 from hf_peer import make_models as make_peer_and_ours
 from hf_peer import tokens as random_tokens
-from seqmix.models.io import load_state_dict, save_state_dict
+from seqmix.models.io import save_state_dict
 from seqmix.models.generation import sample_next
 from seqmix.models.rwkv4 import STATE_NAMES, RwkvConfig, RwkvForCausalLM, RwkvModel
 from seqmix.kernels.testing import FP32_BUDGET, assert_close, rel_rms
@@ -272,36 +272,6 @@ def test_config_of_another_model_is_refused(tmp_path):
     save_state_dict({}, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match="model_type 'mamba', expected 'rwkv'"):
         RwkvForCausalLM.from_pretrained(tmp_path)
-
-
-def test_safetensors_reader_and_writer_agree_with_the_safetensors_package(tmp_path):
-    """Our parser/writer of the format (models/io.py) against the safetensors package, which
-    transformers uses, on every dtype the models may meet, a scalar and an empty tensor."""
-    from safetensors.torch import load_file, save_file
-    g = torch.Generator().manual_seed(16)
-    tensors = {"f64": torch.randn(2, 3, generator=g, dtype=torch.float64), "f32": torch.randn(5, generator=g),
-               "f16": torch.randn(3, 1, generator=g).half(), "bf16": torch.randn(7, generator=g).bfloat16(),
-               "i64": torch.arange(-3, 3), "bool": torch.tensor([True, False, True]),
-               "u8": torch.arange(9, dtype=torch.uint8),
-               "scalar": torch.tensor(1.5), "empty": torch.zeros(0, 4)}
-    save_state_dict(tensors, tmp_path / "ours.safetensors")
-    save_file(tensors, tmp_path / "theirs.safetensors")
-    for name, loaded in (("package reads ours", load_file(tmp_path / "ours.safetensors")),
-                         ("we read the package's", load_state_dict(tmp_path / "theirs.safetensors"))):
-        assert loaded.keys() == tensors.keys(), name
-        for key, t in tensors.items():
-            assert loaded[key].dtype == t.dtype and torch.equal(loaded[key], t), f"{name}: {key}"
-
-
-def test_corrupt_safetensors_file_is_refused(tmp_path):
-    path = tmp_path / "bad.safetensors"
-    save_state_dict({"x": torch.zeros(4)}, path)
-    path.write_bytes(path.read_bytes()[:-4])                        # the data is cut short
-    with pytest.raises(ValueError, match="tensor 'x' of dtype F32 and shape \\[4\\] needs 16 bytes"):
-        load_state_dict(path)
-    path.write_bytes(b"\xff" * 8 + b"{}")
-    with pytest.raises(ValueError, match="header length"):
-        load_state_dict(path)
 
 
 def test_from_pretrained_needs_no_transformers(tmp_path):

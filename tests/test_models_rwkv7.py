@@ -7,6 +7,7 @@ a transposed or swapped tensor cannot go unnoticed.
 """
 import copy
 import importlib
+import json
 import os
 from functools import partial
 
@@ -14,9 +15,11 @@ import numpy as np
 import pytest
 import torch
 
+import fla_peer
 import hf_peer
+from seqmix.models.io import save_state_dict
 from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
-from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close
+from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_close, rel_rms
 from seqmix.reference import rwkv7 as ref
 
 V, C, H, N, L, F_FFN = 67, 48, 3, 16, 3, 112
@@ -397,14 +400,14 @@ def test_bad_checkpoint_names_the_tensor(checkpoint, tmp_path, how, key):
 
 @pytest.mark.parametrize("ids", [[[0, V]], [[-1, 3]], [[1, 2, 3]][0], [[]]])
 def test_bad_token_ids_are_refused(model, params, ids):
-    with pytest.raises(ValueError, match="tokens"):
+    with pytest.raises(ValueError, match="input_ids"):
         model(torch.tensor(ids, dtype=torch.int64).reshape(np.shape(ids)))
     with pytest.raises(ValueError, match="input_ids"):
         ref.forward(params, np.array(ids, dtype=np.int64).reshape(np.shape(ids)))
 
 
 def test_float_token_ids_are_refused(model, params):
-    with pytest.raises(TypeError, match="tokens"):
+    with pytest.raises(TypeError, match="input_ids"):
         model(torch.zeros(1, 3))
     with pytest.raises(TypeError, match="input_ids"):
         ref.forward(params, np.zeros((1, 3)))
@@ -420,3 +423,99 @@ def test_bad_state_is_refused(model, params, rng):
     _, ref_state = ref.forward(params, ids)
     with pytest.raises(ValueError, match="att_kv"):
         ref.forward(params, ids, [(x, kv[..., :-1], f) for x, kv, f in ref_state])
+
+
+# ---------------------------------------------- flash-linear-attention's Hugging Face layout (fla as the peer)
+
+# head_dim 64: fla's group-norm eps is head_dim * norm_eps, BlinkDL's 64e-5, equal only there.
+FLA_CONFIG = dict(vocab_size=97, hidden_size=128, num_hidden_layers=3, head_dim=64, intermediate_size=200,
+                  decay_low_rank_dim=8, a_low_rank_dim=12, v_low_rank_dim=6, gate_low_rank_dim=10)
+
+
+@pytest.fixture(scope="module")
+def fla_dir(tmp_path_factory):
+    """A random fla RWKV7ForCausalLM saved by fla's own save_pretrained, and the model."""
+    path = tmp_path_factory.mktemp("fla")
+    model = fla_peer.make_model(seed=11, **FLA_CONFIG)
+    model.save_pretrained(path)
+    return path, model
+
+
+def fla_ids(seed, B=2, T=9):
+    return torch.randint(0, FLA_CONFIG["vocab_size"], (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_fla_layout_loads_with_fla_logits(fla_dir):
+    path, fla_model = fla_dir
+    ours = Rwkv7.from_pretrained(path)
+    assert ours.config.n_layer == 3 and ours.config.dim_ffn == 200 and ours.config.v_lora == 6
+    ids = fla_ids(1)
+    with torch.no_grad():
+        logits, _ = ours(ids, backend="torch")
+    assert_close(logits, fla_peer.logits(fla_model, ids), FP32_BUDGET, "ours (fla layout) vs fla")
+
+
+def test_fla_layout_agrees_with_blinkdl_runtime(fla_dir, peer_class, tmp_path):
+    """The same weights in BlinkDL's names (our map's output) give BlinkDL's runtime the logits fla gives."""
+    path, fla_model = fla_dir
+    ours = Rwkv7.from_pretrained(path)
+    torch.save({k: v.contiguous() for k, v in ours.state_dict().items()}, tmp_path / "blink.pth")
+    ids = fla_ids(2, B=1, T=7)
+    peer_logits, _ = peer_run(load_peer(peer_class, tmp_path / "blink.pth"), ids[0])
+    assert_close(peer_logits, fla_peer.logits(fla_model, ids)[0], FP32_BUDGET, "BlinkDL's runtime vs fla")
+    with torch.no_grad():
+        assert_close(ours(ids, backend="torch")[0][0], peer_logits, FP32_BUDGET, "ours vs BlinkDL's runtime")
+
+
+def test_save_pretrained_writes_what_fla_loads(fla_dir, tmp_path):
+    """Our save_pretrained (the map read backwards) read by fla's own from_pretrained: the same model."""
+    from fla.models.rwkv7 import RWKV7ForCausalLM
+    path, fla_model = fla_dir
+    Rwkv7.from_pretrained(path).save_pretrained(tmp_path)
+    with fla_peer.cpu_reference_ops():
+        reread = RWKV7ForCausalLM.from_pretrained(tmp_path, fuse_norm=False, fuse_cross_entropy=False).eval()
+    expected = fla_model.state_dict()
+    assert reread.state_dict().keys() == expected.keys()
+    for name, tensor in reread.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
+
+
+def test_fla_layout_in_bf16_loads_as_stored(fla_dir, tmp_path):
+    """A bf16 checkpoint stays bf16 (no fp32 detour). A whole model computed in bf16 drifts past the ops' bf16
+    budget (2e-2) from the same weights run in fp32, fla's own bf16 run as much as ours: ours stays within 1.5x of
+    fla's drift, and in fp32 on the bf16 weights it matches fla's fp32 run to the fp32 budget."""
+    path, fla_model = fla_dir
+    half = copy.deepcopy(fla_model).to(torch.bfloat16)
+    half.save_pretrained(tmp_path)
+    ours = Rwkv7.from_pretrained(tmp_path)
+    assert {p.dtype for p in ours.parameters()} == {torch.bfloat16}
+    ids = fla_ids(3)
+    with torch.no_grad():
+        logits, state = ours(ids, backend="torch")
+    assert logits.dtype == torch.bfloat16 and state[0][1].dtype == torch.float32
+    in_fp32 = fla_peer.logits(copy.deepcopy(half).float(), ids)
+    fla_drift = rel_rms(fla_peer.logits(half, ids), in_fp32)
+    assert rel_rms(logits, in_fp32) <= 1.5 * fla_drift, (rel_rms(logits, in_fp32), fla_drift)
+    with torch.no_grad():
+        fp32_logits, _ = Rwkv7.from_pretrained(tmp_path, dtype="float32")(ids, backend="torch")
+    assert_close(fp32_logits, in_fp32, FP32_BUDGET, "fp32 on the bf16 weights vs fla")
+
+
+def test_fla_options_rwkv7_lacks_are_refused(fla_dir, tmp_path):
+    path, _ = fla_dir
+    config = json.loads((path / "config.json").read_text())
+    (tmp_path / "model.safetensors").symlink_to(path / "model.safetensors")
+    for key, value in [("attn", {"layers": [1], "num_heads": 2}), ("hidden_act", "gelu"), ("norm_first", False),
+                       ("tie_word_embeddings", True), ("value_dim", 256), ("model_type", "rwkv6")]:
+        (tmp_path / "config.json").write_text(json.dumps(config | {key: value}))
+        with pytest.raises(ValueError, match=key if key != "model_type" else "rwkv6"):
+            Rwkv7.from_pretrained(tmp_path)
+
+
+def test_unknown_tensor_in_fla_layout_is_named(fla_dir, tmp_path):
+    path, fla_model = fla_dir
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    save_state_dict(dict(fla_model.state_dict()) | {"model.layers.1.attn.x_x": torch.zeros(6, 128)},
+                    tmp_path / "model.safetensors")
+    with pytest.raises(KeyError, match=r"model\.layers\.1\.attn\.x_x"):
+        Rwkv7.from_pretrained(tmp_path)

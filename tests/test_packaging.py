@@ -4,6 +4,7 @@ reference files that run alone, and an install that coexists with another distri
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import os
 import re
@@ -117,6 +118,78 @@ def test_imports_point_downward():
     assert not wrong, wrong
 
 
+OPS = ("attention", "rerope", "wkv4", "wkv7", "ssm")
+
+
+def cross_op_imports(graph: dict[str, set[str]]) -> list[str]:
+    """The imports from one op's module (or package) of another op's: what they share belongs in a private module."""
+    def op_of(module):
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[1] == "kernels" and parts[2] in OPS else None
+
+    return [f"{m} imports {t}" for m, targets in graph.items() for t in targets
+            if op_of(m) and op_of(t) and op_of(t) != op_of(m)]
+
+
+def test_no_op_module_imports_another():
+    assert not cross_op_imports(import_graph())
+
+
+def test_cross_op_check_catches_one():
+    graph = {"seqmix.kernels.rerope.fused": {"seqmix.kernels.attention", "seqmix.kernels._flash"},
+             "seqmix.kernels.rerope": {"seqmix.kernels.rerope.fused"}, "seqmix.models.rwkv7": {"seqmix.kernels.wkv7"}}
+    assert cross_op_imports(graph) == ["seqmix.kernels.rerope.fused imports seqmix.kernels.attention"]
+
+
+PRIVATE_KERNELS = re.compile(r"^\s*(?:from seqmix\.kernels(?:\.\w+)* import .*\b_(?:common|backend|flash)\b|"
+                             r"(?:from|import) seqmix\.kernels\._\w+)", re.M)
+
+
+def test_tests_and_benchmarks_use_the_public_testing_module():
+    """HAS_TRITON, the state dtype, the backend choice and poisoned outputs come from seqmix.kernels.testing; only
+    the cost model, which models the kernels' tiles, reads a private module."""
+    files = [*(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]
+    hits = [f"{f.relative_to(ROOT)}: {m.group(0).strip()}" for f in files if f.name != "cost_model.py"
+            for m in PRIVATE_KERNELS.finditer(f.read_text())]
+    assert not hits, hits
+
+
+def test_private_import_check_catches_one():
+    assert PRIVATE_KERNELS.search("from seqmix.kernels._common import HAS_TRITON\n")
+    assert PRIVATE_KERNELS.search("from seqmix.kernels import _common  # noqa\n")
+    assert not PRIVATE_KERNELS.search("from seqmix.kernels.testing import HAS_TRITON\n")
+
+
+def test_every_public_module_of_kernels_and_reference_declares_its_names():
+    """__all__ in each module whose name has no leading underscore, and every name in it importable from there."""
+    missing, undefined = [], []
+    for name, path in sorted(modules().items()):
+        if name.split(".")[1:2] not in (["kernels"], ["reference"]) or name.rpartition(".")[2].startswith("_"):
+            continue
+        module = importlib.import_module(name)
+        if not hasattr(module, "__all__"):
+            if any(not isinstance(node, ast.Expr) for node in ast.parse(path.read_text()).body):
+                missing.append(name)   # (a docstring-only __init__ exports nothing)
+            continue
+        undefined += [f"{name}.{n}" for n in module.__all__ if not hasattr(module, n)]
+    assert not missing and not undefined, (missing, undefined)
+
+
+DOCUMENTED = ["seqmix.kernels.attention", "seqmix.kernels.rerope", "seqmix.kernels.wkv4", "seqmix.kernels.wkv7",
+              "seqmix.kernels.ssm", *(m for m in modules() if m.startswith("seqmix.reference."))]
+
+
+@pytest.mark.parametrize("name", DOCUMENTED)
+def test_public_ops_and_reference_functions_have_args_and_returns(name):
+    """fla's layout: every public op and reference function documents its arguments and what it returns."""
+    module = importlib.import_module(name)
+    functions = [getattr(module, n) for n in module.__all__]
+    functions = [f for f in functions if callable(f) and not isinstance(f, type)]
+    assert functions
+    bare = [f.__name__ for f in functions if not all(part in (f.__doc__ or "") for part in ("Args:", "Returns:"))]
+    assert not bare, bare
+
+
 def test_reference_imports_numpy_and_its_siblings_only():
     stdlib = set(sys.stdlib_module_names)
     for name, path in modules().items():
@@ -164,6 +237,8 @@ def test_bare_import_check_catches_one():
 # Sibling-free reference files, each with a call that exercises it (g: a NumPy random generator).
 REFERENCE_ALONE = {
     "attention.py": "m.softmax_attention(*g.normal(size=(3, 5, 4)))",
+    "functional.py": "m.layer_norm(m.token_shift(g.normal(size=(1, 5, 4)), g.normal(size=(1, 4))),"
+                     " m.silu(np.ones(4)), np.zeros(4))",
     "wkv4.py": "m.wkv4(-np.ones(4), np.zeros(4), *g.normal(size=(2, 1, 5, 4)))",
     "wkv7.py": "m.wkv7(*g.normal(size=(1, 1, 5, 2, 3)), -np.ones((1, 5, 2, 3)), *g.normal(size=(2, 1, 5, 2, 3)),"
                " -np.ones((1, 5, 2, 3)) * 0.1, np.ones((1, 5, 2, 3)) * 0.1)",

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from seqmix.kernels.testing import REFERENCE_BUDGET, assert_close
-from seqmix.reference.attention import attention_from_scores, attention_sums, online_softmax_attention, softmax_attention
+from seqmix.reference.attention import (attention_from_scores, attention_sums, online_softmax_attention,
+                                        softmax_attention)
 
 
 def qkv(rng, *shape, dv=None, scale=1.0):
@@ -32,7 +33,7 @@ def test_three_forms_agree(rng, T, block_size):
     q, k, v = qkv(rng, 2, 3, T, 8, dv=5)
     expected = softmax_attention(q, k, v)
     assert_close(attention_sums(q, k, v), expected, REFERENCE_BUDGET, "explicit sums")
-    assert_close(online_softmax_attention(q, k, v, block_size), expected, REFERENCE_BUDGET, "online form")
+    assert_close(online_softmax_attention(q, k, v, block_size=block_size), expected, REFERENCE_BUDGET, "online form")
     assert_close(expected[1, 2], loop_attention(q[1, 2], k[1, 2], v[1, 2], 1 / np.sqrt(8)), REFERENCE_BUDGET,
                  "scalar loop")
 

@@ -95,10 +95,10 @@ def test_two_pass_prefill_and_decode_match_the_definition(rng, window, leaky_k, 
     rel = relative_positions(T, kind, window=window, k=leaky_k)
     scaled_q = q * (log_n_scale(np.arange(T), train_length)[:, None] if train_length else 1.0)
     expected = attention_from_relative_positions(scaled_q, k, v, rel)
-    prefill = rerope_attention(q, k, v, window, leaky_k, train_length=train_length)
+    prefill = rerope_attention(q, k, v, window, leaky_k=leaky_k, train_length=train_length)
     assert_close(prefill, expected, REFERENCE_BUDGET, "two-pass prefill vs definition")
     for t in (1, 9, T):   # decode at every cache length equals that row of the prefill
-        decode = rerope_decode(q[:, t - 1: t], k[:, :t], v[:, :t], window, leaky_k, train_length=train_length)
+        decode = rerope_decode(q[:, t - 1: t], k[:, :t], v[:, :t], window, leaky_k=leaky_k, train_length=train_length)
         assert_close(decode, prefill[:, t - 1: t], REFERENCE_BUDGET, f"decode at T={t}")
 
 

@@ -140,12 +140,18 @@ def test_bad_input(rng, form):
         poisoned[0, 2, 1, 0] = bad
         with pytest.raises(ValueError, match="log_w must be finite"):
             form(r, poisoned, k, v, a, b)
-    with pytest.raises(TypeError, match="v must be a float64 numpy array, got ndarray of dtype float32"):
-        form(r, log_w, k, v.astype(np.float32), a, b)
-    with pytest.raises(TypeError, match="b must be a float64 numpy array, got list"):
-        form(r, log_w, k, v, a, b.tolist())
-    with pytest.raises(TypeError, match="state must be a float64 numpy array"):
-        form(r, log_w, k, v, a, b, state=S0.astype(np.float16))
+
+
+@pytest.mark.parametrize("form", [wkv7, wkv7_transition_product, wkv7_chunked])
+def test_inputs_are_taken_as_float64(rng, form):
+    """The reference's one input policy: anything np.asarray turns into float64 is computed in float64."""
+    (r, log_w, k, v, a, b), S0 = rwkv7_inputs(rng, 1, 5, 2, 3, state=True)
+    v32, S16 = v.astype(np.float32), S0.astype(np.float16)
+    y, S = form(r, log_w, k, v32, a, b.tolist(), state=S16)
+    y_expected, S_expected = form(r, log_w, k, v32.astype(np.float64), a, b, state=S16.astype(np.float64))
+    assert y.dtype == S.dtype == np.float64
+    assert_close(y, y_expected, REFERENCE_BUDGET, "y")
+    assert_close(S, S_expected, REFERENCE_BUDGET, "state")
 
 
 def test_bad_chunk_size(rng):

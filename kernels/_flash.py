@@ -1,0 +1,74 @@
+"""The building blocks of the flash-style kernels (attention.py and rerope/fused.py): the online softmax step, the
+softmax gradient of a tile, tile loads and stores, and the head-size rules those kernels share.
+
+A private module, so that no op module serves as another op's helper library.
+"""
+from __future__ import annotations
+
+from seqmix.kernels._common import Launch, tl, triton
+
+MIN_TRITON_HEAD_DIM, MAX_TRITON_HEAD_DIM = 16, 128
+
+
+def check_triton_head_dim(d: int) -> None:
+    """The flash kernels hold a (tile, d) block per operand: 16 <= d <= 128."""
+    if not MIN_TRITON_HEAD_DIM <= d <= MAX_TRITON_HEAD_DIM:
+        raise ValueError(f"backend='triton' takes head dims d in [{MIN_TRITON_HEAD_DIM}, {MAX_TRITON_HEAD_DIM}], "
+                         f"got d = {d}")
+
+
+def flash_launch(block_m: int, block_n: int, num_warps: int, num_stages: int) -> Launch:
+    """A flash kernel's launch: BLOCK_M query rows and BLOCK_N keys per tile."""
+    return Launch({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps, num_stages)
+
+
+def block_d(head_dim: int) -> int:
+    """The head dimension rounded up to a power of two (tl.arange needs one); extra columns are masked."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+@triton.jit
+def online_softmax_step(s, v, m_i, l_i, acc):
+    """Fold one tile of scores s (BLOCK_M, BLOCK_N) and its values v (BLOCK_N, BLOCK_D) into the running state.
+
+    m' = max(m, max_j s_ij);  l' = e^{m - m'} l + sum_j e^{s_ij - m'};  acc' = e^{m - m'} acc + e^{s - m'} v.
+    The same update as RWKV-4's max-tracked WKV step (reference/wkv4.py), there one time step at a time.
+    Every exponent is <= 0. Masked scores are -inf and contribute e^{-inf} = 0; the first tile a row sees holds
+    at least one unmasked score (key 0), so m is finite from then on and m - m' is never inf - inf.
+    """
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)                               # rescales what was accumulated under the old max
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return m_new, l_i, acc
+
+
+@triton.jit
+def softmax_tile_grad(s, lse, dp, delta):
+    """P = e^{S - LSE} and dS = P * (dP - D) for one tile, dP = dO V^T; masked scores (-inf) give P = dS = 0."""
+    p = tl.exp(s - lse[:, None])
+    return p, p * (dp - delta[:, None])
+
+
+@triton.jit
+def load_row_stats(lse_ptr, delta_ptr, rows, n_rows):
+    """The forward's log-sum-exp and D = rowsum(dO * O) of query rows; rows past the end get LSE = inf (so P = 0)
+    and D = 0."""
+    lse = tl.load(lse_ptr + rows, mask=rows < n_rows, other=float("inf"))
+    delta = tl.load(delta_ptr + rows, mask=rows < n_rows, other=0.0)
+    return lse, delta
+
+
+@triton.jit
+def load_tile(ptr, rows, n_rows, cols, n_cols):
+    """x[rows, cols] of a row-major (n_rows, n_cols) matrix; zero outside it."""
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    return tl.load(ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def store_tile(ptr, x, rows, n_rows, cols, n_cols):
+    """x into [rows, cols] of a row-major (n_rows, n_cols) matrix, in its dtype; nothing outside it."""
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    tl.store(ptr + rows[:, None] * n_cols + cols[None, :], x.to(ptr.dtype.element_ty), mask=mask)

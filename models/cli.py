@@ -1,0 +1,105 @@
+"""`python -m seqmix.generate PATH --prompt "..."`: load a checkpoint, stream its continuation of a prompt.
+
+    load_model(path, dtype=None)   a model directory (config.json's model_type: "rwkv" -> RwkvForCausalLM, "mamba" ->
+                                   MambaForCausalLM, "rwkv7" -> Rwkv7 in flash-linear-attention's layout) or a
+                                   BlinkDL RWKV-7 .pth / .safetensors file -> the model, in eval mode
+    main(argv)                     the command line (--help lists the options)
+
+The text is written to stdout as it is generated (models/text.py holds back incomplete UTF-8 characters and a
+possible start of the stop string); prefill and decode speeds go to stderr at the end. The recurrent state can be
+saved after the run (--save-state) and a later run can start from it (--state): RWKV users keep a long prompt's
+state and reuse it without reading the prompt again.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+from seqmix.models.io import load_state, read_json, save_state
+from seqmix.models.mamba import MambaForCausalLM
+from seqmix.models.rwkv4 import RwkvForCausalLM
+from seqmix.models.rwkv7 import Rwkv7
+from seqmix.models.rwkv7_fla import FLA_MODEL_TYPE
+from seqmix.models.text import load_tokenizer
+
+__all__ = ["load_model", "main", "MODEL_TYPES"]
+
+# config.json's model_type -> the class whose from_pretrained reads the directory
+MODEL_TYPES = {"rwkv": RwkvForCausalLM, "mamba": MambaForCausalLM, FLA_MODEL_TYPE: Rwkv7}
+
+
+def load_model(path, dtype=None):
+    """The model stored at ``path``, built without allocating its weights twice (models/base.py).
+
+    Args:
+        path: a model directory with config.json (model_type "rwkv", "mamba" or "rwkv7", the last in
+            flash-linear-attention's layout), or a BlinkDL RWKV-7 checkpoint file (.pth, .safetensors).
+        dtype: None or "auto" for the stored dtype, else a torch.dtype or its name ("float32", "bfloat16").
+
+    Returns:
+        the model in eval mode; ``model.tokenizer`` is the directory's tokenizer, or None.
+    """
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        return Rwkv7.from_checkpoint(path, dtype)
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        raise FileNotFoundError(f"{path}: neither a checkpoint file nor a model directory with config.json")
+    model_type = read_json(config_path, "a config object").get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"{config_path}: model_type {model_type!r} is not one of {sorted(MODEL_TYPES)}")
+    return MODEL_TYPES[model_type].from_pretrained(path, dtype)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m seqmix.generate", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("path", help="a model directory (config.json + weights) or a BlinkDL RWKV-7 .pth")
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--tokenizer", help="'world' (RWKV's World vocabulary, from the rwkv package), a tokenizer.json "
+                                       "or a World vocab .txt; default: the one beside the weights")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=0.7, help="nucleus sampling")
+    p.add_argument("--stop", help=r"stop when the text contains this string (\n and \t are read as escapes), "
+                                  r"e.g. '\n\n'")
+    p.add_argument("--seed", type=int, help="seed of the sampler, for a reproducible run")
+    p.add_argument("--dtype", default="auto", help="auto (as stored), float32, bfloat16, float16, float64")
+    p.add_argument("--state", help="start from a state saved by --save-state (the prompt then continues it)")
+    p.add_argument("--save-state", help="save the state after the run (prompt and generated text) to this file")
+    p.add_argument("--backend", help="the ops' backend: c, torch or triton (default: the device's)")
+    return p
+
+
+def main(argv=None) -> int:
+    """Run the command line (see _parser, or --help).
+
+    Args:
+        argv: the arguments (default sys.argv[1:]).
+
+    Returns:
+        the exit code (0).
+    """
+    args = _parser().parse_args(argv)
+    model = load_model(args.path, args.dtype)
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else model.tokenizer
+    if tokenizer is None:
+        raise SystemExit(f"{args.path}: no tokenizer beside the weights; pass --tokenizer world or a tokenizer file")
+    stop = args.stop.replace("\\n", "\n").replace("\\t", "\t") if args.stop else None
+    stream = model.generate_text(
+        args.prompt, tokenizer, backend=args.backend, max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature, top_p=args.top_p, stop=stop,
+        state=load_state(args.state) if args.state else None,
+        generator=torch.Generator().manual_seed(args.seed) if args.seed is not None else None)
+    for piece in stream:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    if args.save_state:
+        save_state(stream.state, args.save_state)
+    print(f"prefill: {stream.prompt_tokens} tokens, {stream.prefill_tokens_per_s:.1f} tokens/s; "
+          f"decode: {len(stream.tokens)} tokens, {stream.decode_tokens_per_s:.1f} tokens/s", file=sys.stderr)
+    return 0

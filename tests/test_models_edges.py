@@ -1,0 +1,86 @@
+"""Edges shared by the three models (the bad-input review's model items): any integer dtype of token ids (C12),
+batch 0 (C11), logits_to_keep < 0 (I11), state dtypes other than fp32 / float64 (D6)."""
+import pytest
+import torch
+
+from seqmix.kernels.testing import FP32_BUDGET, assert_close
+from seqmix.models.mamba import MambaConfig, MambaForCausalLM
+from seqmix.models.rwkv4 import RwkvConfig, RwkvForCausalLM
+from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
+
+V = 67
+
+
+def rwkv4():
+    return RwkvForCausalLM(RwkvConfig(vocab_size=V, hidden_size=16, num_hidden_layers=2))
+
+
+def mamba():
+    return MambaForCausalLM(MambaConfig(vocab_size=V, hidden_size=16, state_size=4, num_hidden_layers=2))
+
+
+def rwkv7():
+    return Rwkv7(Rwkv7Config(vocab_size=V, n_embd=32, n_layer=2, head_size=16))
+
+
+MODELS = {"rwkv4": rwkv4, "mamba": mamba, "rwkv7": rwkv7}
+
+
+def run(model, ids, **kw):
+    """logits of any of the three (Rwkv7 returns a pair, the others a CausalLMOutput)."""
+    with torch.no_grad():
+        out = model(ids, backend="torch", **kw)
+    return out[0] if isinstance(out, tuple) else out.logits
+
+
+@pytest.fixture(params=MODELS.values(), ids=MODELS.keys())
+def model(request):
+    torch.manual_seed(0)
+    return request.param().eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32])
+def test_any_integer_dtype_of_token_ids(model, dtype):
+    """C12: int8/int16/uint8 ids passed the check, then failed in nn.Embedding ("Expected Long, Int")."""
+    ids = torch.tensor([[1, 60, 7, 0]])
+    assert torch.equal(run(model, ids.to(dtype)), run(model, ids))
+    tokens, _ = model.generate(ids.to(dtype), max_new_tokens=2, backend="torch")
+    assert tokens.dtype == torch.int64 and torch.equal(tokens[:, :4], ids)
+
+
+def test_batch_of_zero_rows_is_refused(model):
+    """C11: B = 0 failed inside torch's min()."""
+    for call in (lambda: run(model, torch.zeros(0, 3, dtype=torch.long)),
+                 lambda: model.generate(torch.zeros(0, 3, dtype=torch.long), 2)):
+        with pytest.raises(ValueError, match=r"input_ids must have shape \(B, T\) with B >= 1"):
+            call()
+
+
+@pytest.mark.parametrize("keep", [-1, 1.5, True])
+def test_negative_logits_to_keep_is_refused(model, keep):
+    """I11: logits_to_keep = -1 silently returned T - 1 positions."""
+    with pytest.raises(ValueError, match="logits_to_keep must be an int >= 0"):
+        run(model, torch.tensor([[1, 2, 3]]), logits_to_keep=keep)
+
+
+def test_logits_to_keep_keeps_the_last_positions(model):
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    assert torch.equal(run(model, ids, logits_to_keep=2), run(model, ids)[:, -2:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int32])
+def test_state_dtypes_other_than_fp32_and_float64_are_refused(model, dtype):
+    """D6: initial_state(B, dtype=torch.float16) stored RWKV-4's -1e38 as -inf, and the C loop made NaN of it."""
+    with pytest.raises(TypeError, match="state dtype must be torch.float32 or torch.float64"):
+        model.initial_state(2, dtype=dtype)
+    state = model.initial_state(1)
+    half = [tuple(t.to(dtype) if t.dtype == torch.float32 else t for t in layer) if isinstance(layer, tuple)
+            else layer.to(dtype) for layer in state]
+    with pytest.raises(TypeError, match="dtype"):
+        run(model, torch.tensor([[1, 2]]), state=half)
+
+
+def test_float64_state_is_accepted(model):
+    ids = torch.tensor([[1, 2, 3]])
+    assert_close(run(model, ids, state=model.initial_state(1, dtype=torch.float64)), run(model, ids), FP32_BUDGET,
+                 "logits from a float64 initial state")

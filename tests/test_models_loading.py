@@ -1,0 +1,317 @@
+"""Loading and saving weights through from_pretrained / from_checkpoint / save_pretrained (models/io.py, base.py):
+sharded directories, memory-mapped tensors taken as parameters, dtypes, atomic saves, and every damaged or
+hostile file of the bad-input review (C7, C8, C9, C10, I7, I9, I10, D7) getting an error that names the file."""
+import json
+import struct
+import warnings
+
+import pytest
+import torch
+import transformers
+
+from seqmix.kernels.testing import FP32_BUDGET, assert_close
+from seqmix.models import io
+from seqmix.models.mamba import MambaConfig, MambaForCausalLM
+from seqmix.models.rwkv4 import RwkvConfig, RwkvForCausalLM, RwkvModel
+from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
+
+SMALL = dict(vocab_size=67, hidden_size=16, num_hidden_layers=3, intermediate_size=40)
+IDS = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+
+
+def rwkv4(**overrides):
+    torch.manual_seed(0)
+    return RwkvForCausalLM(RwkvConfig(**(SMALL | overrides))).eval()
+
+
+def logits(model, ids=IDS):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def assert_same_weights(model, expected):
+    got, want = model.state_dict(), expected.state_dict()
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+
+
+# ------------------------------------------------------------------------------------- sharded directories
+
+def test_sharded_safetensors_from_transformers(tmp_path):
+    """transformers writes every checkpoint above its shard size as model.safetensors.index.json + shards; each
+    shard must be read (reading only the first leaves tensors missing)."""
+    peer = transformers.RwkvForCausalLM(transformers.RwkvConfig(**SMALL, context_length=64))
+    ours = rwkv4()
+    peer.load_state_dict(ours.state_dict())
+    peer.save_pretrained(tmp_path, max_shard_size="20KB")
+    index = io.read_json(tmp_path / "model.safetensors.index.json")
+    assert len(set(index["weight_map"].values())) >= 3
+    assert_same_weights(RwkvForCausalLM.from_pretrained(tmp_path), ours)
+
+
+def as_pytorch_bin(model, directory, **save_kwargs):
+    """A model directory whose weights are a torch.save pytorch_model.bin (as older transformers wrote)."""
+    model.save_pretrained(directory)
+    (directory / "model.safetensors").unlink()
+    torch.save(model.state_dict(), directory / "pytorch_model.bin", **save_kwargs)
+    return directory / "pytorch_model.bin"
+
+
+def test_sharded_pytorch_bin(tmp_path):
+    """pytorch_model.bin.index.json with torch.save shards (older transformers checkpoints)."""
+    ours = rwkv4()
+    as_pytorch_bin(ours, tmp_path).unlink()
+    names = list(ours.state_dict())
+    weight_map = {}
+    for n, part in enumerate((names[:7], names[7:20], names[20:])):
+        shard = f"pytorch_model-{n + 1:05d}-of-00003.bin"
+        torch.save({k: ours.state_dict()[k] for k in part}, tmp_path / shard)
+        weight_map |= {k: shard for k in part}
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    assert_same_weights(RwkvForCausalLM.from_pretrained(tmp_path), ours)
+
+
+def write_index(directory, weight_map):
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "sub/../../outside.safetensors", "/tmp/outside.safetensors"])
+def test_shard_outside_the_directory_is_refused(tmp_path, shard):
+    """I9: an index may not send the loader out of the model directory (transformers follows it)."""
+    model_dir = tmp_path / "model"
+    rwkv4().save_pretrained(model_dir)
+    (model_dir / "model.safetensors").rename(tmp_path / "outside.safetensors")
+    names = rwkv4().state_dict().keys()
+    write_index(model_dir, {k: shard for k in names})
+    with pytest.raises(ValueError, match=r"model\.safetensors\.index\.json: shard .* lies outside the model directory"):
+        RwkvForCausalLM.from_pretrained(model_dir)
+
+
+def test_shard_missing_a_listed_tensor_is_named(tmp_path):
+    rwkv4().save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").rename(tmp_path / "part-1.safetensors")
+    write_index(tmp_path, {k: "part-1.safetensors" for k in rwkv4().state_dict()} | {"extra.weight": "part-1.safetensors"})
+    with pytest.raises(KeyError, match=r"part-1\.safetensors: missing tensor.*extra\.weight"):
+        RwkvForCausalLM.from_pretrained(tmp_path)
+
+
+# ------------------------------------------------------------------- memory-mapped, built on the meta device
+
+def mapped_file(tensor) -> str | None:
+    """The file whose memory mapping holds the tensor's data (from /proc/self/maps), or None."""
+    address = tensor.data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= address < hi:
+                return fields[5] if len(fields) > 5 else None
+    return None
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_parameters_are_the_files_pages(tmp_path, weights):
+    """In its stored dtype a loaded model holds no copy of its weights: every parameter's data lies in a memory
+    mapping of the weight file, and none is left on the meta device; a zip-format .bin loads without the legacy
+    warning."""
+    ours = rwkv4()
+    if weights == "model.safetensors":
+        ours.save_pretrained(tmp_path)
+    else:
+        as_pytorch_bin(ours, tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = RwkvForCausalLM.from_pretrained(tmp_path)
+    assert not any(p.is_meta for p in loaded.parameters())
+    assert {mapped_file(p) for p in loaded.parameters()} == {str(tmp_path / weights)}
+    assert torch.equal(logits(loaded), logits(ours))
+    converted = RwkvForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
+    assert {mapped_file(p) for p in converted.parameters()} != {str(tmp_path / weights)}
+
+
+def test_tied_head_is_the_embedding_after_loading(tmp_path):
+    ours = rwkv4(tie_word_embeddings=True)
+    ours.save_pretrained(tmp_path)
+    loaded = RwkvForCausalLM.from_pretrained(tmp_path)
+    assert loaded.head.weight is loaded.rwkv.embeddings.weight
+    assert torch.equal(logits(loaded), logits(ours))
+
+
+@pytest.mark.parametrize("stored,asked,expected", [
+    (torch.bfloat16, None, torch.bfloat16), (torch.bfloat16, "auto", torch.bfloat16),
+    (torch.float16, "float32", torch.float32), (torch.float32, "bfloat16", torch.bfloat16),
+    (torch.float32, torch.float64, torch.float64)])
+def test_dtype_as_stored_or_as_asked(tmp_path, stored, asked, expected):
+    """C8: a dtype name is accepted; None keeps the stored dtype (no fp32 detour)."""
+    ours = rwkv4().to(stored)
+    ours.save_pretrained(tmp_path)
+    loaded = RwkvForCausalLM.from_pretrained(tmp_path, dtype=asked)
+    assert {p.dtype for p in loaded.parameters()} == {expected}
+    assert torch.equal(loaded.head.weight, ours.head.weight.to(expected))
+
+
+@pytest.mark.parametrize("dtype", ["float17", torch.int32, "cuda", 3])
+def test_bad_dtype_is_named(tmp_path, dtype):
+    rwkv4().save_pretrained(tmp_path)
+    with pytest.raises(TypeError, match="dtype must be None"):
+        RwkvForCausalLM.from_pretrained(tmp_path, dtype=dtype)
+
+
+def test_mamba_and_rwkv7_build_on_meta_too(tmp_path):
+    torch.manual_seed(1)
+    mamba = MambaForCausalLM(MambaConfig(vocab_size=67, hidden_size=16, state_size=4, num_hidden_layers=2)).eval()
+    mamba.save_pretrained(tmp_path / "mamba")
+    assert torch.equal(logits(MambaForCausalLM.from_pretrained(tmp_path / "mamba")), logits(mamba))
+    rwkv7 = Rwkv7(Rwkv7Config(vocab_size=67, n_embd=32, n_layer=2, head_size=16)).eval()
+    torch.save(rwkv7.state_dict(), tmp_path / "rwkv7.pth")
+    loaded = Rwkv7.from_checkpoint(tmp_path / "rwkv7.pth")
+    with torch.no_grad():
+        assert torch.equal(loaded(IDS, backend="torch")[0], rwkv7(IDS, backend="torch")[0])
+
+
+# ------------------------------------------------------------------------------ damaged and hostile files
+
+def test_config_that_is_not_a_json_object_is_named(tmp_path):
+    """C7: config.json not JSON, or a JSON list."""
+    rwkv4().save_pretrained(tmp_path)
+    for text, message in [("{not json", "not valid JSON"), ("[1, 2]", "expected a config object, got a JSON list")]:
+        (tmp_path / "config.json").write_text(text)
+        with pytest.raises(ValueError, match=rf"config\.json: {message}"):
+            RwkvForCausalLM.from_pretrained(tmp_path)
+
+
+def write_safetensors(path, header, body: bytes):
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + body)
+
+
+@pytest.mark.parametrize("case", ["header is a list", "tensor info is a string", "overlapping offsets",
+                                  "truncated data", "header length too large"])
+def test_damaged_safetensors_is_named(tmp_path, case):
+    """C7 (a header that is a JSON list or holds a string), I7 (overlapping data_offsets, which the format
+    forbids), truncation: a ValueError naming the file."""
+    rwkv4().save_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    f32 = dict(dtype="F32", shape=[2])
+    if case == "header is a list":
+        write_safetensors(path, [1, 2], b"")
+    elif case == "tensor info is a string":
+        write_safetensors(path, {"head.weight": "x"}, b"")
+    elif case == "overlapping offsets":
+        write_safetensors(path, {"a": f32 | dict(data_offsets=[0, 8]), "b": f32 | dict(data_offsets=[4, 12])},
+                          bytes(12))
+    elif case == "truncated data":
+        path.write_bytes(path.read_bytes()[:-4])
+    else:
+        path.write_bytes(b"\xff" * 8 + b"{}")
+    with pytest.raises(ValueError, match=r"model\.safetensors: not a valid safetensors file"):
+        RwkvForCausalLM.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage"])
+def test_damaged_torch_checkpoint_is_named(tmp_path, damage):
+    """C9: a truncated or empty pytorch_model.bin / .pth gave a raw OSError or EOFError without the file."""
+    path = as_pytorch_bin(rwkv4(), tmp_path)
+    raw = path.read_bytes()
+    damaged = {"truncated": raw[:len(raw) // 2], "empty": b"", "garbage": b"\x80\x02not a pickle"}[damage]
+    for name in ("pytorch_model.bin", "model.pth"):
+        (tmp_path / name).write_bytes(damaged)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")               # the legacy-format warning, for the non-zip cases
+        with pytest.raises(ValueError, match=r"pytorch_model\.bin: "):
+            RwkvForCausalLM.from_pretrained(tmp_path)
+        with pytest.raises(ValueError, match=r"model\.pth: "):
+            Rwkv7.from_checkpoint(tmp_path / "model.pth")
+
+
+def test_legacy_torch_checkpoint_loads_with_a_warning(tmp_path):
+    ours = rwkv4()
+    as_pytorch_bin(ours, tmp_path, _use_new_zipfile_serialization=False)
+    with pytest.warns(UserWarning, match="legacy .* without mmap"):
+        loaded = RwkvForCausalLM.from_pretrained(tmp_path)
+    assert torch.equal(logits(loaded), logits(ours))
+
+
+# ------------------------------------------------------------------------------------------------ configs
+
+@pytest.mark.parametrize("field,value", [("layer_norm_epsilon", "x"), ("layer_norm_epsilon", -1),
+                                         ("layer_norm_epsilon", 0), ("layer_norm_epsilon", float("nan")),
+                                         ("rescale_every", -2), ("tie_word_embeddings", "yes"),
+                                         ("hidden_size", 16.0)])
+def test_nonsense_config_is_refused_on_load(tmp_path, field, value):
+    """C8 / D7-b: layer_norm_epsilon = -1 loaded and made every logit NaN; a string failed at the first forward."""
+    rwkv4().save_pretrained(tmp_path)
+    config = io.read_json(tmp_path / "config.json")
+    (tmp_path / "config.json").write_text(json.dumps(config | {field: value}))
+    with pytest.raises(ValueError, match=f"RwkvConfig.{field} must be"):
+        RwkvForCausalLM.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("make", [lambda: MambaConfig(layer_norm_epsilon=-1), lambda: MambaConfig(use_bias="no"),
+                                  lambda: Rwkv7Config(n_embd=-16), lambda: Rwkv7Config(layer_norm_epsilon="x"),
+                                  lambda: Rwkv7Config(n_embd=64, head_size=0)])
+def test_nonsense_config_is_refused_on_construction(make):
+    """C10: Rwkv7Config(n_embd=-16) raised about complex numbers (its LoRA defaults take n_embd ** 0.5)."""
+    with pytest.raises(ValueError, match=r"Config\.\w+ must be"):
+        make()
+
+
+# ------------------------------------------------------------------------------------------------- saving
+
+def test_failed_save_leaves_the_old_directory_loadable(tmp_path, monkeypatch):
+    """D7: a save that fails while writing the weights (here: a full disk, half the file written) leaves the
+    directory holding the old model, intact, and no temporary files."""
+    old = rwkv4()
+    old.save_pretrained(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    def fail_half_way(state_dict, path):
+        open(path, "wb").write(b"\0" * 100)
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(io, "save_state_dict", fail_half_way)
+    with pytest.raises(OSError, match="No space left"):
+        rwkv4(hidden_size=8, num_hidden_layers=2).save_pretrained(tmp_path)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert torch.equal(logits(RwkvForCausalLM.from_pretrained(tmp_path)), logits(old))
+
+
+def test_save_removes_superseded_weight_files(tmp_path):
+    """I10: an older pytorch_model.bin (or a sharded set) beside the new model.safetensors is removed; other files
+    are kept."""
+    old = rwkv4()
+    torch.save(old.state_dict(), tmp_path / "pytorch_model.bin")
+    (tmp_path / "old-1.safetensors").write_bytes(b"x")
+    write_index(tmp_path, {"head.weight": "old-1.safetensors"})
+    (tmp_path / "README.md").write_text("mine")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    new = rwkv4(hidden_size=8)
+    new.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "config.json", "model.safetensors",
+                                                          "tokenizer.json"]
+
+
+def test_save_over_the_directory_a_model_was_loaded_from(tmp_path):
+    """The loaded model's parameters are views of the old file: replacing it (os.replace) must not change them."""
+    first = rwkv4()
+    first.save_pretrained(tmp_path)
+    loaded = RwkvForCausalLM.from_pretrained(tmp_path)
+    expected = logits(loaded)
+    rwkv4(hidden_size=8).save_pretrained(tmp_path)
+    assert torch.equal(logits(loaded), expected)
+    assert RwkvModel.from_pretrained(tmp_path).config.hidden_size == 8
+
+
+def test_state_round_trip_through_a_file(tmp_path):
+    model = rwkv4()
+    with torch.no_grad():
+        whole = model(IDS).logits
+        first = model(IDS[:, :5])
+    io.save_state(first.state, tmp_path / "prompt.state")
+    with torch.no_grad():
+        rest = model(IDS[:, 5:], state=io.load_state(tmp_path / "prompt.state")).logits
+    assert_close(rest, whole[:, 5:], FP32_BUDGET, "logits after the state saved to a file")
+    (tmp_path / "bad.state").write_bytes(b"junk")
+    with pytest.raises(ValueError, match=r"bad\.state: cannot be read as a saved state"):
+        io.load_state(tmp_path / "bad.state")
