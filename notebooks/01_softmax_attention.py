@@ -315,12 +315,13 @@ print("outputs that moved:", np.flatnonzero(moved).tolist())   # every query tha
 # [`kernels.attention.attention`](../kernels/attention.py) takes `(B, H, T, d)` tensors. Backend `"torch"` calls
 # torch's scaled dot-product attention; backend `"triton"` is a flash-style kernel: each program owns a tile of
 # query rows and streams over key tiles with exactly the online update of section 5 (here under the Triton
-# interpreter on the CPU, so the shapes are small; $T = 24$ is not a multiple of the tile size, on purpose). Both
+# interpreter on the CPU, so the shapes are small). $T = 40$ on purpose: past one 32-token tile, so a program
+# streams over more than one key tile (and the causal band crosses a tile), and not a multiple of the tile size. Both
 # are run on the same inputs and compared with the float64 reference, causal and not, fp32 and fp16, and with scores
 # past float32's overflow point.
 
 # %%
-B, H, T, d = 2, 2, 24, 16
+B, H, T, d = 2, 2, 40, 16
 q64, k64, v64 = (rng.standard_normal((B, H, T, d)) for _ in range(3))   # float64, (B, H, T, d)
 BACKENDS = ("torch", "triton")
 
