@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import Launch, check_devices, check_same_dtype, check_tensor, new_output, tl, triton
 from seqmix.kernels._flash import (block_d, check_triton_head_dim, flash_launch, load_row_stats, load_tile,
-                                   online_softmax_step, softmax_tile_grad, store_tile)
+                                   online_softmax_step, positive_scale, softmax_tile_grad, store_tile,
+                                   with_nan_rows)
 
 __all__ = ["attention"]
 
@@ -247,7 +248,8 @@ def attention(q, k, v, *, causal=True, scale=None, backend=None):
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
     if backend == "torch":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        q_pos, scale = positive_scale(q, scale)
+        return with_nan_rows(F.scaled_dot_product_attention(q_pos, k, v, is_causal=causal, scale=scale), q)
     check_triton_head_dim(d)
     return AttentionFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale)
 

@@ -57,8 +57,8 @@ import torch
 
 from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
-from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
-                                    needs_grad, new_output, tl, triton)
+from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
+                                    check_tensor, needs_grad, new_output, tl, triton)
 
 __all__ = ["wkv4", "INITIAL_MAX"]
 
@@ -76,6 +76,8 @@ DECAY_FLOOR = 55.0  # e^w is taken as at least e^-55: past terms (>= e^-KEY_RANG
 FLOOR = 60.0        # exponents are clamped at -FLOOR (see below)
 STATE_FLOOR = 80.0  # the same for the carried state's factor: rows span down to e^-KEY_RANGE, and 80 - 30 leaves e^-50
 BONUS_CAP = 20.0    # e^u is formed directly; u above it (never in trained models) is redone
+W_FLOOR = -1e30     # w below this (down to -inf, a decay of exactly 0) is taken as W_FLOOR: e^w = 0 all the same,
+                    # and lag * w stays finite in fp32 for 2^24 steps and more
 STATE_CAP = 60.0    # a state more than e^STATE_CAP above a chunk's own terms swamps them; capped against overflow
 # Why a floor: on x86, torch.exp of a large negative number, and arithmetic on the denormals it yields, are 50-500
 # times slower than normal. e^-60 is still a normal fp32 number, and a term below e^-60 of the largest term of its
@@ -126,7 +128,9 @@ def _torch_chunks(w, u, k, v, num, den, mx):
     of several hundred.
     """
     B, n, L, C = k.shape
-    K = k.detach().amax(2, keepdim=True)                                  # (B, n, 1, C) the chunk's largest key
+    # (B, n, 1, C) the chunk's largest key, NaN left out: a NaN key makes its own row and the later ones NaN, not
+    # the chunk's earlier rows
+    K = k.detach().masked_fill(k.isnan(), -float("inf")).amax(2, keepdim=True)
     kK = k - K                                                            # (B, n, L, C) k_j - K <= 0
     E = _exp(kK)                                                          # e^{k_j - K}
     XE = torch.stack((E * v, E))                                          # (2, B, n, L, C) the terms of num, den
@@ -205,6 +209,13 @@ def _launch_config(C: int) -> Launch:
 
 
 @triton.jit
+def _exp_nonpositive(x):
+    """e^{min(x, 0)}, NaN for NaN x: tl.minimum's default drops a NaN (as fmin does), which would turn a NaN key or
+    bonus into a weight of 1 and the output into finite garbage; every other backend carries the NaN on."""
+    return tl.exp(tl.minimum(x, 0.0, propagate_nan=tl.PropagateNan.ALL))
+
+
+@triton.jit
 def _rounded_max(anchor, lag, w):
     """max = anchor + lag w rounded to fp32, and the rounding error (anchor + lag w) - max (Knuth's two-sum)."""
     drift = lag * w
@@ -241,11 +252,12 @@ def wkv4_fwd_kernel(
     for t in range(T):
         off = seq + t * C
         k = tl.load(k_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        k = tl.where(k == float("inf"), float("nan"), k)   # e^{inf - inf}: the reference's NaN, not a limit
         v = tl.load(v_ptr + off, mask=mask, other=0.0).to(tl.float32)
         # output: the past (num, den at scale e^max) against the current token e^{u + k}; q = the larger exponent
         d = (anchor - k) + lag * w - u                      # max - (u + k)
-        a = tl.exp(tl.minimum(d, 0.0))                      # e^{max - q}
-        e = tl.exp(tl.minimum(-d, 0.0))                     # e^{u + k - q}
+        a = _exp_nonpositive(d)                             # e^{max - q}
+        e = _exp_nonpositive(-d)                            # e^{u + k - q}
         z = a * den + e                                     # Z_t e^{-q}, Z_t = D^_t + e^{u + k_t}
         y = (a * num + e * v) / z
         tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -255,12 +267,12 @@ def wkv4_fwd_kernel(
             tl.store(z_ptr + off, z, mask=mask)
         # update: decay the past by e^w and add e^k; d = (max + w) - k decides which is the new scale
         d = (anchor - k) + (lag + 1.0) * w
-        a = tl.exp(tl.minimum(d, 0.0))
-        e = tl.exp(tl.minimum(-d, 0.0))
+        a = _exp_nonpositive(d)
+        e = _exp_nonpositive(-d)
         num = a * num + e * v
         den = a * den + e
         kept = d >= 0.0
-        anchor = tl.where(kept, anchor, k)
+        anchor = tl.where(d != d, d, tl.where(kept, anchor, k))   # a NaN max stays NaN, as in the recurrence
         lag = tl.where(kept, lag + 1.0, 0.0)
     # max is returned rounded to fp32; num, den follow the rounding exactly
     mx, err = _rounded_max(anchor, lag, w)
@@ -322,10 +334,10 @@ def wkv4_bwd_kernel(
         d = tl.load(d_ptr + off, mask=mask, other=0.0)
         z = tl.load(z_ptr + off, mask=mask, other=1.0)
         d_next = d + (u + w)                                # (max_t + w) - k_t
-        into_next = tl.exp(tl.minimum(-d_next, 0.0))        # e^{k_t - max_{t+1}}
-        decay = tl.exp(tl.minimum(d_next, 0.0))             # e^{max_t + w - max_{t+1}}
-        past = tl.exp(tl.minimum(d, 0.0)) / z               # e^{max_t} / Z_t
-        cur = gy * tl.exp(tl.minimum(-d, 0.0)) / z          # gy_t e^{u + k_t} / Z_t
+        into_next = _exp_nonpositive(-d_next)               # e^{k_t - max_{t+1}}
+        decay = _exp_nonpositive(d_next)                    # e^{max_t + w - max_{t+1}}
+        past = _exp_nonpositive(d) / z                      # e^{max_t} / Z_t
+        cur = gy * _exp_nonpositive(-d) / z                 # gy_t e^{u + k_t} / Z_t
         g_bonus = cur * vy                                  # dL/d(u + k_t) through y_t
         gv = into_next * an + cur
         gk = into_next * (an * v + ad) + g_bonus + tl.where(lag == T - 1 - t, g_top, 0.0)
@@ -400,6 +412,10 @@ class Wkv4Function(torch.autograd.Function):
         return wkv4_bwd(*ctx.saved_tensors, gy, g_num, g_den, g_max)
 
 
+def _plus_inf_as_nan(x):
+    return x.masked_fill(x == float("inf"), float("nan"))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Public op
 # ----------------------------------------------------------------------------------------------------------------
@@ -413,8 +429,9 @@ def wkv4(w, u, k, v, state=None, *, backend=None):
     Args:
         w (torch.Tensor): (C,), the per-step log decay, w = -exp(time_decay) <= 0.
         u (torch.Tensor): (C,), the current token's bonus (time_first).
-        k, v (torch.Tensor): (B, T, C). w, u, k, v share one dtype: fp32, fp16 or bf16 (float64 too on the torch
-            backend).
+        k, v (torch.Tensor): (B, T, C), one dtype: fp32, fp16 or bf16 (float64 too on the torch backend). w and u
+            take that dtype or fp32 (models keep them fp32); they enter the kernels as fp32 (float64 with float64
+            k, v), and w = -inf (a decay of exactly 0) is defined.
         state (tuple or None): (num, den, max), each (B, C), fp32 (float64 for float64 inputs), in Hugging Face's
             layout. Default: (0, 0, INITIAL_MAX = -1e38).
         backend (str or None): "torch", "triton", "c" (kernels/native.c, CPU) or None (Triton for CUDA
@@ -429,7 +446,9 @@ def wkv4(w, u, k, v, state=None, *, backend=None):
     v = check_tensor("v", v, (B, T, C))
     w = check_tensor("w", w, (C,))
     u = check_tensor("u", u, (C,))
-    dtype = check_same_dtype(w=w, u=u, k=k, v=v)
+    dtype = check_same_dtype(k=k, v=v)
+    check_decay_dtype("w", w, dtype)
+    check_decay_dtype("u", u, dtype)
     state_dtype = accumulation_dtype(dtype)
     if state is not None:
         if not isinstance(state, (tuple, list)) or len(state) != 3:
@@ -444,14 +463,19 @@ def wkv4(w, u, k, v, state=None, *, backend=None):
     if torch.isnan(w).any() or (w > 0).any():
         raise ValueError("w is the per-step log decay, w = -exp(time_decay): every entry must be <= 0 and not NaN; "
                          f"got max {w.max().item()} and {int(torch.isnan(w).sum())} NaN")
+    # w and u enter every backend in the state's dtype (an fp16 -exp(time_decay) overflows from time_decay > 11.09);
+    # w = -inf (a decay of exactly 0) as W_FLOOR, which decays as completely and keeps (steps) * w finite.
+    # u = +inf, or a state max of +inf, gives the reference's e^{inf - inf} = NaN on every backend, not a limit.
+    w, u = w.to(state_dtype).clamp_min(W_FLOOR), _plus_inf_as_nan(u.to(state_dtype))
     if state is None:
         zeros = torch.zeros(B, C, dtype=state_dtype, device=device)
         state = (zeros, zeros.clone(), torch.full((B, C), INITIAL_MAX, dtype=state_dtype, device=device))
+    state = (*state[:2], _plus_inf_as_nan(state[2]))
     if k.numel() == 0:   # no tokens, rows or channels: nothing to compute, the state stays
         return k.new_empty((B, T, C)), state
 
     if backend == "torch":
-        y, new_state = _wkv4_torch(*(x.to(state_dtype) for x in (w, u, k, v)), *state)
+        y, new_state = _wkv4_torch(w, u, k.to(state_dtype), v.to(state_dtype), *state)
         return y.to(dtype), new_state
     if backend == "c":
         return native_autograd.wkv4(w, u, k, v, state, grad)
