@@ -82,6 +82,13 @@ def check_tensor(name: str, x, shape: tuple, dtypes=TORCH_DTYPES) -> torch.Tenso
     return x
 
 
+def finite_log_decay(x: torch.Tensor) -> torch.Tensor:
+    """A log decay (WKV-7's log_w, the scan's A) as every backend takes it: -inf, a decay of exactly 0, as the most
+    negative finite number, so that e^x is 0 all the same and no sum or product of exponents makes inf - inf or
+    0 * inf; +inf, an infinite growth, as NaN, which every backend carries alike."""
+    return x.clamp_min(torch.finfo(x.dtype).min).masked_fill(x == float("inf"), float("nan"))
+
+
 def check_decay_dtype(name: str, x, dtype: torch.dtype) -> None:
     """A decay (or another per-channel parameter) may take the inputs' dtype or the accumulation dtype, fp32 beside
     fp16/bf16 inputs: models keep decays in fp32, where -exp(time_decay) does not overflow (the design's dtype rule)."""

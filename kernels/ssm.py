@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
-                                    check_tensor, needs_grad, new_output, tl, triton)
+                                    check_tensor, finite_log_decay, needs_grad, new_output, tl, triton)
 
 __all__ = ["selective_scan"]
 
@@ -430,6 +430,9 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_
         if (step < 0).any():
             raise ValueError("delta must be >= 0 (a step size) after delta_bias (delta_softplus=False), got min "
                              f"{step.min().item()}")
+    # A = -inf, a decay of exactly 0 (the reference takes finite A only): e^{delta A} = 0 whatever the step, also
+    # at delta = 0 (the torch path's padding), where 0 * -inf would be NaN
+    A = finite_log_decay(A)
     if backend == "c":   # the whole op in the loop: bias, softplus, scan, skip and gate
         return native_autograd.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state, grad)
     dt = delta.to(compute)

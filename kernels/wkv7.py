@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
-                                    check_tensor, needs_grad, new_output, tl, triton)
+                                    check_tensor, finite_log_decay, needs_grad, new_output, tl, triton)
 
 __all__ = ["wkv7"]
 
@@ -466,22 +466,24 @@ def _grid(B, H, N, cfg: Launch):
     return (B * H, N // cfg["BLOCK_V"])
 
 
-def _use_chunked_forward(log_w):
+def _use_chunked_forward(log_w, *others):
     """Whether the chunked forward takes these decays: head sizes from 16 (tl.dot's smallest tile) whose chunks pass
-    _factors_in_range. The sequential kernel takes the rest (decays far stronger than RWKV-7's, small heads)."""
+    _factors_in_range, and finite ``others`` (r, k, v, a, b): its tile products would carry a NaN (0 * NaN) to the
+    earlier steps of its chunk. The sequential kernel takes the rest (decays far stronger than RWKV-7's, small
+    heads, non-finite inputs)."""
     B, T, H, N = log_w.shape
     if N < CHUNKED_BLOCK_K:
         return False
     pad = -T % CHECKPOINT
     c = F.pad(log_w, (0, 0, 0, 0, 0, pad)).view(B, -1, CHECKPOINT, H, N).float().cumsum(2)
-    return _factors_in_range(c)
+    return _factors_in_range(c) and bool(torch.stack([x.sum(dtype=torch.float32) for x in others]).isfinite().all())
 
 
 def wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
     """Runs the sequential or (where it applies) the chunked forward kernel; returns y, the final state and the
     checkpoints (the state itself, unwritten, without ``save_checkpoints``)."""
     B, T, H, N = r.shape
-    if chunked and _use_chunked_forward(log_w):   # its chunks are the checkpoint intervals
+    if chunked and _use_chunked_forward(log_w, r, k, v, a, b):   # its chunks are the checkpoint intervals
         kernel, cfg, steps = wkv7_chunked_fwd_kernel, _chunked_launch_config(N), {"CHUNK": CHECKPOINT}
     else:
         kernel, cfg, steps = wkv7_fwd_kernel, _launch_config(N), {"CHECKPOINT": CHECKPOINT}
@@ -586,9 +588,7 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
     state_dtype = accumulation_dtype(dtype)
     if state is not None:
         check_tensor("state", state, (B, H, N, N), dtypes=(state_dtype,))
-    # log_w = -inf, a decay of exactly 0, as the most negative finite number: e^log_w = 0 all the same, and sums of
-    # log decays stay free of inf - inf on every backend (the reference takes finite log_w only)
-    log_w = log_w.clamp_min(torch.finfo(log_w.dtype).min)
+    log_w = finite_log_decay(log_w)   # -inf: a decay of exactly 0 (the reference takes finite log_w only)
     if backend == "torch":
         if state is None:
             state = torch.zeros((B, H, N, N), dtype=state_dtype, device=device)
