@@ -119,8 +119,8 @@ def _stable_steps(w, u, k, v, num, den, mx):
 
 
 def _torch_chunks(w, u, k, v, num, den, mx):
-    """WKV over n chunks of L tokens: k, v (B, n, L, C); w, u (C,); state (B, C) -> (rows (2, B, n, L, C): each
-    row's numerator and denominator, divided by a common factor that differs between rows; the final state).
+    """WKV over n chunks of L tokens: k, v (B, n, L, C); w, u (C,); state (B, C) -> (wkv (B, n, L, C), the final
+    state).
 
     See the module docstring for the algebra. K's reference is detached (it cancels from every result); the maxima
     at chunk boundaries stay attached, since the last one is an output. Exponent differences are formed from
@@ -155,33 +155,59 @@ def _torch_chunks(w, u, k, v, num, den, mx):
         e = _exp(column(G) - nu_rel[bi, ni, ci, None])                    # (F, L) every term over the largest
         totals[:, bi, ni, ci] = torch.stack(((e * column(v)).sum(1), e.sum(1)))
 
-    # The maxima at chunk boundaries, HF's: max' = max(max + L w, nu), and (num, den) carried in closed form.
+    # The maxima at chunk boundaries, HF's: max' = max(max + L w, nu), and (num, den) carried in closed form. nu is
+    # rounded to fp32 (an ulp of 1e-3 at keys of 1e4): the chunk's totals come in scaled by e^{nu - max'} times
+    # e^{the rounding error}, as the Triton kernel's two-sum does (max + L w needs none: keep takes the difference
+    # of the maxima).
     K, Lw = K.squeeze(2), L * w
     nu = K + nu_rel                                                       # (B, n, C)
+    back = nu - K
+    nu_err = ((K - (nu - back)) + (nu_rel - back)).detach()               # (K + nu_rel) - nu, exactly
     maxima = [mx]
     for i in range(n):
         maxima.append(torch.maximum(maxima[-1] + Lw, nu[:, i]))
     maxima = torch.stack(maxima, 1)                                       # (B, n + 1, C)
     start, end = maxima[:, :-1], maxima[:, 1:]
     keep = _exp((start - end) + Lw)                                       # (B, n, C) e^{max_n + L w - max_{n+1}}
-    added = _exp(nu - end) * totals                                       # (2, B, n, C) e^{nu - max_{n+1}} totals
+    added = _exp((nu - end) + nu_err) * totals                            # (2, B, n, C) e^{nu - max_{n+1}} totals
     carried = [torch.stack((num, den))]                                   # (2, B, C) each
     for i in range(n):
         carried.append(torch.addcmul(added[:, :, i], keep[:, i], carried[-1]))
     state = (carried[-1][0], carried[-1][1], maxima[:, -1])
     carried = torch.stack(carried[:-1], 2)                                # (2, B, n, C) at each chunk's start
 
-    # Rows relative to e^K: past tokens P_tau, current e^u XE_tau, state e^{max + tau w - K} (num, den).
+    # Rows relative to e^K: past tokens P_tau and the state e^{max + tau w - K} (num, den), then the current token
+    # of weight e^u E_tau.
     offsets = torch.arange(L, dtype=k.dtype, device=k.device)[:, None] * w                     # (L, C) tau w
     state_scale = _exp((start - K).unsqueeze(2) + offsets, STATE_CAP, STATE_FLOOR)             # (B, n, L, C)
-    rows = torch.stack(sums[:-1], 3).addcmul_(_exp(u, BONUS_CAP), XE)                           # (2, B, n, L, C)
-    rows.addcmul_(state_scale, carried.unsqueeze(3))
+    past = torch.stack(sums[:-1], 3).addcmul_(state_scale, carried.unsqueeze(3))               # (2, B, n, L, C)
+    y = _CurrentTokenRatio.apply(past[0], past[1], _exp(u, BONUS_CAP) * E, v)                  # (B, n, L, C)
 
     if any_redo:
         exact = _stable_steps(w[ci, None], u[ci, None], column(k)[..., None], column(v)[..., None],
                               carried[0][bi, ni, ci, None], carried[1][bi, ni, ci, None], start[bi, ni, ci, None])
-        rows[:, bi[:, None], ni[:, None], torch.arange(L, device=k.device), ci[:, None]] = torch.stack(exact)[..., 0]
-    return rows, state
+        y = y.index_put((bi[:, None], ni[:, None], torch.arange(L, device=k.device), ci[:, None]),
+                        (exact[0] / exact[1])[..., 0])
+    return y, state
+
+
+class _CurrentTokenRatio(torch.autograd.Function):
+    """y = (P_num + c v) / (P_den + c): a row's past P (its chunk's earlier tokens and the carried state) and its
+    current token's weight c = e^{u + k - K}. The backward forms dy/dc = (v - y) / Z as (P_den v - P_num) / Z^2,
+    without the cancellation of autograd through the ratio when the current token dominates (y ~ v), as the Triton
+    kernel saves v - y."""
+
+    @staticmethod
+    def forward(ctx, p_num, p_den, c, v):
+        ctx.save_for_backward(p_num, p_den, c, v)
+        return (p_num + c * v) / (p_den + c)
+
+    @staticmethod
+    def backward(ctx, gy):
+        p_num, p_den, c, v = ctx.saved_tensors
+        z = p_den + c
+        g = gy / z
+        return g, -g * (p_num + c * v) / z, g * (p_den * v - p_num) / z, g * c
 
 
 def _wkv4_torch(w, u, k, v, num, den, mx):
@@ -194,8 +220,8 @@ def _wkv4_torch(w, u, k, v, num, den, mx):
     ys, state = [], (num, den, mx)
     for first, end, L in segments:
         chunks = lambda x: x[:, first:end].reshape(B, (end - first) // L, L, C)   # noqa: E731
-        rows, state = _torch_chunks(w, u, chunks(k), chunks(v), *state)
-        ys.append((rows[0] / rows[1]).reshape(B, end - first, C))
+        y, state = _torch_chunks(w, u, chunks(k), chunks(v), *state)
+        ys.append(y.reshape(B, end - first, C))
     return (ys[0] if len(ys) == 1 else torch.cat(ys, 1)), state
 
 
