@@ -34,7 +34,7 @@ import numbers
 
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import check_devices, check_same_dtype, check_tensor
-from seqmix.kernels._flash import check_triton_head_dim, positive_scale, with_nan_rows
+from seqmix.kernels._flash import check_triton_head_dim, positive_scale
 from seqmix.kernels.rerope.fused import rerope_triton
 from seqmix.kernels.rerope.piecewise import rerope_decode_torch, rerope_torch
 
@@ -72,8 +72,8 @@ def _checked_run(torch_path, q, k, v, window, leaky_k, scale, train_length, base
     scale = _check_options(window, leaky_k, scale, train_length, base, d)
     if backend == "triton":
         return rerope_triton(q, k, v, int(window), leaky_k, scale, train_length, base)
-    q_pos, scale = positive_scale(q, scale)
-    return with_nan_rows(torch_path(q_pos, k, v, int(window), leaky_k, scale, train_length, base), q)
+    q, scale = positive_scale(q, scale)
+    return torch_path(q, k, v, int(window), leaky_k, scale, train_length, base)
 
 
 def rerope_attention(q, k, v, window, *, leaky_k=None, scale=None, train_length=None, base=10000.0, backend=None):
