@@ -252,7 +252,7 @@ def _rounded_max(anchor, lag, w):
 
 @triton.jit
 def wkv4_fwd_kernel(
-    w_ptr, u_ptr,                    # (C,) per-step log decay w <= 0 and current-token bonus u, input dtype
+    w_ptr, u_ptr,                    # (C,) fp32 per-step log decay w <= 0 and current-token bonus u
     k_ptr, v_ptr,                    # (B, T, C) keys and values, contiguous, input dtype
     y_ptr,                           # (B, T, C) output wkv, input dtype
     num0_ptr, den0_ptr, max0_ptr,    # (B, C) fp32 initial state (num, den, max), read only
@@ -311,7 +311,7 @@ def wkv4_fwd_kernel(
 
 @triton.jit
 def wkv4_bwd_kernel(
-    w_ptr, u_ptr, k_ptr, v_ptr,      # the forward's inputs: (C,), (C,), (B, T, C), (B, T, C), input dtype
+    w_ptr, u_ptr, k_ptr, v_ptr,      # the forward's inputs: (C,), (C,) fp32; (B, T, C), (B, T, C), input dtype
     vy_ptr, d_ptr, z_ptr,            # (B, T, C) fp32 saved by the forward
     gy_ptr,                          # (B, T, C) dL/dy, input dtype
     num0_ptr, den0_ptr, max0_ptr,    # (B, C) fp32 initial state
@@ -524,9 +524,9 @@ def aot_kernels():
     for C in (768, 4096):
         cfg = _launch_config(C)
         for dtype in ("fp32", "bf16"):
-            # pointers in the input dtype; the others are fp32 (states, saved values)
-            types = {**{a: f"*{dtype}" for a in ("w_ptr", "u_ptr", "k_ptr", "v_ptr", "y_ptr", "gy_ptr", "gk_ptr",
-                                                 "gv_ptr")}, "T": "i32", "C": "i32"}
+            # pointers in the input dtype; the others are fp32 (w, u as wkv4 passes them, states, saved values)
+            types = {**{a: f"*{dtype}" for a in ("k_ptr", "v_ptr", "y_ptr", "gy_ptr", "gk_ptr", "gv_ptr")},
+                     "T": "i32", "C": "i32"}
             for fn, label, constexprs in ((wkv4_fwd_kernel, "wkv4_fwd", {"SAVE": False}),
                                           (wkv4_fwd_kernel, "wkv4_fwd_save", {"SAVE": True}),
                                           (wkv4_bwd_kernel, "wkv4_bwd", {})):
