@@ -21,8 +21,8 @@ from seqmix.models.mamba import MambaConfig, MambaForCausalLM
 from seqmix.models.rwkv4 import RwkvConfig, RwkvForCausalLM
 from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
 
-__all__ = ["ARCHITECTURES", "TimeInvariantProjection", "time_invariant_system", "rwkv7_training_init", "mamba_training_init", "build",
-           "logits", "num_parameters", "state_size"]
+__all__ = ["ARCHITECTURES", "TimeInvariantProjection", "time_invariant_system", "rwkv7_training_init",
+           "mamba_training_init", "build", "logits", "num_parameters", "state_size"]
 
 ARCHITECTURES = ("attention", "rwkv4", "rwkv7", "mamba", "mamba_lti")
 

@@ -78,8 +78,8 @@ print("each file's split follows from its name:",
 # %% tags=["nbval-check-output"]
 x = np.arange(8 * L)
 for w in (L // 4, L // 2):
-    print(f"Leaky ReRoPE w = {w}, k = {setup.leaky_k:g}: largest rel at 8x = {rectify(x, w, leaky_k=setup.leaky_k).max():.2f}"
-          f" < L = {L}: {rectify(x, w, leaky_k=setup.leaky_k).max() < L}")
+    largest = rectify(x, w, leaky_k=setup.leaky_k).max()
+    print(f"Leaky ReRoPE w = {w}, k = {setup.leaky_k:g}: largest rel at 8x = {largest:.2f} < L = {L}: {largest < L}")
 d = setup.head_size
 slowest = lambda base: (8 * L - 1) * base ** (-(d - 2) / d)                # the last pair's angle at 8x   # noqa: E731
 print(f"NTK-old at 8x: slowest pair turns {slowest(ntk_scaled_base(d, 8.0)):.4f} rad, "
