@@ -33,7 +33,7 @@ import numpy as np
 
 from seqmix.experiments import data, plots
 from seqmix.experiments.records import Results, command_line, environment, fmt, markdown_table
-from seqmix.experiments.training import Budget, Run, evaluate, round_to_fp16, setup_torch, successive_halving
+from seqmix.experiments.training import Budget, Run, evaluate, round_to_fp16, torch_settings, successive_halving
 from seqmix.experiments.transformer import PositionScheme, Transformer, TransformerConfig
 from seqmix.models.io import load_state_dict, save_state_dict
 
@@ -168,25 +168,25 @@ def _scheme_name(scheme: PositionScheme) -> str:
 
 
 def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = True) -> Results:
-    setup_torch(threads)
-    corpus = data.stdlib_corpus()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "stdlib_corpus.json").write_text(json.dumps(corpus.manifest(), indent=1) + "\n")
-    results = Results(out, NAME)
-    _train(results, setup, corpus, out, seed, threads, progress)
-    models = {m: load_model(setup, m, out) for m in MODELS}
-    for model, variant, scheme in _variants(setup):
-        for kind in KINDS:
-            for factor in setup.factors:
-                key = dict(phase="eval", seed=seed, scheme=_scheme_name(scheme), variant=variant,
-                           kind=kind, factor=factor)
-                if results.find(**key) is None:
-                    forward = lambda m, ids, scheme=scheme: m(ids, scheme)   # noqa: E731
-                    metrics = evaluate(forward, models[model], *held_out_samples(setup, corpus, kind, factor),
-                                       batch_size=max(1, 4096 // (factor * setup.train_length)))
-                    results.add({**key, "model": model, "length": factor * setup.train_length, **metrics})
-    report(results, setup, out, seed)
-    return results
+    with torch_settings(threads):
+        corpus = data.stdlib_corpus()
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "stdlib_corpus.json").write_text(json.dumps(corpus.manifest(), indent=1) + "\n")
+        results = Results(out, NAME)
+        _train(results, setup, corpus, out, seed, threads, progress)
+        models = {m: load_model(setup, m, out) for m in MODELS}
+        for model, variant, scheme in _variants(setup):
+            for kind in KINDS:
+                for factor in setup.factors:
+                    key = dict(phase="eval", seed=seed, scheme=_scheme_name(scheme), variant=variant,
+                               kind=kind, factor=factor)
+                    if results.find(**key) is None:
+                        forward = lambda m, ids, scheme=scheme: m(ids, scheme)   # noqa: E731
+                        metrics = evaluate(forward, models[model], *held_out_samples(setup, corpus, kind, factor),
+                                           batch_size=max(1, 4096 // (factor * setup.train_length)))
+                        results.add({**key, "model": model, "length": factor * setup.train_length, **metrics})
+        report(results, setup, out, seed)
+        return results
 
 
 def _accuracy(results, seed, scheme, variant, kind, factor):

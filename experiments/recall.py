@@ -26,7 +26,7 @@ import numpy as np
 
 from seqmix.experiments import data, plots, zoo
 from seqmix.experiments.records import Results, command_line, environment, fmt, markdown_table
-from seqmix.experiments.training import Budget, Run, evaluate, round_to_fp16, setup_torch, sweep_then_seeds
+from seqmix.experiments.training import Budget, Run, evaluate, round_to_fp16, torch_settings, sweep_then_seeds
 from seqmix.models.io import save_state_dict
 
 __all__ = ["Setup", "FULL", "QUICK", "run", "long_runs", "report", "weights_path", "main"]
@@ -99,24 +99,24 @@ def weights_path(out, arch: str, width: int, pairs: int):
 
 def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = True) -> Results:
     """Every setting of ``setup`` not yet in <out>/recall.json: its sweep, then its seeds' final runs."""
-    setup_torch(threads)
-    results, env = Results(out, NAME), environment(threads)
+    with torch_settings(threads):
+        results, env = Results(out, NAME), environment(threads)
 
-    def every_setting(seeds):
-        for pairs in setup.pairs:
-            for width in setup.widths:
-                for arch in setup.archs:
-                    sweep_then_seeds(results, dict(arch=arch, width=width, pairs=pairs),
-                                     partial(_make_run, setup, arch, width, pairs), setup.lrs, setup.budget,
-                                     seed=seed, seeds=seeds, rungs=setup.rungs,
-                                     finish=partial(_finish, setup, out, seed), env=env, progress=progress)
+        def every_setting(seeds):
+            for pairs in setup.pairs:
+                for width in setup.widths:
+                    for arch in setup.archs:
+                        sweep_then_seeds(results, dict(arch=arch, width=width, pairs=pairs),
+                                         partial(_make_run, setup, arch, width, pairs), setup.lrs, setup.budget,
+                                         seed=seed, seeds=seeds, rungs=setup.rungs,
+                                         finish=partial(_finish, setup, out, seed), env=env, progress=progress)
 
-    every_setting(1)                  # the first seed everywhere (the sweeps), then the longer runs, then the others
-    if setup.long_setting is not None:
-        long_runs(results, setup, env, seed, progress)
-    every_setting(setup.seeds)
-    report(results, setup, out)
-    return results
+        every_setting(1)              # the first seed everywhere (the sweeps), then the longer runs, then the others
+        if setup.long_setting is not None:
+            long_runs(results, setup, env, seed, progress)
+        every_setting(setup.seeds)
+        report(results, setup, out)
+        return results
 
 
 def long_runs(results: Results, setup: Setup, env: dict, seed: int = 0, progress: bool = True) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 
 from seqmix.experiments import data, plots, zoo
 from seqmix.experiments.records import Results, command_line, environment, fmt, markdown_table
-from seqmix.experiments.training import Budget, Run, evaluate, round_to_fp16, setup_torch, sweep_then_seeds
+from seqmix.experiments.training import Budget, Run, evaluate, round_to_fp16, torch_settings, sweep_then_seeds
 from seqmix.models.io import save_state_dict
 
 __all__ = ["Setup", "FULL", "QUICK", "run", "report", "weights_path", "held_out", "main"]
@@ -89,14 +89,14 @@ def _finish(setup: Setup, out, first_seed: int, run: Run, key: dict) -> dict:
 
 
 def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = True) -> Results:
-    setup_torch(threads)
-    results, env = Results(out, NAME), environment(threads)
-    for arch in setup.archs:
-        sweep_then_seeds(results, dict(arch=arch, width=setup.width), partial(_make_run, setup, arch), setup.lrs,
-                         setup.budget, seed=seed, seeds=setup.seeds, rungs=setup.rungs,
-                         finish=partial(_finish, setup, out, seed), env=env, progress=progress)
-    report(results, setup, out)
-    return results
+    with torch_settings(threads):
+        results, env = Results(out, NAME), environment(threads)
+        for arch in setup.archs:
+            sweep_then_seeds(results, dict(arch=arch, width=setup.width), partial(_make_run, setup, arch), setup.lrs,
+                             setup.budget, seed=seed, seeds=setup.seeds, rungs=setup.rungs,
+                             finish=partial(_finish, setup, out, seed), env=env, progress=progress)
+        report(results, setup, out)
+        return results
 
 
 def report(results: Results, setup: Setup, out) -> str:

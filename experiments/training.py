@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,7 +27,24 @@ from tqdm import tqdm          # text bars (tqdm.auto warns in a notebook withou
 
 from seqmix.experiments.data import IGNORE
 
-__all__ = ["Budget", "Run", "evaluate", "successive_halving", "sweep_then_seeds", "setup_torch", "round_to_fp16"]
+__all__ = ["Budget", "Run", "evaluate", "successive_halving", "sweep_then_seeds", "setup_torch", "torch_settings",
+           "round_to_fp16"]
+
+
+@contextmanager
+def torch_settings(threads: int):
+    """setup_torch(threads) for the duration of a with-block, then denormals back on (torch's default) and torch's
+    thread count as it was: the flush-to-zero flag outlives the block otherwise and changes every later float
+    computation of the process, NumPy's too (kernel tests run after an experiment saw exp and softplus lose their
+    last bits). The flag is per thread and a new thread inherits it: OpenMP workers started inside the block (threads
+    > 1) keep it, so run multi-threaded experiments in a process of their own (the command line does)."""
+    before = torch.get_num_threads()
+    setup_torch(threads)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(before)
 
 
 def setup_torch(threads: int) -> None:
