@@ -22,6 +22,20 @@ def flash_launch(block_m: int, block_n: int, num_warps: int, num_stages: int) ->
     return Launch({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps, num_stages)
 
 
+def flash_grid(n_rows: int, block: int, batch_heads: int) -> tuple:
+    """One program per (batch, head) and tile of ``block`` rows: (B H, cdiv(n_rows, block)). B H goes on grid axis 0,
+    which CUDA allows up to 2^31 - 1 programs; axis 1 allows 65,535 (B H = 65,536 is decode at B = 2048, H = 32),
+    where the tiles (n_rows / block) stay far below it. The kernels read the head from program_id(0) (flash_head)
+    and the tile from program_id(1)."""
+    return (batch_heads, triton.cdiv(n_rows, block))
+
+
+@triton.jit
+def flash_head():
+    """This program's (batch, head) index, int64: the offsets built from it pass 2^31."""
+    return tl.program_id(0).to(tl.int64)
+
+
 def block_d(head_dim: int) -> int:
     """The head dimension rounded up to a power of two (tl.arange needs one); extra columns are masked."""
     return max(16, triton.next_power_of_2(head_dim))

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import Launch, check_devices, check_same_dtype, check_tensor, new_output, tl, triton
-from seqmix.kernels._flash import (block_d, check_triton_head_dim, flash_launch, load_row_stats, load_tile,
-                                   online_softmax_step, softmax_tile_grad, store_tile)
+from seqmix.kernels._flash import (block_d, check_triton_head_dim, flash_grid, flash_head, flash_launch,
+                                   load_row_stats, load_tile, online_softmax_step, softmax_tile_grad, store_tile)
 
 __all__ = ["attention"]
 
@@ -72,8 +72,8 @@ def attention_fwd_kernel(
     BLOCK_N: tl.constexpr,      # keys per tile of the inner loop
     CAUSAL: tl.constexpr,       # mask j > i and skip the tiles above the diagonal
 ):
-    start_m = tl.program_id(0) * BLOCK_M
-    seq = tl.program_id(1).to(tl.int64) * T * HEAD_DIM         # this (batch, head)'s first element
+    start_m = tl.program_id(1) * BLOCK_M
+    seq = flash_head() * T * HEAD_DIM                          # this (batch, head)'s first element
     rows = start_m + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
     q = load_tile(q_ptr + seq, rows, T, dims, HEAD_DIM)
@@ -92,7 +92,7 @@ def attention_fwd_kernel(
         m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc)
 
     store_tile(o_ptr + seq, acc / l_i[:, None], rows, T, dims, HEAD_DIM)
-    tl.store(lse_ptr + tl.program_id(1).to(tl.int64) * T + rows, m_i + tl.log(l_i), mask=rows < T)
+    tl.store(lse_ptr + flash_head() * T + rows, m_i + tl.log(l_i), mask=rows < T)
 
 
 @triton.jit
@@ -106,8 +106,8 @@ def attention_bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,      # keys per program
     CAUSAL: tl.constexpr,
 ):
-    start_n = tl.program_id(0) * BLOCK_N
-    bh = tl.program_id(1).to(tl.int64)
+    start_n = tl.program_id(1) * BLOCK_N
+    bh = flash_head()
     seq = bh * T * HEAD_DIM
     cols = start_n + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
@@ -142,8 +142,8 @@ def attention_bwd_dq_kernel(
     BLOCK_N: tl.constexpr,      # keys per tile of the inner loop
     CAUSAL: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1).to(tl.int64)
+    start_m = tl.program_id(1) * BLOCK_M
+    bh = flash_head()
     seq = bh * T * HEAD_DIM
     rows = start_m + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
@@ -174,7 +174,7 @@ def attention_fwd(q, k, v, causal, scale):
     cfg = _launch_config(d, q.dtype)
     o = new_output(q.shape, q.dtype, q.device)
     lse = new_output((B, H, T), torch.float32, q.device)
-    attention_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
+    attention_fwd_kernel[flash_grid(T, cfg["BLOCK_M"], B * H)](
         q, k, v, o, lse, T, scale, **_constexprs(d, cfg, causal), **cfg.options)
     return o, lse
 
@@ -187,9 +187,9 @@ def attention_bwd(q, k, v, o, lse, do, causal, scale):
     delta = (do.float() * o.float()).sum(-1)                     # D_i = sum_c dO_ic O_ic, (B, H, T) fp32
     dq, dk, dv = (new_output(q.shape, q.dtype, q.device) for _ in range(3))
     meta = dict(**_constexprs(d, cfg, causal), **cfg.options)
-    attention_bwd_dkdv_kernel[(triton.cdiv(T, cfg["BLOCK_N"]), B * H)](
+    attention_bwd_dkdv_kernel[flash_grid(T, cfg["BLOCK_N"], B * H)](
         q, k, v, do, lse, delta, dk, dv, T, scale, **meta)
-    attention_bwd_dq_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
+    attention_bwd_dq_kernel[flash_grid(T, cfg["BLOCK_M"], B * H)](
         q, k, v, do, lse, delta, dq, T, scale, **meta)
     return dq, dk, dv
 
