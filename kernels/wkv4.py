@@ -226,7 +226,7 @@ def wkv4_fwd_kernel(
     SAVE: tl.constexpr,              # keep what the backward needs
     BLOCK_C: tl.constexpr,           # channels per program
 ):
-    b = tl.program_id(0)
+    b = tl.program_id(0).to(tl.int64)                # int64: every offset below is, as T C passes 2^31 at long T
     cs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = cs < C
     w = tl.load(w_ptr + cs, mask=mask, other=0.0).to(tl.float32)
@@ -237,9 +237,10 @@ def wkv4_fwd_kernel(
     # then formed from differences of keys, so keys of several hundred keep fp32's relative precision.
     anchor = tl.load(max0_ptr + b * C + cs, mask=mask, other=0.0)
     lag = tl.zeros([BLOCK_C], dtype=tl.float32)                # exact integers up to 2^24 tokens
-    seq = b.to(tl.int64) * T * C + cs                # this batch row's channels at step 0
+    seq = b * T * C + cs                             # this batch row's channels at step 0
+    stride_t = tl.cast(C, tl.int64)                  # from one step to the next
     for t in range(T):
-        off = seq + t * C
+        off = seq + t * stride_t
         k = tl.load(k_ptr + off, mask=mask, other=0.0).to(tl.float32)
         v = tl.load(v_ptr + off, mask=mask, other=0.0).to(tl.float32)
         # output: the past (num, den at scale e^max) against the current token e^{u + k}; q = the larger exponent
@@ -286,11 +287,12 @@ def wkv4_bwd_kernel(
     T, C,                            # sequence length, channels
     BLOCK_C: tl.constexpr,           # channels per program
 ):
-    b = tl.program_id(0)
+    b = tl.program_id(0).to(tl.int64)                # int64 offsets, as in the forward
     cs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = cs < C
     sc = b * C + cs
-    seq = b.to(tl.int64) * T * C + cs
+    seq = b * T * C + cs
+    stride_t = tl.cast(C, tl.int64)
     w = tl.load(w_ptr + cs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + cs, mask=mask, other=0.0).to(tl.float32)
     max0 = tl.load(max0_ptr + sc, mask=mask, other=0.0)
@@ -303,7 +305,7 @@ def wkv4_bwd_kernel(
     # since the returned num, den were scaled by e^err
     lag = tl.load(lag_ptr + sc, mask=mask, other=0.0)
     from_token = lag < T
-    anchor = tl.load(k_ptr + seq + (T - 1 - lag).to(tl.int32) * C, mask=mask & from_token, other=0.0)
+    anchor = tl.load(k_ptr + seq + (T - 1 - lag).to(tl.int64) * stride_t, mask=mask & from_token, other=0.0)
     _, err = _rounded_max(tl.where(from_token, anchor.to(tl.float32), max0), lag, w)
     # Adjoints of N^_t, D^_t (an, ad) and of their w-derivatives (bn, bd), times e^{max_t}: the forward's max before
     # token t. Every factor below is a forward exponential (<= 1) rebuilt from d_t and z_t.
@@ -315,7 +317,7 @@ def wkv4_bwd_kernel(
     gu = tl.zeros([BLOCK_C], dtype=tl.float32)
     for i in range(T):
         t = T - 1 - i
-        off = seq + t * C
+        off = seq + t * stride_t
         v = tl.load(v_ptr + off, mask=mask, other=0.0).to(tl.float32)
         gy = tl.load(gy_ptr + off, mask=mask, other=0.0).to(tl.float32)
         vy = tl.load(vy_ptr + off, mask=mask, other=0.0)

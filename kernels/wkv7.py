@@ -41,9 +41,11 @@ scratch buffer, then walks the run in reverse with G = dL/dS_t:
     G += dy_t r_t^T;  dr_t = S_t^T dy_t;  dv_t = G k_t;  dk_t = G^T v_t;  q = G b_t;  db_t = G^T (S_{t-1} a_t);
     da_t = S_{t-1}^T q;  dlog_w_t = w_t * colsum(G * S_{t-1});  G <- G diag(w_t) + q a_t^T   (= dL/dS_{t-1})
 
-The key-vector gradients (dr, dk, da, db, dlog_w) are sums over value rows: each program adds its rows' share
-with fp32 atomic adds (no per-block copies of them in memory; on a GPU the order of the adds, hence the last bits
-of these gradients, can differ between runs). T need not be a multiple of anything: steps past T read log_w = 0
+The key-vector gradients (dr, dk, da, db, dlog_w) are sums over value rows: each program stores its rows' share
+in its own slice of a (N / BLOCK_V, 5, B, T, H, N) buffer, which the wrapper sums once. No atomics: on a GPU an
+atomic add is a memory fence (acq_rel, the default) and its order changes the last bits from run to run; the
+partial sums make the gradients the same bit for bit in every run, for N / BLOCK_V (4 at N = 64, 8 at N = 128)
+times the memory of the five gradients while the backward runs. T need not be a multiple of anything: steps past T read log_w = 0
 and zeros elsewhere, which leaves the state unchanged.
 
 Chunked Triton forward (wkv7(..., chunked=True)): the torch path's factored WY form in one kernel, one program per
@@ -209,9 +211,9 @@ def _step(S, w, k, v, a, b):
 def _head_offsets(pid_bh, T, H, N: tl.constexpr):
     """Where head pid_bh = b H + h starts: in the (B, H, N, N) states, and at step 0 in the (B, T, H, N) inputs; and
     the inputs' stride from one step to the next."""
-    head_state = pid_bh.to(tl.int64) * N * N
-    seq = (pid_bh // H).to(tl.int64) * T * H * N + (pid_bh % H) * N
-    return head_state, seq, tl.cast(H * N, tl.int64)
+    bh = pid_bh.to(tl.int64)                         # every offset in int64: T H N passes 2^31 at long T
+    heads = tl.cast(H, tl.int64)
+    return bh * N * N, (bh // heads) * T * heads * N + (bh % heads) * N, heads * N
 
 
 @triton.jit
@@ -372,7 +374,7 @@ def wkv7_bwd_kernel(
     dstate_ptr,          # (B, H, N, N) fp32 gradient of the final state, read when HAS_DSTATE
     ckpt_ptr,            # (B * H, cdiv(T, CHECKPOINT), N, N) fp32 checkpoints saved by the forward
     scratch_ptr,         # (B * H * N / BLOCK_V, CHECKPOINT, BLOCK_V, N) fp32: each program's states in one chunk
-    dkeys_ptr,           # (5, B, T, H, N) fp32, zeros: dr, dlog_w, dk, da, db, summed over row blocks atomically
+    dkeys_ptr,           # (N / BLOCK_V, 5, B, T, H, N) fp32: dr, dlog_w, dk, da, db, this program's rows' share
     dv_ptr,              # (B, T, H, N) fp32 gradient of v
     dstate0_ptr,         # (B, H, N, N) fp32 gradient of the initial state
     T, H,                # sequence length, heads
@@ -389,6 +391,7 @@ def wkv7_bwd_kernel(
     local = tl.arange(0, BLOCK_V)[:, None] * N + keys[None, :]       # a tile of the scratch buffer
     head_state, seq, stride_t = _head_offsets(pid_bh, T, H, N)
     numel = tl.num_programs(0).to(tl.int64) * T * N                   # B * T * H * N
+    dkeys_ptr += pid_v * 5 * numel                                    # this row block's partial sums
     scratch = scratch_ptr + (pid_bh.to(tl.int64) * tl.num_programs(1) + pid_v) * CHECKPOINT * BLOCK_V * N
     if HAS_DSTATE:
         G = tl.load(dstate_ptr + head_state + tile)                   # dL/dS_T
@@ -419,11 +422,11 @@ def wkv7_bwd_kernel(
             dr = w * tl.sum(S_prev * dy[:, None], axis=0) + b * tl.sum(sa * dy) + k * tl.sum(v * dy)
             G += dy[:, None] * r[None, :]                              # y_t = S_t r_t
             q = tl.sum(G * b[None, :], axis=1)                         # G b_t = dL/d(S_{t-1} a_t)
-            tl.atomic_add(dkeys_ptr + off + keys, dr, mask=key_live)
-            tl.atomic_add(dkeys_ptr + numel + off + keys, w * tl.sum(G * S_prev, axis=0), mask=key_live)     # dlog_w
-            tl.atomic_add(dkeys_ptr + 2 * numel + off + keys, tl.sum(G * v[:, None], axis=0), mask=key_live)  # dk
-            tl.atomic_add(dkeys_ptr + 3 * numel + off + keys, tl.sum(S_prev * q[:, None], axis=0), mask=key_live)  # da
-            tl.atomic_add(dkeys_ptr + 4 * numel + off + keys, tl.sum(G * sa[:, None], axis=0), mask=key_live)  # db
+            tl.store(dkeys_ptr + off + keys, dr, mask=key_live)
+            tl.store(dkeys_ptr + numel + off + keys, w * tl.sum(G * S_prev, axis=0), mask=key_live)     # dlog_w
+            tl.store(dkeys_ptr + 2 * numel + off + keys, tl.sum(G * v[:, None], axis=0), mask=key_live)  # dk
+            tl.store(dkeys_ptr + 3 * numel + off + keys, tl.sum(S_prev * q[:, None], axis=0), mask=key_live)  # da
+            tl.store(dkeys_ptr + 4 * numel + off + keys, tl.sum(G * sa[:, None], axis=0), mask=key_live)  # db
             tl.store(dv_ptr + off + rows, tl.sum(G * k[None, :], axis=1), mask=row_live)
             G = G * w[None, :] + q[:, None] * a[None, :]               # dL/dS_{t-1}
         tl.debug_barrier()           # done reading the scratch before the previous chunk overwrites it
@@ -487,14 +490,14 @@ def wkv7_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate):
     grid = _grid(B, H, N, cfg)
     scratch = torch.empty((grid[0] * grid[1], CHECKPOINT, cfg["BLOCK_V"], N), dtype=torch.float32,
                           device=r.device)
-    # Every row block adds its share of the key-vector gradients: they start at zero, not as new_output.
-    dkeys = torch.zeros((5, B, T, H, N), dtype=torch.float32, device=r.device)
+    # Every row block stores its share of the key-vector gradients; one sum over the blocks, in a fixed order.
+    dkeys = new_output((grid[1], 5, B, T, H, N), torch.float32, r.device)
     dv = new_output((B, T, H, N), torch.float32, r.device)
     dstate0 = new_output((B, H, N, N), torch.float32, r.device)
     wkv7_bwd_kernel[grid](
         r, log_w, k, v, a, b, dy, dstate if dstate is not None else dstate0, ckpt, scratch, dkeys, dv, dstate0, T, H,
         N=N, **cfg.blocks, CHECKPOINT=CHECKPOINT, HAS_DSTATE=dstate is not None, **cfg.options)
-    dr, dlog_w, dk, da, db = dkeys.to(r.dtype)
+    dr, dlog_w, dk, da, db = dkeys.sum(0).to(r.dtype)
     return dr, dlog_w, dk, dv.to(r.dtype), da, db, dstate0
 
 
@@ -595,7 +598,7 @@ def aot_kernels():
     kernels = []
     for N in (64, 128):
         for dtype in ("fp32", "bf16"):
-            # pointers in the input dtype; the others are fp32 (states, checkpoints, gradients summed by atomics)
+            # pointers in the input dtype; the others are fp32 (states, checkpoints, partial sums of gradients)
             types = {**{a: f"*{dtype}" for a in ("r_ptr", "log_w_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "y_ptr",
                                                  "dy_ptr")}, "T": "i32", "H": "i32"}
             forward = {"HAS_STATE0": True, "SAVE_CKPT": True}
