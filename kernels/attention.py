@@ -30,8 +30,9 @@ import torch.nn.functional as F
 
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import Launch, check_devices, check_same_dtype, check_tensor, new_output, tl, triton
-from seqmix.kernels._flash import (block_d, check_triton_head_dim, flash_grid, flash_head, flash_launch,
-                                   load_row_stats, load_tile, online_softmax_step, softmax_tile_grad, store_tile)
+from seqmix.kernels._flash import (block_d, check_triton_head_dim, flash_delta, flash_grid, flash_head,
+                                   flash_launch, load_row_stats, load_tile, online_softmax_step, softmax_tile_grad,
+                                   store_tile)
 
 __all__ = ["attention"]
 
@@ -184,7 +185,7 @@ def attention_bwd(q, k, v, o, lse, do, causal, scale):
     B, H, T, d = q.shape
     cfg = _launch_config(d, q.dtype)
     do = do.contiguous()
-    delta = (do.float() * o.float()).sum(-1)                     # D_i = sum_c dO_ic O_ic, (B, H, T) fp32
+    delta = flash_delta(o, do)                                   # D_i = sum_c dO_ic O_ic, (B, H, T) fp32
     dq, dk, dv = (new_output(q.shape, q.dtype, q.device) for _ in range(3))
     meta = dict(**_constexprs(d, cfg, causal), **cfg.options)
     attention_bwd_dkdv_kernel[flash_grid(T, cfg["BLOCK_N"], B * H)](
@@ -265,5 +266,6 @@ def aot_kernels():
             constexprs = _constexprs(d, cfg, True)
             for fn in (attention_fwd_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel):
                 kernels.append(AotKernel(f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}", fn, constexprs,
-                                         FLASH_ARG_TYPES, "*" + dtype, cfg.num_warps, cfg.num_stages))
+                                         FLASH_ARG_TYPES, "*" + dtype, cfg.num_warps, cfg.num_stages,
+                                         wide_offsets=False))
     return kernels

@@ -202,7 +202,7 @@ def selective_scan_fwd_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     mask_d, mask_n = offs_d < dim, offs_n < N
     mask_dn = mask_d[:, None] & mask_n[None, :]
-    dn = offs_d[:, None] * N + offs_n[None, :]                   # offsets in a (D, N) matrix
+    dn = offs_d[:, None].to(tl.int64) * N + offs_n[None, :]      # offsets in a (D, N) matrix
     A = tl.load(A_ptr + dn, mask=mask_dn, other=0.0)
     if HAS_STATE:
         x = tl.load(state_ptr + pid_b * dim * N + dn, mask=mask_dn, other=0.0)
@@ -211,10 +211,11 @@ def selective_scan_fwd_kernel(
     # int64 row starts: D T passes 2^31 at long T (D = 8192 from T = 262,144)
     seq = pid_b * dim * T + offs_d.to(tl.int64) * T              # row starts in (batch, D, T) tensors
     bc = pid_b * N * T + offs_n.to(tl.int64) * T                 # row starts in (batch, N, T) tensors
-    n_ckpt = tl.cdiv(T, CHECKPOINT)
+    run = tl.cast(CHECKPOINT, tl.int64)                          # int64 token counters too, as every offset
+    n_ckpt = tl.cdiv(T, run)
     for c in range(n_ckpt):
         tl.store(ckpt_ptr + (pid_b * n_ckpt + c) * dim * N + dn, x, mask=mask_dn)
-        for t in range(c * CHECKPOINT, tl.minimum(c * CHECKPOINT + CHECKPOINT, T)):
+        for t in range(c * run, tl.minimum(c * run + run, T)):
             u = tl.load(u_ptr + seq + t, mask=mask_d, other=0.0).to(tl.float32)
             dt = tl.load(delta_ptr + seq + t, mask=mask_d, other=0.0)
             Bt = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
@@ -248,7 +249,7 @@ def selective_scan_bwd_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     mask_d, mask_n = offs_d < dim, offs_n < N
     mask_dn = mask_d[:, None] & mask_n[None, :]
-    dn = offs_d[:, None] * N + offs_n[None, :]
+    dn = offs_d[:, None].to(tl.int64) * N + offs_n[None, :]
     A = tl.load(A_ptr + dn, mask=mask_dn, other=0.0)
     seq = pid_b * dim * T + offs_d.to(tl.int64) * T              # int64, as in the forward
     bc = pid_b * N * T + offs_n.to(tl.int64) * T
@@ -257,11 +258,12 @@ def selective_scan_bwd_kernel(
                + tl.arange(0, BLOCK_D)[:, None] * BLOCK_N + offs_n[None, :])
     nu = tl.load(dlast_ptr + pid_b * dim * N + dn, mask=mask_dn, other=0.0)   # dL/dx_t via the later tokens
     dA = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
-    n_ckpt = tl.cdiv(T, CHECKPOINT)
+    run = tl.cast(CHECKPOINT, tl.int64)                          # int64 token counters, as in the forward
+    n_ckpt = tl.cdiv(T, run)
     for i in range(n_ckpt):
         c = n_ckpt - 1 - i
-        t0 = c * CHECKPOINT
-        length = tl.minimum(CHECKPOINT, T - t0)
+        t0 = c * run
+        length = tl.minimum(run, T - t0)
         # recompute the run's states from its checkpoint; keep x_{t-1} for every t
         x = tl.load(ckpt_ptr + (pid_b * n_ckpt + c) * dim * N + dn, mask=mask_dn, other=0.0)
         for t in range(t0, t0 + length):

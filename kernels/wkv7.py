@@ -54,7 +54,9 @@ Chunked Triton forward (wkv7(..., chunked=True)): the torch path's factored WY f
 buffer rather than in registers, so that every product is of (16, 16) tiles (fp32 products keep whole operand rows
 in each thread: (16, N) tiles need 168-255 registers and a stack). It saves the same checkpoints as the sequential
 forward (its chunks are the checkpoint intervals), so the backward kernel is shared. It takes head sizes from 16
-whose chunks pass _factors_in_range (RWKV-7's decays always do); the sequential kernel runs the rest.
+(the sequential kernel runs smaller heads). Each chunk picks its form on the device: within _factors_in_range's
+DECAY_RANGE and finite (RWKV-7's decays always are), the factored form; otherwise its 16 steps one at a time. The
+wrapper reads no values (no host sync: CUDA graphs can capture it).
 """
 from __future__ import annotations
 
@@ -275,6 +277,34 @@ def _dot(x, y):
 
 
 @triton.jit
+def _sequential_chunk(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, y_ptr, state_ptr, head_state, seq, stride_t,
+                      rows, t0, T, N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr):
+    """Steps t0 .. t0 + CHUNK - 1 one at a time, as wkv7_fwd_kernel takes them, on this program's rows of the state
+    in state_ptr, BLOCK_K keys at a time: S a first (it needs every key), then S diag(w) + (S a) b^T + v k^T and
+    y = S r."""
+    for j in range(CHUNK):
+        off = seq + (t0 + j) * stride_t
+        sa = tl.zeros(rows.shape, dtype=tl.float32)                    # S_{t-1} a_t
+        for k0 in range(0, N, BLOCK_K):
+            keys = k0 + tl.arange(0, BLOCK_K)
+            _, _, _, _, a, _, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows,
+                                                t0 + j, T)
+            sa += tl.sum(tl.load(state_ptr + head_state + rows[:, None] * N + keys[None, :]) * a[None, :], axis=1)
+        tl.debug_barrier()                           # every thread has read S_{t-1} before it changes
+        y = tl.zeros(rows.shape, dtype=tl.float32)
+        for k0 in range(0, N, BLOCK_K):
+            keys = k0 + tl.arange(0, BLOCK_K)
+            tile = state_ptr + head_state + rows[:, None] * N + keys[None, :]
+            r, w, k, v, _, b, _, row_live = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows,
+                                                       t0 + j, T)
+            S = tl.load(tile) * w[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :]
+            tl.store(tile, S)
+            y += tl.sum(S * r[None, :], axis=1)
+        tl.store(y_ptr + off + rows, y.to(y_ptr.dtype.element_ty), mask=row_live)
+        tl.debug_barrier()                           # S_t stored by all threads before the next step reads it
+
+
+@triton.jit
 def wkv7_chunked_fwd_kernel(
     r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs, contiguous, one float dtype
     state0_ptr,          # (B, H, N, N) fp32 initial state, read when HAS_STATE0
@@ -286,11 +316,13 @@ def wkv7_chunked_fwd_kernel(
     BLOCK_V: tl.constexpr,   # value rows (of S) per program, 16: tl.dot's smallest tile
     BLOCK_K: tl.constexpr,   # keys per step of the loops over keys, 16
     CHUNK: tl.constexpr,     # steps per chunk, 16; the caller passes CHECKPOINT: the backward kernel reuses them
+    MAX_SPREAD: tl.constexpr,  # DECAY_RANGE: the widest spread of c that a chunk takes in the factored form
     HAS_STATE0: tl.constexpr,  # start from state0 (else from zeros)
     SAVE_CKPT: tl.constexpr,   # write the checkpoints (a gradient will be wanted)
 ):
-    """The torch path's chunked WY form (module docstring), one chunk of CHUNK steps per iteration, the caller having
-    checked _factors_in_range. Per chunk, a first loop over blocks of BLOCK_K keys sums the couplings and the
+    """The torch path's chunked WY form (module docstring), one chunk of CHUNK steps per iteration; a chunk whose
+    spread of c passes MAX_SPREAD, or with a non-finite input, takes its steps one at a time instead
+    (_sequential_chunk). Per chunk, a first loop over blocks of BLOCK_K keys sums the couplings and the
     products of a~ and r~ with the state; (I - A_ab)^{-1} = (I + A)(I + A^2)(I + A^4)(I + A^8) (A strictly lower
     triangular: A^16 = 0); then U and Y; a second loop over keys updates the state. The state lives in state_ptr,
     not in registers, so that every product is of (16, 16) tiles: a register tile of the whole (16, N) block would
@@ -318,6 +350,9 @@ def wkv7_chunked_fwd_kernel(
         Q_rk = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
         aS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # rows a~_i S^T
         rS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # rows r~_i S^T
+        c_hi = 0.0                                           # max(c, 0) and min(c, 0) over the chunk's keys
+        c_lo = 0.0
+        total = 0.0                                          # the chunk's inputs summed: finite or not
         for k0 in range(0, N, BLOCK_K):
             keys = k0 + tl.arange(0, BLOCK_K)
             tile = rows[:, None] * N + keys[None, :]
@@ -326,45 +361,56 @@ def wkv7_chunked_fwd_kernel(
                 tl.store(_checkpoint(ckpt_ptr, pid_bh, n_chunks, chunk, N) + tile, S)
             log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)  # (CHUNK, BLOCK_K); 0 past T
             c = tl.cumsum(log_w, axis=0)                                    # c_i
+            c_hi = tl.maximum(c_hi, tl.max(tl.max(c, axis=1), axis=0))
+            c_lo = tl.minimum(c_lo, tl.min(tl.min(c, axis=1), axis=0))
             e_neg = tl.exp(-c)                                              # e^{-c_j}, below e^DECAY_RANGE
             a_t = _load_chunk(a_ptr, seq, t0, T, stride_t, keys, CHUNK) * tl.exp(c - log_w)   # a_i e^{c_{i-1}}
             r_t = _load_chunk(r_ptr, seq, t0, T, stride_t, keys, CHUNK) * tl.exp(c)          # r_i e^{c_i}
             b_s = tl.trans(_load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK) * e_neg)    # (BLOCK_K, CHUNK)
             k_s = tl.trans(_load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK) * e_neg)
+            total += tl.sum(tl.sum(a_t + r_t, axis=1), axis=0) + tl.sum(tl.sum(b_s + k_s, axis=1), axis=0)
             A_ab += _dot(a_t, b_s)
             A_ak += _dot(a_t, k_s)
             Q_rb += _dot(r_t, b_s)
             Q_rk += _dot(r_t, k_s)
             aS += _dot(a_t, tl.trans(S))
             rS += _dot(r_t, tl.trans(S))
-        A_ab = tl.where(before, A_ab, 0.0)
-        A_ak = tl.where(before, A_ak, 0.0)
-        Q_rb = tl.where(before | (eye > 0), Q_rb, 0.0)                     # j <= i
-        Q_rk = tl.where(before | (eye > 0), Q_rk, 0.0)
-        tl.static_assert(CHUNK == 16, "four factors (I + A^(2^m)) invert I - A only while A^16 = 0")
-        T_inv = eye + A_ab                                                  # (I - A_ab)^{-1}
-        power = A_ab
-        for _ in tl.static_range(3):
-            power = _dot(power, power)
-            T_inv += _dot(T_inv, power)
         v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CHUNK)          # (CHUNK, BLOCK_V): this program's rows
-        U = _dot(T_inv, aS + _dot(A_ak, v))                                 # rows u_j = S_{j-1} a_j
-        Y = rS + _dot(Q_rb, U) + _dot(Q_rk, v)                              # rows y_i = S_i r_i
-        steps = t0 + i
-        tl.store(y_ptr + seq + steps[:, None] * stride_t + rows[None, :], Y.to(y_ptr.dtype.element_ty),
-                 mask=(steps < T)[:, None] & (rows[None, :] >= 0))
-        tl.debug_barrier()                           # every thread has read this chunk's state before it changes
-        for k0 in range(0, N, BLOCK_K):              # S <- S diag(e^{c_L}) + U^T B^ + V^T K^
-            keys = k0 + tl.arange(0, BLOCK_K)
-            tile = rows[:, None] * N + keys[None, :]
-            log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)
-            decay = tl.exp(tl.sum(log_w, axis=0))                           # e^{c_L}
-            to_end = decay[None, :] * tl.exp(-tl.cumsum(log_w, axis=0))     # e^{c_L - c_j}
-            b_hat = _load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
-            k_hat = _load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
-            S = tl.load(state_ptr + head_state + tile)
-            S = S * decay[None, :] + _dot(tl.trans(U), b_hat) + _dot(tl.trans(v), k_hat)
-            tl.store(state_ptr + head_state + tile, S)
+        total += tl.sum(tl.sum(v, axis=1), axis=0)
+        # The factored form needs the chunk's spread of c within DECAY_RANGE (_factors_in_range) and finite inputs;
+        # a chunk without them (decays far stronger than RWKV-7's, inf or NaN) takes CHUNK sequential steps, decided
+        # here on the device: no host sync and no scan of log_w before the launch.
+        if (c_hi - c_lo <= MAX_SPREAD) & (total - total == 0.0):
+            A_ab = tl.where(before, A_ab, 0.0)
+            A_ak = tl.where(before, A_ak, 0.0)
+            Q_rb = tl.where(before | (eye > 0), Q_rb, 0.0)                     # j <= i
+            Q_rk = tl.where(before | (eye > 0), Q_rk, 0.0)
+            tl.static_assert(CHUNK == 16, "four factors (I + A^(2^m)) invert I - A only while A^16 = 0")
+            T_inv = eye + A_ab                                                  # (I - A_ab)^{-1}
+            power = A_ab
+            for _ in tl.static_range(3):
+                power = _dot(power, power)
+                T_inv += _dot(T_inv, power)
+            U = _dot(T_inv, aS + _dot(A_ak, v))                                 # rows u_j = S_{j-1} a_j
+            Y = rS + _dot(Q_rb, U) + _dot(Q_rk, v)                              # rows y_i = S_i r_i
+            steps = t0 + i
+            tl.store(y_ptr + seq + steps[:, None] * stride_t + rows[None, :], Y.to(y_ptr.dtype.element_ty),
+                     mask=(steps < T)[:, None] & (rows[None, :] >= 0))
+            tl.debug_barrier()                           # every thread has read this chunk's state before it changes
+            for k0 in range(0, N, BLOCK_K):              # S <- S diag(e^{c_L}) + U^T B^ + V^T K^
+                keys = k0 + tl.arange(0, BLOCK_K)
+                tile = rows[:, None] * N + keys[None, :]
+                log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)
+                decay = tl.exp(tl.sum(log_w, axis=0))                           # e^{c_L}
+                to_end = decay[None, :] * tl.exp(-tl.cumsum(log_w, axis=0))     # e^{c_L - c_j}
+                b_hat = _load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
+                k_hat = _load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
+                S = tl.load(state_ptr + head_state + tile)
+                S = S * decay[None, :] + _dot(tl.trans(U), b_hat) + _dot(tl.trans(v), k_hat)
+                tl.store(state_ptr + head_state + tile, S)
+        else:
+            _sequential_chunk(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, y_ptr, state_ptr, head_state, seq,
+                              stride_t, rows, t0, T, N, BLOCK_K, CHUNK)
 
 
 @triton.jit
@@ -453,23 +499,19 @@ def _grid(B, H, N, cfg: Launch):
     return (B * H, N // cfg["BLOCK_V"])
 
 
-def _use_chunked_forward(log_w):
-    """Whether the chunked forward takes these decays: head sizes from 16 (tl.dot's smallest tile) whose chunks pass
-    _factors_in_range. The sequential kernel takes the rest (decays far stronger than RWKV-7's, small heads)."""
-    B, T, H, N = log_w.shape
-    if N < CHUNKED_BLOCK_K:
-        return False
-    pad = -T % CHECKPOINT
-    c = F.pad(log_w, (0, 0, 0, 0, 0, pad)).view(B, -1, CHECKPOINT, H, N).float().cumsum(2)
-    return _factors_in_range(c)
+def _use_chunked_forward(N):
+    """Whether the chunked forward takes head size N: from 16, tl.dot's smallest tile. It decides each chunk's form
+    on the device (decays out of range take steps one at a time), so nothing of the inputs is read here."""
+    return N >= CHUNKED_BLOCK_K
 
 
 def wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
     """Runs the sequential or (where it applies) the chunked forward kernel; returns y, the final state and the
     checkpoints (the state itself, unwritten, without ``save_checkpoints``)."""
     B, T, H, N = r.shape
-    if chunked and _use_chunked_forward(log_w):   # its chunks are the checkpoint intervals
-        kernel, cfg, steps = wkv7_chunked_fwd_kernel, _chunked_launch_config(N), {"CHUNK": CHECKPOINT}
+    if chunked and _use_chunked_forward(N):   # its chunks are the checkpoint intervals
+        kernel, cfg = wkv7_chunked_fwd_kernel, _chunked_launch_config(N)
+        steps = {"CHUNK": CHECKPOINT, "MAX_SPREAD": DECAY_RANGE}
     else:
         kernel, cfg, steps = wkv7_fwd_kernel, _launch_config(N), {"CHECKPOINT": CHECKPOINT}
     y = new_output((B, T, H, N), r.dtype, r.device)
@@ -604,7 +646,8 @@ def aot_kernels():
             forward = {"HAS_STATE0": True, "SAVE_CKPT": True}
             for fn, label, flags, cfg in (
                     (wkv7_fwd_kernel, "wkv7_fwd", {**forward, "CHECKPOINT": CHECKPOINT}, _launch_config(N)),
-                    (wkv7_chunked_fwd_kernel, "wkv7_chunked_fwd", {**forward, "CHUNK": CHECKPOINT},
+                    (wkv7_chunked_fwd_kernel, "wkv7_chunked_fwd",
+                     {**forward, "CHUNK": CHECKPOINT, "MAX_SPREAD": DECAY_RANGE},
                      _chunked_launch_config(N)),
                     (wkv7_bwd_kernel, "wkv7_bwd", {"HAS_DSTATE": True, "CHECKPOINT": CHECKPOINT}, _launch_config(N))):
                 constexprs = {"N": N, **cfg.blocks, **flags}

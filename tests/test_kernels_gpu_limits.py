@@ -122,3 +122,70 @@ def test_gradients_do_not_depend_on_program_order(request, grads):
     for i, (a, b, c) in enumerate(zip(first, again, backwards)):
         assert torch.equal(a, b), f"gradient {i} differs between two runs"
         assert torch.equal(a, c), f"gradient {i} differs when the programs run in reverse order"
+
+
+SYNCS = ("item", "cpu", "tolist", "numpy", "__bool__", "__int__", "__float__")   # each waits for the device
+
+
+@pytest.fixture
+def no_host_syncs(monkeypatch):
+    """The wrappers' own code (not the kernels, which the interpreter runs on the host) may not read a tensor's
+    values on the host; tensors are treated as a GPU's (kernels._common.values_on_host is False)."""
+    import seqmix.kernels._common as common
+    armed = [True]
+
+    def raiser(name):
+        original = getattr(torch.Tensor, name)
+
+        def sync(self, *args, **kwargs):
+            if armed[0]:
+                raise AssertionError(f"Tensor.{name}() in a wrapper: a host sync on a GPU")
+            return original(self, *args, **kwargs)
+        return sync
+
+    class Unarmed:
+        """A kernel whose launches run with the syncs allowed: the interpreter reads its tensors on the host."""
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            launch = self.kernel[grid]
+
+            def run(*args, **kwargs):
+                armed[0] = False
+                try:
+                    return launch(*args, **kwargs)
+                finally:
+                    armed[0] = True
+            return run
+
+    for module in _kernel_modules() + [__import__("seqmix.kernels._flash", fromlist=["_"])]:
+        for name in dir(module):
+            if name.endswith("_kernel") and hasattr(getattr(module, name), "fn"):
+                monkeypatch.setattr(module, name, Unarmed(getattr(module, name)))
+    monkeypatch.setattr(common, "values_on_host", lambda x: False)
+    for name in SYNCS:
+        monkeypatch.setattr(torch.Tensor, name, raiser(name))
+    yield
+    armed[0] = False
+
+
+def _small(*shapes):
+    torch.manual_seed(1)
+    return [(torch.rand(shape) - 0.5).requires_grad_() for shape in shapes]
+
+
+NO_SYNC_CALLS = {
+    "wkv4": lambda: wkv4((-torch.rand(4)).requires_grad_(), *_small((4,), (1, 3, 4), (1, 3, 4)), backend="triton")[0],
+    "wkv7": lambda: wkv7(*_small(*[(1, 3, 1, 16)] * 6), backend="triton")[0],
+    "wkv7 chunked": lambda: wkv7(*_small(*[(1, 3, 1, 16)] * 6), backend="triton", chunked=True)[0],
+    "attention": lambda: attention(*_small(*[(1, 1, 3, 16)] * 3), backend="triton"),
+    "rerope": lambda: rerope_attention(*_small(*[(1, 1, 3, 16)] * 3), 2, backend="triton"),
+}
+
+
+@pytest.mark.parametrize("op", NO_SYNC_CALLS)
+def test_wrappers_do_not_wait_on_the_device(no_host_syncs, op):
+    """Forward and backward: no .item(), .cpu(), bool(tensor), ... in the wrappers (wkv4's decay check is a
+    device-side assert on a GPU; wkv7's chunked forward picks each chunk's form in the kernel)."""
+    NO_SYNC_CALLS[op]().sum().backward()

@@ -32,8 +32,8 @@ import math
 import torch
 
 from seqmix.kernels._common import Launch, new_output, tl, triton
-from seqmix.kernels._flash import (block_d, flash_grid, flash_head, flash_launch, load_row_stats, load_tile,
-                                   online_softmax_step, softmax_tile_grad, store_tile)
+from seqmix.kernels._flash import (block_d, flash_delta, flash_grid, flash_head, flash_launch, load_row_stats,
+                                   load_tile, online_softmax_step, softmax_tile_grad, store_tile)
 from seqmix.kernels.rerope.rotation import FAR_K, FAR_Q, NEAR, log_n, rotate, rotation_table
 
 __all__ = ["ReropeFunction", "rerope_triton", "aot_kernels"]
@@ -490,7 +490,7 @@ def rerope_bwd(q, k, v, o, lse, rot, do, window, leaky, train_length, scale):
     B, H, T_q, d = q.shape
     T_k = k.shape[2]
     do = do.contiguous()
-    delta = (do.float() * o.float()).sum(-1)                 # D_i = sum_c dO_ic O_ic, (B, H, T_q) fp32
+    delta = flash_delta(o, do)                               # D_i = sum_c dO_ic O_ic, (B, H, T_q) fp32
     # The rotated operands of both paths, as the forward built them in registers (fp32, then the input dtype).
     q_scaled = log_n(q.float(), T_k - T_q, train_length) * scale
     q_near, q_far = (rotate(q_scaled, *rot[path, :, T_k - T_q:]).to(q.dtype) for path in (NEAR, FAR_Q))
@@ -550,5 +550,5 @@ def aot_kernels():
                     cfg = _launch_config(kernel, d, torch_dtype)
                     label = f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}{' leaky' if leaky else ''}"
                     kernels.append(AotKernel(label, fn, _constexprs(d, cfg, leaky), FLASH_ARG_TYPES, "*" + dtype,
-                                             cfg.num_warps, cfg.num_stages))
+                                             cfg.num_warps, cfg.num_stages, wide_offsets=False))
     return kernels
