@@ -41,13 +41,24 @@ __all__ = ["attention"]
 # Triton path
 # ----------------------------------------------------------------------------------------------------------------
 
-def _launch_config(head_dim: int, dtype: torch.dtype) -> Launch:
-    """Tiles of the three kernels for head size ``head_dim`` and inputs of ``dtype``: the largest that compile
-    without register spills on sm_80 and sm_90 (``python -m seqmix.kernels.aot``); fp32 operands take twice the
-    registers of fp16 ones."""
+KERNELS = ("fwd", "dq", "dkdv")   # the three kernels, each with its own launch configuration
+
+
+def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
+    """Tiles of ``kernel`` (one of KERNELS) for head size ``head_dim`` and inputs of ``dtype``, chosen on the build
+    the JIT makes for aligned tensors (``python -m seqmix.kernels.aot``): the largest tried that compile without
+    spills or stack on sm_80 and sm_90. fp16/bf16 tiles of 64 rows and more compile to Hopper's wgmma on sm_90
+    (mma.sync on sm_80); fp32 operands (IEEE products on the FMA units) take twice the registers, hence 16-32 rows.
+    """
     if dtype == torch.float32:
-        return flash_launch(32, 32, 8, 1) if head_dim <= 64 else flash_launch(16, 32, 8, 1)
-    return flash_launch(64, 32, 4, 2) if head_dim <= 64 else flash_launch(32, 32, 4, 2)
+        if head_dim <= 64:
+            return flash_launch(32, 32, 8, 1)
+        return flash_launch(16, 16, 8, 1) if kernel == "dkdv" else flash_launch(16, 32, 8, 1)
+    if kernel == "fwd":
+        return flash_launch(128, 64, 8, 3)
+    if kernel == "dkdv" and head_dim <= 64:
+        return flash_launch(64, 32, 4, 2)
+    return flash_launch(64, 64, 8, 2)
 
 
 @triton.jit
@@ -172,7 +183,7 @@ def _constexprs(head_dim: int, cfg: Launch, causal: bool) -> dict:
 def attention_fwd(q, k, v, causal, scale):
     """Runs the forward kernel on contiguous (B, H, T, d) q, k, v; returns O and each row's log-sum-exp."""
     B, H, T, d = q.shape
-    cfg = _launch_config(d, q.dtype)
+    cfg = _launch_config("fwd", d, q.dtype)
     o = new_output(q.shape, q.dtype, q.device)
     lse = new_output((B, H, T), torch.float32, q.device)
     attention_fwd_kernel[flash_grid(T, cfg["BLOCK_M"], B * H)](
@@ -183,15 +194,15 @@ def attention_fwd(q, k, v, causal, scale):
 def attention_bwd(q, k, v, o, lse, do, causal, scale):
     """Runs the two backward kernels; returns dq, dk, dv."""
     B, H, T, d = q.shape
-    cfg = _launch_config(d, q.dtype)
     do = do.contiguous()
     delta = flash_delta(o, do)                                   # D_i = sum_c dO_ic O_ic, (B, H, T) fp32
     dq, dk, dv = (new_output(q.shape, q.dtype, q.device) for _ in range(3))
-    meta = dict(**_constexprs(d, cfg, causal), **cfg.options)
+    cfg = _launch_config("dkdv", d, q.dtype)
     attention_bwd_dkdv_kernel[flash_grid(T, cfg["BLOCK_N"], B * H)](
-        q, k, v, do, lse, delta, dk, dv, T, scale, **meta)
+        q, k, v, do, lse, delta, dk, dv, T, scale, **_constexprs(d, cfg, causal), **cfg.options)
+    cfg = _launch_config("dq", d, q.dtype)
     attention_bwd_dq_kernel[flash_grid(T, cfg["BLOCK_M"], B * H)](
-        q, k, v, do, lse, delta, dq, T, scale, **meta)
+        q, k, v, do, lse, delta, dq, T, scale, **_constexprs(d, cfg, causal), **cfg.options)
     return dq, dk, dv
 
 
@@ -262,9 +273,10 @@ def aot_kernels():
     kernels = []
     for d in (64, 128):
         for dtype, torch_dtype in AOT_DTYPES.items():
-            cfg = _launch_config(d, torch_dtype)
-            constexprs = _constexprs(d, cfg, True)
-            for fn in (attention_fwd_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel):
+            fns = (attention_fwd_kernel, attention_bwd_dq_kernel, attention_bwd_dkdv_kernel)
+            for kernel, fn in zip(KERNELS, fns):
+                cfg = _launch_config(kernel, d, torch_dtype)
+                constexprs = _constexprs(d, cfg, True)
                 kernels.append(AotKernel(f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}", fn, constexprs,
                                          FLASH_ARG_TYPES, "*" + dtype, cfg.num_warps, cfg.num_stages,
                                          wide_offsets=False))

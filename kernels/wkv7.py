@@ -41,12 +41,12 @@ scratch buffer, then walks the run in reverse with G = dL/dS_t:
     G += dy_t r_t^T;  dr_t = S_t^T dy_t;  dv_t = G k_t;  dk_t = G^T v_t;  q = G b_t;  db_t = G^T (S_{t-1} a_t);
     da_t = S_{t-1}^T q;  dlog_w_t = w_t * colsum(G * S_{t-1});  G <- G diag(w_t) + q a_t^T   (= dL/dS_{t-1})
 
-The key-vector gradients (dr, dk, da, db, dlog_w) are sums over value rows: each program stores its rows' share
-in its own slice of a (N / BLOCK_V, 5, B, T, H, N) buffer, which the wrapper sums once. No atomics: on a GPU an
-atomic add is a memory fence (acq_rel, the default) and its order changes the last bits from run to run; the
-partial sums make the gradients the same bit for bit in every run, for N / BLOCK_V (4 at N = 64, 8 at N = 128)
-times the memory of the five gradients while the backward runs. T need not be a multiple of anything: steps past T read log_w = 0
-and zeros elsewhere, which leaves the state unchanged.
+The key-vector gradients (dr, dk, da, db, dlog_w) are sums over value rows: each program stores its rows' share in
+its own slice of a (N / BLOCK_V, 5, B, T, H, N) buffer, which the wrapper sums once. No atomics: on a GPU an atomic
+add is a memory fence (acq_rel, the default) and its order changes the last bits from run to run; the partial sums
+make the gradients the same bit for bit in every run, for N / BLOCK_V (4 at N = 64, 8 at N = 128) times the memory
+of the five gradients while the backward runs. T need not be a multiple of anything: steps past T read log_w = 0 and
+zeros elsewhere, which leaves the state unchanged.
 
 Chunked Triton forward (wkv7(..., chunked=True)): the torch path's factored WY form in one kernel, one program per
 (batch, head, 16 value rows), walking chunks of 16 steps: T / 16 serial steps instead of T, each a few dozen

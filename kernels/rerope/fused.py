@@ -42,16 +42,19 @@ KERNELS = ("fwd", "dq", "dkdv")   # the three kernels, each with its own launch 
 
 
 def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
-    """Tiles of ``kernel`` (one of KERNELS) for head size ``head_dim`` and inputs of ``dtype``: the largest found that
-    compile without register spills on sm_80 and sm_90 (``python -m seqmix.kernels.aot``). Each query and key tile is
-    held in two rotations and the backward keeps two gradient accumulators per tile, hence smaller tiles than
-    attention's."""
+    """Tiles of ``kernel`` (one of KERNELS) for head size ``head_dim`` and inputs of ``dtype``, chosen on the build
+    the JIT makes for aligned tensors (``python -m seqmix.kernels.aot``): the largest tried that compile without
+    spills or stack on sm_80 and sm_90 (Leaky ReRoPE, the larger variant). Each query and key tile is held in two
+    rotations and the backward keeps two gradient accumulators per tile, hence smaller tiles than attention's; tiles
+    of 64 query rows compile to wgmma on sm_90."""
+    if dtype == torch.float32:
+        if kernel == "fwd":
+            return flash_launch(16, 32, 8, 1) if head_dim <= 64 else flash_launch(32, 32, 8, 1)
+        return flash_launch(32, 16, 8, 1) if kernel == "dkdv" else flash_launch(16, 16, 8, 2)
     if kernel == "fwd":
-        if dtype == torch.float32:
-            return flash_launch(32, 32, 8, 1)
-        return flash_launch(64, 32, 4, 2) if head_dim <= 64 else flash_launch(32, 32, 8, 2)
-    if kernel == "dkdv" and dtype == torch.float32:
-        return flash_launch(16, 16, 8, 1)
+        return flash_launch(64, 32, 4, 2)
+    if head_dim <= 64:
+        return flash_launch(64, 32, 8, 2) if kernel == "dq" else flash_launch(32, 32, 4, 2)
     return flash_launch(16, 16, 8, 2)
 
 
