@@ -18,6 +18,7 @@ import torch
 
 __all__ = ["fp32", "f64", "rel_rms", "max_abs", "assert_close", "assert_all_close", "check", "REFERENCE_BUDGET",
            "FP32_BUDGET", "FP32_CHUNKED_WKV7_BUDGET", "FP16_BUDGET", "poisoned_outputs", "gpu_like_math",
+           "values_as_on_a_gpu",
            "HAS_TRITON", "accumulation_dtype", "resolve_backend"]   # noqa: F822  (the last three: __getattr__ below)
 
 _FROM_KERNELS = {"HAS_TRITON": "seqmix.kernels._common", "accumulation_dtype": "seqmix.kernels._common",
@@ -43,6 +44,19 @@ def poisoned_outputs():
         yield
     finally:
         _common.POISON_OUTPUTS = before
+
+
+@contextlib.contextmanager
+def values_as_on_a_gpu():
+    """Inside the block the wrappers treat CPU tensors' values as a GPU's: their checks of values run as device-side
+    asserts instead of reading the values on the host (the tests of host syncs use it)."""
+    from seqmix.kernels import _common
+    before = _common.READ_VALUES_ON_HOST
+    _common.READ_VALUES_ON_HOST = False
+    try:
+        yield
+    finally:
+        _common.READ_VALUES_ON_HOST = before
 
 
 GPU_MATH_ULPS = 2   # the documented error bound of ex2.approx.f32 and div.full.f32 (PTX ISA), taken at its worst

@@ -295,12 +295,12 @@ def _sequential_chunk(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, y_ptr, state
         for k0 in range(0, N, BLOCK_K):
             keys = k0 + tl.arange(0, BLOCK_K)
             tile = state_ptr + head_state + rows[:, None] * N + keys[None, :]
-            r, w, k, v, _, b, _, row_live = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows,
-                                                       t0 + j, T)
+            r, w, k, v, _, b, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows,
+                                                t0 + j, T)
             S = tl.load(tile) * w[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :]
             tl.store(tile, S)
             y += tl.sum(S * r[None, :], axis=1)
-        tl.store(y_ptr + off + rows, y.to(y_ptr.dtype.element_ty), mask=row_live)
+        tl.store(y_ptr + off + rows, y.to(y_ptr.dtype.element_ty), mask=rows * 0 + t0 + j < T)
         tl.debug_barrier()                           # S_t stored by all threads before the next step reads it
 
 

@@ -14,7 +14,7 @@ from seqmix.kernels.rerope import rerope_attention, rerope_decode
 from seqmix.kernels.ssm import selective_scan
 from seqmix.kernels.wkv4 import wkv4
 from seqmix.kernels.wkv7 import wkv7
-from seqmix.kernels.testing import HAS_TRITON
+from seqmix.kernels.testing import HAS_TRITON, values_as_on_a_gpu
 
 pytestmark = needs_triton
 
@@ -130,8 +130,8 @@ SYNCS = ("item", "cpu", "tolist", "numpy", "__bool__", "__int__", "__float__")  
 @pytest.fixture
 def no_host_syncs(monkeypatch):
     """The wrappers' own code (not the kernels, which the interpreter runs on the host) may not read a tensor's
-    values on the host; tensors are treated as a GPU's (kernels._common.values_on_host is False)."""
-    import seqmix.kernels._common as common
+    values on the host; tensors are treated as a GPU's (kernels.testing.values_as_on_a_gpu)."""
+    from triton.runtime.interpreter import GridExecutor
     armed = [True]
 
     def raiser(name):
@@ -143,30 +143,21 @@ def no_host_syncs(monkeypatch):
             return original(self, *args, **kwargs)
         return sync
 
-    class Unarmed:
-        """A kernel whose launches run with the syncs allowed: the interpreter reads its tensors on the host."""
-        def __init__(self, kernel):
-            self.kernel = kernel
+    launch = GridExecutor.__call__
 
-        def __getitem__(self, grid):
-            launch = self.kernel[grid]
+    def unarmed(self, *args, **kwargs):
+        """A kernel launch, with the syncs allowed: the interpreter reads its tensors on the host."""
+        armed[0] = False
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            armed[0] = True
 
-            def run(*args, **kwargs):
-                armed[0] = False
-                try:
-                    return launch(*args, **kwargs)
-                finally:
-                    armed[0] = True
-            return run
-
-    for module in _kernel_modules() + [__import__("seqmix.kernels._flash", fromlist=["_"])]:
-        for name in dir(module):
-            if name.endswith("_kernel") and hasattr(getattr(module, name), "fn"):
-                monkeypatch.setattr(module, name, Unarmed(getattr(module, name)))
-    monkeypatch.setattr(common, "values_on_host", lambda x: False)
+    monkeypatch.setattr(GridExecutor, "__call__", unarmed)
     for name in SYNCS:
         monkeypatch.setattr(torch.Tensor, name, raiser(name))
-    yield
+    with values_as_on_a_gpu():
+        yield
     armed[0] = False
 
 

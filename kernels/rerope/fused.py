@@ -50,7 +50,9 @@ def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
     if dtype == torch.float32:
         if kernel == "fwd":
             return flash_launch(16, 32, 8, 1) if head_dim <= 64 else flash_launch(32, 32, 8, 1)
-        return flash_launch(32, 16, 8, 1) if kernel == "dkdv" else flash_launch(16, 16, 8, 2)
+        if kernel == "dkdv":
+            return flash_launch(32, 16, 4, 1) if head_dim <= 64 else flash_launch(32, 16, 8, 1)
+        return flash_launch(16, 16, 8, 2)
     if kernel == "fwd":
         return flash_launch(64, 32, 4, 2)
     if head_dim <= 64:
