@@ -588,9 +588,10 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
             (Triton for CUDA tensors; on CPU the C loop where it builds, torch otherwise).
             Default: None.
         chunked (bool): on the Triton backend, run the forward as the chunked WY form, T / 16 serial steps of
-            (16, 16) tile products instead of T steps (about 2.4x the arithmetic at N = 64), where it applies
-            (N >= 16, every chunk's log decays within DECAY_RANGE, as RWKV-7's always are); the sequential kernel
-            runs the rest, and the backward is the same. Default: False.
+            (16, 16) tile products instead of T steps (about 2.4x the arithmetic at N = 64), for N >= 16 (the
+            sequential kernel runs smaller heads); a chunk whose log decays spread beyond DECAY_RANGE (never with
+            RWKV-7's) or that holds inf or NaN takes its 16 steps one at a time, decided on the device. The backward
+            is the same. Default: False.
     Returns:
         (y (B, T, H, N) in the input dtype, state (B, H, N, N) after the last step, fp32 or float64).
 
