@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set up and run the project from nothing: needs only Python 3.10+ with pip and venv.
 
-    python3 dev.py lab       JupyterLab on notebooks/ (the main job)
+    python3 dev.py lab       JupyterLab over the repository, opened on notebooks/ (the main job)
     python3 dev.py test      every test: pytest over tests/ and nbval over notebooks/
     python3 dev.py report    headless cross-check of every formula, as a table
     python3 dev.py constraints
@@ -128,10 +128,20 @@ def main(argv):
         print("No notebooks yet: printing the headless cross-check report instead.", flush=True)
         run(PY, "-m", "seqmix.kernels.crosscheck", env=env)
     else:
-        # Jupyter refuses to run as root unless told; root is common in containers, where this is the only user.
-        as_root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
-        run(PY, "-m", "jupyter", "lab", "notebooks", *as_root, *argv[2:], env=env)
+        run(*lab_command(argv[2:]), env=env)
     return 0
+
+
+def lab_command(extra=()):
+    """JupyterLab serving the repository root, so that a notebook's links to ../reference, ../kernels, ../models,
+    ERRATA.md and its images resolve, and opening on notebooks/. Extra arguments go to `jupyter lab`."""
+    # Jupyter refuses to run as root unless told; root is common in containers, where this is the only user.
+    as_root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    return [PY, "-m", "jupyter", "lab", f"--ServerApp.root_dir={ROOT}", f"--LabApp.default_url={LAB_HOME}",
+            *as_root, *extra]
+
+
+LAB_HOME = "/lab/tree/notebooks"             # where the Lab opens: the file browser on notebooks/
 
 
 if __name__ == "__main__":

@@ -6,26 +6,29 @@
 # $e^{k_j}$. This notebook follows the Hugging Face page's derivation step by step: the sums with
 # $e^{W_{i-j} + K_j}$, the decay profile that $w$ gives, the numerator/denominator recurrence that makes RWKV-4 an
 # RNN, why that recurrence overflows (shown, in float64 and in float32), and the max-tracked recurrence that fixes
-# it, including the page's misprinted output step. Then the torch path and the Triton kernel run on the same inputs
-# and are checked against the float64 reference: outputs, states, a sequence fed in two pieces, huge keys, fp16, and
-# gradients.
+# it, including the page's misprinted output step and the starting value it leaves out. Exercises close the
+# notebook; an appendix runs the production path (the torch path, the Triton kernel and the C loop) on the same
+# inputs against the float64 reference: outputs, states, a sequence fed in two pieces, huge keys, fp16, gradients.
 #
 # **Sources.** The "Rwkv attention and the recurrent formulas" section of the Hugging Face RWKV page,
 # https://huggingface.co/docs/transformers/model_doc/rwkv (the order followed here); the RWKV paper, arXiv:2305.13048,
 # https://arxiv.org/abs/2305.13048; the RWKV/Mamba study notes in the source material (the same operator with the
-# opposite sign convention for $w$). Errata 1 and 2 of [`reference/ERRATA.md`](../reference/ERRATA.md) are shown
-# below.
+# opposite sign convention for $w$). Errata 1, 2, 21 and 22 of [`reference/ERRATA.md`](../reference/ERRATA.md) are
+# shown below.
 #
 # **Code used.** [`reference/wkv4.py`](../reference/wkv4.py): `wkv4_quadratic` (the definition), `wkv4_recurrent`
 # (the numerator/denominator recurrence), `wkv4` (the max-tracked recurrence) ·
 # [`kernels/wkv4.py`](../kernels/wkv4.py): `wkv4` (backend `"torch"`: a chunked form; backend `"triton"`: the
 # max-tracked recurrence in a kernel, forward and backward) · [`kernels/testing.py`](../kernels/testing.py): `check`
 # and the error budgets.
+#
+# **Notation.** $w$, $k$, $u$, $D$, $N$ and $M$ mean other things in other notebooks: see the
+# [notation crosswalk](notation.md).
 
 # %%
 import seqmix
 
-MODE = seqmix.use_interpreter_without_gpu()    # without a GPU: TRITON_INTERPRET=1, before triton is imported
+MODE = seqmix.use_interpreter_without_gpu()    # no GPU: TRITON_INTERPRET=1 before triton
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -50,17 +53,21 @@ print("Triton kernels run on:", MODE)
 # $$O_i = \sigma(R_i)\,\frac{\sum_{j=1}^{i} e^{W_{i-j} + K_j}\, V_j}{\sum_{j=1}^{i} e^{W_{i-j} + K_j}}, \qquad
 # W_0 = u, \quad W_n = (n - 1)\,w \ \text{ for } n \ge 1 .$$
 #
-# The score $W_{i-j} + K_j$ depends on the query's position only through the distance $n = i - j$: the current token
-# gets a learned bonus $u$ (`time_first`), the token one step back gets $W_1 = 0$, and each further step multiplies
-# the weight by $e^{w}$. With $w = -e^{\tau} \le 0$ ($\tau$ is the checkpoint's `time_decay`) this is a decay. The receptance gate
-# $\sigma(R_i)$ is applied afterwards by the time-mix block (notebook 03); the operator called WKV is the fraction.
-# In the reference's 0-based notation: $\mathrm{wkv}_t = \dfrac{\sum_{i<t} e^{(t-1-i)w + k_i} v_i + e^{u + k_t} v_t}
-# {\sum_{i<t} e^{(t-1-i)w + k_i} + e^{u + k_t}}$.
+# The page calls $W$ "a new vector that represents the position". It is indexed by the distance $n = i - j$, not by
+# the position, and it has one entry per channel at each distance. The current token gets a learned bonus $u$
+# (`time_first`), the token one step back gets $W_1 = 0$, and each further step multiplies the weight by $e^{w}$.
+# The page says $u$ and $w$ are "called in the code `time_first` and `time_decay`". That holds for $u$ only. The
+# checkpoint stores $\tau$ = `time_decay`, and the code uses $w = -e^{\tau} < 0$ (erratum 21). So $w$ is strictly
+# negative, and the weights decay. The receptance gate $\sigma(R_i)$ is applied afterwards by the time-mix block
+# (notebook 03); the operator called WKV is the fraction. In the reference's 0-based notation:
+#
+# $$\mathrm{wkv}_t = \frac{\sum_{i<t} e^{(t-1-i)w + k_i} v_i + e^{u + k_t} v_t}{\sum_{i<t} e^{(t-1-i)w + k_i}
+# + e^{u + k_t}} .$$
 
 # %%
 B, T, C = 2, 12, 4
-time_decay = rng.standard_normal(C)                # (C,) the parameter a checkpoint stores
-w = -np.exp(time_decay)                            # (C,) per-step log decay, <= 0
+time_decay = rng.standard_normal(C)                # (C,) tau, the parameter a checkpoint stores
+w = -np.exp(time_decay)                            # (C,) per-step log decay, < 0
 u = rng.standard_normal(C)                         # (C,) bonus of the current token (time_first)
 k, v = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
 
@@ -74,24 +81,27 @@ for i in range(T):
     wkv_sums[:, i] = (e * v[:, : i + 1]).sum(axis=1) / e.sum(axis=1)
 
 # %% tags=["nbval-check-output"]
-check("the sums vs reference.wkv4_quadratic", wkv_sums, ref.wkv4_quadratic(w, u, k, v), REFERENCE_BUDGET)
-lowest, highest = np.minimum.accumulate(v, axis=1), np.maximum.accumulate(v, axis=1)   # (B, T, C) over i <= t
-print("each output lies between the smallest and largest value seen so far (up to rounding):",
-      bool(((wkv_sums >= lowest - 1e-12) & (wkv_sums <= highest + 1e-12)).all()))
+check("the sums vs reference.wkv4_quadratic", wkv_sums, ref.wkv4_quadratic(w, u, k, v),
+      REFERENCE_BUDGET)
+lowest = np.minimum.accumulate(v, axis=1)          # (B, T, C) the smallest value over i <= t
+highest = np.maximum.accumulate(v, axis=1)
+inside = (wkv_sums >= lowest - 1e-12) & (wkv_sums <= highest + 1e-12)
+print("each output lies between the smallest and largest value seen so far:", bool(inside.all()))
 
 # %% [markdown]
 # **The sign of $w$ (erratum 2).** The RWKV/Mamba study notes write the weight of a past token as
-# $e^{-(t-1-i)w + k_i}$, with $w \ge 0$; the page (and this project) write $e^{(t-1-i)w + k_i}$ with $w \le 0$. They
-# describe the same decay with opposite signs of $w$: the notes' $w$ is $e^{\tau}$, the page's is
-# $-e^{\tau}$ ($\tau$ = `time_decay`). Mixing the two conventions turns the decay into growth, so the reference refuses a
-# positive $w$.
+# $e^{-(t-1-i)w + k_i}$, with $w > 0$; the page's formula (and this project) write $e^{(t-1-i)w + k_i}$ with
+# $w < 0$. They describe the same decay with opposite signs of $w$: the notes' $w$ is $e^{\tau}$, the code's is
+# $-e^{\tau}$ ($\tau$ = `time_decay`). Mixing the two conventions turns the decay into growth, so the reference
+# refuses a positive $w$. The notes' sums, written with their own sign:
 
 # %%
-w_notes = np.exp(time_decay)                       # the notes' convention: w >= 0, weight e^{-(t-1-i) w + k_i}
-T_idx, I_idx = np.arange(T)[:, None], np.arange(T)[None, :]
-lag = np.where(I_idx < T_idx, T_idx - 1 - I_idx, 0)[..., None]                # (T, T, 1) steps t-1-i
-z_notes = np.where((I_idx < T_idx)[..., None], -lag * w_notes + k[:, None], u + k[:, None])   # (B, T, T, C)
-e_notes = np.where((I_idx <= T_idx)[..., None], np.exp(z_notes), 0.0)
+w_notes = np.exp(time_decay)                  # the notes' convention: w > 0, e^{-(t-1-i) w + k_i}
+t_idx, i_idx = np.arange(T)[:, None], np.arange(T)[None, :]
+past = (i_idx < t_idx)[..., None]                                              # (T, T, 1) i < t
+lag = np.where(i_idx < t_idx, t_idx - 1 - i_idx, 0)[..., None]                 # (T, T, 1) t-1-i
+z_notes = np.where(past, -lag * w_notes + k[:, None], u + k[:, None])          # (B, T, T, C)
+e_notes = np.where((i_idx <= t_idx)[..., None], np.exp(z_notes), 0.0)
 wkv_notes = (e_notes * v[:, None]).sum(axis=2) / e_notes.sum(axis=2)
 
 try:
@@ -101,30 +111,33 @@ except ValueError as error:
 
 # %% tags=["nbval-check-output"]
 check("the notes' formula with w_notes = -w vs the page's", wkv_notes, wkv_sums, REFERENCE_BUDGET)
+grows = np.diff(np.exp(-np.arange(5)[:, None] * w), axis=0) > 0
 print("the notes' weights e^{-n w} with the page's w (< 0) grow with the distance n:",
-      bool(np.all(np.diff(np.exp(-np.arange(5)[:, None] * w), axis=0) > 0)))
+      bool(grows.all()))
 
 # %% [markdown]
 # **The decay profile.** A key $n \ge 1$ steps back is weighted $e^{(n-1)w}$ (times its own $e^{k}$); the current
 # token $e^{u}$. On a log scale the profile is a straight line of slope $w$: $\tau$ (`time_decay`) sets, per
-# channel, how long the channel remembers, from a few tokens to thousands. The current token's bonus $u$ sits apart
-# from the line.
+# channel, how long the channel remembers, from a few tokens to thousands. The current token's bonus $e^u$ is not
+# on that line: it is drawn as its own marker at $n = 0$.
 
 # %%
-n = np.arange(0, 65)                                # steps back from the current token
+n = np.arange(1, 65)                                # steps back from the current token, n >= 1
 bonus = 0.5                                         # an example u
-fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
 for td in (-5.0, -3.0, -1.0, 0.0, 1.0, 2.0):
     w_c = -np.exp(td)
-    weight = np.where(n == 0, np.exp(bonus), np.exp(np.maximum(n - 1, 0) * w_c))
     for ax in axes:
-        ax.plot(n, weight, marker=".", markersize=3, label=f"time_decay = {td:g}  (w = {w_c:.3g})")
+        ax.plot(n, np.exp((n - 1) * w_c), marker=".", markersize=3,
+                label=f"time_decay = {td:g}  (w = {w_c:.3g})")
+for ax in axes:
+    ax.plot([0], [np.exp(bonus)], "k*", markersize=11, label=f"current token: $e^u$, u = {bonus}")
+    ax.set_xlabel("steps back from the current token, n = t - i")
+    ax.set_ylabel(r"weight $e^{W_n}$ ($W_n = (n-1)\,w$)")
 axes[1].set_yscale("log")
 axes[1].set_ylim(1e-12, 3)
-for ax, scale in zip(axes, ("linear", "log")):
-    ax.set_xlabel("steps back from the current token, n = t - i")
-    ax.set_ylabel(r"weight $e^{W_n}$  ($W_0 = u = 0.5$, $W_n = (n-1)\,w$)")
-    ax.set_title(f"RWKV-4 decay profile ({scale} scale)")
+axes[0].set_title("RWKV-4 decay profile (linear scale)")
+axes[1].set_title("log scale: straight lines of slope w")
 axes[0].legend(fontsize=8)
 plt.show()
 
@@ -155,14 +168,15 @@ def wkv_num_den(w, u, k, v):
     return out
 
 wkv_rnn = wkv_num_den(w, u, k, v)
-y_first, state = ref.wkv4_recurrent(w, u, k[:, :5], v[:, :5])              # the first 5 tokens, then the rest
-y_rest, _ = ref.wkv4_recurrent(w, u, k[:, 5:], v[:, 5:], state=state)
+y_first, state = ref.wkv4_recurrent(w, u, k[:, :5], v[:, :5])      # the first 5 tokens,
+y_rest, _ = ref.wkv4_recurrent(w, u, k[:, 5:], v[:, 5:], state=state)   # then the rest
+y_pieces = np.concatenate([y_first, y_rest], axis=1)
 
 # %% tags=["nbval-check-output"]
 for what, actual, expected in (
     ("N/D recurrence vs the sums", wkv_rnn, wkv_sums),
     ("N/D recurrence vs reference.wkv4_recurrent", wkv_rnn, ref.wkv4_recurrent(w, u, k, v)[0]),
-    ("reference.wkv4_recurrent fed in two pieces vs whole", np.concatenate([y_first, y_rest], axis=1), wkv_rnn),
+    ("reference.wkv4_recurrent fed in two pieces vs whole", y_pieces, wkv_rnn),
 ):
     check(what, actual, expected, REFERENCE_BUDGET)
 
@@ -183,14 +197,17 @@ for what, actual, expected in (
 # so for keys shifted by 700 the exact answer is known, and the recurrence fails on it.
 
 # %%
+def in_float32(*arrays):
+    return [x.astype(np.float32) for x in arrays]
+
 with np.errstate(over="ignore", invalid="ignore"):
-    big64 = wkv_num_den(w, u, k + 710.0, v)                                       # float64, keys ~710
-    big32 = wkv_num_den(*(x.astype(np.float32) for x in (w, u, k + 90.0, v)))      # float32, keys ~90
-    fine32 = wkv_num_den(*(x.astype(np.float32) for x in (w, u, k, v)))            # float32, ordinary keys
-for name, out in (("float64, keys + 710", big64), ("float32, keys + 90", big32), ("float32, ordinary keys", fine32)):
-    bad = ~np.isfinite(out)
-    print(f"{name:24s}: {bad.sum():3d} of {out.size} outputs are NaN or inf")
-print("the float32 recurrence on ordinary keys, rel. error:", f"{rel_rms(fine32, wkv_sums):.1e}")
+    runs = {"float64, keys + 710": wkv_num_den(w, u, k + 710.0, v),
+            "float32, keys + 90": wkv_num_den(*in_float32(w, u, k + 90.0, v)),
+            "float32, ordinary keys": wkv_num_den(*in_float32(w, u, k, v))}
+for name, out in runs.items():
+    print(f"{name:24s}: {(~np.isfinite(out)).sum():3d} of {out.size} outputs are NaN or inf")
+fine32_error = rel_rms(runs["float32, ordinary keys"], wkv_sums)
+print(f"the float32 recurrence on ordinary keys, rel. error: {fine32_error:.1e}")
 
 
 # %% [markdown]
@@ -198,38 +215,54 @@ print("the float32 recurrence on ordinary keys, rel. error:", f"{rel_rms(fine32,
 #
 # The cure is the one of notebook 01: divide by the largest exponential. Keep, besides the state, the largest
 # exponent $M_t$ among the terms of $\hat N_t$, and store $\tilde N_t = e^{-M_t}\hat N_t$,
-# $\tilde D_t = e^{-M_t}\hat D_t$ (the page's notation). Every number stored is then at most about 1 in size.
+# $\tilde D_t = e^{-M_t}\hat D_t$ (the page's notation).
 #
 # *Update.* $\hat N_{t+1} = e^{w}\hat N_t + e^{k_t} v_t = e^{w + M_t}\tilde N_t + e^{k_t} v_t$. Take
 # $q = \max(w + M_t, k_t)$, the larger of the two exponents, as the new maximum and divide by $e^{q}$:
 #
 # $$\tilde N_{t+1} = e^{w + M_t - q}\,\tilde N_t + e^{k_t - q}\, v_t, \qquad
 # \tilde D_{t+1} = e^{w + M_t - q}\,\tilde D_t + e^{k_t - q}, \qquad M_{t+1} = q .$$
-#
+
+# %%
+def update_step(num, den, mx, k_t, v_t):
+    # (N~, D~, M) at t + 1 from (N~, D~, M) at t and token t; both exponents <= 0.
+    q = np.maximum(w + mx, k_t)
+    a, b = np.exp(w + mx - q), np.exp(k_t - q)
+    return a * num + b * v_t, a * den + b, q
+
+# %% [markdown]
 # *Output.* $N_t = e^{u + k_t} v_t + e^{M_t}\tilde N_t$. With $q = \max(u + k_t, M_t)$, multiply numerator and
 # denominator by $e^{-q}$ (the ratio does not change):
 #
 # $$\mathrm{wkv}_t = \frac{e^{u + k_t - q}\, v_t + e^{M_t - q}\,\tilde N_t}{e^{u + k_t - q} + e^{M_t - q}\,\tilde D_t} .$$
-#
-# Every exponent is $\le 0$ in both steps, and one of the two terms is exactly $e^0 = 1$: no overflow, and no
-# denominator that underflows to zero. Before the first token $\tilde N = \tilde D = 0$ and $M = -10^{38}$ (the finite
-# "minus infinity" of Hugging Face's code, so that $e^{M - q} = 0$ without $\infty - \infty$).
 
 # %%
 def output_step(num, den, mx, k_t, v_t):
-    # wkv_t from the stable state (num = N~, den = D~, mx = M) and the current token, all exponents <= 0.
+    # wkv_t from the stable state (num = N~, den = D~, mx = M) and token t; both exponents <= 0.
     q = np.maximum(u + k_t, mx)
     a, b = np.exp(mx - q), np.exp(u + k_t - q)
     return (a * num + b * v_t) / (a * den + b)
 
-def wkv_stable(w, u, k, v, output=output_step):
-    num, den, mx = np.zeros_like(k[:, 0]), np.zeros_like(k[:, 0]), np.full_like(k[:, 0], -1e38)  # (B, C) each
+# %% [markdown]
+# *Start.* Before the first token $\tilde N = \tilde D = 0$, and $M_0$ must be "minus infinity", so that the first
+# update gives $M_1 = k_0$ and nothing else. The page never says what $M_0$ is (erratum 22). The reference takes
+# $-10^{38}$, as transformers' CPU loop and CUDA kernel do; transformers' `RwkvModel` itself starts its state at
+# $-10^{30}$. Both are far below any key, and give the same result. A finite value keeps $e^{M - q} = 0$ without
+# the $\infty - \infty$ that an exact $-\infty$ would risk.
+#
+# Every exponent is $\le 0$ in both steps, and one of the two terms is exactly $e^0 = 1$. So nothing overflows,
+# and no denominator underflows to zero. The stored numbers are not small, though: $\tilde D$ is a sum of terms up
+# to 1, and grows to about $1 / (1 - e^{w})$ when the keys stay level and the decay is slow (the cell after the
+# next one shows 149). What the cure bounds is the exponents, not the state.
+
+# %%
+def wkv_stable(w, u, k, v, output=output_step, initial_max=ref.INITIAL_MAX):
+    num, den = np.zeros_like(k[:, 0]), np.zeros_like(k[:, 0])          # (B, C) N~_0, D~_0
+    mx = np.full_like(k[:, 0], initial_max)                              # (B, C) M_0
     out = np.empty_like(k)
     for t in range(k.shape[1]):
         out[:, t] = output(num, den, mx, k[:, t], v[:, t])
-        q = np.maximum(w + mx, k[:, t])                                   # the update step
-        a, b = np.exp(w + mx - q), np.exp(k[:, t] - q)
-        num, den, mx = a * num + b * v[:, t], a * den + b, q
+        num, den, mx = update_step(num, den, mx, k[:, t], v[:, t])
     return out
 
 
@@ -237,10 +270,31 @@ def wkv_stable(w, u, k, v, output=output_step):
 for what, actual, expected in (
     ("stable recurrence vs the sums", wkv_stable(w, u, k, v), wkv_sums),
     ("stable recurrence vs reference.wkv4", wkv_stable(w, u, k, v), ref.wkv4(w, u, k, v)[0]),
-    ("stable recurrence, keys + 700 vs the sums on the unshifted keys", wkv_stable(w, u, k + 700.0, v), wkv_sums),
-    ("reference.wkv4, keys + 700 vs the sums on the unshifted keys", ref.wkv4(w, u, k + 700.0, v)[0], wkv_sums),
+    ("stable recurrence, keys + 700 vs the sums", wkv_stable(w, u, k + 700.0, v), wkv_sums),
+    ("reference.wkv4, keys + 700 vs the sums", ref.wkv4(w, u, k + 700.0, v)[0], wkv_sums),
+    ("stable recurrence from M_0 = -1e30 (RwkvModel's start)",
+     wkv_stable(w, u, k, v, initial_max=-1e30), wkv_sums),
 ):
     check(what, actual, expected, REFERENCE_BUDGET)
+with np.errstate(over="ignore", invalid="ignore"):
+    too_high = wkv_stable(w, u, k, v, initial_max=800.0)
+print("from M_0 = 800 instead (above the keys), outputs that are NaN:",
+      int(np.isnan(too_high).sum()), "of", too_high.size)
+
+# %% [markdown]
+# How large the stored numbers get: one channel with $\tau = -5$ ($w = -0.0067$), level keys $k = 0$ and values
+# $v = 3$, for 2000 tokens. $M$ stays at 0, and $\tilde D_t$ is the geometric sum $\sum_{j<t} e^{jw}$, which tends
+# to $1/(1 - e^{w}) \approx 149$; $\tilde N = 3\tilde D$.
+
+# %% tags=["nbval-check-output"]
+w_slow = -np.exp(np.array([-5.0]))                                     # (1,)
+steps = 2000
+_, (num_slow, den_slow, max_slow) = ref.wkv4(w_slow, np.zeros(1), np.zeros((1, steps, 1)),
+                                              np.full((1, steps, 1), 3.0))
+geometric = (1 - np.exp(steps * w_slow)) / (1 - np.exp(w_slow))       # sum_{j < steps} e^{j w}
+print(f"M = {max_slow.item():g}, D~ = {den_slow.item():.1f}, N~ = {num_slow.item():.1f}, "
+      f"1 / (1 - e^w) = {1 / (1 - np.exp(w_slow.item())):.1f}")
+check("D~ vs the geometric sum", den_slow.ravel(), geometric, REFERENCE_BUDGET)
 
 
 # %% [markdown]
@@ -253,16 +307,82 @@ for what, actual, expected in (
 # %%
 def output_step_as_printed(num, den, mx, k_t, v_t):
     q = np.maximum(u + k_t, mx)
-    a, b = np.exp(mx), np.exp(u + k_t - q)                               # e^{M} where e^{M - q} is right
+    a, b = np.exp(mx), np.exp(u + k_t - q)                       # e^{M} where e^{M - q} is right
     return (a * num + b * v_t) / (a * den + b)
 
 printed_error = rel_rms(wkv_stable(w, u, k, v, output=output_step_as_printed), wkv_sums)
 corrected_error = rel_rms(wkv_stable(w, u, k, v), wkv_sums)
-print(f"output step as printed: rel. RMS error {printed_error:.2f};  corrected: {corrected_error:.1e}")
+print(f"output step as printed: rel. RMS error {printed_error:.2f}; "
+      f"corrected: {corrected_error:.1e}")
 assert printed_error > 0.05 and corrected_error <= REFERENCE_BUDGET
 
 # %% [markdown]
-# ## 5. The torch path and the Triton kernel against the reference
+# ## Summary
+#
+# - The page's sums, the notes' sums (with $w_\text{notes} = -w$), the numerator/denominator recurrence and the
+#   max-tracked recurrence are one function; they agree to float64 rounding with `reference/wkv4.py`.
+# - $w = -e^{\tau} < 0$ with $\tau$ = `time_decay` (not $\tau$ itself, as the page says); the notes use $+e^{\tau}$.
+# - The plain recurrence stores $e^{k}$ and overflows for keys past 709.8 (float64) or 88.7 (float32); the
+#   max-tracked one stores everything relative to the largest exponent and is exact for any keys, since
+#   $\mathrm{wkv}(k + c) = \mathrm{wkv}(k)$. It bounds the exponents ($\le 0$), not the stored sums, and it needs a
+#   start $M_0$ far below the keys, which the page leaves out.
+# - The page's output step needs $e^{M_i - q}$, not $e^{M_i}$ (erratum 1).
+# - The torch path, the Triton kernel and the C loop match the reference in fp32 and fp16: outputs, states, pieces,
+#   huge keys and gradients (the appendix).
+#
+# Next: [03 · The RWKV-4 model](03_rwkv4_model.ipynb) puts this operator into the RWKV-4 block, between token
+# shift, the receptance gate and channel mixing.
+#
+# ## Exercises
+#
+# Each solution is in the collapsed cell below its question (click the three dots to open it); it runs with the
+# notebook, so it is checked too.
+#
+# **1. No decay, no bonus.** With $u = 0$ and $w = 0$, what does WKV compute? Check your answer against
+# `ref.wkv4`.
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Every weight is e^{k_i}: wkv_t is the e^k-weighted running mean of the values seen so far.
+zero = np.zeros(C)
+running_mean = np.cumsum(np.exp(k) * v, axis=1) / np.cumsum(np.exp(k), axis=1)   # (B, T, C)
+check("wkv4 with u = w = 0 vs the e^k-weighted running mean", ref.wkv4(zero, zero, k, v)[0],
+      running_mean, REFERENCE_BUDGET)
+
+# %% [markdown]
+# **2. A channel's memory.** Which `time_decay` $\tau$ makes a token 100 steps back still weigh half as much as the
+# token one step back? Which of the six curves in the decay-profile plot remember at least that much?
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# e^{(100 - 1) w} = 1/2  <=>  w = ln(1/2) / 99  <=>  tau = ln(-w) = ln(ln 2 / 99)
+tau_half = np.log(np.log(2) / 99)
+print(f"tau = {tau_half:.2f} (w = {-np.exp(tau_half):.5f}); at least half after 100 steps: "
+      f"{[td for td in (-5.0, -3.0, -1.0, 0.0, 1.0, 2.0) if td <= tau_half]}")
+check("the weight 100 steps back at that tau", np.exp(99 * -np.exp(tau_half)), 0.5,
+      REFERENCE_BUDGET)
+
+# %% [markdown]
+# **3. The state carries the past.** Feed `ref.wkv4` the keys and values in three pieces (4, 1 and 7 tokens),
+# passing the state from piece to piece, and compare with the whole. Then start the last piece from a fresh state:
+# how far off is it?
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+pieces, piece_state, start = [], None, 0
+for size in (4, 1, 7):
+    y_piece, piece_state = ref.wkv4(w, u, k[:, start:start + size], v[:, start:start + size],
+                                    state=piece_state)
+    pieces.append(y_piece)
+    start += size
+check("three pieces with the state vs whole", np.concatenate(pieces, axis=1), wkv_sums,
+      REFERENCE_BUDGET)
+fresh = ref.wkv4(w, u, k[:, 5:], v[:, 5:])[0]
+print("the last piece from a fresh state differs by more than 1%:",
+      rel_rms(fresh, wkv_sums[:, 5:]) > 0.01)
+
+# %% [markdown]
+# ## Appendix: the production path against the reference
+#
+# The notebook's lesson ends above. This appendix runs the kernels a model uses on the same kind of inputs, and
+# checks them against the float64 reference (nbval checks these cells like the others).
 #
 # [`kernels.wkv4.wkv4`](../kernels/wkv4.py) takes `w, u` of shape `(C,)` and `k, v` of shape `(B, T, C)`, and
 # returns `(wkv, (num, den, max))` with the state in Hugging Face's layout (the $\tilde N, \tilde D, M$ above,
@@ -279,20 +399,22 @@ assert printed_error > 0.05 and corrected_error <= REFERENCE_BUDGET
 # %%
 B, T, C = 2, 24, 8
 w64 = -np.exp(rng.standard_normal(C))
-u64, k64, v64 = rng.standard_normal(C), rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
+u64 = rng.standard_normal(C)
+k64, v64 = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
 BACKENDS = ("torch", "triton")
-FORWARD_BACKENDS = BACKENDS + ("c",)                                      # "c": the C loop, forward only
+FORWARD_BACKENDS = BACKENDS + ("c",)                  # "c": the C loop, forward only
 
 def run(backend, w, u, k, v, dtype=torch.float32, state=None):
     # The kernel on float64 arrays cast to dtype; returns (wkv, (num, den, max)) as tensors.
-    return wkv4_kernel(*(torch.tensor(x, dtype=dtype) for x in (w, u, k, v)), state=state, backend=backend)
+    tensors = (torch.tensor(x, dtype=dtype) for x in (w, u, k, v))
+    return wkv4_kernel(*tensors, state=state, backend=backend)
 
 def fp16_rounded(x):
     # What an fp16 input holds: the reference is computed on these values.
     return x.astype(np.float16).astype(np.float64)
 
 expected, expected_state = ref.wkv4(w64, u64, k64, v64)
-split = 10                                                                 # feed 10 tokens, then the other 14
+split = 10                                            # feed 10 tokens, then the other 14
 
 # %% tags=["nbval-check-output"]
 for backend in FORWARD_BACKENDS:
@@ -303,8 +425,8 @@ for backend in FORWARD_BACKENDS:
     y1, state1 = run(backend, w64, u64, k64[:, :split], v64[:, :split])
     y2, _ = run(backend, w64, u64, k64[:, split:], v64[:, split:], state=state1)
     check(f"{backend} fp32 fed in two pieces", torch.cat([y1, y2], dim=1), expected, FP32_BUDGET)
-    check(f"{backend} fp32 keys + 100 (e^k past float32)", run(backend, w64, u64, k64 + 100.0, v64)[0],
-          expected, FP32_BUDGET)
+    check(f"{backend} fp32 keys + 100 (e^k past float32)",
+          run(backend, w64, u64, k64 + 100.0, v64)[0], expected, FP32_BUDGET)
     w16, u16, k16, v16 = (fp16_rounded(x) for x in (w64, u64, k64, v64))
     check(f"{backend} fp16 wkv", run(backend, w16, u16, k16, v16, dtype=torch.float16)[0],
           ref.wkv4(w16, u16, k16, v16)[0], FP16_BUDGET)
@@ -318,7 +440,7 @@ for backend in FORWARD_BACKENDS:
 
 # %%
 def definition_torch(w, u, k, v):
-    # wkv as a causal softmax over the scores (t-1-i) w + k_i (i < t) and u + k_t (i = t); float64 autograd.
+    # wkv as a causal softmax over the scores (t-1-i) w + k_i (i < t) and u + k_t (i = t).
     T = k.shape[1]
     t, i = torch.arange(T)[:, None], torch.arange(T)[None, :]
     past = (t - 1 - i).clamp(min=0)[..., None] * w + k[:, None]            # (B, T, T, C)
@@ -326,7 +448,7 @@ def definition_torch(w, u, k, v):
     scores = scores.masked_fill((i > t)[..., None], float("-inf"))          # causal
     return (torch.softmax(scores, dim=2) * v[:, None]).sum(dim=2)          # (B, T, C)
 
-G = rng.standard_normal((B, T, C))                                          # upstream gradient dLoss/dwkv
+G = rng.standard_normal((B, T, C))                    # upstream gradient dLoss/dwkv
 
 def gradients(fn, dtype):
     leaves = [torch.tensor(x, dtype=dtype, requires_grad=True) for x in (w64, u64, k64, v64)]
@@ -334,11 +456,12 @@ def gradients(fn, dtype):
     return [x.grad for x in leaves]
 
 expected_grads = gradients(definition_torch, torch.float64)
-backend_grads = {b: gradients(lambda *a: wkv4_kernel(*a, backend=b)[0], torch.float32) for b in BACKENDS}
+backend_grads = {b: gradients(lambda *a: wkv4_kernel(*a, backend=b)[0], torch.float32)
+                 for b in BACKENDS}
 
 # %% tags=["nbval-check-output"]
-check("definition in torch float64 vs reference", definition_torch(*map(torch.tensor, (w64, u64, k64, v64))),
-      expected, REFERENCE_BUDGET)
+check("definition in torch float64 vs reference",
+      definition_torch(*map(torch.tensor, (w64, u64, k64, v64))), expected, REFERENCE_BUDGET)
 for backend in BACKENDS:
     for name, got, want in zip(("dw", "du", "dk", "dv"), backend_grads[backend], expected_grads):
         check(f"{backend} fp32 {name}", got, want, FP32_BUDGET)
@@ -346,22 +469,9 @@ for backend in BACKENDS:
 # %%
 # The errors themselves (this cell is not compared: the numbers depend on the machine).
 for backend in FORWARD_BACKENDS:
-    line = f"{backend:6s} fp32: wkv rel. RMS error {rel_rms(run(backend, w64, u64, k64, v64)[0], expected):.1e}"
-    if backend in backend_grads:                                           # none for "c": forward only
-        line += f", worst gradient {max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads)):.1e}"
+    error = rel_rms(run(backend, w64, u64, k64, v64)[0], expected)
+    line = f"{backend:6s} fp32: wkv rel. RMS error {error:.1e}"
+    if backend in backend_grads:                                     # none for "c": forward only
+        worst = max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads))
+        line += f", worst gradient {worst:.1e}"
     print(line)
-
-# %% [markdown]
-# ## Summary
-#
-# - The page's sums, the notes' sums (with $w_\text{notes} = -w$), the numerator/denominator recurrence and the
-#   max-tracked recurrence are one function; they agree to float64 rounding with `reference/wkv4.py`.
-# - The plain recurrence stores $e^{k}$ and overflows for keys past 709.8 (float64) or 88.7 (float32); the
-#   max-tracked one stores everything relative to the largest exponent and is exact for any keys, since
-#   $\mathrm{wkv}(k + c) = \mathrm{wkv}(k)$.
-# - The page's output step needs $e^{M_i - q}$, not $e^{M_i}$ (erratum 1).
-# - The torch path and the Triton kernel match the reference in fp32 and fp16: outputs, states, pieces, huge keys
-#   and gradients.
-#
-# Next: notebook 03 puts this operator into the RWKV-4 block, between token shift, the receptance gate and channel
-# mixing.

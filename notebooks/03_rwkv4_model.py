@@ -6,15 +6,17 @@
 # channel-mix sub-block (squared ReLU, gate), a residual block, and the whole model with embeddings, final
 # LayerNorm and head. Each piece is written out in NumPy, then checked against `reference/rwkv4.py`. Then the Hugging
 # Face page's example: feeding a sequence whole, or in two pieces with the returned state, gives the same output
-# (and without the state it does not). Then the torch model runs on the same weights, with the WKV on its torch path
-# and on the Triton kernel, and is checked against the reference: hidden states, logits, states, pieces and
-# gradients. Last, generation through the state, and the page's stop on `"\n\n"`.
+# (and without the state it does not). Then the page's configuration and API, field by field, with the places where
+# the page and transformers' code disagree (errata 4 to 8), and the independent evidence: transformers' own
+# `RwkvForCausalLM` run on the same weights. Last, generation through the state, and the page's stop on `"\n\n"`.
+# Exercises close the notebook; an appendix runs the production path (the torch model with the WKV on its torch path
+# and on the Triton kernel) against the float64 reference: hidden states, logits, states, pieces and gradients.
 #
 # **Sources.** The Hugging Face RWKV page, https://huggingface.co/docs/transformers/model_doc/rwkv (the model's
-# weight names and state layout, the usage example with `state=`, the `RwkvStoppingCriteria` for `"\n\n"`); the
-# RWKV-4 part of the RWKV/Mamba study notes in the source material (token shift, time mixing, channel mixing: the
-# order followed here; erratum 3 of [`reference/ERRATA.md`](../reference/ERRATA.md) is shown below); the RWKV paper,
-# arXiv:2305.13048, https://arxiv.org/abs/2305.13048.
+# weight names, configuration and state layout, the usage example with `state=`, the `RwkvStoppingCriteria` for
+# `"\n\n"`); the RWKV-4 part of the RWKV/Mamba study notes in the source material (token shift, time mixing, channel
+# mixing: the order followed here); the RWKV paper, arXiv:2305.13048, https://arxiv.org/abs/2305.13048. Errata 3 to 8
+# of [`reference/ERRATA.md`](../reference/ERRATA.md) are shown below.
 #
 # **Code used.** [`reference/rwkv4.py`](../reference/rwkv4.py): `token_shift`, `mix`, `time_mix`, `channel_mix`,
 # `block`, `forward`, `logits` (NumPy, float64: the truth) · [`reference/wkv4.py`](../reference/wkv4.py): `wkv4`
@@ -22,18 +24,23 @@
 # `RwkvForCausalLM` (torch, transformers' parameter names; the WKV from [`kernels/wkv4.py`](../kernels/wkv4.py) with
 # backend `"torch"` or `"triton"`) · [`models/generation.py`](../models/generation.py): `generate`
 # (greedy or sampled, stop sequences) · [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
+#
+# **Notation.** $x$, $u$, $w$, $k$, $L$ mean other things in other notebooks: see the
+# [notation crosswalk](notation.md).
 
 # %%
 import seqmix
 
-MODE = seqmix.use_interpreter_without_gpu()    # without a GPU: TRITON_INTERPRET=1, before triton is imported
+MODE = seqmix.use_interpreter_without_gpu()    # no GPU: TRITON_INTERPRET=1 before triton
+
+import warnings
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from seqmix.models.rwkv4 import RwkvConfig, RwkvForCausalLM
 from seqmix.kernels.testing import FP32_BUDGET, REFERENCE_BUDGET, check, rel_rms
+from seqmix.models.rwkv4 import RwkvConfig, RwkvForCausalLM
 from seqmix.reference import rwkv4 as ref
 from seqmix.reference.wkv4 import wkv4 as wkv4_reference
 
@@ -48,14 +55,15 @@ print("Triton kernels run on:", MODE)
 # $e^{-e^{\tau}}$ with $\tau \sim N(0, 1)$, mixes $\mu \in (0, 1)$, linear layers of unit gain). The sizes are small
 # and different from each other, so that a transposed matrix cannot go unnoticed: $C = 16$ channels, a channel-mix
 # width $F = 40$, $L = 3$ blocks, and a vocabulary of $V = 200$ tokens, large enough to hold the ids 187 of the
-# page's stop sequence (section 8). The weights are one dict of float64 arrays named like the state dict of
+# page's stop sequence (section 9). The weights are one dict of float64 arrays named like the state dict of
 # transformers' `RwkvForCausalLM`; the reference takes the `rwkv.` part (the names of `RwkvModel`) and the head, the
 # torch model loads all of it (in fp32).
 
 # %%
-config = RwkvConfig(vocab_size=200, hidden_size=16, num_hidden_layers=3, intermediate_size=40, context_length=64)
-model = RwkvForCausalLM(config).eval()
-C, F, L, V = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
+config = RwkvConfig(vocab_size=200, hidden_size=16, num_hidden_layers=3, intermediate_size=40,
+                    context_length=64)
+C, F = config.hidden_size, config.intermediate_size
+L, V = config.num_hidden_layers, config.vocab_size
 
 def draw(name, shape):
     # One weight of the model, by the kind its name says.
@@ -68,11 +76,31 @@ def draw(name, shape):
         return rng.standard_normal(shape)
     return rng.standard_normal(shape) / np.sqrt(shape[1])          # a Linear (out, in): unit gain
 
-weights = {name: draw(name, tuple(t.shape)) for name, t in model.state_dict().items()}
-model.load_checkpoint({name: torch.tensor(a, dtype=torch.float32) for name, a in weights.items()})
-params = {name[len("rwkv."):]: a for name, a in weights.items() if name.startswith("rwkv.")}
-head = weights["head.weight"]                                          # (V, C)
-p0 = {name[len("blocks.0."):]: a for name, a in params.items() if name.startswith("blocks.0.")}   # block 0
+# %%
+def drawn_weights(config_):
+    # Every weight of an RwkvForCausalLM for config_, drawn (float64, transformers' names).
+    shapes = {name: tuple(t.shape) for name, t in RwkvForCausalLM(config_).state_dict().items()}
+    return {name: draw(name, shape) for name, shape in shapes.items()}
+
+def model_with(config_, weights_):
+    # An RwkvForCausalLM for config_, in eval mode, holding weights_ in fp32.
+    m = RwkvForCausalLM(config_).eval()
+    m.load_checkpoint({name: torch.tensor(a, dtype=torch.float32) for name, a in weights_.items()})
+    return m
+
+def base_params(weights_):
+    # The reference's params: the "rwkv." part of the weights, named as in RwkvModel.
+    return {name[len("rwkv."):]: a for name, a in weights_.items() if name.startswith("rwkv.")}
+
+def layer_params(params_, i):
+    # Block i's weights, named as inside the block ("ln1.weight", "attention.key.weight", ...).
+    prefix = f"blocks.{i}."
+    return {name[len(prefix):]: a for name, a in params_.items() if name.startswith(prefix)}
+
+weights = drawn_weights(config)
+model = model_with(config, weights)
+params, head = base_params(weights), weights["head.weight"]           # head: (V, C)
+p0 = layer_params(params, 0)
 for name, a in p0.items():
     print(f"blocks.0.{name:38s} {a.shape}")
 
@@ -92,7 +120,7 @@ for name, a in p0.items():
 # %%
 B, T = 2, 9
 x = rng.standard_normal((B, T, C))
-x_prev = rng.standard_normal((B, C))                                   # the input before x_0, from a state
+x_prev = rng.standard_normal((B, C))                      # the input before x_0, from a state
 mu = rng.uniform(0.0, 1.0, C)                                          # (C,)
 
 shifted = np.concatenate([x_prev[:, None], x[:, :-1]], axis=1)        # (B, T, C) x_{t-1}
@@ -111,7 +139,7 @@ for what, actual, expected in (
 
 # %%
 t = np.arange(12)
-step = (t >= 5).astype(float)                                          # one channel: 0, then 1 from t = 5 on
+step = (t >= 5).astype(float)                             # one channel: 0, then 1 from t = 5 on
 step_prev = np.concatenate([[0.0], step[:-1]])
 fig, ax = plt.subplots(figsize=(7, 3.5), constrained_layout=True)
 for m in (1.0, 0.75, 0.25, 0.0):
@@ -124,44 +152,69 @@ plt.show()
 
 
 # %% [markdown]
+# One helper for the rest of the notebook, the formula above on stored $\mu$'s:
+
+# %%
+def mixed(p, x, xx, name):
+    # mu * x_t + (1 - mu) * x_{t-1} with the mu stored as p[name] (shape (1, 1, C)).
+    mu = p[name].reshape(-1)                                           # (C,)
+    return mu * x + (1 - mu) * xx
+
+
+# %% [markdown]
 # ## 2. Time mix
 #
 # The time-mix sub-block makes three vectors from three differently mixed copies of the input, each with its own
-# matrix,
+# matrix:
 #
 # $$r_t = W_r\,\mathrm{mix}_{\mu_r}(x)_t, \qquad k_t = W_k\,\mathrm{mix}_{\mu_k}(x)_t, \qquad
-# v_t = W_v\,\mathrm{mix}_{\mu_v}(x)_t ,$$
-#
-# runs the WKV of notebook 02 over the keys and values, with the per-step log decay $w = -e^{\tau}$ ($\tau$ =
-# `time_decay`) and the bonus $u$ (`time_first`), and gates it with the receptance:
-#
-# $$o_t = W_o\left(\sigma(r_t) \odot \mathrm{wkv}_t\right), \qquad \mathrm{wkv}_t =
-# \frac{\sum_{i<t} e^{(t-1-i)w + k_i} v_i + e^{u + k_t} v_t}{\sum_{i<t} e^{(t-1-i)w + k_i} + e^{u + k_t}} .$$
-#
-# $\mathrm{wkv}_t$ is an average of past values, so it cannot say *whether* the past is relevant to this token; the
-# receptance gate $\sigma(r_t) \in (0, 1)$ does, per channel. The WKV state $(\tilde N, \tilde D, M)$ of notebook 02
-# and the last input (for the next call's token shift) are what this sub-block carries from call to call.
-#
-# **Erratum 3.** The study notes write $k_t = W_r(\mu_k \odot x_t + (1 - \mu_k) \odot x_{t-1})$ and
-# $v_t = W_r(\ldots)$: the receptance matrix in all three lines, a copy-paste slip. Each of $r, k, v$ has its own
-# matrix: the checkpoints store `receptance`, `key` and `value` weights, and the RWKV paper's time-mixing equations
-# write $W_r, W_k, W_v$. With the notes' lines the key and value matrices would never be read, as the cell after the next
-# one shows.
+# v_t = W_v\,\mathrm{mix}_{\mu_v}(x)_t .$$
 
 # %%
-def time_mix(p, x, x_prev, wkv_state, key="attention.key.weight", value="attention.value.weight"):
-    # The time-mix sub-block; key and value name the matrices that make k and v (for the erratum below).
+def receptance_key_value(p, x, x_prev, key="attention.key.weight", value="attention.value.weight"):
+    # r, k, v, each (B, T, C); key and value name the matrices that make k and v (erratum 3 below).
     xx = np.concatenate([x_prev[:, None], x[:, :-1]], axis=1)          # (B, T, C) x_{t-1}
-    mix = lambda name: p[name].reshape(-1) * x + (1 - p[name].reshape(-1)) * xx   # noqa: E731
-    r = mix("attention.time_mix_receptance") @ p["attention.receptance.weight"].T   # (B, T, C)
-    k = mix("attention.time_mix_key") @ p[key].T
-    v = mix("attention.time_mix_value") @ p[value].T
-    w = -np.exp(p["attention.time_decay"])                             # (C,) per-step log decay
-    wkv, wkv_state = wkv4_reference(w, p["attention.time_first"], k, v, wkv_state)   # notebook 02
-    gated = 1 / (1 + np.exp(-r)) * wkv                                 # sigma(r) * wkv
-    return gated @ p["attention.output.weight"].T, x[:, -1], wkv_state
+    r = mixed(p, x, xx, "attention.time_mix_receptance") @ p["attention.receptance.weight"].T
+    k = mixed(p, x, xx, "attention.time_mix_key") @ p[key].T
+    v = mixed(p, x, xx, "attention.time_mix_value") @ p[value].T
+    return r, k, v
 
-wkv_state0 = (rng.standard_normal((B, C)), rng.uniform(0.5, 2.0, (B, C)), rng.standard_normal((B, C)))  # num, den, max
+
+# %% [markdown]
+# Keys and values go through the WKV of notebook 02, with the per-step log decay $w = -e^{\tau}$ ($\tau$ =
+# `time_decay`) and the bonus $u$ (`time_first`). Its state $(\tilde N, \tilde D, M)$ comes in and goes out:
+#
+# $$\mathrm{wkv}_t = \frac{\sum_{i<t} e^{(t-1-i)w + k_i} v_i + e^{u + k_t} v_t}{\sum_{i<t} e^{(t-1-i)w + k_i}
+# + e^{u + k_t}} .$$
+
+# %%
+def wkv(p, k, v, wkv_state):
+    # (wkv (B, T, C), new state (num, den, max)) from keys, values and the state before them.
+    w = -np.exp(p["attention.time_decay"])                     # (C,) per-step log decay, < 0
+    return wkv4_reference(w, p["attention.time_first"], k, v, wkv_state)   # notebook 02
+
+
+# %% [markdown]
+# $\mathrm{wkv}_t$ is an average of past values, so it cannot say *whether* the past is relevant to this token; the
+# receptance gate $\sigma(r_t) \in (0, 1)$ does, per channel. Then the output matrix:
+#
+# $$o_t = W_o\left(\sigma(r_t) \odot \mathrm{wkv}_t\right) .$$
+
+# %%
+def gate_and_output(p, r, wkv_t):
+    # W_o (sigma(r) * wkv), (B, T, C).
+    return (1 / (1 + np.exp(-r)) * wkv_t) @ p["attention.output.weight"].T
+
+
+def time_mix(p, x, x_prev, wkv_state, **matrices):
+    # The sub-block: (output, its last input for the next token shift, the new WKV state).
+    r, k, v = receptance_key_value(p, x, x_prev, **matrices)
+    wkv_t, wkv_state = wkv(p, k, v, wkv_state)
+    return gate_and_output(p, r, wkv_t), x[:, -1], wkv_state
+
+
+num0, den0 = rng.standard_normal((B, C)), rng.uniform(0.5, 2.0, (B, C))
+wkv_state0 = (num0, den0, rng.standard_normal((B, C)))                # a state (num, den, max)
 out, new_x_prev, new_wkv_state = time_mix(p0, x, x_prev, wkv_state0)
 ref_out, ref_x_prev, ref_wkv_state = ref.time_mix(p0, x, x_prev, wkv_state0)
 
@@ -172,21 +225,22 @@ for name, got, want in zip(("num", "den", "max"), new_wkv_state, ref_wkv_state):
     check(f"its new WKV state {name}", got, want, REFERENCE_BUDGET)
 
 # %% [markdown]
-# The notes' lines, run as written: $k$ and $v$ from $W_r$. The output changes, and it no longer depends on the key
-# and value matrices at all: replacing them by anything leaves it as it is. A model whose trained `key` and `value`
-# weights do nothing is not the one the checkpoints hold.
+# **Erratum 3.** The study notes write $k_t = W_r(\mu_k \odot x_t + (1 - \mu_k) \odot x_{t-1})$ and
+# $v_t = W_r(\ldots)$: the receptance matrix in all three lines, a copy-paste slip. Each of $r, k, v$ has its own
+# matrix: the checkpoints store `receptance`, `key` and `value` weights, and the RWKV paper's time-mixing equations
+# write $W_r, W_k, W_v$. Run as written, the notes' lines give another output, one that no longer reads the key and
+# value matrices at all:
 
 # %%
-notes_out = time_mix(p0, x, x_prev, wkv_state0, key="attention.receptance.weight",
-                     value="attention.receptance.weight")[0]
+W_r = "attention.receptance.weight"
+notes = dict(key=W_r, value=W_r)                                      # W_r, three times
+notes_out = time_mix(p0, x, x_prev, wkv_state0, **notes)[0]
 other_kv = dict(p0, **{"attention.key.weight": rng.standard_normal((C, C)),
                        "attention.value.weight": rng.standard_normal((C, C))})
-notes_out_other_kv = time_mix(other_kv, x, x_prev, wkv_state0, key="attention.receptance.weight",
-                              value="attention.receptance.weight")[0]
-print(f"the notes' time mix against the reference's: rel. RMS difference {rel_rms(notes_out, ref_out):.2f}")
-print("with the notes' lines, the output ignores the key and value matrices:",
-      np.array_equal(notes_out, notes_out_other_kv))
-print("with W_k and W_v, it depends on them:", rel_rms(time_mix(other_kv, x, x_prev, wkv_state0)[0], ref_out) > 0.01)
+print("the notes' time mix against the reference's: rel. RMS difference",
+      f"{rel_rms(notes_out, ref_out):.2f}")
+print("with the notes' lines, other key and value matrices change nothing:",
+      np.array_equal(notes_out, time_mix(other_kv, x, x_prev, wkv_state0, **notes)[0]))
 
 
 # %% [markdown]
@@ -203,16 +257,17 @@ print("with W_k and W_v, it depends on them:", rel_rms(time_mix(other_kv, x, x_p
 
 # %%
 def channel_mix(p, x, x_prev):
-    xx = np.concatenate([x_prev[:, None], x[:, :-1]], axis=1)          # (B, T, C)
-    mix = lambda name: p[name].reshape(-1) * x + (1 - p[name].reshape(-1)) * xx   # noqa: E731
-    r = mix("feed_forward.time_mix_receptance") @ p["feed_forward.receptance.weight"].T   # (B, T, C)
-    k = mix("feed_forward.time_mix_key") @ p["feed_forward.key.weight"].T                 # (B, T, F)
-    return 1 / (1 + np.exp(-r)) * (np.maximum(k, 0.0) ** 2 @ p["feed_forward.value.weight"].T), x[:, -1]
+    xx = np.concatenate([x_prev[:, None], x[:, :-1]], axis=1)          # (B, T, C) x_{t-1}
+    r = mixed(p, x, xx, "feed_forward.time_mix_receptance") @ p["feed_forward.receptance.weight"].T
+    k = mixed(p, x, xx, "feed_forward.time_mix_key") @ p["feed_forward.key.weight"].T   # (B, T, F)
+    squared = np.maximum(k, 0.0) ** 2 @ p["feed_forward.value.weight"].T             # (B, T, C)
+    return 1 / (1 + np.exp(-r)) * squared, x[:, -1]
 
 
 # %% tags=["nbval-check-output"]
-for what, actual, expected in zip(("channel mix vs reference.channel_mix", "its new token-shift state"),
-                                  channel_mix(p0, x, x_prev), ref.channel_mix(p0, x, x_prev)):
+names = ("channel mix vs reference.channel_mix", "its new token-shift state")
+ours, reference = channel_mix(p0, x, x_prev), ref.channel_mix(p0, x, x_prev)
+for what, actual, expected in zip(names, ours, reference):
     check(what, actual, expected, REFERENCE_BUDGET)
 
 
@@ -222,13 +277,14 @@ for what, actual, expected in zip(("channel mix vs reference.channel_mix", "its 
 # A block wraps both sub-blocks in pre-norm residual connections. Block 0 first normalizes the embeddings
 # (`pre_ln`):
 #
-# $$x \leftarrow \mathrm{LN}_0(x) \ \ (\text{block 0 only}), \qquad x \leftarrow x + \mathrm{TimeMix}(\mathrm{LN}_1(x)),
-# \qquad x \leftarrow x + \mathrm{ChannelMix}(\mathrm{LN}_2(x)),$$
+# $$x \leftarrow \mathrm{LN}_0(x) \ \ (\text{block 0 only}), \qquad
+# x \leftarrow x + \mathrm{TimeMix}(\mathrm{LN}_1(x)), \qquad x \leftarrow x + \mathrm{ChannelMix}(\mathrm{LN}_2(x)),$$
 #
 # with $\mathrm{LN}(x) = \dfrac{x - \bar x}{\sqrt{\mathrm{var}(x) + \epsilon}} \odot \gamma + \beta$ over the channels.
-# Note where the token shifts look: at the *normalized* input of each sub-block, so the state keeps $\mathrm{LN}_1(x)$
-# and $\mathrm{LN}_2(x)$ of the last token. A block's state is five vectors per sequence: the channel mix's last input,
-# the time mix's last input, and the WKV's $(\tilde N, \tilde D, M)$, in the order transformers uses.
+# Note where the token shifts look: at the *normalized* input of each sub-block, so the state keeps
+# $\mathrm{LN}_1(x)$ and $\mathrm{LN}_2(x)$ of the last token. A block's state is five vectors per sequence: the
+# channel mix's last input, the time mix's last input, and the WKV's $(\tilde N, \tilde D, M)$, in the order
+# transformers uses.
 
 # %%
 def layer_norm(x, weight, bias, eps=1e-5):
@@ -238,7 +294,8 @@ def block(p, x, layer_state):
     ffn_prev, att_prev, *wkv_state = layer_state
     if "pre_ln.weight" in p:                                           # block 0
         x = layer_norm(x, p["pre_ln.weight"], p["pre_ln.bias"])
-    dx, att_prev, wkv_state = time_mix(p, layer_norm(x, p["ln1.weight"], p["ln1.bias"]), att_prev, tuple(wkv_state))
+    x_ln1 = layer_norm(x, p["ln1.weight"], p["ln1.bias"])
+    dx, att_prev, wkv_state = time_mix(p, x_ln1, att_prev, tuple(wkv_state))
     x = x + dx
     dx, ffn_prev = channel_mix(p, layer_norm(x, p["ln2.weight"], p["ln2.bias"]), ffn_prev)
     return x + dx, (ffn_prev, att_prev, *wkv_state)
@@ -259,13 +316,13 @@ for name, g, w_ in zip(ref.STATE_NAMES, got_state, want_state):
 # Embedding lookup, the $L$ blocks, a final LayerNorm, and (for a language model) a head that maps the last hidden
 # state to one logit per token of the vocabulary:
 #
-# $$h = \mathrm{LN}_{\text{out}}\left(\mathrm{Block}_{L-1} \circ \cdots \circ \mathrm{Block}_0\left(E[\text{ids}]\right)\right),
-# \qquad \text{logits} = h\, W_{\text{head}}^\top .$$
+# $$h = \mathrm{LN}_{\text{out}}\left(\mathrm{Block}_{L-1} \circ \cdots \circ
+# \mathrm{Block}_0\left(E[\text{ids}]\right)\right), \qquad \text{logits} = h\, W_{\text{head}}^\top .$$
 #
 # The model's state stacks the blocks' states: five arrays of shape $(B, C, L)$, entry $[\ldots, i]$ for block $i$,
 # in transformers' order `ffn_x_prev, att_x_prev, att_num, att_den, att_max`; before the first token all are zero
-# except the WKV maximum, at $-10^{38}$. (transformers also halves the residual stream every `rescale_every` = 6
-# blocks at inference, for fp16; with 3 blocks that never happens here. `reference.rwkv4.forward` does it too.)
+# except the WKV maximum, at $-10^{38}$ (notebook 02). At inference transformers also halves the residual stream
+# every `rescale_every` = 6 blocks; with 3 blocks that never happens here, and section 7 runs it on 7 blocks.
 
 # %%
 def forward(params, ids, state=None):
@@ -274,8 +331,7 @@ def forward(params, ids, state=None):
     x = params["embeddings.weight"][ids]                              # (B, T, C)
     new_state = [s.copy() for s in state]
     for i in range(L):
-        p = {name[len(f"blocks.{i}."):]: a for name, a in params.items() if name.startswith(f"blocks.{i}.")}
-        x, layer_state = block(p, x, [s[..., i] for s in state])
+        x, layer_state = block(layer_params(params, i), x, [s[..., i] for s in state])
         for s, layer_s in zip(new_state, layer_state):
             s[..., i] = layer_s
     return layer_norm(x, params["ln_out.weight"], params["ln_out.bias"]), tuple(new_state)
@@ -296,13 +352,13 @@ for name, g, w_ in zip(ref.STATE_NAMES, state, ref_state):
 #
 # The page's usage example feeds "This is an example." to the model whole, then feeds its first two tokens, and the
 # rest with the state the first call returned, and finds the same hidden states. Everything a token needs from
-# earlier tokens is in the state: per block, the two last inputs (token shift) and the WKV's $(\tilde N, \tilde D, M)$.
-# So a sequence can be fed in any pieces, down to one token at a time (an RNN), and the result is that of the whole.
-# Without the state, the second piece starts from nothing and its outputs differ.
+# earlier tokens is in the state: per block, the two last inputs (token shift) and the WKV's
+# $(\tilde N, \tilde D, M)$. So a sequence can be fed in any pieces, down to one token at a time (an RNN), and the
+# result is that of the whole. Without the state, the second piece starts from nothing and its outputs differ.
 
 # %%
-def in_pieces(sizes, carry_state=True):
-    # Feed ids in pieces of the given sizes; carry the state from piece to piece, or start each from nothing.
+def in_pieces(params, ids, sizes, carry_state=True):
+    # Feed ids in pieces of these sizes; carry the state from piece to piece, or start each anew.
     outputs, piece_state, start = [], None, 0
     for n in sizes:
         out, new_state = ref.forward(params, ids[:, start:start + n], piece_state)
@@ -310,57 +366,435 @@ def in_pieces(sizes, carry_state=True):
         piece_state, start = (new_state if carry_state else None), start + n
     return np.concatenate(outputs, axis=1), new_state
 
-two_pieces, two_pieces_state = in_pieces([2, T - 2])
-one_at_a_time, one_at_a_time_state = in_pieces([1] * T)
-no_state = in_pieces([2, T - 2], carry_state=False)[0]
+two_pieces, two_pieces_state = in_pieces(params, ids, [2, T - 2])
+one_at_a_time, one_at_a_time_state = in_pieces(params, ids, [1] * T)
+no_state = in_pieces(params, ids, [2, T - 2], carry_state=False)[0]
 
 # %% tags=["nbval-check-output"]
-check("ids[:, :2], then ids[:, 2:] with the state, vs whole", two_pieces, ref_hidden, REFERENCE_BUDGET)
+check("ids[:, :2], then ids[:, 2:] with the state, vs whole", two_pieces, ref_hidden,
+      REFERENCE_BUDGET)
 check("one token at a time vs whole", one_at_a_time, ref_hidden, REFERENCE_BUDGET)
 for name, g, w_ in zip(ref.STATE_NAMES, one_at_a_time_state, ref_state):
     check(f"final state {name}, one token at a time vs whole", g, w_, REFERENCE_BUDGET)
-print("the second piece without the state differs from the whole:", rel_rms(no_state[:, 2:], ref_hidden[:, 2:]) > 0.01)
+print("the second piece without the state differs from the whole:",
+      rel_rms(no_state[:, 2:], ref_hidden[:, 2:]) > 0.01)
 
 
 # %% [markdown]
-# What a reader should see: with the state, the pieces give the whole's hidden states at every position (here bit for
-# bit: the same float64 operations run in the same order; the plot draws the zero error at $10^{-17}$). Without it, the second piece starts wrong, and the error fades only as slowly as the model forgets: the
-# channels with slow decays remember the missing first tokens for the whole sequence.
+# With the state, the pieces give the whole's hidden states at every position; here the error is exactly zero, since
+# the same float64 operations run in the same order. Without the state, the second piece starts wrong, and the error
+# fades only as slowly as the model forgets: the channels with slow decays remember the missing first tokens for
+# the whole sequence.
 
 # %%
 def error_per_position(a, b):
-    return np.linalg.norm(a - b, axis=(0, 2)) / np.linalg.norm(b, axis=(0, 2))   # (T,) over batch and channels
+    # (T,) relative error at each position, over batch and channels.
+    return np.linalg.norm(a - b, axis=(0, 2)) / np.linalg.norm(b, axis=(0, 2))
 
 long_ids = rng.integers(0, V, (B, 40))
 long_whole = ref.forward(params, long_ids)[0]
-first, first_state = ref.forward(params, long_ids[:, :2])
-with_state = np.concatenate([first, ref.forward(params, long_ids[:, 2:], first_state)[0]], axis=1)
-without_state = np.concatenate([first, ref.forward(params, long_ids[:, 2:])[0]], axis=1)
-fig, ax = plt.subplots(figsize=(7.5, 3.8), constrained_layout=True)
+with_state = in_pieces(params, long_ids, [2, 38])[0]
+without_state = in_pieces(params, long_ids, [2, 38], carry_state=False)[0]
+print("largest error with the state:", np.abs(with_state - long_whole).max())
+
+fig, ax = plt.subplots(figsize=(8, 3.6), constrained_layout=True)
 positions = np.arange(2, 40)
-ax.semilogy(positions, error_per_position(without_state, long_whole)[2:], "o-", ms=3, label="second piece without the state")
-ax.semilogy(positions, np.maximum(error_per_position(with_state, long_whole)[2:], 1e-17), "s-", ms=3,
-            label="second piece with the state (error 0, drawn at 1e-17)")
+ax.semilogy(positions, error_per_position(without_state, long_whole)[2:], "o-", ms=3)
 ax.set_xlabel("position t (the second piece starts at t = 2)")
-ax.set_ylabel("relative error of the hidden state vs whole")
-ax.set_title("feeding ids[:, :2], then ids[:, 2:]: the state carries the past")
-ax.legend()
+ax.set_ylabel("relative error vs whole")
+ax.set_title("the second piece fed without the state: how slowly the missing past is forgotten")
 plt.show()
 
 # %% [markdown]
-# ## 7. The torch model and the Triton kernel against the reference
+# ## 7. The page's configuration and API, field by field
 #
-# [`RwkvForCausalLM`](../models/rwkv4.py) holds the same weights (in fp32) under the same names. Its base
-# model, `model.rwkv(input_ids, state=None, backend=None)`, returns the hidden states after `ln_out` and the state
-# (five fp32 tensors $(B, C, L)$, transformers' layout); `model(...)` adds the logits. The LayerNorms, mixes and linear layers are torch; `backend`
-# chooses how the WKV runs: the chunked torch path, or the Triton kernel (here under the interpreter). Both run on the
-# same ids and the same initial state, and are checked against the float64 reference: hidden states, logits, the five
-# state arrays, and the page's example itself (two tokens, then the rest with `outputs.state`).
+# The page lists `RwkvConfig`'s fields and the forward arguments without showing what they do. Each one here, on
+# small models, with the places where the page and transformers' code disagree (errata 4 to 8). The torch model
+# (`models/rwkv4.py`) follows the code, so that checkpoints behave as in transformers.
+#
+# | field (default) | what it does |
+# |---|---|
+# | `vocab_size` (50277), `hidden_size` (4096), `num_hidden_layers` (32) | $V$, $C$, $L$ |
+# | `intermediate_size` (4 × `hidden_size`) | $F$, the channel mix's width |
+# | `attention_hidden_size` (`hidden_size`) | the width of $r, k, v$ and of the WKV state (erratum 4) |
+# | `layer_norm_epsilon` (1e-5) | $\epsilon$ of `pre_ln`, `ln1`, `ln2`, but not of `ln_out` (erratum 5) |
+# | `rescale_every` (6) | at inference, halve the residual stream after every 6th block |
+# | `tie_word_embeddings` (False) | whether the head *is* the embedding matrix (erratum 7) |
+# | `context_length` (1024) | the longest sequence one call of transformers' CUDA kernel takes; nothing else |
+# | `bos_token_id`, `eos_token_id` (0), `use_cache` (True) | for generation; whether `state` is returned |
+#
+# **`context_length`: "any length".** The page says RWKV "can deal with sentence of any length (even if the model
+# uses a fixed context length for training)". Nothing in the model reads `context_length`: the same weights with
+# `context_length` 8 or 64 give the same output on 40 tokens, bit for bit.
+
+# %%
+ids_t = torch.as_tensor(ids)
+long_ids_t = torch.as_tensor(long_ids)                                 # (B, 40)
+sizes = dict(vocab_size=V, hidden_size=C, num_hidden_layers=L, intermediate_size=F)
+
+with torch.no_grad():
+    outputs = [model_with(RwkvConfig(**sizes, context_length=n), weights).rwkv(long_ids_t)
+               for n in (8, 64)]
+print("context_length 8 and 64, 40 tokens, same hidden states:",
+      torch.equal(outputs[0].last_hidden_state, outputs[1].last_hidden_state))
+
+# %% [markdown]
+# **`attention_hidden_size` (erratum 4).** Time mix's $r, k, v$ may be narrower or wider than the residual stream:
+# $W_r, W_k, W_v$ are `attention_hidden_size` $\times$ $C$, and $W_o$ maps back. The page gives all five state
+# tensors the shape (batch, `hidden_size`, layers). The three WKV tensors have `attention_hidden_size` channels;
+# only the two token-shift inputs are `hidden_size` wide. (transformers builds its state with `hidden_size`, and
+# fails with a state when the two differ.) Here with 24 against $C = 16$, checked against the reference, whole and
+# in two pieces:
+
+# %%
+wide_config = RwkvConfig(**dict(sizes, num_hidden_layers=2), attention_hidden_size=24)
+wide_weights = drawn_weights(wide_config)
+wide_model, wide_params = model_with(wide_config, wide_weights), base_params(wide_weights)
+with torch.no_grad():
+    wide_out = wide_model.rwkv(ids_t)
+    wide_first = wide_model.rwkv(ids_t[:, :4])
+    wide_rest = wide_model.rwkv(ids_t[:, 4:], state=wide_first.state)
+for name, s in zip(ref.STATE_NAMES, wide_out.state):
+    print(f"{name:10s} {tuple(s.shape)}")
+
+# %% tags=["nbval-check-output"]
+wide_hidden = ref.forward(wide_params, ids)[0]
+check("attention_hidden_size 24: model vs reference", wide_out.last_hidden_state, wide_hidden,
+      FP32_BUDGET)
+wide_pieces = torch.cat([wide_first.last_hidden_state, wide_rest.last_hidden_state], dim=1)
+check("attention_hidden_size 24: two pieces with the state vs whole", wide_pieces, wide_hidden,
+      FP32_BUDGET)
+
+# %% [markdown]
+# **`layer_norm_epsilon` (erratum 5).** The page: "the epsilon to use in the layer normalization layers". In
+# transformers' code the blocks' `pre_ln`, `ln1` and `ln2` take it, but the final `ln_out` is built with torch's
+# default, 1e-5, whatever the config says. With $\epsilon$ = 0.01 the difference shows: the model's last hidden
+# state is `ln_out` with 1e-5 applied to the last block's output, not with 0.01.
+
+# %%
+eps_model = model_with(RwkvConfig(**sizes, layer_norm_epsilon=1e-2), weights)
+block0 = eps_model.rwkv.blocks[0]
+print("eps of ln1 and ln2 in block 0:", block0.ln1.eps, block0.ln2.eps,
+      "; eps of ln_out:", eps_model.rwkv.ln_out.eps)
+with torch.no_grad():
+    eps_out = eps_model.rwkv(ids_t, output_hidden_states=True)
+last_block = eps_out.hidden_states[-2].double().numpy()               # (B, T, C) before ln_out
+
+# %% tags=["nbval-check-output"]
+ln_out = (params["ln_out.weight"], params["ln_out.bias"])
+check("last hidden state vs ln_out with eps 1e-5", eps_out.last_hidden_state,
+      layer_norm(last_block, *ln_out, eps=1e-5), FP32_BUDGET)
+with_config_eps = layer_norm(last_block, *ln_out, eps=1e-2)
+print("and not ln_out with layer_norm_epsilon = 0.01:",
+      rel_rms(eps_out.last_hidden_state, with_config_eps) > 100 * FP32_BUDGET)
+check("the model with eps 0.01 vs reference.forward(eps=0.01)", eps_out.last_hidden_state,
+      ref.forward(params, ids, eps=1e-2)[0], FP32_BUDGET)
+
+# %% [markdown]
+# **`output_hidden_states` (erratum 6).** The page: one hidden state "for the output of the embeddings", plus one
+# per layer. The code returns the output of each block (after any rescaling), then `ln_out`'s output: $L + 1$
+# entries, none of them the embeddings.
+
+# %% tags=["nbval-check-output"]
+with torch.no_grad():
+    states = model.rwkv(ids_t, output_hidden_states=True).hidden_states
+embedded = params["embeddings.weight"][ids]                           # (B, T, C)
+block0_out = ref.block(p0, embedded, [s[..., 0] for s in ref.initial_state(params, B)])[0]
+print(f"{len(states)} hidden states for L = {L} blocks; the first is the embeddings:",
+      rel_rms(states[0], embedded) < FP32_BUDGET)
+check("the first hidden state vs block 0's output", states[0], block0_out, FP32_BUDGET)
+check("the last hidden state vs ln_out's output", states[-1], ref_hidden, FP32_BUDGET)
+
+# %% [markdown]
+# **`rescale_every`.** "At inference, the hidden states (and weights of the corresponding output layers) are divided
+# by 2 every `rescale_every` layer", so that fp16 activations do not overflow in deep models. With the default 6 it
+# needs at least 7 blocks to act; here $L = 7$. In eval mode the residual stream is halved after block 5, and block 6
+# adds its outputs at half scale, so every later hidden state is half the training-mode one. The final LayerNorm
+# undoes the scale: the output changes only through the LayerNorm's $\epsilon$.
+
+# %%
+deep_config = RwkvConfig(**dict(sizes, num_hidden_layers=7))           # rescale_every = 6
+deep_weights = drawn_weights(deep_config)
+deep_model, deep_params = model_with(deep_config, deep_weights), base_params(deep_weights)
+with torch.no_grad():
+    inference = deep_model.rwkv(ids_t, output_hidden_states=True)
+    training = deep_model.train().rwkv(ids_t, output_hidden_states=True)
+deep_model.eval()
+ratios = [float(a.norm() / b.norm())
+          for a, b in zip(inference.hidden_states, training.hidden_states)]
+
+# %% tags=["nbval-check-output"]
+print("norm of each block's output, inference over training:", np.round(ratios[:-1], 3))
+print("final output, inference vs training: rel. difference below 1e-3:",
+      rel_rms(inference.last_hidden_state, training.last_hidden_state) < 1e-3)
+check("inference vs reference.forward(rescale_every=6)", inference.last_hidden_state,
+      ref.forward(deep_params, ids, rescale_every=6)[0], FP32_BUDGET)
+check("training vs reference.forward(rescale_every=0)", training.last_hidden_state,
+      ref.forward(deep_params, ids, rescale_every=0)[0], FP32_BUDGET)
+
+# %% [markdown]
+# **`tie_word_embeddings` (erratum 7).** The page describes `RwkvForCausalLM` as having a "linear layer with weights
+# tied to the input embeddings", but the config's own default is False: the head is its own matrix unless the config
+# ties it.
+
+# %%
+tied_model = RwkvForCausalLM(RwkvConfig(**sizes, tie_word_embeddings=True))
+print("default tie_word_embeddings:", RwkvConfig().tie_word_embeddings)
+print("head is the embedding matrix, default config:",
+      model.head.weight is model.rwkv.embeddings.weight)
+print("head is the embedding matrix, tie_word_embeddings=True:",
+      tied_model.head.weight is tied_model.rwkv.embeddings.weight)
+
+# %% [markdown]
+# **`labels`, shifted inside the model.** The page: "the labels are shifted inside the model, i.e. you can set
+# `labels = input_ids`". The logits at position $t$ predict token $t + 1$, so the loss is the mean over
+# $t < T - 1$ of $-\log \mathrm{softmax}(\text{logits}_t)[\text{labels}_{t+1}]$, skipping labels of $-100$. By hand,
+# in NumPy from the reference's logits, against the model's `loss`:
+
+# %%
+labels = ids_t.clone()
+labels[0, 3] = -100                                                    # one label ignored
+with torch.no_grad():
+    loss = model(ids_t, labels=labels).loss
+logits64 = ref.logits(head, ref_hidden)                                # (B, T, V)
+log_probs = logits64 - np.log(np.exp(logits64).sum(-1, keepdims=True))
+targets = labels[:, 1:].numpy()                                        # (B, T - 1) token t + 1
+kept = targets != -100
+picked = np.take_along_axis(log_probs[:, :-1], np.maximum(targets, 0)[..., None], axis=-1)[..., 0]
+by_hand = -picked[kept].mean()
+
+# %% tags=["nbval-check-output"]
+check("the model's loss vs the shifted cross-entropy by hand", loss, by_hand, FP32_BUDGET)
+print(f"positions in the loss: {kept.sum()} = B (T - 1) - 1 ignored = {B * (T - 1) - 1}")
+
+# %% [markdown]
+# **The label range (erratum 8).** The page says labels lie in `[-100, 0, ..., config.vocab_size]`; the largest
+# valid label is `vocab_size - 1`, since the logits have `vocab_size` entries.
+
+# %%
+for label in (V - 1, V):
+    try:
+        model(ids_t, labels=torch.full_like(ids_t, label))
+        print(f"label {label}: accepted")
+    except ValueError as error:
+        print(f"label {label}: {error}")
+
+# %% [markdown]
+# **`logits_to_keep`.** Generation needs only the last position's logits; `logits_to_keep=n` computes the head for
+# the last $n$ positions only (0, the default, keeps all). With a vocabulary of 50277 that saves most of the head's
+# work and memory.
+
+# %% tags=["nbval-check-output"]
+with torch.no_grad():
+    every = model(ids_t).logits                                        # (B, T, V)
+    last = model(ids_t, logits_to_keep=1).logits                       # (B, 1, V)
+print("shapes:", tuple(every.shape), tuple(last.shape))
+check("logits_to_keep=1 vs the last position of all logits", last, every[:, -1:], FP32_BUDGET)
+
+# %% [markdown]
+# ## 8. The independent evidence: transformers' `RwkvForCausalLM`
+#
+# Sections 1 to 6 check a NumPy model written here against the NumPy reference: the same reading of the sources,
+# typed twice. The independent check is the implementation people run. transformers' `RwkvForCausalLM` loads the
+# same weights under the same names (the state dict of section 0), and its logits and state match the float64
+# reference. The two page errata it embodies show too: its `ln_out` keeps eps 1e-5, and its hidden states hold no
+# embeddings entry. transformers is a test dependency of this project
+# (`tests/test_models_rwkv4.py` makes the same comparison on more configurations). Without it, the cell says so
+# and skips.
+
+# %% tags=["nbval-check-output"]
+try:
+    with warnings.catch_warnings():                  # tqdm (transformers imports it) warns
+        warnings.simplefilter("ignore")              # when ipywidgets is missing
+        import transformers
+except ImportError:
+    transformers = None
+    print("transformers is not installed (pip install transformers): comparison skipped")
+if transformers is not None:
+    peer_config = transformers.RwkvConfig(**sizes, layer_norm_epsilon=1e-2)
+    peer = transformers.RwkvForCausalLM(peer_config).eval()
+    peer.load_state_dict({name: torch.tensor(a, dtype=torch.float32)
+                          for name, a in weights.items()})
+    with torch.no_grad():
+        theirs = peer(ids_t, use_cache=True, output_hidden_states=True)
+    eps_hidden, eps_state = ref.forward(params, ids, eps=1e-2)
+    check("transformers' logits vs the reference", theirs.logits, ref.logits(head, eps_hidden),
+          FP32_BUDGET)
+    for name, got, want in zip(ref.STATE_NAMES, theirs.state, eps_state):
+        check(f"transformers' state {name}", got, want, FP32_BUDGET)
+    print("transformers with layer_norm_epsilon = 0.01: eps of ln_out", peer.rwkv.ln_out.eps,
+          f"; {len(theirs.hidden_states)} hidden states for {L} blocks")
+
+# %% [markdown]
+# ## 9. Generation, and the stop on "\n\n"
+#
+# `model.generate(input_ids, max_new_tokens, ...)` reads the prompt once, then feeds each new token alone, with the
+# state: one token's work per new token, however long the text. Greedy decoding (temperature 0) must pick the same
+# tokens as the float64 reference re-reading the whole text at every step (no state at all).
+#
+# The page stops generation at `"\n\n"` with a `StoppingCriteria` that looks for the ids `[187, 187]` (the GPT-NeoX
+# tokenizer writes `"\n"` as 187) among the last two tokens. Here `stop_sequences=[[187, 187]]` does the same. A random
+# model has no reason to emit 187 twice, so the cell after the next one makes it do so by construction: token ids are
+# only labels, and swapping two rows of the embedding and the head (with the same swap in the prompt) gives the same
+# model with two tokens renamed. The model's greedy continuation below repeats one token (66, 66); renamed to 187, that
+# pair is the stop.
 
 # %%
 BACKENDS = ("torch", "triton")
-ids_t = torch.as_tensor(ids)
-prefix = rng.integers(0, V, (B, 3))                                   # read first: a non-trivial initial state
+prompt = np.array([[94, 102, 151, 190, 6]])                # (1, 5), token ids (no tokenizer here)
+
+def greedy_by_rereading(weights_, prompt, n):
+    # The reference, without any state: re-read the whole text for every new token.
+    tokens = prompt
+    for _ in range(n):
+        hidden_ = ref.forward(base_params(weights_), tokens)[0]
+        last = ref.logits(weights_["head.weight"], hidden_)[:, -1]     # (1, V)
+        tokens = np.concatenate([tokens, last.argmax(-1)[:, None]], axis=1)
+    return tokens
+
+continuation = greedy_by_rereading(weights, prompt, 24)
+print("greedy continuation:", continuation[0, 5:].tolist())
+
+# %% tags=["nbval-check-output"]
+for backend in BACKENDS:
+    generated, _ = model.generate(torch.as_tensor(prompt), max_new_tokens=24, backend=backend)
+    print(f"{backend}: generate through the state picks the reference's tokens:",
+          generated.tolist() == continuation.tolist())
+
+# %%
+new_tokens = continuation[0, 5:]
+doubled = next(tok for a, tok in zip(new_tokens, new_tokens[1:]) if a == tok)   # the first repeat
+rename = np.arange(V)
+rename[[doubled, 187]] = rename[[187, doubled]]                        # swap the two ids
+renamed = dict(weights, **{"rwkv.embeddings.weight": weights["rwkv.embeddings.weight"][rename],
+                           "head.weight": weights["head.weight"][rename]})
+renamed_model = model_with(config, renamed)
+renamed_prompt = torch.as_tensor(rename[prompt])
+print(f"token {doubled} is now called 187, and 187 is called {doubled}")
+print("renamed prompt:", renamed_prompt[0].tolist())
+
+# %% tags=["nbval-check-output"]
+with torch.no_grad():
+    renamed_back = renamed_model(renamed_prompt).logits[..., rename]
+    same = rel_rms(renamed_back, model(torch.as_tensor(prompt)).logits) < 1e-6
+print("the renamed model is the same model (logits agree after renaming back):", bool(same))
+free, _ = renamed_model.generate(renamed_prompt, max_new_tokens=24, backend="torch")
+stopped, _ = renamed_model.generate(renamed_prompt, max_new_tokens=24, stop_sequences=[[187, 187]],
+                                    backend="triton")
+print("without a stop sequence:", free[0, 5:].tolist())
+print("stop at [187, 187]:     ", stopped[0, 5:].tolist())
+print("it stops right after the first 187, 187:", stopped[0, -2:].tolist() == [187, 187] and
+      stopped.tolist()[0] == free.tolist()[0][:stopped.shape[1]])
+
+# %% [markdown]
+# One difference from the page's criterion shows with a batch. The page's `__call__` returns `eos_sequence in
+# last_2_ids`: one answer for the whole batch, so generation ends for every row as soon as *any* row ends in
+# `"\n\n"`. [`generation.generate`](../models/generation.py) ends each row on its own: a finished row is padded
+# with its last token while the others go on, and generation ends when all rows have finished (or at
+# `max_new_tokens`). Below, row 0 stops after its `187, 187` and row 1, whose continuation never has the same token
+# twice in a row, runs to the limit.
+
+# %% tags=["nbval-check-output"]
+batch = torch.cat([renamed_prompt, torch.as_tensor([[5, 77, 140, 31, 9]])])
+rows, _ = renamed_model.generate(batch, max_new_tokens=24, stop_sequences=[[187, 187]],
+                                 backend="torch")
+for i, row in enumerate(rows[:, 5:].tolist()):
+    print(f"row {i}:", row)
+n_stopped = stopped.shape[1]
+print("row 0 equals the single-row run, then is padded with 187:",
+      rows[0, :n_stopped].tolist() == stopped[0].tolist()
+      and bool((rows[0, n_stopped:] == 187).all()))
+
+# %% [markdown]
+# ## Summary
+#
+# - Token shift mixes each channel of $x_t$ with $x_{t-1}$ by a learned $\mu$; time mix gates the WKV of
+#   notebook 02 with $\sigma(r)$; channel mix is a gated squared-ReLU feed-forward layer; a block wraps both in
+#   pre-norm residuals. Written out here, each agrees with `reference/rwkv4.py` to float64 rounding.
+# - $k$ and $v$ have their own matrices $W_k$, $W_v$; the study notes' $W_r$ in all three lines would leave the
+#   checkpoint's key and value weights unused (erratum 3).
+# - The state (five arrays $(B, \cdot, L)$: two token-shift inputs of width $C$ and the WKV's
+#   $\tilde N, \tilde D, M$ of width `attention_hidden_size`) holds everything a token needs from the past: feeding a
+#   sequence whole, in two pieces (the page's example) or one token at a time gives the same output; dropping the
+#   state does not. `context_length` limits nothing.
+# - The page's configuration, run: `layer_norm_epsilon` skips `ln_out`, `hidden_states` has no embeddings entry,
+#   the head is tied only on request, labels are shifted inside and end at `vocab_size - 1`, `rescale_every` halves
+#   the stream at inference without changing the output beyond $\epsilon$, `logits_to_keep` trims the head.
+# - transformers' own `RwkvForCausalLM` on the same weights matches the float64 reference: the independent evidence
+#   that this is RWKV-4. The torch model, with the WKV on its torch path or on the Triton kernel, matches it too
+#   (the appendix). Generation through the state picks the tokens that re-reading the whole text picks, and stops
+#   at `[187, 187]` (`"\n\n"`), row by row.
+#
+# Next: [04 · RWKV-7's delta rule](04_rwkv7_delta_rule.ipynb) replaces RWKV-4's two numbers per channel by a
+# matrix per head.
+#
+# ## Exercises
+#
+# Each solution is in the collapsed cell below its question (click the three dots to open it); it runs with the
+# notebook, so it is checked too.
+#
+# **1. No token shift.** Set every $\mu$ to 1. Which two of the five state arrays stop mattering? Check it: feed
+# the second piece with those two arrays replaced by zeros.
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# With mu = 1, mix(x) = x_t: the previous input is never read,
+# so ffn_x_prev and att_x_prev do not matter.
+no_shift = {name: (np.ones_like(a) if ".time_mix_" in name else a) for name, a in params.items()}
+first_out, first_state = ref.forward(no_shift, ids[:, :2])
+zeroed = (np.zeros_like(first_state[0]), np.zeros_like(first_state[1])) + tuple(first_state[2:])
+rest_out = ref.forward(no_shift, ids[:, 2:], zeroed)[0]
+check("mu = 1: second piece with ffn_x_prev, att_x_prev zeroed vs whole",
+      np.concatenate([first_out, rest_out], axis=1), ref.forward(no_shift, ids)[0],
+      REFERENCE_BUDGET)
+p_first, p_state = ref.forward(params, ids[:, :2])
+p_zeroed = (np.zeros_like(p_state[0]), np.zeros_like(p_state[1])) + tuple(p_state[2:])
+print("with the drawn mu, zeroing them changes the output:",
+      rel_rms(ref.forward(params, ids[:, 2:], p_zeroed)[0], ref_hidden[:, 2:]) > 1e-3)
+
+# %% [markdown]
+# **2. The loss of knowing nothing.** What next-token loss does a model whose head is all zeros have? Predict it,
+# then check with `labels=`.
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Zero logits are a uniform distribution over the V tokens: the loss is ln V whatever the labels.
+blank = model_with(config, dict(weights, **{"head.weight": np.zeros_like(head)}))
+with torch.no_grad():
+    blank_loss = blank(ids_t, labels=ids_t).loss
+check(f"loss with a zero head vs ln V = ln {V}", blank_loss, np.log(V), FP32_BUDGET)
+
+# %% [markdown]
+# **3. Why rescaling is (almost) free.** Section 7 found the final output of the 7-block model nearly unchanged by
+# `rescale_every`. Where does the small difference come from? Make the blocks' LayerNorm $\epsilon$ tiny with
+# `ref.forward(..., eps=...)` and see which part of the difference is left.
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# LN(x / 2) = LN(x) only when eps = 0: the halving changes eps / var(x).
+# ln_out keeps eps = 1e-5 (erratum 5), so some difference stays even with a tiny block eps.
+def rescaling_effect(eps):
+    on = ref.forward(deep_params, ids, eps=eps, rescale_every=6)[0]
+    off = ref.forward(deep_params, ids, eps=eps, rescale_every=0)[0]
+    return rel_rms(on, off)
+
+print("rescaling changes the output less with a tiny block eps:",
+      rescaling_effect(1e-12) < rescaling_effect(1e-5))
+print("but not to zero (ln_out's eps stays 1e-5):", rescaling_effect(1e-12) > 1e-12)
+
+# %% [markdown]
+# ## Appendix: the production path against the reference
+#
+# The notebook's lesson ends above. This appendix runs the torch model a user runs, with the WKV on each backend,
+# and checks it against the float64 reference (nbval checks these cells like the others).
+#
+# [`RwkvForCausalLM`](../models/rwkv4.py) holds the same weights (in fp32) under the same names. Its base
+# model, `model.rwkv(input_ids, state=None, backend=None)`, returns the hidden states after `ln_out` and the state
+# (five fp32 tensors $(B, C, L)$, transformers' layout); `model(...)` adds the logits. The LayerNorms, mixes and
+# linear layers are torch; `backend` chooses how the WKV runs: the chunked torch path, or the Triton kernel (here
+# under the interpreter). Both run on the same ids and the same initial state, and are checked against the float64
+# reference: hidden states, logits, the five state arrays, and the page's example itself (two tokens, then the rest
+# with `outputs.state`).
+
+# %%
+prefix = rng.integers(0, V, (B, 3))                   # read first: a non-trivial initial state
 ref_prefix_state = ref.forward(params, prefix)[1]
 ref_hidden_after, ref_state_after = ref.forward(params, ids, ref_prefix_state)
 
@@ -372,7 +806,8 @@ with torch.no_grad():
         logits = model(ids_t, state=prefix_state, backend=backend).logits
         one = model.rwkv(ids_t[:, :2], backend=backend)                # the page's example
         two = model.rwkv(ids_t[:, 2:], state=one.state, backend=backend)
-        runs[backend] = out, logits, torch.cat([one.last_hidden_state, two.last_hidden_state], dim=1)
+        pieces = torch.cat([one.last_hidden_state, two.last_hidden_state], dim=1)
+        runs[backend] = out, logits, pieces
 
 # %% tags=["nbval-check-output"]
 for backend in BACKENDS:
@@ -381,7 +816,8 @@ for backend in BACKENDS:
     check(f"{backend} fp32 logits", logits, ref.logits(head, ref_hidden_after), FP32_BUDGET)
     for name, got, want in zip(ref.STATE_NAMES, out.state, ref_state_after):
         check(f"{backend} fp32 state {name}", got, want, FP32_BUDGET)
-    check(f"{backend} fp32 the page's example: two pieces vs whole (reference)", pieces, ref_hidden, FP32_BUDGET)
+    check(f"{backend} fp32 the page's example: two pieces vs whole (reference)", pieces, ref_hidden,
+          FP32_BUDGET)
 
 
 # %% [markdown]
@@ -403,104 +839,16 @@ grads = {backend: loss_gradients(model, backend) for backend in BACKENDS}
 
 # %% tags=["nbval-check-output"]
 for backend in BACKENDS:
-    worst = max(expected_grads, key=lambda name: rel_rms(grads[backend][name], expected_grads[name]))
-    check(f"{backend} fp32 loss gradient, worst of {len(expected_grads)} weights", grads[backend][worst],
-          expected_grads[worst], FP32_BUDGET)
+    worst = max(expected_grads, key=lambda n: rel_rms(grads[backend][n], expected_grads[n]))
+    check(f"{backend} fp32 loss gradient, worst of {len(expected_grads)} weights",
+          grads[backend][worst], expected_grads[worst], FP32_BUDGET)
 
 # %%
 # The errors themselves (this cell is not compared: the numbers depend on the machine).
 for backend in BACKENDS:
     out, logits, _ = runs[backend]
     grad_err = max(rel_rms(grads[backend][n], expected_grads[n]) for n in expected_grads)
-    print(f"{backend:6s} fp32: hidden rel. RMS error {rel_rms(out.last_hidden_state, ref_hidden_after):.1e}, "
-          f"logits {rel_rms(logits, ref.logits(head, ref_hidden_after)):.1e}, worst gradient {grad_err:.1e}")
-
-# %% [markdown]
-# ## 8. Generation, and the stop on "\n\n"
-#
-# `model.generate(input_ids, max_new_tokens, ...)` reads the prompt once, then feeds each new token alone, with the
-# state: one token's work per new token, however long the text. Greedy decoding (temperature 0) must pick the same
-# tokens as the float64 reference re-reading the whole text at every step (no state at all).
-#
-# The page stops generation at `"\n\n"` with a `StoppingCriteria` that looks for the ids `[187, 187]` (the GPT-NeoX
-# tokenizer writes `"\n"` as 187) among the last two tokens. Here `stop_sequences=[[187, 187]]` does the same. A random
-# model has no reason to emit 187 twice, so the cell after the next one makes it do so by construction: token ids are
-# only labels, and swapping two rows of the embedding and the head (with the same swap in the prompt) gives the same
-# model with two tokens renamed. The model's greedy continuation below repeats one token (66, 66); renamed to 187, that
-# pair is the stop.
-
-# %%
-prompt = np.array([[94, 102, 151, 190, 6]])                           # (1, 5), token ids (no tokenizer here)
-
-def greedy_by_rereading(weights_, prompt, n):
-    # The reference, without any state: re-read the whole text for every new token.
-    p = {name[len("rwkv."):]: a for name, a in weights_.items() if name.startswith("rwkv.")}
-    tokens = prompt
-    for _ in range(n):
-        last = ref.logits(weights_["head.weight"], ref.forward(p, tokens)[0])[:, -1]   # (1, V)
-        tokens = np.concatenate([tokens, last.argmax(-1)[:, None]], axis=1)
-    return tokens
-
-continuation = greedy_by_rereading(weights, prompt, 24)
-print("greedy continuation:", continuation[0, 5:].tolist())
-
-# %% tags=["nbval-check-output"]
-for backend in BACKENDS:
-    generated, _ = model.generate(torch.as_tensor(prompt), max_new_tokens=24, backend=backend)
-    print(f"{backend}: generate through the state picks the reference's tokens:",
-          generated.tolist() == continuation.tolist())
-
-# %%
-doubled = next(tok for a, tok in zip(continuation[0, 5:], continuation[0, 6:]) if a == tok)   # the first repeat
-rename = np.arange(V)
-rename[[doubled, 187]] = rename[[187, doubled]]                        # swap the two ids
-renamed = dict(weights, **{"rwkv.embeddings.weight": weights["rwkv.embeddings.weight"][rename],
-                           "head.weight": weights["head.weight"][rename]})
-renamed_model = RwkvForCausalLM(config).eval()
-renamed_model.load_checkpoint({name: torch.tensor(a, dtype=torch.float32) for name, a in renamed.items()})
-renamed_prompt = torch.as_tensor(rename[prompt])
-print(f"token {doubled} is now called 187, and 187 is called {doubled}; renamed prompt: {renamed_prompt[0].tolist()}")
-
-# %% tags=["nbval-check-output"]
-with torch.no_grad():
-    same = rel_rms(renamed_model(renamed_prompt).logits[..., rename], model(torch.as_tensor(prompt)).logits) < 1e-6
-print("the renamed model is the same model (logits agree after renaming back):", bool(same))
-free, _ = renamed_model.generate(renamed_prompt, max_new_tokens=24, backend="torch")
-stopped, _ = renamed_model.generate(renamed_prompt, max_new_tokens=24, stop_sequences=[[187, 187]], backend="triton")
-print("without a stop sequence:", free[0, 5:].tolist())
-print("stop at [187, 187]:     ", stopped[0, 5:].tolist())
-print("it stops right after the first 187, 187:", stopped[0, -2:].tolist() == [187, 187] and
-      stopped.tolist()[0] == free.tolist()[0][:stopped.shape[1]])
-
-# %% [markdown]
-# One difference from the page's criterion shows with a batch. The page's `__call__` returns `eos_sequence in
-# last_2_ids`: one answer for the whole batch, so generation ends for every row as soon as *any* row ends in
-# `"\n\n"`. [`generation.generate`](../models/generation.py) ends each row on its own: a finished row is padded
-# with its last token while the others go on, and generation ends when all rows have finished (or at
-# `max_new_tokens`). Below, row 0 stops after its `187, 187` and row 1, whose continuation never has the same token twice in a
-# row, runs to the limit.
-
-# %% tags=["nbval-check-output"]
-batch = torch.cat([renamed_prompt, torch.as_tensor([[5, 77, 140, 31, 9]])])
-rows, _ = renamed_model.generate(batch, max_new_tokens=24, stop_sequences=[[187, 187]], backend="torch")
-for i, row in enumerate(rows[:, 5:].tolist()):
-    print(f"row {i}:", row)
-print("row 0 equals the single-row run, then is padded with 187:",
-      rows[0, :stopped.shape[1]].tolist() == stopped[0].tolist() and bool((rows[0, stopped.shape[1]:] == 187).all()))
-
-# %% [markdown]
-# ## Summary
-#
-# - Token shift mixes each channel of $x_t$ with $x_{t-1}$ by a learned $\mu$; time mix gates the WKV of
-#   notebook 02 with $\sigma(r)$; channel mix is a gated squared-ReLU feed-forward layer; a block wraps both in
-#   pre-norm residuals. Written out here, each agrees with `reference/rwkv4.py` to float64 rounding.
-# - $k$ and $v$ have their own matrices $W_k$, $W_v$; the study notes' $W_r$ in all three lines would leave the
-#   checkpoint's key and value weights unused (erratum 3).
-# - The state (five $(B, C, L)$ arrays: two token-shift inputs and the WKV's $\tilde N, \tilde D, M$ per block) holds
-#   everything a token needs from the past: feeding a sequence whole, in two pieces (the page's example) or one token
-#   at a time gives the same output; dropping the state does not.
-# - The torch model, with the WKV on its torch path or on the Triton kernel, matches the reference in fp32: hidden
-#   states, logits, states, pieces and loss gradients. Generation through the state picks the tokens that re-reading
-#   the whole text picks, and stops at `[187, 187]` (`"\n\n"`), row by row.
-#
-# Next: notebook 04 replaces RWKV-4's two numbers per channel by a matrix per head, RWKV-7's delta-rule state.
+    hidden_err = rel_rms(out.last_hidden_state, ref_hidden_after)
+    logits_err = rel_rms(logits, ref.logits(head, ref_hidden_after))
+    print(f"{backend:6s} fp32: hidden rel. RMS error {hidden_err:.1e}, logits {logits_err:.1e}, "
+          f"worst gradient {grad_err:.1e}")

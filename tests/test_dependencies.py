@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # import name -> distribution name, where the two differ
-DISTRIBUTION = {"yaml": "pyyaml", "PIL": "pillow", "fla": "fla-core", "sklearn": "scikit-learn"}
+DISTRIBUTION = {"yaml": "pyyaml", "PIL": "pillow", "fla": "fla-core", "sklearn": "scikit-learn",
+                "markdown_it": "markdown-it-py", "IPython": "ipython"}
 
 
 def _name(requirement: str) -> str:

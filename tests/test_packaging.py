@@ -34,7 +34,8 @@ def modules() -> dict[str, Path]:
     for pkg, folder in dirs.items():
         for f in folder.rglob("*.py"):
             rel = f.relative_to(folder).with_suffix("").parts
-            if any(part in {"__pycache__", "results"} for part in rel):
+            # not importable, so not shipped: the Lab's .ipynb_checkpoints copies, say
+            if any(part in {"__pycache__", "results"} or not part.isidentifier() for part in rel):
                 continue
             name = ".".join((pkg, *rel))
             # a subfolder mapped on its own (seqmix.kernels under the root package) is listed once, by its own entry
