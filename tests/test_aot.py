@@ -72,9 +72,10 @@ def test_backwards_use_no_atomics(build, prefix):
 @pytest.mark.timeout(1900)
 def test_scan_backward_fences_its_scratch(build):
     """The scratch is stored by every thread and read back in another layout's threads: a barrier after the stores
-    and one before the next run overwrites it (TTGIR: gpu.barrier, which tl.debug_barrier becomes)."""
+    and one before the next run overwrites it (TTGIR: ttg.barrier, gpu.barrier before Triton 3.9, which
+    tl.debug_barrier becomes; the reductions' own synchronisation appears only later, in the LLVM IR)."""
     for name, ttgir in _asm(build[1], "selective_scan_bwd", "ttgir").items():
-        assert ttgir.count("gpu.barrier") >= 2, name
+        assert len(re.findall(r"\b(?:ttg|gpu)\.barrier\b", ttgir)) >= 2, name
 
 
 @needs_build
