@@ -108,13 +108,35 @@ def check_tensor(name: str, x, shape: tuple, dtypes=TORCH_DTYPES) -> torch.Tenso
     return x
 
 
+def finite_log_decay(x: torch.Tensor) -> torch.Tensor:
+    """A log decay (WKV-7's log_w, the scan's A) as every backend takes it: -inf, a decay of exactly 0, as the most
+    negative finite number, so that e^x is 0 all the same and no sum or product of exponents makes inf - inf or
+    0 * inf; +inf, an infinite growth, as NaN, which every backend carries alike."""
+    return x.clamp_min(torch.finfo(x.dtype).min).masked_fill(x == float("inf"), float("nan"))
+
+
+def check_decay_dtype(name: str, x, dtype: torch.dtype) -> None:
+    """A decay (or another per-channel parameter) may take the inputs' dtype or the accumulation dtype, fp32 beside
+    fp16/bf16 inputs: models keep decays in fp32, where -exp(time_decay) does not overflow (the design's dtype rule)."""
+    allowed = list(dict.fromkeys((dtype, accumulation_dtype(dtype))))
+    if x is not None and x.dtype not in allowed:
+        raise TypeError(f"{name} must have dtype {' or '.join(map(str, allowed))} (the inputs' or their accumulation "
+                        f"dtype), got {x.dtype}")
+
+
 def check_devices(**tensors) -> torch.device:
     """All given tensors (None skipped) on one device; returns it."""
+    for name, x in tensors.items():
+        if x is not None and not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     named = {k: v for k, v in tensors.items() if v is not None}
     devices = {v.device for v in named.values()}
     if len(devices) > 1:
         raise ValueError("inputs must be on one device, got " + ", ".join(f"{k}: {v.device}" for k, v in named.items()))
-    return devices.pop()
+    device = devices.pop()
+    if device.type == "meta":   # shapes without data: nothing to compute (models built on meta load weights first)
+        raise ValueError(f"inputs must hold data, got tensors on the meta device ({', '.join(named)})")
+    return device
 
 
 def check_same_dtype(**tensors) -> torch.dtype:

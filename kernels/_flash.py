@@ -1,5 +1,5 @@
 """The building blocks of the flash-style kernels (attention.py and rerope/fused.py): the online softmax step, the
-softmax gradient of a tile, tile loads and stores, and the head-size rules those kernels share.
+softmax gradient of a tile, tile loads and stores, and the head-size and scale rules those kernels share.
 
 A private module, so that no op module serves as another op's helper library.
 """
@@ -17,6 +17,21 @@ def check_triton_head_dim(d: int) -> None:
     if not MIN_TRITON_HEAD_DIM <= d <= MAX_TRITON_HEAD_DIM:
         raise ValueError(f"backend='triton' takes head dims d in [{MIN_TRITON_HEAD_DIM}, {MAX_TRITON_HEAD_DIM}], "
                          f"got d = {d}")
+
+
+def positive_scale(q, scale: float):
+    """(q', scale') with q' . k scale' = q . k scale and scale' > 0, for the torch backend: aten's flash kernels
+    scale the scores after masking them with -inf, so that a scale <= 0 turns masked scores into NaN (0 * -inf) or
+    +inf. A scale of 0 makes every score 0 (q 0, which keeps a non-finite q's NaN, as the reference's 0 * inf)."""
+    if scale > 0:
+        return q, scale
+    return (-q, -scale) if scale < 0 else (q * 0, 1.0)
+
+
+def all_finite(*tensors) -> bool:
+    """Whether no tensor holds NaN or an infinity: the torch backend's attention takes aten's fused CPU kernels
+    only then, since they drop a NaN score from their running max and return finite rows where softmax is NaN."""
+    return all(bool(torch.isfinite(x).all()) for x in tensors)
 
 
 def flash_launch(block_m: int, block_n: int, num_warps: int, num_stages: int) -> Launch:

@@ -29,10 +29,11 @@ import torch
 import torch.nn.functional as F
 
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
-from seqmix.kernels._common import Launch, check_devices, check_same_dtype, check_tensor, new_output, tl, triton
-from seqmix.kernels._flash import (block_d, check_triton_head_dim, flash_delta, flash_grid, flash_head,
-                                   flash_launch, load_row_stats, load_tile, online_softmax_step, softmax_tile_grad,
-                                   store_tile)
+from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
+                                    new_output, tl, triton)
+from seqmix.kernels._flash import (all_finite, block_d, check_triton_head_dim, flash_delta, flash_grid, flash_head,
+                                   flash_launch, load_row_stats, load_tile, online_softmax_step, positive_scale,
+                                   softmax_tile_grad, store_tile)
 
 __all__ = ["attention"]
 
@@ -229,6 +230,17 @@ class AttentionFunction(torch.autograd.Function):
 # Public op
 # ----------------------------------------------------------------------------------------------------------------
 
+def _attention_written_out(q, k, v, causal, scale):
+    """softmax(q k^T * scale + M) v as the reference writes it, the mask applied by replacing scores: the torch
+    backend's path for inputs holding NaN or an infinity (see _flash.all_finite), so that NaN lands where it does
+    in the reference."""
+    x = [t.to(accumulation_dtype(q.dtype)) for t in (q, k, v)]
+    s = x[0] @ x[1].mT * scale                                               # (B, H, T, T)
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), -math.inf)
+    return (s.softmax(-1) @ x[2]).to(q.dtype)
+
+
 def attention(q, k, v, *, causal=True, scale=None, backend=None):
     """O = softmax(q k^T * scale + M) v, M = -inf above the diagonal when causal.
 
@@ -259,6 +271,9 @@ def attention(q, k, v, *, causal=True, scale=None, backend=None):
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
     if backend == "torch":
+        if not all_finite(q, k, v):
+            return _attention_written_out(q, k, v, causal, scale)
+        q, scale = positive_scale(q, scale)
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     check_triton_head_dim(d)
     return AttentionFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale)

@@ -146,7 +146,7 @@ static inline float sum8(float *x)
  * z = the output's denominator over e^{the larger of max, u + k}; (B, T, C) each. A work item is a batch row and a
  * block of channels, whose time it walks; rows of C channels are contiguous, so kernels/native.py makes blocks as wide
  * as the thread count allows. A channel's outputs are NaN from its first NaN or +inf input on, as the recurrence in
- * IEEE arithmetic would give them (-inf in k or the state's max is a weight of 0, see nan_or_plus_inf). */
+ * IEEE arithmetic would give them (-inf in k, u or the state's max is a weight of 0, see nan_or_plus_inf). */
 static inline __attribute__((always_inline)) void wkv4_item(
     int64_t item, int64_t T, int64_t C, int64_t block, const int save,
     const float *w, const float *u, const float *k, const float *v, float *y,
@@ -163,7 +163,7 @@ static inline __attribute__((always_inline)) void wkv4_item(
         den[j] = den0[s + j];
         anchor[j] = max0[s + j];
         lag[j] = 0.0f;
-        bad[j] = nonfinite(w[c0 + j]) | nonfinite(u[c0 + j]) | nonfinite(num[j]) | nonfinite(den[j])
+        bad[j] = nonfinite(w[c0 + j]) | nan_or_plus_inf(u[c0 + j]) | nonfinite(num[j]) | nonfinite(den[j])
                  | nan_or_plus_inf(anchor[j]);
     }
     for (int64_t t = 0; t < T; t++) {
@@ -404,7 +404,9 @@ void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, i
             float *yr = y + row;
             #pragma omp simd
             for (int64_t t = 0; t < T; t++) {
-                const float gate = z ? z[row + t] / (1.0f + exp_clamped(-z[row + t])) : 1.0f;
+                /* silu(-inf) = -inf e^-inf: NaN, as in IEEE arithmetic (e^-z is clamped here) */
+                const float gate = z ? poison(z[row + t] / (1.0f + exp_clamped(-z[row + t])),
+                                              nonfinite(z[row + t]) & !nan_or_plus_inf(z[row + t])) : 1.0f;
                 yr[t] = (yr[t] + skip * u[row + t]) * gate;
             }
         }

@@ -47,8 +47,9 @@ import torch.nn.functional as F
 
 from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
-from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
-                                    needs_grad, new_output, tl, triton)
+from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
+                                    check_tensor, check_values, finite_log_decay, needs_grad, new_output, tl,
+                                    triton)
 
 __all__ = ["selective_scan"]
 
@@ -430,12 +431,19 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_
     check_backend_dtype(backend, dtype)
     compute = accumulation_dtype(dtype)
     for name, x in (("A", A), ("D", D), ("delta_bias", delta_bias)):
-        if x is not None and x.dtype not in (dtype, compute):
-            raise TypeError(f"{name} must have dtype {dtype} (the inputs') or {compute}, got {x.dtype}")
+        check_decay_dtype(name, x, dtype)
     if state is not None and state.dtype != compute:
         raise TypeError(f"state must have dtype {compute} (states are kept in {compute} for {dtype} inputs), "
                         f"got {state.dtype}")
 
+    if not delta_softplus:   # softplus makes every step >= 0; without it, refuse what the reference refuses
+        step = delta if delta_bias is None else delta.to(compute) + delta_bias.to(compute)[:, None]
+        check_values(lambda: ~(step < 0).any(),   # a NaN step passes on, as the reference carries it
+                     "delta must be >= 0 (a step size) after delta_bias (delta_softplus=False)",
+                     lambda: f", got min {step.min().item()}")
+    # A = -inf, a decay of exactly 0 (the reference takes finite A only): e^{delta A} = 0 whatever the step, also
+    # at delta = 0 (the torch path's padding), where 0 * -inf would be NaN
+    A = finite_log_decay(A)
     if backend == "c":   # the whole op in the loop: bias, softplus, scan, skip and gate
         return native_autograd.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state, grad)
     dt = delta.to(compute)

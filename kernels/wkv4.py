@@ -57,8 +57,8 @@ import torch
 
 from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
-from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
-                                    check_values, needs_grad, new_output, tl, triton)
+from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
+                                    check_tensor, check_values, needs_grad, new_output, tl, triton)
 
 __all__ = ["wkv4", "INITIAL_MAX"]
 
@@ -76,6 +76,8 @@ DECAY_FLOOR = 55.0  # e^w is taken as at least e^-55: past terms (>= e^-KEY_RANG
 FLOOR = 60.0        # exponents are clamped at -FLOOR (see below)
 STATE_FLOOR = 80.0  # the same for the carried state's factor: rows span down to e^-KEY_RANGE, and 80 - 30 leaves e^-50
 BONUS_CAP = 20.0    # e^u is formed directly; u above it (never in trained models) is redone
+W_FLOOR = -1e30     # w below this (down to -inf, a decay of exactly 0) is taken as W_FLOOR: e^w = 0 all the same,
+                    # and lag * w stays finite in fp32 for 2^24 steps and more
 STATE_CAP = 60.0    # a state more than e^STATE_CAP above a chunk's own terms swamps them; capped against overflow
 # Why a floor: on x86, torch.exp of a large negative number, and arithmetic on the denormals it yields, are 50-500
 # times slower than normal. e^-60 is still a normal fp32 number, and a term below e^-60 of the largest term of its
@@ -117,8 +119,8 @@ def _stable_steps(w, u, k, v, num, den, mx):
 
 
 def _torch_chunks(w, u, k, v, num, den, mx):
-    """WKV over n chunks of L tokens: k, v (B, n, L, C); w, u (C,); state (B, C) -> (rows (2, B, n, L, C): each
-    row's numerator and denominator, divided by a common factor that differs between rows; the final state).
+    """WKV over n chunks of L tokens: k, v (B, n, L, C); w, u (C,); state (B, C) -> (wkv (B, n, L, C), the final
+    state).
 
     See the module docstring for the algebra. K's reference is detached (it cancels from every result); the maxima
     at chunk boundaries stay attached, since the last one is an output. Exponent differences are formed from
@@ -126,7 +128,9 @@ def _torch_chunks(w, u, k, v, num, den, mx):
     of several hundred.
     """
     B, n, L, C = k.shape
-    K = k.detach().amax(2, keepdim=True)                                  # (B, n, 1, C) the chunk's largest key
+    # (B, n, 1, C) the chunk's largest key, NaN left out: a NaN key makes its own row and the later ones NaN, not
+    # the chunk's earlier rows
+    K = k.detach().masked_fill(k.isnan(), -float("inf")).amax(2, keepdim=True)
     kK = k - K                                                            # (B, n, L, C) k_j - K <= 0
     E = _exp(kK)                                                          # e^{k_j - K}
     XE = torch.stack((E * v, E))                                          # (2, B, n, L, C) the terms of num, den
@@ -151,33 +155,59 @@ def _torch_chunks(w, u, k, v, num, den, mx):
         e = _exp(column(G) - nu_rel[bi, ni, ci, None])                    # (F, L) every term over the largest
         totals[:, bi, ni, ci] = torch.stack(((e * column(v)).sum(1), e.sum(1)))
 
-    # The maxima at chunk boundaries, HF's: max' = max(max + L w, nu), and (num, den) carried in closed form.
+    # The maxima at chunk boundaries, HF's: max' = max(max + L w, nu), and (num, den) carried in closed form. nu is
+    # rounded to fp32 (an ulp of 1e-3 at keys of 1e4): the chunk's totals come in scaled by e^{nu - max'} times
+    # e^{the rounding error}, as the Triton kernel's two-sum does (max + L w needs none: keep takes the difference
+    # of the maxima).
     K, Lw = K.squeeze(2), L * w
     nu = K + nu_rel                                                       # (B, n, C)
+    back = nu - K
+    nu_err = ((K - (nu - back)) + (nu_rel - back)).detach()               # (K + nu_rel) - nu, exactly
     maxima = [mx]
     for i in range(n):
         maxima.append(torch.maximum(maxima[-1] + Lw, nu[:, i]))
     maxima = torch.stack(maxima, 1)                                       # (B, n + 1, C)
     start, end = maxima[:, :-1], maxima[:, 1:]
     keep = _exp((start - end) + Lw)                                       # (B, n, C) e^{max_n + L w - max_{n+1}}
-    added = _exp(nu - end) * totals                                       # (2, B, n, C) e^{nu - max_{n+1}} totals
+    added = _exp((nu - end) + nu_err) * totals                            # (2, B, n, C) e^{nu - max_{n+1}} totals
     carried = [torch.stack((num, den))]                                   # (2, B, C) each
     for i in range(n):
         carried.append(torch.addcmul(added[:, :, i], keep[:, i], carried[-1]))
     state = (carried[-1][0], carried[-1][1], maxima[:, -1])
     carried = torch.stack(carried[:-1], 2)                                # (2, B, n, C) at each chunk's start
 
-    # Rows relative to e^K: past tokens P_tau, current e^u XE_tau, state e^{max + tau w - K} (num, den).
+    # Rows relative to e^K: past tokens P_tau and the state e^{max + tau w - K} (num, den), then the current token
+    # of weight e^u E_tau.
     offsets = torch.arange(L, dtype=k.dtype, device=k.device)[:, None] * w                     # (L, C) tau w
     state_scale = _exp((start - K).unsqueeze(2) + offsets, STATE_CAP, STATE_FLOOR)             # (B, n, L, C)
-    rows = torch.stack(sums[:-1], 3).addcmul_(_exp(u, BONUS_CAP), XE)                           # (2, B, n, L, C)
-    rows.addcmul_(state_scale, carried.unsqueeze(3))
+    past = torch.stack(sums[:-1], 3).addcmul_(state_scale, carried.unsqueeze(3))               # (2, B, n, L, C)
+    y = _CurrentTokenRatio.apply(past[0], past[1], _exp(u, BONUS_CAP) * E, v)                  # (B, n, L, C)
 
     if any_redo:
         exact = _stable_steps(w[ci, None], u[ci, None], column(k)[..., None], column(v)[..., None],
                               carried[0][bi, ni, ci, None], carried[1][bi, ni, ci, None], start[bi, ni, ci, None])
-        rows[:, bi[:, None], ni[:, None], torch.arange(L, device=k.device), ci[:, None]] = torch.stack(exact)[..., 0]
-    return rows, state
+        y = y.index_put((bi[:, None], ni[:, None], torch.arange(L, device=k.device), ci[:, None]),
+                        (exact[0] / exact[1])[..., 0])
+    return y, state
+
+
+class _CurrentTokenRatio(torch.autograd.Function):
+    """y = (P_num + c v) / (P_den + c): a row's past P (its chunk's earlier tokens and the carried state) and its
+    current token's weight c = e^{u + k - K}. The backward forms dy/dc = (v - y) / Z as (P_den v - P_num) / Z^2,
+    without the cancellation of autograd through the ratio when the current token dominates (y ~ v), as the Triton
+    kernel saves v - y."""
+
+    @staticmethod
+    def forward(ctx, p_num, p_den, c, v):
+        ctx.save_for_backward(p_num, p_den, c, v)
+        return (p_num + c * v) / (p_den + c)
+
+    @staticmethod
+    def backward(ctx, gy):
+        p_num, p_den, c, v = ctx.saved_tensors
+        z = p_den + c
+        g = gy / z
+        return g, -g * (p_num + c * v) / z, g * (p_den * v - p_num) / z, g * c
 
 
 def _wkv4_torch(w, u, k, v, num, den, mx):
@@ -190,8 +220,8 @@ def _wkv4_torch(w, u, k, v, num, den, mx):
     ys, state = [], (num, den, mx)
     for first, end, L in segments:
         chunks = lambda x: x[:, first:end].reshape(B, (end - first) // L, L, C)   # noqa: E731
-        rows, state = _torch_chunks(w, u, chunks(k), chunks(v), *state)
-        ys.append((rows[0] / rows[1]).reshape(B, end - first, C))
+        y, state = _torch_chunks(w, u, chunks(k), chunks(v), *state)
+        ys.append(y.reshape(B, end - first, C))
     return (ys[0] if len(ys) == 1 else torch.cat(ys, 1)), state
 
 
@@ -208,6 +238,13 @@ def _launch_config(C: int) -> Launch:
 
 
 @triton.jit
+def _exp_nonpositive(x):
+    """e^{min(x, 0)}, NaN for NaN x: tl.minimum's default drops a NaN (as fmin does), which would turn a NaN key or
+    bonus into a weight of 1 and the output into finite garbage; every other backend carries the NaN on."""
+    return tl.exp(tl.minimum(x, 0.0, propagate_nan=tl.PropagateNan.ALL))
+
+
+@triton.jit
 def _rounded_max(anchor, lag, w):
     """max = anchor + lag w rounded to fp32, and the rounding error (anchor + lag w) - max (Knuth's two-sum)."""
     drift = lag * w
@@ -218,7 +255,7 @@ def _rounded_max(anchor, lag, w):
 
 @triton.jit
 def wkv4_fwd_kernel(
-    w_ptr, u_ptr,                    # (C,) per-step log decay w <= 0 and current-token bonus u, input dtype
+    w_ptr, u_ptr,                    # (C,) fp32 per-step log decay w <= 0 and current-token bonus u
     k_ptr, v_ptr,                    # (B, T, C) keys and values, contiguous, input dtype
     y_ptr,                           # (B, T, C) output wkv, input dtype
     num0_ptr, den0_ptr, max0_ptr,    # (B, C) fp32 initial state (num, den, max), read only
@@ -245,11 +282,12 @@ def wkv4_fwd_kernel(
     for t in range(T):
         off = seq + t * stride_t
         k = tl.load(k_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        k = tl.where(k == float("inf"), float("nan"), k)   # e^{inf - inf}: the reference's NaN, not a limit
         v = tl.load(v_ptr + off, mask=mask, other=0.0).to(tl.float32)
         # output: the past (num, den at scale e^max) against the current token e^{u + k}; q = the larger exponent
         d = (anchor - k) + lag * w - u                      # max - (u + k)
-        a = tl.exp(tl.minimum(d, 0.0))                      # e^{max - q}
-        e = tl.exp(tl.minimum(-d, 0.0))                     # e^{u + k - q}
+        a = _exp_nonpositive(d)                             # e^{max - q}
+        e = _exp_nonpositive(-d)                            # e^{u + k - q}
         z = a * den + e                                     # Z_t e^{-q}, Z_t = D^_t + e^{u + k_t}
         y = (a * num + e * v) / z
         tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -259,12 +297,12 @@ def wkv4_fwd_kernel(
             tl.store(z_ptr + off, z, mask=mask)
         # update: decay the past by e^w and add e^k; d = (max + w) - k decides which is the new scale
         d = (anchor - k) + (lag + 1.0) * w
-        a = tl.exp(tl.minimum(d, 0.0))
-        e = tl.exp(tl.minimum(-d, 0.0))
+        a = _exp_nonpositive(d)
+        e = _exp_nonpositive(-d)
         num = a * num + e * v
         den = a * den + e
         kept = d >= 0.0
-        anchor = tl.where(kept, anchor, k)
+        anchor = tl.where(d != d, d, tl.where(kept, anchor, k))   # a NaN max stays NaN, as in the recurrence
         lag = tl.where(kept, lag + 1.0, 0.0)
     # max is returned rounded to fp32; num, den follow the rounding exactly
     mx, err = _rounded_max(anchor, lag, w)
@@ -277,7 +315,7 @@ def wkv4_fwd_kernel(
 
 @triton.jit
 def wkv4_bwd_kernel(
-    w_ptr, u_ptr, k_ptr, v_ptr,      # the forward's inputs: (C,), (C,), (B, T, C), (B, T, C), input dtype
+    w_ptr, u_ptr, k_ptr, v_ptr,      # the forward's inputs: (C,), (C,) fp32; (B, T, C), (B, T, C), input dtype
     vy_ptr, d_ptr, z_ptr,            # (B, T, C) fp32 saved by the forward
     gy_ptr,                          # (B, T, C) dL/dy, input dtype
     num0_ptr, den0_ptr, max0_ptr,    # (B, C) fp32 initial state
@@ -327,10 +365,10 @@ def wkv4_bwd_kernel(
         d = tl.load(d_ptr + off, mask=mask, other=0.0)
         z = tl.load(z_ptr + off, mask=mask, other=1.0)
         d_next = d + (u + w)                                # (max_t + w) - k_t
-        into_next = tl.exp(tl.minimum(-d_next, 0.0))        # e^{k_t - max_{t+1}}
-        decay = tl.exp(tl.minimum(d_next, 0.0))             # e^{max_t + w - max_{t+1}}
-        past = tl.exp(tl.minimum(d, 0.0)) / z               # e^{max_t} / Z_t
-        cur = gy * tl.exp(tl.minimum(-d, 0.0)) / z          # gy_t e^{u + k_t} / Z_t
+        into_next = _exp_nonpositive(-d_next)               # e^{k_t - max_{t+1}}
+        decay = _exp_nonpositive(d_next)                    # e^{max_t + w - max_{t+1}}
+        past = _exp_nonpositive(d) / z                      # e^{max_t} / Z_t
+        cur = gy * _exp_nonpositive(-d) / z                 # gy_t e^{u + k_t} / Z_t
         g_bonus = cur * vy                                  # dL/d(u + k_t) through y_t
         gv = into_next * an + cur
         gk = into_next * (an * v + ad) + g_bonus + tl.where(lag == T - 1 - t, g_top, 0.0)
@@ -405,6 +443,10 @@ class Wkv4Function(torch.autograd.Function):
         return wkv4_bwd(*ctx.saved_tensors, gy, g_num, g_den, g_max)
 
 
+def _plus_inf_as_nan(x):
+    return x.masked_fill(x == float("inf"), float("nan"))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Public op
 # ----------------------------------------------------------------------------------------------------------------
@@ -418,8 +460,9 @@ def wkv4(w, u, k, v, state=None, *, backend=None):
     Args:
         w (torch.Tensor): (C,), the per-step log decay, w = -exp(time_decay) <= 0.
         u (torch.Tensor): (C,), the current token's bonus (time_first).
-        k, v (torch.Tensor): (B, T, C). w, u, k, v share one dtype: fp32, fp16 or bf16 (float64 too on the torch
-            backend).
+        k, v (torch.Tensor): (B, T, C), one dtype: fp32, fp16 or bf16 (float64 too on the torch backend). w and u
+            take that dtype or fp32 (models keep them fp32); they enter the kernels as fp32 (float64 with float64
+            k, v), and w = -inf (a decay of exactly 0) is defined.
         state (tuple or None): (num, den, max), each (B, C), fp32 (float64 for float64 inputs), in Hugging Face's
             layout. Default: (0, 0, INITIAL_MAX = -1e38).
         backend (str or None): "torch", "triton", "c" (kernels/native.c, CPU) or None (Triton for CUDA
@@ -434,7 +477,9 @@ def wkv4(w, u, k, v, state=None, *, backend=None):
     v = check_tensor("v", v, (B, T, C))
     w = check_tensor("w", w, (C,))
     u = check_tensor("u", u, (C,))
-    dtype = check_same_dtype(w=w, u=u, k=k, v=v)
+    dtype = check_same_dtype(k=k, v=v)
+    check_decay_dtype("w", w, dtype)
+    check_decay_dtype("u", u, dtype)
     state_dtype = accumulation_dtype(dtype)
     if state is not None:
         if not isinstance(state, (tuple, list)) or len(state) != 3:
@@ -449,14 +494,19 @@ def wkv4(w, u, k, v, state=None, *, backend=None):
     check_values(lambda: (w <= 0).all(),    # False for NaN too
                  "w is the per-step log decay, w = -exp(time_decay): every entry must be <= 0 and not NaN",
                  lambda: f"; got max {w.max().item()} and {int(torch.isnan(w).sum())} NaN")
+    # w and u enter every backend in the state's dtype (an fp16 -exp(time_decay) overflows from time_decay > 11.09);
+    # w = -inf (a decay of exactly 0) as W_FLOOR, which decays as completely and keeps (steps) * w finite.
+    # u = +inf, or a state max of +inf, gives the reference's e^{inf - inf} = NaN on every backend, not a limit.
+    w, u = w.to(state_dtype).clamp_min(W_FLOOR), _plus_inf_as_nan(u.to(state_dtype))
     if state is None:
         zeros = torch.zeros(B, C, dtype=state_dtype, device=device)
         state = (zeros, zeros.clone(), torch.full((B, C), INITIAL_MAX, dtype=state_dtype, device=device))
+    state = (*state[:2], _plus_inf_as_nan(state[2]))
     if k.numel() == 0:   # no tokens, rows or channels: nothing to compute, the state stays
         return k.new_empty((B, T, C)), state
 
     if backend == "torch":
-        y, new_state = _wkv4_torch(*(x.to(state_dtype) for x in (w, u, k, v)), *state)
+        y, new_state = _wkv4_torch(w, u, k.to(state_dtype), v.to(state_dtype), *state)
         return y.to(dtype), new_state
     if backend == "c":
         return native_autograd.wkv4(w, u, k, v, state, grad)
@@ -479,9 +529,9 @@ def aot_kernels():
     for C in (768, 4096):
         cfg = _launch_config(C)
         for dtype in ("fp32", "bf16"):
-            # pointers in the input dtype; the others are fp32 (states, saved values)
-            types = {**{a: f"*{dtype}" for a in ("w_ptr", "u_ptr", "k_ptr", "v_ptr", "y_ptr", "gy_ptr", "gk_ptr",
-                                                 "gv_ptr")}, "T": "i32", "C": "i32"}
+            # pointers in the input dtype; the others are fp32 (w, u as wkv4 passes them, states, saved values)
+            types = {**{a: f"*{dtype}" for a in ("k_ptr", "v_ptr", "y_ptr", "gy_ptr", "gk_ptr", "gv_ptr")},
+                     "T": "i32", "C": "i32"}
             for fn, label, constexprs in ((wkv4_fwd_kernel, "wkv4_fwd", {"SAVE": False}),
                                           (wkv4_fwd_kernel, "wkv4_fwd_save", {"SAVE": True}),
                                           (wkv4_bwd_kernel, "wkv4_bwd", {})):

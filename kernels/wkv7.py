@@ -65,8 +65,8 @@ import torch.nn.functional as F
 
 from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
-from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
-                                    needs_grad, new_output, tl, triton)
+from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
+                                    check_tensor, finite_log_decay, needs_grad, new_output, tl, triton)
 
 __all__ = ["wkv7"]
 
@@ -134,8 +134,24 @@ def _add_matmul(C, A, B):
     return torch.baddbmm(C.flatten(0, 1), A.flatten(0, 1), B.flatten(0, 1)).view(C.shape)
 
 
+def _wkv7_steps(r, log_w, k, v, a, b, state):
+    """The recurrence step by step, for inputs holding NaN or an infinity: the chunked form's products over a chunk
+    (0 * NaN = NaN) would carry a non-finite input to its chunk's earlier steps; step by step, NaN reaches what
+    it reaches in the reference."""
+    ys = []
+    for t in range(r.shape[1]):
+        S_a = (state @ a[:, t, :, :, None])                                        # (B, H, N, 1)
+        state = (state * torch.exp(log_w[:, t, :, None, :]) + S_a * b[:, t, :, None, :]
+                 + v[:, t, :, :, None] * k[:, t, :, None, :])
+        ys.append((state @ r[:, t, :, :, None])[..., 0])                         # (B, H, N)
+    return torch.stack(ys, 1), state
+
+
 def _wkv7_torch(r, log_w, k, v, a, b, state):
-    """The chunked form in the compute dtype (fp32, or float64); returns (y, state). Differentiable by autograd."""
+    """The chunked form in the compute dtype (fp32, or float64); returns (y, state). Differentiable by autograd.
+    Inputs that are not all finite take the step-by-step recurrence (_wkv7_steps)."""
+    if not all(bool(torch.isfinite(x).all()) for x in (r, log_w, k, v, a, b, state)):
+        return _wkv7_steps(r, log_w, k, v, a, b, state)
     B, T, H, N = r.shape
     L = CHUNK
     pad = -T % L                     # padded steps: log_w = 0 and zeros elsewhere leave the state as it is
@@ -539,8 +555,9 @@ def wkv7_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate):
     wkv7_bwd_kernel[grid](
         r, log_w, k, v, a, b, dy, dstate if dstate is not None else dstate0, ckpt, scratch, dkeys, dv, dstate0, T, H,
         N=N, **cfg.blocks, CHECKPOINT=CHECKPOINT, HAS_DSTATE=dstate is not None, **cfg.options)
-    dr, dlog_w, dk, da, db = dkeys.sum(0).to(r.dtype)
-    return dr, dlog_w, dk, dv.to(r.dtype), da, db, dstate0
+    keys = dkeys.sum(0)                              # one sum over the row blocks, in a fixed order
+    dr, dk, da, db = keys[[0, 2, 3, 4]].to(r.dtype)
+    return dr, keys[1].to(log_w.dtype), dk, dv.to(r.dtype), da, db, dstate0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -579,8 +596,9 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
 
     Args:
         r, k, v, a, b (torch.Tensor): (B, T, H, N), T >= 1: receptance, key, value and the rank-one correction.
-        log_w (torch.Tensor): (B, T, H, N), the log decay (-exp(w) for BlinkDL's raw w). The six share one dtype:
-            fp32, fp16 or bf16 (float64 too on the torch backend).
+        log_w (torch.Tensor): (B, T, H, N), the log decay (-exp(w) for BlinkDL's raw w); -inf is a decay of exactly
+            0. r, k, v, a, b share one dtype: fp32, fp16 or bf16 (float64 too on the torch backend); log_w takes
+            that dtype or fp32.
         state (torch.Tensor or None): (B, H, N, N) indexed [value, key], fp32 (float64 with float64 inputs).
             Default: zeros.
         backend (str or None): "torch" (the chunked WY form), "triton" (N a power of two >= 4; on CPU tensors it
@@ -604,7 +622,8 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
         raise ValueError(f"r must have shape (B, T, H, N) with every size >= 1, got {tuple(r.shape)}")
     for name, x in (("log_w", log_w), ("k", k), ("v", v), ("a", a), ("b", b)):
         check_tensor(name, x, (B, T, H, N))
-    dtype = check_same_dtype(r=r, log_w=log_w, k=k, v=v, a=a, b=b)
+    dtype = check_same_dtype(r=r, k=k, v=v, a=a, b=b)
+    check_decay_dtype("log_w", log_w, dtype)
     device = check_devices(r=r, log_w=log_w, k=k, v=v, a=a, b=b, state=state)
     grad = needs_grad(r, log_w, k, v, a, b, state)
     backend = resolve_backend(backend, device, "wkv7", dtype)
@@ -614,6 +633,7 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
     state_dtype = accumulation_dtype(dtype)
     if state is not None:
         check_tensor("state", state, (B, H, N, N), dtypes=(state_dtype,))
+    log_w = finite_log_decay(log_w)   # -inf: a decay of exactly 0 (the reference takes finite log_w only)
     if backend == "torch":
         if state is None:
             state = torch.zeros((B, H, N, N), dtype=state_dtype, device=device)

@@ -96,8 +96,9 @@ class RwkvSelfAttention(nn.Module):
         r = self.receptance(_mix(x, xx, self.time_mix_receptance))
         k = self.key(_mix(x, xx, self.time_mix_key))
         v = self.value(_mix(x, xx, self.time_mix_value))
-        w = -torch.exp(self.time_decay.to(wkv_state[0].dtype))              # computed at the state's precision
-        wkv, wkv_state = wkv4(w.to(k.dtype), self.time_first.to(k.dtype), k, v, state=wkv_state, backend=backend)
+        # w and u at the state's precision (fp32 beside fp16/bf16 k, v): -exp(time_decay) overflows fp16 from 11.09
+        w = -torch.exp(self.time_decay.to(wkv_state[0].dtype))
+        wkv, wkv_state = wkv4(w, self.time_first.to(wkv_state[0].dtype), k, v, state=wkv_state, backend=backend)
         return self.output(torch.sigmoid(r) * wkv * out_scale), x[:, -1], wkv_state
 
 

@@ -55,6 +55,9 @@ def _inputs(*shapes):
 
 # Each op at a shape whose batch * heads (or batch) passes 65,535: decode at B = 2048, H = 32 is the review's case.
 BIG = {
+    "selective_scan": lambda: selective_scan(*_small((1, 16, 3)), torch.rand(1, 16, 3).requires_grad_(),   # delta >= 0
+                                             -torch.rand(16, 4).requires_grad_(), *_small((1, 4, 3), (1, 4, 3)),
+                                             backend="triton")[0],
     "attention": lambda: attention(*_inputs(*[(2048, 32, 1, 16)] * 3), backend="triton"),
     "rerope_attention": lambda: rerope_attention(*_inputs(*[(2048, 32, 1, 16)] * 3), 4, backend="triton"),
     "rerope_decode": lambda: rerope_decode(*_inputs((2048, 32, 1, 16), (2048, 32, 3, 16), (2048, 32, 3, 16)), 2,
@@ -62,7 +65,7 @@ BIG = {
     "wkv4": lambda: wkv4(*_inputs((4,), (4,), (70000, 1, 4), (70000, 1, 4)), backend="triton")[0],
     "wkv7": lambda: wkv7(*_inputs(*[(2048, 1, 32, 4)] * 6), backend="triton")[0],
     "selective_scan": lambda: selective_scan(*_inputs((70000, 2, 1), (70000, 2, 1), (2, 2), (70000, 2, 1),
-                                                      (70000, 2, 1)), backend="triton"),
+                                                      (70000, 2, 1)), delta_softplus=True, backend="triton"),
 }
 
 
@@ -170,6 +173,9 @@ NO_SYNC_CALLS = {
     "wkv4": lambda: wkv4((-torch.rand(4)).requires_grad_(), *_small((4,), (1, 3, 4), (1, 3, 4)), backend="triton")[0],
     "wkv7": lambda: wkv7(*_small(*[(1, 3, 1, 16)] * 6), backend="triton")[0],
     "wkv7 chunked": lambda: wkv7(*_small(*[(1, 3, 1, 16)] * 6), backend="triton", chunked=True)[0],
+    "selective_scan": lambda: selective_scan(*_small((1, 16, 3)), torch.rand(1, 16, 3).requires_grad_(),   # delta >= 0
+                                             -torch.rand(16, 4).requires_grad_(), *_small((1, 4, 3), (1, 4, 3)),
+                                             backend="triton")[0],
     "attention": lambda: attention(*_small(*[(1, 1, 3, 16)] * 3), backend="triton"),
     "rerope": lambda: rerope_attention(*_small(*[(1, 1, 3, 16)] * 3), 2, backend="triton"),
 }

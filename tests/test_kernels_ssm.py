@@ -195,7 +195,7 @@ def good_args():
     (dict(u=[[[1.0]]]), TypeError, "u must be a torch.Tensor"),
     (dict(u=torch.ones(1, 2, 3, dtype=torch.int32)), TypeError, "u must have dtype in"),
     (dict(B=torch.ones(1, 4, 3, dtype=torch.float16)), TypeError, "inputs must share one dtype"),
-    (dict(A=-torch.ones(2, 4, dtype=torch.float64)), TypeError, "A must have dtype torch.float32"),
+    (dict(A=-torch.ones(2, 4, dtype=torch.float64)), TypeError, r"A must have dtype torch.float32 \(the inputs"),
     (dict(state=torch.ones(1, 2, 4, dtype=torch.float64)), TypeError, "state must have dtype torch.float32"),
     (dict(C=torch.ones(1, 4, 3, device="meta")), ValueError, "inputs must be on one device"),
     (dict(delta_softplus=1), TypeError, "delta_softplus must be a bool"),

@@ -34,7 +34,7 @@ import numbers
 
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import check_devices, check_same_dtype, check_tensor
-from seqmix.kernels._flash import check_triton_head_dim
+from seqmix.kernels._flash import check_triton_head_dim, positive_scale
 from seqmix.kernels.rerope.fused import rerope_triton
 from seqmix.kernels.rerope.piecewise import rerope_decode_torch, rerope_torch
 
@@ -65,13 +65,15 @@ def _checked_run(torch_path, q, k, v, window, leaky_k, scale, train_length, base
     backend = resolve_backend(backend, check_devices(q=q, k=k, v=v))
     check_backend_dtype(backend, dtype)
     d = q.shape[-1]
-    if d % 2:
-        raise ValueError(f"RoPE needs an even head dim, got q {tuple(q.shape)} with d = {d}")
+    if d % 2 or d < 2:
+        raise ValueError(f"RoPE needs an even head dim d >= 2, got q {tuple(q.shape)} with d = {d}")
     if backend == "triton":
         check_triton_head_dim(d)
     scale = _check_options(window, leaky_k, scale, train_length, base, d)
-    run = torch_path if backend == "torch" else rerope_triton
-    return run(q, k, v, int(window), leaky_k, scale, train_length, base)
+    if backend == "triton":
+        return rerope_triton(q, k, v, int(window), leaky_k, scale, train_length, base)
+    q, scale = positive_scale(q, scale)
+    return torch_path(q, k, v, int(window), leaky_k, scale, train_length, base)
 
 
 def rerope_attention(q, k, v, window, *, leaky_k=None, scale=None, train_length=None, base=10000.0, backend=None):

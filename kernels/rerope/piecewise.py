@@ -19,6 +19,7 @@ from collections import namedtuple
 import torch
 
 from seqmix.kernels._common import accumulation_dtype
+from seqmix.kernels._flash import all_finite
 from seqmix.kernels.rerope.rotation import FAR_K, FAR_Q, NEAR, cos_sin, log_n, rotate, rotation_table
 
 __all__ = ["ReropeTorchFunction", "rerope_torch", "rerope_decode_torch"]
@@ -88,8 +89,9 @@ def _piece_args(piece, qx, kx, v):
 
 
 def _flash_with_lse(q, k, v, causal, mask, scale):
-    """(O, LSE) of softmax(q k^T * scale + mask) v; q, k, v (B, H, L, d) views. CPU: aten's flash kernel."""
-    if q.device.type == "cpu":
+    """(O, LSE) of softmax(q k^T * scale + mask) v; q, k, v (B, H, L, d) views. CPU: aten's flash kernel, for
+    finite inputs (it drops a NaN score from its running max, and returns finite rows where softmax has NaN)."""
+    if q.device.type == "cpu" and all_finite(q, k, v):
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask,
                                                                           scale=scale)
     return _chunked_with_lse(q, k, v, causal, mask, scale)
@@ -98,7 +100,7 @@ def _flash_with_lse(q, k, v, causal, mask, scale):
 def _flash_backward(do, q, k, v, o, lse, causal, mask, scale):
     """(dq, dk, dv) of one piece, given the merged output o and log-sum-exp lse of its rows (so that
     P = e^{S - lse} and D = rowsum(do * o) are those of the whole softmax, not of the piece)."""
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and all_finite(q, k, v):
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             do, q, k, v, o, lse, 0.0, causal, attn_mask=mask, scale=scale)
     return _chunked_backward(do, q, k, v, o, lse, causal, mask, scale)
