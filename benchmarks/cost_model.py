@@ -12,13 +12,19 @@ What is counted, for one launch at the shape given:
   beside each model); transcendentals (exp, log) apart: they run on the special-function units.
 - serial steps: iterations of the loop-carried recurrence each program walks in order (the recurrent kernels).
 
-Predicted time = the largest of: DRAM bytes / 3.35 TB/s; dot FLOPs / 990 TFLOP/s (bf16/fp16 inputs: tensor cores) or,
-for fp32 inputs (the flash kernels ask for input_precision="ieee": exact fp32 products on the FMA units), / 67 TFLOP/s;
-other FLOPs / 67 TFLOP/s (fp32 without tensor cores); transcendentals / 4.2 T/s (16 per SM per clock, 132 SMs,
-1.98 GHz). This is a lower
-bound: it assumes every unit busy at once. The recurrent kernels have few programs (for example B C / 32 warps for
-WKV-4) and a serial chain of T steps, so they are bound by latency, not by the roofline: see the grid and serial
-step columns, and README.md.
+Predicted time = the largest of three bounds, and the table says which binds:
+- memory: DRAM bytes / 3.35 TB/s;
+- compute, the largest of: dot FLOPs at the rate the compiled instruction reaches (``dot_rate``: wgmma 75% of
+  990 TFLOP/s, what FlashAttention-3 measures on an H100; mma.sync 35%, what FlashAttention-2 reaches there; Triton's
+  FMA lowering of fp32 IEEE dots 25% of the 67 TFLOP/s FMA peak, its operands re-read from shared memory: assumed,
+  to be measured); other FLOPs / 33.5 T/s (an add, multiply, compare or select is one lane-op, not half an FMA);
+  transcendentals / 4.2 T/s (16 per SM per clock, 132 SMs, 1.98 GHz);
+- latency: serial steps x the time one step waits (``Step``: a DRAM round trip per step for loads not issued ahead,
+  about 0.5 us; a reduction across warps, about 0.1 us; a dependent special-function op, about 10 ns), times the
+  waves of programs when there are more than the GPU holds at once. The recurrent kernels (few programs, T steps
+  each) are bound by it at the benchmark's shapes.
+The constants marked "assumed" are estimates from the GPU's documented latencies, not measurements:
+``python -m seqmix.benchmarks.gpu_check`` measures them the day a GPU is at hand.
 """
 from __future__ import annotations
 
@@ -32,8 +38,18 @@ from dataclasses import dataclass
 from seqmix.kernels._flash import block_d
 from seqmix.kernels.aot import AOT_DTYPES
 
-H100 = {"name": "H100 SXM", "bandwidth": 3.35e12, "fp32": 67e12, "tensor": 990e12,
-        "sfu": 16 * 132 * 1.98e9}
+H100 = {"name": "H100 SXM", "bandwidth": 3.35e12,
+        "fp32": 67e12,                   # FLOP/s, an FMA counted as 2: 132 SMs x 128 lanes x 2 x 1.98 GHz
+        "fp32_ops": 132 * 128 * 1.98e9,  # other lane-ops per second (add, multiply, compare, select): half of that
+        "tensor": 990e12,                # dense bf16/fp16 peak (NVIDIA's figure)
+        "wgmma": 0.75 * 990e12,          # reached by wgmma: FlashAttention-3's 740 TFLOP/s (arXiv:2407.08608)
+        "mma.sync": 0.35 * 990e12,       # reached by mma.sync on sm_90: FlashAttention-2's 35% there (same paper)
+        "fma_dot": 0.25 * 67e12,         # Triton's FMA lowering of fp32 dots (assumed: shared-memory bound)
+        "sfu": 16 * 132 * 1.98e9,
+        "sms": 132, "warps_per_sm": 64, "programs_per_sm": 32,
+        "dram_latency": 0.5e-6,          # a dependent load's round trip from DRAM under load (assumed)
+        "reduce_latency": 0.1e-6,        # a reduction across warps: shuffles, shared memory, a barrier (assumed)
+        "sfu_latency": 10e-9}            # one dependent MUFU op (ex2, rcp) with its FMAs (assumed)
 ARCH = 90
 DTYPE_BYTES = {name: dtype.itemsize for name, dtype in AOT_DTYPES.items()}
 
@@ -56,6 +72,19 @@ class Cost:
 
 
 @dataclass
+class Step:
+    """What one serial step of a recurrent kernel waits for, in order: DRAM round trips (loads not issued ahead
+    of the step that uses them), reductions across warps, dependent special-function ops."""
+    round_trips: float = 0.0
+    reductions: float = 0.0
+    sfu: float = 0.0
+
+    def seconds(self, hw) -> float:
+        return (self.round_trips * hw["dram_latency"] + self.reductions * hw["reduce_latency"]
+                + self.sfu * hw["sfu_latency"])
+
+
+@dataclass
 class Model:
     """One kernel at one shape: what a launch costs and how it is laid out."""
     op: str                 # the benchmark op it belongs to (run.py's Op.name)
@@ -69,22 +98,38 @@ class Model:
     forward: bool           # the kernel a forward (inference) call runs
     dram_bytes: float       # each tensor element read or written once: what must cross DRAM
     notes: str = ""
+    step: Step = None       # what each serial step waits for (None: no serial chain)
+    num_warps: int = 4      # per program: how many programs the GPU holds at once
+    dot_unit: str = None    # the dots' instruction where it does not follow the dtype ("none": FMA units)
 
 
-def dot_rate(dtype: str, hw=H100) -> tuple[float, str]:
-    """FLOP/s of the kernels' tl.dot and the unit that runs it: bf16/fp16 on tensor cores; fp32 with
-    input_precision="ieee" (what attention.py and rerope/fused.py ask for) as plain fp32 FMAs, without tensor cores."""
-    if dtype in ("fp16", "bf16"):
-        return hw["tensor"], "tensor cores"
-    return hw["fp32"], "fp32 FMA units (IEEE dots)"
+def dot_rate(dtype: str, mma: str | None = None, hw=H100) -> tuple[float, str]:
+    """FLOP/s that the kernels' tl.dot reaches and the instruction it runs on: ``mma`` as the AOT build reports it
+    (wgmma, mma.sync or none: FMA units); without it, from the dtype: fp32 (input_precision="ieee", as attention.py
+    and rerope/fused.py ask) on the FMA units, bf16/fp16 taken as mma.sync (the smaller tiles' instruction)."""
+    if mma is None:
+        mma = "none" if dtype == "fp32" else "mma.sync"
+    if mma == "none":
+        return hw["fma_dot"], "FMA-unit dots"
+    return hw[mma], f"tensor cores ({mma})"
 
 
-def predict(cost: Cost, dtype: str, dram_bytes: float, hw=H100) -> tuple[float, str]:
-    """Roofline time in seconds and the resource that bounds it; memory time from the DRAM bytes (re-reads beyond
-    them are taken to hit L2)."""
-    rate, unit = dot_rate(dtype, hw)
-    times = {"memory": dram_bytes / hw["bandwidth"], "fp32 units": cost.flops / hw["fp32"],
-             "special functions": cost.transcendentals / hw["sfu"], unit: cost.dot_flops / rate}
+def latency(m: Model, hw=H100) -> float:
+    """Seconds the serial chain takes: steps x one step's wait, once per wave of programs."""
+    if m.step is None or not m.serial_steps:
+        return 0.0
+    per_sm = min(hw["programs_per_sm"], hw["warps_per_sm"] // m.num_warps)
+    return m.serial_steps * m.step.seconds(hw) * _cdiv(m.programs, hw["sms"] * per_sm)
+
+
+def predict(cost: Cost, dtype: str, dram_bytes: float, hw=H100, mma: str | None = None,
+            latency_s: float = 0.0) -> tuple[float, str]:
+    """Predicted time in seconds and what binds it: memory (DRAM bytes; re-reads beyond them hit L2), a compute
+    unit (dots at ``dot_rate``, other ops, special functions) or latency (``latency_s``, the serial chain)."""
+    rate, unit = dot_rate(dtype, mma, hw)
+    times = {"memory": dram_bytes / hw["bandwidth"], "fp32 units": cost.flops / hw["fp32_ops"],
+             "special functions": cost.transcendentals / hw["sfu"], unit: cost.dot_flops / rate,
+             "latency": latency_s}
     bound = max(times, key=times.get)
     return times[bound], bound
 
@@ -131,7 +176,11 @@ def wkv4_models(B=4, T=2048, C=768):
         for label, cost, forward in ((f"wkv4_fwd C={C} {dtype}", wkv4_fwd(B, T, C, dtype, False), True),
                                      (f"wkv4_fwd_save C={C} {dtype}", wkv4_fwd(B, T, C, dtype, True), False),
                                      (f"wkv4_bwd C={C} {dtype}", wkv4_bwd(B, T, C, dtype), False)):
-            out.append(Model("wkv4", label, shape, B * T, dtype, cost, programs, T, forward, cost.bytes))
+            # a step: k, v loaded at its top and used at once (one DRAM round trip), then the exponentials
+            # and the division in a dependent chain (4 MUFU ops forward, 5 backward); one thread per channel
+            step = Step(round_trips=1, sfu=5 if "bwd" in label else 4)
+            out.append(Model("wkv4", label, shape, B * T, dtype, cost, programs, T, forward, cost.bytes, step=step,
+                             num_warps=_launch_config(C).num_warps))
     return out
 
 
@@ -153,13 +202,14 @@ def wkv7_fwd(B, T, H, N, dtype, block_v, programs, ck, save):
 def wkv7_bwd(B, T, H, N, dtype, block_v, programs, ck):
     """wkv7_bwd_kernel: per run of ck = CHECKPOINT steps the forward again from the checkpoint (loads as the
     forward, stores each entering state to the scratch buffer; 7 FLOPs per state element), then the run in reverse:
-    loads the scratch state, the step's vectors and dy; atomically adds the 5 key-vector gradients (N fp32 each, read
-    and written) and stores dv (BLOCK_V). Per state element: S a (2), the reductions for dr, dlog_w, dk, da, db, dv
-    (2 each), G += dy r (2), q = G b (2), G w + q a (3) = 21 FLOPs. N exp per token and program in each pass."""
+    loads the scratch state, the step's vectors and dy; stores this program's share of the 5 key-vector gradients
+    (N fp32 each, into its own slice; the wrapper sums the N / BLOCK_V slices) and dv (BLOCK_V). Per state element:
+    S a (2), the reductions for dr, dlog_w, dk, da, db, dv (2 each), G += dy r (2), q = G b (2), G w + q a (3) = 21
+    FLOPs. N exp per token and program in each pass."""
     s = DTYPE_BYTES[dtype]
     tile = block_v * N * 4
     recompute = Cost(bytes=tile + 5 * N * s + block_v * s, transcendentals=N)
-    backward = Cost(bytes=tile + 5 * N * s + 2 * block_v * s + 5 * N * 8 + block_v * 4, transcendentals=N)
+    backward = Cost(bytes=tile + 5 * N * s + 2 * block_v * s + 5 * N * 4 + block_v * 4, transcendentals=N)
     total = (T * (recompute + backward)) * programs
     total += Cost(flops=(7 + 21) * T * B * H * N * N, bytes=B * H * N * N * 4 * (_cdiv(T, ck) + 2))
     return total
@@ -174,15 +224,15 @@ def wkv7_chunked_fwd(B, T, H, N, dtype, block_v, block_k, programs, ck, save):
     loads v, stores y (CK BV). Second loop, per key block: loads log_w, b, k (CK BK) and the state tile, stores it;
     BK + CK BK exp; two products of 2 BV CK BK; about 5 CK BK + 3 BV BK elementwise FLOPs. Plus the initial state
     copied into the output (BV N fp32 read and written per program). The products are fp32 IEEE for every input
-    dtype (the tiles are fp32 after scaling), so they run on the FMA units: counted with the other FLOPs."""
+    dtype (the tiles are fp32 after scaling), so they run on the FMA units (Model.dot_unit = "none")."""
     s = DTYPE_BYTES[dtype]
     blocks = N // block_k
     tile_k, state_tile = ck * block_k, block_v * block_k * 4
     first = Cost(bytes=state_tile * (1 + save) + 5 * tile_k * s, transcendentals=3 * tile_k,
-                 flops=4 * 2 * ck * ck * block_k + 2 * 2 * ck * block_v * block_k + 7 * tile_k)
-    middle = Cost(bytes=2 * ck * block_v * s, flops=6 * 2 * ck ** 3 + 4 * 2 * ck * ck * block_v)
+                 dot_flops=4 * 2 * ck * ck * block_k + 2 * 2 * ck * block_v * block_k, flops=7 * tile_k)
+    middle = Cost(bytes=2 * ck * block_v * s, dot_flops=6 * 2 * ck ** 3 + 4 * 2 * ck * ck * block_v)
     second = Cost(bytes=2 * state_tile + 3 * tile_k * s, transcendentals=block_k + tile_k,
-                  flops=2 * 2 * block_v * ck * block_k + 5 * tile_k + 3 * block_v * block_k)
+                  dot_flops=2 * 2 * block_v * ck * block_k, flops=5 * tile_k + 3 * block_v * block_k)
     per_chunk = blocks * first + middle + blocks * second
     return (_cdiv(T, ck) * per_chunk + Cost(bytes=2 * block_v * N * 4)) * programs
 
@@ -197,19 +247,28 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
     out = []
     for dtype in ("fp32", "bf16"):
         s, seq, state = DTYPE_BYTES[dtype], B * T * H * N, B * H * N * N * 4
-        # DRAM: the six inputs and y; bwd also dy, the five key gradients and dv (fp32, atomics resolve in L2),
-        # the checkpoints; the scratch buffer (64 KB per program) stays in L2
+        # DRAM: the six inputs and y; bwd also dy, dv, the five key gradients' N / BLOCK_V partial slices (written,
+        # read by the wrapper's sum) and their sum, the checkpoints; the scratch buffer (64 KB per program) stays in L2
+        slices = N // block_v
+        # Steps: the sequential forward loads its step's vectors and uses them at once (a round trip), then S a and
+        # S r, two reductions across warps in a row; the backward alternates a recompute step (S a) and a reverse
+        # step (S_{t-1} a, dr's sums, q = G b, then G), 1 and 4 reductions: 2.5 on average over its 2 T steps. The
+        # chunked forward's step is a chunk: two loops of loads, and about 12 dependent tile products and
+        # reductions (the inverse's 6, U, Y, the state update).
         out += [Model("wkv7", f"wkv7_fwd N={N} {dtype}", shape, B * T, dtype,
                       wkv7_fwd(B, T, H, N, dtype, block_v, programs, CHECKPOINT, False), programs, T, True,
-                      7 * seq * s + state, "inference (no checkpoints); the AOT build is of the checkpointing variant"),
+                      7 * seq * s + state, "inference (no checkpoints); the AOT build is of the checkpointing variant",
+                      step=Step(1, 2, 1), num_warps=cfg.num_warps),
                 Model("wkv7", f"wkv7_chunked_fwd N={N} {dtype}", shape, B * T, dtype,
                       wkv7_chunked_fwd(B, T, H, N, dtype, chunked_v, CHUNKED_BLOCK_K, chunked_programs, CHECKPOINT,
                                        False),
                       chunked_programs, _cdiv(T, CHECKPOINT), False, 7 * seq * s + 2 * state,
-                      "chunked=True, inference; the AOT build is of the checkpointing variant"),
+                      "chunked=True, inference; the AOT build is of the checkpointing variant",
+                      step=Step(2, 12, 0), num_warps=chunked_cfg.num_warps, dot_unit="none"),
                 Model("wkv7", f"wkv7_bwd N={N} {dtype}", shape, B * T, dtype,
                       wkv7_bwd(B, T, H, N, dtype, block_v, programs, CHECKPOINT), programs, 2 * T, False,
-                      seq * (7 * s + 24) + state * (_cdiv(T, CHECKPOINT) + 2))]
+                      seq * (7 * s + 4 + 5 * 4 * (2 * slices + 1)) + state * (_cdiv(T, CHECKPOINT) + 2),
+                      step=Step(1, 2.5, 1), num_warps=cfg.num_warps)]
     return out
 
 
@@ -235,12 +294,13 @@ def ssm_fwd(B, T, D, N, dtype, block_d, programs, checkpoint):
 def ssm_bwd(B, T, D, N, dtype, block_d, block_n, programs, checkpoint):
     """selective_scan_bwd_kernel: per run of CHECKPOINT tokens, the forward recurrence again from the checkpoint
     (loads u, delta, B; stores x_{t-1} into the scratch buffer), then the run backwards: loads x_{t-1} back, u, delta,
-    B, C, dy; two atomic adds of N values (dB, dC: read and write, 8 bytes each); stores du, ddelta. Per (token,
+    B, C, dy; stores this channel block's share of dB, dC (N values each, its own slice; the wrapper sums the
+    D / BLOCK_D slices), du, ddelta. Per (token,
     channel, state): recompute 4 FLOPs + 1 exp, backward: alpha (1 + 1 exp), x (3), lam (2), dC term (2), dB term
     (2), lam B (2), grad_a (2), dA (2), ddelta sum (2), nu (1) = 19 FLOPs + 1 exp."""
     s = DTYPE_BYTES[dtype]
     recompute = Cost(bytes=block_d * (s + 4) + N * s + block_d * block_n * 4)
-    backward = Cost(bytes=block_d * block_n * 4 + block_d * (s + 4 + 4) + 2 * N * s + 2 * N * 8 + block_d * 8)
+    backward = Cost(bytes=block_d * block_n * 4 + block_d * (s + 4 + 4) + 2 * N * s + 2 * N * 4 + block_d * 8)
     total = (T * (recompute + backward)) * programs
     total += (T * Cost(flops=4 + 19, transcendentals=2)) * (B * D * N)
     total += Cost(bytes=_cdiv(T, checkpoint) * B * D * N * 4 + 4 * B * D * N * 4)
@@ -259,13 +319,20 @@ def ssm_models(B=1, T=2048, D=1536, N=16):
     for dtype in ("fp32", "bf16"):
         s, states = DTYPE_BYTES[dtype], B * D * N * 4
         # DRAM: u, delta, y (and dy, du, ddelta) once, B and C once (every program loads them: L2), checkpoints,
-        # A and the states; the backward's scratch stays in L2
+        # A and the states; the backward's dB, dC slices (written, read by the wrapper's sum) and their sums; its
+        # scratch stays in L2
+        slices = _cdiv(D, cfg["BLOCK_D"])
+        # Steps: u, delta, B (C) loaded and used at once (a round trip) and one exponential; the forward's y sums
+        # over the states (a reduction), the backward alternates a recompute step (none) and a reverse step (y's,
+        # dB's, dC's and ddelta's sums: 3 in a row): 1.5 on average over its 2 T steps
         out += [Model("ssm", f"selective_scan_fwd D={D} N={N} {dtype}", shape, B * T, dtype,
                       ssm_fwd(*args, dtype, *fwd_args), programs, T, True,
-                      B * D * T * (s + 8) + 2 * B * N * T * s + states * (_cdiv(T, checkpoint) + 3)),
+                      B * D * T * (s + 8) + 2 * B * N * T * s + states * (_cdiv(T, checkpoint) + 3),
+                      step=Step(1, 1, 1), num_warps=cfg.num_warps),
                 Model("ssm", f"selective_scan_bwd D={D} N={N} {dtype}", shape, B * T, dtype,
                       ssm_bwd(*args, dtype, *bwd_args), programs, 2 * T, False,
-                      B * D * T * (s + 16) + 2 * B * N * T * (s + 4) + states * (_cdiv(T, checkpoint) + 4))]
+                      B * D * T * (s + 16) + 2 * B * N * T * (s + 4 * (2 * slices + 1))
+                      + states * (_cdiv(T, checkpoint) + 4), step=Step(1, 1.5, 1), num_warps=cfg.num_warps)]
     return out
 
 
@@ -336,14 +403,13 @@ def attention_bwd_dkdv(BH, T, d, dtype, bm, bn):
 
 
 def _flash_configs(op, d, dtype):
-    """The launch configurations (fwd, bwd_dq, bwd_dkdv) the op's dispatcher picks for head size d and this dtype:
-    attention uses one for all three kernels, ReRoPE one per kernel."""
+    """The launch configurations (fwd, bwd_dq, bwd_dkdv) the op's dispatcher picks for head size d and this dtype."""
     torch_dtype = AOT_DTYPES[dtype]
     if op == "rerope":
-        from seqmix.kernels.rerope import fused
-        return tuple(fused._launch_config(kernel, d, torch_dtype) for kernel in fused.KERNELS)
-    from seqmix.kernels import attention
-    return (attention._launch_config(d, torch_dtype),) * 3
+        from seqmix.kernels.rerope import fused as module
+    else:
+        from seqmix.kernels import attention as module
+    return tuple(module._launch_config(kernel, d, torch_dtype) for kernel in module.KERNELS)
 
 
 def _flash_models(op, shape, B, H, T, d, dtype, cfgs, table_bytes, costs):
@@ -356,7 +422,8 @@ def _flash_models(op, shape, B, H, T, d, dtype, cfgs, table_bytes, costs):
              ("bwd_dq", dq["BLOCK_M"], False, 5 * seq * s + 2 * rows),
              ("bwd_dkdv", dkdv["BLOCK_N"], False, 6 * seq * s + 2 * rows))
     return [Model(op, f"{op}_{kind} d={d} {dtype}", shape, B * T, dtype, cost, B * H * _cdiv(T, block), 0, forward,
-                  dram + table_bytes) for (kind, block, forward, dram), cost in zip(kinds, costs)]
+                  dram + table_bytes, num_warps=cfg.num_warps)
+            for (kind, block, forward, dram), cost, cfg in zip(kinds, costs, cfgs)]
 
 
 def attention_models(B=1, H=4, T=8192, d=64):
@@ -506,7 +573,8 @@ def _compile_labels(labels: list[str]) -> dict:
     for k in collect():
         if k.label in wanted:
             try:
-                result[k.label] = compile_one(k, ARCH)
+                figures = compile_one(k, ARCH)
+                result[k.label] = {key: value for key, value in figures.items() if key not in ("ptx", "ttgir")}
             except Exception as e:  # a compile error is a figure to show
                 result[k.label] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
     return result
@@ -540,13 +608,18 @@ def report(compile_aot: bool = True, measured: list[dict] | None = None) -> dict
     aot = aot_figures([m.aot_label for m in mods]) if compile_aot and mods else {}
     rows = []
     for m in mods:
-        t, bound = predict(m.cost, m.dtype, m.dram_bytes)
+        figures = aot.get(m.aot_label) or {}
+        mma = figures.get("mma", m.dot_unit) if m.dot_unit is None else m.dot_unit
+        wait = latency(m)
+        t, bound = predict(m.cost, m.dtype, m.dram_bytes, mma=mma, latency_s=wait)
+        roofline, _ = predict(m.cost, m.dtype, m.dram_bytes, mma=mma)
         c = m.cost
         row = {"op": m.op, "kernel": m.aot_label, "shape": m.shape, "dtype": m.dtype, "forward": m.forward,
                "bytes_per_token": c.bytes / m.tokens, "dram_bytes_per_token": m.dram_bytes / m.tokens,
                "dot_flops_per_token": c.dot_flops / m.tokens,
                "flops_per_token": c.flops / m.tokens, "transcendentals_per_token": c.transcendentals / m.tokens,
                "intensity": (c.dot_flops + c.flops) / m.dram_bytes, "predicted_s": t, "bound": bound,
+               "roofline_s": roofline, "latency_s": wait, "mma": mma or "-",
                "programs": m.programs, "serial_steps": m.serial_steps, "aot": aot.get(m.aot_label)}
         if measured and m.forward and m.dtype == "fp32":
             hit = [r for r in measured if r["op"] == m.op and r["impl"] == "seqmix triton" and r["status"] == "ok"
@@ -554,21 +627,25 @@ def report(compile_aot: bool = True, measured: list[dict] | None = None) -> dict
             if hit:
                 row["measured_s"] = hit[0]["median_s"]
         rows.append(row)
-    lines = [f"Predicted for an {H100['name']} ({H100['bandwidth'] / 1e12:.3g} TB/s; {H100['fp32'] / 1e12:.3g} TFLOP/s "
-             f"fp32, also for the fp32 dots (IEEE, no tensor cores); {H100['tensor'] / 1e12:.3g} TFLOP/s bf16 on "
-             f"tensor cores; {H100['sfu'] / 1e12:.1f} T/s special functions); registers, spills, stack and shared "
-             f"memory from `kernels.aot` for sm_{ARCH}. Per token = per (batch, position).", "",
+    lines = [f"Predicted for an {H100['name']}: {H100['bandwidth'] / 1e12:.3g} TB/s; dots at "
+             f"{H100['wgmma'] / 1e12:.0f} TFLOP/s (wgmma), {H100['mma.sync'] / 1e12:.0f} (mma.sync), "
+             f"{H100['fma_dot'] / 1e12:.1f} (FMA units: fp32 IEEE dots); other fp32 ops {H100['fp32_ops'] / 1e12:.1f} "
+             f"T/s; special functions {H100['sfu'] / 1e12:.1f} T/s; latency per serial step from a DRAM round trip "
+             f"({H100['dram_latency'] * 1e6:.2g} us), reductions across warps ({H100['reduce_latency'] * 1e6:.2g} us) "
+             f"and dependent special-function ops. Predicted = the largest of memory, compute and latency; roofline = "
+             f"without latency. MMA, registers, spills, stack and shared memory from `kernels.aot` for sm_{ARCH}. "
+             f"Per token = per (batch, position).", "",
              "| kernel | shape | bytes/token: issued, DRAM | FLOP/token (dot + other) | exp, log /token | "
-             "FLOP/DRAM byte | "
-             "predicted | bound | programs x serial steps | regs | spill B | stack B | shared B |"
-             + (" measured / predicted |" if measured else ""),
-             "|" + "---|" * (13 + bool(measured))]
+             "FLOP/DRAM byte | roofline | latency | predicted | bound | programs x serial steps | mma | regs | "
+             "spill B | stack B | shared B |" + (" measured / predicted |" if measured else ""),
+             "|" + "---|" * (16 + bool(measured))]
     for r in rows:
         lines.append(f"| {r['kernel']} | {r['shape']} | {_fmt(r['bytes_per_token'])}, "
                      f"{_fmt(r['dram_bytes_per_token'])} | "
                      f"{_fmt(r['dot_flops_per_token'])} + {_fmt(r['flops_per_token'])} | "
-                     f"{_fmt(r['transcendentals_per_token'])} | {r['intensity']:.3g} | {_us(r['predicted_s'])} us | "
-                     f"{r['bound']} | {r['programs']} x {r['serial_steps'] or '-'} | "
+                     f"{_fmt(r['transcendentals_per_token'])} | {r['intensity']:.3g} | {_us(r['roofline_s'])} us | "
+                     f"{_us(r['latency_s']) + ' us' if r['latency_s'] else '-'} | {_us(r['predicted_s'])} us | "
+                     f"{r['bound']} | {r['programs']} x {r['serial_steps'] or '-'} | {r['mma']} | "
                      + " | ".join(_aot_cells(r["aot"], compile_aot, aot)) + " |"
                      + ((f" {r['measured_s'] / r['predicted_s']:.3g} |" if "measured_s" in r else " |")
                         if measured else ""))

@@ -44,13 +44,17 @@ class Launch:
     blocks: dict
     num_warps: int = 4
     num_stages: int = 3     # Triton's default on NVIDIA GPUs
+    # Whether the compiler may contract a * b + c into one fma (enable_fp_fusion). Pinned, not left to Triton's
+    # default, which 3.10 turns from on to off: a kernel whose rounding matters (WKV-4's two-sum) says so, and the
+    # results stay the same bits across Triton versions. The interpreter never contracts.
+    fp_fusion: bool = True
 
     def __getitem__(self, name: str) -> int:
         return self.blocks[name]
 
     @property
     def options(self) -> dict:
-        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages, "enable_fp_fusion": self.fp_fusion}
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -63,6 +67,28 @@ def new_output(shape, dtype, device) -> torch.Tensor:
     if POISON_OUTPUTS:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+READ_VALUES_ON_HOST = True   # False: CPU tensors' values treated as a GPU's (kernels.testing.values_as_on_a_gpu)
+
+
+def values_on_host(x: torch.Tensor) -> bool:
+    """Whether checks of x's values may read them on the host: its memory is the host's (CPU), so reading costs no
+    wait on a device."""
+    return READ_VALUES_ON_HOST and x.device.type == "cpu"
+
+
+def check_values(ok, message: str, details=lambda: "") -> None:
+    """A check of input values (not shapes): ``ok()`` a boolean tensor, True when the inputs are fine. On the host
+    a ValueError, ``message`` plus ``details()`` (which may read values); on a GPU a device-side assert
+    (torch._assert_async) that fails the stream at its next sync: no wait on the device here, which would cost a
+    host sync per call and break CUDA-graph capture."""
+    result = ok()
+    if values_on_host(result):
+        if not bool(result):
+            raise ValueError(message + details())
+    else:
+        torch._assert_async(result, message)
 
 
 def needs_grad(*tensors) -> bool:

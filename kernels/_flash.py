@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from seqmix.kernels._common import Launch, tl, triton
+from seqmix.kernels._common import Launch, new_output, tl, triton
 
 MIN_TRITON_HEAD_DIM, MAX_TRITON_HEAD_DIM = 16, 128
 
@@ -37,6 +37,20 @@ def all_finite(*tensors) -> bool:
 def flash_launch(block_m: int, block_n: int, num_warps: int, num_stages: int) -> Launch:
     """A flash kernel's launch: BLOCK_M query rows and BLOCK_N keys per tile."""
     return Launch({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps, num_stages)
+
+
+def flash_grid(n_rows: int, block: int, batch_heads: int) -> tuple:
+    """One program per (batch, head) and tile of ``block`` rows: (B H, cdiv(n_rows, block)). B H goes on grid axis 0,
+    which CUDA allows up to 2^31 - 1 programs; axis 1 allows 65,535 (B H = 65,536 is decode at B = 2048, H = 32),
+    where the tiles (n_rows / block) stay far below it. The kernels read the head from program_id(0) (flash_head)
+    and the tile from program_id(1)."""
+    return (batch_heads, triton.cdiv(n_rows, block))
+
+
+@triton.jit
+def flash_head():
+    """This program's (batch, head) index, int64: the offsets built from it pass 2^31."""
+    return tl.program_id(0).to(tl.int64)
 
 
 def block_d(head_dim: int) -> int:
@@ -89,3 +103,32 @@ def store_tile(ptr, x, rows, n_rows, cols, n_cols):
     """x into [rows, cols] of a row-major (n_rows, n_cols) matrix, in its dtype; nothing outside it."""
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     tl.store(ptr + rows[:, None] * n_cols + cols[None, :], x.to(ptr.dtype.element_ty), mask=mask)
+
+
+DELTA_ROWS = 64   # rows per program of flash_delta_kernel
+
+
+@triton.jit
+def flash_delta_kernel(
+    o_ptr, do_ptr,              # (rows, d) contiguous: every (batch, head)'s rows one after the other, input dtype
+    delta_ptr,                  # (rows,) fp32 output
+    n_rows,                     # B H T_q
+    HEAD_DIM: tl.constexpr,     # d
+    BLOCK_D: tl.constexpr,      # d rounded up to a power of two
+    BLOCK_M: tl.constexpr,      # rows per program
+):
+    """D_i = sum_c dO_ic O_ic in fp32, read once from O and dO in their dtype (no fp32 copies of either)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)    # int64: B H T d passes 2^31
+    dims = tl.arange(0, BLOCK_D)
+    o = load_tile(o_ptr, rows, n_rows, dims, HEAD_DIM).to(tl.float32)
+    do = load_tile(do_ptr, rows, n_rows, dims, HEAD_DIM).to(tl.float32)
+    tl.store(delta_ptr + rows, tl.sum(o * do, axis=1), mask=rows < n_rows)
+
+
+def flash_delta(o, do):
+    """D = rowsum(dO * O), (B, H, T) fp32, for contiguous (B, H, T, d) o and do: the flash backwards' first step."""
+    B, H, T, d = o.shape
+    delta = new_output((B, H, T), torch.float32, o.device)
+    flash_delta_kernel[(triton.cdiv(B * H * T, DELTA_ROWS),)](o, do, delta, B * H * T, HEAD_DIM=d,
+                                                               BLOCK_D=block_d(d), BLOCK_M=DELTA_ROWS)
+    return delta

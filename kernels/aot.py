@@ -6,6 +6,14 @@ kernel would take on the GPU: registers per thread, local memory (LOCAL: registe
 memory. This proves that each kernel builds for sm_80 (A100) and sm_90 (H100) at the configurations the dispatcher
 picks, and that none spills.
 
+The build is the one the JIT makes for the usual launch: torch allocates 16-byte-aligned tensors and the sizes are
+multiples of 16, so the JIT marks every pointer and integer argument ``tt.divisibility = 16`` (vector loads, cp.async
+pipelining, fewer registers); :func:`compile_one` does the same (``RUNTIME_HINTS``). The table also says which
+matrix instruction the kernel's dots became (``mma``: wgmma on sm_90 at large enough tiles, mma.sync, or none: FMA
+lowering), and how many offsets are computed in 32 bits from the size arguments and then widened (``i32 offs``, see
+:func:`narrow_offsets`): such an offset wraps once a product of sizes passes 2^31, a failure for the kernels that
+promise 64-bit offsets (``AotKernel.wide_offsets``: the recurrences, whose T C or D T reach 2^31 at long T).
+
 Each kernel module offers ``aot_kernels()``: a list of :class:`AotKernel`, built from the same launch-configuration
 function its dispatcher uses, for representative shapes (head size 64 and 128, channels 768 and 4096).
 Exit status: 0 when everything compiled without spills, 1 otherwise.
@@ -24,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["AotKernel", "collect", "compile_one", "main", "AOT_DTYPES", "FLASH_ARG_TYPES", "TARGETS"]
+__all__ = ["AotKernel", "collect", "compile_one", "main", "mma_kind", "narrow_offsets", "AOT_DTYPES", "FLASH_ARG_TYPES",
+           "RUNTIME_HINTS", "TARGETS"]
 
 MODULES = tuple(f"seqmix.kernels.{op}" for op in ("attention", "rerope.fused", "wkv4", "wkv7", "ssm"))
 TARGETS = (80, 90)
@@ -34,6 +43,9 @@ AOT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat
 # dtype.
 FLASH_ARG_TYPES = dict(lse_ptr="*fp32", delta_ptr="*fp32", rot_ptr="*fp32", T="i32", T_q="i32", T_k="i32",
                        window="i32", scale="fp32", inv_log_len="fp32")
+# The JIT's specialization of 16-byte-aligned pointers and of integers that are multiples of 16 (triton's
+# BaseBackend.parse_attr), given to every pointer and i32 argument.
+RUNTIME_HINTS = [["tt.divisibility", 16]]
 
 
 @dataclass
@@ -47,6 +59,10 @@ class AotKernel:
     default_type: str
     num_warps: int = 4
     num_stages: int = 3
+    fp_fusion: bool = True    # enable_fp_fusion, pinned as in Launch
+    # Every offset formed in 64 bits (a 32-bit one, see narrow_offsets, fails the build). The flash kernels say
+    # False: their offsets inside one head are 32-bit by design, which limits T d below 2^31 (README: shape limits).
+    wide_offsets: bool = True
 
     @property
     def signature(self) -> dict:
@@ -60,24 +76,77 @@ def _cuobjdump() -> Path:
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
+def mma_kind(ptx: str) -> str:
+    """The matrix instruction the kernel's dots compiled to: "wgmma" (Hopper's warpgroup MMA), "mma.sync" (Ampere's,
+    also what sm_90 gets from tiles too small for wgmma) or "none" (FMA units)."""
+    return "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if re.search(r"\bmma\.sync\b", ptx) else "none"
+
+
+_I32_ARITH = re.compile(r"^\s*(?:add|sub|mul|mad|shl)(?:\.lo)?\.[sub]32\s+(%r\d+),\s*(.*);")
+_MOV32 = re.compile(r"^\s*mov\.[ub]32\s+(%r\d+),\s*(%r\d+);")
+_WIDEN = re.compile(r"^\s*(?:cvt\.[su]64\.[su]32|mul\.wide\.[su]32)\s+%rd\d+,\s*(%r\d+)")
+
+
+def narrow_offsets(ptx: str) -> list[str]:
+    """The PTX lines that widen to 64 bits a value computed in 32-bit integer arithmetic from a size argument (an
+    i32 kernel parameter): an offset such as ``t * C``, formed in 32 bits, wraps before it is widened once the
+    product passes 2^31. LLVM often strength-reduces ``t * C`` in a loop into ``off += C``, so adds and shifts
+    count as well as multiplies; divisions and comparisons end the chain (their results are no larger)."""
+    lines = ptx.splitlines()
+    params = {m for line in lines for m in re.findall(r"\.param \.u32 (\w+)", line)}
+    sizes = {m.group(1) for line in lines
+             if (m := re.match(r"^\s*ld\.param\.[bsu]32\s+(%r\d+),\s*\[(\w+)\]", line)) and m.group(2) in params}
+    derived = set()                        # registers computed by 32-bit arithmetic from a size
+    # a - (a / b) * b is a % b, below b whatever a is: LLVM computes i % H so even from int64 operands
+    quotients = {m.group(1): (m.group(2), m.group(3)) for line in lines
+                 if (m := re.match(r"^\s*div\.[su]32\s+(%r\d+),\s*(%r\d+),\s*(%r\d+);", line))}
+    multiples = {m.group(1): quotients[q][0] for line in lines
+                 if (m := re.match(r"^\s*mul\.lo\.[su]32\s+(%r\d+),\s*(%r\d+),\s*(%r\d+);", line))
+                 for q, b in ((m.group(2), m.group(3)), (m.group(3), m.group(2))) if quotients.get(q, (0, 0))[1] == b}
+    remainders = {m.group(1) for line in lines
+                  if (m := re.match(r"^\s*sub\.[su]32\s+(%r\d+),\s*(%r\d+),\s*(%r\d+);", line))
+                  and multiples.get(m.group(3)) == m.group(2)}
+    changed = True
+    while changed:                         # to a fixed point: a loop carries its values round (off += C)
+        changed = False
+        for line in lines:
+            if m := _I32_ARITH.match(line):
+                grows = bool(set(re.findall(r"%r\d+", m.group(2))) & (sizes | derived))
+            elif m := _MOV32.match(line):
+                grows = m.group(2) in derived
+                if m.group(2) in sizes and m.group(1) not in sizes:
+                    sizes.add(m.group(1))
+                    changed = True
+            if m and grows and m.group(1) not in derived | remainders:
+                derived.add(m.group(1))
+                changed = True
+    return [line.strip() for line in lines if (m := _WIDEN.match(line)) and m.group(1) in derived]
+
+
 def compile_one(k: AotKernel, arch: int) -> dict:
-    """Compile ``k`` for sm_<arch>; returns registers, spills (local memory bytes), stack and shared memory."""
+    """Compile ``k`` for sm_<arch> as the JIT does for aligned tensors and sizes that are multiples of 16; returns
+    registers, spills (local memory bytes), stack, shared memory, the MMA instruction and the 32-bit offsets."""
     import triton
     from triton.backends.compiler import GPUTarget
     if type(k.fn).__name__ == "InterpretedFunction":
         raise RuntimeError("the kernels were defined under TRITON_INTERPRET=1; run `python -m seqmix.kernels.aot` "
                            "in a process without it")
-    src = triton.compiler.ASTSource(fn=k.fn, signature=k.signature, constexprs=k.constexprs)
+    hinted = {(i,): RUNTIME_HINTS for i, (name, ty) in enumerate(k.signature.items())
+              if ty.startswith("*") or ty == "i32"}
+    src = triton.compiler.ASTSource(fn=k.fn, signature=k.signature, constexprs=k.constexprs, attrs=hinted)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": k.num_warps, "num_stages": k.num_stages})
+                              options={"num_warps": k.num_warps, "num_stages": k.num_stages,
+                                       "enable_fp_fusion": k.fp_fusion})
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
         usage = subprocess.run([str(_cuobjdump()), "--dump-resource-usage", str(cubin)],
                                capture_output=True, text=True, check=True).stdout
     fields = dict(re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+    ptx = compiled.asm["ptx"]
     return {"regs": int(fields["REG"]), "spill_bytes": int(fields["LOCAL"]), "stack": int(fields["STACK"]),
-            "static_shared": int(fields["SHARED"]), "shared": int(compiled.metadata.shared)}
+            "static_shared": int(fields["SHARED"]), "shared": int(compiled.metadata.shared), "mma": mma_kind(ptx),
+            "narrow_offsets": narrow_offsets(ptx), "ptx": ptx, "ttgir": compiled.asm["ttgir"]}
 
 
 def collect() -> list[AotKernel]:
@@ -93,9 +162,12 @@ def main(argv=None) -> int:
         os.environ.pop("TRITON_INTERPRET", None)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--filter", default="", help="only kernels whose label contains this text")
+    parser.add_argument("--asm", type=Path, help="write each build's TTGIR and PTX into this folder "
+                                                 "(<label>_sm<arch>.ttgir / .ptx, spaces and = as _)")
     args = parser.parse_args(argv)
     failures = 0
-    header = f"{'kernel':<44} {'arch':>5} {'regs':>5} {'spill B':>8} {'stack B':>8} {'shared B':>9}"
+    header = (f"{'kernel':<44} {'arch':>5} {'regs':>5} {'spill B':>8} {'stack B':>8} {'shared B':>9} {'mma':>8} "
+              f"{'i32 offs':>8}")
     print(header + "\n" + "-" * len(header), flush=True)
     for k in collect():
         if args.filter not in k.label:
@@ -107,12 +179,19 @@ def main(argv=None) -> int:
                 failures += 1
                 print(f"{k.label:<44} sm_{arch:<2} COMPILE ERROR: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 continue
-            bad = r["spill_bytes"] > 0 or r["stack"] > 0
-            failures += bad
+            if args.asm:
+                args.asm.mkdir(parents=True, exist_ok=True)
+                stem = re.sub(r"[ =]", "_", k.label) + f"_sm{arch}"
+                for ext in ("ttgir", "ptx"):
+                    (args.asm / f"{stem}.{ext}").write_text(r[ext])
+            problems = [what for what, bad in (("SPILLS", r["spill_bytes"] > 0 or r["stack"] > 0),
+                                               ("32-BIT OFFSETS", k.wide_offsets and r["narrow_offsets"])) if bad]
+            failures += bool(problems)
             print(f"{k.label:<44} sm_{arch:<2} {r['regs']:>5} {r['spill_bytes']:>8} {r['stack']:>8} "
-                  f"{r['shared']:>9}" + ("  SPILLS" if bad else ""), flush=True)
-    print("\n" + (f"FAILED: {failures} kernel builds failed or spilled" if failures
-                  else "all kernels built without spills"))
+                  f"{r['shared']:>9} {r['mma']:>8} {len(r['narrow_offsets']):>8}"
+                  + "".join("  " + p for p in problems), flush=True)
+    print("\n" + (f"FAILED: {failures} kernel builds failed, spilled or formed offsets in 32 bits" if failures
+                  else "all kernels built without spills, every offset in 64 bits"))
     return 1 if failures else 0
 
 

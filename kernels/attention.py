@@ -31,8 +31,9 @@ import torch.nn.functional as F
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
                                     new_output, tl, triton)
-from seqmix.kernels._flash import (block_d, check_triton_head_dim, flash_launch, load_row_stats, load_tile,
-                                   online_softmax_step, positive_scale, softmax_tile_grad, store_tile, all_finite)
+from seqmix.kernels._flash import (all_finite, block_d, check_triton_head_dim, flash_delta, flash_grid, flash_head,
+                                   flash_launch, load_row_stats, load_tile, online_softmax_step, positive_scale,
+                                   softmax_tile_grad, store_tile)
 
 __all__ = ["attention"]
 
@@ -41,13 +42,24 @@ __all__ = ["attention"]
 # Triton path
 # ----------------------------------------------------------------------------------------------------------------
 
-def _launch_config(head_dim: int, dtype: torch.dtype) -> Launch:
-    """Tiles of the three kernels for head size ``head_dim`` and inputs of ``dtype``: the largest that compile
-    without register spills on sm_80 and sm_90 (``python -m seqmix.kernels.aot``); fp32 operands take twice the
-    registers of fp16 ones."""
+KERNELS = ("fwd", "dq", "dkdv")   # the three kernels, each with its own launch configuration
+
+
+def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
+    """Tiles of ``kernel`` (one of KERNELS) for head size ``head_dim`` and inputs of ``dtype``, chosen on the build
+    the JIT makes for aligned tensors (``python -m seqmix.kernels.aot``): the largest tried that compile without
+    spills or stack on sm_80 and sm_90. fp16/bf16 tiles of 64 rows and more compile to Hopper's wgmma on sm_90
+    (mma.sync on sm_80); fp32 operands (IEEE products on the FMA units) take twice the registers, hence 16-32 rows.
+    """
     if dtype == torch.float32:
-        return flash_launch(32, 32, 8, 1) if head_dim <= 64 else flash_launch(16, 32, 8, 1)
-    return flash_launch(64, 32, 4, 2) if head_dim <= 64 else flash_launch(32, 32, 4, 2)
+        if head_dim <= 64:
+            return flash_launch(32, 32, 8, 1)
+        return flash_launch(16, 16, 8, 1) if kernel == "dkdv" else flash_launch(16, 32, 8, 1)
+    if kernel == "fwd":
+        return flash_launch(128, 64, 8, 3)
+    if kernel == "dkdv" and head_dim <= 64:
+        return flash_launch(64, 32, 4, 2)
+    return flash_launch(64, 64, 8, 2)
 
 
 @triton.jit
@@ -73,8 +85,8 @@ def attention_fwd_kernel(
     BLOCK_N: tl.constexpr,      # keys per tile of the inner loop
     CAUSAL: tl.constexpr,       # mask j > i and skip the tiles above the diagonal
 ):
-    start_m = tl.program_id(0) * BLOCK_M
-    seq = tl.program_id(1).to(tl.int64) * T * HEAD_DIM         # this (batch, head)'s first element
+    start_m = tl.program_id(1) * BLOCK_M
+    seq = flash_head() * T * HEAD_DIM                          # this (batch, head)'s first element
     rows = start_m + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
     q = load_tile(q_ptr + seq, rows, T, dims, HEAD_DIM)
@@ -93,7 +105,7 @@ def attention_fwd_kernel(
         m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc)
 
     store_tile(o_ptr + seq, acc / l_i[:, None], rows, T, dims, HEAD_DIM)
-    tl.store(lse_ptr + tl.program_id(1).to(tl.int64) * T + rows, m_i + tl.log(l_i), mask=rows < T)
+    tl.store(lse_ptr + flash_head() * T + rows, m_i + tl.log(l_i), mask=rows < T)
 
 
 @triton.jit
@@ -107,8 +119,8 @@ def attention_bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,      # keys per program
     CAUSAL: tl.constexpr,
 ):
-    start_n = tl.program_id(0) * BLOCK_N
-    bh = tl.program_id(1).to(tl.int64)
+    start_n = tl.program_id(1) * BLOCK_N
+    bh = flash_head()
     seq = bh * T * HEAD_DIM
     cols = start_n + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
@@ -143,8 +155,8 @@ def attention_bwd_dq_kernel(
     BLOCK_N: tl.constexpr,      # keys per tile of the inner loop
     CAUSAL: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1).to(tl.int64)
+    start_m = tl.program_id(1) * BLOCK_M
+    bh = flash_head()
     seq = bh * T * HEAD_DIM
     rows = start_m + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
@@ -172,10 +184,10 @@ def _constexprs(head_dim: int, cfg: Launch, causal: bool) -> dict:
 def attention_fwd(q, k, v, causal, scale):
     """Runs the forward kernel on contiguous (B, H, T, d) q, k, v; returns O and each row's log-sum-exp."""
     B, H, T, d = q.shape
-    cfg = _launch_config(d, q.dtype)
+    cfg = _launch_config("fwd", d, q.dtype)
     o = new_output(q.shape, q.dtype, q.device)
     lse = new_output((B, H, T), torch.float32, q.device)
-    attention_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
+    attention_fwd_kernel[flash_grid(T, cfg["BLOCK_M"], B * H)](
         q, k, v, o, lse, T, scale, **_constexprs(d, cfg, causal), **cfg.options)
     return o, lse
 
@@ -183,15 +195,15 @@ def attention_fwd(q, k, v, causal, scale):
 def attention_bwd(q, k, v, o, lse, do, causal, scale):
     """Runs the two backward kernels; returns dq, dk, dv."""
     B, H, T, d = q.shape
-    cfg = _launch_config(d, q.dtype)
     do = do.contiguous()
-    delta = (do.float() * o.float()).sum(-1)                     # D_i = sum_c dO_ic O_ic, (B, H, T) fp32
+    delta = flash_delta(o, do)                                   # D_i = sum_c dO_ic O_ic, (B, H, T) fp32
     dq, dk, dv = (new_output(q.shape, q.dtype, q.device) for _ in range(3))
-    meta = dict(**_constexprs(d, cfg, causal), **cfg.options)
-    attention_bwd_dkdv_kernel[(triton.cdiv(T, cfg["BLOCK_N"]), B * H)](
-        q, k, v, do, lse, delta, dk, dv, T, scale, **meta)
-    attention_bwd_dq_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
-        q, k, v, do, lse, delta, dq, T, scale, **meta)
+    cfg = _launch_config("dkdv", d, q.dtype)
+    attention_bwd_dkdv_kernel[flash_grid(T, cfg["BLOCK_N"], B * H)](
+        q, k, v, do, lse, delta, dk, dv, T, scale, **_constexprs(d, cfg, causal), **cfg.options)
+    cfg = _launch_config("dq", d, q.dtype)
+    attention_bwd_dq_kernel[flash_grid(T, cfg["BLOCK_M"], B * H)](
+        q, k, v, do, lse, delta, dq, T, scale, **_constexprs(d, cfg, causal), **cfg.options)
     return dq, dk, dv
 
 
@@ -276,9 +288,11 @@ def aot_kernels():
     kernels = []
     for d in (64, 128):
         for dtype, torch_dtype in AOT_DTYPES.items():
-            cfg = _launch_config(d, torch_dtype)
-            constexprs = _constexprs(d, cfg, True)
-            for fn in (attention_fwd_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel):
+            fns = (attention_fwd_kernel, attention_bwd_dq_kernel, attention_bwd_dkdv_kernel)
+            for kernel, fn in zip(KERNELS, fns):
+                cfg = _launch_config(kernel, d, torch_dtype)
+                constexprs = _constexprs(d, cfg, True)
                 kernels.append(AotKernel(f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}", fn, constexprs,
-                                         FLASH_ARG_TYPES, "*" + dtype, cfg.num_warps, cfg.num_stages))
+                                         FLASH_ARG_TYPES, "*" + dtype, cfg.num_warps, cfg.num_stages,
+                                         wide_offsets=False))
     return kernels

@@ -29,7 +29,11 @@ ordinary torch ops on the torch and Triton backends (autograd differentiates the
   program walks time sequentially. The forward kernel stores the state every CHECKPOINT tokens (~ sqrt(T)); the
   backward kernel walks these runs in reverse, recomputes a run's states from its checkpoint into a scratch
   buffer, then walks the run backwards. Extra memory: batch * D * N * (T / CHECKPOINT + CHECKPOINT) fp32, about
-  2 sqrt(T) states per channel instead of T.
+  2 sqrt(T) states per channel instead of T. dB and dC sum over channels: each program stores its block's share in
+  its own slice of (batch, D / BLOCK_D, N, T) buffers, summed once by the wrapper (batch * D * T * N / BLOCK_D fp32
+  each, the size of u at N = 16). No atomics: on a GPU each would be a memory fence on addresses all D / BLOCK_D
+  programs of a row share, and their order would change the last bits from run to run; these gradients are the
+  same bit for bit in every run.
 
 States and accumulation are fp32 (float64 for float64 inputs on the torch backend); outputs take the input dtype.
 A, D and delta_bias may be fp32 while the sequence inputs are fp16/bf16 (Mamba keeps these parameters in fp32).
@@ -44,7 +48,8 @@ import torch.nn.functional as F
 from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
-                                    check_tensor, finite_log_decay, needs_grad, new_output, tl, triton)
+                                    check_tensor, check_values, finite_log_decay, needs_grad, new_output, tl,
+                                    triton)
 
 __all__ = ["selective_scan"]
 
@@ -198,18 +203,20 @@ def selective_scan_fwd_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     mask_d, mask_n = offs_d < dim, offs_n < N
     mask_dn = mask_d[:, None] & mask_n[None, :]
-    dn = offs_d[:, None] * N + offs_n[None, :]                   # offsets in a (D, N) matrix
+    dn = offs_d[:, None].to(tl.int64) * N + offs_n[None, :]      # offsets in a (D, N) matrix
     A = tl.load(A_ptr + dn, mask=mask_dn, other=0.0)
     if HAS_STATE:
         x = tl.load(state_ptr + pid_b * dim * N + dn, mask=mask_dn, other=0.0)
     else:
         x = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
-    seq = pid_b * dim * T + offs_d * T                           # row starts in (batch, D, T) tensors
-    bc = pid_b * N * T + offs_n * T                              # row starts in (batch, N, T) tensors
-    n_ckpt = tl.cdiv(T, CHECKPOINT)
+    # int64 row starts: D T passes 2^31 at long T (D = 8192 from T = 262,144)
+    seq = pid_b * dim * T + offs_d.to(tl.int64) * T              # row starts in (batch, D, T) tensors
+    bc = pid_b * N * T + offs_n.to(tl.int64) * T                 # row starts in (batch, N, T) tensors
+    run = tl.cast(CHECKPOINT, tl.int64)                          # int64 token counters too, as every offset
+    n_ckpt = tl.cdiv(T, run)
     for c in range(n_ckpt):
         tl.store(ckpt_ptr + (pid_b * n_ckpt + c) * dim * N + dn, x, mask=mask_dn)
-        for t in range(c * CHECKPOINT, tl.minimum(c * CHECKPOINT + CHECKPOINT, T)):
+        for t in range(c * run, tl.minimum(c * run + run, T)):
             u = tl.load(u_ptr + seq + t, mask=mask_d, other=0.0).to(tl.float32)
             dt = tl.load(delta_ptr + seq + t, mask=mask_d, other=0.0)
             Bt = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
@@ -229,8 +236,8 @@ def selective_scan_bwd_kernel(
     du_ptr,       # (batch, D, T) fp32 out
     ddelta_ptr,   # (batch, D, T) fp32 out
     dA_ptr,       # (batch, D, N) fp32 out: this batch's share of dA (the caller sums over batch)
-    dB_ptr,       # (batch, N, T) fp32, zero on entry: atomic sums over the blocks of channels
-    dC_ptr,       # (batch, N, T) fp32, zero on entry: likewise
+    dB_ptr,       # (batch, D blocks, N, T) fp32 out: this block of channels' share of dB
+    dC_ptr,       # (batch, D blocks, N, T) fp32 out: likewise of dC
     dstate_ptr,   # (batch, D, N) fp32 out: gradient of the state before the first token
     dim, T, N,    # sizes
     CHECKPOINT,   # tokens between saved states, as in the forward call
@@ -243,19 +250,21 @@ def selective_scan_bwd_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     mask_d, mask_n = offs_d < dim, offs_n < N
     mask_dn = mask_d[:, None] & mask_n[None, :]
-    dn = offs_d[:, None] * N + offs_n[None, :]
+    dn = offs_d[:, None].to(tl.int64) * N + offs_n[None, :]
     A = tl.load(A_ptr + dn, mask=mask_dn, other=0.0)
-    seq = pid_b * dim * T + offs_d * T
-    bc = pid_b * N * T + offs_n * T
+    seq = pid_b * dim * T + offs_d.to(tl.int64) * T              # int64, as in the forward
+    bc = pid_b * N * T + offs_n.to(tl.int64) * T
+    partial = (pid_b * tl.num_programs(1) + pid_d) * N * T + offs_n.to(tl.int64) * T   # rows of dB, dC's slice
     scratch = (scratch_ptr + (pid_b * tl.num_programs(1) + pid_d) * CHECKPOINT * BLOCK_D * BLOCK_N
                + tl.arange(0, BLOCK_D)[:, None] * BLOCK_N + offs_n[None, :])
     nu = tl.load(dlast_ptr + pid_b * dim * N + dn, mask=mask_dn, other=0.0)   # dL/dx_t via the later tokens
     dA = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
-    n_ckpt = tl.cdiv(T, CHECKPOINT)
+    run = tl.cast(CHECKPOINT, tl.int64)                          # int64 token counters, as in the forward
+    n_ckpt = tl.cdiv(T, run)
     for i in range(n_ckpt):
         c = n_ckpt - 1 - i
-        t0 = c * CHECKPOINT
-        length = tl.minimum(CHECKPOINT, T - t0)
+        t0 = c * run
+        length = tl.minimum(run, T - t0)
         # recompute the run's states from its checkpoint; keep x_{t-1} for every t
         x = tl.load(ckpt_ptr + (pid_b * n_ckpt + c) * dim * N + dn, mask=mask_dn, other=0.0)
         for t in range(t0, t0 + length):
@@ -264,6 +273,7 @@ def selective_scan_bwd_kernel(
             dt = tl.load(delta_ptr + seq + t, mask=mask_d, other=0.0)
             Bt = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
             x = tl.exp(dt[:, None] * A) * x + (dt * u)[:, None] * Bt[None, :]
+        tl.debug_barrier()    # the scratch stored by all threads is read below, in whatever layout the compiler picks
         # walk the run backwards
         for j in range(length):
             t = t0 + length - 1 - j
@@ -276,14 +286,15 @@ def selective_scan_bwd_kernel(
             alpha = tl.exp(dt[:, None] * A)
             x = alpha * x_prev + (dt * u)[:, None] * Bt[None, :]
             lam = nu + dy[:, None] * Ct[None, :]                  # dL/dx_t
-            tl.atomic_add(dC_ptr + bc + t, tl.sum(dy[:, None] * x, axis=0), mask=mask_n)
-            tl.atomic_add(dB_ptr + bc + t, tl.sum(lam * (dt * u)[:, None], axis=0), mask=mask_n)
+            tl.store(dC_ptr + partial + t, tl.sum(dy[:, None] * x, axis=0), mask=mask_n)
+            tl.store(dB_ptr + partial + t, tl.sum(lam * (dt * u)[:, None], axis=0), mask=mask_n)
             lam_B = tl.sum(lam * Bt[None, :], axis=1)
             grad_a = lam * alpha * x_prev                         # dL/d(delta_t A)
             dA += grad_a * dt[:, None]
             tl.store(du_ptr + seq + t, lam_B * dt, mask=mask_d)
             tl.store(ddelta_ptr + seq + t, tl.sum(grad_a * A, axis=1) + lam_B * u, mask=mask_d)
             nu = alpha * lam
+        tl.debug_barrier()    # every thread has read the scratch before the previous run overwrites it
     tl.store(dA_ptr + pid_b * dim * N + dn, dA, mask=mask_dn)
     tl.store(dstate_ptr + pid_b * dim * N + dn, nu, mask=mask_dn)
 
@@ -331,11 +342,11 @@ def selective_scan_bwd(u, delta, A, B, C, checkpoints, dy, dlast):
                           device=u.device)
     du, ddelta = (new_output((batch, dim, T), torch.float32, u.device) for _ in range(2))
     dA_per_batch, dstate = (new_output((batch, dim, N), torch.float32, u.device) for _ in range(2))
-    dB, dC = (torch.zeros((batch, N, T), dtype=torch.float32, device=u.device) for _ in range(2))
+    dB, dC = (new_output((batch, grid[1], N, T), torch.float32, u.device) for _ in range(2))   # per channel block
     selective_scan_bwd_kernel[grid](
         u, delta, A, B, C, checkpoints, dy.float().contiguous(), dlast.float().contiguous(), scratch,
         du, ddelta, dA_per_batch, dB, dC, dstate, dim, T, N, checkpoint, **cfg.blocks, **cfg.options)
-    return du, ddelta, dA_per_batch.sum(0), dB, dC, dstate
+    return du, ddelta, dA_per_batch.sum(0), dB.sum(1), dC.sum(1), dstate
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -427,9 +438,9 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_
 
     if not delta_softplus:   # softplus makes every step >= 0; without it, refuse what the reference refuses
         step = delta if delta_bias is None else delta.to(compute) + delta_bias.to(compute)[:, None]
-        if (step < 0).any():
-            raise ValueError("delta must be >= 0 (a step size) after delta_bias (delta_softplus=False), got min "
-                             f"{step.min().item()}")
+        check_values(lambda: ~(step < 0).any(),   # a NaN step passes on, as the reference carries it
+                     "delta must be >= 0 (a step size) after delta_bias (delta_softplus=False)",
+                     lambda: f", got min {step.min().item()}")
     # A = -inf, a decay of exactly 0 (the reference takes finite A only): e^{delta A} = 0 whatever the step, also
     # at delta = 0 (the torch path's padding), where 0 * -inf would be NaN
     A = finite_log_decay(A)

@@ -1,5 +1,5 @@
 """Agreement metrics shared by the tests, the notebooks and the cross-check report, and what tests and benchmarks
-need to know of the kernels' set-up.
+need to know of the kernels' set-up, and ``gpu_like_math``: the interpreter's exp and division as a GPU rounds them.
 
 The design's measure: relative RMS error ||a - b|| / ||b|| against the reference b, plus max abs error.
 Accepts NumPy arrays and torch tensors (compared in float64).
@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 __all__ = ["fp32", "f64", "rel_rms", "max_abs", "assert_close", "assert_all_close", "check", "REFERENCE_BUDGET",
-           "FP32_BUDGET", "FP32_CHUNKED_WKV7_BUDGET", "FP16_BUDGET", "poisoned_outputs",
+           "FP32_BUDGET", "FP32_CHUNKED_WKV7_BUDGET", "FP16_BUDGET", "poisoned_outputs", "gpu_like_math",
+           "values_as_on_a_gpu",
            "HAS_TRITON", "accumulation_dtype", "resolve_backend"]   # noqa: F822  (the last three: __getattr__ below)
 
 _FROM_KERNELS = {"HAS_TRITON": "seqmix.kernels._common", "accumulation_dtype": "seqmix.kernels._common",
@@ -43,6 +44,60 @@ def poisoned_outputs():
         yield
     finally:
         _common.POISON_OUTPUTS = before
+
+
+@contextlib.contextmanager
+def values_as_on_a_gpu():
+    """Inside the block the wrappers treat CPU tensors' values as a GPU's: their checks of values run as device-side
+    asserts instead of reading the values on the host (the tests of host syncs use it)."""
+    from seqmix.kernels import _common
+    before = _common.READ_VALUES_ON_HOST
+    _common.READ_VALUES_ON_HOST = False
+    try:
+        yield
+    finally:
+        _common.READ_VALUES_ON_HOST = before
+
+
+GPU_MATH_ULPS = 2   # the documented error bound of ex2.approx.f32 and div.full.f32 (PTX ISA), taken at its worst
+_LOG2E = np.float32(1.4426950408889634)
+
+
+def _ulps_up(fn, ulps):
+    """fn, with each finite nonzero fp32 result moved ``ulps`` units in the last place towards +inf."""
+    def biased(*args):
+        out = fn(*args)
+        if out.dtype == np.float32:
+            moved = np.isfinite(out) & (out != 0)
+            for _ in range(ulps):
+                out = np.where(moved, np.nextafter(out, np.float32(np.inf)), out)
+        return out
+    return biased
+
+
+def _ex2_approx(x):
+    """e^x as the GPU computes tl.exp in fp32: 2^(x log2 e), the product rounded to fp32 first."""
+    if x.dtype != np.float32:
+        return np.exp(x)
+    return np.exp2((x * _LOG2E).astype(np.float32))
+
+
+@contextlib.contextmanager
+def gpu_like_math(ulps: int = GPU_MATH_ULPS):
+    """Inside the block the Triton interpreter computes fp32 ``tl.exp`` as a GPU does, ex2.approx(fl(x log2 e)), and
+    fp32 division as div.full.f32, each result then biased ``ulps`` units in the last place upwards (their error
+    bound, at its worst). Outside it the interpreter rounds both correctly (np.exp, np.divide), more accurately than
+    any GPU; a kernel test that passes in this mode keeps its budget on one (the review's method,
+    /work/shared/reviews/gpu-path.md). Needs TRITON_INTERPRET=1; ``pytest --gpu-math`` runs every test in it."""
+    from triton.runtime import interpreter
+    builder = interpreter.InterpreterBuilder
+    saved = builder.create_exp, builder.create_fdiv
+    builder.create_exp = lambda self, arg: self.unary_op(arg, _ulps_up(_ex2_approx, ulps))
+    builder.create_fdiv = lambda self, lhs, rhs: self.binary_op(lhs, rhs, _ulps_up(np.divide, ulps))
+    try:
+        yield
+    finally:
+        builder.create_exp, builder.create_fdiv = saved
 
 
 def fp32(*arrays) -> list:

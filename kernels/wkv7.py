@@ -41,10 +41,12 @@ scratch buffer, then walks the run in reverse with G = dL/dS_t:
     G += dy_t r_t^T;  dr_t = S_t^T dy_t;  dv_t = G k_t;  dk_t = G^T v_t;  q = G b_t;  db_t = G^T (S_{t-1} a_t);
     da_t = S_{t-1}^T q;  dlog_w_t = w_t * colsum(G * S_{t-1});  G <- G diag(w_t) + q a_t^T   (= dL/dS_{t-1})
 
-The key-vector gradients (dr, dk, da, db, dlog_w) are sums over value rows: each program adds its rows' share
-with fp32 atomic adds (no per-block copies of them in memory; on a GPU the order of the adds, hence the last bits
-of these gradients, can differ between runs). T need not be a multiple of anything: steps past T read log_w = 0
-and zeros elsewhere, which leaves the state unchanged.
+The key-vector gradients (dr, dk, da, db, dlog_w) are sums over value rows: each program stores its rows' share in
+its own slice of a (N / BLOCK_V, 5, B, T, H, N) buffer, which the wrapper sums once. No atomics: on a GPU an atomic
+add is a memory fence (acq_rel, the default) and its order changes the last bits from run to run; the partial sums
+make the gradients the same bit for bit in every run, for N / BLOCK_V (4 at N = 64, 8 at N = 128) times the memory
+of the five gradients while the backward runs. T need not be a multiple of anything: steps past T read log_w = 0 and
+zeros elsewhere, which leaves the state unchanged.
 
 Chunked Triton forward (wkv7(..., chunked=True)): the torch path's factored WY form in one kernel, one program per
 (batch, head, 16 value rows), walking chunks of 16 steps: T / 16 serial steps instead of T, each a few dozen
@@ -52,7 +54,9 @@ Chunked Triton forward (wkv7(..., chunked=True)): the torch path's factored WY f
 buffer rather than in registers, so that every product is of (16, 16) tiles (fp32 products keep whole operand rows
 in each thread: (16, N) tiles need 168-255 registers and a stack). It saves the same checkpoints as the sequential
 forward (its chunks are the checkpoint intervals), so the backward kernel is shared. It takes head sizes from 16
-whose chunks pass _factors_in_range (RWKV-7's decays always do); the sequential kernel runs the rest.
+(the sequential kernel runs smaller heads). Each chunk picks its form on the device: within _factors_in_range's
+DECAY_RANGE and finite (RWKV-7's decays always are), the factored form; otherwise its 16 steps one at a time. The
+wrapper reads no values (no host sync: CUDA graphs can capture it).
 """
 from __future__ import annotations
 
@@ -225,9 +229,9 @@ def _step(S, w, k, v, a, b):
 def _head_offsets(pid_bh, T, H, N: tl.constexpr):
     """Where head pid_bh = b H + h starts: in the (B, H, N, N) states, and at step 0 in the (B, T, H, N) inputs; and
     the inputs' stride from one step to the next."""
-    head_state = pid_bh.to(tl.int64) * N * N
-    seq = (pid_bh // H).to(tl.int64) * T * H * N + (pid_bh % H) * N
-    return head_state, seq, tl.cast(H * N, tl.int64)
+    bh = pid_bh.to(tl.int64)                         # every offset in int64: T H N passes 2^31 at long T
+    heads = tl.cast(H, tl.int64)
+    return bh * N * N, (bh // heads) * T * heads * N + (bh % heads) * N, heads * N
 
 
 @triton.jit
@@ -289,6 +293,34 @@ def _dot(x, y):
 
 
 @triton.jit
+def _sequential_chunk(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, y_ptr, state_ptr, head_state, seq, stride_t,
+                      rows, t0, T, N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr):
+    """Steps t0 .. t0 + CHUNK - 1 one at a time, as wkv7_fwd_kernel takes them, on this program's rows of the state
+    in state_ptr, BLOCK_K keys at a time: S a first (it needs every key), then S diag(w) + (S a) b^T + v k^T and
+    y = S r."""
+    for j in range(CHUNK):
+        off = seq + (t0 + j) * stride_t
+        sa = tl.zeros(rows.shape, dtype=tl.float32)                    # S_{t-1} a_t
+        for k0 in range(0, N, BLOCK_K):
+            keys = k0 + tl.arange(0, BLOCK_K)
+            _, _, _, _, a, _, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows,
+                                                t0 + j, T)
+            sa += tl.sum(tl.load(state_ptr + head_state + rows[:, None] * N + keys[None, :]) * a[None, :], axis=1)
+        tl.debug_barrier()                           # every thread has read S_{t-1} before it changes
+        y = tl.zeros(rows.shape, dtype=tl.float32)
+        for k0 in range(0, N, BLOCK_K):
+            keys = k0 + tl.arange(0, BLOCK_K)
+            tile = state_ptr + head_state + rows[:, None] * N + keys[None, :]
+            r, w, k, v, _, b, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows,
+                                                t0 + j, T)
+            S = tl.load(tile) * w[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :]
+            tl.store(tile, S)
+            y += tl.sum(S * r[None, :], axis=1)
+        tl.store(y_ptr + off + rows, y.to(y_ptr.dtype.element_ty), mask=rows * 0 + t0 + j < T)
+        tl.debug_barrier()                           # S_t stored by all threads before the next step reads it
+
+
+@triton.jit
 def wkv7_chunked_fwd_kernel(
     r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs, contiguous, one float dtype
     state0_ptr,          # (B, H, N, N) fp32 initial state, read when HAS_STATE0
@@ -300,11 +332,13 @@ def wkv7_chunked_fwd_kernel(
     BLOCK_V: tl.constexpr,   # value rows (of S) per program, 16: tl.dot's smallest tile
     BLOCK_K: tl.constexpr,   # keys per step of the loops over keys, 16
     CHUNK: tl.constexpr,     # steps per chunk, 16; the caller passes CHECKPOINT: the backward kernel reuses them
+    MAX_SPREAD: tl.constexpr,  # DECAY_RANGE: the widest spread of c that a chunk takes in the factored form
     HAS_STATE0: tl.constexpr,  # start from state0 (else from zeros)
     SAVE_CKPT: tl.constexpr,   # write the checkpoints (a gradient will be wanted)
 ):
-    """The torch path's chunked WY form (module docstring), one chunk of CHUNK steps per iteration, the caller having
-    checked _factors_in_range. Per chunk, a first loop over blocks of BLOCK_K keys sums the couplings and the
+    """The torch path's chunked WY form (module docstring), one chunk of CHUNK steps per iteration; a chunk whose
+    spread of c passes MAX_SPREAD, or with a non-finite input, takes its steps one at a time instead
+    (_sequential_chunk). Per chunk, a first loop over blocks of BLOCK_K keys sums the couplings and the
     products of a~ and r~ with the state; (I - A_ab)^{-1} = (I + A)(I + A^2)(I + A^4)(I + A^8) (A strictly lower
     triangular: A^16 = 0); then U and Y; a second loop over keys updates the state. The state lives in state_ptr,
     not in registers, so that every product is of (16, 16) tiles: a register tile of the whole (16, N) block would
@@ -332,6 +366,9 @@ def wkv7_chunked_fwd_kernel(
         Q_rk = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
         aS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # rows a~_i S^T
         rS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # rows r~_i S^T
+        c_hi = 0.0                                           # max(c, 0) and min(c, 0) over the chunk's keys
+        c_lo = 0.0
+        total = 0.0                                          # the chunk's inputs summed: finite or not
         for k0 in range(0, N, BLOCK_K):
             keys = k0 + tl.arange(0, BLOCK_K)
             tile = rows[:, None] * N + keys[None, :]
@@ -340,45 +377,56 @@ def wkv7_chunked_fwd_kernel(
                 tl.store(_checkpoint(ckpt_ptr, pid_bh, n_chunks, chunk, N) + tile, S)
             log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)  # (CHUNK, BLOCK_K); 0 past T
             c = tl.cumsum(log_w, axis=0)                                    # c_i
+            c_hi = tl.maximum(c_hi, tl.max(tl.max(c, axis=1), axis=0))
+            c_lo = tl.minimum(c_lo, tl.min(tl.min(c, axis=1), axis=0))
             e_neg = tl.exp(-c)                                              # e^{-c_j}, below e^DECAY_RANGE
             a_t = _load_chunk(a_ptr, seq, t0, T, stride_t, keys, CHUNK) * tl.exp(c - log_w)   # a_i e^{c_{i-1}}
             r_t = _load_chunk(r_ptr, seq, t0, T, stride_t, keys, CHUNK) * tl.exp(c)          # r_i e^{c_i}
             b_s = tl.trans(_load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK) * e_neg)    # (BLOCK_K, CHUNK)
             k_s = tl.trans(_load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK) * e_neg)
+            total += tl.sum(tl.sum(a_t + r_t, axis=1), axis=0) + tl.sum(tl.sum(b_s + k_s, axis=1), axis=0)
             A_ab += _dot(a_t, b_s)
             A_ak += _dot(a_t, k_s)
             Q_rb += _dot(r_t, b_s)
             Q_rk += _dot(r_t, k_s)
             aS += _dot(a_t, tl.trans(S))
             rS += _dot(r_t, tl.trans(S))
-        A_ab = tl.where(before, A_ab, 0.0)
-        A_ak = tl.where(before, A_ak, 0.0)
-        Q_rb = tl.where(before | (eye > 0), Q_rb, 0.0)                     # j <= i
-        Q_rk = tl.where(before | (eye > 0), Q_rk, 0.0)
-        tl.static_assert(CHUNK == 16, "four factors (I + A^(2^m)) invert I - A only while A^16 = 0")
-        T_inv = eye + A_ab                                                  # (I - A_ab)^{-1}
-        power = A_ab
-        for _ in tl.static_range(3):
-            power = _dot(power, power)
-            T_inv += _dot(T_inv, power)
         v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CHUNK)          # (CHUNK, BLOCK_V): this program's rows
-        U = _dot(T_inv, aS + _dot(A_ak, v))                                 # rows u_j = S_{j-1} a_j
-        Y = rS + _dot(Q_rb, U) + _dot(Q_rk, v)                              # rows y_i = S_i r_i
-        steps = t0 + i
-        tl.store(y_ptr + seq + steps[:, None] * stride_t + rows[None, :], Y.to(y_ptr.dtype.element_ty),
-                 mask=(steps < T)[:, None] & (rows[None, :] >= 0))
-        tl.debug_barrier()                           # every thread has read this chunk's state before it changes
-        for k0 in range(0, N, BLOCK_K):              # S <- S diag(e^{c_L}) + U^T B^ + V^T K^
-            keys = k0 + tl.arange(0, BLOCK_K)
-            tile = rows[:, None] * N + keys[None, :]
-            log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)
-            decay = tl.exp(tl.sum(log_w, axis=0))                           # e^{c_L}
-            to_end = decay[None, :] * tl.exp(-tl.cumsum(log_w, axis=0))     # e^{c_L - c_j}
-            b_hat = _load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
-            k_hat = _load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
-            S = tl.load(state_ptr + head_state + tile)
-            S = S * decay[None, :] + _dot(tl.trans(U), b_hat) + _dot(tl.trans(v), k_hat)
-            tl.store(state_ptr + head_state + tile, S)
+        total += tl.sum(tl.sum(v, axis=1), axis=0)
+        # The factored form needs the chunk's spread of c within DECAY_RANGE (_factors_in_range) and finite inputs;
+        # a chunk without them (decays far stronger than RWKV-7's, inf or NaN) takes CHUNK sequential steps, decided
+        # here on the device: no host sync and no scan of log_w before the launch.
+        if (c_hi - c_lo <= MAX_SPREAD) & (total - total == 0.0):
+            A_ab = tl.where(before, A_ab, 0.0)
+            A_ak = tl.where(before, A_ak, 0.0)
+            Q_rb = tl.where(before | (eye > 0), Q_rb, 0.0)                     # j <= i
+            Q_rk = tl.where(before | (eye > 0), Q_rk, 0.0)
+            tl.static_assert(CHUNK == 16, "four factors (I + A^(2^m)) invert I - A only while A^16 = 0")
+            T_inv = eye + A_ab                                                  # (I - A_ab)^{-1}
+            power = A_ab
+            for _ in tl.static_range(3):
+                power = _dot(power, power)
+                T_inv += _dot(T_inv, power)
+            U = _dot(T_inv, aS + _dot(A_ak, v))                                 # rows u_j = S_{j-1} a_j
+            Y = rS + _dot(Q_rb, U) + _dot(Q_rk, v)                              # rows y_i = S_i r_i
+            steps = t0 + i
+            tl.store(y_ptr + seq + steps[:, None] * stride_t + rows[None, :], Y.to(y_ptr.dtype.element_ty),
+                     mask=(steps < T)[:, None] & (rows[None, :] >= 0))
+            tl.debug_barrier()                           # every thread has read this chunk's state before it changes
+            for k0 in range(0, N, BLOCK_K):              # S <- S diag(e^{c_L}) + U^T B^ + V^T K^
+                keys = k0 + tl.arange(0, BLOCK_K)
+                tile = rows[:, None] * N + keys[None, :]
+                log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)
+                decay = tl.exp(tl.sum(log_w, axis=0))                           # e^{c_L}
+                to_end = decay[None, :] * tl.exp(-tl.cumsum(log_w, axis=0))     # e^{c_L - c_j}
+                b_hat = _load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
+                k_hat = _load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
+                S = tl.load(state_ptr + head_state + tile)
+                S = S * decay[None, :] + _dot(tl.trans(U), b_hat) + _dot(tl.trans(v), k_hat)
+                tl.store(state_ptr + head_state + tile, S)
+        else:
+            _sequential_chunk(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, y_ptr, state_ptr, head_state, seq,
+                              stride_t, rows, t0, T, N, BLOCK_K, CHUNK)
 
 
 @triton.jit
@@ -388,7 +436,7 @@ def wkv7_bwd_kernel(
     dstate_ptr,          # (B, H, N, N) fp32 gradient of the final state, read when HAS_DSTATE
     ckpt_ptr,            # (B * H, cdiv(T, CHECKPOINT), N, N) fp32 checkpoints saved by the forward
     scratch_ptr,         # (B * H * N / BLOCK_V, CHECKPOINT, BLOCK_V, N) fp32: each program's states in one chunk
-    dkeys_ptr,           # (5, B, T, H, N) fp32, zeros: dr, dlog_w, dk, da, db, summed over row blocks atomically
+    dkeys_ptr,           # (N / BLOCK_V, 5, B, T, H, N) fp32: dr, dlog_w, dk, da, db, this program's rows' share
     dv_ptr,              # (B, T, H, N) fp32 gradient of v
     dstate0_ptr,         # (B, H, N, N) fp32 gradient of the initial state
     T, H,                # sequence length, heads
@@ -405,6 +453,7 @@ def wkv7_bwd_kernel(
     local = tl.arange(0, BLOCK_V)[:, None] * N + keys[None, :]       # a tile of the scratch buffer
     head_state, seq, stride_t = _head_offsets(pid_bh, T, H, N)
     numel = tl.num_programs(0).to(tl.int64) * T * N                   # B * T * H * N
+    dkeys_ptr += pid_v * 5 * numel                                    # this row block's partial sums
     scratch = scratch_ptr + (pid_bh.to(tl.int64) * tl.num_programs(1) + pid_v) * CHECKPOINT * BLOCK_V * N
     if HAS_DSTATE:
         G = tl.load(dstate_ptr + head_state + tile)                   # dL/dS_T
@@ -435,11 +484,11 @@ def wkv7_bwd_kernel(
             dr = w * tl.sum(S_prev * dy[:, None], axis=0) + b * tl.sum(sa * dy) + k * tl.sum(v * dy)
             G += dy[:, None] * r[None, :]                              # y_t = S_t r_t
             q = tl.sum(G * b[None, :], axis=1)                         # G b_t = dL/d(S_{t-1} a_t)
-            tl.atomic_add(dkeys_ptr + off + keys, dr, mask=key_live)
-            tl.atomic_add(dkeys_ptr + numel + off + keys, w * tl.sum(G * S_prev, axis=0), mask=key_live)     # dlog_w
-            tl.atomic_add(dkeys_ptr + 2 * numel + off + keys, tl.sum(G * v[:, None], axis=0), mask=key_live)  # dk
-            tl.atomic_add(dkeys_ptr + 3 * numel + off + keys, tl.sum(S_prev * q[:, None], axis=0), mask=key_live)  # da
-            tl.atomic_add(dkeys_ptr + 4 * numel + off + keys, tl.sum(G * sa[:, None], axis=0), mask=key_live)  # db
+            tl.store(dkeys_ptr + off + keys, dr, mask=key_live)
+            tl.store(dkeys_ptr + numel + off + keys, w * tl.sum(G * S_prev, axis=0), mask=key_live)     # dlog_w
+            tl.store(dkeys_ptr + 2 * numel + off + keys, tl.sum(G * v[:, None], axis=0), mask=key_live)  # dk
+            tl.store(dkeys_ptr + 3 * numel + off + keys, tl.sum(S_prev * q[:, None], axis=0), mask=key_live)  # da
+            tl.store(dkeys_ptr + 4 * numel + off + keys, tl.sum(G * sa[:, None], axis=0), mask=key_live)  # db
             tl.store(dv_ptr + off + rows, tl.sum(G * k[None, :], axis=1), mask=row_live)
             G = G * w[None, :] + q[:, None] * a[None, :]               # dL/dS_{t-1}
         tl.debug_barrier()           # done reading the scratch before the previous chunk overwrites it
@@ -466,25 +515,19 @@ def _grid(B, H, N, cfg: Launch):
     return (B * H, N // cfg["BLOCK_V"])
 
 
-def _use_chunked_forward(log_w, *others):
-    """Whether the chunked forward takes these decays: head sizes from 16 (tl.dot's smallest tile) whose chunks pass
-    _factors_in_range, and finite ``others`` (r, k, v, a, b): its tile products would carry a NaN (0 * NaN) to the
-    earlier steps of its chunk. The sequential kernel takes the rest (decays far stronger than RWKV-7's, small
-    heads, non-finite inputs)."""
-    B, T, H, N = log_w.shape
-    if N < CHUNKED_BLOCK_K:
-        return False
-    pad = -T % CHECKPOINT
-    c = F.pad(log_w, (0, 0, 0, 0, 0, pad)).view(B, -1, CHECKPOINT, H, N).float().cumsum(2)
-    return _factors_in_range(c) and bool(torch.stack([x.sum(dtype=torch.float32) for x in others]).isfinite().all())
+def _use_chunked_forward(N):
+    """Whether the chunked forward takes head size N: from 16, tl.dot's smallest tile. It decides each chunk's form
+    on the device (decays out of range take steps one at a time), so nothing of the inputs is read here."""
+    return N >= CHUNKED_BLOCK_K
 
 
 def wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
     """Runs the sequential or (where it applies) the chunked forward kernel; returns y, the final state and the
     checkpoints (the state itself, unwritten, without ``save_checkpoints``)."""
     B, T, H, N = r.shape
-    if chunked and _use_chunked_forward(log_w, r, k, v, a, b):   # its chunks are the checkpoint intervals
-        kernel, cfg, steps = wkv7_chunked_fwd_kernel, _chunked_launch_config(N), {"CHUNK": CHECKPOINT}
+    if chunked and _use_chunked_forward(N):   # its chunks are the checkpoint intervals
+        kernel, cfg = wkv7_chunked_fwd_kernel, _chunked_launch_config(N)
+        steps = {"CHUNK": CHECKPOINT, "MAX_SPREAD": DECAY_RANGE}
     else:
         kernel, cfg, steps = wkv7_fwd_kernel, _launch_config(N), {"CHECKPOINT": CHECKPOINT}
     y = new_output((B, T, H, N), r.dtype, r.device)
@@ -505,15 +548,16 @@ def wkv7_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate):
     grid = _grid(B, H, N, cfg)
     scratch = torch.empty((grid[0] * grid[1], CHECKPOINT, cfg["BLOCK_V"], N), dtype=torch.float32,
                           device=r.device)
-    # Every row block adds its share of the key-vector gradients: they start at zero, not as new_output.
-    dkeys = torch.zeros((5, B, T, H, N), dtype=torch.float32, device=r.device)
+    # Every row block stores its share of the key-vector gradients; one sum over the blocks, in a fixed order.
+    dkeys = new_output((grid[1], 5, B, T, H, N), torch.float32, r.device)
     dv = new_output((B, T, H, N), torch.float32, r.device)
     dstate0 = new_output((B, H, N, N), torch.float32, r.device)
     wkv7_bwd_kernel[grid](
         r, log_w, k, v, a, b, dy, dstate if dstate is not None else dstate0, ckpt, scratch, dkeys, dv, dstate0, T, H,
         N=N, **cfg.blocks, CHECKPOINT=CHECKPOINT, HAS_DSTATE=dstate is not None, **cfg.options)
-    dr, dk, da, db = dkeys[[0, 2, 3, 4]].to(r.dtype)
-    return dr, dkeys[1].to(log_w.dtype), dk, dv.to(r.dtype), da, db, dstate0
+    keys = dkeys.sum(0)                              # one sum over the row blocks, in a fixed order
+    dr, dk, da, db = keys[[0, 2, 3, 4]].to(r.dtype)
+    return dr, keys[1].to(log_w.dtype), dk, dv.to(r.dtype), da, db, dstate0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -562,9 +606,10 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
             (Triton for CUDA tensors; on CPU the C loop where it builds, torch otherwise).
             Default: None.
         chunked (bool): on the Triton backend, run the forward as the chunked WY form, T / 16 serial steps of
-            (16, 16) tile products instead of T steps (about 2.4x the arithmetic at N = 64), where it applies
-            (N >= 16, every chunk's log decays within DECAY_RANGE, as RWKV-7's always are); the sequential kernel
-            runs the rest, and the backward is the same. Default: False.
+            (16, 16) tile products instead of T steps (about 2.4x the arithmetic at N = 64), for N >= 16 (the
+            sequential kernel runs smaller heads); a chunk whose log decays spread beyond DECAY_RANGE (never with
+            RWKV-7's) or that holds inf or NaN takes its 16 steps one at a time, decided on the device. The backward
+            is the same. Default: False.
     Returns:
         (y (B, T, H, N) in the input dtype, state (B, H, N, N) after the last step, fp32 or float64).
 
@@ -616,13 +661,14 @@ def aot_kernels():
     kernels = []
     for N in (64, 128):
         for dtype in ("fp32", "bf16"):
-            # pointers in the input dtype; the others are fp32 (states, checkpoints, gradients summed by atomics)
+            # pointers in the input dtype; the others are fp32 (states, checkpoints, partial sums of gradients)
             types = {**{a: f"*{dtype}" for a in ("r_ptr", "log_w_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "y_ptr",
                                                  "dy_ptr")}, "T": "i32", "H": "i32"}
             forward = {"HAS_STATE0": True, "SAVE_CKPT": True}
             for fn, label, flags, cfg in (
                     (wkv7_fwd_kernel, "wkv7_fwd", {**forward, "CHECKPOINT": CHECKPOINT}, _launch_config(N)),
-                    (wkv7_chunked_fwd_kernel, "wkv7_chunked_fwd", {**forward, "CHUNK": CHECKPOINT},
+                    (wkv7_chunked_fwd_kernel, "wkv7_chunked_fwd",
+                     {**forward, "CHUNK": CHECKPOINT, "MAX_SPREAD": DECAY_RANGE},
                      _chunked_launch_config(N)),
                     (wkv7_bwd_kernel, "wkv7_bwd", {"HAS_DSTATE": True, "CHECKPOINT": CHECKPOINT}, _launch_config(N))):
                 constexprs = {"N": N, **cfg.blocks, **flags}

@@ -7,7 +7,22 @@ seqmix.use_interpreter_without_gpu()
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from seqmix.kernels.testing import poisoned_outputs  # noqa: E402
+from seqmix.kernels.testing import gpu_like_math, poisoned_outputs  # noqa: E402
+
+
+def pytest_addoption(parser):
+    parser.addoption("--gpu-math", action="store_true",
+                     help="the Triton interpreter with a GPU's fp32 exp and division (kernels.testing.gpu_like_math)")
+
+
+@pytest.fixture(autouse=True)
+def gpu_math(request):
+    """With --gpu-math, every test runs with the interpreter's exp and division rounded as on a GPU, at worst."""
+    if request.config.getoption("--gpu-math"):
+        with gpu_like_math():
+            yield
+    else:
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,7 @@
-"""Every Triton kernel compiles ahead of time for sm_80 and sm_90 (no GPU needed) and spills nothing."""
+"""Every Triton kernel compiles ahead of time for sm_80 and sm_90 (no GPU needed), the way the JIT builds it for
+aligned tensors: no spills, the recurrences' offsets in 64 bits; and what the interpreter cannot show, read in the
+compiled code: no atomics in the backwards, the scan backward's scratch fenced by barriers, WKV-4 built without FP
+contraction."""
 import os
 import re
 import subprocess
@@ -6,16 +9,33 @@ import sys
 
 import pytest
 
-from seqmix.kernels.aot import TARGETS, collect
+from seqmix.kernels.aot import TARGETS, collect, mma_kind, narrow_offsets
 from seqmix.kernels.testing import HAS_TRITON
 
+needs_build = pytest.mark.skipif(not HAS_TRITON, reason="triton has no wheel for this platform")
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton has no wheel for this platform")
-@pytest.mark.timeout(1900)   # a cold build of every kernel takes about 5 minutes here; the subprocess has 1800 s
-def test_every_kernel_builds_for_sm80_and_sm90_without_spills():
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    """One run of ``python -m seqmix.kernels.aot --asm DIR``: (the run, DIR with every build's TTGIR and PTX)."""
+    asm = tmp_path_factory.mktemp("asm")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # compile for real, not interpret
-    run = subprocess.run([sys.executable, "-m", "seqmix.kernels.aot"], env=env, capture_output=True, text=True,
-                         timeout=1800)
+    run = subprocess.run([sys.executable, "-m", "seqmix.kernels.aot", "--asm", str(asm)], env=env,
+                         capture_output=True, text=True, timeout=1800)
+    return run, asm
+
+
+def _asm(asm, prefix, ext):
+    """{file name: text} of the builds whose label starts with ``prefix``."""
+    files = {p.name: p.read_text() for p in sorted(asm.glob(f"{prefix}*.{ext}"))}
+    assert files, f"no {ext} of {prefix} kernels in {asm}"
+    return files
+
+
+@needs_build
+@pytest.mark.timeout(1900)   # a cold build of every kernel takes about 5 minutes here; the subprocess has 1800 s
+def test_every_kernel_builds_for_sm80_and_sm90_without_spills(build):
+    run, _ = build
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert "not written yet" not in run.stdout, run.stdout
     rows = [line for line in run.stdout.splitlines() if re.search(r"\bsm_\d\d\b", line)]
@@ -23,3 +43,73 @@ def test_every_kernel_builds_for_sm80_and_sm90_without_spills():
         for arch in TARGETS:
             assert any(r.startswith(kernel.label + " ") and f"sm_{arch}" in r.split() for r in rows), \
                 f"{kernel.label} was not built for sm_{arch}"
+    assert all(r.split()[-2] in ("wgmma", "mma.sync", "none") for r in rows), "a row names no MMA kind"
+    bf16_attention = [r for r in rows if r.startswith("attention_fwd") and " bf16 " in r]
+    assert bf16_attention and all(r.split()[-2] != "none" for r in bf16_attention), bf16_attention
+
+
+@needs_build
+@pytest.mark.timeout(1900)
+@pytest.mark.parametrize("prefix", ["wkv4_", "wkv7_", "selective_scan_"])
+def test_recurrences_form_every_offset_in_64_bits(build, prefix):
+    """T C (wkv4), D T (the scan) and B T H N (wkv7) pass 2^31 at long T: no offset may be formed in 32 bits."""
+    for name, ptx in _asm(build[1], prefix, "ptx").items():
+        assert narrow_offsets(ptx) == [], f"{name}: 32-bit offsets {narrow_offsets(ptx)[:5]}"
+
+
+@needs_build
+@pytest.mark.timeout(1900)
+@pytest.mark.parametrize("prefix", ["wkv7_bwd", "selective_scan_bwd"])
+def test_backwards_use_no_atomics(build, prefix):
+    """An atomic add with the default acq_rel order is a fence and an L1 flush per call, and its order changes the
+    gradients' last bits: the backwards store per-program partial sums instead."""
+    for name, ptx in _asm(build[1], prefix, "ptx").items():
+        atomics = [line.strip() for line in ptx.splitlines() if re.match(r"\s*(?:@%p\d+\s+)?(?:atom|red)\.", line)]
+        assert atomics == [], f"{name}: {atomics[:3]}"
+
+
+@needs_build
+@pytest.mark.timeout(1900)
+def test_scan_backward_fences_its_scratch(build):
+    """The scratch is stored by every thread and read back in another layout's threads: a barrier after the stores
+    and one before the next run overwrites it (TTGIR: ttg.barrier, gpu.barrier before Triton 3.9, which
+    tl.debug_barrier becomes; the reductions' own synchronisation appears only later, in the LLVM IR)."""
+    for name, ttgir in _asm(build[1], "selective_scan_bwd", "ttgir").items():
+        assert len(re.findall(r"\b(?:ttg|gpu)\.barrier\b", ttgir)) >= 2, name
+
+
+@needs_build
+@pytest.mark.timeout(1900)
+def test_wkv4_is_built_without_fp_contraction(build):
+    """_rounded_max's two-sum takes each product and sum rounded on its own: no fma in the WKV-4 kernels."""
+    for name, ptx in _asm(build[1], "wkv4_", "ptx").items():
+        assert "fma.rn" not in ptx, name
+
+
+WIDENED_LOOP_OFFSET = """
+    .param .u32 k_param_1
+    ld.param.b32 %r2, [k_param_1];
+    mov.b32 %r51, 0;
+$L__BB0_2:
+    cvt.s64.s32 %rd32, %r51;
+    add.s32 %r51, %r51, %r2;
+"""
+
+
+def test_narrow_offsets_finds_a_32_bit_offset_carried_round_a_loop():
+    """t * C strength-reduced to off += C in 32 bits, then widened: what wkv4's PTX did before its offsets went to
+    64 bits. The same in 64 bits, a widened size itself, and a remainder i % H are fine."""
+    assert narrow_offsets(WIDENED_LOOP_OFFSET) == ["cvt.s64.s32 %rd32, %r51;"]
+    wide = WIDENED_LOOP_OFFSET.replace("cvt.s64.s32 %rd32, %r51;\n    add.s32 %r51, %r51, %r2;",
+                                       "cvt.s64.s32 %rd2, %r2;\n    add.s64 %rd51, %rd51, %rd2;")
+    assert narrow_offsets(wide) == []
+    remainder = WIDENED_LOOP_OFFSET.replace("cvt.s64.s32 %rd32, %r51;\n    add.s32 %r51, %r51, %r2;",
+                                            "div.s32 %r8, %r7, %r2;\n    mul.lo.s32 %r9, %r8, %r2;\n"
+                                            "    sub.s32 %r10, %r7, %r9;\n    cvt.u64.u32 %rd3, %r10;")
+    assert narrow_offsets(remainder) == []
+
+
+def test_mma_kind_names_the_matrix_instruction():
+    assert mma_kind("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {...}") == "wgmma"
+    assert mma_kind("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {...}") == "mma.sync"
+    assert mma_kind("fma.rn.f32 %r1, %r2, %r3, %r4;") == "none"

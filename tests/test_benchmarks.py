@@ -131,12 +131,32 @@ def test_roofline_picks_the_binding_resource():
     assert cost_model.predict(cost_model.Cost(), "fp32", dram_bytes=hw["bandwidth"]) == (1.0, "memory")
     # bytes issued beyond the DRAM bytes (re-reads that L2 serves) do not enter the memory time
     assert cost_model.predict(cost_model.Cost(bytes=10 * hw["bandwidth"]), "fp32", hw["bandwidth"])[0] == 1.0
-    dots = cost_model.Cost(dot_flops=hw["tensor"])
-    assert cost_model.predict(dots, "bf16", 0.0) == (1.0, "tensor cores")
-    t, bound = cost_model.predict(dots, "fp32", 0.0)     # fp32 dots are IEEE: the FMA units, no tensor cores
-    assert bound == "fp32 FMA units (IEEE dots)" and t == pytest.approx(hw["tensor"] / hw["fp32"])
-    t, bound = cost_model.predict(cost_model.Cost(flops=hw["fp32"], transcendentals=2 * hw["sfu"]), "fp32", 0.0)
+    # dots at the rate their compiled instruction reaches: wgmma, mma.sync (also the guess for bf16 without a
+    # build), the FMA units for fp32 IEEE dots
+    assert cost_model.predict(cost_model.Cost(dot_flops=hw["wgmma"]), "bf16", 0.0, mma="wgmma") == \
+        (1.0, "tensor cores (wgmma)")
+    assert cost_model.predict(cost_model.Cost(dot_flops=hw["mma.sync"]), "bf16", 0.0) == \
+        (1.0, "tensor cores (mma.sync)")
+    assert cost_model.predict(cost_model.Cost(dot_flops=hw["fma_dot"]), "fp32", 0.0) == (1.0, "FMA-unit dots")
+    assert hw["wgmma"] < hw["tensor"] and hw["mma.sync"] < hw["wgmma"] and hw["fma_dot"] < hw["fp32"]
+    # an add, multiply, compare or select is one lane-op: half the FMA rate in FLOP/s
+    t, bound = cost_model.predict(cost_model.Cost(flops=hw["fp32"]), "fp32", 0.0)
+    assert bound == "fp32 units" and t == pytest.approx(2.0, rel=0.01)
+    t, bound = cost_model.predict(cost_model.Cost(flops=hw["fp32_ops"], transcendentals=2 * hw["sfu"]), "fp32", 0.0)
     assert (t, bound) == (2.0, "special functions")
+    assert cost_model.predict(cost_model.Cost(flops=hw["fp32_ops"]), "fp32", 0.0, latency_s=3.0) == (3.0, "latency")
+
+
+def test_latency_of_the_recurrences_hand_count():
+    """WKV-4 forward, B = 4, T = 2048, C = 768: 96 one-warp programs (one wave: an H100 holds 132 x 32), each
+    step a DRAM round trip (0.5 us) and 4 dependent MUFU ops (10 ns each): 2048 x 0.54 us = 1106 us, latency-bound
+    (the roofline says 22.6 us). 5000 programs take two waves."""
+    fwd = next(m for m in cost_model.wkv4_models(4, 2048, 768) if m.aot_label == "wkv4_fwd C=768 fp32")
+    assert (fwd.programs, fwd.serial_steps, fwd.num_warps) == (96, 2048, 1)
+    assert cost_model.latency(fwd) == pytest.approx(2048 * 0.54e-6)
+    assert cost_model.predict(fwd.cost, "fp32", fwd.dram_bytes, latency_s=cost_model.latency(fwd))[1] == "latency"
+    fwd.programs = 5000
+    assert cost_model.latency(fwd) == pytest.approx(2 * 2048 * 0.54e-6)
 
 
 def test_model_benchmarks_quick(tmp_path):

@@ -148,13 +148,27 @@ def test_triton_fp32(rng, chunked, shape, decay, with_state):
 
 
 @needs_triton
-@pytest.mark.parametrize("decay, N", [("extreme", 16), ("mixed", 8)])
-def test_triton_sequential_kernel_takes_the_rest(rng, monkeypatch, decay, N):
-    """With chunked=True, what the chunked forward does not take runs on the sequential kernel, exactly: decays
-    down to exp(-1e4) (the factored couplings would need e^{-c} = inf), and head sizes below tl.dot's 16."""
+@pytest.mark.parametrize("decay, N, chunked_kernel", [("extreme", 16, True), ("mixed", 8, False)])
+def test_triton_chunked_forward_takes_any_decay(rng, monkeypatch, decay, N, chunked_kernel):
+    """With chunked=True: decays down to exp(-1e4) (the factored couplings would need e^{-c} = inf) run on the
+    chunked kernel, whose chunks out of range take their steps one at a time; head sizes below tl.dot's 16 run on
+    the sequential kernel."""
     answers = spy(monkeypatch, kw, "_use_chunked_forward")
     check_against_truth(rng, (1, 40, 2, N), decay, True, torch.float32, "triton", FP32_BUDGET, chunked=True)
-    assert answers and not any(answers)
+    assert answers and all(a == chunked_kernel for a in answers)
+
+
+@needs_triton
+def test_triton_chunked_forward_mixes_factored_and_stepwise_chunks(rng):
+    """One launch, three chunks: the middle one's decays are far out of DECAY_RANGE (e^{-c} overflows: its steps
+    go one at a time), the others within it (factored); y and the state against the float64 reference."""
+    x_np, S0_np = rwkv7_inputs(rng, 1, 40, 2, 16)
+    x_np[1][:, 16:32] *= 1e4                          # log_w: decays down to e^{-1e4} in steps 16 .. 31
+    x, (S0,) = fp32(*x_np), fp32(S0_np)
+    y, S = kw.wkv7(*x, state=S0, backend="triton", chunked=True)
+    y_ref, S_ref = reference_wkv7(*(z.double().numpy() for z in x), state=S0.double().numpy())
+    assert_close(y, y_ref, FP32_BUDGET, "y")
+    assert_close(S, S_ref, FP32_BUDGET, "state")
 
 
 @needs_triton

@@ -32,8 +32,8 @@ import math
 import torch
 
 from seqmix.kernels._common import Launch, new_output, tl, triton
-from seqmix.kernels._flash import (block_d, flash_launch, load_row_stats, load_tile, online_softmax_step,
-                                   softmax_tile_grad, store_tile)
+from seqmix.kernels._flash import (block_d, flash_delta, flash_grid, flash_head, flash_launch, load_row_stats,
+                                   load_tile, online_softmax_step, softmax_tile_grad, store_tile)
 from seqmix.kernels.rerope.rotation import FAR_K, FAR_Q, NEAR, log_n, rotate, rotation_table
 
 __all__ = ["ReropeFunction", "rerope_triton", "aot_kernels"]
@@ -42,16 +42,21 @@ KERNELS = ("fwd", "dq", "dkdv")   # the three kernels, each with its own launch 
 
 
 def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
-    """Tiles of ``kernel`` (one of KERNELS) for head size ``head_dim`` and inputs of ``dtype``: the largest found that
-    compile without register spills on sm_80 and sm_90 (``python -m seqmix.kernels.aot``). Each query and key tile is
-    held in two rotations and the backward keeps two gradient accumulators per tile, hence smaller tiles than
-    attention's."""
+    """Tiles of ``kernel`` (one of KERNELS) for head size ``head_dim`` and inputs of ``dtype``, chosen on the build
+    the JIT makes for aligned tensors (``python -m seqmix.kernels.aot``): the largest tried that compile without
+    spills or stack on sm_80 and sm_90 (Leaky ReRoPE, the larger variant). Each query and key tile is held in two
+    rotations and the backward keeps two gradient accumulators per tile, hence smaller tiles than attention's; tiles
+    of 64 query rows compile to wgmma on sm_90."""
+    if dtype == torch.float32:
+        if kernel == "fwd":
+            return flash_launch(16, 32, 8, 1) if head_dim <= 64 else flash_launch(32, 32, 8, 1)
+        if kernel == "dkdv":
+            return flash_launch(32, 16, 4, 1) if head_dim <= 64 else flash_launch(32, 16, 8, 1)
+        return flash_launch(16, 16, 8, 2)
     if kernel == "fwd":
-        if dtype == torch.float32:
-            return flash_launch(32, 32, 8, 1)
-        return flash_launch(64, 32, 4, 2) if head_dim <= 64 else flash_launch(32, 32, 8, 2)
-    if kernel == "dkdv" and dtype == torch.float32:
-        return flash_launch(16, 16, 8, 1)
+        return flash_launch(64, 32, 4, 2)
+    if head_dim <= 64:
+        return flash_launch(64, 32, 8, 2) if kernel == "dq" else flash_launch(32, 32, 4, 2)
     return flash_launch(16, 16, 8, 2)
 
 
@@ -115,7 +120,7 @@ def _query_scale(pos, inv_log_len, scale):
 def _head_offsets(T_q, T_k, HEAD_DIM: tl.constexpr):
     """Where this program's (batch, head) starts: in the (B*H, T_q, d) query-side tensors, in the (B*H, T_q) row
     statistics and in the (B*H, T_k, d) key-side tensors."""
-    bh = tl.program_id(1).to(tl.int64)
+    bh = flash_head()
     return bh * T_q * HEAD_DIM, bh * T_q, bh * T_k * HEAD_DIM
 
 
@@ -318,7 +323,7 @@ def rerope_fwd_kernel(
     BLOCK_N: tl.constexpr,      # keys per tile of the inner loop
     LEAKY: tl.constexpr,        # Leaky ReRoPE: the far key is rotated (path FAR_K)
 ):
-    start_m = tl.program_id(0) * BLOCK_M
+    start_m = tl.program_id(1) * BLOCK_M
     seq_q, seq_row, seq_k = _head_offsets(T_q, T_k, HEAD_DIM)
     k_ptr += seq_k
     v_ptr += seq_k
@@ -363,7 +368,7 @@ def rerope_bwd_dq_kernel(
     BLOCK_N: tl.constexpr,      # keys per tile of the inner loop
     LEAKY: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
+    start_m = tl.program_id(1) * BLOCK_M
     (q_near_ptr, q_far_ptr, k_near_ptr, k_far_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
      seq_q, _) = _bwd_operands(q_near_ptr, q_far_ptr, k_near_ptr, k_far_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
                                T_q, T_k, HEAD_DIM)
@@ -416,7 +421,7 @@ def rerope_bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,      # keys per program
     LEAKY: tl.constexpr,
 ):
-    start_n = tl.program_id(0) * BLOCK_N
+    start_n = tl.program_id(1) * BLOCK_N
     (q_near_ptr, q_far_ptr, k_near_ptr, k_far_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
      _, seq_k) = _bwd_operands(q_near_ptr, q_far_ptr, k_near_ptr, k_far_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
                                T_q, T_k, HEAD_DIM)
@@ -480,7 +485,7 @@ def rerope_fwd(q, k, v, rot, window, leaky, train_length, scale):
     o = new_output(q.shape, q.dtype, q.device)
     lse = new_output((B, H, T_q), torch.float32, q.device)
     opts = _options("fwd", d, q.dtype, leaky)
-    rerope_fwd_kernel[(triton.cdiv(T_q, opts["BLOCK_M"]), B * H)](
+    rerope_fwd_kernel[flash_grid(T_q, opts["BLOCK_M"], B * H)](
         q, k, v, o, lse, rot, T_q, T_k, window, _inv_log_len(train_length), scale, **opts)
     return o, lse
 
@@ -490,7 +495,7 @@ def rerope_bwd(q, k, v, o, lse, rot, do, window, leaky, train_length, scale):
     B, H, T_q, d = q.shape
     T_k = k.shape[2]
     do = do.contiguous()
-    delta = (do.float() * o.float()).sum(-1)                 # D_i = sum_c dO_ic O_ic, (B, H, T_q) fp32
+    delta = flash_delta(o, do)                               # D_i = sum_c dO_ic O_ic, (B, H, T_q) fp32
     # The rotated operands of both paths, as the forward built them in registers (fp32, then the input dtype).
     q_scaled = log_n(q.float(), T_k - T_q, train_length) * scale
     q_near, q_far = (rotate(q_scaled, *rot[path, :, T_k - T_q:]).to(q.dtype) for path in (NEAR, FAR_Q))
@@ -501,10 +506,10 @@ def rerope_bwd(q, k, v, o, lse, rot, do, window, leaky, train_length, scale):
     dv = new_output(v.shape, v.dtype, v.device)
     operands = (q_near, q_far, k_near, k_far, v, do, lse, delta)
     opts = _options("dq", d, q.dtype, leaky)
-    rerope_bwd_dq_kernel[(triton.cdiv(T_q, opts["BLOCK_M"]), B * H)](
+    rerope_bwd_dq_kernel[flash_grid(T_q, opts["BLOCK_M"], B * H)](
         *operands, dq, rot, T_q, T_k, window, _inv_log_len(train_length), scale, **opts)
     opts = _options("dkdv", d, q.dtype, leaky)
-    rerope_bwd_dkdv_kernel[(triton.cdiv(T_k, opts["BLOCK_N"]), B * H)](
+    rerope_bwd_dkdv_kernel[flash_grid(T_k, opts["BLOCK_N"], B * H)](
         *operands, dk, dv, rot, T_q, T_k, window, **opts)
     return dq, dk, dv
 
@@ -550,5 +555,5 @@ def aot_kernels():
                     cfg = _launch_config(kernel, d, torch_dtype)
                     label = f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}{' leaky' if leaky else ''}"
                     kernels.append(AotKernel(label, fn, _constexprs(d, cfg, leaky), FLASH_ARG_TYPES, "*" + dtype,
-                                             cfg.num_warps, cfg.num_stages))
+                                             cfg.num_warps, cfg.num_stages, wide_offsets=False))
     return kernels
