@@ -20,8 +20,9 @@ from seqmix.kernels import rerope
 from seqmix.kernels.rerope import fused, piecewise
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
 from qkv_check import check_qkv_op, qkv_inputs, output_and_grads
-from seqmix.reference.rope import (attention_from_relative_positions, log_n_scale, relative_positions, rerope_attention,
-                            rerope_decode)
+from seqmix.kernels.attention import attention
+from seqmix.reference.rope import (apply_rope, attention_from_relative_positions, log_n_scale, relative_positions,
+                                   rerope_attention, rerope_decode)
 
 # (T, d, window, leaky_k, train_length); tiles are 16 x 16 unless a test says otherwise.
 CASES = [
@@ -267,5 +268,73 @@ def _call(fn="rerope_attention", **overrides):
     (_call("rerope_decode", leaky_k=0.5), ValueError, "leaky_k must be a finite number > 1"),
 ])
 def test_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# apply_rope and log_n_scaling: RoPE, position interpolation and NTK-aware RoPE built from plain attention
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("T, d, scale_k, base", [(1, 4, 1.0, 10000.0), (13, 16, 1.0, 10000.0),
+                                                 (21, 8, 3.5, 10000.0), (16, 32, 1.0, 10000.0 * 8 ** (32 / 30))])
+@pytest.mark.parametrize("dtype, budget", [(torch.float64, REFERENCE_BUDGET), (torch.float32, FP32_BUDGET)])
+def test_apply_rope_matches_the_reference(rng, T, d, scale_k, base, dtype, budget):
+    """Fractional positions (p / k: position interpolation) and a scaled base (NTK-aware), as the reference."""
+    x = rng.standard_normal((2, 3, T, d))
+    positions = np.arange(T) / scale_k
+    out = rerope.apply_rope(torch.tensor(x, dtype=dtype), torch.tensor(positions), base=base)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert_close(out, apply_rope(x, positions, base=base), budget)
+
+
+def test_apply_rope_gradcheck(rng):
+    x = torch.tensor(rng.standard_normal((1, 2, 7, 6)), requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: rerope.apply_rope(t, torch.arange(7) * 0.75, base=50.0), (x,))
+
+
+@pytest.mark.parametrize("kind, k", [("rope", None), ("pi", 2.5)])
+def test_attention_of_rotated_rows_is_the_relative_position_definition(rng, kind, k):
+    """attention(R(p/k) q, R(p/k) k, v) = softmax(q_i . R(-rel_ij) k_j) v with rel = (i - j)/k: RoPE's identity, at
+    fractional positions too; with the log-n factor on the queries."""
+    T, d, L = 19, 8, 6
+    q, kk, v = qkv_inputs(rng, (1, 2, T, d))
+    positions = torch.arange(T, dtype=torch.float64) / (k or 1)
+    qx = rerope.log_n_scaling(rerope.apply_rope(q, positions), L)
+    out = attention(qx, rerope.apply_rope(kk, positions), v, backend="torch")
+    expected = attention_from_relative_positions(q.numpy() * log_n_scale(np.arange(T), L)[:, None], kk.numpy(),
+                                                 v.numpy(), relative_positions(T, kind, k=k))
+    assert_close(out, expected, REFERENCE_BUDGET)
+
+
+def test_rope_is_rerope_with_the_window_at_the_length(rng):
+    T, d = 23, 16
+    q, k, v = qkv_inputs(rng, (2, 2, T, d))
+    positions = torch.arange(T)
+    out = attention(rerope.apply_rope(q, positions, base=300.0), rerope.apply_rope(k, positions, base=300.0), v,
+                    backend="torch")
+    assert_close(out, rerope.rerope_attention(q, k, v, T, base=300.0, backend="torch"), REFERENCE_BUDGET)
+
+
+@pytest.mark.parametrize("first_position", [0, 5])
+def test_log_n_scaling_matches_the_reference(rng, first_position):
+    q = torch.tensor(rng.standard_normal((2, 9, 4)))
+    out = rerope.log_n_scaling(q, 3, first_position=first_position)
+    expected = q.numpy() * log_n_scale(np.arange(first_position, first_position + 9), 3)[:, None]
+    assert_close(out, expected, REFERENCE_BUDGET)
+    assert rerope.log_n_scaling(q, None) is q
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: rerope.apply_rope(torch.zeros(4, 5), torch.arange(4)), ValueError, "even head dim"),
+    (lambda: rerope.apply_rope(torch.zeros(4, 6), torch.arange(5)), ValueError, r"positions must have shape \(4,\)"),
+    (lambda: rerope.apply_rope(torch.zeros(6), torch.arange(6)), ValueError, r"x must have shape \(\*, \*\)"),
+    (lambda: rerope.apply_rope(torch.zeros(2, 6), [0.0, float("nan")]), ValueError, "positions must be finite"),
+    (lambda: rerope.apply_rope(torch.zeros(2, 6), [0, 1], base=0.0), ValueError, "base must be a finite number > 0"),
+    (lambda: rerope.apply_rope(np.zeros((2, 6)), [0, 1]), TypeError, "x must be a torch.Tensor"),
+    (lambda: rerope.log_n_scaling(torch.zeros(3, 4), 1), ValueError, "train_length must be a finite number >= 2"),
+    (lambda: rerope.log_n_scaling(torch.zeros(3, 4), 4, first_position=-1), ValueError, "first_position"),
+])
+def test_rope_helpers_bad_input(call, error, match):
     with pytest.raises(error, match=match):
         call()

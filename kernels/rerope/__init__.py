@@ -32,13 +32,16 @@ from __future__ import annotations
 import math
 import numbers
 
+import torch
+
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
-from seqmix.kernels._common import check_devices, check_same_dtype, check_tensor
+from seqmix.kernels._common import accumulation_dtype, check_devices, check_same_dtype, check_tensor
 from seqmix.kernels._flash import check_triton_head_dim, positive_scale
 from seqmix.kernels.rerope.fused import rerope_triton
 from seqmix.kernels.rerope.piecewise import rerope_decode_torch, rerope_torch
+from seqmix.kernels.rerope.rotation import cos_sin, log_n, rotate
 
-__all__ = ["rerope_attention", "rerope_decode"]
+__all__ = ["rerope_attention", "rerope_decode", "apply_rope", "log_n_scaling"]
 
 
 def _check_options(window, leaky_k, scale, train_length, base, d):
@@ -135,3 +138,61 @@ def rerope_decode(q, k_cache, v_cache, window, *, leaky_k=None, scale=None, trai
     if T < 1:
         raise ValueError(f"k_cache must hold at least the query's own key (T >= 1), got shape {tuple(k_cache.shape)}")
     return _checked_run(rerope_decode_torch, q, k_cache, v_cache, window, leaky_k, scale, train_length, base, backend)
+
+
+def _check_rows(name, x):
+    """x must be a float tensor of rows (..., T, d), at least 2-D."""
+    check_tensor(name, x, (None,) * (max(x.dim(), 2) if isinstance(x, torch.Tensor) else 2))
+
+
+def apply_rope(x, positions, *, base=10000.0):
+    """R(p_t) x_t: each row of x rotated by its own position, for RoPE attention built from ``attention`` (RoPE,
+    position interpolation and NTK-aware RoPE, which rerope_attention cannot express).
+
+        (R(p) x)_f = x_f cos(p theta_f) - x_{f+d/2} sin(p theta_f),  (R(p) x)_{f+d/2} = x_{f+d/2} cos + x_f sin,
+        theta_f = base^(-2f/d)
+    Same meaning as reference.rope.apply_rope; differentiable in x.
+
+    Args:
+        x (torch.Tensor): (..., T, d), d even, a float dtype.
+        positions: (T,) numbers, one per row of x; fractional allowed (position interpolation divides them by k).
+        base (float): RoPE's base (NTK-aware scaling enlarges it). Default: 10000.0.
+    Returns:
+        torch.Tensor: x's shape and dtype, rotated in fp32 (float64 for float64 x), the angles in float64.
+
+    Source: RoPE (arXiv:2104.09864), in the rotate-half layout of https://spaces.ac.cn/archives/9708's code.
+    """
+    _check_rows("x", x)
+    T, d = x.shape[-2:]
+    if d % 2:
+        raise ValueError(f"RoPE needs an even head dim, got x with d = {d}")
+    positions = torch.as_tensor(positions, dtype=torch.float64, device=x.device)
+    if positions.shape != (T,):
+        raise ValueError(f"positions must have shape ({T},) (one per row of x), got {tuple(positions.shape)}")
+    if not torch.isfinite(positions).all():
+        raise ValueError("positions must be finite")
+    _check_options(1, None, None, None, base, d)
+    compute = accumulation_dtype(x.dtype)
+    cos, sin = cos_sin(positions, d, base, compute)
+    return rotate(x.to(compute), cos, sin).to(x.dtype)
+
+
+def log_n_scaling(q, train_length, *, first_position=0):
+    """q_n * max(1, ln(n) / ln(L)): the source's log-n scaling of the query at 1-based position n, the rows of q
+    being positions first_position, first_position + 1, ... (0-based, n = position + 1). rerope_attention applies
+    the same factor itself when given train_length. Same meaning as reference.rope.log_n_scale.
+
+    Args:
+        q (torch.Tensor): (..., T, d), a float dtype.
+        train_length (float or None): L >= 2; None returns q as is.
+        first_position (int): the 0-based position of q's first row. Default: 0.
+    Returns:
+        torch.Tensor: q's shape and dtype, differentiable.
+
+    Source: https://spaces.ac.cn/archives/9708 (log n), after arXiv:2202.12172.
+    """
+    _check_rows("q", q)
+    _check_options(1, None, None, train_length, 10000.0, q.shape[-1])
+    if isinstance(first_position, bool) or not isinstance(first_position, numbers.Integral) or first_position < 0:
+        raise ValueError(f"first_position must be an int >= 0, got {first_position!r}")
+    return log_n(q, int(first_position), train_length)

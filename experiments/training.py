@@ -1,0 +1,256 @@
+"""Training and evaluation shared by the experiments: one run, its evaluation, and the learning-rate sweep.
+
+    Run(build, forward, sample, lr, budget, seed, valid)   one model trained with AdamW, resumable step by step
+    evaluate(forward, model, inputs, targets)              accuracy and loss over the scored targets
+    successive_halving(make_run, lrs, budget)              the sweep: every rate trained a little, the better half
+                                                           trained further, until one is left (trained to the end)
+    sweep_then_seeds(results, setting, make_run, ...)      the sweep with the first seed, then the other seeds at the
+                                                           chosen rate; resumable
+
+A run is deterministic given its seed (data from numpy's Generator seeded with it, weights from torch's seeded RNG,
+one fixed thread count); timings are the only thing that varies. The schedule (linear warmup, then cosine decay to
+a tenth) spans the whole budget, so that training a run to an early rung and then on to the end is the same run as
+training it to the end at once: successive halving continues the survivors instead of restarting them.
+"""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm          # text bars (tqdm.auto warns in a notebook without ipywidgets)
+
+from seqmix.experiments.data import IGNORE
+
+__all__ = ["Budget", "Run", "evaluate", "successive_halving", "sweep_then_seeds", "setup_torch", "torch_settings",
+           "round_to_fp16"]
+
+
+@contextmanager
+def torch_settings(threads: int):
+    """setup_torch(threads) for the duration of a with-block, then denormals back on (torch's default) and torch's
+    thread count as it was: the flush-to-zero flag outlives the block otherwise and changes every later float
+    computation of the process, NumPy's too (kernel tests run after an experiment saw exp and softplus lose their
+    last bits). The flag is per thread and a new thread inherits it: OpenMP workers started inside the block (threads
+    > 1) keep it, so run multi-threaded experiments in a process of their own (the command line does)."""
+    before = torch.get_num_threads()
+    setup_torch(threads)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(before)
+
+
+def setup_torch(threads: int) -> None:
+    """One fixed thread count (results then repeat bit for bit) and denormals flushed to zero: the backward of a
+    decaying recurrence makes numbers below 1e-38 whose CPU arithmetic is some 100 times slower (measured: a Mamba
+    training step at width 128 went from 4.4 s to 0.4 s); flushing them changes results by less than 1e-38."""
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """steps; batch_size; warmup: the fraction of steps with a linear warmup; eval_every: steps between validation
+    evaluations; target: stop once validation accuracy reaches it (None: never); weight_decay; clip: the gradient
+    norm clipped to; final_lr: the cosine's end, as a fraction of the peak rate."""
+    steps: int
+    batch_size: int
+    warmup: float = 0.05
+    eval_every: int = 50
+    target: float | None = None
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    final_lr: float = 0.1
+
+    def lr_at(self, step: int, peak: float) -> float:
+        """The rate for update number ``step`` (0-based)."""
+        warm = max(1, round(self.warmup * self.steps))
+        if step < warm:
+            return peak * (step + 1) / warm
+        progress = (step - warm) / max(1, self.steps - warm)
+        return peak * (self.final_lr + (1 - self.final_lr) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _loss_and_hits(logits, targets):
+    """Mean cross-entropy over the scored targets (!= IGNORE), and the number of them predicted right."""
+    logits = logits.float().reshape(-1, logits.shape[-1])
+    targets = targets.reshape(-1)
+    loss = F.cross_entropy(logits, targets, ignore_index=IGNORE)
+    scored = targets != IGNORE
+    return loss, int((logits.argmax(-1)[scored] == targets[scored]).sum())
+
+
+@torch.no_grad()
+def evaluate(forward: Callable, model, inputs, targets, batch_size: int = 64) -> dict:
+    """{"accuracy", "loss", "count"} over every scored target of (inputs, targets) (numpy or torch (n, T))."""
+    was_training = model.training
+    model.eval()
+    inputs, targets = torch.as_tensor(inputs), torch.as_tensor(targets)
+    total_loss, hits, count = 0.0, 0, 0
+    for i in range(0, len(inputs), batch_size):
+        y = targets[i:i + batch_size]
+        n = int((y != IGNORE).sum())
+        loss, h = _loss_and_hits(forward(model, inputs[i:i + batch_size]), y)
+        total_loss, hits, count = total_loss + float(loss) * n, hits + h, count + n
+    model.train(was_training)
+    return {"accuracy": hits / count, "loss": total_loss / count, "count": count}
+
+
+@dataclass
+class Run:
+    """One training run; ``train_to(step)`` advances it and may be called again to go further.
+
+    build: () -> a new model (called after torch.manual_seed(seed)). forward: (model, input_ids) -> logits.
+    sample: (rng, n) -> (inputs, targets) numpy arrays. valid: (inputs, targets) for evaluation and early stopping.
+    """
+    build: Callable
+    forward: Callable
+    sample: Callable
+    lr: float
+    budget: Budget
+    seed: int
+    valid: tuple
+    label: str = ""
+    step: int = 0
+    stopped: bool = False              # reached budget.target
+    diverged: bool = False             # the training loss became inf or nan; the run stopped there
+    seconds: float = 0.0               # training time (evaluations excluded), wall clock
+    cpu_seconds: float = 0.0           # the same in CPU time of this process (what a busy machine does not inflate)
+    tokens: int = 0
+    # [step, train loss, validation accuracy, validation loss] from step 0 (no train loss there: None); a diverged
+    # run ends with [step, None, None, None]
+    history: list = field(default_factory=list)
+
+    def __post_init__(self):
+        torch.manual_seed(self.seed)
+        self.model = self.build()
+        self.rng = np.random.default_rng([self.seed, 1])            # the training data stream
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, betas=(0.9, 0.98),
+                                           weight_decay=self.budget.weight_decay)
+
+    def train_to(self, step: int, progress: bool = True) -> "Run":
+        """Train until update ``step`` (at most budget.steps) or until validation accuracy reaches the target."""
+        step = min(step, self.budget.steps)
+        if not self.history:
+            self._validate(None)                                        # where the run starts: step 0
+        bar = tqdm(total=step, initial=self.step, desc=self.label, leave=False, disable=not progress,
+                   dynamic_ncols=True)
+        while self.step < step and not (self.stopped or self.diverged):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            x, y = (torch.from_numpy(a) for a in self.sample(self.rng, self.budget.batch_size))
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.budget.lr_at(self.step, self.lr)
+            self.model.train()
+            loss, _ = _loss_and_hits(self.forward(self.model, x), y)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.budget.clip)
+            self.optimizer.step()
+            self.seconds += time.perf_counter() - start
+            self.cpu_seconds += time.process_time() - start_cpu
+            self.tokens += x.numel()
+            self.step += 1
+            loss = loss.item()
+            if not math.isfinite(loss):
+                self.diverged = True                                    # nothing more to learn
+                self.history.append([self.step, None, None, None])
+                break
+            if self.step % self.budget.eval_every == 0 or self.step == step:
+                self._validate(loss)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{self.tokens / self.seconds:.0f}",
+                            val=f"{self.history[-1][2]:.3f}" if self.history else "-")
+        bar.close()
+        return self
+
+    def _validate(self, loss: float | None) -> None:
+        metrics = evaluate(self.forward, self.model, *self.valid)
+        self.history.append([self.step, loss, metrics["accuracy"], metrics["loss"]])
+        if self.budget.target is not None and metrics["accuracy"] >= self.budget.target:
+            self.stopped = True
+
+    @property
+    def score(self) -> tuple:
+        """What the sweep ranks by (higher is better): the last validation accuracy, then fewer steps to get there,
+        then a lower validation loss. A diverged run ranks last."""
+        if self.diverged:
+            return (-1.0, 0, -math.inf)
+        _, _, accuracy, val_loss = self.history[-1]
+        return (min(accuracy, self.budget.target or 1.0), -self.step, -val_loss)
+
+    def summary(self) -> dict:
+        """What a results row records of the run."""
+        last = self.history[-1] if self.history else [0, None, None, None]
+        return {"lr": self.lr, "steps": self.step, "reached_target": self.stopped, "diverged": self.diverged,
+                "train_loss": last[1], "valid_accuracy": last[2], "valid_loss": last[3],
+                "train_seconds": round(self.seconds, 2), "train_cpu_seconds": round(self.cpu_seconds, 2),
+                "tokens_per_second": round(self.tokens / max(self.seconds, 1e-9)),
+                "history": self.history}
+
+
+def successive_halving(make_run: Callable, lrs, budget: Budget, rungs: int = 3, progress: bool = True):
+    """The learning-rate sweep: train a run per rate to budget.steps / 2^(rungs - 1), keep the better half (ranked
+    by Run.score on the validation set), train those twice as far, and so on; the last one left is trained to
+    budget.steps. Every run has the same seed, hence the same data and starting weights.
+
+    Args:
+        make_run: lr -> a new Run.
+        lrs: the rates to try.
+        budget: the full budget of the winner.
+        rungs: the number of halvings + 1.
+    Returns:
+        (winner, runs): the Run trained to the end, and every Run (as far as each got), in the order of lrs.
+    """
+    runs = [make_run(lr) for lr in lrs]
+    alive = list(runs)
+    for rung in range(rungs):
+        last = rung == rungs - 1 or len(alive) == 1
+        target = budget.steps if last else max(1, budget.steps >> (rungs - 1 - rung))
+        for run in alive:
+            run.train_to(target, progress)
+        alive.sort(key=lambda r: r.score, reverse=True)
+        if last:
+            break
+        alive = alive[:max(1, len(alive) // 2)]
+    return alive[0], runs
+
+
+def sweep_then_seeds(results, setting: dict, make_run: Callable, lrs, budget: Budget, *, seed: int, seeds: int,
+                     rungs: int, finish: Callable, env: dict, progress: bool = True) -> None:
+    """The protocol of the synthetic-task experiments, for one setting: the learning-rate sweep with the first seed
+    (successive halving on the validation set; its winner, trained to the end, is that seed's final run), then the
+    other seeds at the chosen rate. Rows already in ``results`` are skipped, so an interrupted run resumes.
+
+    Args:
+        results: records.Results. setting: the row fields that name the setting (e.g. arch, width, pairs).
+        make_run: (seed, lr) -> a new Run. lrs, budget, rungs: the sweep's. seed: the first seed; seeds: how many.
+        finish: (run, key) -> the fields of the final run's row (its test metrics); key = setting plus the seed.
+        env: records.environment(...), recorded in every row.
+    """
+    sweep = results.find(phase="sweep", seed=seed, **setting)
+    if sweep is None:
+        winner, runs = successive_halving(lambda lr: make_run(seed, lr), lrs, budget, rungs, progress)
+        sweep = results.add({**setting, "phase": "sweep", "seed": seed, "chosen_lr": winner.lr,
+                             "runs": [r.summary() for r in runs], "env": env})
+        results.add({**setting, "phase": "test", "seed": seed, **winner.summary(),
+                     **finish(winner, {**setting, "seed": seed}), "env": env})
+    for s in range(seed, seed + seeds):
+        if results.find(phase="test", seed=s, **setting) is None:
+            final = make_run(s, sweep["chosen_lr"]).train_to(budget.steps, progress)
+            results.add({**setting, "phase": "test", "seed": s, **final.summary(),
+                         **finish(final, {**setting, "seed": s}), "env": env})
+
+
+def round_to_fp16(model) -> None:
+    """Round every parameter to fp16 and back, in place: the weights as they are stored (results are measured on
+    these, so that the committed weights give the committed numbers)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().float())

@@ -1,0 +1,160 @@
+"""A small causal transformer on the project's attention ops, with every position scheme of the ReRoPE post.
+
+    x = emb[ids];  per layer:  x += W_o attend(q, k, v);  x += W_2 gelu(W_1 LN(x));   logits = head(LN(x))
+    q, k, v = heads of W_qkv LN(x)  (B, H, T, d)
+
+How a scheme attends (T the evaluated length, L = train_length, s = max(1, T / L), d the head size):
+
+    RoPE          attention(R(p) q, R(p) k, v)                                   p = 0 .. T-1
+    PI            attention(R(p / s) q, R(p / s) k, v)                           positions squeezed into [0, L)
+    NTK-old       attention(R(p) q, R(p) k, v) with base * s^(d / (d - 2))       the lowest frequency squeezed by s
+    ReRoPE        rerope_attention(q, k, v, w)                                   rel = min(i - j, w)
+    Leaky ReRoPE  rerope_attention(q, k, v, w, leaky_k=k)                        rel = i - j below w, then slope 1/k
+    log n (†)     q_n * max(1, ln n / ln L), applied at evaluation only (the model was trained without it)
+    log n         q_n * ln n / ln L at every position, in training and evaluation (config.log_n)
+
+R is kernels.rerope.apply_rope; attention is kernels.attention.attention; rerope_attention is the project's
+O(T)-memory ReRoPE. PI's and NTK's factor s follows the evaluated length (1 at or below L), so that every scheme is
+the trained model at 1x. Sources: https://spaces.ac.cn/archives/9708 (the schemes, the log n and log n† rows),
+Position Interpolation (arXiv:2306.15595), NTK-aware scaled RoPE (https://spaces.ac.cn/archives/9675, the post's
+"-old"), log n scaling (https://spaces.ac.cn/archives/8823).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from seqmix.kernels.attention import attention
+from seqmix.kernels.rerope import apply_rope, log_n_scaling, rerope_attention
+
+__all__ = ["SCHEME_KINDS", "PositionScheme", "TransformerConfig", "Transformer"]
+
+SCHEME_KINDS = ("rope", "pi", "ntk", "rerope", "leaky_rerope")
+_NAMES = {"rope": "RoPE", "pi": "PI", "ntk": "NTK-old", "rerope": "ReRoPE", "leaky_rerope": "Leaky ReRoPE"}
+
+
+@dataclass(frozen=True)
+class PositionScheme:
+    """How attention sees positions at evaluation (training always uses RoPE).
+
+    kind: one of SCHEME_KINDS. window: w (ReRoPE, Leaky ReRoPE). leaky_k: k (Leaky ReRoPE). log_n: the post's
+    log n† (scaling at evaluation only, for a model trained without it)."""
+    kind: str = "rope"
+    window: int | None = None
+    leaky_k: float | None = None
+    log_n: bool = False
+
+    def __post_init__(self):
+        if self.kind not in SCHEME_KINDS:
+            raise ValueError(f"kind must be one of {SCHEME_KINDS}, got {self.kind!r}")
+        rectified = self.kind in ("rerope", "leaky_rerope")
+        if rectified != (self.window is not None):
+            raise ValueError(f"window is needed by ReRoPE and Leaky ReRoPE only; got kind={self.kind!r}, "
+                             f"window={self.window!r}")
+        if (self.kind == "leaky_rerope") != (self.leaky_k is not None):
+            raise ValueError(f"leaky_k is needed by Leaky ReRoPE only; got kind={self.kind!r}, "
+                             f"leaky_k={self.leaky_k!r}")
+
+    @property
+    def name(self) -> str:
+        """The post's way of naming it: e.g. "ReRoPE-w32-log n†", "Leaky ReRoPE-w32-k16"."""
+        parts = [_NAMES[self.kind]]
+        if self.window is not None:
+            parts.append(f"w{self.window}")
+        if self.leaky_k is not None:
+            parts.append(f"k{self.leaky_k:g}")
+        return "-".join(parts) + ("-log n†" if self.log_n else "")
+
+    def attend(self, q, k, v, train_length: int, base: float):
+        """Causal attention of (B, H, T, d) q, k, v under this scheme -> (B, H, T, d)."""
+        T, d = q.shape[-2:]
+        if self.log_n:
+            q = log_n_scaling(q, train_length)
+        if self.kind in ("rerope", "leaky_rerope"):
+            return rerope_attention(q, k, v, self.window, leaky_k=self.leaky_k, base=base)
+        s = max(1.0, T / train_length)
+        positions = torch.arange(T, dtype=torch.float64) / (s if self.kind == "pi" else 1.0)
+        if self.kind == "ntk":
+            base = base * s ** (d / (d - 2))
+        return attention(apply_rope(q, positions, base=base), apply_rope(k, positions, base=base), v)
+
+
+@dataclass
+class TransformerConfig:
+    """vocab_size; hidden_size C; num_layers; head_size d (C / d heads); intermediate_size (default 4 C);
+    train_length L (log n's maxlen, and the length PI and NTK scale from); log_n: trained with q_n * ln n / ln L
+    (the post's "log n" rows); base: RoPE's base."""
+    vocab_size: int
+    hidden_size: int = 128
+    num_layers: int = 2
+    head_size: int = 32
+    intermediate_size: int | None = None
+    train_length: int = 128
+    log_n: bool = False
+    base: float = 10000.0
+
+    def __post_init__(self):
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
+        if self.hidden_size % self.head_size or self.head_size % 2:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be a multiple of an even head_size "
+                             f"({self.head_size})")
+
+
+class _Block(nn.Module):
+    def __init__(self, c: TransformerConfig):
+        super().__init__()
+        C, self.head_size = c.hidden_size, c.head_size
+        self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.qkv = nn.Linear(C, 3 * C, bias=False)
+        self.out = nn.Linear(C, C, bias=False)
+        self.up = nn.Linear(C, c.intermediate_size, bias=False)
+        self.down = nn.Linear(c.intermediate_size, C, bias=False)
+
+    def forward(self, x, attend):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, -1, self.head_size).permute(2, 0, 3, 1, 4)  # (B, H, T, d)
+        x = x + self.out(attend(q, k, v).transpose(1, 2).reshape(B, T, C))
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class Transformer(nn.Module):
+    """A causal character- or token-level transformer: model(input_ids (B, T), scheme) -> logits (B, T, V)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        self.emb = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.blocks = nn.ModuleList(_Block(config) for _ in range(config.num_layers))
+        self.ln_out = nn.LayerNorm(config.hidden_size)
+        self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02):
+        """GPT-2's start: N(0, std^2) weights, the residual outputs scaled by 1/sqrt(2 layers); unit norms."""
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                scale = 1 / math.sqrt(2 * self.config.num_layers) if name.endswith(("out.weight", "down.weight")) else 1
+                nn.init.normal_(p, std=std * scale)
+
+    def forward(self, input_ids, scheme: PositionScheme = PositionScheme()):
+        c = self.config
+        if scheme.log_n and c.log_n:
+            raise ValueError("log n† (scaling at evaluation only) is for a model trained without log n; this one "
+                             "was trained with it")
+
+        def attend(q, k, v):
+            if c.log_n:   # the entropy-invariant factor ln n / ln L at every position n = 1 .. T
+                n = torch.arange(1, q.shape[-2] + 1, dtype=torch.float64)
+                q = q * (torch.log(n) / math.log(c.train_length)).to(q.dtype)[:, None]
+            return scheme.attend(q, k, v, c.train_length, c.base)
+
+        x = self.emb(input_ids)
+        for block in self.blocks:
+            x = block(x, attend)
+        return self.head(self.ln_out(x))

@@ -1,0 +1,172 @@
+"""Each experiment's --quick run: its loss falls, its results file holds the expected rows, and a rerun resumes
+(adds nothing). Plus the pieces the runs rely on: a run is deterministic given its seed, successive halving keeps
+the better rates, the results file survives a restart."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from seqmix.experiments import extrapolation, recall, selective_copy, zoo
+from seqmix.experiments.data import mqar
+from seqmix.experiments.records import Results
+from seqmix.experiments.training import Budget, Run, successive_halving
+
+
+def rows(out, name):
+    return json.loads((out / f"{name}.json").read_text())["rows"]
+
+
+def assert_learned(history):
+    """The validation loss at the end is below the one at step 0 (before any update)."""
+    assert history[0][0] == 0 and history[-1][0] > 0
+    assert history[-1][3] < history[0][3], history
+
+
+def assert_environment(row):
+    assert {"commit", "python", "torch", "numpy", "cpu", "threads"} <= set(row["env"])
+
+
+@pytest.fixture(scope="module")
+def quick_recall(tmp_path_factory):
+    out = tmp_path_factory.mktemp("recall")
+    recall.run(recall.QUICK, out, progress=False)
+    return out
+
+
+def test_recall_quick(quick_recall):
+    found = rows(quick_recall, "recall")
+    setup = recall.QUICK
+    settings = [(a, w, n) for n in setup.pairs for w in setup.widths for a in setup.archs]
+    width, pairs = setup.long_setting
+    assert [(r["arch"], r["width"], r["pairs"], r["phase"]) for r in found] == [
+        (*s, phase) for s in settings for phase in ("sweep", "test")] + [(a, width, pairs, "long")
+                                                                         for a in setup.archs]
+    for r in found:
+        assert_environment(r)
+        if r["phase"] in ("test", "long"):
+            assert_learned(r["history"])
+            assert 0 <= r["test_accuracy"] <= 1 and r["test_queries"] == setup.test_size * r["pairs"]
+            assert r["lr"] == next(s["chosen_lr"] for s in found if s["phase"] == "sweep" and s["arch"] == r["arch"])
+    for r in (r for r in found if r["phase"] == "long"):      # the longer run: the budget times long_factor
+        test = next(t for t in found if t["phase"] == "test" and t["arch"] == r["arch"])
+        assert r["lr"] == test["lr"] and r["steps"] <= setup.long_factor * setup.budget.steps
+        assert test["steps"] < r["steps"] or test["reached_target"]
+    text = (quick_recall / "recall.md").read_text()
+    assert all(arch in text for arch in setup.archs) and "Is it the budget?" in text
+    assert (quick_recall / "recall.png").stat().st_size > 1000
+    assert len(list((quick_recall / "weights" / "recall").glob("*.safetensors"))) == len(setup.archs)
+
+
+def test_recall_rerun_resumes_without_training(quick_recall, monkeypatch):
+    before = (quick_recall / "recall.json").read_text()
+    monkeypatch.setattr(Run, "train_to", lambda *a, **k: pytest.fail("a rerun trained again"))
+    recall.run(recall.QUICK, quick_recall, progress=False)
+    assert (quick_recall / "recall.json").read_text() == before
+
+
+def test_recall_committed_weights_give_the_recorded_accuracy(quick_recall):
+    """The saved fp16 weights, loaded into a fresh model, reproduce the row's test accuracy exactly."""
+    from seqmix.experiments.training import evaluate
+    from seqmix.models.io import load_state_dict
+    setup = recall.QUICK
+    row = next(r for r in rows(quick_recall, "recall") if r["phase"] == "test" and r["arch"] == "rwkv7")
+    model = zoo.build("rwkv7", vocab_size=setup.vocab_size, width=row["width"])
+    state = load_state_dict(recall.weights_path(quick_recall, "rwkv7", row["width"], row["pairs"]))
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    test = evaluate(zoo.logits, model, *recall._held_out(setup, recall.TEST, row["pairs"], setup.test_size))
+    assert test["accuracy"] == row["test_accuracy"]
+
+
+def test_extrapolation_quick(tmp_path):
+    setup = extrapolation.QUICK
+    extrapolation.run(setup, tmp_path, progress=False)
+    found = rows(tmp_path, "extrapolation")
+    trains = [r for r in found if r["phase"] == "train"]
+    assert [r["model"] for r in trains] == ["plain", "log n"]
+    for r in trains:
+        assert_learned(r["history"])
+        assert_environment(r)
+    evals = [r for r in found if r["phase"] == "eval"]
+    n_schemes = len(extrapolation.schemes(setup))
+    assert len(evals) == n_schemes * 3 * 2 * len(setup.factors)
+    assert {r["variant"] for r in evals} == {"plain", "log n†", "log n"}
+    assert {r["length"] for r in evals} == {f * setup.train_length for f in setup.factors}
+    assert all(0 <= r["accuracy"] <= 1 and math.isfinite(r["loss"]) for r in evals)
+    # at the training length PI and NTK are RoPE (their factor is 1), so their rows agree exactly
+    at_1x = {(r["scheme"], r["variant"], r["kind"]): r["accuracy"] for r in evals if r["factor"] == 1}
+    assert at_1x["PI", "plain", "repeated"] == at_1x["RoPE", "plain", "repeated"] == at_1x["NTK-old", "plain",
+                                                                                           "repeated"]
+    manifest = json.loads((tmp_path / "stdlib_corpus.json").read_text())
+    assert manifest["files"] and manifest["python_version"]
+    assert "post 4096 repeated" in (tmp_path / "extrapolation.md").read_text()
+    assert (tmp_path / "extrapolation.png").exists() and (tmp_path / "extrapolation_log_n.png").exists()
+    before = (tmp_path / "extrapolation.json").read_text()
+    extrapolation.run(setup, tmp_path, progress=False)
+    assert (tmp_path / "extrapolation.json").read_text() == before
+
+
+def test_selective_copy_quick_through_its_command_line(tmp_path):
+    threads = torch.get_num_threads()
+    selective_copy.main(["--quick", "--out", str(tmp_path), "--no-progress"])
+    # the run flushed denormals to zero and used one thread; both are process-wide and must be undone (the flag
+    # changed the last bits of exp and softplus in the kernel tests that ran after it)
+    assert torch.get_num_threads() == threads
+    assert float(torch.tensor(1e-40) * torch.tensor(1.0)) != 0.0
+    found = rows(tmp_path, "selective_copy")
+    assert [(r["arch"], r["phase"]) for r in found] == [("mamba_lti", "sweep"), ("mamba_lti", "test"),
+                                                         ("mamba", "sweep"), ("mamba", "test")]
+    for r in found:
+        assert_environment(r)
+        if r["phase"] == "test":
+            assert_learned(r["history"])
+    assert "mamba_lti" in (tmp_path / "selective_copy.md").read_text()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The machinery
+# ----------------------------------------------------------------------------------------------------------------
+
+def _tiny_run(seed, lr, steps=6):
+    return Run(build=lambda: zoo.build("rwkv4", vocab_size=16, width=16, layers=1), forward=zoo.logits,
+               sample=lambda rng, n: mqar(rng, n, seq_len=12, num_pairs=2, vocab_size=16), lr=lr,
+               budget=Budget(steps=steps, batch_size=4, eval_every=3), seed=seed,
+               valid=mqar(np.random.default_rng(9), 8, seq_len=12, num_pairs=2, vocab_size=16))
+
+
+def test_a_run_is_deterministic_given_its_seed():
+    a, b, c = _tiny_run(0, 1e-2).train_to(6, False), _tiny_run(0, 1e-2).train_to(6, False), \
+        _tiny_run(1, 1e-2).train_to(6, False)
+    assert a.history == b.history and a.history != c.history
+    assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+
+
+def test_training_in_two_legs_is_training_at_once():
+    """Successive halving continues its survivors: train_to(3) then train_to(6) is train_to(6)."""
+    once, twice = _tiny_run(0, 1e-2).train_to(6, False), _tiny_run(0, 1e-2).train_to(3, False).train_to(6, False)
+    assert once.history == twice.history
+
+
+def test_successive_halving_keeps_the_better_half(monkeypatch):
+    """Rates scored by a fake validation accuracy equal to the rate: 4 -> 2 -> 1, the best one to the end."""
+    monkeypatch.setattr(Run, "_validate", lambda self, loss: self.history.append([self.step, loss, self.lr, 0.0]))
+    winner, runs = successive_halving(lambda lr: _tiny_run(0, lr, steps=8), [0.1, 0.4, 0.2, 0.3],
+                                      Budget(steps=8, batch_size=4), rungs=3, progress=False)
+    assert winner.lr == 0.4 and winner.step == 8
+    assert [r.step for r in runs] == [2, 8, 2, 4]
+
+
+def test_budget_schedule_warms_up_then_decays():
+    b = Budget(steps=100, batch_size=1, warmup=0.1)
+    assert b.lr_at(0, 1.0) == pytest.approx(0.1) and b.lr_at(9, 1.0) == pytest.approx(1.0)
+    assert b.lr_at(99, 1.0) == pytest.approx(0.1, abs=1e-3) and b.lr_at(50, 1.0) < 1.0
+
+
+def test_results_file_appends_and_reloads(tmp_path):
+    results = Results(tmp_path, "x")
+    results.add({"a": 1, "b": 2})
+    results.add({"a": 2, "b": 3})
+    again = Results(tmp_path, "x")
+    assert again.find(a=2) == {"a": 2, "b": 3} and again.find(a=3) is None and len(again.select(b=2)) == 1
+    assert not list(tmp_path.glob("*.tmp"))
