@@ -20,6 +20,9 @@
 # https://arxiv.org/abs/2503.14456; Mamba, Gu and Dao 2023, arXiv:2312.00752, https://arxiv.org/abs/2312.00752
 # (selective copying, section 3.1).
 #
+# **Notation.** Letters here ($B$, $C$, $D$, $N$) mean other things in other notebooks: see the
+# [notation crosswalk](notation.md).
+#
 # **Code used.** [`experiments/data.py`](../experiments/data.py): `mqar`, `selective_copying` ·
 # [`experiments/zoo.py`](../experiments/zoo.py): `build` (the project's RWKV-4, RWKV-7, Mamba and a RoPE
 # transformer on `kernels.attention`), `time_invariant_system`, `state_size` ·

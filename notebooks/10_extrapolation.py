@@ -15,6 +15,9 @@
 # (log n scaling); Position Interpolation, arXiv:2306.15595, https://arxiv.org/abs/2306.15595; RoPE,
 # arXiv:2104.09864, https://arxiv.org/abs/2104.09864.
 #
+# **Notation.** Letters here ($k$, $w$) mean other things in other notebooks: see the
+# [notation crosswalk](notation.md).
+#
 # **Code used.** [`experiments/transformer.py`](../experiments/transformer.py): `PositionScheme`, `Transformer` (on
 # [`kernels/attention.py`](../kernels/attention.py) and the project's O(T)-memory
 # [`kernels/rerope/`](../kernels/rerope/__init__.py): `apply_rope`, `log_n_scaling`, `rerope_attention`) ·
