@@ -25,8 +25,8 @@ NumPy only (plus the siblings ssm.py for the selective scan and functional.py fo
 """
 import numpy as np
 
-from seqmix.reference.functional import silu
-from seqmix.reference.ssm import selective_scan
+from .functional import silu
+from .ssm import selective_scan
 
 __all__ = ["forward", "initial_state", "num_layers", "mixer", "causal_conv1d", "rms_norm"]
 

@@ -20,7 +20,7 @@ NumPy only (plus the sibling attention.py for the softmax); float64 throughout.
 """
 import numpy as np
 
-from seqmix.reference.attention import attention_from_scores, resolve_scale
+from .attention import attention_from_scores, resolve_scale
 
 __all__ = ["apply_rope", "ntk_scaled_base", "relative_positions", "rectify", "attention_from_relative_positions",
            "log_n_scale", "rerope_attention", "rerope_decode", "RELATIVE_KINDS"]

@@ -30,8 +30,8 @@ float64 throughout.
 """
 import numpy as np
 
-from seqmix.reference.functional import layer_norm, sigmoid, token_shift
-from seqmix.reference.wkv4 import INITIAL_MAX, wkv4
+from .functional import layer_norm, sigmoid, token_shift
+from .wkv4 import INITIAL_MAX, wkv4
 
 __all__ = ["forward", "logits", "initial_state", "num_layers", "block", "time_mix", "channel_mix", "mix",
            "STATE_NAMES"]

@@ -38,8 +38,8 @@ import re
 
 import numpy as np
 
-from seqmix.reference.functional import layer_norm, sigmoid, softplus, token_shift
-from seqmix.reference.wkv7 import wkv7
+from .functional import layer_norm, sigmoid, softplus, token_shift
+from .wkv7 import wkv7
 
 __all__ = ["forward", "forward_rnn", "initial_state", "num_layers", "check_params", "checkpoint_shapes", "time_mix",
            "channel_mix", "log_decay"]
