@@ -25,12 +25,14 @@ fetched for it.
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
+CHROMIUM = "/usr/bin/chromium"                # Debian's, driven by the Lab's browser tests
 PY = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 TORCH = os.environ.get("SEQMIX_TORCH", "torch==2.13.0")
 CONSTRAINTS = ROOT / "constraints.txt"
@@ -82,6 +84,22 @@ def venv_env():
 COMMANDS = ("lab", "test", "report", "notebooks", "constraints")
 
 
+def ensure_browser():
+    """Debian's chromium for the Lab's browser tests (tests/test_lab.py), installed with apt-get where it is missing
+    and this user may (root, or sudo without a password); otherwise those tests skip and say why (in CI they fail)."""
+    if os.access(CHROMIUM, os.X_OK) or not shutil.which("apt-get"):
+        return
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"] if shutil.which("sudo") else None
+    if sudo is None:
+        return
+    print("dev.py: installing chromium for the Lab's browser tests (apt-get install chromium)", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for step in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+        if subprocess.run([*sudo, *step], env=env, stdout=subprocess.DEVNULL).returncode != 0:
+            print("dev.py: could not install chromium; the browser tests will skip (fail in CI)", file=sys.stderr)
+            return
+
+
 def execute_notebooks(names, env):
     """Sync each notebook with its .py source (the newer wins), execute it in place, and sync the .py back."""
     paths = ([ROOT / "notebooks" / f"{Path(n).stem}.ipynb" for n in names]
@@ -116,6 +134,7 @@ def main(argv):
     ensure_env()
     env = venv_env()
     if what == "test":
+        ensure_browser()
         # --durations: the slowest tests, so that CI's time is watched as the suite grows
         run(PY, "-m", "pytest", "--nbval-lax", "--durations=20", "tests", "notebooks", *argv[2:], env=env)
     elif what == "report":

@@ -5,7 +5,7 @@ image of every notebook (notebooks/*.ipynb, whoever wrote it, and the notebooks/
 as JupyterLab resolves it: against the notebook's folder, inside the served root; a file or folder through the
 contents API, an image through /files/ as an image.
 
-In a browser: Debian's chromium (`apt-get install -y chromium`; .ci/run installs it), driven headless by
+In a browser: Debian's chromium (`apt-get install -y chromium`; `dev.py test` installs it), driven headless by
 Playwright's Python package (its own browser download is never used). Every notebook opens rendered: all its cells,
 no error output, no math error, no error dialog, every image loaded. The links of notebook 02 are clicked and open
 their files. Notebook 01 runs all its cells in the Lab's own kernel, without an error. Where chromium or Playwright
@@ -235,7 +235,7 @@ def browser(tmp_path_factory):
     if missing:
         message = f"cannot run the Lab in a browser: missing {missing}"
         if os.environ.get("CI"):
-            pytest.fail(message + "; CI must run this test (.ci/run installs chromium)")
+            pytest.fail(message + "; CI must run this test (dev.py test installs chromium)")
         pytest.skip(message)
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
