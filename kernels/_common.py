@@ -112,7 +112,13 @@ def finite_log_decay(x: torch.Tensor) -> torch.Tensor:
     """A log decay (WKV-7's log_w, the scan's A) as every backend takes it: -inf, a decay of exactly 0, as the most
     negative finite number, so that e^x is 0 all the same and no sum or product of exponents makes inf - inf or
     0 * inf; +inf, an infinite growth, as NaN, which every backend carries alike."""
-    return x.clamp_min(torch.finfo(x.dtype).min).masked_fill(x == float("inf"), float("nan"))
+    return plus_inf_as_nan(x.clamp_min(torch.finfo(x.dtype).min))
+
+
+def plus_inf_as_nan(x: torch.Tensor) -> torch.Tensor:
+    """x with +inf as NaN: an exponent of +inf meets e^{inf - inf} in every backend's formulas, which the reference
+    computes as NaN; carried as NaN, every backend gives that NaN alike."""
+    return x.masked_fill(x == float("inf"), float("nan"))
 
 
 def check_decay_dtype(name: str, x, dtype: torch.dtype) -> None:

@@ -58,7 +58,8 @@ import torch
 from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
-                                    check_tensor, check_values, needs_grad, new_output, tl, triton)
+                                    check_tensor, check_values, needs_grad, new_output, plus_inf_as_nan, tl,
+                                    triton)
 
 __all__ = ["wkv4", "INITIAL_MAX"]
 
@@ -443,10 +444,6 @@ class Wkv4Function(torch.autograd.Function):
         return wkv4_bwd(*ctx.saved_tensors, gy, g_num, g_den, g_max)
 
 
-def _plus_inf_as_nan(x):
-    return x.masked_fill(x == float("inf"), float("nan"))
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Public op
 # ----------------------------------------------------------------------------------------------------------------
@@ -497,11 +494,11 @@ def wkv4(w, u, k, v, state=None, *, backend=None):
     # w and u enter every backend in the state's dtype (an fp16 -exp(time_decay) overflows from time_decay > 11.09);
     # w = -inf (a decay of exactly 0) as W_FLOOR, which decays as completely and keeps (steps) * w finite.
     # u = +inf, or a state max of +inf, gives the reference's e^{inf - inf} = NaN on every backend, not a limit.
-    w, u = w.to(state_dtype).clamp_min(W_FLOOR), _plus_inf_as_nan(u.to(state_dtype))
+    w, u = w.to(state_dtype).clamp_min(W_FLOOR), plus_inf_as_nan(u.to(state_dtype))
     if state is None:
         zeros = torch.zeros(B, C, dtype=state_dtype, device=device)
         state = (zeros, zeros.clone(), torch.full((B, C), INITIAL_MAX, dtype=state_dtype, device=device))
-    state = (*state[:2], _plus_inf_as_nan(state[2]))
+    state = (*state[:2], plus_inf_as_nan(state[2]))
     if k.numel() == 0:   # no tokens, rows or channels: nothing to compute, the state stays
         return k.new_empty((B, T, C)), state
 
