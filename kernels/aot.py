@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["AotKernel", "collect", "compile_one", "main", "mma_kind", "narrow_offsets", "AOT_DTYPES", "FLASH_ARG_TYPES",
-           "RUNTIME_HINTS", "TARGETS"]
+__all__ = ["AotKernel", "collect", "compile_one", "main", "mma_kind", "narrow_offsets", "loads_used_in_their_step",
+           "AOT_DTYPES", "FLASH_ARG_TYPES", "RUNTIME_HINTS", "TARGETS"]
 
 MODULES = tuple(f"seqmix.kernels.{op}" for op in ("attention", "rerope.fused", "wkv4", "wkv7", "ssm"))
 TARGETS = (80, 90)
@@ -80,6 +80,28 @@ def mma_kind(ptx: str) -> str:
     """The matrix instruction the kernel's dots compiled to: "wgmma" (Hopper's warpgroup MMA), "mma.sync" (Ampere's,
     also what sm_90 gets from tiles too small for wgmma) or "none" (FMA units)."""
     return "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if re.search(r"\bmma\.sync\b", ptx) else "none"
+
+
+def loads_used_in_their_step(ttgir: str) -> list[str]:
+    """The loads of the innermost loops (a recurrence's steps) whose values the same iteration uses: not software
+    pipelined, so each step waits a memory round trip for them. A load pipelined by hand is a loop variable: its
+    value goes to the loop's ``scf.yield`` and is used in the next iteration. (TTGIR indents a region's body by two
+    spaces more than the line that opens it, and closes it at the opening line's indentation.)"""
+    lines = ttgir.splitlines()
+    indent = [len(line) - len(line.lstrip()) for line in lines]
+    unpipelined = []
+    for i, line in enumerate(lines):
+        if " scf.for " not in line:
+            continue
+        end = next((j for j in range(i + 1, len(lines)) if indent[j] <= indent[i]), len(lines))
+        body = lines[i + 1:end]
+        if any(" scf.for " in b for b in body):
+            continue                                 # not innermost: its loads start an inner loop's pipeline
+        yielded = {name for b in body if b.lstrip().startswith("scf.yield") and len(b) - len(b.lstrip()) ==
+                   indent[i] + 2 for name in re.findall(r"%[\w#]+", b.split(":")[0])}
+        unpipelined += [m.group(1) for b in body if (m := re.match(r"\s*(%[\w#]+) = tt\.load\b", b))
+                        and m.group(1) not in yielded]
+    return unpipelined
 
 
 _I32_ARITH = re.compile(r"^\s*(?:add|sub|mul|mad|shl)(?:\.lo)?\.[sub]32\s+(%r\d+),\s*(.*);")

@@ -182,6 +182,16 @@ def _selective_scan_torch_bwd(u, delta, A, B, C, checkpoints, dy, dlast):
 # ----------------------------------------------------------------------------------------------------------------
 
 @triton.jit
+def _load_step(u_ptr, delta_ptr, B_ptr, C_ptr, seq, bc, t, mask_d, mask_n, end, start=0):
+    """Step t's u, delta (BLOCK_D channels) and B_t, C_t (BLOCK_N states), raw (u, B, C in the input dtype); zeros
+    unless start <= t < end. The masks are tensors (offs * 0 + t): the interpreter takes no scalar mask."""
+    live_d = mask_d & (seq * 0 + t < end) & (seq * 0 + t >= start)
+    live_n = mask_n & (bc * 0 + t < end) & (bc * 0 + t >= start)
+    return (tl.load(u_ptr + seq + t, mask=live_d, other=0.0), tl.load(delta_ptr + seq + t, mask=live_d, other=0.0),
+            tl.load(B_ptr + bc + t, mask=live_n, other=0.0), tl.load(C_ptr + bc + t, mask=live_n, other=0.0))
+
+
+@triton.jit
 def selective_scan_fwd_kernel(
     u_ptr,        # (batch, D, T) input u, fp32/fp16/bf16
     delta_ptr,    # (batch, D, T) fp32 step sizes (delta_bias and softplus already applied)
@@ -214,15 +224,18 @@ def selective_scan_fwd_kernel(
     bc = pid_b * N * T + offs_n.to(tl.int64) * T                 # row starts in (batch, N, T) tensors
     run = tl.cast(CHECKPOINT, tl.int64)                          # int64 token counters too, as every offset
     n_ckpt = tl.cdiv(T, run)
+    # Software pipelining: step t + 1's u, delta, B, C are loaded before step t's arithmetic and carried as loop
+    # variables (raw, in the input dtype), so that a step waits for its exponential, not for a memory round trip.
+    nxt = _load_step(u_ptr, delta_ptr, B_ptr, C_ptr, seq, bc, 0, mask_d, mask_n, T)
     for c in range(n_ckpt):
         tl.store(ckpt_ptr + (pid_b * n_ckpt + c) * dim * N + dn, x, mask=mask_dn)
         for t in range(c * run, tl.minimum(c * run + run, T)):
-            u = tl.load(u_ptr + seq + t, mask=mask_d, other=0.0).to(tl.float32)
-            dt = tl.load(delta_ptr + seq + t, mask=mask_d, other=0.0)
-            Bt = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
-            Ct = tl.load(C_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
+            u, dt, Bt, Ct = nxt
+            nxt = _load_step(u_ptr, delta_ptr, B_ptr, C_ptr, seq, bc, t + 1, mask_d, mask_n, T)
+            u = u.to(tl.float32)
+            Bt = Bt.to(tl.float32)
             x = tl.exp(dt[:, None] * A) * x + (dt * u)[:, None] * Bt[None, :]
-            tl.store(y_ptr + seq + t, tl.sum(x * Ct[None, :], axis=1), mask=mask_d)
+            tl.store(y_ptr + seq + t, tl.sum(x * Ct.to(tl.float32)[None, :], axis=1), mask=mask_d)
     tl.store(last_ptr + pid_b * dim * N + dn, x, mask=mask_dn)
 
 
@@ -267,22 +280,29 @@ def selective_scan_bwd_kernel(
         length = tl.minimum(run, T - t0)
         # recompute the run's states from its checkpoint; keep x_{t-1} for every t
         x = tl.load(ckpt_ptr + (pid_b * n_ckpt + c) * dim * N + dn, mask=mask_dn, other=0.0)
+        # each walk pipelined as the forward's, step t +- 1's loads issued before step t's arithmetic
+        nxt = _load_step(u_ptr, delta_ptr, B_ptr, C_ptr, seq, bc, t0, mask_d, mask_n, T)
         for t in range(t0, t0 + length):
             tl.store(scratch + (t - t0) * BLOCK_D * BLOCK_N, x)
-            u = tl.load(u_ptr + seq + t, mask=mask_d, other=0.0).to(tl.float32)
-            dt = tl.load(delta_ptr + seq + t, mask=mask_d, other=0.0)
-            Bt = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
-            x = tl.exp(dt[:, None] * A) * x + (dt * u)[:, None] * Bt[None, :]
+            u, dt, Bt, _ = nxt
+            nxt = _load_step(u_ptr, delta_ptr, B_ptr, C_ptr, seq, bc, t + 1, mask_d, mask_n, t0 + length)
+            x = tl.exp(dt[:, None] * A) * x + (dt * u.to(tl.float32))[:, None] * Bt.to(tl.float32)[None, :]
         tl.debug_barrier()    # the scratch stored by all threads is read below, in whatever layout the compiler picks
         # walk the run backwards
+        last = t0 + length - 1
+        nxt = _load_step(u_ptr, delta_ptr, B_ptr, C_ptr, seq, bc, last, mask_d, mask_n, T)
+        dy_next = tl.load(dy_ptr + seq + last, mask=mask_d, other=0.0)
+        x_prev_next = tl.load(scratch + (length - 1) * BLOCK_D * BLOCK_N)
         for j in range(length):
-            t = t0 + length - 1 - j
-            x_prev = tl.load(scratch + (t - t0) * BLOCK_D * BLOCK_N)
-            u = tl.load(u_ptr + seq + t, mask=mask_d, other=0.0).to(tl.float32)
-            dt = tl.load(delta_ptr + seq + t, mask=mask_d, other=0.0)
-            Bt = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
-            Ct = tl.load(C_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + seq + t, mask=mask_d, other=0.0)
+            t = last - j
+            u, dt, Bt, Ct = nxt
+            dy, x_prev = dy_next, x_prev_next
+            nxt = _load_step(u_ptr, delta_ptr, B_ptr, C_ptr, seq, bc, t - 1, mask_d, mask_n, t0 + length, t0)
+            dy_next = tl.load(dy_ptr + seq + t - 1, mask=mask_d & (seq * 0 + t - 1 >= t0), other=0.0)
+            x_prev_next = tl.load(scratch + (t - 1 - t0) * BLOCK_D * BLOCK_N, mask=dn * 0 + j + 1 < length, other=0.0)
+            u = u.to(tl.float32)
+            Bt = Bt.to(tl.float32)
+            Ct = Ct.to(tl.float32)
             alpha = tl.exp(dt[:, None] * A)
             x = alpha * x_prev + (dt * u)[:, None] * Bt[None, :]
             lam = nu + dy[:, None] * Ct[None, :]                  # dL/dx_t

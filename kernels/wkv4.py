@@ -280,11 +280,19 @@ def wkv4_fwd_kernel(
     lag = tl.zeros([BLOCK_C], dtype=tl.float32)                # exact integers up to 2^24 tokens
     seq = b * T * C + cs                             # this batch row's channels at step 0
     stride_t = tl.cast(C, tl.int64)                  # from one step to the next
+    # Software pipelining: step t + 1's k, v are loaded (raw, in the input dtype) before step t's arithmetic and
+    # carried as loop variables, so that a step waits for its exponentials, not for a memory round trip. (The
+    # masks are tensors, cs * 0 + t: the interpreter takes no scalar mask.)
+    k_next = tl.load(k_ptr + seq, mask=mask & (cs * 0 < T), other=0.0)
+    v_next = tl.load(v_ptr + seq, mask=mask & (cs * 0 < T), other=0.0)
     for t in range(T):
         off = seq + t * stride_t
-        k = tl.load(k_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        k, v = k_next, v_next
+        k_next = tl.load(k_ptr + off + stride_t, mask=mask & (cs * 0 + t + 1 < T), other=0.0)
+        v_next = tl.load(v_ptr + off + stride_t, mask=mask & (cs * 0 + t + 1 < T), other=0.0)
+        k = k.to(tl.float32)
         k = tl.where(k == float("inf"), float("nan"), k)   # e^{inf - inf}: the reference's NaN, not a limit
-        v = tl.load(v_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        v = v.to(tl.float32)
         # output: the past (num, den at scale e^max) against the current token e^{u + k}; q = the larger exponent
         d = (anchor - k) + lag * w - u                      # max - (u + k)
         a = _exp_nonpositive(d)                             # e^{max - q}
@@ -312,6 +320,15 @@ def wkv4_fwd_kernel(
     tl.store(max_ptr + b * C + cs, mx, mask=mask)
     if SAVE:
         tl.store(lag_ptr + b * C + cs, lag, mask=mask)
+
+
+@triton.jit
+def _load_bwd_step(v_ptr, gy_ptr, vy_ptr, d_ptr, z_ptr, off, live):
+    """The backward's loads of one step, raw (v, gy in the input dtype): v, gy, v - y, d, z (1 where not live, so
+    that the division by it stays finite)."""
+    return (tl.load(v_ptr + off, mask=live, other=0.0), tl.load(gy_ptr + off, mask=live, other=0.0),
+            tl.load(vy_ptr + off, mask=live, other=0.0), tl.load(d_ptr + off, mask=live, other=0.0),
+            tl.load(z_ptr + off, mask=live, other=1.0))
 
 
 @triton.jit
@@ -357,14 +374,15 @@ def wkv4_bwd_kernel(
     bd = tl.zeros([BLOCK_C], dtype=tl.float32)
     gw = tl.zeros([BLOCK_C], dtype=tl.float32)
     gu = tl.zeros([BLOCK_C], dtype=tl.float32)
+    # Software pipelining, as in the forward: step t - 1's five vectors are loaded before step t's arithmetic.
+    nxt = _load_bwd_step(v_ptr, gy_ptr, vy_ptr, d_ptr, z_ptr, seq + (T - 1) * stride_t, mask & (cs * 0 < T))
     for i in range(T):
         t = T - 1 - i
         off = seq + t * stride_t
-        v = tl.load(v_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        gy = tl.load(gy_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        vy = tl.load(vy_ptr + off, mask=mask, other=0.0)
-        d = tl.load(d_ptr + off, mask=mask, other=0.0)
-        z = tl.load(z_ptr + off, mask=mask, other=1.0)
+        v, gy, vy, d, z = nxt
+        nxt = _load_bwd_step(v_ptr, gy_ptr, vy_ptr, d_ptr, z_ptr, off - stride_t, mask & (cs * 0 + i + 1 < T))
+        v = v.to(tl.float32)
+        gy = gy.to(tl.float32)
         d_next = d + (u + w)                                # (max_t + w) - k_t
         into_next = _exp_nonpositive(-d_next)               # e^{k_t - max_{t+1}}
         decay = _exp_nonpositive(d_next)                    # e^{max_t + w - max_{t+1}}

@@ -204,17 +204,33 @@ def _wkv7_torch(r, log_w, k, v, a, b, state):
 # ----------------------------------------------------------------------------------------------------------------
 
 @triton.jit
+def _issue_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, start, T):
+    """Step t's loads, raw (input dtype): r, log_w, k, a, b at `keys` (N,) and v at `rows` (BLOCK_V,), with the masks
+    (start <= t < T) for keys and rows. A step past T reads log_w = 0 and zeros: w = 1, and the step changes nothing. The
+    sequential kernels issue step t + 1's (or t - 1's) loads before step t's arithmetic and take them with
+    _take_step in the next step (software pipelining: a step does not wait for a memory round trip)."""
+    key_live = (keys * 0 + t < T) & (keys * 0 + t >= start)   # tensors: the interpreter takes no scalar mask
+    row_live = (rows * 0 + t < T) & (rows * 0 + t >= start)
+    return (tl.load(r_ptr + off + keys, mask=key_live, other=0.0), tl.load(log_w_ptr + off + keys, mask=key_live,
+                                                                            other=0.0),
+            tl.load(k_ptr + off + keys, mask=key_live, other=0.0), tl.load(v_ptr + off + rows, mask=row_live, other=0.0),
+            tl.load(a_ptr + off + keys, mask=key_live, other=0.0), tl.load(b_ptr + off + keys, mask=key_live, other=0.0),
+            key_live, row_live)
+
+
+@triton.jit
+def _take_step(r, log_w, k, v, a, b):
+    """The loads of _issue_step as fp32, with w = exp(log_w)."""
+    return (r.to(tl.float32), tl.exp(log_w.to(tl.float32)), k.to(tl.float32), v.to(tl.float32), a.to(tl.float32),
+            b.to(tl.float32))
+
+
+@triton.jit
 def _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, T):
-    """Step t's vectors as fp32: r, w = exp(log_w), k, a, b at `keys` (N,) and v at `rows` (BLOCK_V,), with the
-    masks (t < T) for keys and rows. A step past T reads log_w = 0 and zeros: w = 1, and the step changes nothing."""
-    key_live = keys * 0 + t < T                      # the masks are tensors: the interpreter takes no scalar mask
-    row_live = rows * 0 + t < T
-    r = tl.load(r_ptr + off + keys, mask=key_live, other=0.0).to(tl.float32)
-    w = tl.exp(tl.load(log_w_ptr + off + keys, mask=key_live, other=0.0).to(tl.float32))
-    k = tl.load(k_ptr + off + keys, mask=key_live, other=0.0).to(tl.float32)
-    a = tl.load(a_ptr + off + keys, mask=key_live, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + off + keys, mask=key_live, other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + off + rows, mask=row_live, other=0.0).to(tl.float32)
+    """Step t's vectors as fp32, loaded and used at once: r, w = exp(log_w), k, v, a, b and the masks."""
+    r, log_w, k, v, a, b, key_live, row_live = _issue_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys,
+                                                           rows, t, 0, T)
+    r, w, k, v, a, b = _take_step(r, log_w, k, v, a, b)
     return r, w, k, v, a, b, key_live, row_live
 
 
@@ -265,12 +281,15 @@ def wkv7_fwd_kernel(
     else:
         S = tl.zeros((BLOCK_V, N), dtype=tl.float32)
     n_ckpt = tl.cdiv(T, CHECKPOINT)
+    nxt = _issue_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, seq, keys, rows, 0, 0, T)
     for t in range(T):
         if SAVE_CKPT:
             if t % CHECKPOINT == 0:
                 tl.store(_checkpoint(ckpt_ptr, pid_bh, n_ckpt, t // CHECKPOINT, N) + tile, S)
         off = seq + t * stride_t
-        r, w, k, v, a, b, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, T)
+        r, log_w, k, v, a, b, _, _ = nxt
+        nxt = _issue_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off + stride_t, keys, rows, t + 1, 0, T)
+        r, w, k, v, a, b = _take_step(r, log_w, k, v, a, b)
         S = _step(S, w, k, v, a, b)
         y = tl.sum(S * r[None, :], axis=1)
         tl.store(y_ptr + off + rows, y.to(y_ptr.dtype.element_ty))
@@ -464,21 +483,36 @@ def wkv7_bwd_kernel(
         chunk = n_ckpt - 1 - back
         # Re-run the chunk from its checkpoint, keeping the state that enters each of its steps.
         S = tl.load(_checkpoint(ckpt_ptr, pid_bh, n_ckpt, chunk, N) + tile)
+        t0 = chunk * CHECKPOINT
+        # Both walks software-pipelined: step t +- 1's loads are issued before step t's arithmetic.
+        nxt = _issue_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, seq + t0 * stride_t, keys, rows, t0, t0, T)
         for j in range(CHECKPOINT):
-            t = chunk * CHECKPOINT + j
+            t = t0 + j
             off = seq + t * stride_t
             tl.store(scratch + j * BLOCK_V * N + local, S)
-            r, w, k, v, a, b, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, T)
+            r, log_w, k, v, a, b, _, _ = nxt
+            nxt = _issue_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off + stride_t, keys, rows, t + 1, t0,
+                              tl.minimum(T, t0 + CHECKPOINT))
+            r, w, k, v, a, b = _take_step(r, log_w, k, v, a, b)
             S = _step(S, w, k, v, a, b)
         tl.debug_barrier()           # the scratch written by all threads is read back below
+        last = t0 + CHECKPOINT - 1
+        nxt = _issue_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, seq + last * stride_t, keys, rows, last, t0, T)
+        dy_next = tl.load(dy_ptr + seq + last * stride_t + rows, mask=rows * 0 + last < T, other=0.0)
+        S_prev_next = tl.load(scratch + (CHECKPOINT - 1) * BLOCK_V * N + local)
         for jj in range(CHECKPOINT):
             j = CHECKPOINT - 1 - jj
-            t = chunk * CHECKPOINT + j
+            t = t0 + j
             off = seq + t * stride_t
-            S_prev = tl.load(scratch + j * BLOCK_V * N + local)
-            r, w, k, v, a, b, key_live, row_live = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys,
-                                                              rows, t, T)
-            dy = tl.load(dy_ptr + off + rows, mask=row_live, other=0.0).to(tl.float32)
+            r, log_w, k, v, a, b, key_live, row_live = nxt
+            dy, S_prev = dy_next, S_prev_next
+            # step t - 1's loads, none before the run's start (the scratch then holds the previous run's states)
+            nxt = _issue_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off - stride_t, keys, rows, t - 1, t0, T)
+            dy_next = tl.load(dy_ptr + off - stride_t + rows, mask=(rows * 0 + t - 1 < T) & (rows * 0 + j > 0),
+                              other=0.0)
+            S_prev_next = tl.load(scratch + (j - 1) * BLOCK_V * N + local, mask=local * 0 + j > 0, other=0.0)
+            r, w, k, v, a, b = _take_step(r, log_w, k, v, a, b)
+            dy = dy.to(tl.float32)
             sa = tl.sum(S_prev * a[None, :], axis=1)                  # S_{t-1} a_t
             # dr = S_t^T dy, with S_t = S_{t-1} diag(w) + sa b^T + v k^T expanded (S_t is never formed)
             dr = w * tl.sum(S_prev * dy[:, None], axis=0) + b * tl.sum(sa * dy) + k * tl.sum(v * dy)

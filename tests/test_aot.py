@@ -1,7 +1,7 @@
 """Every Triton kernel compiles ahead of time for sm_80 and sm_90 (no GPU needed), the way the JIT builds it for
 aligned tensors: no spills, the recurrences' offsets in 64 bits; and what the interpreter cannot show, read in the
 compiled code: no atomics in the backwards, the scan backward's scratch fenced by barriers, WKV-4 built without FP
-contraction."""
+contraction, the recurrences' steps software-pipelined."""
 import os
 import re
 import subprocess
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from seqmix.kernels.aot import TARGETS, collect, mma_kind, narrow_offsets
+from seqmix.kernels.aot import TARGETS, collect, loads_used_in_their_step, mma_kind, narrow_offsets
 from seqmix.kernels.testing import HAS_TRITON
 
 needs_build = pytest.mark.skipif(not HAS_TRITON, reason="triton has no wheel for this platform")
@@ -84,6 +84,36 @@ def test_wkv4_is_built_without_fp_contraction(build):
     """_rounded_max's two-sum takes each product and sum rounded on its own: no fma in the WKV-4 kernels."""
     for name, ptx in _asm(build[1], "wkv4_", "ptx").items():
         assert "fma.rn" not in ptx, name
+
+
+@needs_build
+@pytest.mark.timeout(1900)
+@pytest.mark.parametrize("prefix", ["wkv4_", "wkv7_fwd", "wkv7_bwd", "selective_scan_"])
+def test_recurrent_steps_do_not_wait_for_their_loads(build, prefix):
+    """Every load of a recurrence's step is issued one step ahead (a loop variable, yielded to the next iteration),
+    so that no step waits a memory round trip; main before the prefetch had every load used in its own step."""
+    for name, ttgir in _asm(build[1], prefix, "ttgir").items():
+        assert loads_used_in_their_step(ttgir) == [], f"{name}: {loads_used_in_their_step(ttgir)}"
+
+
+STEP_LOOP = """
+    %x0 = tt.load %p0 : tensor<32x!tt.ptr<f32>>
+    %r:2 = scf.for %t = %c0 to %T step %c1 iter_args(%acc = %z, %nx = %x0) -> (tensor<32xf32>, tensor<32xf32>) {
+      %now = tt.load %p1 : tensor<32x!tt.ptr<f32>>
+      %next = tt.load %p2 : tensor<32x!tt.ptr<f32>>
+      %s = arith.addf %acc, %nx : tensor<32xf32>
+      %s2 = arith.addf %s, %now : tensor<32xf32>
+      scf.yield %s2, %next : tensor<32xf32>, tensor<32xf32>
+    } loc(#loc1)
+"""
+
+
+def test_loads_used_in_their_step_finds_a_load_used_at_once():
+    """%now is used in the step that loads it (a round trip per step); %next is carried to the next step; %x0,
+    outside the loop, starts the pipeline. An outer loop's loads (they start an inner loop's) are not steps."""
+    assert loads_used_in_their_step(STEP_LOOP) == ["%now"]
+    outer = "  %o = scf.for %c = %a to %b step %d {\n" + STEP_LOOP.replace("\n    ", "\n      ") + "  }\n"
+    assert loads_used_in_their_step(outer) == ["%now"]
 
 
 WIDENED_LOOP_OFFSET = """
