@@ -57,6 +57,20 @@ class Launch:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages, "enable_fp_fusion": self.fp_fusion}
 
 
+# Streaming multiprocessors of an H100 SXM: the recurrent forwards split their state until the grid has two
+# programs per SM (where the math allows it), so that a batch of one still spreads over the whole GPU.
+GPU_SMS = 132
+
+
+def rows_per_program(rows: int, largest: int, smallest: int) -> int:
+    """State rows per program of a recurrence whose ``rows`` rows evolve independently: the largest power of two
+    from ``largest`` down to ``smallest`` that still gives 2 GPU_SMS programs; ``smallest`` when none does."""
+    block = largest
+    while block > smallest and -(-rows // block) < 2 * GPU_SMS:
+        block //= 2
+    return block
+
+
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype states and sums are kept in: float64 for float64 inputs (torch backend), fp32 for the others."""
     return torch.float64 if dtype == torch.float64 else torch.float32

@@ -48,8 +48,8 @@ import torch.nn.functional as F
 from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
-                                    check_tensor, check_values, finite_log_decay, needs_grad, new_output, tl,
-                                    triton)
+                                    check_tensor, check_values, finite_log_decay, needs_grad, new_output,
+                                    rows_per_program, tl, triton)
 
 __all__ = ["selective_scan"]
 
@@ -319,12 +319,15 @@ def selective_scan_bwd_kernel(
     tl.store(dstate_ptr + pid_b * dim * N + dn, nu, mask=mask_dn)
 
 
-def _launch_config(N: int) -> Launch:
-    """16 channels per program (BLOCK_D): for batch 1 and D = 1536 that is 96 programs, enough to spread over a
-    GPU's SMs; BLOCK_N, N rounded up to a power of two. A (16, 16) state tile over 4 warps is 2 elements per thread:
-    56-80 registers (fewer warps cost more registers, up to 255 at 1 warp)."""
+def _launch_config(N: int, rows=None) -> Launch:
+    """16 channels per program (BLOCK_D); BLOCK_N, N rounded up to a power of two. A (16, 16) state tile over 4 warps
+    is 2 elements per thread: 56-80 registers (fewer warps cost more registers, up to 255 at 1 warp). With ``rows``
+    (batch D: the forward) fewer channels, down to 4, until the grid has two programs per SM (batch 1, D = 1536:
+    4 channels, 384 programs instead of 96), on fewer warps (4 x 16: one warp, whose sums over the states are
+    shuffles). The backward keeps 16 channels: its dB, dC partial sums grow as D / BLOCK_D."""
     block_n = triton.next_power_of_2(N)
-    return Launch({"BLOCK_D": 16, "BLOCK_N": block_n}, num_warps=max(1, min(4, 16 * block_n // 64)))
+    block_d = 16 if rows is None else rows_per_program(rows, 16, 4)
+    return Launch({"BLOCK_D": block_d, "BLOCK_N": block_n}, num_warps=max(1, min(4, block_d * block_n // 64)))
 
 
 def _checkpoint_interval(T: int) -> int:
@@ -341,7 +344,7 @@ def selective_scan_fwd(u, delta, A, B, C, state):
     """Runs the forward kernel; returns y (C_t . x_t), the last state and the checkpoints the backward starts from."""
     batch, dim, T = u.shape
     N = A.shape[1]
-    cfg, checkpoint = _launch_config(N), _checkpoint_interval(T)
+    cfg, checkpoint = _launch_config(N, batch * dim), _checkpoint_interval(T)
     y = new_output((batch, dim, T), torch.float32, u.device)
     last = new_output((batch, dim, N), torch.float32, u.device)
     checkpoints = new_output((batch, triton.cdiv(T, checkpoint), dim, N), torch.float32, u.device)
@@ -487,18 +490,19 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_
 # ----------------------------------------------------------------------------------------------------------------
 
 def aot_kernels():
-    """Forward and backward kernels at Mamba sizes (D = 1536 and 8192, N = 16, T = 2048), fp32 and bf16 inputs.
-    D and T are runtime arguments: the compiled kernel depends only on the launch configuration and the dtypes."""
+    """Forward and backward kernels at Mamba sizes (D = 1536 and 8192, N = 16, T = 2048), fp32 and bf16 inputs, at
+    the configurations the dispatcher picks for batch 1 (the forward's channels per program follow batch * D). D and T
+    are runtime arguments: the compiled kernel depends only on the launch configuration and the dtypes."""
     from seqmix.kernels.aot import AotKernel
     kernels = []
     for dim in (1536, 8192):
-        cfg = _launch_config(16)
         for dtype in ("fp32", "bf16"):
             # u, B, C in the input dtype; every other pointer fp32
             types = {"u_ptr": f"*{dtype}", "B_ptr": f"*{dtype}", "C_ptr": f"*{dtype}",
                      "dim": "i32", "T": "i32", "N": "i32", "CHECKPOINT": "i32"}
-            for fn, label, flags in ((selective_scan_fwd_kernel, "selective_scan_fwd", {"HAS_STATE": True}),
-                                     (selective_scan_bwd_kernel, "selective_scan_bwd", {})):
+            for fn, label, flags, cfg in ((selective_scan_fwd_kernel, "selective_scan_fwd", {"HAS_STATE": True},
+                                           _launch_config(16, dim)),
+                                          (selective_scan_bwd_kernel, "selective_scan_bwd", {}, _launch_config(16))):
                 kernels.append(AotKernel(f"{label} D={dim} N=16 {dtype}", fn, {**flags, **cfg.blocks}, types,
                                          "*fp32", cfg.num_warps, cfg.num_stages))
     return kernels

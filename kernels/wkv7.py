@@ -66,7 +66,8 @@ import torch.nn.functional as F
 from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
-                                    check_tensor, finite_log_decay, needs_grad, new_output, tl, triton)
+                                    check_tensor, finite_log_decay, needs_grad, new_output, rows_per_program,
+                                    tl, triton)
 
 __all__ = ["wkv7"]
 
@@ -529,10 +530,17 @@ def wkv7_bwd_kernel(
     tl.store(dstate0_ptr + head_state + tile, G)
 
 
-def _launch_config(N) -> Launch:
+def _launch_config(N, heads=None) -> Launch:
     """16 value rows per program (half the rows of smaller heads, so that a head always spans two programs or more);
-    a (16, N) fp32 tile over 4 warps is 8 (N = 64) or 16 (N = 128) registers a thread."""
-    return Launch({"BLOCK_V": min(16, N // 2)}, num_warps=4)
+    a (16, N) fp32 tile over 4 warps is 8 (N = 64) or 16 (N = 128) registers a thread. With ``heads`` (B H: the
+    sequential forward) fewer rows, down to 4, until the grid has two programs per SM (B = 1, H = 12, N = 64: 4 rows,
+    192 programs instead of 48), on fewer warps (4 x 64: one warp, whose reductions over keys are shuffles, with no
+    barrier between warps). The backward keeps 16 rows: its key-vector partial sums grow as N / BLOCK_V."""
+    rows = min(16, N // 2)
+    if heads is None:
+        return Launch({"BLOCK_V": rows}, num_warps=4)
+    rows = rows_per_program(heads * N, rows, min(4, rows))
+    return Launch({"BLOCK_V": rows}, num_warps=max(1, min(4, rows * N // 256)))
 
 
 CHUNKED_BLOCK_K = 16   # keys per step of the chunked forward's loops over keys
@@ -563,7 +571,7 @@ def wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
         kernel, cfg = wkv7_chunked_fwd_kernel, _chunked_launch_config(N)
         steps = {"CHUNK": CHECKPOINT, "MAX_SPREAD": DECAY_RANGE}
     else:
-        kernel, cfg, steps = wkv7_fwd_kernel, _launch_config(N), {"CHECKPOINT": CHECKPOINT}
+        kernel, cfg, steps = wkv7_fwd_kernel, _launch_config(N, B * H), {"CHECKPOINT": CHECKPOINT}
     y = new_output((B, T, H, N), r.dtype, r.device)
     state = new_output((B, H, N, N), torch.float32, r.device)
     ckpt = (new_output((B * H, triton.cdiv(T, CHECKPOINT), N, N), torch.float32, r.device) if save_checkpoints
@@ -688,9 +696,12 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
 # Ahead-of-time build (python -m seqmix.kernels.aot)
 # ----------------------------------------------------------------------------------------------------------------
 
+SMALL_GRID_HEADS = 12   # B H of the AOT build's split forward: batch 1 of a 12-head model (RWKV-7 0.1B)
+
+
 def aot_kernels():
     """The sequential and chunked forwards (with checkpoints) and the backward at head size 64 and 128, fp32 and bf16
-    inputs."""
+    inputs; the sequential forward also at B H = SMALL_GRID_HEADS, where it splits the state further."""
     from seqmix.kernels.aot import AotKernel
     kernels = []
     for N in (64, 128):
@@ -701,6 +712,8 @@ def aot_kernels():
             forward = {"HAS_STATE0": True, "SAVE_CKPT": True}
             for fn, label, flags, cfg in (
                     (wkv7_fwd_kernel, "wkv7_fwd", {**forward, "CHECKPOINT": CHECKPOINT}, _launch_config(N)),
+                    (wkv7_fwd_kernel, f"wkv7_fwd B*H={SMALL_GRID_HEADS}", {**forward, "CHECKPOINT": CHECKPOINT},
+                     _launch_config(N, SMALL_GRID_HEADS)),
                     (wkv7_chunked_fwd_kernel, "wkv7_chunked_fwd",
                      {**forward, "CHUNK": CHECKPOINT, "MAX_SPREAD": DECAY_RANGE},
                      _chunked_launch_config(N)),

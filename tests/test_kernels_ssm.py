@@ -4,10 +4,10 @@ plain per-token loop of seqmix.conformance.definitions (float64), which shares n
 import pytest
 import torch
 
-from kernel_cases import RECURRENCE_BACKENDS, needs_triton
+from kernel_cases import RECURRENCE_BACKENDS, needs_triton, spy
 from seqmix.conformance.cases import scan_inputs as make_inputs
 from seqmix.conformance.definitions import selective_scan as loop_scan
-from seqmix.kernels import ssm
+from seqmix.kernels import _common, ssm
 from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, accumulation_dtype, assert_all_close,
                                     assert_close)
 from seqmix.reference import ssm as ref
@@ -116,6 +116,18 @@ def test_fp32(rng, backend, case):
     inputs, softplus = case_inputs(rng, case)
     cot = cotangents_for(rng, inputs)
     check_against_truth(inputs, softplus, cot, FP32_BUDGET, backend, torch.float32)
+
+
+@needs_triton
+@pytest.mark.parametrize("sms, block_d", [(132, 4), (1, 16)])
+def test_triton_forward_splits_channels_by_the_grid(rng, monkeypatch, sms, block_d):
+    """The forward's channels per program follow batch * D: at a small grid 4 (two blocks and a masked third at
+    D = 9), on a GPU of one SM the backward's 16; the results are the same at each (the backward keeps 16)."""
+    monkeypatch.setattr(_common, "GPU_SMS", sms)
+    configs = spy(monkeypatch, ssm, "_launch_config")
+    inputs = make_inputs(rng, batch=2, dim=9, N=5, T=11, extras=("D", "delta_bias", "state"))
+    check_against_truth(inputs, True, cotangents_for(rng, inputs), FP32_BUDGET, "triton", torch.float32)
+    assert [c["BLOCK_D"] for c in configs] == [block_d, 16]
 
 
 @pytest.mark.parametrize("backend, dtype", [("torch", torch.float16), ("torch", torch.bfloat16),
