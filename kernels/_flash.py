@@ -34,6 +34,37 @@ def all_finite(*tensors) -> bool:
     return all(bool(torch.isfinite(x).all()) for x in tensors)
 
 
+# How the flash kernels (attention, ReRoPE) multiply fp32 tiles: "ieee", fp32 products on the FMA units (the
+# default), or "tf32x3", on tensor cores: each operand x split into a tf32 high part x_h = tf32(x) and a tf32
+# remainder x_l = tf32(x - x_h), a b ~ a_h b_l + a_l b_h + a_h b_h (three tf32 products summed in fp32; a_l b_l, of
+# relative size 2^-22, is dropped). 16-bit inputs always take their own tensor-core products.
+FP32_DOT_PRECISIONS = ("ieee", "tf32x3")
+_fp32_dots = "ieee"
+
+
+def set_fp32_dot_precision(precision: str) -> str:
+    """Choose the products of fp32 dots in the attention and ReRoPE Triton kernels, for the calls that follow.
+
+    Args:
+        precision (str): "ieee" (default: fp32 products on the FMA units, the fp32 budget 1e-5 on any GPU) or
+            "tf32x3" (three tf32 tensor-core products per product; emulated in torch on the tests' shapes it keeps
+            the fp32 budget, errors of about 1e-7 against float64 as "ieee"; one tf32 product alone gives 4e-4).
+    Returns:
+        str: the previous setting, to restore it.
+    """
+    global _fp32_dots
+    if precision not in FP32_DOT_PRECISIONS:
+        raise ValueError(f"precision must be one of {FP32_DOT_PRECISIONS}, got {precision!r}")
+    previous, _fp32_dots = _fp32_dots, precision
+    return previous
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """The flash kernels' DOT constexpr for inputs of ``dtype``: the setting for fp32, "ieee" (unused: tensor-core
+    products of the 16-bit inputs themselves) otherwise, so that the setting compiles no new 16-bit variants."""
+    return _fp32_dots if dtype == torch.float32 else "ieee"
+
+
 def flash_launch(block_m: int, block_n: int, num_warps: int, num_stages: int) -> Launch:
     """A flash kernel's launch: BLOCK_M query rows and BLOCK_N keys per tile."""
     return Launch({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps, num_stages)
@@ -59,7 +90,7 @@ def block_d(head_dim: int) -> int:
 
 
 @triton.jit
-def online_softmax_step(s, v, m_i, l_i, acc):
+def online_softmax_step(s, v, m_i, l_i, acc, DOT: tl.constexpr):
     """Fold one tile of scores s (BLOCK_M, BLOCK_N) and its values v (BLOCK_N, BLOCK_D) into the running state.
 
     m' = max(m, max_j s_ij);  l' = e^{m - m'} l + sum_j e^{s_ij - m'};  acc' = e^{m - m'} acc + e^{s - m'} v.
@@ -71,7 +102,7 @@ def online_softmax_step(s, v, m_i, l_i, acc):
     alpha = tl.exp(m_i - m_new)                               # rescales what was accumulated under the old max
     p = tl.exp(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT)
     return m_new, l_i, acc
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["AotKernel", "collect", "compile_one", "main", "mma_kind", "narrow_offsets", "loads_used_in_their_step",
+           "fp32_dot_variants",
            "AOT_DTYPES", "FLASH_ARG_TYPES", "RUNTIME_HINTS", "TARGETS"]
 
 MODULES = tuple(f"seqmix.kernels.{op}" for op in ("attention", "rerope.fused", "wkv4", "wkv7", "ssm"))
@@ -42,10 +43,17 @@ AOT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat
 # Argument types of the flash kernels (attention, rerope), by name; every other argument is a pointer to the input
 # dtype.
 FLASH_ARG_TYPES = dict(lse_ptr="*fp32", delta_ptr="*fp32", rot_ptr="*fp32", T="i32", T_q="i32", T_k="i32",
-                       window="i32", scale="fp32", inv_log_len="fp32")
+                       rot_len="i32", keys_per_split="i32", window="i32", scale="fp32", inv_log_len="fp32")
 # The JIT's specialization of 16-byte-aligned pointers and of integers that are multiples of 16 (triton's
 # BaseBackend.parse_attr), given to every pointer and i32 argument.
 RUNTIME_HINTS = [["tt.divisibility", 16]]
+
+
+def fp32_dot_variants(kernel: str, dtype: str) -> list[tuple[str, dict]]:
+    """(label suffix, constexprs) of the builds of one flash kernel: as the dispatcher launches it by default, and
+    for the fp32 forward (and decode) also with set_fp32_dot_precision("tf32x3")."""
+    default = [("", {})]
+    return default + [(" tf32x3", {"DOT": "tf32x3"})] if dtype == "fp32" and kernel in ("fwd", "decode") else default
 
 
 @dataclass

@@ -17,7 +17,7 @@ Backward: with P = e^{S - LSE} recomputed tile by tile and D_i = sum_c dO_ic O_i
 One kernel gives each program a key tile and accumulates its dK, dV over the query tiles that see it; another gives
 each program a query tile and accumulates its dQ. Neither needs atomics.
 
-Dots take the input dtype with fp32 accumulation. fp32 inputs use IEEE fp32 products (input_precision="ieee"), so
+Dots take the input dtype with fp32 accumulation. fp32 inputs use IEEE fp32 products (input_precision=DOT), so
 that the fp32 error budget (1e-5) holds on a GPU too; TF32 (10-bit mantissa) would not. Under the interpreter every
 dot is exact fp32.
 """
@@ -31,11 +31,11 @@ import torch.nn.functional as F
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
                                     new_output, tl, triton)
-from seqmix.kernels._flash import (all_finite, block_d, check_triton_head_dim, flash_delta, flash_grid, flash_head,
-                                   flash_launch, load_row_stats, load_tile, online_softmax_step, positive_scale,
-                                   softmax_tile_grad, store_tile)
+from seqmix.kernels._flash import (all_finite, block_d, check_triton_head_dim, dot_precision, flash_delta, flash_grid,
+                                   flash_head, flash_launch, load_row_stats, load_tile, online_softmax_step,
+                                   positive_scale, set_fp32_dot_precision, softmax_tile_grad, store_tile)
 
-__all__ = ["attention"]
+__all__ = ["attention", "set_fp32_dot_precision"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -63,9 +63,9 @@ def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
 
 
 @triton.jit
-def _scores(q, k, rows, cols, T, scale, CAUSAL: tl.constexpr):
+def _scores(q, k, rows, cols, T, scale, CAUSAL: tl.constexpr, DOT: tl.constexpr):
     """s = q k^T * scale for one tile, -inf where the key is past the end or (causal) after the query."""
-    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+    s = tl.dot(q, tl.trans(k), input_precision=DOT) * scale
     valid = (cols < T)[None, :]
     if CAUSAL:
         valid = valid & (cols[None, :] <= rows[:, None])
@@ -84,6 +84,7 @@ def attention_fwd_kernel(
     BLOCK_M: tl.constexpr,      # query rows per program
     BLOCK_N: tl.constexpr,      # keys per tile of the inner loop
     CAUSAL: tl.constexpr,       # mask j > i and skip the tiles above the diagonal
+    DOT: tl.constexpr,          # input_precision of the dots: "ieee" or "tf32x3" for fp32 (_flash.dot_precision)
 ):
     start_m = tl.program_id(1) * BLOCK_M
     seq = flash_head() * T * HEAD_DIM                          # this (batch, head)'s first element
@@ -101,8 +102,8 @@ def attention_fwd_kernel(
         cols = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(k_ptr + seq, cols, T, dims, HEAD_DIM)
         v = load_tile(v_ptr + seq, cols, T, dims, HEAD_DIM)
-        s = _scores(q, k, rows, cols, T, scale, CAUSAL)
-        m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc)
+        s = _scores(q, k, rows, cols, T, scale, CAUSAL, DOT)
+        m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT)
 
     store_tile(o_ptr + seq, acc / l_i[:, None], rows, T, dims, HEAD_DIM)
     tl.store(lse_ptr + flash_head() * T + rows, m_i + tl.log(l_i), mask=rows < T)
@@ -118,6 +119,7 @@ def attention_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr,      # query rows per tile of the inner loop
     BLOCK_N: tl.constexpr,      # keys per program
     CAUSAL: tl.constexpr,
+    DOT: tl.constexpr,
 ):
     start_n = tl.program_id(1) * BLOCK_N
     bh = flash_head()
@@ -136,10 +138,10 @@ def attention_bwd_dkdv_kernel(
         q = load_tile(q_ptr + seq, rows, T, dims, HEAD_DIM)
         do = load_tile(do_ptr + seq, rows, T, dims, HEAD_DIM)
         lse, delta = load_row_stats(lse_ptr + bh * T, delta_ptr + bh * T, rows, T)
-        dp = tl.dot(do, tl.trans(v), input_precision="ieee")
-        p, ds = softmax_tile_grad(_scores(q, k, rows, cols, T, scale, CAUSAL), lse, dp, delta)
-        dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision="ieee")
-        dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision="ieee")
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT)
+        p, ds = softmax_tile_grad(_scores(q, k, rows, cols, T, scale, CAUSAL, DOT), lse, dp, delta)
+        dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=DOT)
+        dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=DOT)
     store_tile(dk_ptr + seq, dk * scale, cols, T, dims, HEAD_DIM)
     store_tile(dv_ptr + seq, dv, cols, T, dims, HEAD_DIM)
 
@@ -154,6 +156,7 @@ def attention_bwd_dq_kernel(
     BLOCK_M: tl.constexpr,      # query rows per program
     BLOCK_N: tl.constexpr,      # keys per tile of the inner loop
     CAUSAL: tl.constexpr,
+    DOT: tl.constexpr,
 ):
     start_m = tl.program_id(1) * BLOCK_M
     bh = flash_head()
@@ -171,14 +174,14 @@ def attention_bwd_dq_kernel(
         cols = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(k_ptr + seq, cols, T, dims, HEAD_DIM)
         v = load_tile(v_ptr + seq, cols, T, dims, HEAD_DIM)
-        dp = tl.dot(do, tl.trans(v), input_precision="ieee")
-        _, ds = softmax_tile_grad(_scores(q, k, rows, cols, T, scale, CAUSAL), lse, dp, delta)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT)
+        _, ds = softmax_tile_grad(_scores(q, k, rows, cols, T, scale, CAUSAL, DOT), lse, dp, delta)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT)
     store_tile(dq_ptr + seq, dq * scale, rows, T, dims, HEAD_DIM)
 
 
-def _constexprs(head_dim: int, cfg: Launch, causal: bool) -> dict:
-    return dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), **cfg.blocks, CAUSAL=causal)
+def _constexprs(head_dim: int, cfg: Launch, causal: bool, dtype: torch.dtype) -> dict:
+    return dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), **cfg.blocks, CAUSAL=causal, DOT=dot_precision(dtype))
 
 
 def attention_fwd(q, k, v, causal, scale):
@@ -188,7 +191,7 @@ def attention_fwd(q, k, v, causal, scale):
     o = new_output(q.shape, q.dtype, q.device)
     lse = new_output((B, H, T), torch.float32, q.device)
     attention_fwd_kernel[flash_grid(T, cfg["BLOCK_M"], B * H)](
-        q, k, v, o, lse, T, scale, **_constexprs(d, cfg, causal), **cfg.options)
+        q, k, v, o, lse, T, scale, **_constexprs(d, cfg, causal, q.dtype), **cfg.options)
     return o, lse
 
 
@@ -200,10 +203,10 @@ def attention_bwd(q, k, v, o, lse, do, causal, scale):
     dq, dk, dv = (new_output(q.shape, q.dtype, q.device) for _ in range(3))
     cfg = _launch_config("dkdv", d, q.dtype)
     attention_bwd_dkdv_kernel[flash_grid(T, cfg["BLOCK_N"], B * H)](
-        q, k, v, do, lse, delta, dk, dv, T, scale, **_constexprs(d, cfg, causal), **cfg.options)
+        q, k, v, do, lse, delta, dk, dv, T, scale, **_constexprs(d, cfg, causal, q.dtype), **cfg.options)
     cfg = _launch_config("dq", d, q.dtype)
     attention_bwd_dq_kernel[flash_grid(T, cfg["BLOCK_M"], B * H)](
-        q, k, v, do, lse, delta, dq, T, scale, **_constexprs(d, cfg, causal), **cfg.options)
+        q, k, v, do, lse, delta, dq, T, scale, **_constexprs(d, cfg, causal, q.dtype), **cfg.options)
     return dq, dk, dv
 
 
@@ -284,15 +287,17 @@ def attention(q, k, v, *, causal=True, scale=None, backend=None):
 # ----------------------------------------------------------------------------------------------------------------
 
 def aot_kernels():
-    from seqmix.kernels.aot import AOT_DTYPES, FLASH_ARG_TYPES, AotKernel
+    """The three kernels at head size 64 and 128 in fp32, fp16 and bf16; the fp32 forward also with tf32x3 dots."""
+    from seqmix.kernels.aot import AOT_DTYPES, FLASH_ARG_TYPES, AotKernel, fp32_dot_variants
     kernels = []
     for d in (64, 128):
         for dtype, torch_dtype in AOT_DTYPES.items():
             fns = (attention_fwd_kernel, attention_bwd_dq_kernel, attention_bwd_dkdv_kernel)
             for kernel, fn in zip(KERNELS, fns):
                 cfg = _launch_config(kernel, d, torch_dtype)
-                constexprs = _constexprs(d, cfg, True)
-                kernels.append(AotKernel(f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}", fn, constexprs,
-                                         FLASH_ARG_TYPES, "*" + dtype, cfg.num_warps, cfg.num_stages,
-                                         wide_offsets=False))
+                constexprs = _constexprs(d, cfg, True, torch_dtype)
+                label = f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}"
+                kernels += [AotKernel(label + suffix, fn, {**constexprs, **dot}, FLASH_ARG_TYPES, "*" + dtype,
+                                      cfg.num_warps, cfg.num_stages, wide_offsets=False)
+                            for suffix, dot in fp32_dot_variants(kernel, dtype)]
     return kernels

@@ -14,10 +14,10 @@ import torch
 from torch.utils._pytree import tree_leaves
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernel_cases import BACKENDS, needs_triton
+from kernel_cases import BACKENDS, needs_triton, spy
 from seqmix.conformance.definitions import rerope_attention as definition
 from seqmix.kernels import rerope
-from seqmix.kernels.rerope import fused, piecewise
+from seqmix.kernels.rerope import fused, piecewise, rotation
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close
 from qkv_check import check_qkv_op, qkv_inputs, output_and_grads
 from seqmix.kernels.attention import attention
@@ -127,6 +127,51 @@ def test_decode_is_the_last_row_of_prefill(rng, backend, T, d, window, leaky_k, 
             lambda *a: definition(*a, window, leaky_k=leaky_k, train_length=train_length)[:, :, -1:], (q, k, v), do)
         expected_grads = (grads_e[0][:, :, -1:], *grads_e[1:])   # dq: of the last query only
         assert_all_close(("dq", "dk", "dv"), grads, expected_grads, FP32_BUDGET, "decode")
+
+
+@needs_triton
+@pytest.mark.parametrize("T, window, leaky_k, sms, splits", [
+    (1, 3, None, 132, 1),          # one key: one split
+    (37, 5, None, 132, 3),         # odd T: slices of 16 keys, the last of 5
+    (37, 20, 4.0, 1, 1),           # a GPU of one SM: B H = 2 programs are enough, the unsplit path
+    (100, 30, 2.0, 4, 4),          # 8 programs: slices of 32 keys, T not a multiple of them (32 + 32 + 32 + 4)
+    (300, 40, None, 132, 19),      # a long cache, one 16-key tile a slice
+    (300, 40, 1.5, 132, 19),
+])
+def test_triton_decode_splits_the_cache(rng, monkeypatch, T, window, leaky_k, sms, splits):
+    """Flash-decoding: slices of the cache on separate programs, their partial softmaxes merged; equal to the
+    float64 reference and to the last row of the Triton prefill, with and without splits."""
+    monkeypatch.setattr(fused, "GPU_SMS", sms)
+    chosen = spy(monkeypatch, fused, "_decode_splits")
+    q, k, v = (x.float() for x in qkv_inputs(rng, (2, 1, T, 16)))
+    out = rerope.rerope_decode(q[:, :, -1:], k, v, window, leaky_k=leaky_k, train_length=8, backend="triton")
+    assert [split for _, split in chosen] == [splits]
+    expected = rerope_decode(q[:, :, -1:].double().numpy(), k.double().numpy(), v.double().numpy(), window,
+                             leaky_k=leaky_k, train_length=8)
+    assert_close(out, expected, FP32_BUDGET, "decode vs reference")
+    prefill = rerope.rerope_attention(q, k, v, window, leaky_k=leaky_k, train_length=8, backend="triton")
+    assert_close(out, prefill[:, :, -1:], FP32_BUDGET, "decode vs last prefill row")
+
+
+@needs_triton
+def test_triton_rotation_table_is_built_once_and_grown(rng, monkeypatch):
+    """The fp32 table is cached by (d, window, leaky_k, base, device) and shared across calls (layers, steps): a
+    decoder growing from 10 to 14 keys builds it twice (10, then 20 positions), not once a call; a longer table
+    gives the same rows; built under inference mode it can still be saved for a training step's backward."""
+    monkeypatch.setattr(rotation, "_TABLES", {})
+    builds = spy(monkeypatch, rotation, "rotation_table")
+    q, k, v = (x.float() for x in qkv_inputs(rng, (1, 2, 14, 16)))
+    with torch.inference_mode():
+        for T in range(10, 15):
+            for _layer in range(2):
+                rerope.rerope_decode(q[:, :, T - 1:T], k[:, :, :T], v[:, :, :T], 5, backend="triton")
+    assert [table.shape[2] for table in builds] == [10, 20]
+    assert_close(builds[1][:, :, :10], builds[0], REFERENCE_BUDGET, "rows of the grown table")
+    out, grads = output_and_grads(lambda *a: rerope.rerope_attention(*a, 5, backend="triton"), (q, k, v),
+                                  torch.ones_like(q))
+    assert len(builds) == 2 and all(torch.isfinite(g).all() for g in grads)
+    rerope.rerope_decode(q[:, :, -1:], k, v, 5, leaky_k=2.0, backend="triton")   # another table: another key
+    assert len(builds) == 3
 
 
 def test_torch_decode_rotates_the_cache_in_chunks(rng, monkeypatch):

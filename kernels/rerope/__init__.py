@@ -36,12 +36,12 @@ import torch
 
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import accumulation_dtype, check_devices, check_same_dtype, check_tensor
-from seqmix.kernels._flash import check_triton_head_dim, positive_scale
+from seqmix.kernels._flash import check_triton_head_dim, positive_scale, set_fp32_dot_precision
 from seqmix.kernels.rerope.fused import rerope_triton
 from seqmix.kernels.rerope.piecewise import rerope_decode_torch, rerope_torch
 from seqmix.kernels.rerope.rotation import cos_sin, log_n, rotate
 
-__all__ = ["rerope_attention", "rerope_decode", "apply_rope", "log_n_scaling"]
+__all__ = ["rerope_attention", "rerope_decode", "apply_rope", "log_n_scaling", "set_fp32_dot_precision"]
 
 
 def _check_options(window, leaky_k, scale, train_length, base, d):

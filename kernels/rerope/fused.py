@@ -18,11 +18,16 @@ rotation: rotations are orthogonal, R(a)^T = R(-a), so
 (accumulated per path over the key tiles, rotated back once at the end), and likewise for k:
     dk_j = R(-j) dk_near_j + R(-j/k) dk_far_j                        (ReRoPE: dk_far_j, unrotated).
 
-Decode is the same forward kernel with one query row at position T - 1 (the other rows of its tile are masked:
-tl.dot takes at least 16): each cached (pre-RoPE) key is rotated on the fly in registers and no rotated copy of the
-cache is written (the backward, when asked for, is a prefill's).
+Decode is the same forward kernel with one query row at position T - 1, in a tile of 16 rows (tl.dot's smallest;
+the other rows are masked), split across the cache as flash-decoding does: program (b h, 0, s) walks the s-th slice
+of keys (_decode_splits: enough slices for two programs per SM, each a whole number of key tiles) and writes its own
+softmax, O_s and LSE_s in fp32; _merge_splits combines them, O = sum_s e^{LSE_s - LSE} O_s with LSE = logsumexp_s
+LSE_s, in a fixed order. Each cached (pre-RoPE) key is rotated on the fly in registers and no rotated copy of the
+cache is written (the backward, when asked for, is a prefill's). The cos/sin table is built once per (head dim,
+window, leaky_k, base, device) and grown by doubling (rotation.cached_rotation_table): every layer and step shares
+it; the kernels take its length (rot_len) apart from T_k.
 
-Dots take the input dtype with fp32 accumulation; fp32 inputs use IEEE fp32 products (input_precision="ieee", not
+Dots take the input dtype with fp32 accumulation; fp32 inputs use IEEE fp32 products (input_precision=DOT, not
 TF32), so that the fp32 error budget holds on a GPU too.
 """
 from __future__ import annotations
@@ -31,10 +36,10 @@ import math
 
 import torch
 
-from seqmix.kernels._common import Launch, new_output, tl, triton
-from seqmix.kernels._flash import (block_d, flash_delta, flash_grid, flash_head, flash_launch, load_row_stats,
-                                   load_tile, online_softmax_step, softmax_tile_grad, store_tile)
-from seqmix.kernels.rerope.rotation import FAR_K, FAR_Q, NEAR, log_n, rotate, rotation_table
+from seqmix.kernels._common import GPU_SMS, Launch, new_output, tl, triton
+from seqmix.kernels._flash import (block_d, dot_precision, flash_delta, flash_grid, flash_head, flash_launch,
+                                   load_row_stats, load_tile, online_softmax_step, softmax_tile_grad, store_tile)
+from seqmix.kernels.rerope.rotation import FAR_K, FAR_Q, NEAR, cached_rotation_table, log_n, rotate
 
 __all__ = ["ReropeFunction", "rerope_triton", "aot_kernels"]
 
@@ -42,11 +47,13 @@ KERNELS = ("fwd", "dq", "dkdv")   # the three kernels, each with its own launch 
 
 
 def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
-    """Tiles of ``kernel`` (one of KERNELS) for head size ``head_dim`` and inputs of ``dtype``, chosen on the build
+    """Tiles of ``kernel`` (one of KERNELS, or "decode": the forward with one query) for head size ``head_dim`` and inputs of ``dtype``, chosen on the build
     the JIT makes for aligned tensors (``python -m seqmix.kernels.aot``): the largest tried that compile without
     spills or stack on sm_80 and sm_90 (Leaky ReRoPE, the larger variant). Each query and key tile is held in two
     rotations and the backward keeps two gradient accumulators per tile, hence smaller tiles than attention's; tiles
     of 64 query rows compile to wgmma on sm_90."""
+    if kernel == "decode":   # one live query row: tl.dot's smallest tile; fp32 as its forward at d <= 64
+        return flash_launch(16, 32, 8, 1) if dtype == torch.float32 else flash_launch(16, 64, 4, 2)
     if dtype == torch.float32:
         if kernel == "fwd":
             return flash_launch(16, 32, 8, 1) if head_dim <= 64 else flash_launch(32, 32, 8, 1)
@@ -84,13 +91,13 @@ def _rotate_halves(x1, x2, cos, sin):
 
 
 @triton.jit
-def _rotation(rot_ptr, PATH: tl.constexpr, pos, T_k, freqs, HEAD_DIM: tl.constexpr):
-    """cos and sin, (rows, BLOCK_F) fp32, of path PATH of the rotation table at positions ``pos`` (identity
-    outside the table)."""
+def _rotation(rot_ptr, PATH: tl.constexpr, pos, T_k, rot_len, freqs, HEAD_DIM: tl.constexpr):
+    """cos and sin, (rows, BLOCK_F) fp32, of path PATH of the rotation table (paths, 2, rot_len, d/2) at positions
+    ``pos`` (identity from T_k on: rows past the sequence). The table is cached and may be longer than T_k."""
     half: tl.constexpr = HEAD_DIM // 2
     mask = (pos < T_k)[:, None] & (freqs < half)[None, :]
-    ptrs = rot_ptr + (PATH * 2 * T_k + pos[:, None]) * half + freqs[None, :]
-    return tl.load(ptrs, mask=mask, other=1.0), tl.load(ptrs + T_k * half, mask=mask, other=0.0)
+    ptrs = rot_ptr + (PATH * 2 * rot_len + pos[:, None]) * half + freqs[None, :]
+    return tl.load(ptrs, mask=mask, other=1.0), tl.load(ptrs + rot_len * half, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -135,40 +142,42 @@ def _bwd_operands(q_near_ptr, q_far_ptr, k_near_ptr, k_far_ptr, v_ptr, do_ptr, l
 
 
 @triton.jit
-def _rotated_queries(q_ptr, rot_ptr, rows, T_q, T_k, freqs, inv_log_len, scale, HEAD_DIM: tl.constexpr):
+def _rotated_queries(q_ptr, rot_ptr, rows, T_q, T_k, rot_len, freqs, inv_log_len, scale, HEAD_DIM: tl.constexpr):
     """The query tile times sigma_i * scale, rotated for both paths; halves in q's dtype."""
     pos = (T_k - T_q) + rows
     q1, q2 = _load_halves(q_ptr, rows, T_q, freqs, HEAD_DIM)
     sigma = _query_scale(pos, inv_log_len, scale)
     q1 = q1.to(tl.float32) * sigma[:, None]
     q2 = q2.to(tl.float32) * sigma[:, None]
-    cos, sin = _rotation(rot_ptr, PATH_NEAR, pos, T_k, freqs, HEAD_DIM)
+    cos, sin = _rotation(rot_ptr, PATH_NEAR, pos, T_k, rot_len, freqs, HEAD_DIM)
     q1n, q2n = _rotate_halves(q1, q2, cos, sin)
-    cos, sin = _rotation(rot_ptr, PATH_FAR_Q, pos, T_k, freqs, HEAD_DIM)
+    cos, sin = _rotation(rot_ptr, PATH_FAR_Q, pos, T_k, rot_len, freqs, HEAD_DIM)
     q1f, q2f = _rotate_halves(q1, q2, cos, sin)
     dtype = q_ptr.dtype.element_ty
     return q1n.to(dtype), q2n.to(dtype), q1f.to(dtype), q2f.to(dtype)
 
 
 @triton.jit
-def _rotated_keys(k_ptr, rot_ptr, cols, T_k, freqs, HEAD_DIM: tl.constexpr, RUN: tl.constexpr, LEAKY: tl.constexpr):
+def _rotated_keys(k_ptr, rot_ptr, cols, T_k, rot_len, freqs, HEAD_DIM: tl.constexpr, RUN: tl.constexpr,
+                  LEAKY: tl.constexpr):
     """The key tile rotated for the paths its run needs; halves in k's dtype. ReRoPE's far key is the raw key."""
     k1, k2 = _load_halves(k_ptr, cols, T_k, freqs, HEAD_DIM)
     k1 = k1.to(tl.float32)
     k2 = k2.to(tl.float32)
     k1n, k2n, k1f, k2f = k1, k2, k1, k2
     if RUN & 2:
-        cos, sin = _rotation(rot_ptr, PATH_NEAR, cols, T_k, freqs, HEAD_DIM)
+        cos, sin = _rotation(rot_ptr, PATH_NEAR, cols, T_k, rot_len, freqs, HEAD_DIM)
         k1n, k2n = _rotate_halves(k1, k2, cos, sin)
     if (RUN & 1) and LEAKY:
-        cos, sin = _rotation(rot_ptr, PATH_FAR_K, cols, T_k, freqs, HEAD_DIM)
+        cos, sin = _rotation(rot_ptr, PATH_FAR_K, cols, T_k, rot_len, freqs, HEAD_DIM)
         k1f, k2f = _rotate_halves(k1, k2, cos, sin)
     dtype = k_ptr.dtype.element_ty
     return k1n.to(dtype), k2n.to(dtype), k1f.to(dtype), k2f.to(dtype)
 
 
 @triton.jit
-def _pair_scores(q1n, q2n, q1f, q2f, k1n, k2n, k1f, k2f, pos_i, pos_j, T_k, window, RUN: tl.constexpr):
+def _pair_scores(q1n, q2n, q1f, q2f, k1n, k2n, k1f, k2f, pos_i, pos_j, T_k, window, RUN: tl.constexpr,
+                 DOT: tl.constexpr):
     """Scores of one (query tile, key tile) pair, and where the near path was taken.
 
     NEAR_ONLY: every pair is at distance < w; FAR_ONLY: every pair at distance >= w (so j < i and j < T_k: no
@@ -178,11 +187,11 @@ def _pair_scores(q1n, q2n, q1f, q2f, k1n, k2n, k1f, k2f, pos_i, pos_j, T_k, wind
     dist = pos_i[:, None] - pos_j[None, :]
     is_near = dist < window
     if RUN & 2:
-        s_near = tl.dot(q1n, tl.trans(k1n), input_precision="ieee")
-        s_near = tl.dot(q2n, tl.trans(k2n), s_near, input_precision="ieee")
+        s_near = tl.dot(q1n, tl.trans(k1n), input_precision=DOT)
+        s_near = tl.dot(q2n, tl.trans(k2n), s_near, input_precision=DOT)
     if RUN & 1:
-        s_far = tl.dot(q1f, tl.trans(k1f), input_precision="ieee")
-        s_far = tl.dot(q2f, tl.trans(k2f), s_far, input_precision="ieee")
+        s_far = tl.dot(q1f, tl.trans(k1f), input_precision=DOT)
+        s_far = tl.dot(q2f, tl.trans(k2f), s_far, input_precision=DOT)
     if RUN == BAND:
         s = tl.where(is_near, s_near, s_far)
     elif RUN == NEAR_ONLY:
@@ -240,14 +249,14 @@ def _query_runs(start_n, T_q, T_k, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
 @triton.jit
 def _fwd_run(acc, m_i, l_i,                            # the running softmax state of the query tile
              q1n, q2n, q1f, q2f,                       # the query tile, rotated for both paths (halves)
-             k_ptr, v_ptr, rot_ptr, pos_i, T_k, window,
+             k_ptr, v_ptr, rot_ptr, pos_i, T_k, rot_len, window,
              freqs, dims, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, LEAKY: tl.constexpr,
-             lo, hi, RUN: tl.constexpr):
+             lo, hi, RUN: tl.constexpr, DOT: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         pos_j = start_n + tl.arange(0, BLOCK_N)
-        k1n, k2n, k1f, k2f = _rotated_keys(k_ptr, rot_ptr, pos_j, T_k, freqs, HEAD_DIM, RUN, LEAKY)
-        s, _ = _pair_scores(q1n, q2n, q1f, q2f, k1n, k2n, k1f, k2f, pos_i, pos_j, T_k, window, RUN)
-        m_i, l_i, acc = online_softmax_step(s, load_tile(v_ptr, pos_j, T_k, dims, HEAD_DIM), m_i, l_i, acc)
+        k1n, k2n, k1f, k2f = _rotated_keys(k_ptr, rot_ptr, pos_j, T_k, rot_len, freqs, HEAD_DIM, RUN, LEAKY)
+        s, _ = _pair_scores(q1n, q2n, q1f, q2f, k1n, k2n, k1f, k2f, pos_i, pos_j, T_k, window, RUN, DOT)
+        m_i, l_i, acc = online_softmax_step(s, load_tile(v_ptr, pos_j, T_k, dims, HEAD_DIM), m_i, l_i, acc, DOT)
     return acc, m_i, l_i
 
 
@@ -256,22 +265,22 @@ def _dq_run(dq1n, dq2n, dq1f, dq2f,                    # the gradients w.r.t. th
             q1n, q2n, q1f, q2f, do, lse, delta,        # the query tile's operands
             k_near_ptr, k_far_ptr, v_ptr, pos_i, T_k, window,
             freqs, dims, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-            lo, hi, RUN: tl.constexpr):
+            lo, hi, RUN: tl.constexpr, DOT: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         pos_j = start_n + tl.arange(0, BLOCK_N)
-        dp = tl.dot(do, tl.trans(load_tile(v_ptr, pos_j, T_k, dims, HEAD_DIM)), input_precision="ieee")
+        dp = tl.dot(do, tl.trans(load_tile(v_ptr, pos_j, T_k, dims, HEAD_DIM)), input_precision=DOT)
         # Both paths are read; in a run that needs one, the compiler drops the other's (unused) loads.
         k1n, k2n = _load_halves(k_near_ptr, pos_j, T_k, freqs, HEAD_DIM)
         k1f, k2f = _load_halves(k_far_ptr, pos_j, T_k, freqs, HEAD_DIM)
-        s, is_near = _pair_scores(q1n, q2n, q1f, q2f, k1n, k2n, k1f, k2f, pos_i, pos_j, T_k, window, RUN)
+        s, is_near = _pair_scores(q1n, q2n, q1f, q2f, k1n, k2n, k1f, k2f, pos_i, pos_j, T_k, window, RUN, DOT)
         _, ds = softmax_tile_grad(s, lse, dp, delta)
         ds_near, ds_far = _path_grads(ds, is_near, RUN)
         if RUN & 2:   # gradient w.r.t. the near-rotated query: dS_near (R k)_near
-            dq1n += tl.dot(ds_near.to(k1n.dtype), k1n, input_precision="ieee")
-            dq2n += tl.dot(ds_near.to(k2n.dtype), k2n, input_precision="ieee")
+            dq1n += tl.dot(ds_near.to(k1n.dtype), k1n, input_precision=DOT)
+            dq2n += tl.dot(ds_near.to(k2n.dtype), k2n, input_precision=DOT)
         if RUN & 1:
-            dq1f += tl.dot(ds_far.to(k1f.dtype), k1f, input_precision="ieee")
-            dq2f += tl.dot(ds_far.to(k2f.dtype), k2f, input_precision="ieee")
+            dq1f += tl.dot(ds_far.to(k1f.dtype), k1f, input_precision=DOT)
+            dq2f += tl.dot(ds_far.to(k2f.dtype), k2f, input_precision=DOT)
     return dq1n, dq2n, dq1f, dq2f
 
 
@@ -280,7 +289,7 @@ def _dkdv_run(dk1n, dk2n, dk1f, dk2f, dv,              # the gradients w.r.t. th
               k1n, k2n, k1f, k2f, v,                   # the key tile's operands
               q_near_ptr, q_far_ptr, do_ptr, lse_ptr, delta_ptr, pos_j, T_q, T_k, window,
               freqs, dims, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-              lo, hi, RUN: tl.constexpr):
+              lo, hi, RUN: tl.constexpr, DOT: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
         q1n, q2n = _load_halves(q_near_ptr, rows, T_q, freqs, HEAD_DIM)
@@ -288,16 +297,16 @@ def _dkdv_run(dk1n, dk2n, dk1f, dk2f, dv,              # the gradients w.r.t. th
         do = load_tile(do_ptr, rows, T_q, dims, HEAD_DIM)
         lse, delta = load_row_stats(lse_ptr, delta_ptr, rows, T_q)
         s, is_near = _pair_scores(q1n, q2n, q1f, q2f, k1n, k2n, k1f, k2f, (T_k - T_q) + rows, pos_j, T_k, window,
-                                  RUN)
-        p, ds = softmax_tile_grad(s, lse, tl.dot(do, tl.trans(v), input_precision="ieee"), delta)
-        dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision="ieee")
+                                  RUN, DOT)
+        p, ds = softmax_tile_grad(s, lse, tl.dot(do, tl.trans(v), input_precision=DOT), delta)
+        dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=DOT)
         ds_near, ds_far = _path_grads(ds, is_near, RUN)
         if RUN & 2:   # gradient w.r.t. the near-rotated key: dS_near^T (R q sigma scale)_near
-            dk1n += tl.dot(tl.trans(ds_near).to(q1n.dtype), q1n, input_precision="ieee")
-            dk2n += tl.dot(tl.trans(ds_near).to(q2n.dtype), q2n, input_precision="ieee")
+            dk1n += tl.dot(tl.trans(ds_near).to(q1n.dtype), q1n, input_precision=DOT)
+            dk2n += tl.dot(tl.trans(ds_near).to(q2n.dtype), q2n, input_precision=DOT)
         if RUN & 1:
-            dk1f += tl.dot(tl.trans(ds_far).to(q1f.dtype), q1f, input_precision="ieee")
-            dk2f += tl.dot(tl.trans(ds_far).to(q2f.dtype), q2f, input_precision="ieee")
+            dk1f += tl.dot(tl.trans(ds_far).to(q1f.dtype), q1f, input_precision=DOT)
+            dk2f += tl.dot(tl.trans(ds_far).to(q2f.dtype), q2f, input_precision=DOT)
     return dk1n, dk2n, dk1f, dk2f, dv
 
 
@@ -311,8 +320,10 @@ def rerope_fwd_kernel(
     k_ptr, v_ptr,               # (B*H, T_k, d) contiguous, input dtype, k before RoPE
     o_ptr,                      # (B*H, T_q, d) output, input dtype
     lse_ptr,                    # (B*H, T_q) fp32 output: each row's log-sum-exp, for the backward
-    rot_ptr,                    # (paths, 2, T_k, d/2) fp32: cos and sin of each path (rotation_table)
+    rot_ptr,                    # (paths, 2, rot_len, d/2) fp32: cos and sin of each path (rotation_table), cached
     T_q, T_k,                   # queries are the last T_q of the T_k positions (prefill T_q = T_k, decode 1)
+    rot_len,                    # positions in the rotation table, >= T_k: its stride from cos to sin and by path
+    keys_per_split,             # with SPLIT: keys of program_id(2)'s slice, a multiple of BLOCK_N
     window,                     # w >= 1: pairs at distance i - j < w take the near (RoPE) score
     inv_log_len,                # 1/ln(train_length) for log-n scaling, 0 without
     scale,                      # score scale
@@ -322,36 +333,48 @@ def rerope_fwd_kernel(
     BLOCK_M: tl.constexpr,      # query rows per program
     BLOCK_N: tl.constexpr,      # keys per tile of the inner loop
     LEAKY: tl.constexpr,        # Leaky ReRoPE: the far key is rotated (path FAR_K)
+    DOT: tl.constexpr,          # input_precision of the dots: "ieee" or "tf32x3" for fp32 (_flash.dot_precision)
+    SPLIT: tl.constexpr,        # flash-decoding: program_id(2) takes one slice of the keys (decode, T_q = 1)
 ):
     start_m = tl.program_id(1) * BLOCK_M
-    seq_q, seq_row, seq_k = _head_offsets(T_q, T_k, HEAD_DIM)
+    seq_q, _, seq_k = _head_offsets(T_q, T_k, HEAD_DIM)
     k_ptr += seq_k
     v_ptr += seq_k
+    if SPLIT:   # this program's slice of the keys and its rows of the (B*H, splits, T_q) partial outputs
+        split_lo = tl.program_id(2) * keys_per_split
+        split_hi = split_lo + keys_per_split
+        out_row = (flash_head() * tl.num_programs(2) + tl.program_id(2)) * T_q
+    else:
+        split_lo = 0
+        split_hi = T_k
+        out_row = flash_head() * T_q
     rows = start_m + tl.arange(0, BLOCK_M)
     pos_i = (T_k - T_q) + rows
     freqs = tl.arange(0, BLOCK_F)
     dims = tl.arange(0, BLOCK_D)
-    q1n, q2n, q1f, q2f = _rotated_queries(q_ptr + seq_q, rot_ptr, rows, T_q, T_k, freqs, inv_log_len, scale,
-                                          HEAD_DIM)
+    q1n, q2n, q1f, q2f = _rotated_queries(q_ptr + seq_q, rot_ptr, rows, T_q, T_k, rot_len, freqs, inv_log_len,
+                                          scale, HEAD_DIM)
     far_end, near_start, end = _key_runs(start_m, T_q, T_k, window, BLOCK_M, BLOCK_N)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    # The first tile visited holds key 0, which every row sees: the running max is finite from then on.
+    # Each run cut to the split's slice (its bounds are multiples of BLOCK_N, as the runs' are). The first tile
+    # visited holds the slice's first key, which every row sees (prefill: key 0; decode: one row at T_k - 1, which
+    # sees every key): the running max is finite from then on.
     acc, m_i, l_i = _fwd_run(acc, m_i, l_i, q1n, q2n, q1f, q2f,
-                             k_ptr, v_ptr, rot_ptr, pos_i, T_k, window,
+                             k_ptr, v_ptr, rot_ptr, pos_i, T_k, rot_len, window,
                              freqs, dims, HEAD_DIM, BLOCK_N, LEAKY,
-                             0, far_end, FAR_ONLY)
+                             split_lo, tl.minimum(far_end, split_hi), FAR_ONLY, DOT)
     acc, m_i, l_i = _fwd_run(acc, m_i, l_i, q1n, q2n, q1f, q2f,
-                             k_ptr, v_ptr, rot_ptr, pos_i, T_k, window,
+                             k_ptr, v_ptr, rot_ptr, pos_i, T_k, rot_len, window,
                              freqs, dims, HEAD_DIM, BLOCK_N, LEAKY,
-                             far_end, near_start, BAND)
+                             tl.maximum(far_end, split_lo), tl.minimum(near_start, split_hi), BAND, DOT)
     acc, m_i, l_i = _fwd_run(acc, m_i, l_i, q1n, q2n, q1f, q2f,
-                             k_ptr, v_ptr, rot_ptr, pos_i, T_k, window,
+                             k_ptr, v_ptr, rot_ptr, pos_i, T_k, rot_len, window,
                              freqs, dims, HEAD_DIM, BLOCK_N, LEAKY,
-                             near_start, end, NEAR_ONLY)
-    store_tile(o_ptr + seq_q, acc / l_i[:, None], rows, T_q, dims, HEAD_DIM)
-    tl.store(lse_ptr + seq_row + rows, m_i + tl.log(l_i), mask=rows < T_q)
+                             tl.maximum(near_start, split_lo), tl.minimum(end, split_hi), NEAR_ONLY, DOT)
+    store_tile(o_ptr + out_row * HEAD_DIM, acc / l_i[:, None], rows, T_q, dims, HEAD_DIM)
+    tl.store(lse_ptr + out_row + rows, m_i + tl.log(l_i), mask=rows < T_q)
 
 
 @triton.jit
@@ -361,12 +384,13 @@ def rerope_bwd_dq_kernel(
     v_ptr, do_ptr,              # v (B*H, T_k, d); do (B*H, T_q, d), the gradient of the output
     lse_ptr, delta_ptr,         # (B*H, T_q) fp32: forward log-sum-exp, D = rowsum(dO * O)
     dq_ptr,                     # (B*H, T_q, d) output, input dtype: the gradient w.r.t. the raw queries
-    rot_ptr,                    # (paths, 2, T_k, d/2) fp32, to rotate the gradients back
-    T_q, T_k, window, inv_log_len, scale,           # as in rerope_fwd_kernel
+    rot_ptr,                    # (paths, 2, rot_len, d/2) fp32, to rotate the gradients back
+    T_q, T_k, rot_len, window, inv_log_len, scale,  # as in rerope_fwd_kernel
     HEAD_DIM: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,      # query rows per program
     BLOCK_N: tl.constexpr,      # keys per tile of the inner loop
     LEAKY: tl.constexpr,
+    DOT: tl.constexpr,          # input_precision of the dots (_flash.dot_precision)
 ):
     start_m = tl.program_id(1) * BLOCK_M
     (q_near_ptr, q_far_ptr, k_near_ptr, k_far_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
@@ -388,19 +412,19 @@ def rerope_bwd_dq_kernel(
     dq1n, dq2n, dq1f, dq2f = _dq_run(dq1n, dq2n, dq1f, dq2f, q1n, q2n, q1f, q2f, do, lse, delta,
                                      k_near_ptr, k_far_ptr, v_ptr, pos_i, T_k, window,
                                      freqs, dims, HEAD_DIM, BLOCK_N,
-                                     0, far_end, FAR_ONLY)
+                                     0, far_end, FAR_ONLY, DOT)
     dq1n, dq2n, dq1f, dq2f = _dq_run(dq1n, dq2n, dq1f, dq2f, q1n, q2n, q1f, q2f, do, lse, delta,
                                      k_near_ptr, k_far_ptr, v_ptr, pos_i, T_k, window,
                                      freqs, dims, HEAD_DIM, BLOCK_N,
-                                     far_end, near_start, BAND)
+                                     far_end, near_start, BAND, DOT)
     dq1n, dq2n, dq1f, dq2f = _dq_run(dq1n, dq2n, dq1f, dq2f, q1n, q2n, q1f, q2f, do, lse, delta,
                                      k_near_ptr, k_far_ptr, v_ptr, pos_i, T_k, window,
                                      freqs, dims, HEAD_DIM, BLOCK_N,
-                                     near_start, end, NEAR_ONLY)
+                                     near_start, end, NEAR_ONLY, DOT)
     # Back through the rotations (R^T: the same cos, -sin) and the scaling sigma_i * scale.
-    cos, sin = _rotation(rot_ptr, PATH_NEAR, pos_i, T_k, freqs, HEAD_DIM)
+    cos, sin = _rotation(rot_ptr, PATH_NEAR, pos_i, T_k, rot_len, freqs, HEAD_DIM)
     dq1n, dq2n = _rotate_halves(dq1n, dq2n, cos, -sin)
-    cos, sin = _rotation(rot_ptr, PATH_FAR_Q, pos_i, T_k, freqs, HEAD_DIM)
+    cos, sin = _rotation(rot_ptr, PATH_FAR_Q, pos_i, T_k, rot_len, freqs, HEAD_DIM)
     dq1f, dq2f = _rotate_halves(dq1f, dq2f, cos, -sin)
     sigma = _query_scale(pos_i, inv_log_len, scale)
     _store_halves(dq_ptr + seq_q, (dq1n + dq1f) * sigma[:, None], (dq2n + dq2f) * sigma[:, None], rows, T_q, freqs,
@@ -414,12 +438,13 @@ def rerope_bwd_dkdv_kernel(
     v_ptr, do_ptr,              # v (B*H, T_k, d); do (B*H, T_q, d)
     lse_ptr, delta_ptr,         # (B*H, T_q) fp32
     dk_ptr, dv_ptr,             # (B*H, T_k, d) outputs, input dtype: gradients w.r.t. the raw keys and values
-    rot_ptr,                    # (paths, 2, T_k, d/2) fp32
-    T_q, T_k, window,           # as in rerope_fwd_kernel
+    rot_ptr,                    # (paths, 2, rot_len, d/2) fp32
+    T_q, T_k, rot_len, window,  # as in rerope_fwd_kernel
     HEAD_DIM: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,      # query rows per tile of the inner loop
     BLOCK_N: tl.constexpr,      # keys per program
     LEAKY: tl.constexpr,
+    DOT: tl.constexpr,          # input_precision of the dots (_flash.dot_precision)
 ):
     start_n = tl.program_id(1) * BLOCK_N
     (q_near_ptr, q_far_ptr, k_near_ptr, k_far_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
@@ -440,19 +465,19 @@ def rerope_bwd_dkdv_kernel(
     dk1n, dk2n, dk1f, dk2f, dv = _dkdv_run(dk1n, dk2n, dk1f, dk2f, dv, k1n, k2n, k1f, k2f, v,
                                            q_near_ptr, q_far_ptr, do_ptr, lse_ptr, delta_ptr, pos_j, T_q, T_k, window,
                                            freqs, dims, HEAD_DIM, BLOCK_M,
-                                           first, near_end, NEAR_ONLY)
+                                           first, near_end, NEAR_ONLY, DOT)
     dk1n, dk2n, dk1f, dk2f, dv = _dkdv_run(dk1n, dk2n, dk1f, dk2f, dv, k1n, k2n, k1f, k2f, v,
                                            q_near_ptr, q_far_ptr, do_ptr, lse_ptr, delta_ptr, pos_j, T_q, T_k, window,
                                            freqs, dims, HEAD_DIM, BLOCK_M,
-                                           near_end, far_start, BAND)
+                                           near_end, far_start, BAND, DOT)
     dk1n, dk2n, dk1f, dk2f, dv = _dkdv_run(dk1n, dk2n, dk1f, dk2f, dv, k1n, k2n, k1f, k2f, v,
                                            q_near_ptr, q_far_ptr, do_ptr, lse_ptr, delta_ptr, pos_j, T_q, T_k, window,
                                            freqs, dims, HEAD_DIM, BLOCK_M,
-                                           far_start, T_q, FAR_ONLY)
-    cos, sin = _rotation(rot_ptr, PATH_NEAR, pos_j, T_k, freqs, HEAD_DIM)
+                                           far_start, T_q, FAR_ONLY, DOT)
+    cos, sin = _rotation(rot_ptr, PATH_NEAR, pos_j, T_k, rot_len, freqs, HEAD_DIM)
     dk1n, dk2n = _rotate_halves(dk1n, dk2n, cos, -sin)
     if LEAKY:
-        cos, sin = _rotation(rot_ptr, PATH_FAR_K, pos_j, T_k, freqs, HEAD_DIM)
+        cos, sin = _rotation(rot_ptr, PATH_FAR_K, pos_j, T_k, rot_len, freqs, HEAD_DIM)
         dk1f, dk2f = _rotate_halves(dk1f, dk2f, cos, -sin)
     _store_halves(dk_ptr + seq_k, dk1n + dk1f, dk2n + dk2f, pos_j, T_k, freqs, HEAD_DIM)
     store_tile(dv_ptr + seq_k, dv, pos_j, T_k, dims, HEAD_DIM)
@@ -462,32 +487,55 @@ def rerope_bwd_dkdv_kernel(
 # Launchers
 # ----------------------------------------------------------------------------------------------------------------
 
-def _constexprs(head_dim: int, cfg: Launch, leaky: bool) -> dict:
+def _constexprs(kernel: str, head_dim: int, cfg: Launch, leaky: bool, dtype: torch.dtype) -> dict:
+    split = {"SPLIT": kernel == "decode"} if kernel in ("fwd", "decode") else {}
     return dict(HEAD_DIM=head_dim, BLOCK_F=block_d(head_dim // 2), BLOCK_D=block_d(head_dim), **cfg.blocks,
-                LEAKY=leaky)
+                LEAKY=leaky, DOT=dot_precision(dtype), **split)
 
 
 def _options(kernel: str, head_dim: int, dtype: torch.dtype, leaky: bool) -> dict:
     """The constexprs and launch options of one kernel call."""
     cfg = _launch_config(kernel, head_dim, dtype)
-    return dict(**_constexprs(head_dim, cfg, leaky), **cfg.options)
+    return dict(**_constexprs(kernel, head_dim, cfg, leaky, dtype), **cfg.options)
 
 
 def _inv_log_len(train_length) -> float:
     return 0.0 if train_length is None else 1.0 / math.log(train_length)
 
 
+def _decode_splits(T_k: int, batch_heads: int, block_n: int) -> tuple[int, int]:
+    """Flash-decoding: (keys per program, splits) for one query per (batch, head) over T_k keys. Enough slices of
+    the cache for two programs per SM (B H = 32: 9 slices), none smaller than one key tile and none empty."""
+    splits = max(1, min(triton.cdiv(2 * GPU_SMS, batch_heads), triton.cdiv(T_k, block_n)))
+    per_split = triton.cdiv(triton.cdiv(T_k, splits), block_n) * block_n
+    return per_split, triton.cdiv(T_k, per_split)
+
+
+def _merge_splits(o, lse):
+    """O and LSE from the splits' own (B, H, splits, T_q, d), (B, H, splits, T_q), fp32: the softmax over all keys
+    is the splits' softmaxes weighted by e^{LSE_s - LSE}, LSE = logsumexp_s LSE_s (torch's reductions, in the same
+    order every run)."""
+    total = torch.logsumexp(lse, dim=2)
+    return (o * torch.exp(lse - total[:, :, None])[..., None]).sum(2), total
+
+
 def rerope_fwd(q, k, v, rot, window, leaky, train_length, scale):
     """Runs the forward kernel: q (B, H, T_q, d) the last T_q positions of k, v (B, H, T_k, d), all contiguous;
-    rot the rotation table. Returns O and each row's log-sum-exp."""
+    rot the rotation table (at least T_k positions). Returns O and each row's log-sum-exp. Decode (T_q = 1) splits
+    the cache across programs (the grid's third axis) and merges their partial results."""
     B, H, T_q, d = q.shape
     T_k = k.shape[2]
-    o = new_output(q.shape, q.dtype, q.device)
-    lse = new_output((B, H, T_q), torch.float32, q.device)
-    opts = _options("fwd", d, q.dtype, leaky)
-    rerope_fwd_kernel[flash_grid(T_q, opts["BLOCK_M"], B * H)](
-        q, k, v, o, lse, rot, T_q, T_k, window, _inv_log_len(train_length), scale, **opts)
-    return o, lse
+    opts = _options("decode" if T_q == 1 else "fwd", d, q.dtype, leaky)
+    per_split, splits = (_decode_splits(T_k, B * H, opts["BLOCK_N"]) if T_q == 1
+                         else (triton.cdiv(T_k, opts["BLOCK_N"]) * opts["BLOCK_N"], 1))
+    o = new_output((B, H, splits, T_q, d), q.dtype if splits == 1 else torch.float32, q.device)
+    lse = new_output((B, H, splits, T_q), torch.float32, q.device)
+    rerope_fwd_kernel[(*flash_grid(T_q, opts["BLOCK_M"], B * H), splits)](
+        q, k, v, o, lse, rot, T_q, T_k, rot.shape[2], per_split, window, _inv_log_len(train_length), scale, **opts)
+    if splits == 1:
+        return o[:, :, 0], lse[:, :, 0]
+    o, lse = _merge_splits(o, lse)
+    return o.to(q.dtype), lse
 
 
 def rerope_bwd(q, k, v, o, lse, rot, do, window, leaky, train_length, scale):
@@ -498,19 +546,19 @@ def rerope_bwd(q, k, v, o, lse, rot, do, window, leaky, train_length, scale):
     delta = flash_delta(o, do)                               # D_i = sum_c dO_ic O_ic, (B, H, T_q) fp32
     # The rotated operands of both paths, as the forward built them in registers (fp32, then the input dtype).
     q_scaled = log_n(q.float(), T_k - T_q, train_length) * scale
-    q_near, q_far = (rotate(q_scaled, *rot[path, :, T_k - T_q:]).to(q.dtype) for path in (NEAR, FAR_Q))
-    k_near = rotate(k.float(), *rot[NEAR]).to(k.dtype)
-    k_far = rotate(k.float(), *rot[FAR_K]).to(k.dtype) if leaky else k
+    q_near, q_far = (rotate(q_scaled, *rot[path, :, T_k - T_q:T_k]).to(q.dtype) for path in (NEAR, FAR_Q))
+    k_near = rotate(k.float(), *rot[NEAR, :, :T_k]).to(k.dtype)
+    k_far = rotate(k.float(), *rot[FAR_K, :, :T_k]).to(k.dtype) if leaky else k
     dq = new_output(q.shape, q.dtype, q.device)
     dk = new_output(k.shape, k.dtype, k.device)
     dv = new_output(v.shape, v.dtype, v.device)
     operands = (q_near, q_far, k_near, k_far, v, do, lse, delta)
     opts = _options("dq", d, q.dtype, leaky)
     rerope_bwd_dq_kernel[flash_grid(T_q, opts["BLOCK_M"], B * H)](
-        *operands, dq, rot, T_q, T_k, window, _inv_log_len(train_length), scale, **opts)
+        *operands, dq, rot, T_q, T_k, rot.shape[2], window, _inv_log_len(train_length), scale, **opts)
     opts = _options("dkdv", d, q.dtype, leaky)
     rerope_bwd_dkdv_kernel[flash_grid(T_k, opts["BLOCK_N"], B * H)](
-        *operands, dk, dv, rot, T_q, T_k, window, **opts)
+        *operands, dk, dv, rot, T_q, T_k, rot.shape[2], window, **opts)
     return dq, dk, dv
 
 
@@ -523,7 +571,7 @@ class ReropeFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, window, leaky_k, scale, train_length, base):
-        rot = rotation_table(k.shape[2], q.shape[-1], window, leaky_k, base, torch.float32, q.device)
+        rot = cached_rotation_table(k.shape[2], q.shape[-1], window, leaky_k, base, q.device)
         o, lse = rerope_fwd(q, k, v, rot, window, leaky_k is not None, train_length, scale)
         ctx.save_for_backward(q, k, v, o, lse, rot)
         ctx.args = (window, leaky_k is not None, train_length, scale)
@@ -545,15 +593,22 @@ def rerope_triton(q, k, v, window, leaky_k, scale, train_length, base):
 # ----------------------------------------------------------------------------------------------------------------
 
 def aot_kernels():
-    """The three kernels, ReRoPE and Leaky, at head size 64 and 128 in fp32, fp16 and bf16."""
-    from seqmix.kernels.aot import AOT_DTYPES, FLASH_ARG_TYPES, AotKernel
+    """The three kernels, ReRoPE and Leaky, at head size 64 and 128 in fp32, fp16 and bf16; and decode: the forward
+    at its launch configuration, writing its split's fp32 partial output. The fp32 forward also with tf32x3 dots."""
+    from seqmix.kernels.aot import AOT_DTYPES, FLASH_ARG_TYPES, AotKernel, fp32_dot_variants
+    variants = [(kernel, fn, fn.__name__.removesuffix("_kernel"))
+                for kernel, fn in zip(KERNELS, (rerope_fwd_kernel, rerope_bwd_dq_kernel, rerope_bwd_dkdv_kernel))]
+    variants.append(("decode", rerope_fwd_kernel, "rerope_decode"))
     kernels = []
     for d in (64, 128):
         for dtype, torch_dtype in AOT_DTYPES.items():
             for leaky in (False, True):
-                for kernel, fn in zip(KERNELS, (rerope_fwd_kernel, rerope_bwd_dq_kernel, rerope_bwd_dkdv_kernel)):
+                for kernel, fn, label in variants:
                     cfg = _launch_config(kernel, d, torch_dtype)
-                    label = f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}{' leaky' if leaky else ''}"
-                    kernels.append(AotKernel(label, fn, _constexprs(d, cfg, leaky), FLASH_ARG_TYPES, "*" + dtype,
-                                             cfg.num_warps, cfg.num_stages, wide_offsets=False))
+                    types = {**FLASH_ARG_TYPES, "o_ptr": "*fp32"} if kernel == "decode" else FLASH_ARG_TYPES
+                    constexprs = _constexprs(kernel, d, cfg, leaky, torch_dtype)
+                    kernels += [AotKernel(f"{label} d={d} {dtype}{' leaky' if leaky else ''}{suffix}", fn,
+                                          {**constexprs, **dot}, types, "*" + dtype, cfg.num_warps, cfg.num_stages,
+                                          wide_offsets=False)
+                                for suffix, dot in fp32_dot_variants(kernel, dtype)]
     return kernels

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-__all__ = ["NEAR", "FAR_Q", "FAR_K", "cos_sin", "rotation_table", "rotate", "log_n"]
+__all__ = ["NEAR", "FAR_Q", "FAR_K", "cos_sin", "rotation_table", "cached_rotation_table", "rotate", "log_n"]
 
 NEAR, FAR_Q, FAR_K = 0, 1, 2      # the table's paths: RoPE's R(p); the far query's rotation; the far key's
 
@@ -31,6 +31,27 @@ def rotation_table(T, d, window, leaky_k, base, dtype, device):
     if leaky_k is not None:
         positions.append(p / leaky_k)
     return torch.stack([cos_sin(x, d, base, dtype) for x in positions])
+
+
+# The fused kernels' fp32 tables, by what determines them: (head dim, window, leaky_k, base, device). Each holds at
+# least the longest sequence asked for so far; every layer and every decoding step of a model shares it.
+_TABLES: dict = {}
+
+
+def cached_rotation_table(T, d, window, leaky_k, base, device):
+    """rotation_table in fp32 with at least T positions (more when a longer one was built before): built once per
+    (d, window, leaky_k, base, device), rebuilt at twice the length (or T) when a longer one is needed, so that a
+    decoder growing one token a step rebuilds it log2(T) times. Rows are the same at any length: a row is its
+    position's float64 angles rounded once. Built outside inference mode and autograd, so that training may save
+    it."""
+    key = (d, window, leaky_k, float(base), torch.device(device))
+    table = _TABLES.get(key)
+    if table is None or table.shape[2] < T:
+        length = T if table is None else max(T, 2 * table.shape[2])
+        with torch.inference_mode(False), torch.no_grad():
+            table = rotation_table(length, d, window, leaky_k, base, torch.float32, device)
+        _TABLES[key] = table
+    return table
 
 
 class _Rotate(torch.autograd.Function):
