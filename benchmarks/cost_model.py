@@ -19,10 +19,15 @@ Predicted time = the largest of three bounds, and the table says which binds:
   FMA lowering of fp32 IEEE dots 25% of the 67 TFLOP/s FMA peak, its operands re-read from shared memory: assumed,
   to be measured); other FLOPs / 33.5 T/s (an add, multiply, compare or select is one lane-op, not half an FMA);
   transcendentals / 4.2 T/s (16 per SM per clock, 132 SMs, 1.98 GHz);
-- latency: serial steps x the time one step waits (``Step``: a DRAM round trip per step for loads not issued ahead,
-  about 0.5 us; a reduction across warps, about 0.1 us; a dependent special-function op, about 10 ns), times the
-  waves of programs when there are more than the GPU holds at once. The recurrent kernels (few programs, T steps
-  each) are bound by it at the benchmark's shapes.
+- latency: serial steps x the time one step waits (``Step``: its dependent chain, reductions across warps about
+  0.1 us, within one warp about 0.075 us, a dependent special-function op about 10 ns; and a DRAM round trip, about
+  0.5 us, for its loads), times the waves of programs when there are more than the GPU holds at once. The recurrent
+  kernels prefetch: step t + 1's loads are issued before step t's arithmetic, so two round trips overlap and a step
+  takes max(chain, (round trip + chain) / 2) rather than round trip + chain; what remains is half a round trip per
+  step (a deeper prefetch would hide more) and the chain itself. The recurrent kernels (few programs, T steps each)
+  are bound by it at the benchmark's shapes.
+- a grid of fewer programs than SMs reaches only that share of the bandwidth and compute (an SM per program: the
+  unsplit ReRoPE decode at B H = 4 had 4 programs on 132 SMs).
 The constants marked "assumed" are estimates from the GPU's documented latencies, not measurements:
 ``python -m seqmix.benchmarks.gpu_check`` measures them the day a GPU is at hand.
 """
@@ -49,6 +54,7 @@ H100 = {"name": "H100 SXM", "bandwidth": 3.35e12,
         "sms": 132, "warps_per_sm": 64, "programs_per_sm": 32,
         "dram_latency": 0.5e-6,          # a dependent load's round trip from DRAM under load (assumed)
         "reduce_latency": 0.1e-6,        # a reduction across warps: shuffles, shared memory, a barrier (assumed)
+        "warp_reduce_latency": 0.075e-6,  # a reduction within one warp: 5 shuffle rounds of ~30 cycles (assumed)
         "sfu_latency": 10e-9}            # one dependent MUFU op (ex2, rcp) with its FMAs (assumed)
 ARCH = 90
 DTYPE_BYTES = {name: dtype.itemsize for name, dtype in AOT_DTYPES.items()}
@@ -73,15 +79,23 @@ class Cost:
 
 @dataclass
 class Step:
-    """What one serial step of a recurrent kernel waits for, in order: DRAM round trips (loads not issued ahead
-    of the step that uses them), reductions across warps, dependent special-function ops."""
+    """What one serial step of a recurrent kernel waits for: DRAM round trips for its loads, reductions (across
+    warps, or within one warp when ``warp_reductions``), dependent special-function ops. With ``prefetch`` = P the
+    loads are issued P steps ahead: P + 1 round trips overlap, and a step takes max(chain, (round trips + chain) /
+    (P + 1)). ``starts``: pipeline starts per step (a walk's first load waits in full: the backwards start two walks
+    per checkpoint run)."""
     round_trips: float = 0.0
     reductions: float = 0.0
     sfu: float = 0.0
+    prefetch: int = 0
+    warp_reductions: bool = False
+    starts: float = 0.0
 
     def seconds(self, hw) -> float:
-        return (self.round_trips * hw["dram_latency"] + self.reductions * hw["reduce_latency"]
-                + self.sfu * hw["sfu_latency"])
+        reduce = hw["warp_reduce_latency" if self.warp_reductions else "reduce_latency"]
+        chain = self.reductions * reduce + self.sfu * hw["sfu_latency"]
+        memory = self.round_trips * hw["dram_latency"]
+        return max(chain, (memory + chain) / (self.prefetch + 1)) + self.starts * hw["dram_latency"]
 
 
 @dataclass
@@ -123,12 +137,14 @@ def latency(m: Model, hw=H100) -> float:
 
 
 def predict(cost: Cost, dtype: str, dram_bytes: float, hw=H100, mma: str | None = None,
-            latency_s: float = 0.0) -> tuple[float, str]:
+            latency_s: float = 0.0, programs: int | None = None) -> tuple[float, str]:
     """Predicted time in seconds and what binds it: memory (DRAM bytes; re-reads beyond them hit L2), a compute
-    unit (dots at ``dot_rate``, other ops, special functions) or latency (``latency_s``, the serial chain)."""
+    unit (dots at ``dot_rate``, other ops, special functions) or latency (``latency_s``, the serial chain). A grid
+    of ``programs`` < SMs reaches that share of the GPU's bandwidth and compute."""
     rate, unit = dot_rate(dtype, mma, hw)
-    times = {"memory": dram_bytes / hw["bandwidth"], "fp32 units": cost.flops / hw["fp32_ops"],
-             "special functions": cost.transcendentals / hw["sfu"], unit: cost.dot_flops / rate,
+    share = min(1.0, programs / hw["sms"]) if programs else 1.0
+    times = {"memory": dram_bytes / hw["bandwidth"] / share, "fp32 units": cost.flops / hw["fp32_ops"] / share,
+             "special functions": cost.transcendentals / hw["sfu"] / share, unit: cost.dot_flops / rate / share,
              "latency": latency_s}
     bound = max(times, key=times.get)
     return times[bound], bound
@@ -176,9 +192,11 @@ def wkv4_models(B=4, T=2048, C=768):
         for label, cost, forward in ((f"wkv4_fwd C={C} {dtype}", wkv4_fwd(B, T, C, dtype, False), True),
                                      (f"wkv4_fwd_save C={C} {dtype}", wkv4_fwd(B, T, C, dtype, True), False),
                                      (f"wkv4_bwd C={C} {dtype}", wkv4_bwd(B, T, C, dtype), False)):
-            # a step: k, v loaded at its top and used at once (one DRAM round trip), then the exponentials
-            # and the division in a dependent chain (4 MUFU ops forward, 5 backward); one thread per channel
-            step = Step(round_trips=1, sfu=5 if "bwd" in label else 4)
+            # a step: k, v (backward: five vectors) loaded one step ahead (a round trip, overlapping the previous
+            # step's), then the exponentials and the division in a dependent chain (4 MUFU ops forward, 5
+            # backward); one thread per channel. Splitting channels further would leave lanes idle and shorten no
+            # chain: each channel's is as long in a warp of 32 as alone.
+            step = Step(round_trips=1, sfu=5 if "bwd" in label else 4, prefetch=1)
             out.append(Model("wkv4", label, shape, B * T, dtype, cost, programs, T, forward, cost.bytes, step=step,
                              num_warps=_launch_config(C).num_warps))
     return out
@@ -239,9 +257,10 @@ def wkv7_chunked_fwd(B, T, H, N, dtype, block_v, block_k, programs, ck, save):
 
 def wkv7_models(B=1, T=2048, H=12, N=64):
     from seqmix.kernels.wkv7 import CHECKPOINT, CHUNKED_BLOCK_K, _chunked_launch_config, _grid, _launch_config
-    cfg, chunked_cfg = _launch_config(N), _chunked_launch_config(N)
-    block_v, chunked_v = cfg["BLOCK_V"], chunked_cfg["BLOCK_V"]
-    programs = math.prod(_grid(B, H, N, cfg))
+    cfg, chunked_cfg, fwd_cfg = _launch_config(N), _chunked_launch_config(N), _launch_config(N, B * H)
+    block_v, chunked_v, fwd_v = cfg["BLOCK_V"], chunked_cfg["BLOCK_V"], fwd_cfg["BLOCK_V"]
+    programs, fwd_programs = math.prod(_grid(B, H, N, cfg)), math.prod(_grid(B, H, N, fwd_cfg))
+    fwd_label = "wkv7_fwd" if fwd_cfg == cfg else f"wkv7_fwd B*H={B * H}"   # kernels/wkv7.py aot_kernels
     chunked_programs = math.prod(_grid(B, H, N, chunked_cfg))
     shape = f"B={B} T={T} H={H} N={N}"
     out = []
@@ -250,15 +269,17 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
         # DRAM: the six inputs and y; bwd also dy, dv, the five key gradients' N / BLOCK_V partial slices (written,
         # read by the wrapper's sum) and their sum, the checkpoints; the scratch buffer (64 KB per program) stays in L2
         slices = N // block_v
-        # Steps: the sequential forward loads its step's vectors and uses them at once (a round trip), then S a and
-        # S r, two reductions across warps in a row; the backward alternates a recompute step (S a) and a reverse
-        # step (S_{t-1} a, dr's sums, q = G b, then G), 1 and 4 reductions: 2.5 on average over its 2 T steps. The
-        # chunked forward's step is a chunk: two loops of loads, and about 12 dependent tile products and
-        # reductions (the inverse's 6, U, Y, the state update).
-        out += [Model("wkv7", f"wkv7_fwd N={N} {dtype}", shape, B * T, dtype,
-                      wkv7_fwd(B, T, H, N, dtype, block_v, programs, CHECKPOINT, False), programs, T, True,
+        # Steps: the sequential forward loads its step's vectors one step ahead (a round trip overlapping the
+        # previous step's), then S a and S r, two reductions in a row (within one warp at the split configuration:
+        # 4 value rows of N = 64); the backward alternates a recompute step (S a) and a reverse step (S_{t-1} a,
+        # dr's sums, q = G b, then G), 1 and 4 reductions: 2.5 on average over its 2 T steps, each of its two walks
+        # per checkpoint run starting with a full round trip. The chunked forward's step is a chunk: two loops of
+        # loads, and about 12 dependent tile products and reductions (the inverse's 6, U, Y, the state update).
+        out += [Model("wkv7", f"{fwd_label} N={N} {dtype}", shape, B * T, dtype,
+                      wkv7_fwd(B, T, H, N, dtype, fwd_v, fwd_programs, CHECKPOINT, False), fwd_programs, T, True,
                       7 * seq * s + state, "inference (no checkpoints); the AOT build is of the checkpointing variant",
-                      step=Step(1, 2, 1), num_warps=cfg.num_warps),
+                      step=Step(1, 2, 1, prefetch=1, warp_reductions=fwd_cfg.num_warps == 1),
+                      num_warps=fwd_cfg.num_warps),
                 Model("wkv7", f"wkv7_chunked_fwd N={N} {dtype}", shape, B * T, dtype,
                       wkv7_chunked_fwd(B, T, H, N, dtype, chunked_v, CHUNKED_BLOCK_K, chunked_programs, CHECKPOINT,
                                        False),
@@ -268,7 +289,7 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
                 Model("wkv7", f"wkv7_bwd N={N} {dtype}", shape, B * T, dtype,
                       wkv7_bwd(B, T, H, N, dtype, block_v, programs, CHECKPOINT), programs, 2 * T, False,
                       seq * (7 * s + 4 + 5 * 4 * (2 * slices + 1)) + state * (_cdiv(T, CHECKPOINT) + 2),
-                      step=Step(1, 2.5, 1), num_warps=cfg.num_warps)]
+                      step=Step(1, 2.5, 1, prefetch=1, starts=1 / CHECKPOINT), num_warps=cfg.num_warps)]
     return out
 
 
@@ -309,11 +330,11 @@ def ssm_bwd(B, T, D, N, dtype, block_d, block_n, programs, checkpoint):
 
 def ssm_models(B=1, T=2048, D=1536, N=16):
     from seqmix.kernels.ssm import _checkpoint_interval, _grid, _launch_config
-    cfg, checkpoint = _launch_config(N), _checkpoint_interval(T)
-    programs = math.prod(_grid(B, D, cfg))
+    cfg, fwd_cfg, checkpoint = _launch_config(N), _launch_config(N, B * D), _checkpoint_interval(T)
+    programs, fwd_programs = math.prod(_grid(B, D, cfg)), math.prod(_grid(B, D, fwd_cfg))
     shape = f"B={B} T={T} D={D} N={N}"
     args = (B, T, D, N)
-    fwd_args = (cfg["BLOCK_D"], programs, checkpoint)
+    fwd_args = (fwd_cfg["BLOCK_D"], fwd_programs, checkpoint)
     bwd_args = (cfg["BLOCK_D"], cfg["BLOCK_N"], programs, checkpoint)
     out = []
     for dtype in ("fp32", "bf16"):
@@ -322,17 +343,21 @@ def ssm_models(B=1, T=2048, D=1536, N=16):
         # A and the states; the backward's dB, dC slices (written, read by the wrapper's sum) and their sums; its
         # scratch stays in L2
         slices = _cdiv(D, cfg["BLOCK_D"])
-        # Steps: u, delta, B (C) loaded and used at once (a round trip) and one exponential; the forward's y sums
-        # over the states (a reduction), the backward alternates a recompute step (none) and a reverse step (y's,
-        # dB's, dC's and ddelta's sums: 3 in a row): 1.5 on average over its 2 T steps
+        # Steps: u, delta, B (C) loaded one step ahead (a round trip overlapping the previous step's) and one
+        # exponential; the forward's y sums over the states (a reduction: within one warp at the split
+        # configuration, 4 channels), the backward alternates a recompute step (none) and a reverse step (y's,
+        # dB's, dC's and ddelta's sums: 3 in a row): 1.5 on average over its 2 T steps, each of its two walks per
+        # run starting with a full round trip
         out += [Model("ssm", f"selective_scan_fwd D={D} N={N} {dtype}", shape, B * T, dtype,
-                      ssm_fwd(*args, dtype, *fwd_args), programs, T, True,
+                      ssm_fwd(*args, dtype, *fwd_args), fwd_programs, T, True,
                       B * D * T * (s + 8) + 2 * B * N * T * s + states * (_cdiv(T, checkpoint) + 3),
-                      step=Step(1, 1, 1), num_warps=cfg.num_warps),
+                      step=Step(1, 1, 1, prefetch=1, warp_reductions=fwd_cfg.num_warps == 1),
+                      num_warps=fwd_cfg.num_warps),
                 Model("ssm", f"selective_scan_bwd D={D} N={N} {dtype}", shape, B * T, dtype,
                       ssm_bwd(*args, dtype, *bwd_args), programs, 2 * T, False,
                       B * D * T * (s + 16) + 2 * B * N * T * (s + 4 * (2 * slices + 1))
-                      + states * (_cdiv(T, checkpoint) + 4), step=Step(1, 1.5, 1), num_warps=cfg.num_warps)]
+                      + states * (_cdiv(T, checkpoint) + 4),
+                      step=Step(1, 1.5, 1, prefetch=1, starts=1 / checkpoint), num_warps=cfg.num_warps)]
     return out
 
 
@@ -460,25 +485,43 @@ def _rotation(rows, d):
     return Cost(bytes=rows * d * 4, flops=rows * (d // 2) * 6)
 
 
-def rerope_fwd(BH, T, d, dtype, bm, bn, w):
-    """rerope_fwd_kernel (ReRoPE, not leaky): per query tile loads q, takes log-n (1 log per row), rotates q twice
-    (near and far); per key tile of each run loads k, rotates it for the near path (the far key is the raw key),
-    loads v, 2 dots per path (the two halves, d/2 each) and the p v dot; stores O, LSE (1 log per row)."""
+def _rerope_query_tile(c, T, d, dtype, bm, bn, w, keys=(0, None)):
+    """One query tile of rerope_fwd_kernel starting at position c, over the keys [keys[0], keys[1]) (the split's
+    slice in decode; all of them by default): loads q, takes log-n (1 log per row), rotates q twice (near and
+    far); per key tile of each run loads k, rotates it for the near path (the far key is the raw key), loads v,
+    2 dots per path (the two halves, d/2 each) and the p v dot; stores O, LSE (1 log per row)."""
     s = DTYPE_BYTES[dtype]
     bf, bd = block_d(d // 2), block_d(d)
-    total = Cost()
-    for c in range(0, T, bm):
-        rows = _rows(c, c + bm, T)
-        total += Cost(bytes=2 * rows * d * s + rows * 4, flops=3 * bm * bd + 4 * bm, transcendentals=2 * bm)
-        total += 2 * _rotation(bm, d)
-        for lo, hi, near, far in _rerope_key_runs(c, T, w, bm, bn):
-            tiles, keys = _key_tiles(lo, hi, bn, T)
-            paths = near + far
-            per_tile = Cost(dot_flops=paths * 2 * 2 * bm * bn * bf + 2 * bm * bn * bd,
-                            flops=bm * bn * (near and far)) + _softmax_tile(bm, bn, bd)
-            if near:
-                per_tile += _rotation(bn, d)
-            total += tiles * per_tile + Cost(bytes=2 * keys * d * s)
+    first, last = keys[0], T if keys[1] is None else keys[1]
+    rows = _rows(c, c + bm, T)
+    total = Cost(bytes=2 * rows * d * s + rows * 4, flops=3 * bm * bd + 4 * bm, transcendentals=2 * bm)
+    total += 2 * _rotation(bm, d)
+    for lo, hi, near, far in _rerope_key_runs(c, T, w, bm, bn):
+        tiles, loaded = _key_tiles(max(lo, first), min(hi, last), bn, T)
+        paths = near + far
+        per_tile = Cost(dot_flops=paths * 2 * 2 * bm * bn * bf + 2 * bm * bn * bd,
+                        flops=bm * bn * (near and far)) + _softmax_tile(bm, bn, bd)
+        if near:
+            per_tile += _rotation(bn, d)
+        total += tiles * per_tile + Cost(bytes=2 * loaded * d * s)
+    return total
+
+
+def rerope_fwd(BH, T, d, dtype, bm, bn, w):
+    """rerope_fwd_kernel (ReRoPE, not leaky), prefill: every query tile (_rerope_query_tile)."""
+    return sum((_rerope_query_tile(c, T, d, dtype, bm, bn, w) for c in range(0, T, bm)), Cost()) * BH
+
+
+def rerope_decode(BH, T, d, dtype, bm, bn, w, per_split):
+    """rerope_fwd_kernel with one query at T - 1 in a tile of bm rows (ReRoPE, not leaky), flash-decoding: each
+    slice of per_split keys is a program (_rerope_query_tile over its slice; its O stored in fp32), then the merge
+    reads the splits' O and LSE and writes O (about 4 FLOPs and 1 exp per split and column). The splits' O is
+    counted at the input dtype's size (it is fp32: a few bytes per split)."""
+    splits = _cdiv(T, per_split)
+    total = sum((_rerope_query_tile(T - 1, T, d, dtype, bm, bn, w, (lo, lo + per_split))
+                 for lo in range(0, T, per_split)), Cost())
+    total += Cost(bytes=splits * (d + 1) * 4 + d * DTYPE_BYTES[dtype], flops=4 * splits * d,
+                  transcendentals=splits * d) if splits > 1 else Cost()
     return total * BH
 
 
@@ -532,7 +575,25 @@ def rerope_models(B=1, H=4, T=8192, d=64, w=512):
                  for fn, c in zip((rerope_fwd, rerope_bwd_dq, rerope_bwd_dkdv), cfgs)]
         # the rotation table (paths NEAR and FAR_Q, cos and sin, T x d/2 fp32) is read once for all heads
         out += _flash_models("rerope", shape, B, H, T, d, dtype, cfgs, 2 * 2 * T * (d // 2) * 4, costs)
+        out.append(_rerope_decode_model(B, H, T, d, dtype, w))
     return out
+
+
+def _rerope_decode_model(B, H, T, d, dtype, w):
+    """Decode of one token against a cache of T keys (ReRoPE): flash-decoding's programs, beside the unsplit
+    kernel's prediction (one program per head, as before: B H of the 132 SMs). DRAM: K and V once, the table rows
+    the near band and the query read (NEAR for about w keys, FAR_Q), the splits' partial results."""
+    from seqmix.kernels.rerope.fused import _decode_splits, _launch_config
+    cfg = _launch_config("decode", d, AOT_DTYPES[dtype])
+    per_split, splits = _decode_splits(T, B * H, cfg["BLOCK_N"])
+    s = DTYPE_BYTES[dtype]
+    dram = B * H * (2 * T * d * s + splits * (d + 1) * 4) + 2 * 2 * (w + cfg["BLOCK_N"]) * (d // 2) * 4
+    cost = rerope_decode(B * H, T, d, dtype, cfg["BLOCK_M"], cfg["BLOCK_N"], w, per_split)
+    unsplit = predict(rerope_decode(B * H, T, d, dtype, cfg["BLOCK_M"], cfg["BLOCK_N"], w, T), dtype, dram,
+                      programs=B * H)[0]
+    return Model("rerope", f"rerope_decode d={d} {dtype}", f"B={B} H={H} T_k={T} d={d} w={w}", B, dtype, cost,
+                 B * H * splits, 0, True, dram, f"{splits} splits of {per_split} keys; unsplit: {_us(unsplit)} us",
+                 num_warps=cfg.num_warps)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -611,7 +672,7 @@ def report(compile_aot: bool = True, measured: list[dict] | None = None) -> dict
         figures = aot.get(m.aot_label) or {}
         mma = figures.get("mma", m.dot_unit) if m.dot_unit is None else m.dot_unit
         wait = latency(m)
-        t, bound = predict(m.cost, m.dtype, m.dram_bytes, mma=mma, latency_s=wait)
+        t, bound = predict(m.cost, m.dtype, m.dram_bytes, mma=mma, latency_s=wait, programs=m.programs)
         roofline, _ = predict(m.cost, m.dtype, m.dram_bytes, mma=mma)
         c = m.cost
         row = {"op": m.op, "kernel": m.aot_label, "shape": m.shape, "dtype": m.dtype, "forward": m.forward,
@@ -649,6 +710,9 @@ def report(compile_aot: bool = True, measured: list[dict] | None = None) -> dict
                      + " | ".join(_aot_cells(r["aot"], compile_aot, aot)) + " |"
                      + ((f" {r['measured_s'] / r['predicted_s']:.3g} |" if "measured_s" in r else " |")
                         if measured else ""))
+    noted = [m for m in mods if m.notes]
+    if noted:
+        lines += ["", "Notes:"] + [f"- {m.aot_label}: {m.notes}" for m in noted]
     if "error" in aot:
         lines.append(f"\nThe AOT build failed: {aot['error']}")
     lines += [f"\nNo model yet: {m}" for m in missing]

@@ -49,6 +49,8 @@ def set_fp32_dot_precision(precision: str) -> str:
         precision (str): "ieee" (default: fp32 products on the FMA units, the fp32 budget 1e-5 on any GPU) or
             "tf32x3" (three tf32 tensor-core products per product; emulated in torch on the tests' shapes it keeps
             the fp32 budget, errors of about 1e-7 against float64 as "ieee"; one tf32 product alone gives 4e-4).
+            The forward kernels take it (attention; ReRoPE's forward and decode at head sizes up to 64,
+            rerope.fused.TF32X3_HEAD_DIM: larger ones would need a stack); the backwards keep "ieee".
     Returns:
         str: the previous setting, to restore it.
     """
@@ -59,10 +61,11 @@ def set_fp32_dot_precision(precision: str) -> str:
     return previous
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """The flash kernels' DOT constexpr for inputs of ``dtype``: the setting for fp32, "ieee" (unused: tensor-core
-    products of the 16-bit inputs themselves) otherwise, so that the setting compiles no new 16-bit variants."""
-    return _fp32_dots if dtype == torch.float32 else "ieee"
+def dot_precision(dtype: torch.dtype, kernel: str) -> str:
+    """The DOT constexpr of flash kernel ``kernel`` ("fwd", "decode", "dq", "dkdv") for inputs of ``dtype``: the
+    setting for the fp32 forwards; "ieee" for the backwards (with tf32x3 ReRoPE's dK dV kernel needs a stack, and
+    training keeps one rule) and for 16-bit inputs (unused there: so that the setting compiles no new variants)."""
+    return _fp32_dots if dtype == torch.float32 and kernel in ("fwd", "decode") else "ieee"
 
 
 def flash_launch(block_m: int, block_n: int, num_warps: int, num_stages: int) -> Launch:

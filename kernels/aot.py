@@ -49,11 +49,13 @@ FLASH_ARG_TYPES = dict(lse_ptr="*fp32", delta_ptr="*fp32", rot_ptr="*fp32", T="i
 RUNTIME_HINTS = [["tt.divisibility", 16]]
 
 
-def fp32_dot_variants(kernel: str, dtype: str) -> list[tuple[str, dict]]:
+def fp32_dot_variants(kernel: str, dtype: str, tf32x3: bool = True) -> list[tuple[str, dict]]:
     """(label suffix, constexprs) of the builds of one flash kernel: as the dispatcher launches it by default, and
-    for the fp32 forward (and decode) also with set_fp32_dot_precision("tf32x3")."""
+    for the fp32 forward (and decode) also with set_fp32_dot_precision("tf32x3") where the kernel takes it."""
     default = [("", {})]
-    return default + [(" tf32x3", {"DOT": "tf32x3"})] if dtype == "fp32" and kernel in ("fwd", "decode") else default
+    if tf32x3 and dtype == "fp32" and kernel in ("fwd", "decode"):
+        return default + [(" tf32x3", {"DOT": "tf32x3"})]
+    return default
 
 
 @dataclass

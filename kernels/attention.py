@@ -17,9 +17,10 @@ Backward: with P = e^{S - LSE} recomputed tile by tile and D_i = sum_c dO_ic O_i
 One kernel gives each program a key tile and accumulates its dK, dV over the query tiles that see it; another gives
 each program a query tile and accumulates its dQ. Neither needs atomics.
 
-Dots take the input dtype with fp32 accumulation. fp32 inputs use IEEE fp32 products (input_precision=DOT), so
-that the fp32 error budget (1e-5) holds on a GPU too; TF32 (10-bit mantissa) would not. Under the interpreter every
-dot is exact fp32.
+Dots take the input dtype with fp32 accumulation. fp32 inputs use IEEE fp32 products (input_precision="ieee"), so
+that the fp32 error budget (1e-5) holds on a GPU too; TF32 (10-bit mantissa) would not. set_fp32_dot_precision
+("tf32x3") moves the forward's to tensor cores, three tf32 products each, within the fp32 budget (kernels/_flash.py;
+the backwards keep IEEE products). Under the interpreter every dot is plain fp32, whatever the precision asked for.
 """
 from __future__ import annotations
 
@@ -180,8 +181,9 @@ def attention_bwd_dq_kernel(
     store_tile(dq_ptr + seq, dq * scale, rows, T, dims, HEAD_DIM)
 
 
-def _constexprs(head_dim: int, cfg: Launch, causal: bool, dtype: torch.dtype) -> dict:
-    return dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), **cfg.blocks, CAUSAL=causal, DOT=dot_precision(dtype))
+def _constexprs(kernel: str, head_dim: int, cfg: Launch, causal: bool, dtype: torch.dtype) -> dict:
+    return dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), **cfg.blocks, CAUSAL=causal,
+                DOT=dot_precision(dtype, kernel))
 
 
 def attention_fwd(q, k, v, causal, scale):
@@ -191,7 +193,7 @@ def attention_fwd(q, k, v, causal, scale):
     o = new_output(q.shape, q.dtype, q.device)
     lse = new_output((B, H, T), torch.float32, q.device)
     attention_fwd_kernel[flash_grid(T, cfg["BLOCK_M"], B * H)](
-        q, k, v, o, lse, T, scale, **_constexprs(d, cfg, causal, q.dtype), **cfg.options)
+        q, k, v, o, lse, T, scale, **_constexprs("fwd", d, cfg, causal, q.dtype), **cfg.options)
     return o, lse
 
 
@@ -203,10 +205,10 @@ def attention_bwd(q, k, v, o, lse, do, causal, scale):
     dq, dk, dv = (new_output(q.shape, q.dtype, q.device) for _ in range(3))
     cfg = _launch_config("dkdv", d, q.dtype)
     attention_bwd_dkdv_kernel[flash_grid(T, cfg["BLOCK_N"], B * H)](
-        q, k, v, do, lse, delta, dk, dv, T, scale, **_constexprs(d, cfg, causal, q.dtype), **cfg.options)
+        q, k, v, do, lse, delta, dk, dv, T, scale, **_constexprs("dkdv", d, cfg, causal, q.dtype), **cfg.options)
     cfg = _launch_config("dq", d, q.dtype)
     attention_bwd_dq_kernel[flash_grid(T, cfg["BLOCK_M"], B * H)](
-        q, k, v, do, lse, delta, dq, T, scale, **_constexprs(d, cfg, causal, q.dtype), **cfg.options)
+        q, k, v, do, lse, delta, dq, T, scale, **_constexprs("dq", d, cfg, causal, q.dtype), **cfg.options)
     return dq, dk, dv
 
 
@@ -295,7 +297,7 @@ def aot_kernels():
             fns = (attention_fwd_kernel, attention_bwd_dq_kernel, attention_bwd_dkdv_kernel)
             for kernel, fn in zip(KERNELS, fns):
                 cfg = _launch_config(kernel, d, torch_dtype)
-                constexprs = _constexprs(d, cfg, True, torch_dtype)
+                constexprs = _constexprs(kernel, d, cfg, True, torch_dtype)
                 label = f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}"
                 kernels += [AotKernel(label + suffix, fn, {**constexprs, **dot}, FLASH_ARG_TYPES, "*" + dtype,
                                       cfg.num_warps, cfg.num_stages, wide_offsets=False)

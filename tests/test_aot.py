@@ -96,6 +96,27 @@ def test_recurrent_steps_do_not_wait_for_their_loads(build, prefix):
         assert loads_used_in_their_step(ttgir) == [], f"{name}: {loads_used_in_their_step(ttgir)}"
 
 
+@needs_build
+@pytest.mark.timeout(1900)
+def test_tf32x3_dots_are_three_tf32_mma_per_product(build):
+    """The fp32 forwards built with set_fp32_dot_precision("tf32x3") multiply on tensor cores, every MMA on tf32
+    operands, three per product: three times the MMAs of the same kernel built with one tf32 product (compiled here,
+    in a process without the interpreter). The interpreter computes such dots as plain fp32 and cannot show it."""
+    ptx = _asm(build[1], "attention_fwd_d_64_fp32_tf32x3", "ptx")
+    ptx.update(_asm(build[1], "rerope_", "ptx"))
+    tf32x3 = {name: re.findall(r"\bmma\.sync\.aligned\.\S+", text) for name, text in ptx.items() if "tf32x3" in name}
+    assert tf32x3 and all(mmas and all(".tf32.tf32." in m for m in mmas) for mmas in tf32x3.values()), tf32x3
+    script = ("import dataclasses, re\n"
+              "from seqmix.kernels.aot import collect, compile_one\n"
+              "k = next(k for k in collect() if k.label == 'attention_fwd d=64 fp32 tf32x3')\n"
+              "one = dataclasses.replace(k, constexprs={**k.constexprs, 'DOT': 'tf32'})\n"
+              "print(len(re.findall(r'\\bmma\\.sync\\.aligned', compile_one(one, 90)['ptx'])))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert len(tf32x3["attention_fwd_d_64_fp32_tf32x3_sm90.ptx"]) == 3 * int(run.stdout.split()[-1])
+
+
 STEP_LOOP = """
     %x0 = tt.load %p0 : tensor<32x!tt.ptr<f32>>
     %r:2 = scf.for %t = %c0 to %T step %c1 iter_args(%acc = %z, %nx = %x0) -> (tensor<32xf32>, tensor<32xf32>) {

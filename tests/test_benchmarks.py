@@ -126,7 +126,7 @@ def test_the_flash_kernels_ask_for_the_dot_precision_the_cost_model_assumes(path
     source = Path(__file__).parent.parent.joinpath("kernels", path).read_text()
     calls = re.findall(r"tl\.dot\((.*)", source)
     assert calls and all("input_precision=DOT" in call for call in calls)
-    assert _flash.dot_precision(torch.float32) == "ieee"
+    assert _flash.dot_precision(torch.float32, "fwd") == "ieee"
 
 
 def test_roofline_picks_the_binding_resource():
@@ -152,14 +152,30 @@ def test_roofline_picks_the_binding_resource():
 
 def test_latency_of_the_recurrences_hand_count():
     """WKV-4 forward, B = 4, T = 2048, C = 768: 96 one-warp programs (one wave: an H100 holds 132 x 32), each
-    step a DRAM round trip (0.5 us) and 4 dependent MUFU ops (10 ns each): 2048 x 0.54 us = 1106 us, latency-bound
-    (the roofline says 22.6 us). 5000 programs take two waves."""
+    step a DRAM round trip (0.5 us) and 4 dependent MUFU ops (10 ns each), the loads issued one step ahead so that
+    two round trips overlap: 2048 x (0.5 + 0.04) / 2 us = 553 us, latency-bound (the roofline says 22.6 us; without
+    the prefetch it was 2048 x 0.54 us). 5000 programs take two waves."""
     fwd = next(m for m in cost_model.wkv4_models(4, 2048, 768) if m.aot_label == "wkv4_fwd C=768 fp32")
     assert (fwd.programs, fwd.serial_steps, fwd.num_warps) == (96, 2048, 1)
-    assert cost_model.latency(fwd) == pytest.approx(2048 * 0.54e-6)
+    assert cost_model.latency(fwd) == pytest.approx(2048 * 0.27e-6)
+    # a step's chain longer than the round trip binds alone; a walk's first load waits in full
+    hw = cost_model.H100
+    assert cost_model.Step(round_trips=1, sfu=60, prefetch=1).seconds(hw) == pytest.approx(0.6e-6)
+    assert cost_model.Step(round_trips=1, reductions=1, prefetch=1, warp_reductions=True, starts=0.5).seconds(hw) \
+        == pytest.approx((0.5 + 0.075) / 2 * 1e-6 + 0.25e-6)
     assert cost_model.predict(fwd.cost, "fp32", fwd.dram_bytes, latency_s=cost_model.latency(fwd))[1] == "latency"
     fwd.programs = 5000
-    assert cost_model.latency(fwd) == pytest.approx(2 * 2048 * 0.54e-6)
+    assert cost_model.latency(fwd) == pytest.approx(2 * 2048 * 0.27e-6)
+
+
+def test_a_small_grid_reaches_its_share_of_the_gpu():
+    """Bytes that take 1 s over the whole GPU take 132 / 4 s on 4 programs (4 SMs); 132 programs or more, 1 s.
+    ReRoPE decode at B H = 4 over 8192 keys: the unsplit kernel's 4 programs against flash-decoding's 256."""
+    hw = cost_model.H100
+    assert cost_model.predict(cost_model.Cost(), "fp32", hw["bandwidth"], programs=4)[0] == pytest.approx(33.0)
+    assert cost_model.predict(cost_model.Cost(), "fp32", hw["bandwidth"], programs=500)[0] == pytest.approx(1.0)
+    decode = next(m for m in cost_model.rerope_models() if m.aot_label == "rerope_decode d=64 bf16")
+    assert decode.programs == 256 and decode.notes.startswith("64 splits of 128 keys")
 
 
 def test_model_benchmarks_quick(tmp_path):

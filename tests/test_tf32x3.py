@@ -94,8 +94,8 @@ def tf32x3():
 
 @needs_triton
 def test_the_setting_reaches_the_kernels(rng, monkeypatch, tf32x3):
-    """Under the interpreter (plain fp32 dots) the kernels run with DOT = "tf32x3" for fp32 and "ieee" for fp16,
-    and give the definitions' results: the option is wired, not its rounding (see the module docstring)."""
+    """Under the interpreter (plain fp32 dots) the forward kernels run with DOT = "tf32x3" for fp32 and "ieee" for
+    fp16, and give the definitions' results: the option is wired, not its rounding (see the module docstring)."""
     asked = spy(monkeypatch, attention, "dot_precision")
     asked_rerope = spy(monkeypatch, fused, "dot_precision")
     q, k, v = (x.float() for x in qkv_inputs(rng, (1, 2, 21, 16)))
@@ -111,4 +111,4 @@ def test_the_setting_reaches_the_kernels(rng, monkeypatch, tf32x3):
 def test_bad_precision():
     with pytest.raises(ValueError, match=r"precision must be one of \('ieee', 'tf32x3'\), got 'tf32'"):
         rerope.set_fp32_dot_precision("tf32")
-    assert _flash.dot_precision(torch.float32) == "ieee"
+    assert _flash.dot_precision(torch.float32, "fwd") == "ieee"

@@ -27,8 +27,9 @@ cache is written (the backward, when asked for, is a prefill's). The cos/sin tab
 window, leaky_k, base, device) and grown by doubling (rotation.cached_rotation_table): every layer and step shares
 it; the kernels take its length (rot_len) apart from T_k.
 
-Dots take the input dtype with fp32 accumulation; fp32 inputs use IEEE fp32 products (input_precision=DOT, not
-TF32), so that the fp32 error budget holds on a GPU too.
+Dots take the input dtype with fp32 accumulation; fp32 inputs use IEEE fp32 products (input_precision="ieee", not
+TF32), so that the fp32 error budget holds on a GPU too; set_fp32_dot_precision("tf32x3") (kernels/_flash.py) moves
+the forward's and decode's (d <= TF32X3_HEAD_DIM) to tensor cores, three tf32 products each, within the same budget.
 """
 from __future__ import annotations
 
@@ -487,10 +488,16 @@ def rerope_bwd_dkdv_kernel(
 # Launchers
 # ----------------------------------------------------------------------------------------------------------------
 
+# Head sizes up to which the fp32 kernels take set_fp32_dot_precision("tf32x3"): at 128 the three products' operand
+# halves need a stack on sm_90 at every tile tried (16-32 x 16-32, 4-8 warps), so those keep IEEE products.
+TF32X3_HEAD_DIM = 64
+
+
 def _constexprs(kernel: str, head_dim: int, cfg: Launch, leaky: bool, dtype: torch.dtype) -> dict:
     split = {"SPLIT": kernel == "decode"} if kernel in ("fwd", "decode") else {}
+    dot = dot_precision(dtype, kernel) if head_dim <= TF32X3_HEAD_DIM else "ieee"
     return dict(HEAD_DIM=head_dim, BLOCK_F=block_d(head_dim // 2), BLOCK_D=block_d(head_dim), **cfg.blocks,
-                LEAKY=leaky, DOT=dot_precision(dtype), **split)
+                LEAKY=leaky, DOT=dot, **split)
 
 
 def _options(kernel: str, head_dim: int, dtype: torch.dtype, leaky: bool) -> dict:
@@ -610,5 +617,5 @@ def aot_kernels():
                     kernels += [AotKernel(f"{label} d={d} {dtype}{' leaky' if leaky else ''}{suffix}", fn,
                                           {**constexprs, **dot}, types, "*" + dtype, cfg.num_warps, cfg.num_stages,
                                           wide_offsets=False)
-                                for suffix, dot in fp32_dot_variants(kernel, dtype)]
+                                for suffix, dot in fp32_dot_variants(kernel, dtype, d <= TF32X3_HEAD_DIM)]
     return kernels
