@@ -26,7 +26,9 @@ ordinary torch ops on the torch and Triton backends (autograd differentiates the
   a product, an exponential and a multiply-add, with the same factors <= 1. The backward pass saves only the state
   at each block's start and recomputes a block's states when it gets to it.
 - triton: one program per (batch, block of BLOCK_D channels); the state (BLOCK_D, N) lives in registers and the
-  program walks time sequentially. The forward kernel stores the state every CHECKPOINT tokens (~ sqrt(T)); the
+  program walks time sequentially, step t + 1's loads issued before step t's arithmetic. The forward takes 16
+  channels per program, down to 4 at small batch * D (two programs per SM where it can: batch 1, D = 1536 gives 384
+  one-warp programs); what stays serial is each channel's T steps (an exponential and a sum over the N states). The forward kernel stores the state every CHECKPOINT tokens (~ sqrt(T)); the
   backward kernel walks these runs in reverse, recomputes a run's states from its checkpoint into a scratch
   buffer, then walks the run backwards. Extra memory: batch * D * N * (T / CHECKPOINT + CHECKPOINT) fp32, about
   2 sqrt(T) states per channel instead of T. dB and dC sum over channels: each program stores its block's share in

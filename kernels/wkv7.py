@@ -34,6 +34,11 @@ its end (B^, K^). Gradients come from autograd through these operations (a graph
 
 Triton path: a sequential scan. One program per (batch, head, block of value rows) holds its rows of S in fp32
 registers (rows of S evolve independently: row i of S diag(w) + (S a) b^T + v k^T needs only row i) and walks time.
+The forward splits the rows by the grid: 16 per program, down to 4 at small B H (two programs per SM where it can:
+B = 1, H = 12, N = 64 gives 192 one-warp programs, whose sums over keys are shuffles within the warp). Both
+kernels issue step t + 1's (backward: t - 1's) loads before step t's arithmetic. What stays serial: T steps of each
+row block (the backward: 2 T, a recompute and a reverse walk per checkpoint run), each a chain of two reductions
+over keys (S a, then S r; the backward's several).
 The forward saves the state every CHECKPOINT = 16 steps when a gradient is wanted. The backward walks these runs of
 steps from the last: it reloads the run's checkpoint, re-runs it forward to store each step's entering state in a
 scratch buffer, then walks the run in reverse with G = dL/dS_t:
