@@ -28,6 +28,7 @@ from seqmix.kernels._common import accumulation_dtype, check_tensor
 from seqmix.kernels.ssm import selective_scan
 from seqmix.models.base import (STATE_DTYPES, CausalLMMixin, ModelOutput, PretrainedMixin, check_bools,
                                 check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)
+from seqmix.models.layers import Linear
 
 __all__ = ["MambaConfig", "MambaModel", "MambaForCausalLM"]
 
@@ -92,14 +93,14 @@ class MambaMixer(nn.Module):
         super().__init__()
         C, D, N, K = config.hidden_size, config.intermediate_size, config.state_size, config.conv_kernel
         self.time_step_rank = config.time_step_rank
-        self.in_proj = nn.Linear(C, 2 * D, bias=config.use_bias)
+        self.in_proj = Linear(C, 2 * D, bias=config.use_bias)
         # Depthwise (groups = D); transformers' padding K - 1 is replaced by the conv window of the state.
         self.conv1d = nn.Conv1d(D, D, K, groups=D, bias=config.use_conv_bias)
-        self.x_proj = nn.Linear(D, self.time_step_rank + 2 * N, bias=False)
-        self.dt_proj = nn.Linear(self.time_step_rank, D, bias=True)
+        self.x_proj = Linear(D, self.time_step_rank + 2 * N, bias=False)
+        self.dt_proj = Linear(self.time_step_rank, D, bias=True)
         self.A_log = nn.Parameter(torch.empty(D, N))          # A = -exp(A_log)
         self.D = nn.Parameter(torch.empty(D))                 # the skip term D * u
-        self.out_proj = nn.Linear(D, C, bias=config.use_bias)
+        self.out_proj = Linear(D, C, bias=config.use_bias)
 
     def forward(self, x, layer_state, backend):
         """x: (B, T, C) after the norm; layer_state: (conv window (B, D, K - 1), h (B, D, N))."""
