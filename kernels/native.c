@@ -14,6 +14,7 @@
  * Every work item writes outputs of its own (no two items add into one number), and sums over work items run
  * afterwards in a fixed order (sum_rows): results do not depend on the number of threads or their timing.
  */
+#include <float.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,11 +99,16 @@ static inline float poison(float x, int32_t poisoned)
 /* 1 when x is NaN or +inf; -inf passes. Where a number is an exponent (WKV-4's keys and state max), -inf means a
  * weight of exactly 0 ("nothing seen yet" for the max), which the loops compute as e^-87 against terms of e^0: the
  * other backends' answer to fp32's resolution. */
-static inline int32_t nan_or_plus_inf(float x)
+static inline int32_t is_minus_inf(float x)
 {
     int32_t bits;
     memcpy(&bits, &x, sizeof bits);
-    return nonfinite(x) & (bits != (int32_t)0xff800000);
+    return bits == (int32_t)0xff800000;
+}
+
+static inline int32_t nan_or_plus_inf(float x)
+{
+    return nonfinite(x) & !is_minus_inf(x);
 }
 
 /* out[i] = sum_r in[r cols + i], the rows added in the order r = 0, 1, ... whatever the split: the sums over batch
@@ -326,9 +332,11 @@ static void scan_lanes(int64_t d0, int64_t D, int64_t N, const float *delta_bias
         channel[j] = d0 + j < D ? d0 + j : D - 1;
         bias[j] = delta_bias ? delta_bias[channel[j]] : 0.0f;
         bad[j] = nonfinite(bias[j]);
-        for (int64_t n = 0; n < N; n++) {
-            a[n * LANES + j] = A[channel[j] * N + n];
-            bad[j] |= nonfinite(a[n * LANES + j]);
+        for (int64_t n = 0; n < N; n++) {   /* A = -inf, a decay of 0, as the most negative finite number (as the
+                                               other backends take it: kernels/ssm.py hands A over as it came) */
+            const float An = A[channel[j] * N + n];
+            a[n * LANES + j] = is_minus_inf(An) ? -FLT_MAX : An;     /* a bit test: the loops assume finite math */
+            bad[j] |= nan_or_plus_inf(An);
         }
     }
 }

@@ -71,8 +71,9 @@ class RwkvConfig:
 
 
 def _mix(x, xx, mu):
-    """mu * x_t + (1 - mu) * x_{t-1}: transformers' time_mix_* parameters have shape (1, 1, C)."""
-    return x * mu + xx * (1 - mu)
+    """mu * x_t + (1 - mu) * x_{t-1} as x_{t-1} + mu (x_t - x_{t-1}), one op (decoding is bound by op count):
+    transformers' time_mix_* parameters have shape (1, 1, C)."""
+    return torch.lerp(xx, x, mu)
 
 
 class RwkvSelfAttention(nn.Module):
