@@ -28,7 +28,7 @@ from seqmix.kernels._common import accumulation_dtype, check_tensor
 from seqmix.kernels.ssm import selective_scan
 from seqmix.models.base import (STATE_DTYPES, CausalLMMixin, ModelOutput, PretrainedMixin, check_bools,
                                 check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)
-from seqmix.models.layers import Linear
+from seqmix.models.layers import Linear, linear
 
 __all__ = ["MambaConfig", "MambaModel", "MambaForCausalLM"]
 
@@ -111,7 +111,7 @@ class MambaMixer(nn.Module):
         u = F.silu(self._causal_conv(padded))                                    # (B, D, T)
         window = padded[..., padded.shape[-1] - window.shape[-1]:]                # the last K - 1 inputs
         dt_low, B, C = self.x_proj(u.transpose(1, 2)).split([self.time_step_rank, N, N], dim=-1)
-        delta = F.linear(dt_low, self.dt_proj.weight).transpose(1, 2)            # (B, D, T); bias: in the scan
+        delta = linear(dt_low, self.dt_proj.weight).transpose(1, 2)              # (B, D, T); bias: in the scan
         # A, D and the step bias go in at the state's precision (fp32 for an fp16 model), as Mamba keeps them.
         A = -torch.exp(self.A_log.to(h.dtype))
         y, h = selective_scan(u, delta, A, B.transpose(1, 2), C.transpose(1, 2), D=self.D.to(h.dtype), z=z,
