@@ -4,8 +4,10 @@ it would do and the pass criteria, and exits 0.
 
 On a CUDA GPU, in order:
 1. correct: each Triton op on the device (WKV-4, WKV-7 sequential and chunked, the selective scan, attention, ReRoPE
-   prefill and decode; fp32, and bf16 where the op takes it), outputs and every gradient against the torch backend
-   in float64 on the CPU, within the design's budgets (kernels.testing); the backward twice, bit for bit the same.
+   prefill and decode; fp32, and bf16 where the op takes it; attention and ReRoPE in fp32 also with
+   set_fp32_dot_precision("tf32x3"), whose rounding only a GPU computes), outputs and every gradient against the
+   torch backend in float64 on the CPU, within the design's budgets (kernels.testing); the backward twice, bit for
+   bit the same.
 2. no crash at the documented limits (README, "Shape limits"): decode at B H = 65,536 (grid axis 0); WKV-4 at
    T C > 2^31 and the scan at D T > 2^31 (64-bit offsets): the last channels of the big launch must equal, bit for
    bit, a launch on those channels alone, whose offsets are small.
@@ -64,6 +66,8 @@ def _inputs(op: str, rng, T: int, width: int):
 
 
 def _function(op: str):
+    """The public function of ``op`` (" tf32x3" ops: the same function, run under that setting by _run)."""
+    op = op.removesuffix(TF32X3)
     from seqmix.kernels.attention import attention
     from seqmix.kernels.rerope import rerope_attention, rerope_decode
     from seqmix.kernels.ssm import selective_scan
@@ -73,13 +77,20 @@ def _function(op: str):
             "attention": attention, "rerope": rerope_attention, "rerope decode": rerope_decode}[op]
 
 
-OPS = ("wkv4", "wkv7", "wkv7 chunked", "selective_scan", "attention", "rerope", "rerope decode")
+TF32X3 = " tf32x3"   # an op name's suffix: fp32 dots as set_fp32_dot_precision("tf32x3") makes them
+OPS = ("wkv4", "wkv7", "wkv7 chunked", "selective_scan", "attention", "rerope", "rerope decode",
+       "attention" + TF32X3, "rerope" + TF32X3, "rerope decode" + TF32X3)
 
 
 def _run(op, arrays, options, backend, dtype, device):
     """Output and the gradients of <output, fixed cotangent> with respect to every input."""
+    from seqmix.kernels.attention import set_fp32_dot_precision
     x = [torch.tensor(a, dtype=dtype, device=device, requires_grad=True) for a in arrays]
-    out = _function(op)(*x, backend=backend, **options)
+    previous = set_fp32_dot_precision("tf32x3" if op.endswith(TF32X3) else "ieee")
+    try:
+        out = _function(op)(*x, backend=backend, **options)
+    finally:
+        set_fp32_dot_precision(previous)
     y = out[0] if isinstance(out, tuple) else out
     cotangent = torch.tensor(np.random.default_rng(1).normal(size=tuple(y.shape)), dtype=dtype, device=device)
     (y * cotangent).sum().backward()
@@ -90,7 +101,7 @@ def check_op(op: str, dtype=torch.float32, device="cuda", T: int = 300, width: i
     """One op on ``device`` (Triton) against the torch backend in float64 on the CPU: the worst relative RMS error
     over the output and the gradients, the budget, and whether a second backward gave the same bits."""
     from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, rel_rms
-    arrays, options = _inputs(op, np.random.default_rng(0), T, width)
+    arrays, options = _inputs(op.removesuffix(TF32X3), np.random.default_rng(0), T, width)
     got = _run(op, arrays, options, "triton", dtype, device)
     again = _run(op, arrays, options, "triton", dtype, device)
     want = _run(op, arrays, {k: v for k, v in options.items() if k != "chunked"}, "torch", torch.float64, "cpu")
@@ -185,7 +196,7 @@ def main(argv=None) -> int:
         print(_plan())
         return 0
     correct = [check_op(op, dtype) for op in OPS for dtype in (torch.float32, torch.bfloat16)
-               if not (dtype == torch.bfloat16 and op.startswith("selective"))]
+               if not (dtype == torch.bfloat16 and (op.startswith("selective") or op.endswith(TF32X3)))]
     limits = check_limits()
     timings = {} if args.skip_benchmarks else _timings(args.out)
     explanations = dict(e.split("=", 1) for e in args.explain)

@@ -62,11 +62,12 @@ class Launch:
 GPU_SMS = 132
 
 
-def rows_per_program(rows: int, largest: int, smallest: int) -> int:
+def rows_per_program(rows: int, largest: int, smallest: int, sms: int = GPU_SMS) -> int:
     """State rows per program of a recurrence whose ``rows`` rows evolve independently: the largest power of two
-    from ``largest`` down to ``smallest`` that still gives 2 GPU_SMS programs; ``smallest`` when none does."""
+    from ``largest`` down to ``smallest`` that still gives two programs per SM (``sms`` of them); ``smallest`` when
+    none does."""
     block = largest
-    while block > smallest and -(-rows // block) < 2 * GPU_SMS:
+    while block > smallest and -(-rows // block) < 2 * sms:
         block //= 2
     return block
 

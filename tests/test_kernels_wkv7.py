@@ -8,7 +8,6 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import seqmix.kernels.wkv7 as kw
-from seqmix.kernels import _common
 from kernel_cases import needs_triton, spy
 from seqmix.conformance import definitions
 from seqmix.conformance.cases import in_pieces, rwkv7_inputs, split_bounds
@@ -153,7 +152,8 @@ def test_triton_fp32(rng, chunked, shape, decay, with_state):
 def test_triton_forward_splits_value_rows_by_the_grid(rng, monkeypatch, sms, block_v):
     """The sequential forward's value rows per program follow B H: at a small grid 4 (four programs a head at
     N = 16), on a GPU of one SM N / 2 = 8; the results are the same at each (the backward keeps 8)."""
-    monkeypatch.setattr(_common, "GPU_SMS", sms)
+    split = kw.rows_per_program
+    monkeypatch.setattr(kw, "rows_per_program", lambda *args: split(*args, sms=sms))
     configs = spy(monkeypatch, kw, "_launch_config")
     check_against_truth(rng, (1, 19, 2, 16), "mixed", True, torch.float32, "triton", FP32_BUDGET)
     assert [c["BLOCK_V"] for c in configs] == [block_v, 8]
