@@ -48,15 +48,17 @@ make the gradients the same bit for bit in every run, for N / BLOCK_V (4 at N = 
 of the five gradients while the backward runs. T need not be a multiple of anything: steps past T read log_w = 0 and
 zeros elsewhere, which leaves the state unchanged.
 
-Chunked Triton forward (wkv7(..., chunked=True)): the torch path's factored WY form in one kernel, one program per
-(batch, head, 16 value rows), walking chunks of 16 steps: T / 16 serial steps instead of T, each a few dozen
-(16, 16) tile products, about 2.4x the arithmetic of the sequential kernel at N = 64. The state lives in the output
-buffer rather than in registers, so that every product is of (16, 16) tiles (fp32 products keep whole operand rows
-in each thread: (16, N) tiles need 168-255 registers and a stack). It saves the same checkpoints as the sequential
-forward (its chunks are the checkpoint intervals), so the backward kernel is shared. It takes head sizes from 16
-(the sequential kernel runs smaller heads). Each chunk picks its form on the device: within _factors_in_range's
-DECAY_RANGE and finite (RWKV-7's decays always are), the factored form; otherwise its 16 steps one at a time. The
-wrapper reads no values (no host sync: CUDA graphs can capture it).
+Chunked Triton path (wkv7(..., chunked=True), kernels/wkv7_chunked.py, whose docstring derives the backward): the
+torch path's factored WY form, one program per (batch, head, 16 value rows), walking chunks of 16 steps: T / 16
+serial steps instead of T, each a few dozen (16, 16) tile products, about 2.4x the arithmetic of the sequential
+kernel at N = 64. The state lives in the output buffer rather than in registers, so that every product is of
+(16, 16) tiles (fp32 products keep whole operand rows in each thread: (16, N) tiles need 168-255 registers and a
+stack). Its chunks are the checkpoint intervals: the forward saves the sequential forward's checkpoints, and the
+chunked backward reads them. That backward carries dL/dS back chunk by chunk in one serial pass, then takes every
+chunk's gradients at once, in matmul form. With fp16/bf16 inputs the products run on the tensor cores. It takes
+head sizes from 16 (the sequential kernels run smaller heads). Each chunk picks its form on the device: within
+_factors_in_range's DECAY_RANGE and finite (RWKV-7's decays always are), the factored form; otherwise its 16 steps
+one at a time. The wrappers read no values (no host sync: CUDA graphs can capture them).
 """
 from __future__ import annotations
 
@@ -371,8 +373,8 @@ def wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
     ckpt = (new_output((B * H, triton.cdiv(T, CHECKPOINT), N, N), torch.float32, r.device) if save_checkpoints
             else state)                              # not written without SAVE_CKPT
     if chunked and _use_chunked_forward(N):   # its chunks are the checkpoint intervals
-        from seqmix.kernels.wkv7_chunked import chunked_fwd   # here: that module imports this one's step helpers
-        chunked_fwd(r, log_w, k, v, a, b, state0, y, state, ckpt, save_checkpoints)
+        from seqmix.kernels.wkv7_chunked import _chunked_fwd   # here: that module imports this one's step helpers
+        _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, ckpt, save_checkpoints)
         return y, state, ckpt
     cfg = _launch_config(N)
     wkv7_fwd_kernel[_grid(B, H, N, cfg)](
@@ -413,8 +415,8 @@ def _gradients(dkeys, dv, dstate0, dtype, log_w_dtype):
 # ----------------------------------------------------------------------------------------------------------------
 
 class Wkv7Function(torch.autograd.Function):
-    """Triton forward (saving a checkpoint every CHECKPOINT steps) and Triton backward; used when a gradient is
-    wanted (wkv7 calls the forward alone otherwise, as wkv4 does)."""
+    """Triton forward (saving a checkpoint every CHECKPOINT steps) and Triton backward, sequential or chunked as the
+    forward; used when a gradient is wanted (wkv7 calls the forward alone otherwise, as wkv4 does)."""
 
     @staticmethod
     def forward(ctx, r, log_w, k, v, a, b, state0, chunked):
@@ -430,8 +432,8 @@ class Wkv7Function(torch.autograd.Function):
         dy = torch.zeros_like(r) if dy is None else dy.contiguous()
         dstate = None if dstate is None else dstate.contiguous().float()
         if ctx.chunked:
-            from seqmix.kernels.wkv7_chunked import chunked_bwd
-            grads = _gradients(*chunked_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate), r.dtype, log_w.dtype)
+            from seqmix.kernels.wkv7_chunked import _chunked_bwd
+            grads = _gradients(*_chunked_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate), r.dtype, log_w.dtype)
         else:
             grads = wkv7_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate)
         return grads[:6] + (grads[6] if ctx.needs_input_grad[6] else None, None)
@@ -458,11 +460,12 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
             needs TRITON_INTERPRET=1 before triton is imported), "c" (kernels/native.c, CPU) or None
             (Triton for CUDA tensors; on CPU the C loop where it builds, torch otherwise).
             Default: None.
-        chunked (bool): on the Triton backend, run the forward as the chunked WY form, T / 16 serial steps of
-            (16, 16) tile products instead of T steps (about 2.4x the arithmetic at N = 64), for N >= 16 (the
-            sequential kernel runs smaller heads); a chunk whose log decays spread beyond DECAY_RANGE (never with
-            RWKV-7's) or that holds inf or NaN takes its 16 steps one at a time, decided on the device. The backward
-            is the same. Default: False.
+        chunked (bool): on the Triton backend, run the chunked WY form, T / 16 serial steps of (16, 16) tile
+            products instead of T steps (about 2.4x the arithmetic at N = 64), for N >= 16 (the sequential kernels
+            run smaller heads); the backward is chunked too (a serial pass over chunks, then every chunk at once);
+            fp16/bf16 products on the tensor cores. A chunk whose log decays spread beyond DECAY_RANGE (never with
+            RWKV-7's) or that holds inf or NaN takes its 16 steps one at a time, decided on the device.
+            Default: False.
     Returns:
         (y (B, T, H, N) in the input dtype, state (B, H, N, N) after the last step, fp32 or float64).
 
@@ -511,7 +514,7 @@ def aot_kernels():
     """The sequential and chunked forwards (with checkpoints) and backwards at head size 64 and 128, fp32 and bf16
     inputs."""
     from seqmix.kernels.aot import AotKernel
-    from seqmix.kernels.wkv7_chunked import (CHUNK, chunked_launch_config, wkv7_chunked_bwd_kernel,
+    from seqmix.kernels.wkv7_chunked import (CHUNK, _chunked_launch_config, wkv7_chunked_bwd_kernel,
                                              wkv7_chunked_dstate_kernel, wkv7_chunked_fwd_kernel)
     kernels = []
     for N in (64, 128):
@@ -523,11 +526,11 @@ def aot_kernels():
             chunks = {"CHUNK": CHUNK, "MAX_SPREAD": DECAY_RANGE}
             for fn, label, flags, cfg in (
                     (wkv7_fwd_kernel, "wkv7_fwd", {**forward, "CHECKPOINT": CHECKPOINT}, _launch_config(N)),
-                    (wkv7_chunked_fwd_kernel, "wkv7_chunked_fwd", {**forward, **chunks}, chunked_launch_config(N)),
+                    (wkv7_chunked_fwd_kernel, "wkv7_chunked_fwd", {**forward, **chunks}, _chunked_launch_config(N)),
                     (wkv7_bwd_kernel, "wkv7_bwd", {"HAS_DSTATE": True, "CHECKPOINT": CHECKPOINT}, _launch_config(N)),
                     (wkv7_chunked_dstate_kernel, "wkv7_chunked_dstate", {"HAS_DSTATE": True, **chunks},
-                     chunked_launch_config(N)),
-                    (wkv7_chunked_bwd_kernel, "wkv7_chunked_bwd", chunks, chunked_launch_config(N))):
+                     _chunked_launch_config(N)),
+                    (wkv7_chunked_bwd_kernel, "wkv7_chunked_bwd", chunks, _chunked_launch_config(N))):
                 constexprs = {"N": N, **cfg.blocks, **flags}
                 kernels.append(AotKernel(f"{label} N={N} {dtype}", fn, constexprs, types, "*fp32", cfg.num_warps,
                                          cfg.num_stages))

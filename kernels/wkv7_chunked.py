@@ -67,6 +67,8 @@ import torch
 from seqmix.kernels._common import Launch, new_output, tl, triton
 from seqmix.kernels.wkv7 import CHECKPOINT, DECAY_RANGE, _checkpoint, _head_offsets, _load_step, _step
 
+__all__ = []   # private: the op is kernels/wkv7.py's wkv7 (chunked=True)
+
 CHUNK = CHECKPOINT        # steps per chunk: the forward's checkpoints are the chunks' entering states
 CHUNKED_BLOCK_K = 16      # keys per step of the loops over keys
 FP16_DECAY_RANGE = 10.0   # the widest spread of c an fp16 chunk takes in the factored form (RWKV-7's: <= 9.7)
@@ -105,9 +107,11 @@ def _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t, key
     c_L as (1, len(keys))."""
     log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)
     c = tl.cumsum(log_w, axis=0)
-    return (_load_chunk(r_ptr, seq, t0, T, stride_t, keys, CHUNK), _load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK),
-            _load_chunk(a_ptr, seq, t0, T, stride_t, keys, CHUNK), _load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK),
-            c, c - log_w, tl.sum(log_w, axis=0)[None, :])
+    r = _load_chunk(r_ptr, seq, t0, T, stride_t, keys, CHUNK)
+    k = _load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK)
+    a = _load_chunk(a_ptr, seq, t0, T, stride_t, keys, CHUNK)
+    b = _load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK)
+    return r, k, a, b, c, c - log_w, tl.sum(log_w, axis=0)[None, :]
 
 
 @triton.jit
@@ -514,7 +518,7 @@ def wkv7_chunked_bwd_kernel(
                             CHUNK)
 
 
-def chunked_launch_config(N) -> Launch:
+def _chunked_launch_config(N) -> Launch:
     """The chunked kernels': 16 value rows per program, tl.dot's smallest tile; its tiles are (16, 16), one element
     a thread over 8 warps (fp32 inputs at 4 warps need 168-255 registers and a stack)."""
     return Launch({"BLOCK_V": 16, "BLOCK_K": CHUNKED_BLOCK_K}, num_warps=8)
@@ -525,21 +529,21 @@ def _max_spread(dtype):
     return FP16_DECAY_RANGE if dtype == torch.float16 else DECAY_RANGE
 
 
-def chunked_fwd(r, log_w, k, v, a, b, state0, y, state, ckpt, save_checkpoints):
+def _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, ckpt, save_checkpoints):
     """Launches the chunked forward into y, state (and ckpt with ``save_checkpoints``)."""
     B, T, H, N = r.shape
-    cfg = chunked_launch_config(N)
+    cfg = _chunked_launch_config(N)
     wkv7_chunked_fwd_kernel[(B * H, N // cfg["BLOCK_V"])](
         r, log_w, k, v, a, b, state0 if state0 is not None else state, y, state, ckpt, T, H,
         N=N, **cfg.blocks, CHUNK=CHUNK, MAX_SPREAD=_max_spread(r.dtype), HAS_STATE0=state0 is not None,
         SAVE_CKPT=save_checkpoints, **cfg.options)
 
 
-def chunked_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate):
+def _chunked_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate):
     """The chunked backward from the forward's checkpoints: the serial pass over chunks, then every chunk's
     gradients at once; returns dkeys (N / 16, 5, B, T, H, N): per row block dr, dlog_w, dk, da, db, and dv, dS_0."""
     B, T, H, N = r.shape
-    cfg = chunked_launch_config(N)
+    cfg = _chunked_launch_config(N)
     n_chunks = triton.cdiv(T, CHUNK)
     blocks = N // cfg["BLOCK_V"]
     shared = dict(N=N, **cfg.blocks, CHUNK=CHUNK, MAX_SPREAD=_max_spread(r.dtype), **cfg.options)

@@ -213,7 +213,7 @@ def test_triton_gradient_of_final_state_only(rng, chunked):
 @pytest.fixture
 def chunked_backward(monkeypatch):
     """The chunked backward's calls; the test asserts how many it expects."""
-    return spy(monkeypatch, kc, "chunked_bwd")
+    return spy(monkeypatch, kc, "_chunked_bwd")
 
 
 def chunked_grads(x_np, S0_np, dtype=torch.float32, pieces=(None,), **options):
