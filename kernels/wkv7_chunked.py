@@ -124,6 +124,27 @@ def _centred(r, k, a, b, c, c_prev, c_end):
 
 
 @triton.jit
+def _start_rows(dst, src, rows, COPY: tl.constexpr, N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """This program's rows of an (N, N) matrix copied from src into the working buffer dst (zeros without COPY),
+    BLOCK_K keys at a time."""
+    for k0 in range(0, N, BLOCK_K):
+        tile = rows[:, None] * N + (k0 + tl.arange(0, BLOCK_K))[None, :]
+        if COPY:
+            tl.store(dst + tile, tl.load(src + tile))
+        else:
+            tl.store(dst + tile, tl.zeros((rows.shape[0], BLOCK_K), dtype=tl.float32))
+
+
+@triton.jit
+def _add_couplings(A_ab, A_ak, Q_rb, Q_rk, r, k, a, b, c, c_prev, c_end, DT: tl.constexpr):
+    """The couplings plus this key block's share (before their triangles are taken): a~ (b e^{-c})^T,
+    a~ (k e^{-c})^T, r~ (b e^{-c})^T, r~ (k e^{-c})^T, each a product of centred factors."""
+    a_c, r_c, b_c, k_c = _centred(r, k, a, b, c, c_prev, c_end)
+    return (A_ab + _dot(a_c, b_c, DT), A_ak + _dot(a_c, k_c, DT), Q_rb + _dot(r_c, b_c, DT),
+            Q_rk + _dot(r_c, k_c, DT))
+
+
+@triton.jit
 def _spread(c_hi, c_lo, total, c, x):
     """Running max(c, 0), min(c, 0) and a sum that is finite only while every input is (inf - inf = NaN)."""
     c_hi = tl.maximum(c_hi, tl.max(tl.max(c, axis=1), axis=0))
@@ -214,12 +235,7 @@ def wkv7_chunked_fwd_kernel(
     pid_v = tl.program_id(1)
     rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     head_state, seq, stride_t = _head_offsets(pid_bh, T, H, N)
-    for k0 in range(0, N, BLOCK_K):                 # the initial state into state_ptr
-        tile = rows[:, None] * N + (k0 + tl.arange(0, BLOCK_K))[None, :]
-        if HAS_STATE0:
-            tl.store(state_ptr + head_state + tile, tl.load(state0_ptr + head_state + tile))
-        else:
-            tl.store(state_ptr + head_state + tile, tl.zeros((BLOCK_V, BLOCK_K), dtype=tl.float32))
+    _start_rows(state_ptr + head_state, state0_ptr + head_state, rows, HAS_STATE0, N, BLOCK_K)   # S_0
     i = tl.arange(0, CHUNK)
     n_chunks = tl.cdiv(T, CHUNK)
     for chunk in range(n_chunks):
@@ -243,11 +259,7 @@ def wkv7_chunked_fwd_kernel(
             r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t,
                                                        keys, CHUNK)
             c_hi, c_lo, total = _spread(c_hi, c_lo, total, c, r + k + a + b)
-            a_c, r_c, b_c, k_c = _centred(r, k, a, b, c, c_prev, c_end)
-            A_ab += _dot(a_c, b_c, DT)
-            A_ak += _dot(a_c, k_c, DT)
-            Q_rb += _dot(r_c, b_c, DT)
-            Q_rk += _dot(r_c, k_c, DT)
+            A_ab, A_ak, Q_rb, Q_rk = _add_couplings(A_ab, A_ak, Q_rb, Q_rk, r, k, a, b, c, c_prev, c_end, DT)
             aS += _dot(a * tl.exp(c_prev), tl.trans(S), DT)                 # a~ S^T
             rS += _dot(r * tl.exp(c), tl.trans(S), DT)                      # r~ S^T
         v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CHUNK)          # (CHUNK, BLOCK_V): this program's rows
@@ -310,12 +322,7 @@ def wkv7_chunked_dstate_kernel(
     pid_v = tl.program_id(1)
     rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     head_state, seq, stride_t = _head_offsets(pid_bh, T, H, N)
-    for k0 in range(0, N, BLOCK_K):                 # dL/dS_T into dstate0_ptr
-        tile = rows[:, None] * N + (k0 + tl.arange(0, BLOCK_K))[None, :]
-        if HAS_DSTATE:
-            tl.store(dstate0_ptr + head_state + tile, tl.load(dstate_ptr + head_state + tile))
-        else:
-            tl.store(dstate0_ptr + head_state + tile, tl.zeros((BLOCK_V, BLOCK_K), dtype=tl.float32))
+    _start_rows(dstate0_ptr + head_state, dstate_ptr + head_state, rows, HAS_DSTATE, N, BLOCK_K)   # dL/dS_T
     i = tl.arange(0, CHUNK)
     n_chunks = tl.cdiv(T, CHUNK)
     for back in range(n_chunks):
@@ -336,9 +343,8 @@ def wkv7_chunked_dstate_kernel(
             r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t,
                                                        keys, CHUNK)
             c_hi, c_lo, total = _spread(c_hi, c_lo, total, c, r + k + a + b)
-            a_c, r_c, b_c, _ = _centred(r, k, a, b, c, c_prev, c_end)
-            A_ab += _dot(a_c, b_c, DT)
-            Q_rb += _dot(r_c, b_c, DT)
+            # A_ak and Q_rk are not needed here (nor computed: the compiler drops what nothing reads)
+            A_ab, _, Q_rb, _ = _add_couplings(A_ab, 0.0, Q_rb, 0.0, r, k, a, b, c, c_prev, c_end, DT)
             BG += _dot(b * tl.exp(c_end - c), tl.trans(G), DT)
         dy = _load_chunk(dy_ptr, seq, t0, T, stride_t, rows, CHUNK)        # (CHUNK, BLOCK_V)
         v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CHUNK)
@@ -454,11 +460,7 @@ def wkv7_chunked_bwd_kernel(
         r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t, keys,
                                                    CHUNK)
         c_hi, c_lo, total = _spread(c_hi, c_lo, total, c, r + k + a + b)
-        a_c, r_c, b_c, k_c = _centred(r, k, a, b, c, c_prev, c_end)
-        A_ab += _dot(a_c, b_c, DT)
-        A_ak += _dot(a_c, k_c, DT)
-        Q_rb += _dot(r_c, b_c, DT)
-        Q_rk += _dot(r_c, k_c, DT)
+        A_ab, A_ak, Q_rb, Q_rk = _add_couplings(A_ab, A_ak, Q_rb, Q_rk, r, k, a, b, c, c_prev, c_end, DT)
         G_T = tl.trans(tl.load(dstate + tile))                          # (BLOCK_K, BLOCK_V)
         to_end = tl.exp(c_end - c)                                       # e^{c_L - c_j}
         aS += _dot(a * tl.exp(c_prev), tl.trans(tl.load(state0 + tile)), DT)
