@@ -53,8 +53,8 @@ torch path's factored WY form, one program per (batch, head, 16 value rows), wal
 serial steps instead of T, each a few dozen (16, 16) tile products, about 2.4x the arithmetic of the sequential
 kernel at N = 64. The state lives in the output buffer rather than in registers, so that every product is of
 (16, 16) tiles (fp32 products keep whole operand rows in each thread: (16, N) tiles need 168-255 registers and a
-stack). Its chunks are the checkpoint intervals: the forward saves the sequential forward's checkpoints, and the
-chunked backward reads them. That backward carries dL/dS back chunk by chunk in one serial pass, then takes every
+stack). With a gradient wanted, the forward saves the state entering each chunk, and the chunked backward reads
+them. That backward carries dL/dS back chunk by chunk in one serial pass, then takes every
 chunk's gradients at once, in matmul form. With fp16/bf16 inputs the products run on the tensor cores. It takes
 head sizes from 16 (the sequential kernels run smaller heads). Each chunk picks its form on the device: within
 _factors_in_range's DECAY_RANGE and finite (RWKV-7's decays always are), the factored form; otherwise its 16 steps
@@ -69,11 +69,15 @@ from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
                                     check_tensor, finite_log_decay, needs_grad, new_output, tl, triton)
+from seqmix.kernels._wkv7_common import _checkpoint, _head_offsets
+from seqmix.kernels.wkv7_chunked import (CHUNK as TRITON_CHUNK, _chunked_bwd, _chunked_fwd, _chunked_launch_config,
+                                         wkv7_chunked_bwd_kernel, wkv7_chunked_dstate_kernel, wkv7_chunked_fwd_kernel)
 
 __all__ = ["wkv7"]
 
 CHUNK = 16          # torch path: steps per chunk (a power of two, for the halving in _block_couplings)
-DECAY_RANGE = 20.0  # torch path: the widest spread of log decay inside a chunk that the factored couplings take
+DECAY_RANGE = 20.0  # the widest spread of log decay inside a chunk that the factored couplings take (torch, Triton)
+FP16_DECAY_RANGE = 10.0   # the chunked Triton kernels' with fp16 inputs: e^{c} factors in fp16's range (RWKV-7: 9.7)
 CHECKPOINT = 16     # Triton path: steps between saved states; the backward re-runs at most this many steps
 
 
@@ -228,21 +232,6 @@ def _step(S, w, k, v, a, b):
 
 
 @triton.jit
-def _head_offsets(pid_bh, T, H, N: tl.constexpr):
-    """Where head pid_bh = b H + h starts: in the (B, H, N, N) states, and at step 0 in the (B, T, H, N) inputs; and
-    the inputs' stride from one step to the next."""
-    bh = pid_bh.to(tl.int64)                         # every offset in int64: T H N passes 2^31 at long T
-    heads = tl.cast(H, tl.int64)
-    return bh * N * N, (bh // heads) * T * heads * N + (bh % heads) * N, heads * N
-
-
-@triton.jit
-def _checkpoint(ckpt_ptr, pid_bh, n_ckpt, index, N: tl.constexpr):
-    """The (N, N) checkpoint ``index`` of head pid_bh in a (B * H, n_ckpt, N, N) buffer."""
-    return ckpt_ptr + (pid_bh.to(tl.int64) * n_ckpt + index) * N * N
-
-
-@triton.jit
 def wkv7_fwd_kernel(
     r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs, contiguous, one float dtype
     state0_ptr,          # (B, H, N, N) fp32 initial state, read when HAS_STATE0
@@ -357,6 +346,11 @@ def _grid(B, H, N, cfg: Launch):
     return (B * H, N // cfg["BLOCK_V"])
 
 
+def _max_spread(dtype):
+    """The widest spread of c a chunk takes in the chunked kernels' factored form, for inputs of this dtype."""
+    return FP16_DECAY_RANGE if dtype == torch.float16 else DECAY_RANGE
+
+
 def _use_chunked_forward(N):
     """Whether the chunked kernels (forward and backward, kernels/wkv7_chunked.py) take head size N: from 16, tl.dot's
     smallest tile. They decide each chunk's form on the device (decays out of range take steps one at a time), so
@@ -370,12 +364,10 @@ def wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
     B, T, H, N = r.shape
     y = new_output((B, T, H, N), r.dtype, r.device)
     state = new_output((B, H, N, N), torch.float32, r.device)
+    if chunked and _use_chunked_forward(N):
+        return y, state, _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, save_checkpoints, _max_spread(r.dtype))
     ckpt = (new_output((B * H, triton.cdiv(T, CHECKPOINT), N, N), torch.float32, r.device) if save_checkpoints
             else state)                              # not written without SAVE_CKPT
-    if chunked and _use_chunked_forward(N):   # its chunks are the checkpoint intervals
-        from seqmix.kernels.wkv7_chunked import _chunked_fwd   # here: that module imports this one's step helpers
-        _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, ckpt, save_checkpoints)
-        return y, state, ckpt
     cfg = _launch_config(N)
     wkv7_fwd_kernel[_grid(B, H, N, cfg)](
         r, log_w, k, v, a, b, state0 if state0 is not None else state, y, state, ckpt, T, H,
@@ -432,8 +424,8 @@ class Wkv7Function(torch.autograd.Function):
         dy = torch.zeros_like(r) if dy is None else dy.contiguous()
         dstate = None if dstate is None else dstate.contiguous().float()
         if ctx.chunked:
-            from seqmix.kernels.wkv7_chunked import _chunked_bwd
-            grads = _gradients(*_chunked_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate), r.dtype, log_w.dtype)
+            grads = _gradients(*_chunked_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate, _max_spread(r.dtype)), r.dtype,
+                               log_w.dtype)
         else:
             grads = wkv7_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate)
         return grads[:6] + (grads[6] if ctx.needs_input_grad[6] else None, None)
@@ -514,8 +506,6 @@ def aot_kernels():
     """The sequential and chunked forwards (with checkpoints) and backwards at head size 64 and 128, fp32 and bf16
     inputs."""
     from seqmix.kernels.aot import AotKernel
-    from seqmix.kernels.wkv7_chunked import (CHUNK, _chunked_launch_config, wkv7_chunked_bwd_kernel,
-                                             wkv7_chunked_dstate_kernel, wkv7_chunked_fwd_kernel)
     kernels = []
     for N in (64, 128):
         for dtype in ("fp32", "bf16"):
@@ -523,7 +513,7 @@ def aot_kernels():
             types = {**{a: f"*{dtype}" for a in ("r_ptr", "log_w_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "y_ptr",
                                                  "dy_ptr")}, "T": "i32", "H": "i32"}
             forward = {"HAS_STATE0": True, "SAVE_CKPT": True}
-            chunks = {"CHUNK": CHUNK, "MAX_SPREAD": DECAY_RANGE}
+            chunks = {"CHUNK": TRITON_CHUNK, "MAX_SPREAD": DECAY_RANGE}
             for fn, label, flags, cfg in (
                     (wkv7_fwd_kernel, "wkv7_fwd", {**forward, "CHECKPOINT": CHECKPOINT}, _launch_config(N)),
                     (wkv7_chunked_fwd_kernel, "wkv7_chunked_fwd", {**forward, **chunks}, _chunked_launch_config(N)),

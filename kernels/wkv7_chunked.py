@@ -17,8 +17,8 @@ RWKV-7's strongest decays (spread 0.61 L = 9.7). That keeps fp16 operands normal
 Tensor cores. With fp16 or bf16 inputs every tl.dot takes its operands in the input dtype and accumulates in fp32
 (mma.sync / wgmma), as fla does (the states and their gradients too, rounded to the input dtype as operands: bf16
 has fp32's range; fp16 assumes them below 65504, as fla does); fp32 inputs keep fp32 products (input_precision="ieee":
-the factors reach e^DECAY_RANGE). An fp16 chunk takes the factored form for spreads up to FP16_DECAY_RANGE = 10, so
-that e^{c} factors stay in fp16's range; RWKV-7's decays (spread <= 9.7) always do.
+the factors reach e^DECAY_RANGE). An fp16 chunk takes the factored form for spreads up to kernels/wkv7.py's
+FP16_DECAY_RANGE = 10, so that e^{c} factors stay in fp16's range; RWKV-7's decays (spread <= 9.7) always do.
 
 Backward: given dY (L, N_v) and G = dL/dS_L (N_v, N_k), reverse-mode through the lines above (the derivation was
 checked in float64 against autograd of the step-by-step recurrence; the tests check the kernels against it):
@@ -45,33 +45,32 @@ and -c_j of B^, K^ for j >= t, whose c_L cancels it: their share is the sum over
 Two kernels. wkv7_chunked_dstate_kernel is the only serial pass: per (batch, head, 16 value rows) it walks the
 chunks from the last, storing each chunk's G and taking dS_0 by the last line above (it needs W and r~ + Q_rb W:
 nothing of the states). wkv7_chunked_bwd_kernel then takes every (chunk, batch, head, 16 value rows) at once: the
-chunk's S_0 is the forward's checkpoint (the chunks are the checkpoint intervals), its G the first kernel's; nothing
-left is serial. dv is complete per program; the key-vector gradients (dr, dlog_w, dk, da, db) are sums over value
-rows, stored per row block in a (N / 16, 5, B, T, H, N) buffer and summed once by the wrapper, as the sequential
-backward does (no atomics).
+chunk's S_0 is the one the forward saved, its G the first kernel's; nothing left is serial. dv is complete per
+program; the key-vector gradients (dr, dlog_w, dk, da, db) are sums over value rows, stored per row block in a
+(N / 16, 5, B, T, H, N) buffer and summed once by the wrapper, as the sequential backward does (no atomics).
 
 A chunk whose decays spread beyond the factored form's range (_factors_in_range's DECAY_RANGE) or that holds an
 inf or NaN takes its steps one at a time in both kernels, decided on the device: G is stepped back by
 G <- (G + dy r^T) diag(w) + (G + dy r^T) b a^T, and the gradients follow wkv7_bwd_kernel's step, each step's
-entering state re-run from S_0 (a chunk's L (L - 1) / 2 steps: such chunks are rare, the recompute saves a scratch).
+entering state re-run from S_0 (a chunk's L (L - 1) / 2 steps: such chunks are rare, the recompute saves a scratch
+buffer), in registers: these paths have no products, so (16, N) tiles fit.
 
-Chunk size 16: the forward's checkpoints (and the sequential backward's) are 16 steps apart, and (16, 16) is
-tl.dot's smallest tile; at RWKV-7's strongest decays a 16-step chunk spreads 9.7 (every chunk factored, centred
-factors within e^{+-4.9}), a 64-step chunk (fla's) 39, beyond DECAY_RANGE: fla splits its 64 into sub-chunks of 16 for
-that reason. Nothing here is timed (no GPU): 64 would quarter the serial pass and would need that sub-chunking.
+Chunk size 16: (16, 16) is tl.dot's smallest tile, and the forward's tiles stay (16, 16); at RWKV-7's strongest
+decays a 16-step chunk spreads 9.7 (every chunk factored, centred factors within e^{+-4.9}), a 64-step chunk (fla's)
+39, beyond DECAY_RANGE: fla splits its 64 into sub-chunks of 16 for that reason. Nothing here is timed (no GPU):
+64 would quarter the serial pass and the saved states, and would need that sub-chunking.
 """
 from __future__ import annotations
 
 import torch
 
 from seqmix.kernels._common import Launch, new_output, tl, triton
-from seqmix.kernels.wkv7 import CHECKPOINT, DECAY_RANGE, _checkpoint, _head_offsets, _load_step, _step
+from seqmix.kernels._wkv7_common import _checkpoint, _head_offsets
 
 __all__ = []   # private: the op is kernels/wkv7.py's wkv7 (chunked=True)
 
-CHUNK = CHECKPOINT        # steps per chunk: the forward's checkpoints are the chunks' entering states
+CHUNK = 16                # steps per chunk; the forward saves each chunk's entering state for the backward
 CHUNKED_BLOCK_K = 16      # keys per step of the loops over keys
-FP16_DECAY_RANGE = 10.0   # the widest spread of c an fp16 chunk takes in the factored form (RWKV-7's: <= 9.7)
 
 
 @triton.jit
@@ -89,6 +88,12 @@ def _store_chunk(ptr, x, off, t0, T, stride_t, cols, CHUNK: tl.constexpr):
     steps = t0 + tl.arange(0, CHUNK)
     tl.store(ptr + off + steps[:, None] * stride_t + cols[None, :], x.to(ptr.dtype.element_ty),
              mask=(steps < T)[:, None] & (cols[None, :] >= 0))
+
+
+@triton.jit
+def _vector(ptr, off, cols, t, T):
+    """Step t's values at cols as fp32 (0 from T on): the step-by-step paths' loads."""
+    return tl.load(ptr + off + cols, mask=cols * 0 + t < T, other=0.0).to(tl.float32)   # a tensor mask (interpreter)
 
 
 @triton.jit
@@ -191,19 +196,18 @@ def _sequential_chunk(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, y_ptr, state
         sa = tl.zeros(rows.shape, dtype=tl.float32)                    # S_{t-1} a_t
         for k0 in range(0, N, BLOCK_K):
             keys = k0 + tl.arange(0, BLOCK_K)
-            _, _, _, _, a, _, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows,
-                                                t0 + j, T)
+            a = _vector(a_ptr, off, keys, t0 + j, T)
             sa += tl.sum(tl.load(state_ptr + head_state + rows[:, None] * N + keys[None, :]) * a[None, :], axis=1)
         tl.debug_barrier()                           # every thread has read S_{t-1} before it changes
         y = tl.zeros(rows.shape, dtype=tl.float32)
         for k0 in range(0, N, BLOCK_K):
             keys = k0 + tl.arange(0, BLOCK_K)
             tile = state_ptr + head_state + rows[:, None] * N + keys[None, :]
-            r, w, k, v, _, b, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows,
-                                                t0 + j, T)
-            S = tl.load(tile) * w[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :]
+            S = (tl.load(tile) * tl.exp(_vector(log_w_ptr, off, keys, t0 + j, T))[None, :]
+                 + sa[:, None] * _vector(b_ptr, off, keys, t0 + j, T)[None, :]
+                 + _vector(v_ptr, off, rows, t0 + j, T)[:, None] * _vector(k_ptr, off, keys, t0 + j, T)[None, :])
             tl.store(tile, S)
-            y += tl.sum(S * r[None, :], axis=1)
+            y += tl.sum(S * _vector(r_ptr, off, keys, t0 + j, T)[None, :], axis=1)
         tl.store(y_ptr + off + rows, y.to(y_ptr.dtype.element_ty), mask=rows * 0 + t0 + j < T)
         tl.debug_barrier()                           # S_t stored by all threads before the next step reads it
 
@@ -219,7 +223,7 @@ def wkv7_chunked_fwd_kernel(
     N: tl.constexpr,         # head size, a power of two >= 16
     BLOCK_V: tl.constexpr,   # value rows (of S) per program, 16: tl.dot's smallest tile
     BLOCK_K: tl.constexpr,   # keys per step of the loops over keys, 16
-    CHUNK: tl.constexpr,     # steps per chunk, 16; the caller passes CHECKPOINT: the backward kernels reuse them
+    CHUNK: tl.constexpr,     # steps per chunk, 16
     MAX_SPREAD: tl.constexpr,  # the widest spread of c that a chunk takes in the factored form
     HAS_STATE0: tl.constexpr,  # start from state0 (else from zeros)
     SAVE_CKPT: tl.constexpr,   # write the checkpoints (a gradient will be wanted)
@@ -371,11 +375,19 @@ def wkv7_chunked_dstate_kernel(
             for jj in range(CHUNK):
                 t = t0 + CHUNK - 1 - jj
                 off = seq + t * stride_t
-                r, w, _, _, a, b, _, row_live = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys,
-                                                           rows, t, T)
-                G, _, _ = _step_back(G, r, w, a, b, tl.load(dy_ptr + off + rows, mask=row_live, other=0.0)
-                                     .to(tl.float32))
+                G, _, _ = _step_back(G, _vector(r_ptr, off, keys, t, T), tl.exp(_vector(log_w_ptr, off, keys, t, T)),
+                                     _vector(a_ptr, off, keys, t, T), _vector(b_ptr, off, keys, t, T),
+                                     _vector(dy_ptr, off, rows, t, T))
             tl.store(dstate0_ptr + head_state + tile, G)
+
+
+@triton.jit
+def _step_forward(S, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, T):
+    """Step t on rows S (BLOCK_V, N) of the state: S diag(w) + (S a) b^T + v k^T."""
+    sa = tl.sum(S * _vector(a_ptr, off, keys, t, T)[None, :], axis=1)
+    return (S * tl.exp(_vector(log_w_ptr, off, keys, t, T))[None, :]
+            + sa[:, None] * _vector(b_ptr, off, keys, t, T)[None, :]
+            + _vector(v_ptr, off, rows, t, T)[:, None] * _vector(k_ptr, off, keys, t, T)[None, :])
 
 
 @triton.jit
@@ -386,28 +398,27 @@ def _stepwise_gradients(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr, dk
     program's rows, (BLOCK_V, N) in registers)."""
     keys = tl.arange(0, N)
     for jj in range(CHUNK):
-        j = CHUNK - 1 - jj
+        t = t0 + CHUNK - 1 - jj
         S_prev = S0
-        for s in range(j):
-            off = seq + (t0 + s) * stride_t
-            _, w, k, v, a, b, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows,
-                                                t0 + s, T)
-            S_prev = _step(S_prev, w, k, v, a, b)
-        t = t0 + j
+        for s in range(t0, t):
+            S_prev = _step_forward(S_prev, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, seq + s * stride_t, keys, rows, s, T)
         off = seq + t * stride_t
-        r, w, k, v, a, b, key_live, row_live = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys,
-                                                          rows, t, T)
-        dy = tl.load(dy_ptr + off + rows, mask=row_live, other=0.0).to(tl.float32)
+        w = tl.exp(_vector(log_w_ptr, off, keys, t, T))
+        k, v = _vector(k_ptr, off, keys, t, T), _vector(v_ptr, off, rows, t, T)
+        a, b = _vector(a_ptr, off, keys, t, T), _vector(b_ptr, off, keys, t, T)
+        dy = _vector(dy_ptr, off, rows, t, T)
         sa = tl.sum(S_prev * a[None, :], axis=1)                      # S_{t-1} a_t
         # dr = S_t^T dy, with S_t = S_{t-1} diag(w) + sa b^T + v k^T expanded
         dr = w * tl.sum(S_prev * dy[:, None], axis=0) + b * tl.sum(sa * dy) + k * tl.sum(v * dy)
-        G_prev, G, q = _step_back(G, r, w, a, b, dy)                   # G now dL/dS_t, with dy r^T
-        tl.store(dkeys_ptr + off + keys, dr, mask=key_live)
-        tl.store(dkeys_ptr + numel + off + keys, w * tl.sum(G * S_prev, axis=0), mask=key_live)        # dlog_w
-        tl.store(dkeys_ptr + 2 * numel + off + keys, tl.sum(G * v[:, None], axis=0), mask=key_live)     # dk
-        tl.store(dkeys_ptr + 3 * numel + off + keys, tl.sum(S_prev * q[:, None], axis=0), mask=key_live)  # da
-        tl.store(dkeys_ptr + 4 * numel + off + keys, tl.sum(G * sa[:, None], axis=0), mask=key_live)    # db
-        tl.store(dv_ptr + off + rows, tl.sum(G * k[None, :], axis=1), mask=row_live)
+        G_prev, G, q = _step_back(G, _vector(r_ptr, off, keys, t, T), w, a, b, dy)   # G: dL/dS_t, with dy r^T
+        # dr, dlog_w = w colsum(G S_{t-1}), dk = G^T v, da = S_{t-1}^T q, db = G^T (S_{t-1} a): this row block's share
+        live = keys * 0 + t < T
+        tl.store(dkeys_ptr + off + keys, dr, mask=live)
+        tl.store(dkeys_ptr + numel + off + keys, w * tl.sum(G * S_prev, axis=0), mask=live)
+        tl.store(dkeys_ptr + 2 * numel + off + keys, tl.sum(G * v[:, None], axis=0), mask=live)
+        tl.store(dkeys_ptr + 3 * numel + off + keys, tl.sum(S_prev * q[:, None], axis=0), mask=live)
+        tl.store(dkeys_ptr + 4 * numel + off + keys, tl.sum(G * sa[:, None], axis=0), mask=live)
+        tl.store(dv_ptr + off + rows, tl.sum(G * k[None, :], axis=1), mask=rows * 0 + t < T)
         G = G_prev
 
 
@@ -526,29 +537,29 @@ def _chunked_launch_config(N) -> Launch:
     return Launch({"BLOCK_V": 16, "BLOCK_K": CHUNKED_BLOCK_K}, num_warps=8)
 
 
-def _max_spread(dtype):
-    """The widest spread of c a chunk takes in the factored form for inputs of this dtype."""
-    return FP16_DECAY_RANGE if dtype == torch.float16 else DECAY_RANGE
-
-
-def _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, ckpt, save_checkpoints):
-    """Launches the chunked forward into y, state (and ckpt with ``save_checkpoints``)."""
+def _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, save_checkpoints, max_spread):
+    """Launches the chunked forward into y and state; returns the chunks' entering states (B * H, T / CHUNK, N, N)
+    with ``save_checkpoints`` (else the state, unwritten). max_spread: the widest spread of c a chunk takes in the
+    factored form."""
     B, T, H, N = r.shape
     cfg = _chunked_launch_config(N)
+    ckpt = (new_output((B * H, triton.cdiv(T, CHUNK), N, N), torch.float32, r.device) if save_checkpoints
+            else state)                              # not written without SAVE_CKPT
     wkv7_chunked_fwd_kernel[(B * H, N // cfg["BLOCK_V"])](
         r, log_w, k, v, a, b, state0 if state0 is not None else state, y, state, ckpt, T, H,
-        N=N, **cfg.blocks, CHUNK=CHUNK, MAX_SPREAD=_max_spread(r.dtype), HAS_STATE0=state0 is not None,
+        N=N, **cfg.blocks, CHUNK=CHUNK, MAX_SPREAD=max_spread, HAS_STATE0=state0 is not None,
         SAVE_CKPT=save_checkpoints, **cfg.options)
+    return ckpt
 
 
-def _chunked_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate):
-    """The chunked backward from the forward's checkpoints: the serial pass over chunks, then every chunk's
+def _chunked_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate, max_spread):
+    """The chunked backward from the forward's chunk states: the serial pass over chunks, then every chunk's
     gradients at once; returns dkeys (N / 16, 5, B, T, H, N): per row block dr, dlog_w, dk, da, db, and dv, dS_0."""
     B, T, H, N = r.shape
     cfg = _chunked_launch_config(N)
     n_chunks = triton.cdiv(T, CHUNK)
     blocks = N // cfg["BLOCK_V"]
-    shared = dict(N=N, **cfg.blocks, CHUNK=CHUNK, MAX_SPREAD=_max_spread(r.dtype), **cfg.options)
+    shared = dict(N=N, **cfg.blocks, CHUNK=CHUNK, MAX_SPREAD=max_spread, **cfg.options)
     dstates = new_output((B * H, n_chunks, N, N), torch.float32, r.device)
     dstate0 = new_output((B, H, N, N), torch.float32, r.device)
     wkv7_chunked_dstate_kernel[(B * H, blocks)](

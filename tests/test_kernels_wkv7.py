@@ -8,7 +8,6 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import seqmix.kernels.wkv7 as kw
-import seqmix.kernels.wkv7_chunked as kc
 from kernel_cases import needs_triton, spy
 from seqmix.conformance import definitions
 from seqmix.conformance.cases import in_pieces, rwkv7_inputs, split_bounds
@@ -213,7 +212,7 @@ def test_triton_gradient_of_final_state_only(rng, chunked):
 @pytest.fixture
 def chunked_backward(monkeypatch):
     """The chunked backward's calls; the test asserts how many it expects."""
-    return spy(monkeypatch, kc, "_chunked_bwd")
+    return spy(monkeypatch, kw, "_chunked_bwd")
 
 
 def chunked_grads(x_np, S0_np, dtype=torch.float32, pieces=(None,), **options):
@@ -306,7 +305,7 @@ def test_triton_chunked_backward_steps_through_out_of_range_chunks(rng, chunked_
 def test_triton_chunked_backward_steps_every_chunk(rng, monkeypatch, chunked_backward):
     """DECAY_RANGE below every spread: every chunk of the forward and both backward kernels goes step by step (two
     row blocks, T not a multiple of the chunk)."""
-    monkeypatch.setattr(kc, "DECAY_RANGE", -1.0)
+    monkeypatch.setattr(kw, "DECAY_RANGE", -1.0)
     check_against_truth(rng, (1, 21, 1, 32), "mixed", True, torch.float32, "triton", FP32_CHUNKED_WKV7_BUDGET,
                         chunked=True)
     assert len(chunked_backward) == 1
