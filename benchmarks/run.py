@@ -346,16 +346,16 @@ def _timed(fn, inputs) -> float:
 
 
 def measure(fn, inputs, min_runs: int, max_runs: int, budget_s: float) -> dict:
-    """Warm up once, then time ``min_runs`` to ``max_runs`` runs (as many as fit in ``budget_s``); the peak memory
-    above the inputs is that of the first timed run."""
+    """Warm up once, then time ``min_runs`` to ``max_runs`` runs (as many as fit in ``budget_s``); a case whose
+    warm-up alone took longer than ``budget_s`` (autograd through a peer's per-token loop at T = 2048: a minute a
+    run) gets one timed run. The peak memory above the inputs is that of the first timed run."""
     with torch.no_grad():
-        fn(inputs)
-        _sync()
+        warm_up = _timed(fn, inputs)
         before = _memory_in_use()
         _reset_peak()
         times = [_timed(fn, inputs)]
         peak = _peak_memory() - before
-        runs = max(min_runs, min(max_runs, int(budget_s / times[0])))
+        runs = 1 if 0 < budget_s < warm_up else max(min_runs, min(max_runs, int(budget_s / times[0])))
         times += [_timed(fn, inputs) for _ in range(runs - 1)]
     return {"times": times, "peak_bytes": peak}
 

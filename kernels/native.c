@@ -14,6 +14,7 @@
  * Every work item writes outputs of its own (no two items add into one number), and sums over work items run
  * afterwards in a fixed order (sum_rows): results do not depend on the number of threads or their timing.
  */
+#include <float.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,11 +99,16 @@ static inline float poison(float x, int32_t poisoned)
 /* 1 when x is NaN or +inf; -inf passes. Where a number is an exponent (WKV-4's keys and state max), -inf means a
  * weight of exactly 0 ("nothing seen yet" for the max), which the loops compute as e^-87 against terms of e^0: the
  * other backends' answer to fp32's resolution. */
-static inline int32_t nan_or_plus_inf(float x)
+static inline int32_t is_minus_inf(float x)
 {
     int32_t bits;
     memcpy(&bits, &x, sizeof bits);
-    return nonfinite(x) & (bits != (int32_t)0xff800000);
+    return bits == (int32_t)0xff800000;
+}
+
+static inline int32_t nan_or_plus_inf(float x)
+{
+    return nonfinite(x) & !is_minus_inf(x);
 }
 
 /* out[i] = sum_r in[r cols + i], the rows added in the order r = 0, 1, ... whatever the split: the sums over batch
@@ -326,9 +332,11 @@ static void scan_lanes(int64_t d0, int64_t D, int64_t N, const float *delta_bias
         channel[j] = d0 + j < D ? d0 + j : D - 1;
         bias[j] = delta_bias ? delta_bias[channel[j]] : 0.0f;
         bad[j] = nonfinite(bias[j]);
-        for (int64_t n = 0; n < N; n++) {
-            a[n * LANES + j] = A[channel[j] * N + n];
-            bad[j] |= nonfinite(a[n * LANES + j]);
+        for (int64_t n = 0; n < N; n++) {   /* A = -inf, a decay of 0, as the most negative finite number (as the
+                                               other backends take it: kernels/ssm.py hands A over as it came) */
+            const float An = A[channel[j] * N + n];
+            a[n * LANES + j] = is_minus_inf(An) ? -FLT_MAX : An;     /* a bit test: the loops assume finite math */
+            bad[j] |= nan_or_plus_inf(An);
         }
     }
 }
@@ -601,70 +609,178 @@ void selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, 
 
 /* RWKV-7: S_t = S_{t-1} diag(e^{log_w_t}) + (S_{t-1} a_t) b_t^T + v_t k_t^T, y_t = S_t r_t.
  * r, log_w, k, v, a, b, y (B, T, H, N); state (B, H, N, N) indexed [value, key], in, overwritten with the last
- * state. A work item is a (batch, head) pair, whose time it walks. The loop keeps the state transposed,
- * St[key][value], so that each product is a sum of rows scaled by numbers, with a vector of independent sums over
- * the values instead of a dependent sum across each row (1.4x-1.7x faster measured, with the prefetch):
+ * state. A work item is a (batch, head) pair, whose time it walks. A head's outputs and state are NaN from its
+ * first non-finite log_w, k, v, a, b or state entry on; r enters y_t alone, by products and sums, which carry a
+ * NaN in it to y_t and no further. For the backward (ckpt not NULL): the state before every ck-th token, ckpt
+ * (B H, ceil(T / ck), NP, NP) as the forward keeps it (below), and bad (B H): whether the head met a non-finite
+ * input.
+ *
+ * Whole vectors. The loops work on vectors of VEC floats written as vector variables (GCC's and Clang's vector
+ * extensions): the sums over a head's rows then stay in registers. Written as loops over arrays, the compiler kept
+ * them in memory, every multiply-add of a sum waiting on the store and load of the one before (2x-3x slower
+ * measured). A head of N floats is padded to NP = VEC ceil(N / VEC): the padding holds zeros (r, k, v, a, b, dy,
+ * the state) and decays of 1, under which it stays zero and adds nothing; N = 32 and 64 need none. Where one sum
+ * has few vectors (V = NP / VEC < CHAINS), it is split into CHAINS / V partial sums: eight independent chains of
+ * multiply-adds, enough to cover each one's latency.
+ *
+ * The forward keeps the state transposed, St[key][value], so that each product is a sum of rows scaled by numbers,
+ * with a vector of independent sums over the values instead of a sum across each row:
  *     sa = sum_j a_j St[j],   St[j] = e^{log_w_j} St[j] + b_j sa + k_j v,   y = sum_j r_j St[j].
  * The inputs of a head are a row of H N numbers apart from one token to the next, which the hardware prefetcher
- * does not follow, so the loop asks for them PREFETCH tokens ahead. A head's outputs and state are NaN from its
- * first non-finite log_w, k, v, a, b or state entry on; r enters y_t alone, by products and sums, which carry a
- * NaN in it to y_t and no further. For the backward (ckpt not NULL): St before every ck-th token, ckpt
- * (B H, ceil(T / ck), N, N), and bad (B H): whether the head met a non-finite input. */
+ * does not follow, so the loop asks for them PREFETCH tokens ahead. */
+#define VEC 16
+#define CHAINS 8
+#define MAX_V 16      /* vectors per row at most: head sizes up to 256 (kernels/wkv7.py sends larger ones to torch) */
 #define PREFETCH 2
+typedef float vfloat __attribute__((vector_size(VEC * sizeof(float))));
+typedef float vfloat_u __attribute__((vector_size(VEC * sizeof(float)), aligned(sizeof(float))));  /* unaligned */
+typedef int32_t vint __attribute__((vector_size(VEC * sizeof(int32_t))));
+#define LOADV(p) (*(const vfloat_u *)(p))
+#define STOREV(p, x) (*(vfloat_u *)(p) = (x))
 
-/* e^{log_w_t} into w, and whether step t's inputs other than r hold a non-finite number */
-static inline __attribute__((always_inline)) int32_t wkv7_decays(int64_t N, const float *log_w, const float *k,
-                                                                 const float *v, const float *a, const float *b,
-                                                                 float *w)
+/* the sum of a vector's lanes as a tree of halves (shuffles, not a chain of VEC - 1 additions) */
+_Static_assert(VEC == 16, "hsum's shuffles are written for 16 lanes");
+static inline __attribute__((always_inline)) float hsum(vfloat x)
 {
-    int32_t bad = 0;
-    #pragma omp simd reduction(|:bad)
-    for (int64_t j = 0; j < N; j++) {
-        w[j] = exp_clamped(log_w[j]);
-        bad |= nonfinite(log_w[j]) | nonfinite(k[j]) | nonfinite(v[j]) | nonfinite(a[j]) | nonfinite(b[j]);
-    }
-    return bad;
+    x += __builtin_shuffle(x, (vint){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+    x += __builtin_shuffle(x, (vint){4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3});
+    x += __builtin_shuffle(x, (vint){2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1});
+    x += __builtin_shuffle(x, (vint){1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0});
+    return x[0];
 }
 
-/* One step on St (transposed), sa = S_{t-1} a_t in sa; with r (not NULL) also y_t = S_t r_t into out. */
-static inline __attribute__((always_inline)) void wkv7_step(int64_t N, float *St, const float *w, const float *k,
-                                                            const float *v, const float *a, const float *b,
-                                                            const float *r, float *sa, float *out)
+/* The sums of 16 vectors' lanes at once, lane l of the result the sum of row l's, where x[bit_reversed[l]] holds
+ * row l; x is overwritten. Each level adds pairs of vectors' halves, two rows' halves in one vector: 15 pairs of
+ * shuffles and additions for 16 rows, where 16 hsum calls take 64 of each (the shuffles ran a quarter of the
+ * backward's time). Level by level a vector holds twice as many rows, interleaved from its pair: after four, lane
+ * l holds the row whose index is l with its four bits reversed, hence the rows' places in x. */
+static const int32_t bit_reversed[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+
+static inline __attribute__((always_inline)) vfloat sum_lanes(vfloat *x)
 {
-    for (int64_t i = 0; i < N; i++)
-        sa[i] = 0.0f;
-    if (r)
-        for (int64_t i = 0; i < N; i++)
-            out[i] = 0.0f;
-    for (int64_t j = 0; j < N; j++) {                              /* sa = S_{t-1} a_t */
-        const float aj = a[j], *row = St + j * N;
-        #pragma omp simd
-        for (int64_t i = 0; i < N; i++)
-            sa[i] += aj * row[i];
+    const vint low8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const vint low4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
+    const vint low2 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+    const vint low1 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
+    for (int64_t p = 0; p < 8; p++)       /* the low half of each row's lanes plus the high half */
+        x[p] = __builtin_shuffle(x[2 * p], x[2 * p + 1], low8) + __builtin_shuffle(x[2 * p], x[2 * p + 1], low8 + 8);
+    for (int64_t p = 0; p < 4; p++)
+        x[p] = __builtin_shuffle(x[2 * p], x[2 * p + 1], low4) + __builtin_shuffle(x[2 * p], x[2 * p + 1], low4 + 4);
+    for (int64_t p = 0; p < 2; p++)
+        x[p] = __builtin_shuffle(x[2 * p], x[2 * p + 1], low2) + __builtin_shuffle(x[2 * p], x[2 * p + 1], low2 + 2);
+    return __builtin_shuffle(x[0], x[1], low1) + __builtin_shuffle(x[0], x[1], low1 + 1);
+}
+
+/* x (N floats) as NP floats: x itself, or a copy into buf padded with fill */
+static inline __attribute__((always_inline)) const float *padded(const float *x, int64_t N, int64_t NP, float fill,
+                                                                 float *buf)
+{
+    if (N == NP)
+        return x;
+    memcpy(buf, x, N * sizeof(float));
+    for (int64_t i = N; i < NP; i++)
+        buf[i] = fill;
+    return buf;
+}
+
+/* One token's inputs of a head, NP floats each (padded), w = e^{log_w}; bad: whether log_w, k, v, a or b holds a
+ * non-finite number other than a log_w of -inf, a decay of 0 (e^-87 here, as the other backends' most negative
+ * finite log_w: kernels/wkv7.py hands log_w to the loop as it came, saving two passes over it each way). */
+struct wkv7_token {
+    const float *r, *k, *v, *a, *b;
+    float *w;
+    int32_t bad;
+};
+
+/* NP floats of scratch for each of r, k, v, a, b, dy (copies where padded) and w */
+#define WKV7_PAD_BUFFERS 7
+
+static inline __attribute__((always_inline)) void wkv7_load(int64_t N, int64_t NP, int64_t off, const float *r,
+                                                            const float *log_w, const float *k, const float *v,
+                                                            const float *a, const float *b, float *pad,
+                                                            struct wkv7_token *x)
+{
+    int32_t bad = 0;
+    x->w = pad + 6 * NP;
+    #pragma omp simd reduction(|:bad)
+    for (int64_t j = 0; j < N; j++) {
+        x->w[j] = exp_clamped(log_w[off + j]);
+        bad |= nan_or_plus_inf(log_w[off + j]) | nonfinite(k[off + j]) | nonfinite(v[off + j]) | nonfinite(a[off + j])
+               | nonfinite(b[off + j]);
     }
-    for (int64_t j = 0; j < N; j++) {                              /* S_t, and y_t = S_t r_t */
-        const float wj = w[j], bj = b[j], kj = k[j], rj = r ? r[j] : 0.0f;
-        float *row = St + j * N;
-        #pragma omp simd
-        for (int64_t i = 0; i < N; i++) {
-            row[i] = wj * row[i] + bj * sa[i] + kj * v[i];
-            if (r)
-                out[i] += rj * row[i];
-        }
+    for (int64_t j = N; j < NP; j++)
+        x->w[j] = 1.0f;
+    x->bad = bad;
+    x->r = padded(r + off, N, NP, 0.0f, pad);
+    x->k = padded(k + off, N, NP, 0.0f, pad + NP);
+    x->v = padded(v + off, N, NP, 0.0f, pad + 2 * NP);
+    x->a = padded(a + off, N, NP, 0.0f, pad + 3 * NP);
+    x->b = padded(b + off, N, NP, 0.0f, pad + 4 * NP);
+}
+
+/* sum over the CHAINS / V partial sums acc[p V + c] into out[c], c < V */
+static inline __attribute__((always_inline)) void gather_partials(int64_t V, int64_t P, const vfloat *acc, vfloat *out)
+{
+    #pragma GCC unroll 16
+    for (int64_t c = 0; c < V; c++) {
+        out[c] = acc[c];
+        #pragma GCC unroll 8
+        for (int64_t p = 1; p < P; p++)
+            out[c] += acc[p * V + c];
     }
+}
+
+/* One step on St (transposed, NP x NP), y_t = S_t r_t into out (NP floats). */
+static inline __attribute__((always_inline)) void wkv7_step(int64_t NP, float *St, const struct wkv7_token *x,
+                                                            float *out)
+{
+    const int64_t V = NP / VEC, P = V < CHAINS ? CHAINS / V : 1, A = V * P;
+    vfloat acc[MAX_V > CHAINS ? MAX_V : CHAINS], sa[MAX_V], v[MAX_V], y[MAX_V];
+    #pragma GCC unroll 16
+    for (int64_t c = 0; c < A; c++)
+        acc[c] = (vfloat){0};
+    for (int64_t j = 0; j < NP; j += P)                                /* sa = S_{t-1} a_t */
+        #pragma GCC unroll 8
+        for (int64_t p = 0; p < P; p++)
+            #pragma GCC unroll 16
+            for (int64_t c = 0; c < V; c++)
+                acc[p * V + c] += x->a[j + p] * LOADV(St + (j + p) * NP + c * VEC);
+    gather_partials(V, P, acc, sa);
+    #pragma GCC unroll 16
+    for (int64_t c = 0; c < A; c++)
+        acc[c] = (vfloat){0};
+    #pragma GCC unroll 16
+    for (int64_t c = 0; c < V; c++)
+        v[c] = LOADV(x->v + c * VEC);
+    for (int64_t j = 0; j < NP; j += P)                                /* S_t, and y_t = S_t r_t */
+        #pragma GCC unroll 8
+        for (int64_t p = 0; p < P; p++)
+            #pragma GCC unroll 16
+            for (int64_t c = 0; c < V; c++) {
+                float *row = St + (j + p) * NP + c * VEC;
+                const vfloat s = x->w[j + p] * LOADV(row) + x->b[j + p] * sa[c] + x->k[j + p] * v[c];
+                STOREV(row, s);
+                acc[p * V + c] += x->r[j + p] * s;
+            }
+    gather_partials(V, P, acc, y);
+    #pragma GCC unroll 16
+    for (int64_t c = 0; c < V; c++)
+        STOREV(out + c * VEC, y[c]);
 }
 
 static inline __attribute__((always_inline)) void wkv7_item(
-    int64_t item, int64_t T, int64_t H, int64_t N, const float *r, const float *log_w, const float *k, const float *v,
-    const float *a, const float *b, float *y, float *state, float *St, int64_t ck, float *ckpt, int32_t *bad_out)
+    int64_t item, int64_t T, int64_t H, int64_t N, int64_t NP, const float *r, const float *log_w, const float *k,
+    const float *v, const float *a, const float *b, float *y, float *state, float *St, float *pad, int64_t ck,
+    float *ckpt, int32_t *bad_out)
 {
     const int64_t bi = item / H, h = item % H, n_ckpt = (T + ck - 1) / ck;
-    float *S = state + item * N * N;
-    float w[N], sa[N], out[N];
+    float *S = state + item * N * N, out[MAX_V * VEC];
+    struct wkv7_token x;
     int32_t bad = 0;
+    memset(St, 0, NP * NP * sizeof(float));
     for (int64_t i = 0; i < N; i++)
         for (int64_t j = 0; j < N; j++) {
-            St[j * N + i] = S[i * N + j];
+            St[j * NP + i] = S[i * N + j];
             bad |= nonfinite(S[i * N + j]);
         }
     for (int64_t t = 0; t < T; t++) {
@@ -680,31 +796,45 @@ static inline __attribute__((always_inline)) void wkv7_item(
                 __builtin_prefetch(b + ahead);
             }
         if (ckpt && t % ck == 0)
-            memcpy(ckpt + (item * n_ckpt + t / ck) * N * N, St, N * N * sizeof(float));
-        bad |= wkv7_decays(N, log_w + off, k + off, v + off, a + off, b + off, w);
-        wkv7_step(N, St, w, k + off, v + off, a + off, b + off, r + off, sa, out);
+            memcpy(ckpt + (item * n_ckpt + t / ck) * NP * NP, St, NP * NP * sizeof(float));
+        wkv7_load(N, NP, off, r, log_w, k, v, a, b, pad, &x);
+        bad |= x.bad;
+        wkv7_step(NP, St, &x, out);
         for (int64_t i = 0; i < N; i++)
             y[off + i] = poison(out[i], bad);
     }
     for (int64_t i = 0; i < N; i++)
         for (int64_t j = 0; j < N; j++)
-            S[i * N + j] = poison(St[j * N + i], bad);
+            S[i * N + j] = poison(St[j * NP + i], bad);
     if (bad_out)
         bad_out[item] = bad;
+}
+
+/* The head size padded to whole vectors: NP, which the checkpoints take (native.py asks for it) */
+int64_t wkv7_padded_size(int64_t N)
+{
+    return (N + VEC - 1) / VEC * VEC;
+}
+
+/* The largest head size the loops take */
+int64_t wkv7_max_head_size(void)
+{
+    return MAX_V * VEC;
 }
 
 void wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
                   const float *r, const float *log_w, const float *k, const float *v, const float *a,
                   const float *b, float *y, float *state, int64_t ck, float *ckpt, int32_t *bad_out)
 {
-    float *St = scratch_floats(N * N);
+    const int64_t NP = wkv7_padded_size(N);
+    float *St = scratch_floats(NP * NP + WKV7_PAD_BUFFERS * NP);
     for (int64_t item = first; item < last; item++) {
-        if (N == 32)        /* the head size of small models (the experiments'): 1.2x measured */
-            wkv7_item(item, T, H, 32, r, log_w, k, v, a, b, y, state, St, ck, ckpt, bad_out);
-        else if (N == 64)   /* RWKV-7's head size: with N a constant the compiler unrolls the rows (1.35x measured) */
-            wkv7_item(item, T, H, 64, r, log_w, k, v, a, b, y, state, St, ck, ckpt, bad_out);
+        if (N == 32)        /* NP a constant: each row's vectors unrolled, in registers (1.6x-1.9x measured) */
+            wkv7_item(item, T, H, 32, 32, r, log_w, k, v, a, b, y, state, St, St + 32 * 32, ck, ckpt, bad_out);
+        else if (N == 64)   /* RWKV-7's head size */
+            wkv7_item(item, T, H, 64, 64, r, log_w, k, v, a, b, y, state, St, St + 64 * 64, ck, ckpt, bad_out);
         else
-            wkv7_item(item, T, H, N, r, log_w, k, v, a, b, y, state, St, ck, ckpt, bad_out);
+            wkv7_item(item, T, H, N, NP, r, log_w, k, v, a, b, y, state, St, St + NP * NP, ck, ckpt, bad_out);
     }
     free(St);
 }
@@ -716,114 +846,155 @@ void wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
  * For each chunk of ck steps from the last: re-run it forward from its checkpoint, keeping S_{t-1} and
  * sa = S_{t-1} a_t of every step, then walk it back. Unlike the forward, G and the re-run states are kept
  * [value][key], as the state is: the key-vector gradients (sums over values) are then sums of rows scaled by
- * numbers, with no sum across a vector, and one pass over the rows of G and S_{t-1} does a whole step, including
- * the next step's G += dy r^T and its dot products q = G b, dv = G k (about 10% faster measured than G transposed
- * and a pass for each; specializing N = 32 as the forward does N = 64: 1.45x). dy (B, T, H, N); dstate (B, H, N, N): the cotangent of the last state. Out: dr, dlog_w, dk, dv, da, db
- * (B, T, H, N), dstate0 (B, H, N, N). A work item is a (batch, head) pair, which writes its own outputs alone; a head
- * that met a non-finite input has NaN gradients. */
+ * numbers, vectors of independent sums across the rows, and one pass over the rows of G and S_{t-1} does a whole
+ * step, including the next step's G += dy r^T and its dot products q = G b, dv = G k (about 10% faster measured
+ * than G transposed and a pass for each). dy (B, T, H, N); dstate (B, H, N, N): the cotangent of the last state.
+ * Out: dr, dlog_w, dk, dv, da, db (B, T, H, N), dstate0 (B, H, N, N). A work item is a (batch, head) pair, which
+ * writes its own outputs alone; a head that met a non-finite input has NaN gradients. */
 
-/* G += dy r^T, then q = G b and gv = G k, for row i of G: the dot products as eight partial sums each */
-static inline __attribute__((always_inline)) void wkv7_add_output(int64_t N, float *Gi, float dyi, const float *r,
-                                                                  const float *b, const float *k, float *qi, float *gvi)
+/* Row i of G (V vectors, in g): G_i += dy_i r^T, then q_i = G_i . b and gv_i = G_i . k as vectors of partial sums
+ * (sum_lanes adds their lanes, 16 rows at a time) */
+static inline __attribute__((always_inline)) void wkv7_add_output(int64_t V, vfloat *g, float dyi,
+                                                                  const struct wkv7_token *x, vfloat *qi, vfloat *gvi)
 {
-    float q[8] = {0.0f}, gv[8] = {0.0f}, q_rest = 0.0f, gv_rest = 0.0f;
-    int64_t j = 0;
-    for (; j + 8 <= N; j += 8)
-        #pragma omp simd
-        for (int64_t l = 0; l < 8; l++) {
-            Gi[j + l] += dyi * r[j + l];
-            q[l] += Gi[j + l] * b[j + l];
-            gv[l] += Gi[j + l] * k[j + l];
-        }
-    for (; j < N; j++) {
-        Gi[j] += dyi * r[j];
-        q_rest += Gi[j] * b[j];
-        gv_rest += Gi[j] * k[j];
+    vfloat q = {0}, gv = {0};
+    #pragma GCC unroll 16
+    for (int64_t c = 0; c < V; c++) {
+        g[c] += dyi * LOADV(x->r + c * VEC);
+        q += g[c] * LOADV(x->b + c * VEC);
+        gv += g[c] * LOADV(x->k + c * VEC);
     }
-    *qi = sum8(q) + q_rest;
-    *gvi = sum8(gv) + gv_rest;
+    *qi = q;
+    *gvi = gv;
 }
 
 static inline __attribute__((always_inline)) void wkv7_backward_item(
-    int64_t item, int64_t T, int64_t H, int64_t N, const float *r, const float *log_w, const float *k,
+    int64_t item, int64_t T, int64_t H, int64_t N, int64_t NP, const float *r, const float *log_w, const float *k,
     const float *v, const float *a, const float *b, const float *dy, const float *dstate, int64_t ck,
     const float *ckpt, const int32_t *bad_in, float *dr, float *dlog_w, float *dk, float *dv, float *da, float *db,
-    float *dstate0, float *G, float *history, float *sas)
+    float *dstate0, float *G, float *history, float *sas, float *pad)
 {
-    const int64_t bi = item / H, h = item % H, n_ckpt = (T + ck - 1) / ck, stride = H * N;
+    const int64_t bi = item / H, h = item % H, n_ckpt = (T + ck - 1) / ck, V = NP / VEC;
     const int32_t bad = bad_in[item];
-    float w[N], q[N], gv[N], gs[N], g_v[N], g_sa[N], s_q[N], s_dy[N];
-    memcpy(G, dstate + item * N * N, N * N * sizeof(float));
-    const int64_t last = ((bi * T + T - 1) * H + h) * N;
+    float q[MAX_V * VEC], gv[MAX_V * VEC];
+    vfloat q_rows[16], gv_rows[16], sa_rows[16];           /* 16 rows' partial sums, for sum_lanes */
+    struct wkv7_token x = {0}, before = {0};                                /* step t's inputs, and step t - 1's */
+    float *pad_before = pad + WKV7_PAD_BUFFERS * NP;
+    memset(G, 0, NP * NP * sizeof(float));
     for (int64_t i = 0; i < N; i++)
-        wkv7_add_output(N, G + i * N, dy[last + i], r + last, b + last, k + last, q + i, gv + i);
-    for (int64_t c = n_ckpt - 1; c >= 0; c--) {
-        const int64_t t0 = c * ck, L = T - t0 < ck ? T - t0 : ck;
-        const float *St = ckpt + (item * n_ckpt + c) * N * N;             /* the forward's layout, [key][value] */
-        for (int64_t i = 0; i < N; i++)
-            for (int64_t j = 0; j < N; j++)
-                history[i * N + j] = St[j * N + i];
+        memcpy(G + i * NP, dstate + (item * N + i) * N, N * sizeof(float));
+    const int64_t last = ((bi * T + T - 1) * H + h) * N;
+    wkv7_load(N, NP, last, r, log_w, k, v, a, b, pad, &x);
+    const float *dy_t = padded(dy + last, N, NP, 0.0f, pad + 5 * NP);
+    for (int64_t i = 0; i < NP; i++) {
+        vfloat g[MAX_V];
+        for (int64_t c = 0; c < V; c++)
+            g[c] = LOADV(G + i * NP + c * VEC);
+        wkv7_add_output(V, g, dy_t[i], &x, q_rows + bit_reversed[i % 16], gv_rows + bit_reversed[i % 16]);
+        for (int64_t c = 0; c < V; c++)
+            STOREV(G + i * NP + c * VEC, g[c]);
+        if (i % 16 == 15) {
+            STOREV(q + i - 15, sum_lanes(q_rows));
+            STOREV(gv + i - 15, sum_lanes(gv_rows));
+        }
+    }
+    for (int64_t chunk = n_ckpt - 1; chunk >= 0; chunk--) {
+        const int64_t t0 = chunk * ck, L = T - t0 < ck ? T - t0 : ck;
+        const float *St = ckpt + (item * n_ckpt + chunk) * NP * NP;       /* the forward's layout, [key][value] */
+        for (int64_t i = 0; i < NP; i++)
+            for (int64_t j = 0; j < NP; j++)
+                history[i * NP + j] = St[j * NP + i];
         for (int64_t l = 0; l < L; l++) {        /* history[l] = S_{t-1}, sas[l] = S_{t-1} a_t, t = t0 + l */
-            const int64_t off = ((bi * T + t0 + l) * H + h) * N;
-            const float *S = history + l * N * N, *at = a + off, *bt = b + off, *kt = k + off;
-            float *next = history + (l + 1) * N * N, *sa = sas + l * N;
-            wkv7_decays(N, log_w + off, kt, v + off, at, bt, w);
-            for (int64_t i = 0; i < N; i++) {
-                const float *Si = S + i * N;
-                float dot = 0.0f;
-                #pragma omp simd reduction(+:dot)
-                for (int64_t j = 0; j < N; j++)
-                    dot += Si[j] * at[j];
-                sa[i] = dot;
-                if (l + 1 < L) {
-                    const float vi = v[off + i];
-                    #pragma omp simd
-                    for (int64_t j = 0; j < N; j++)
-                        next[i * N + j] = w[j] * Si[j] + dot * bt[j] + vi * kt[j];
-                }
+            const float *S = history + l * NP * NP;
+            float *next = history + (l + 1) * NP * NP;
+            wkv7_load(N, NP, ((bi * T + t0 + l) * H + h) * N, r, log_w, k, v, a, b, pad, &x);
+            float *sa = sas + l * NP;
+            for (int64_t i = 0; i < NP; i++) {
+                vfloat dot = {0};
+                #pragma GCC unroll 16
+                for (int64_t c = 0; c < V; c++)
+                    dot += LOADV(S + i * NP + c * VEC) * LOADV(x.a + c * VEC);
+                sa_rows[bit_reversed[i % 16]] = dot;
+                if (i % 16 == 15)
+                    STOREV(sa + i - 15, sum_lanes(sa_rows));
             }
+            if (l + 1 < L)
+                for (int64_t i = 0; i < NP; i++)
+                    #pragma GCC unroll 16
+                    for (int64_t c = 0; c < V; c++)
+                        STOREV(next + i * NP + c * VEC, LOADV(x.w + c * VEC) * LOADV(S + i * NP + c * VEC)
+                               + sa[i] * LOADV(x.b + c * VEC) + x.v[i] * LOADV(x.k + c * VEC));
         }
         for (int64_t l = L - 1; l >= 0; l--) {
-            const int64_t t = t0 + l, off = ((bi * T + t) * H + h) * N, prev = off - stride * (t > 0);
-            const float *S = history + l * N * N, *sa = sas + l * N;
-            const float *at = a + off, *bt = b + off, *kt = k + off, *vt = v + off, *dyt = dy + off;
-            wkv7_decays(N, log_w + off, kt, vt, at, bt, w);
+            const int64_t t = t0 + l, off = ((bi * T + t) * H + h) * N;
+            const float *S = history + l * NP * NP, *sa = sas + l * NP;
+            wkv7_load(N, NP, off, r, log_w, k, v, a, b, pad, &x);
+            dy_t = padded(dy + off, N, NP, 0.0f, pad + 5 * NP);
+            if (t > 0)
+                wkv7_load(N, NP, off - H * N, r, log_w, k, v, a, b, pad_before, &before);
+            const float *dy_before = t > 0 ? padded(dy + off - H * N, N, NP, 0.0f, pad_before + 5 * NP) : NULL;
             float sa_dy = 0.0f, v_dy = 0.0f;
-            #pragma omp simd reduction(+:sa_dy, v_dy)
             for (int64_t i = 0; i < N; i++) {
-                sa_dy += sa[i] * dyt[i];
-                v_dy += vt[i] * dyt[i];
+                sa_dy += sa[i] * dy_t[i];
+                v_dy += x.v[i] * dy_t[i];
                 dv[off + i] = poison(gv[i], bad);
             }
-            for (int64_t j = 0; j < N; j++)
-                gs[j] = g_v[j] = g_sa[j] = s_q[j] = s_dy[j] = 0.0f;
-            for (int64_t i = 0; i < N; i++) {
-                const float *Si = S + i * N, qi = q[i], vi = vt[i], sai = sa[i], dyi = dyt[i];
-                float *Gi = G + i * N;
-                #pragma omp simd
-                for (int64_t j = 0; j < N; j++) {
-                    gs[j] += Gi[j] * Si[j];
-                    g_v[j] += Gi[j] * vi;
-                    g_sa[j] += Gi[j] * sai;
-                    s_q[j] += Si[j] * qi;
-                    s_dy[j] += Si[j] * dyi;
-                    Gi[j] = w[j] * Gi[j] + qi * at[j];
+            vfloat gs[MAX_V], g_v[MAX_V], g_sa[MAX_V], s_q[MAX_V], s_dy[MAX_V];
+            #pragma GCC unroll 16
+            for (int64_t c = 0; c < V; c++)
+                gs[c] = g_v[c] = g_sa[c] = s_q[c] = s_dy[c] = (vfloat){0};
+            for (int64_t i = 0; i < NP; i++) {
+                const float qi = q[i], vi = x.v[i], sai = sa[i], dyi = dy_t[i];
+                vfloat g[MAX_V];
+                #pragma GCC unroll 16
+                for (int64_t c = 0; c < V; c++) {
+                    const vfloat Si = LOADV(S + i * NP + c * VEC);
+                    g[c] = LOADV(G + i * NP + c * VEC);
+                    gs[c] += g[c] * Si;
+                    g_v[c] += g[c] * vi;
+                    g_sa[c] += g[c] * sai;
+                    s_q[c] += Si * qi;
+                    s_dy[c] += Si * dyi;
+                    g[c] = LOADV(x.w + c * VEC) * g[c] + qi * LOADV(x.a + c * VEC);
                 }
-                if (t > 0)   /* the previous step's G += dy r^T, q = G b, gv = G k, while the row is at hand */
-                    wkv7_add_output(N, Gi, dy[prev + i], r + prev, b + prev, k + prev, q + i, gv + i);
+                #pragma GCC unroll 16
+                for (int64_t c = 0; c < V; c++)
+                    STOREV(G + i * NP + c * VEC, g[c]);
+                if (t == 0)
+                    continue;
+                /* the step before's G += dy r^T, q = G b, gv = G k, while the row is at hand */
+                wkv7_add_output(V, g, dy_before[i], &before, q_rows + bit_reversed[i % 16],
+                                gv_rows + bit_reversed[i % 16]);
+                #pragma GCC unroll 16
+                for (int64_t c = 0; c < V; c++)
+                    STOREV(G + i * NP + c * VEC, g[c]);
+                if (i % 16 == 15) {
+                    STOREV(q + i - 15, sum_lanes(q_rows));
+                    STOREV(gv + i - 15, sum_lanes(gv_rows));
+                }
             }
-            #pragma omp simd
+            float out[5][MAX_V * VEC];
+            #pragma GCC unroll 16
+            for (int64_t c = 0; c < V; c++) {
+                const vfloat w = LOADV(x.w + c * VEC);
+                STOREV(out[0] + c * VEC, w * s_dy[c] + sa_dy * LOADV(x.b + c * VEC) + v_dy * LOADV(x.k + c * VEC));
+                STOREV(out[1] + c * VEC, w * gs[c]);
+                STOREV(out[2] + c * VEC, g_v[c]);
+                STOREV(out[3] + c * VEC, s_q[c]);
+                STOREV(out[4] + c * VEC, g_sa[c]);
+            }
             for (int64_t j = 0; j < N; j++) {
-                dr[off + j] = poison(w[j] * s_dy[j] + bt[j] * sa_dy + kt[j] * v_dy, bad);
-                dlog_w[off + j] = poison(w[j] * gs[j], bad);
-                dk[off + j] = poison(g_v[j], bad);
-                da[off + j] = poison(s_q[j], bad);
-                db[off + j] = poison(g_sa[j], bad);
+                dr[off + j] = poison(out[0][j], bad);
+                dlog_w[off + j] = poison(out[1][j], bad);
+                dk[off + j] = poison(out[2][j], bad);
+                da[off + j] = poison(out[3][j], bad);
+                db[off + j] = poison(out[4][j], bad);
             }
         }
     }
-    for (int64_t i = 0; i < N * N; i++)
-        dstate0[item * N * N + i] = poison(G[i], bad);
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < N; j++)
+            dstate0[(item * N + i) * N + j] = poison(G[i * NP + j], bad);
 }
 
 void wkv7_backward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
@@ -832,17 +1003,19 @@ void wkv7_backward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
                    const int32_t *bad, float *dr, float *dlog_w, float *dk, float *dv, float *da, float *db,
                    float *dstate0)
 {
-    float *G = scratch_floats((ck + 2) * N * N + ck * N), *history = G + N * N, *sas = history + (ck + 1) * N * N;
+    const int64_t NP = wkv7_padded_size(N);
+    float *G = scratch_floats((ck + 2) * NP * NP + ck * NP + 2 * WKV7_PAD_BUFFERS * NP + 2 * VEC);
+    float *history = G + NP * NP + VEC, *sas = history + (ck + 1) * NP * NP + VEC, *pad = sas + ck * NP;
     for (int64_t item = first; item < last; item++) {
         if (N == 32)
-            wkv7_backward_item(item, T, H, 32, r, log_w, k, v, a, b, dy, dstate, ck, ckpt, bad, dr, dlog_w, dk, dv,
-                               da, db, dstate0, G, history, sas);
+            wkv7_backward_item(item, T, H, 32, 32, r, log_w, k, v, a, b, dy, dstate, ck, ckpt, bad, dr, dlog_w, dk,
+                               dv, da, db, dstate0, G, history, sas, pad);
         else if (N == 64)
-            wkv7_backward_item(item, T, H, 64, r, log_w, k, v, a, b, dy, dstate, ck, ckpt, bad, dr, dlog_w, dk, dv,
-                               da, db, dstate0, G, history, sas);
+            wkv7_backward_item(item, T, H, 64, 64, r, log_w, k, v, a, b, dy, dstate, ck, ckpt, bad, dr, dlog_w, dk,
+                               dv, da, db, dstate0, G, history, sas, pad);
         else
-            wkv7_backward_item(item, T, H, N, r, log_w, k, v, a, b, dy, dstate, ck, ckpt, bad, dr, dlog_w, dk, dv,
-                               da, db, dstate0, G, history, sas);
+            wkv7_backward_item(item, T, H, N, NP, r, log_w, k, v, a, b, dy, dstate, ck, ckpt, bad, dr, dlog_w, dk,
+                               dv, da, db, dstate0, G, history, sas, pad);
     }
     free(G);
 }

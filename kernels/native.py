@@ -144,6 +144,8 @@ def library() -> ctypes.CDLL:
     lib.selective_scan_backward.argtypes = [i64] * 7 + [ptr] * 8 + [i64] + [ptr] * 13
     lib.wkv7_forward.argtypes = [i64] * 5 + [ptr] * 8 + [i64] + [ptr] * 2
     lib.wkv7_backward.argtypes = [i64] * 5 + [ptr] * 8 + [i64] + [ptr] * 9
+    lib.wkv7_padded_size.argtypes, lib.wkv7_padded_size.restype = [i64], i64
+    lib.wkv7_max_head_size.restype = i64
     lib.sum_rows.argtypes = [i64] * 4 + [ptr] * 2
     lib.exp_array.argtypes = lib.softplus_array.argtypes = [i64, ptr, ptr]
     lib.selective_scan_lanes.restype = i64
@@ -336,7 +338,8 @@ def wkv7_forward(r, log_w, k, v, a, b, state, save=False):
     B, T, H, N = r.shape
     y = _floats(B, T, H, N)
     last = _initial_state(state, (B, H, N, N))
-    ckpt, bad = ((_floats(B * H, -(-T // CHECKPOINT), N, N), torch.empty(B * H, dtype=torch.int32)) if save
+    NP = library().wkv7_padded_size(N)         # the head size padded to whole vectors, as the loop keeps its state
+    ckpt, bad = ((_floats(B * H, -(-T // CHECKPOINT), NP, NP), torch.empty(B * H, dtype=torch.int32)) if save
                  else (None, None))
     _run(library().wkv7_forward, B * H, B * T * H * N * N, T, H, N,
          *_pointers(r, log_w, k, v, a, b, y, last), CHECKPOINT, *_pointers(ckpt, bad))

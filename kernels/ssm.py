@@ -441,11 +441,11 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_
         check_values(lambda: ~(step < 0).any(),   # a NaN step passes on, as the reference carries it
                      "delta must be >= 0 (a step size) after delta_bias (delta_softplus=False)",
                      lambda: f", got min {step.min().item()}")
+    if backend == "c":   # the whole op in the loop: bias, softplus, scan, skip and gate; A = -inf too
+        return native_autograd.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state, grad)
     # A = -inf, a decay of exactly 0 (the reference takes finite A only): e^{delta A} = 0 whatever the step, also
     # at delta = 0 (the torch path's padding), where 0 * -inf would be NaN
     A = finite_log_decay(A)
-    if backend == "c":   # the whole op in the loop: bias, softplus, scan, skip and gate
-        return native_autograd.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state, grad)
     dt = delta.to(compute)
     if delta_bias is not None:
         dt = dt + delta_bias.to(compute)[:, None]

@@ -66,6 +66,7 @@ import torch
 import torch.nn.functional as F
 
 from seqmix.kernels import _native_autograd as native_autograd
+from seqmix.kernels import native
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
                                     check_tensor, finite_log_decay, needs_grad, new_output, tl, triton)
@@ -449,8 +450,8 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
         state (torch.Tensor or None): (B, H, N, N) indexed [value, key], fp32 (float64 with float64 inputs).
             Default: zeros.
         backend (str or None): "torch" (the chunked WY form), "triton" (N a power of two >= 4; on CPU tensors it
-            needs TRITON_INTERPRET=1 before triton is imported), "c" (kernels/native.c, CPU) or None
-            (Triton for CUDA tensors; on CPU the C loop where it builds, torch otherwise).
+            needs TRITON_INTERPRET=1 before triton is imported), "c" (kernels/native.c, CPU, N <= 256) or None
+            (Triton for CUDA tensors; on CPU the C loop where it builds and N <= 256, torch otherwise).
             Default: None.
         chunked (bool): on the Triton backend, run the chunked WY form, T / 16 serial steps of (16, 16) tile
             products instead of T steps (about 2.4x the arithmetic at N = 64), for N >= 16 (the sequential kernels
@@ -474,21 +475,25 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
     check_decay_dtype("log_w", log_w, dtype)
     device = check_devices(r=r, log_w=log_w, k=k, v=v, a=a, b=b, state=state)
     grad = needs_grad(r, log_w, k, v, a, b, state)
-    backend = resolve_backend(backend, device, "wkv7", dtype)
+    chosen, backend = backend, resolve_backend(backend, device, "wkv7", dtype)
+    if backend == "c" and N > native.library().wkv7_max_head_size():
+        if chosen == "c":
+            raise ValueError(f"backend='c' takes head sizes N <= {native.library().wkv7_max_head_size()}, got N = {N}")
+        backend = "torch"             # the C loop keeps a row of the state in registers: a head of 256 at most
     if not isinstance(chunked, bool):
         raise TypeError(f"chunked must be True or False, got {chunked!r}")
     check_backend_dtype(backend, dtype)
     state_dtype = accumulation_dtype(dtype)
     if state is not None:
         check_tensor("state", state, (B, H, N, N), dtypes=(state_dtype,))
+    if backend == "c":                # the loop takes log_w = -inf (a decay of 0) itself
+        return native_autograd.wkv7(r, log_w, k, v, a, b, state, grad)
     log_w = finite_log_decay(log_w)   # -inf: a decay of exactly 0 (the reference takes finite log_w only)
     if backend == "torch":
         if state is None:
             state = torch.zeros((B, H, N, N), dtype=state_dtype, device=device)
         y, state = _wkv7_torch(*(x.to(state_dtype) for x in (r, log_w, k, v, a, b)), state)
         return y.to(dtype), state
-    if backend == "c":
-        return native_autograd.wkv7(r, log_w, k, v, a, b, state, grad)
     if N < 4 or N & (N - 1):
         raise ValueError(f"backend='triton' needs a head size N that is a power of two >= 4, got N = {N}")
     args = (*(x.contiguous() for x in (r, log_w, k, v, a, b)), None if state is None else state.contiguous())

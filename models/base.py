@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from seqmix.models import generation, text
 from seqmix.models.io import check_state_dict, load_pretrained_dir, save_pretrained_dir
+from seqmix.models.layers import Linear
 
 __all__ = ["ModelOutput", "CausalLMOutput", "config_from_dict", "config_to_dict", "check_positive_ints",
            "check_positive_floats", "check_bools", "check_token_ids", "check_state_dtype", "check_logits_to_keep",
@@ -361,7 +362,7 @@ class CausalLMMixin(GenerateMixin, PretrainedMixin):
         super().__init__()
         self.config = config
         setattr(self, self.base_model_prefix, self.base_model_class(config))
-        setattr(self, self.head_name, torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False))
+        setattr(self, self.head_name, Linear(config.hidden_size, config.vocab_size, bias=False))
         self._tie_weights()
 
     @property

@@ -30,7 +30,7 @@ from seqmix.kernels._common import accumulation_dtype, check_tensor
 from seqmix.kernels.wkv4 import INITIAL_MAX, wkv4
 from seqmix.models.base import (STATE_DTYPES, CausalLMMixin, ModelOutput, PretrainedMixin, check_bools,
                                 check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)
-from seqmix.models.layers import token_shift
+from seqmix.models.layers import Linear, token_shift
 
 __all__ = ["RwkvConfig", "RwkvModel", "RwkvForCausalLM", "STATE_NAMES"]
 
@@ -71,8 +71,9 @@ class RwkvConfig:
 
 
 def _mix(x, xx, mu):
-    """mu * x_t + (1 - mu) * x_{t-1}: transformers' time_mix_* parameters have shape (1, 1, C)."""
-    return x * mu + xx * (1 - mu)
+    """mu * x_t + (1 - mu) * x_{t-1} as x_{t-1} + mu (x_t - x_{t-1}), one op (decoding is bound by op count):
+    transformers' time_mix_* parameters have shape (1, 1, C)."""
+    return torch.lerp(xx, x, mu)
 
 
 class RwkvSelfAttention(nn.Module):
@@ -86,10 +87,10 @@ class RwkvSelfAttention(nn.Module):
         self.time_mix_key = nn.Parameter(torch.empty(1, 1, C))
         self.time_mix_value = nn.Parameter(torch.empty(1, 1, C))
         self.time_mix_receptance = nn.Parameter(torch.empty(1, 1, C))
-        self.key = nn.Linear(C, A, bias=False)
-        self.value = nn.Linear(C, A, bias=False)
-        self.receptance = nn.Linear(C, A, bias=False)
-        self.output = nn.Linear(A, C, bias=False)
+        self.key = Linear(C, A, bias=False)
+        self.value = Linear(C, A, bias=False)
+        self.receptance = Linear(C, A, bias=False)
+        self.output = Linear(A, C, bias=False)
 
     def forward(self, x, x_prev, wkv_state, out_scale: float, backend):
         xx = token_shift(x, x_prev)
@@ -110,9 +111,9 @@ class RwkvFeedForward(nn.Module):
         C, F_ = config.hidden_size, config.intermediate_size
         self.time_mix_key = nn.Parameter(torch.empty(1, 1, C))
         self.time_mix_receptance = nn.Parameter(torch.empty(1, 1, C))
-        self.key = nn.Linear(C, F_, bias=False)
-        self.receptance = nn.Linear(C, C, bias=False)
-        self.value = nn.Linear(F_, C, bias=False)
+        self.key = Linear(C, F_, bias=False)
+        self.receptance = Linear(C, C, bias=False)
+        self.value = Linear(F_, C, bias=False)
 
     def forward(self, x, x_prev, out_scale: float):
         xx = token_shift(x, x_prev)

@@ -38,7 +38,7 @@ from seqmix.models import rwkv7_fla
 from seqmix.models.base import (STATE_DTYPES, GenerateMixin, PretrainedMixin, check_logits_to_keep,
                                 check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)
 from seqmix.models.io import load_state_dict
-from seqmix.models.layers import token_shift
+from seqmix.models.layers import Linear, token_shift
 
 __all__ = ["Rwkv7Config", "Rwkv7", "UNUSED_CHECKPOINT_KEYS"]
 
@@ -140,7 +140,7 @@ class TimeMix(nn.Module):
             setattr(self, f"{c}2", nn.Parameter(torch.empty(D, C)))
         self.k_k, self.k_a = _channel_vector(C), _channel_vector(C)
         self.r_k = nn.Parameter(torch.empty(H, N))
-        self.receptance, self.key, self.value, self.output = (nn.Linear(C, C, bias=False) for _ in range(4))
+        self.receptance, self.key, self.value, self.output = (Linear(C, C, bias=False) for _ in range(4))
         self.ln_x = nn.GroupNorm(H, C, eps=config.group_norm_epsilon)
 
     def forward(self, x, x_prev, kv, v_first, backend=None):
@@ -179,8 +179,8 @@ class ChannelMix(nn.Module):
     def __init__(self, config: Rwkv7Config):
         super().__init__()
         self.x_k = _channel_vector(config.n_embd)
-        self.key = nn.Linear(config.n_embd, config.dim_ffn, bias=False)
-        self.value = nn.Linear(config.dim_ffn, config.n_embd, bias=False)
+        self.key = Linear(config.n_embd, config.dim_ffn, bias=False)
+        self.value = Linear(config.dim_ffn, config.n_embd, bias=False)
 
     def forward(self, x, x_prev):
         k = torch.relu(self.key(x + (token_shift(x, x_prev) - x) * self.x_k)) ** 2
@@ -216,7 +216,7 @@ class Rwkv7(GenerateMixin, PretrainedMixin, nn.Module):
         self.emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.ln_out = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
-        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.head = Linear(config.n_embd, config.vocab_size, bias=False)
         self.reset_parameters()
 
     @torch.no_grad()

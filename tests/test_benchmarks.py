@@ -3,6 +3,7 @@ report, the memory probe sees torch's allocations, and the cost model's counts m
 asserted: speed is what the benchmarks report, not what tests check."""
 import json
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +81,15 @@ def test_peak_memory_sees_a_torch_allocation():
     # torch.ones and the sum: two 64 MiB tensors, the first freed after the add. Linux batches its resident-page
     # counters per thread (up to 64 pages each), so the figure is good to about a MiB.
     assert 2 * size - 2**20 <= result["peak_bytes"] < 2 * size + 8 * 2**20, result["peak_bytes"]
+
+
+def test_a_case_slower_than_its_budget_gets_one_timed_run():
+    """The time cap: a case whose warm-up outlasts the budget is timed once; one that fits is timed min_runs times
+    at least."""
+    slow = run.measure(lambda x: time.sleep(0.05), {}, 3, 15, 0.01)
+    fast = run.measure(lambda x: None, {}, 3, 15, 0.01)
+    assert len(slow["times"]) == 1 and slow["times"][0] >= 0.05
+    assert 3 <= len(fast["times"]) <= 15
 
 
 def test_quick_run_writes_the_report(tmp_path):

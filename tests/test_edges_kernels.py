@@ -16,7 +16,7 @@ from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_all_close, a
 from seqmix.kernels.wkv4 import wkv4
 from seqmix.kernels.wkv7 import wkv7
 from seqmix.models.rwkv4 import RwkvConfig, RwkvForCausalLM
-from seqmix.reference import attention as ref_attention, rope as ref_rope, wkv7 as ref_wkv7
+from seqmix.reference import attention as ref_attention, rope as ref_rope, ssm as ref_ssm, wkv7 as ref_wkv7
 from test_kernels_wkv4 import (GRAD_NAMES, assert_state_close, check_forward, loss_weights, make_inputs, run_dense,
                                run_reference as wkv4_reference, with_grads)
 
@@ -44,6 +44,20 @@ def test_d1_wkv7_decay_of_zero(rng, backend):
     y_ref, S_ref = ref_wkv7.wkv7(*[np.maximum(a, -1e4) for a in x[:2]], *x[2:], state=S)
     y, S_new = wkv7(*map(torch.tensor, x), state=torch.tensor(S), backend=backend)
     assert_all_close(("y", "state"), (y, S_new), (y_ref, S_ref), FP32_BUDGET)
+
+
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
+def test_d1_scan_decay_of_zero(rng, backend):
+    """A = -inf in some entries is a decay of exactly 0, as A = -1e30 gives it in the reference (which takes finite A
+    only): e^{delta A} = 0 for a step delta > 0, and 1 for a step of 0 (where 0 * -inf would be NaN). The C loop
+    takes the -inf itself (a bit test: it is compiled for finite math; passed on unread, the steps of 0 gave NaN)."""
+    from seqmix.conformance.cases import scan_inputs
+    x = {n: a.astype(np.float32) for n, a in scan_inputs(rng, 2, 5, 4, 9, extras=("D", "state")).items()}
+    x["A"][1, 2] = x["A"][4, 0] = -np.inf
+    x["delta"][:, 1, 3] = x["delta"][1, 4, 2] = 0.0
+    y_ref, S_ref = ref_ssm.selective_scan(**{**x, "A": np.maximum(x["A"], -1e30)})
+    y, S = ssm.selective_scan(**{n: torch.tensor(a) for n, a in x.items()}, backend=backend)
+    assert_all_close(("y", "state"), (y, S), (y_ref, S_ref), FP32_BUDGET)
 
 
 def rwkv7_case(rng):

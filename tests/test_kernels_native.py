@@ -165,6 +165,8 @@ def test_wkv4_split_equals_whole(rng):
     ((1, 40, 2, 8), "extreme", True),        # log decays down to -1e4
     ((1, 20, 1, 7), "growing", True),        # log_w > 0: the formula is defined for any real decay
     ((2, 48, 4, 32), "strong", True),        # the training shape's heads, three whole checkpoint intervals
+    ((1, 3, 1, 256), "mixed", True),         # the largest head the loop takes: 16 vectors a row, no partial sums
+    ((1, 5, 2, 40), "mixed", True),          # padded to 48: three vectors a row, partial sums over 2 keys
 ])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_wkv7(rng, shape, decay, with_state, dtype):
@@ -188,6 +190,16 @@ def test_wkv7_split_equals_whole(rng):
     whole = torch.autograd.grad((y_whole * gy).sum() + (S_whole * gS).sum(), x)
     split = torch.autograd.grad((y * gy).sum() + (S * gS).sum(), x)
     assert_all_close(WKV7_GRAD_NAMES, split, whole, FP32_BUDGET, f"pieces {bounds}")
+
+
+def test_wkv7_heads_above_the_loops_limit(rng):
+    """A head larger than the C loop takes (256) runs on torch under backend=None, and backend='c' says why not."""
+    x = fp32(*rwkv7_inputs(rng, 1, 2, 1, 272)[0])
+    y, S = wkv7(*x)
+    y_torch, S_torch = wkv7(*x, backend="torch")
+    assert torch.equal(y, y_torch) and torch.equal(S, S_torch)
+    with pytest.raises(ValueError, match=r"backend='c' takes head sizes N <= 256, got N = 272"):
+        wkv7(*x, backend="c")
 
 
 # ------------------------------------------------------------------------------------------------ selective scan
