@@ -241,8 +241,8 @@ def wkv7_chunked_fwd(B, T, H, N, dtype, block_v, block_k, programs, ck, save):
     the five scalings). Then (I - A)^{-1} (6 products of CK^3, 2 FLOPs a term), U and Y (4 products of 2 CK CK BV);
     loads v, stores y (CK BV). Second loop, per key block: loads log_w, b, k (CK BK) and the state tile, stores it;
     BK + CK BK exp; two products of 2 BV CK BK; about 5 CK BK + 3 BV BK elementwise FLOPs. Plus the initial state
-    copied into the output (BV N fp32 read and written per program). The products are fp32 IEEE for every input
-    dtype (the tiles are fp32 after scaling), so they run on the FMA units (Model.dot_unit = "none")."""
+    copied into the output (BV N fp32 read and written per program). The products are fp32 IEEE for fp32 inputs (FMA
+    units), in the input dtype on the tensor cores for bf16 (the AOT build's mma column)."""
     s = DTYPE_BYTES[dtype]
     blocks = N // block_k
     tile_k, state_tile = ck * block_k, block_v * block_k * 4
@@ -255,14 +255,52 @@ def wkv7_chunked_fwd(B, T, H, N, dtype, block_v, block_k, programs, ck, save):
     return (_cdiv(T, ck) * per_chunk + Cost(bytes=2 * block_v * N * 4)) * programs
 
 
+def wkv7_chunked_dstate(B, T, H, N, dtype, block_v, block_k, programs, ck):
+    """wkv7_chunked_dstate_kernel, the chunked backward's serial pass. Per (chunk, program), BK = block_k,
+    BV = block_v: first loop, per key block: loads G (BV BK fp32) and stores it as the chunk's dL/dS, loads the
+    (CK, BK) tiles of log_w, r, k, a, b; 4 CK BK exp (three centred factors, e^{c_L - c}); products A_ab, Q_rb
+    (2 CK CK BK each) and B^ G^T (2 CK BV BK); about 8 CK BK elementwise FLOPs. Then loads dy, v (CK BV) and
+    (I - A)^{-1} (6 products of CK^3). Second loop, per key block: the same five tiles, 2 CK BK + BK exp; W, Q_rb W
+    (2 CK CK BK each), (B^ G^T)^T W and dY^T R (2 BV CK BK each); G loaded and stored; about 6 CK BK FLOPs."""
+    s = DTYPE_BYTES[dtype]
+    blocks, tile_k, state_tile = N // block_k, ck * block_k, block_v * block_k * 4
+    first = Cost(bytes=2 * state_tile + 5 * tile_k * s, transcendentals=4 * tile_k, flops=8 * tile_k,
+                 dot_flops=2 * 2 * ck * ck * block_k + 2 * ck * block_v * block_k)
+    middle = Cost(bytes=2 * ck * block_v * s, dot_flops=6 * 2 * ck ** 3)
+    second = Cost(bytes=2 * state_tile + 5 * tile_k * s, transcendentals=2 * tile_k + block_k, flops=6 * tile_k,
+                  dot_flops=2 * 2 * ck * ck * block_k + 2 * 2 * block_v * ck * block_k)
+    return (_cdiv(T, ck) * (blocks * (first + second) + middle) + Cost(bytes=2 * block_v * N * 4)) * programs
+
+
+def wkv7_chunked_bwd(B, T, H, N, dtype, block_v, block_k, programs, ck):
+    """wkv7_chunked_bwd_kernel: one program per (chunk, batch, head, BV value rows), ``programs`` of them, no
+    serial chain between them. First loop, per key block: loads S_0 and G (BV BK fp32 each) and the (CK, BK) tiles
+    of log_w, r, k, a, b; 5 CK BK exp; the four couplings (2 CK CK BK each), a~ S_0^T, B^ G^T, K^ G^T
+    (2 CK BV BK each); about 10 CK BK FLOPs. Then loads v, dy, stores dv (CK BV); (I - A)^{-1} (6 products of
+    CK^3) and ten products of 2 CK CK BV (U, dU, dZ, dV, the four couplings' gradients). Second loop, per key block:
+    the same loads, 8 CK BK + BK exp; eight products of 2 CK CK BK (the couplings' parts of da, dr, db, dk) and four
+    of 2 CK BV BK (dZ S_0, dY S_0, U G, V G); stores the five key-vector gradients (CK BK fp32 each); about
+    30 CK BK FLOPs (scalings, the sums over i >= t, i > t, j < t of dlog_w)."""
+    s = DTYPE_BYTES[dtype]
+    blocks, tile_k, state_tile = N // block_k, ck * block_k, block_v * block_k * 4
+    first = Cost(bytes=2 * state_tile + 5 * tile_k * s, transcendentals=5 * tile_k, flops=10 * tile_k,
+                 dot_flops=4 * 2 * ck * ck * block_k + 3 * 2 * ck * block_v * block_k)
+    middle = Cost(bytes=2 * ck * block_v * s + ck * block_v * 4, dot_flops=6 * 2 * ck ** 3 + 10 * 2 * ck * ck * block_v)
+    second = Cost(bytes=2 * state_tile + 5 * tile_k * s + 5 * tile_k * 4, transcendentals=8 * tile_k + block_k,
+                  flops=30 * tile_k, dot_flops=8 * 2 * ck * ck * block_k + 4 * 2 * ck * block_v * block_k)
+    return (blocks * (first + second) + middle) * programs
+
+
 def wkv7_models(B=1, T=2048, H=12, N=64):
-    from seqmix.kernels.wkv7 import CHECKPOINT, CHUNKED_BLOCK_K, _chunked_launch_config, _grid, _launch_config
+    from seqmix.kernels.wkv7 import CHECKPOINT, _grid, _launch_config
+    from seqmix.kernels.wkv7_chunked import CHUNKED_BLOCK_K, _chunked_launch_config
     cfg, chunked_cfg, fwd_cfg = _launch_config(N), _chunked_launch_config(N), _launch_config(N, B * H)
     block_v, chunked_v, fwd_v = cfg["BLOCK_V"], chunked_cfg["BLOCK_V"], fwd_cfg["BLOCK_V"]
     programs, fwd_programs = math.prod(_grid(B, H, N, cfg)), math.prod(_grid(B, H, N, fwd_cfg))
     fwd_label = "wkv7_fwd" if fwd_cfg == cfg else f"wkv7_fwd B*H={B * H}"   # kernels/wkv7.py aot_kernels
     chunked_programs = math.prod(_grid(B, H, N, chunked_cfg))
     shape = f"B={B} T={T} H={H} N={N}"
+    n_chunks = _cdiv(T, CHECKPOINT)
     out = []
     for dtype in ("fp32", "bf16"):
         s, seq, state = DTYPE_BYTES[dtype], B * T * H * N, B * H * N * N * 4
@@ -274,7 +312,10 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
         # 4 value rows of N = 64); the backward alternates a recompute step (S a) and a reverse step (S_{t-1} a,
         # dr's sums, q = G b, then G), 1 and 4 reductions: 2.5 on average over its 2 T steps, each of its two walks
         # per checkpoint run starting with a full round trip. The chunked forward's step is a chunk: two loops of
-        # loads, and about 12 dependent tile products and reductions (the inverse's 6, U, Y, the state update).
+        # loads, and about 12 dependent tile products and reductions (the inverse's 6, U, Y, the state update). The
+        # chunked backward's serial pass likewise (the inverse's 6, W, R, G: 9); its second kernel has no chain
+        # between programs: one step of two loops of loads and about 14 dependent products (the inverse, U, dZ, the
+        # gradients), once per wave of programs.
         out += [Model("wkv7", f"{fwd_label} N={N} {dtype}", shape, B * T, dtype,
                       wkv7_fwd(B, T, H, N, dtype, fwd_v, fwd_programs, CHECKPOINT, False), fwd_programs, T, True,
                       7 * seq * s + state, "inference (no checkpoints); the AOT build is of the checkpointing variant",
@@ -285,11 +326,24 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
                                        False),
                       chunked_programs, _cdiv(T, CHECKPOINT), False, 7 * seq * s + 2 * state,
                       "chunked=True, inference; the AOT build is of the checkpointing variant",
-                      step=Step(2, 12, 0), num_warps=chunked_cfg.num_warps, dot_unit="none"),
+                      step=Step(2, 12, 0), num_warps=chunked_cfg.num_warps),
                 Model("wkv7", f"wkv7_bwd N={N} {dtype}", shape, B * T, dtype,
                       wkv7_bwd(B, T, H, N, dtype, block_v, programs, CHECKPOINT), programs, 2 * T, False,
                       seq * (7 * s + 4 + 5 * 4 * (2 * slices + 1)) + state * (_cdiv(T, CHECKPOINT) + 2),
-                      step=Step(1, 2.5, 1, prefetch=1, starts=1 / CHECKPOINT), num_warps=cfg.num_warps)]
+                      step=Step(1, 2.5, 1, prefetch=1, starts=1 / CHECKPOINT), num_warps=cfg.num_warps),
+                Model("wkv7", f"wkv7_chunked_dstate N={N} {dtype}", shape, B * T, dtype,
+                      wkv7_chunked_dstate(B, T, H, N, dtype, chunked_v, CHUNKED_BLOCK_K, chunked_programs,
+                                          CHECKPOINT),
+                      chunked_programs, n_chunks, False, 7 * seq * s + state * (n_chunks + 2),
+                      "chunked=True, backward: the serial pass of dL/dS", step=Step(2, 9, 0),
+                      num_warps=chunked_cfg.num_warps),
+                Model("wkv7", f"wkv7_chunked_bwd N={N} {dtype}", shape, B * T, dtype,
+                      wkv7_chunked_bwd(B, T, H, N, dtype, chunked_v, CHUNKED_BLOCK_K, chunked_programs * n_chunks,
+                                       CHECKPOINT),
+                      chunked_programs * n_chunks, 1, False,
+                      seq * (7 * s + 4 + 5 * 4 * (2 * (N // chunked_v) + 1)) + 2 * state * n_chunks,
+                      "chunked=True, backward: every chunk at once", step=Step(2, 14, 0),
+                      num_warps=chunked_cfg.num_warps)]
     return out
 
 

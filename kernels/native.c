@@ -638,37 +638,41 @@ typedef int32_t vint __attribute__((vector_size(VEC * sizeof(int32_t))));
 #define LOADV(p) (*(const vfloat_u *)(p))
 #define STOREV(p, x) (*(vfloat_u *)(p) = (x))
 
-/* the sum of a vector's lanes as a tree of halves (shuffles, not a chain of VEC - 1 additions) */
-_Static_assert(VEC == 16, "hsum's shuffles are written for 16 lanes");
-static inline __attribute__((always_inline)) float hsum(vfloat x)
-{
-    x += __builtin_shuffle(x, (vint){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-    x += __builtin_shuffle(x, (vint){4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3});
-    x += __builtin_shuffle(x, (vint){2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1});
-    x += __builtin_shuffle(x, (vint){1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0});
-    return x[0];
-}
+/* Two vectors' lanes picked by constant indices (0-15 the first's, 16-31 the second's): Clang's builtin, which GCC
+ * has from version 12 on; GCC's own before. */
+#if defined(__clang__) || __GNUC__ >= 12
+#define PICK(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define PICK(a, b, ...) __builtin_shuffle(a, b, (vint){__VA_ARGS__})
+#endif
 
 /* The sums of 16 vectors' lanes at once, lane l of the result the sum of row l's, where x[bit_reversed[l]] holds
  * row l; x is overwritten. Each level adds pairs of vectors' halves, two rows' halves in one vector: 15 pairs of
- * shuffles and additions for 16 rows, where 16 hsum calls take 64 of each (the shuffles ran a quarter of the
- * backward's time). Level by level a vector holds twice as many rows, interleaved from its pair: after four, lane
- * l holds the row whose index is l with its four bits reversed, hence the rows' places in x. */
+ * shuffles and additions for 16 rows, where a tree of halves per row takes 64 of each. Level by level a vector
+ * holds twice as many rows, interleaved from its pair: after four, lane l holds the row whose index is l with its
+ * four bits reversed, hence the rows' places in x. */
+_Static_assert(VEC == 16, "sum_lanes is written for 16 lanes");
 static const int32_t bit_reversed[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
 
 static inline __attribute__((always_inline)) vfloat sum_lanes(vfloat *x)
 {
-    const vint low8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    const vint low4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
-    const vint low2 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
-    const vint low1 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
-    for (int64_t p = 0; p < 8; p++)       /* the low half of each row's lanes plus the high half */
-        x[p] = __builtin_shuffle(x[2 * p], x[2 * p + 1], low8) + __builtin_shuffle(x[2 * p], x[2 * p + 1], low8 + 8);
-    for (int64_t p = 0; p < 4; p++)
-        x[p] = __builtin_shuffle(x[2 * p], x[2 * p + 1], low4) + __builtin_shuffle(x[2 * p], x[2 * p + 1], low4 + 4);
-    for (int64_t p = 0; p < 2; p++)
-        x[p] = __builtin_shuffle(x[2 * p], x[2 * p + 1], low2) + __builtin_shuffle(x[2 * p], x[2 * p + 1], low2 + 2);
-    return __builtin_shuffle(x[0], x[1], low1) + __builtin_shuffle(x[0], x[1], low1 + 1);
+    for (int64_t p = 0; p < 8; p++) {     /* the low half of each row's lanes plus the high half */
+        const vfloat a = x[2 * p], b = x[2 * p + 1];
+        x[p] = PICK(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+               + PICK(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    }
+    for (int64_t p = 0; p < 4; p++) {
+        const vfloat a = x[2 * p], b = x[2 * p + 1];
+        x[p] = PICK(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
+               + PICK(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    }
+    for (int64_t p = 0; p < 2; p++) {
+        const vfloat a = x[2 * p], b = x[2 * p + 1];
+        x[p] = PICK(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
+               + PICK(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    }
+    return PICK(x[0], x[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
+           + PICK(x[0], x[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
 }
 
 /* x (N floats) as NP floats: x itself, or a copy into buf padded with fill */
@@ -826,6 +830,8 @@ void wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
                   const float *r, const float *log_w, const float *k, const float *v, const float *a,
                   const float *b, float *y, float *state, int64_t ck, float *ckpt, int32_t *bad_out)
 {
+    if (N > MAX_V * VEC)      /* kernels/wkv7.py sends larger heads to torch */
+        return;
     const int64_t NP = wkv7_padded_size(N);
     float *St = scratch_floats(NP * NP + WKV7_PAD_BUFFERS * NP);
     for (int64_t item = first; item < last; item++) {
@@ -1003,6 +1009,8 @@ void wkv7_backward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
                    const int32_t *bad, float *dr, float *dlog_w, float *dk, float *dv, float *da, float *db,
                    float *dstate0)
 {
+    if (N > MAX_V * VEC)      /* kernels/wkv7.py sends larger heads to torch */
+        return;
     const int64_t NP = wkv7_padded_size(N);
     float *G = scratch_floats((ck + 2) * NP * NP + ck * NP + 2 * WKV7_PAD_BUFFERS * NP + 2 * VEC);
     float *history = G + NP * NP + VEC, *sas = history + (ck + 1) * NP * NP + VEC, *pad = sas + ck * NP;

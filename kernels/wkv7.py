@@ -53,15 +53,17 @@ make the gradients the same bit for bit in every run, for N / BLOCK_V (4 at N = 
 of the five gradients while the backward runs. T need not be a multiple of anything: steps past T read log_w = 0 and
 zeros elsewhere, which leaves the state unchanged.
 
-Chunked Triton forward (wkv7(..., chunked=True)): the torch path's factored WY form in one kernel, one program per
-(batch, head, 16 value rows), walking chunks of 16 steps: T / 16 serial steps instead of T, each a few dozen
-(16, 16) tile products, about 2.4x the arithmetic of the sequential kernel at N = 64. The state lives in the output
-buffer rather than in registers, so that every product is of (16, 16) tiles (fp32 products keep whole operand rows
-in each thread: (16, N) tiles need 168-255 registers and a stack). It saves the same checkpoints as the sequential
-forward (its chunks are the checkpoint intervals), so the backward kernel is shared. It takes head sizes from 16
-(the sequential kernel runs smaller heads). Each chunk picks its form on the device: within _factors_in_range's
-DECAY_RANGE and finite (RWKV-7's decays always are), the factored form; otherwise its 16 steps one at a time. The
-wrapper reads no values (no host sync: CUDA graphs can capture it).
+Chunked Triton path (wkv7(..., chunked=True), kernels/wkv7_chunked.py, whose docstring derives the backward): the
+torch path's factored WY form, one program per (batch, head, 16 value rows), walking chunks of 16 steps: T / 16
+serial steps instead of T, each a few dozen (16, 16) tile products, about 2.4x the arithmetic of the sequential
+kernel at N = 64. The state lives in the output buffer rather than in registers, so that every product is of
+(16, 16) tiles (fp32 products keep whole operand rows in each thread: (16, N) tiles need 168-255 registers and a
+stack). With a gradient wanted, the forward saves the state entering each chunk, and the chunked backward reads
+them. That backward carries dL/dS back chunk by chunk in one serial pass, then takes every
+chunk's gradients at once, in matmul form. With fp16/bf16 inputs the products run on the tensor cores. It takes
+head sizes from 16 (the sequential kernels run smaller heads). Each chunk picks its form on the device: within
+_factors_in_range's DECAY_RANGE and finite (RWKV-7's decays always are), the factored form; otherwise its 16 steps
+one at a time. The wrappers read no values (no host sync: CUDA graphs can capture them).
 """
 from __future__ import annotations
 
@@ -74,11 +76,15 @@ from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
                                     check_tensor, finite_log_decay, needs_grad, new_output, rows_per_program,
                                     tl, triton)
+from seqmix.kernels._wkv7_common import _checkpoint, _head_offsets
+from seqmix.kernels.wkv7_chunked import (CHUNK as TRITON_CHUNK, _chunked_bwd, _chunked_fwd, _chunked_launch_config,
+                                         wkv7_chunked_bwd_kernel, wkv7_chunked_dstate_kernel, wkv7_chunked_fwd_kernel)
 
 __all__ = ["wkv7"]
 
 CHUNK = 16          # torch path: steps per chunk (a power of two, for the halving in _block_couplings)
-DECAY_RANGE = 20.0  # torch path: the widest spread of log decay inside a chunk that the factored couplings take
+DECAY_RANGE = 20.0  # the widest spread of log decay inside a chunk that the factored couplings take (torch, Triton)
+FP16_DECAY_RANGE = 10.0   # the chunked Triton kernels' with fp16 inputs: e^{c} factors in fp16's range (RWKV-7: 9.7)
 CHECKPOINT = 16     # Triton path: steps between saved states; the backward re-runs at most this many steps
 
 
@@ -215,7 +221,7 @@ def _issue_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t
     """Step t's loads, raw (input dtype): r, log_w, k, a, b at `keys` (N,) and v at `rows` (BLOCK_V,), with the masks
     (start <= t < T) for keys and rows. A step past T reads log_w = 0 and zeros: w = 1, and the step changes nothing. The
     sequential kernels issue step t + 1's (or t - 1's) loads before step t's arithmetic and take them with
-    _take_step in the next step (software pipelining: a step does not wait for a memory round trip)."""
+    _take_step in the next step (software pipelining: two memory round trips overlap)."""
     key_live = (keys * 0 + t < T) & (keys * 0 + t >= start)   # tensors: the interpreter takes no scalar mask
     row_live = (rows * 0 + t < T) & (rows * 0 + t >= start)
     return (tl.load(r_ptr + off + keys, mask=key_live, other=0.0), tl.load(log_w_ptr + off + keys, mask=key_live,
@@ -233,34 +239,10 @@ def _take_step(r, log_w, k, v, a, b):
 
 
 @triton.jit
-def _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, T):
-    """Step t's vectors as fp32, loaded and used at once: r, w = exp(log_w), k, v, a, b and the masks."""
-    r, log_w, k, v, a, b, key_live, row_live = _issue_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys,
-                                                           rows, t, 0, T)
-    r, w, k, v, a, b = _take_step(r, log_w, k, v, a, b)
-    return r, w, k, v, a, b, key_live, row_live
-
-
-@triton.jit
 def _step(S, w, k, v, a, b):
     """S diag(w) + (S a) b^T + v k^T for rows S (BLOCK_V, N) of the state."""
     sa = tl.sum(S * a[None, :], axis=1)
     return S * w[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :]
-
-
-@triton.jit
-def _head_offsets(pid_bh, T, H, N: tl.constexpr):
-    """Where head pid_bh = b H + h starts: in the (B, H, N, N) states, and at step 0 in the (B, T, H, N) inputs; and
-    the inputs' stride from one step to the next."""
-    bh = pid_bh.to(tl.int64)                         # every offset in int64: T H N passes 2^31 at long T
-    heads = tl.cast(H, tl.int64)
-    return bh * N * N, (bh // heads) * T * heads * N + (bh % heads) * N, heads * N
-
-
-@triton.jit
-def _checkpoint(ckpt_ptr, pid_bh, n_ckpt, index, N: tl.constexpr):
-    """The (N, N) checkpoint ``index`` of head pid_bh in a (B * H, n_ckpt, N, N) buffer."""
-    return ckpt_ptr + (pid_bh.to(tl.int64) * n_ckpt + index) * N * N
 
 
 @triton.jit
@@ -301,158 +283,6 @@ def wkv7_fwd_kernel(
         y = tl.sum(S * r[None, :], axis=1)
         tl.store(y_ptr + off + rows, y.to(y_ptr.dtype.element_ty))
     tl.store(state_ptr + head_state + tile, S)
-
-
-@triton.jit
-def _load_chunk(ptr, off, t0, T, stride_t, cols, CHUNK: tl.constexpr):
-    """Steps t0 .. t0 + CHUNK - 1 of one head at columns cols, as a (CHUNK, len(cols)) fp32 tile; steps past T read
-    0."""
-    steps = t0 + tl.arange(0, CHUNK)
-    live = (steps < T)[:, None] & (cols[None, :] >= 0)          # a full-shape mask: the interpreter wants one
-    return tl.load(ptr + off + steps[:, None] * stride_t + cols[None, :], mask=live, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _dot(x, y):
-    """x @ y with fp32 products (no TF32): the factored couplings carry factors up to e^DECAY_RANGE."""
-    return tl.dot(x, y, input_precision="ieee")
-
-
-@triton.jit
-def _sequential_chunk(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, y_ptr, state_ptr, head_state, seq, stride_t,
-                      rows, t0, T, N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr):
-    """Steps t0 .. t0 + CHUNK - 1 one at a time, as wkv7_fwd_kernel takes them, on this program's rows of the state
-    in state_ptr, BLOCK_K keys at a time: S a first (it needs every key), then S diag(w) + (S a) b^T + v k^T and
-    y = S r."""
-    for j in range(CHUNK):
-        off = seq + (t0 + j) * stride_t
-        sa = tl.zeros(rows.shape, dtype=tl.float32)                    # S_{t-1} a_t
-        for k0 in range(0, N, BLOCK_K):
-            keys = k0 + tl.arange(0, BLOCK_K)
-            _, _, _, _, a, _, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows,
-                                                t0 + j, T)
-            sa += tl.sum(tl.load(state_ptr + head_state + rows[:, None] * N + keys[None, :]) * a[None, :], axis=1)
-        tl.debug_barrier()                           # every thread has read S_{t-1} before it changes
-        y = tl.zeros(rows.shape, dtype=tl.float32)
-        for k0 in range(0, N, BLOCK_K):
-            keys = k0 + tl.arange(0, BLOCK_K)
-            tile = state_ptr + head_state + rows[:, None] * N + keys[None, :]
-            r, w, k, v, _, b, _, _ = _load_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows,
-                                                t0 + j, T)
-            S = tl.load(tile) * w[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :]
-            tl.store(tile, S)
-            y += tl.sum(S * r[None, :], axis=1)
-        tl.store(y_ptr + off + rows, y.to(y_ptr.dtype.element_ty), mask=rows * 0 + t0 + j < T)
-        tl.debug_barrier()                           # S_t stored by all threads before the next step reads it
-
-
-@triton.jit
-def wkv7_chunked_fwd_kernel(
-    r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs, contiguous, one float dtype
-    state0_ptr,          # (B, H, N, N) fp32 initial state, read when HAS_STATE0
-    y_ptr,               # (B, T, H, N) output, input dtype
-    state_ptr,           # (B, H, N, N) fp32: the state as it advances (each program its rows), the final state
-    ckpt_ptr,            # (B * H, cdiv(T, CHUNK), N, N) fp32: states entering steps 0, CHUNK, ... (SAVE_CKPT)
-    T, H,                # sequence length, heads
-    N: tl.constexpr,         # head size, a power of two >= 16
-    BLOCK_V: tl.constexpr,   # value rows (of S) per program, 16: tl.dot's smallest tile
-    BLOCK_K: tl.constexpr,   # keys per step of the loops over keys, 16
-    CHUNK: tl.constexpr,     # steps per chunk, 16; the caller passes CHECKPOINT: the backward kernel reuses them
-    MAX_SPREAD: tl.constexpr,  # DECAY_RANGE: the widest spread of c that a chunk takes in the factored form
-    HAS_STATE0: tl.constexpr,  # start from state0 (else from zeros)
-    SAVE_CKPT: tl.constexpr,   # write the checkpoints (a gradient will be wanted)
-):
-    """The torch path's chunked WY form (module docstring), one chunk of CHUNK steps per iteration; a chunk whose
-    spread of c passes MAX_SPREAD, or with a non-finite input, takes its steps one at a time instead
-    (_sequential_chunk). Per chunk, a first loop over blocks of BLOCK_K keys sums the couplings and the
-    products of a~ and r~ with the state; (I - A_ab)^{-1} = (I + A)(I + A^2)(I + A^4)(I + A^8) (A strictly lower
-    triangular: A^16 = 0); then U and Y; a second loop over keys updates the state. The state lives in state_ptr,
-    not in registers, so that every product is of (16, 16) tiles: a register tile of the whole (16, N) block would
-    not fit (the fp32 products keep whole rows of their operands in each thread)."""
-    pid_bh = tl.program_id(0)
-    pid_v = tl.program_id(1)
-    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    head_state, seq, stride_t = _head_offsets(pid_bh, T, H, N)
-    for k0 in range(0, N, BLOCK_K):                 # the initial state into state_ptr
-        tile = rows[:, None] * N + (k0 + tl.arange(0, BLOCK_K))[None, :]
-        if HAS_STATE0:
-            tl.store(state_ptr + head_state + tile, tl.load(state0_ptr + head_state + tile))
-        else:
-            tl.store(state_ptr + head_state + tile, tl.zeros((BLOCK_V, BLOCK_K), dtype=tl.float32))
-    i = tl.arange(0, CHUNK)
-    before = i[None, :] < i[:, None]                 # j < i
-    eye = (i[:, None] == i[None, :]).to(tl.float32)
-    n_chunks = tl.cdiv(T, CHUNK)
-    for chunk in range(n_chunks):
-        t0 = chunk * CHUNK
-        tl.debug_barrier()                           # the state stored by all threads is read below
-        A_ab = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)  # couplings, summed over key blocks
-        A_ak = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-        Q_rb = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-        Q_rk = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-        aS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # rows a~_i S^T
-        rS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # rows r~_i S^T
-        c_hi = 0.0                                           # max(c, 0) and min(c, 0) over the chunk's keys
-        c_lo = 0.0
-        total = 0.0                                          # the chunk's inputs summed: finite or not
-        for k0 in range(0, N, BLOCK_K):
-            keys = k0 + tl.arange(0, BLOCK_K)
-            tile = rows[:, None] * N + keys[None, :]
-            S = tl.load(state_ptr + head_state + tile)                      # (BLOCK_V, BLOCK_K)
-            if SAVE_CKPT:
-                tl.store(_checkpoint(ckpt_ptr, pid_bh, n_chunks, chunk, N) + tile, S)
-            log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)  # (CHUNK, BLOCK_K); 0 past T
-            c = tl.cumsum(log_w, axis=0)                                    # c_i
-            c_hi = tl.maximum(c_hi, tl.max(tl.max(c, axis=1), axis=0))
-            c_lo = tl.minimum(c_lo, tl.min(tl.min(c, axis=1), axis=0))
-            e_neg = tl.exp(-c)                                              # e^{-c_j}, below e^DECAY_RANGE
-            a_t = _load_chunk(a_ptr, seq, t0, T, stride_t, keys, CHUNK) * tl.exp(c - log_w)   # a_i e^{c_{i-1}}
-            r_t = _load_chunk(r_ptr, seq, t0, T, stride_t, keys, CHUNK) * tl.exp(c)          # r_i e^{c_i}
-            b_s = tl.trans(_load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK) * e_neg)    # (BLOCK_K, CHUNK)
-            k_s = tl.trans(_load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK) * e_neg)
-            total += tl.sum(tl.sum(a_t + r_t, axis=1), axis=0) + tl.sum(tl.sum(b_s + k_s, axis=1), axis=0)
-            A_ab += _dot(a_t, b_s)
-            A_ak += _dot(a_t, k_s)
-            Q_rb += _dot(r_t, b_s)
-            Q_rk += _dot(r_t, k_s)
-            aS += _dot(a_t, tl.trans(S))
-            rS += _dot(r_t, tl.trans(S))
-        v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CHUNK)          # (CHUNK, BLOCK_V): this program's rows
-        total += tl.sum(tl.sum(v, axis=1), axis=0)
-        # The factored form needs the chunk's spread of c within DECAY_RANGE (_factors_in_range) and finite inputs;
-        # a chunk without them (decays far stronger than RWKV-7's, inf or NaN) takes CHUNK sequential steps, decided
-        # here on the device: no host sync and no scan of log_w before the launch.
-        if (c_hi - c_lo <= MAX_SPREAD) & (total - total == 0.0):
-            A_ab = tl.where(before, A_ab, 0.0)
-            A_ak = tl.where(before, A_ak, 0.0)
-            Q_rb = tl.where(before | (eye > 0), Q_rb, 0.0)                     # j <= i
-            Q_rk = tl.where(before | (eye > 0), Q_rk, 0.0)
-            tl.static_assert(CHUNK == 16, "four factors (I + A^(2^m)) invert I - A only while A^16 = 0")
-            T_inv = eye + A_ab                                                  # (I - A_ab)^{-1}
-            power = A_ab
-            for _ in tl.static_range(3):
-                power = _dot(power, power)
-                T_inv += _dot(T_inv, power)
-            U = _dot(T_inv, aS + _dot(A_ak, v))                                 # rows u_j = S_{j-1} a_j
-            Y = rS + _dot(Q_rb, U) + _dot(Q_rk, v)                              # rows y_i = S_i r_i
-            steps = t0 + i
-            tl.store(y_ptr + seq + steps[:, None] * stride_t + rows[None, :], Y.to(y_ptr.dtype.element_ty),
-                     mask=(steps < T)[:, None] & (rows[None, :] >= 0))
-            tl.debug_barrier()                           # every thread has read this chunk's state before it changes
-            for k0 in range(0, N, BLOCK_K):              # S <- S diag(e^{c_L}) + U^T B^ + V^T K^
-                keys = k0 + tl.arange(0, BLOCK_K)
-                tile = rows[:, None] * N + keys[None, :]
-                log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)
-                decay = tl.exp(tl.sum(log_w, axis=0))                           # e^{c_L}
-                to_end = decay[None, :] * tl.exp(-tl.cumsum(log_w, axis=0))     # e^{c_L - c_j}
-                b_hat = _load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
-                k_hat = _load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
-                S = tl.load(state_ptr + head_state + tile)
-                S = S * decay[None, :] + _dot(tl.trans(U), b_hat) + _dot(tl.trans(v), k_hat)
-                tl.store(state_ptr + head_state + tile, S)
-        else:
-            _sequential_chunk(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, y_ptr, state_ptr, head_state, seq,
-                              stride_t, rows, t0, T, N, BLOCK_K, CHUNK)
 
 
 @triton.jit
@@ -549,42 +379,39 @@ def _launch_config(N, heads=None) -> Launch:
     return Launch({"BLOCK_V": rows}, num_warps=max(1, min(4, rows * N // 256)))
 
 
-CHUNKED_BLOCK_K = 16   # keys per step of the chunked forward's loops over keys
-
-
-def _chunked_launch_config(N) -> Launch:
-    """The chunked forward's: 16 value rows per program, tl.dot's smallest tile; its tiles are (16, 16), one element
-    a thread over 8 warps (fp32 inputs at 4 warps need 168-255 registers and a stack)."""
-    return Launch({"BLOCK_V": 16, "BLOCK_K": CHUNKED_BLOCK_K}, num_warps=8)
-
 
 def _grid(B, H, N, cfg: Launch):
     """One program per (batch, head) and block of BLOCK_V value rows."""
     return (B * H, N // cfg["BLOCK_V"])
 
 
+def _max_spread(dtype):
+    """The widest spread of c a chunk takes in the chunked kernels' factored form, for inputs of this dtype."""
+    return FP16_DECAY_RANGE if dtype == torch.float16 else DECAY_RANGE
+
+
 def _use_chunked_forward(N):
-    """Whether the chunked forward takes head size N: from 16, tl.dot's smallest tile. It decides each chunk's form
-    on the device (decays out of range take steps one at a time), so nothing of the inputs is read here."""
-    return N >= CHUNKED_BLOCK_K
+    """Whether the chunked kernels (forward and backward, kernels/wkv7_chunked.py) take head size N: from 16, tl.dot's
+    smallest tile. They decide each chunk's form on the device (decays out of range take steps one at a time), so
+    nothing of the inputs is read here."""
+    return N >= 16
 
 
 def wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
     """Runs the sequential or (where it applies) the chunked forward kernel; returns y, the final state and the
     checkpoints (the state itself, unwritten, without ``save_checkpoints``)."""
     B, T, H, N = r.shape
-    if chunked and _use_chunked_forward(N):   # its chunks are the checkpoint intervals
-        kernel, cfg = wkv7_chunked_fwd_kernel, _chunked_launch_config(N)
-        steps = {"CHUNK": CHECKPOINT, "MAX_SPREAD": DECAY_RANGE}
-    else:
-        kernel, cfg, steps = wkv7_fwd_kernel, _launch_config(N, B * H), {"CHECKPOINT": CHECKPOINT}
     y = new_output((B, T, H, N), r.dtype, r.device)
     state = new_output((B, H, N, N), torch.float32, r.device)
+    if chunked and _use_chunked_forward(N):
+        return y, state, _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, save_checkpoints, _max_spread(r.dtype))
     ckpt = (new_output((B * H, triton.cdiv(T, CHECKPOINT), N, N), torch.float32, r.device) if save_checkpoints
             else state)                              # not written without SAVE_CKPT
-    kernel[_grid(B, H, N, cfg)](
+    cfg = _launch_config(N, B * H)
+    wkv7_fwd_kernel[_grid(B, H, N, cfg)](
         r, log_w, k, v, a, b, state0 if state0 is not None else state, y, state, ckpt, T, H,
-        N=N, **cfg.blocks, **steps, HAS_STATE0=state0 is not None, SAVE_CKPT=save_checkpoints, **cfg.options)
+        N=N, **cfg.blocks, CHECKPOINT=CHECKPOINT, HAS_STATE0=state0 is not None, SAVE_CKPT=save_checkpoints,
+        **cfg.options)
     return y, state, ckpt
 
 
@@ -603,9 +430,15 @@ def wkv7_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate):
     wkv7_bwd_kernel[grid](
         r, log_w, k, v, a, b, dy, dstate if dstate is not None else dstate0, ckpt, scratch, dkeys, dv, dstate0, T, H,
         N=N, **cfg.blocks, CHECKPOINT=CHECKPOINT, HAS_DSTATE=dstate is not None, **cfg.options)
-    keys = dkeys.sum(0)                              # one sum over the row blocks, in a fixed order
-    dr, dk, da, db = keys[[0, 2, 3, 4]].to(r.dtype)
-    return dr, keys[1].to(log_w.dtype), dk, dv.to(r.dtype), da, db, dstate0
+    return _gradients(dkeys, dv, dstate0, r.dtype, log_w.dtype)
+
+
+def _gradients(dkeys, dv, dstate0, dtype, log_w_dtype):
+    """The gradients of (r, log_w, k, v, a, b) and the initial state from a backward's buffers: the row blocks' shares
+    dkeys (blocks, 5, B, T, H, N) of dr, dlog_w, dk, da, db, summed once in a fixed order; dv; dS_0."""
+    keys = dkeys.sum(0)
+    dr, dk, da, db = keys[[0, 2, 3, 4]].to(dtype)
+    return dr, keys[1].to(log_w_dtype), dk, dv.to(dtype), da, db, dstate0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -613,14 +446,15 @@ def wkv7_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate):
 # ----------------------------------------------------------------------------------------------------------------
 
 class Wkv7Function(torch.autograd.Function):
-    """Triton forward (saving a checkpoint every CHECKPOINT steps) and Triton backward; used when a gradient is
-    wanted (wkv7 calls the forward alone otherwise, as wkv4 does)."""
+    """Triton forward (saving a checkpoint every CHECKPOINT steps) and Triton backward, sequential or chunked as the
+    forward; used when a gradient is wanted (wkv7 calls the forward alone otherwise, as wkv4 does)."""
 
     @staticmethod
     def forward(ctx, r, log_w, k, v, a, b, state0, chunked):
         ctx.set_materialize_grads(False)
         y, state, ckpt = wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints=True, chunked=chunked)
         ctx.save_for_backward(r, log_w, k, v, a, b, ckpt)
+        ctx.chunked = chunked and _use_chunked_forward(r.shape[-1])
         return y, state
 
     @staticmethod
@@ -628,7 +462,11 @@ class Wkv7Function(torch.autograd.Function):
         r, log_w, k, v, a, b, ckpt = ctx.saved_tensors
         dy = torch.zeros_like(r) if dy is None else dy.contiguous()
         dstate = None if dstate is None else dstate.contiguous().float()
-        grads = wkv7_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate)
+        if ctx.chunked:
+            grads = _gradients(*_chunked_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate, _max_spread(r.dtype)), r.dtype,
+                               log_w.dtype)
+        else:
+            grads = wkv7_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate)
         return grads[:6] + (grads[6] if ctx.needs_input_grad[6] else None, None)
 
 
@@ -653,11 +491,12 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
             needs TRITON_INTERPRET=1 before triton is imported), "c" (kernels/native.c, CPU, N <= 256) or None
             (Triton for CUDA tensors; on CPU the C loop where it builds and N <= 256, torch otherwise).
             Default: None.
-        chunked (bool): on the Triton backend, run the forward as the chunked WY form, T / 16 serial steps of
-            (16, 16) tile products instead of T steps (about 2.4x the arithmetic at N = 64), for N >= 16 (the
-            sequential kernel runs smaller heads); a chunk whose log decays spread beyond DECAY_RANGE (never with
-            RWKV-7's) or that holds inf or NaN takes its 16 steps one at a time, decided on the device. The backward
-            is the same. Default: False.
+        chunked (bool): on the Triton backend, run the chunked WY form, T / 16 serial steps of (16, 16) tile
+            products instead of T steps (about 2.4x the arithmetic at N = 64), for N >= 16 (the sequential kernels
+            run smaller heads); the backward is chunked too (a serial pass over chunks, then every chunk at once);
+            fp16/bf16 products on the tensor cores. A chunk whose log decays spread beyond DECAY_RANGE (never with
+            RWKV-7's) or that holds inf or NaN takes its 16 steps one at a time, decided on the device.
+            Default: False.
     Returns:
         (y (B, T, H, N) in the input dtype, state (B, H, N, N) after the last step, fp32 or float64).
 
@@ -710,7 +549,7 @@ SMALL_GRID_HEADS = 12   # B H of the AOT build's split forward: batch 1 of a 12-
 
 
 def aot_kernels():
-    """The sequential and chunked forwards (with checkpoints) and the backward at head size 64 and 128, fp32 and bf16
+    """The sequential and chunked forwards (with checkpoints) and backwards at head size 64 and 128, fp32 and bf16
     inputs; the sequential forward also at B H = SMALL_GRID_HEADS, where it splits the state further."""
     from seqmix.kernels.aot import AotKernel
     kernels = []
@@ -720,14 +559,16 @@ def aot_kernels():
             types = {**{a: f"*{dtype}" for a in ("r_ptr", "log_w_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "y_ptr",
                                                  "dy_ptr")}, "T": "i32", "H": "i32"}
             forward = {"HAS_STATE0": True, "SAVE_CKPT": True}
+            chunks = {"CHUNK": TRITON_CHUNK, "MAX_SPREAD": DECAY_RANGE}
             for fn, label, flags, cfg in (
                     (wkv7_fwd_kernel, "wkv7_fwd", {**forward, "CHECKPOINT": CHECKPOINT}, _launch_config(N)),
                     (wkv7_fwd_kernel, f"wkv7_fwd B*H={SMALL_GRID_HEADS}", {**forward, "CHECKPOINT": CHECKPOINT},
                      _launch_config(N, SMALL_GRID_HEADS)),
-                    (wkv7_chunked_fwd_kernel, "wkv7_chunked_fwd",
-                     {**forward, "CHUNK": CHECKPOINT, "MAX_SPREAD": DECAY_RANGE},
+                    (wkv7_chunked_fwd_kernel, "wkv7_chunked_fwd", {**forward, **chunks}, _chunked_launch_config(N)),
+                    (wkv7_bwd_kernel, "wkv7_bwd", {"HAS_DSTATE": True, "CHECKPOINT": CHECKPOINT}, _launch_config(N)),
+                    (wkv7_chunked_dstate_kernel, "wkv7_chunked_dstate", {"HAS_DSTATE": True, **chunks},
                      _chunked_launch_config(N)),
-                    (wkv7_bwd_kernel, "wkv7_bwd", {"HAS_DSTATE": True, "CHECKPOINT": CHECKPOINT}, _launch_config(N))):
+                    (wkv7_chunked_bwd_kernel, "wkv7_chunked_bwd", chunks, _chunked_launch_config(N))):
                 constexprs = {"N": N, **cfg.blocks, **flags}
                 kernels.append(AotKernel(f"{label} N={N} {dtype}", fn, constexprs, types, "*fp32", cfg.num_warps,
                                          cfg.num_stages))

@@ -644,9 +644,10 @@ print("RWKV-7's b.a over the 400 draws lies in (-1, 0):",
 # in a kernel, one program per (batch and head, block of value rows), the rows of the state in registers (notebook 08
 # takes the kernel apart). Both run on the inputs of section 2 ($T = 24$: one chunk and a half), from the same initial
 # state: outputs and final states, the sequence fed in two pieces, and fp16. With `chunked=True` the Triton backend
-# runs the forward as the chunked WY form as well, in one kernel that walks chunks of 16 steps with products of
-# (16, 16) tiles ($T/16$ serial steps instead of $T$; the backward kernel is the same); it takes head sizes from 16,
-# so it is checked on inputs of its own after these.
+# runs the chunked WY form as well, in a kernel that walks chunks of 16 steps with products of (16, 16) tiles
+# ($T/16$ serial steps instead of $T$), and a chunked backward ([`kernels/wkv7_chunked.py`](../kernels/wkv7_chunked.py)
+# derives it: one serial pass carries $\partial L / \partial S$ back chunk by chunk, then every chunk's gradients come
+# at once, in matrix products); it takes head sizes from 16, so it is checked on inputs of its own after these.
 #
 # A third implementation, backend `"c"` ([`kernels/native.c`](../kernels/native.c)), is a compiled C loop that
 # walks time once: the path for inference on a CPU. It is forward only (no gradients), and `backend=None` takes it
@@ -721,13 +722,13 @@ def recurrence_torch(r, log_w, k, v, a, b, S):
 
 G, G_S = rng.standard_normal((B, T, H, N)), rng.standard_normal((B, H, N, N))
 
-def gradients(fn, dtype):
-    leaves = [torch.tensor(x[n], dtype=dtype, requires_grad=True) for n in ARGS]
+def gradients(fn, dtype, inputs=x, state=S0, cotangents=(G, G_S)):
+    leaves = [torch.tensor(inputs[n], dtype=dtype, requires_grad=True) for n in ARGS]
     state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    state0 = torch.tensor(S0, dtype=state_dtype, requires_grad=True)
+    state0 = torch.tensor(state, dtype=state_dtype, requires_grad=True)
     y, S_T = fn(*leaves, state0)
-    objective = (y * torch.tensor(G, dtype=dtype)).sum()
-    objective = objective + (S_T * torch.tensor(G_S, dtype=S_T.dtype)).sum()
+    objective = (y * torch.tensor(cotangents[0], dtype=dtype)).sum()
+    objective = objective + (S_T * torch.tensor(cotangents[1], dtype=S_T.dtype)).sum()
     objective.backward()
     return [z.grad for z in leaves + [state0]]
 
@@ -744,6 +745,18 @@ for backend, budget in BACKENDS.items():
     grad_names = [f"d{n}" for n in ARGS] + ["dstate"]
     for name, got, want in zip(grad_names, backend_grads[backend], expected_grads):
         check(f"{backend} fp32 {name}", got, want, budget)
+
+# %% tags=["nbval-check-output"]
+# The chunked Triton backward on the head-size-16 inputs, against the same float64 autograd: its own budget, 1e-4,
+# as the torch path's chunked form.
+rng_wide = np.random.default_rng(16)
+cotangents_wide = rng_wide.standard_normal(y_wide_ref.shape), rng_wide.standard_normal(S_wide_ref.shape)
+wide = dict(inputs=x_wide, state=S0_wide_fp32, cotangents=cotangents_wide)
+expected_wide = gradients(recurrence_torch, torch.float64, **wide)
+chunked_wide = gradients(lambda *z: wkv7_kernel(*z[:6], state=z[6], backend="triton", chunked=True), torch.float32,
+                         **wide)
+for name, got, want in zip([f"d{n}" for n in ARGS] + ["dstate"], chunked_wide, expected_wide):
+    check(f"triton chunked N = 16 fp32 {name}", got, want, FP32_CHUNKED_WKV7_BUDGET)
 
 # %%
 # The errors themselves (this cell is not compared: the numbers depend on the machine).

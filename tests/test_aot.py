@@ -59,7 +59,7 @@ def test_recurrences_form_every_offset_in_64_bits(build, prefix):
 
 @needs_build
 @pytest.mark.timeout(1900)
-@pytest.mark.parametrize("prefix", ["wkv7_bwd", "selective_scan_bwd"])
+@pytest.mark.parametrize("prefix", ["wkv7_bwd", "wkv7_chunked", "selective_scan_bwd"])
 def test_backwards_use_no_atomics(build, prefix):
     """An atomic add with the default acq_rel order is a fence and an L1 flush per call, and its order changes the
     gradients' last bits: the backwards store per-program partial sums instead."""

@@ -56,6 +56,7 @@ def _scan_args(rng):
     return [u, delta, -np.exp(rng.normal(size=(16, 4))), *rng.normal(size=(2, 1, 4, 11))]
 
 GRADIENT_OPS = {"wkv4": (wkv4, _wkv4_args, {}), "wkv7": (wkv7, _wkv7_args, {}),
+                "wkv7 chunked": (wkv7, _wkv7_args, {"chunked": True}),
                 "selective_scan": (selective_scan, _scan_args, {"delta_softplus": True})}
 
 

@@ -4,6 +4,8 @@ backward kernels' gradients do not depend on the order the programs run in (no a
 any order, the interpreter one after another, so the tests run them backwards too); and the wrappers never wait on
 the device (no .item(), .cpu(), .tolist() or bool() of a tensor: each is a host sync, which CUDA-graph capture
 refuses). The PTX side (no atomics, barriers, 64-bit offsets) is in test_aot.py."""
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -19,7 +21,7 @@ from seqmix.kernels.testing import HAS_TRITON, values_as_on_a_gpu
 pytestmark = needs_triton
 
 GRID_AXIS_LIMITS = (2**31 - 1, 65535, 65535)   # CUDA's maximum grid size per axis
-MODULES = ("attention", "rerope.fused", "wkv4", "wkv7", "ssm")
+MODULES = ("attention", "rerope.fused", "wkv4", "wkv7", "wkv7_chunked", "ssm")
 
 
 def _kernel_modules():
@@ -64,6 +66,7 @@ BIG = {
                                            backend="triton"),
     "wkv4": lambda: wkv4(*_inputs((4,), (4,), (70000, 1, 4), (70000, 1, 4)), backend="triton")[0],
     "wkv7": lambda: wkv7(*_inputs(*[(2048, 1, 32, 4)] * 6), backend="triton")[0],
+    "wkv7 chunked": lambda: wkv7(*_inputs(*[(2048, 33, 32, 16)] * 6), backend="triton", chunked=True)[0],
     "selective_scan": lambda: selective_scan(*_inputs((70000, 2, 1), (70000, 2, 1), (2, 2), (70000, 2, 1),
                                                       (70000, 2, 1)), delta_softplus=True, backend="triton"),
 }
@@ -94,12 +97,12 @@ def programs_backwards(monkeypatch):
     monkeypatch.setattr(type(interpreter_builder), "set_grid_idx", backwards)
 
 
-def _wkv7_grads():
+def _wkv7_grads(chunked=False):
     rng = np.random.default_rng(7)
     x = [torch.tensor(rng.standard_normal((1, 5, 1, 64)), dtype=torch.float32) for _ in range(6)]
     x[1] = -torch.exp(x[1]) * 0.3                     # log decay <= 0
     x = [z.requires_grad_() for z in x]
-    y, S = wkv7(*x, backend="triton")
+    y, S = wkv7(*x, backend="triton", chunked=chunked)
     (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().add_((S * S).sum()).backward()
     return [z.grad for z in x]
 
@@ -115,7 +118,8 @@ def _scan_grads():
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-@pytest.mark.parametrize("grads", [_wkv7_grads, _scan_grads], ids=["wkv7", "selective_scan"])
+@pytest.mark.parametrize("grads", [_wkv7_grads, functools.partial(_wkv7_grads, chunked=True), _scan_grads],
+                         ids=["wkv7", "wkv7 chunked", "selective_scan"])
 def test_gradients_do_not_depend_on_program_order(request, grads):
     """Four programs share each key gradient (wkv7: N = 64 in row blocks of 16; the scan: D = 64 in channel blocks of
     16): summed atomically, their order would show in the last bits."""

@@ -37,7 +37,10 @@ def truth(x, S0, with_state, dtype, state_dtype):
 
 
 def check_against_truth(rng, shape, decay, with_state, dtype, backend, budget, **options):
-    x_np, S0_np = rwkv7_inputs(rng, *shape, decay)
+    check_inputs_against_truth(*rwkv7_inputs(rng, *shape, decay), with_state, dtype, backend, budget, **options)
+
+
+def check_inputs_against_truth(x_np, S0_np, with_state, dtype, backend, budget, **options):
     state_dtype = accumulation_dtype(dtype)
     x64, y_true, S_true, grads_true, gy, gS = truth(x_np, S0_np, with_state, dtype, state_dtype)
     x = [z.detach().to(dtype).requires_grad_() for z in x64]
@@ -211,6 +214,113 @@ def test_triton_gradient_of_final_state_only(rng, chunked):
     _, S_true = definitions.wkv7(*x64[:6], state=x64[6])
     grads_true = torch.autograd.grad(S_true.square().sum(), x64, allow_unused=True, materialize_grads=True)
     assert_all_close(GRAD_NAMES, grads, grads_true, FP32_BUDGET)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Triton chunked backward (kernels/wkv7_chunked.py): every test counts its launches, so that none passes on the
+# sequential backward
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def chunked_backward(monkeypatch):
+    """The chunked backward's calls; the test asserts how many it expects."""
+    return spy(monkeypatch, kw, "_chunked_bwd")
+
+
+def chunked_grads(x_np, S0_np, dtype=torch.float32, pieces=(None,), **options):
+    """y, the final state and the gradients of <y, gy> + <S_T, gS> (gy, gS fixed random) of every input and the
+    initial state, the sequence fed in pieces (bounds; (None,): whole) on the chunked Triton path (or ``options``)."""
+    x = [torch.tensor(z, dtype=dtype, requires_grad=True) for z in x_np]
+    S0 = torch.tensor(S0_np, dtype=torch.float32, requires_grad=True)
+    bounds = [0, *(b for b in pieces if b is not None), x[0].shape[1]]
+    ys, S = in_pieces(lambda lo, hi, s: kw.wkv7(*(z[:, lo:hi] for z in x), state=s,
+                                                **(options or dict(backend="triton", chunked=True))), bounds, S0)
+    y = torch.cat(ys, 1)
+    gen = torch.Generator().manual_seed(5)
+    gy, gS = torch.randn(y.shape, generator=gen).to(dtype), torch.randn(S.shape, generator=gen)
+    return y, S, torch.autograd.grad((y * gy).sum() + (S * gS).sum(), x + [S0])
+
+
+@pytest.mark.parametrize("shape, decay, with_state", [
+    ((1, 1, 1, 16), "strong", True),         # T = 1
+    ((2, 17, 1, 16), "mixed", True),         # odd T, batch > 1
+    ((1, 37, 2, 32), "strong", True),        # T not a multiple of the chunk; two row blocks, two key blocks
+    ((1, 32, 1, 16), "weak", False),         # whole chunks, no initial state
+    ((1, 20, 1, 16), "growing", True),       # log_w > 0
+])
+@needs_triton
+def test_triton_chunked_backward(rng, chunked_backward, shape, decay, with_state):
+    """Every gradient (the initial state's too) against autograd of the float64 recurrence."""
+    check_against_truth(rng, shape, decay, with_state, torch.float32, "triton", FP32_CHUNKED_WKV7_BUDGET,
+                        chunked=True)
+    assert len(chunked_backward) == 1
+
+
+@pytest.mark.parametrize("shape, decay", [((1, 37, 1, 32), "strong"), ((2, 19, 1, 16), "mixed")])
+@needs_triton
+def test_triton_chunked_backward_fp16(rng, chunked_backward, shape, decay):
+    """fp16 inputs: every product on the tensor cores' path (operands rounded to fp16, fp32 sums; the interpreter
+    rounds them the same way), within the fp16 budget."""
+    check_against_truth(rng, shape, decay, True, torch.float16, "triton", FP16_BUDGET, chunked=True)
+    assert len(chunked_backward) == 1
+
+
+@needs_triton
+def test_triton_chunked_fp16_keeps_factors_in_range(rng, chunked_backward):
+    """fp16 at RWKV-7's strongest decays (spread 9.7 a chunk) with keys of size ~8: uncentred, k_j e^{-c_j} would
+    reach 8 e^{9.7} > 65504 (inf in fp16); the centred factors stay within e^{+-4.9}."""
+    x_np, S0_np = rwkv7_inputs(rng, 1, 32, 1, 16, "strong")
+    x_np[1][:] = -np.exp(-0.5)                       # log_w: the strongest decay, 0.545, at every step
+    x_np[2] = 8.0 * np.sign(x_np[2])
+    check_inputs_against_truth(x_np, S0_np, True, torch.float16, "triton", FP16_BUDGET, chunked=True)
+    assert len(chunked_backward) == 1
+
+
+@needs_triton
+def test_triton_chunked_backward_matches_sequential_and_torch(rng, chunked_backward):
+    """The same gradients from the chunked backward, the sequential Triton backward and autograd through the torch
+    path's chunked form."""
+    x_np, S0_np = rwkv7_inputs(rng, 2, 21, 2, 16, "strong")
+    _, _, chunked = chunked_grads(x_np, S0_np)
+    assert len(chunked_backward) == 1
+    for name, options in (("sequential", dict(backend="triton")), ("torch", dict(backend="torch"))):
+        _, _, other = chunked_grads(x_np, S0_np, **options)
+        assert_all_close(GRAD_NAMES, chunked, other, FP32_CHUNKED_WKV7_BUDGET, f"chunked vs {name}")
+    assert len(chunked_backward) == 1
+
+
+@pytest.mark.parametrize("cuts", [(8,), (16, 21)])
+@needs_triton
+def test_triton_chunked_split_sequence_gradients_equal_whole(rng, chunked_backward, cuts):
+    """Two or three calls, each from the state the last returned, give the whole call's outputs and gradients (cuts
+    inside a chunk and on a chunk's edge)."""
+    x_np, S0_np = rwkv7_inputs(rng, 1, 37, 1, 16)
+    y_whole, S_whole, whole = chunked_grads(x_np, S0_np)
+    y, S, pieces = chunked_grads(x_np, S0_np, pieces=cuts)
+    assert len(chunked_backward) == 2 + len(cuts)
+    assert_close(y, y_whole, FP32_CHUNKED_WKV7_BUDGET, "y in pieces")
+    assert_close(S, S_whole, FP32_CHUNKED_WKV7_BUDGET, "state in pieces")
+    assert_all_close(GRAD_NAMES, pieces, whole, FP32_CHUNKED_WKV7_BUDGET, f"in pieces at {cuts}")
+
+
+@needs_triton
+def test_triton_chunked_backward_steps_through_out_of_range_chunks(rng, chunked_backward):
+    """One launch, three chunks: the middle one's decays reach e^{-1e4} (its spread is far beyond DECAY_RANGE: both
+    backward kernels take its steps one at a time), the others are factored; every gradient against the truth."""
+    x_np, S0_np = rwkv7_inputs(rng, 1, 40, 2, 16)
+    x_np[1][:, 16:32] *= 1e4
+    check_inputs_against_truth(x_np, S0_np, True, torch.float32, "triton", FP32_CHUNKED_WKV7_BUDGET, chunked=True)
+    assert len(chunked_backward) == 1
+
+
+@needs_triton
+def test_triton_chunked_backward_steps_every_chunk(rng, monkeypatch, chunked_backward):
+    """DECAY_RANGE below every spread: every chunk of the forward and both backward kernels goes step by step (two
+    row blocks, T not a multiple of the chunk)."""
+    monkeypatch.setattr(kw, "DECAY_RANGE", -1.0)
+    check_against_truth(rng, (1, 21, 1, 32), "mixed", True, torch.float32, "triton", FP32_CHUNKED_WKV7_BUDGET,
+                        chunked=True)
+    assert len(chunked_backward) == 1
 
 
 # ----------------------------------------------------------------------------------------------------------------

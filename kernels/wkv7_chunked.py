@@ -1,0 +1,572 @@
+"""RWKV-7's WKV in chunks, on Triton: the forward and the backward of the chunked WY form (kernels/wkv7.py's
+``wkv7(..., chunked=True)``), beside the recurrent (sequential) kernels of kernels/wkv7.py, as fla keeps
+fused_recurrent beside chunk. Private: kernels/wkv7.py dispatches here.
+
+Glossary (kernels/wkv7.py's module docstring derives the forward): a chunk is L = CHUNK = 16 steps; S_0 its entering
+state (N_v, N_k) = (value, key); c_i = log_w_1 + ... + log_w_i (c_0 = 0) its cumulative log decays, d = e^{c_L};
+a~_i = a_i e^{c_{i-1}}, r~_i = r_i e^{c_i} (rows of (L, N) matrices), B^_j = b_j e^{c_L - c_j}, K^ alike; the couplings
+A_ab = tril_{j<i}(a~ (b e^{-c})^T), A_ak alike with k, Q_rb = tril_{j<=i}(r~ (b e^{-c})^T), Q_rk alike;
+T_inv = (I - A_ab)^{-1}, W = T_inv a~, Z = a~ S_0^T + A_ak V, U = T_inv Z (rows u_i = S_{i-1} a_i), and
+
+    Y = r~ S_0^T + Q_rb U + Q_rk V,      S_L = S_0 diag(d) + U^T B^ + V^T K^.
+
+Centred factors. Each coupling factors exp(c_i - c_j) as e^{c_i - m} e^{m - c_j} with m = c_L / 2 per key (the torch
+path takes m = 0): for decays <= 1, c runs from 0 down to c_L, so both factors lie within e^{+-spread/2}, e^{+-4.9} at
+RWKV-7's strongest decays (spread 0.61 L = 9.7). That keeps fp16 operands normal and far from their 65504 limit.
+
+Tensor cores. With fp16 or bf16 inputs every tl.dot takes its operands in the input dtype and accumulates in fp32
+(mma.sync / wgmma), as fla does (the states and their gradients too, rounded to the input dtype as operands: bf16
+has fp32's range; fp16 assumes them below 65504, as fla does); fp32 inputs keep fp32 products (input_precision="ieee":
+the factors reach e^DECAY_RANGE). An fp16 chunk takes the factored form for spreads up to kernels/wkv7.py's
+FP16_DECAY_RANGE = 10, so that e^{c} factors stay in fp16's range; RWKV-7's decays (spread <= 9.7) always do.
+
+Backward: given dY (L, N_v) and G = dL/dS_L (N_v, N_k), reverse-mode through the lines above (the derivation was
+checked in float64 against autograd of the step-by-step recurrence; the tests check the kernels against it):
+
+    dU = Q_rb^T dY + B^ G^T,   dZ = T_inv^T dU,   dV = Q_rk^T dY + K^ G^T + A_ak^T dZ
+    dA_ab = tril_{j<i}(dZ U^T)   (from d(M^{-1}) = -M^{-1} dM M^{-1}: T_inv^T dU Z^T T_inv^T = dZ U^T)
+    dA_ak = tril_{j<i}(dZ V^T),   dQ_rb = tril_{j<=i}(dY U^T),   dQ_rk = tril_{j<=i}(dY V^T)
+    dS_0 = G diag(d) + dY^T r~ + dZ^T a~ = G diag(d) + (B^ G^T)^T W + dY^T (r~ + Q_rb W)
+
+and into the inputs (the couplings' parts through the centred factors):
+
+    da_i = e^{c_{i-1}} (dZ S_0)_i + e^{c_{i-1}} (dA_ab b e^{-c} + dA_ak k e^{-c})_i
+    dr_i = e^{c_i} (dY S_0)_i + e^{c_i} (dQ_rb b e^{-c} + dQ_rk k e^{-c})_i
+    db_j = e^{-c_j} (dA_ab^T a~ + dQ_rb^T r~)_j + e^{c_L - c_j} (U G)_j        (coupling part + end part)
+    dk_j = e^{-c_j} (dA_ak^T a~ + dQ_rk^T r~)_j + e^{c_L - c_j} (V G)_j
+
+Every exponential above meets its input as x e^{+-c}, so the log decays' gradient needs only products with the raw
+inputs: log_w_t enters c_i for i >= t (within its chunk; the next chunk sees it through d), c_{i-1} of a~_i for i > t,
+and -c_j of B^, K^ for j >= t, whose c_L cancels it: their share is the sum over j < t. With dd = colsum(G * S_0):
+
+    dlog_w_t = sum_{i>=t} (dr r - db_cpl b - dk_cpl k)_i + sum_{i>t} (da a)_i + sum_{j<t} (db_end b + dk_end k)_j
+               + dd d
+
+Two kernels. wkv7_chunked_dstate_kernel is the only serial pass: per (batch, head, 16 value rows) it walks the
+chunks from the last, storing each chunk's G and taking dS_0 by the last line above (it needs W and r~ + Q_rb W:
+nothing of the states). wkv7_chunked_bwd_kernel then takes every (chunk, batch, head, 16 value rows) at once: the
+chunk's S_0 is the one the forward saved, its G the first kernel's; nothing left is serial. dv is complete per
+program; the key-vector gradients (dr, dlog_w, dk, da, db) are sums over value rows, stored per row block in a
+(N / 16, 5, B, T, H, N) buffer and summed once by the wrapper, as the sequential backward does (no atomics).
+
+A chunk whose decays spread beyond the factored form's range (_factors_in_range's DECAY_RANGE) or that holds an
+inf or NaN takes its steps one at a time in both kernels, decided on the device: G is stepped back by
+G <- (G + dy r^T) diag(w) + (G + dy r^T) b a^T, and the gradients follow wkv7_bwd_kernel's step, each step's
+entering state re-run from S_0 (a chunk's L (L - 1) / 2 steps: such chunks are rare, the recompute saves a scratch
+buffer), in registers: these paths have no products, so (16, N) tiles fit.
+
+Chunk size 16: (16, 16) is tl.dot's smallest tile, and the forward's tiles stay (16, 16); at RWKV-7's strongest
+decays a 16-step chunk spreads 9.7 (every chunk factored, centred factors within e^{+-4.9}), a 64-step chunk (fla's)
+39, beyond DECAY_RANGE: fla splits its 64 into sub-chunks of 16 for that reason. Nothing here is timed (no GPU):
+64 would quarter the serial pass and the saved states, and would need that sub-chunking.
+"""
+from __future__ import annotations
+
+import torch
+
+from seqmix.kernels._common import Launch, new_output, tl, triton
+from seqmix.kernels._wkv7_common import _checkpoint, _head_offsets
+
+__all__ = []   # private: the op is kernels/wkv7.py's wkv7 (chunked=True)
+
+CHUNK = 16                # steps per chunk; the forward saves each chunk's entering state for the backward
+CHUNKED_BLOCK_K = 16      # keys per step of the loops over keys
+
+
+@triton.jit
+def _load_chunk(ptr, off, t0, T, stride_t, cols, CHUNK: tl.constexpr):
+    """Steps t0 .. t0 + CHUNK - 1 of one head at columns cols, as a (CHUNK, len(cols)) fp32 tile; steps past T read
+    0."""
+    steps = t0 + tl.arange(0, CHUNK)
+    live = (steps < T)[:, None] & (cols[None, :] >= 0)          # a full-shape mask: the interpreter wants one
+    return tl.load(ptr + off + steps[:, None] * stride_t + cols[None, :], mask=live, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_chunk(ptr, x, off, t0, T, stride_t, cols, CHUNK: tl.constexpr):
+    """Stores the (CHUNK, len(cols)) tile x at steps t0 .. t0 + CHUNK - 1 (those before T), columns cols."""
+    steps = t0 + tl.arange(0, CHUNK)
+    tl.store(ptr + off + steps[:, None] * stride_t + cols[None, :], x.to(ptr.dtype.element_ty),
+             mask=(steps < T)[:, None] & (cols[None, :] >= 0))
+
+
+@triton.jit
+def _vector(ptr, off, cols, t, T):
+    """Step t's values at cols as fp32 (0 from T on): the step-by-step paths' loads."""
+    return tl.load(ptr + off + cols, mask=cols * 0 + t < T, other=0.0).to(tl.float32)   # a tensor mask (interpreter)
+
+
+@triton.jit
+def _dot(x, y, DT: tl.constexpr):
+    """x @ y accumulated in fp32. fp32 inputs (DT): fp32 products (no TF32: the factored couplings carry factors up
+    to e^DECAY_RANGE); fp16 / bf16: operands rounded to DT, on the tensor cores."""
+    if DT == tl.float32:
+        return tl.dot(x, y, input_precision="ieee")
+    else:
+        return tl.dot(x.to(DT), y.to(DT), out_dtype=tl.float32)
+
+
+@triton.jit
+def _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t, keys, CHUNK: tl.constexpr):
+    """One block of keys over one chunk as (CHUNK, len(keys)) fp32 tiles, 0 past T: r, k, a, b and c_i, c_{i-1}, with
+    c_L as (1, len(keys))."""
+    log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)
+    c = tl.cumsum(log_w, axis=0)
+    r = _load_chunk(r_ptr, seq, t0, T, stride_t, keys, CHUNK)
+    k = _load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK)
+    a = _load_chunk(a_ptr, seq, t0, T, stride_t, keys, CHUNK)
+    b = _load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK)
+    return r, k, a, b, c, c - log_w, tl.sum(log_w, axis=0)[None, :]
+
+
+@triton.jit
+def _centred(r, k, a, b, c, c_prev, c_end):
+    """The couplings' factors, centred at m = c_L / 2: a_i e^{c_{i-1} - m}, r_i e^{c_i - m} (CHUNK, K) and
+    (b_j e^{m - c_j})^T, (k_j e^{m - c_j})^T (K, CHUNK)."""
+    m = 0.5 * c_end
+    up = tl.exp(m - c)
+    return a * tl.exp(c_prev - m), r * tl.exp(c - m), tl.trans(b * up), tl.trans(k * up)
+
+
+@triton.jit
+def _start_rows(dst, src, rows, COPY: tl.constexpr, N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """This program's rows of an (N, N) matrix copied from src into the working buffer dst (zeros without COPY),
+    BLOCK_K keys at a time."""
+    for k0 in range(0, N, BLOCK_K):
+        tile = rows[:, None] * N + (k0 + tl.arange(0, BLOCK_K))[None, :]
+        if COPY:
+            tl.store(dst + tile, tl.load(src + tile))
+        else:
+            tl.store(dst + tile, tl.zeros((rows.shape[0], BLOCK_K), dtype=tl.float32))
+
+
+@triton.jit
+def _add_couplings(A_ab, A_ak, Q_rb, Q_rk, r, k, a, b, c, c_prev, c_end, DT: tl.constexpr):
+    """The couplings plus this key block's share (before their triangles are taken): a~ (b e^{-c})^T,
+    a~ (k e^{-c})^T, r~ (b e^{-c})^T, r~ (k e^{-c})^T, each a product of centred factors."""
+    a_c, r_c, b_c, k_c = _centred(r, k, a, b, c, c_prev, c_end)
+    return (A_ab + _dot(a_c, b_c, DT), A_ak + _dot(a_c, k_c, DT), Q_rb + _dot(r_c, b_c, DT),
+            Q_rk + _dot(r_c, k_c, DT))
+
+
+@triton.jit
+def _spread(c_hi, c_lo, total, c, x):
+    """Running max(c, 0), min(c, 0) and a sum that is finite only while every input is (inf - inf = NaN)."""
+    c_hi = tl.maximum(c_hi, tl.max(tl.max(c, axis=1), axis=0))
+    c_lo = tl.minimum(c_lo, tl.min(tl.min(c, axis=1), axis=0))
+    return c_hi, c_lo, total + tl.sum(tl.sum(x, axis=1), axis=0)
+
+
+@triton.jit
+def _factored(c_hi, c_lo, total, MAX_SPREAD: tl.constexpr):
+    """Whether a chunk takes the factored form: c spreads at most MAX_SPREAD (_factors_in_range) and every input is
+    finite (0 * NaN in a chunk's products would reach its earlier steps)."""
+    return (c_hi - c_lo <= MAX_SPREAD) & (total - total == 0.0)
+
+
+@triton.jit
+def _lower(A, i, STRICT: tl.constexpr):
+    """A's lower triangle: j < i (STRICT) or j <= i."""
+    if STRICT:
+        return tl.where(i[None, :] < i[:, None], A, 0.0)
+    else:
+        return tl.where(i[None, :] <= i[:, None], A, 0.0)
+
+
+@triton.jit
+def _unit_lower_inverse(A, i, DT: tl.constexpr, CHUNK: tl.constexpr):
+    """(I - A)^{-1} = (I + A)(I + A^2)(I + A^4)(I + A^8) for strictly lower-triangular A (CHUNK, CHUNK): A^16 = 0."""
+    tl.static_assert(CHUNK == 16, "four factors (I + A^(2^m)) invert I - A only while A^16 = 0")
+    inverse = (i[:, None] == i[None, :]).to(tl.float32) + A
+    power = A
+    for _ in tl.static_range(3):
+        power = _dot(power, power, DT)
+        inverse += _dot(inverse, power, DT)
+    return inverse
+
+
+@triton.jit
+def _sequential_chunk(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, y_ptr, state_ptr, head_state, seq, stride_t,
+                      rows, t0, T, N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr):
+    """Steps t0 .. t0 + CHUNK - 1 one at a time, as wkv7_fwd_kernel takes them, on this program's rows of the state
+    in state_ptr, BLOCK_K keys at a time: S a first (it needs every key), then S diag(w) + (S a) b^T + v k^T and
+    y = S r."""
+    for j in range(CHUNK):
+        off = seq + (t0 + j) * stride_t
+        sa = tl.zeros(rows.shape, dtype=tl.float32)                    # S_{t-1} a_t
+        for k0 in range(0, N, BLOCK_K):
+            keys = k0 + tl.arange(0, BLOCK_K)
+            a = _vector(a_ptr, off, keys, t0 + j, T)
+            sa += tl.sum(tl.load(state_ptr + head_state + rows[:, None] * N + keys[None, :]) * a[None, :], axis=1)
+        tl.debug_barrier()                           # every thread has read S_{t-1} before it changes
+        y = tl.zeros(rows.shape, dtype=tl.float32)
+        for k0 in range(0, N, BLOCK_K):
+            keys = k0 + tl.arange(0, BLOCK_K)
+            tile = state_ptr + head_state + rows[:, None] * N + keys[None, :]
+            S = (tl.load(tile) * tl.exp(_vector(log_w_ptr, off, keys, t0 + j, T))[None, :]
+                 + sa[:, None] * _vector(b_ptr, off, keys, t0 + j, T)[None, :]
+                 + _vector(v_ptr, off, rows, t0 + j, T)[:, None] * _vector(k_ptr, off, keys, t0 + j, T)[None, :])
+            tl.store(tile, S)
+            y += tl.sum(S * _vector(r_ptr, off, keys, t0 + j, T)[None, :], axis=1)
+        tl.store(y_ptr + off + rows, y.to(y_ptr.dtype.element_ty), mask=rows * 0 + t0 + j < T)
+        tl.debug_barrier()                           # S_t stored by all threads before the next step reads it
+
+
+@triton.jit
+def wkv7_chunked_fwd_kernel(
+    r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs, contiguous, one float dtype
+    state0_ptr,          # (B, H, N, N) fp32 initial state, read when HAS_STATE0
+    y_ptr,               # (B, T, H, N) output, input dtype
+    state_ptr,           # (B, H, N, N) fp32: the state as it advances (each program its rows), the final state
+    ckpt_ptr,            # (B * H, cdiv(T, CHUNK), N, N) fp32: states entering steps 0, CHUNK, ... (SAVE_CKPT)
+    T, H,                # sequence length, heads
+    N: tl.constexpr,         # head size, a power of two >= 16
+    BLOCK_V: tl.constexpr,   # value rows (of S) per program, 16: tl.dot's smallest tile
+    BLOCK_K: tl.constexpr,   # keys per step of the loops over keys, 16
+    CHUNK: tl.constexpr,     # steps per chunk, 16
+    MAX_SPREAD: tl.constexpr,  # the widest spread of c that a chunk takes in the factored form
+    HAS_STATE0: tl.constexpr,  # start from state0 (else from zeros)
+    SAVE_CKPT: tl.constexpr,   # write the checkpoints (a gradient will be wanted)
+):
+    """The chunked WY form (module docstring), one chunk of CHUNK steps per iteration; a chunk whose spread of c
+    passes MAX_SPREAD, or with a non-finite input, takes its steps one at a time instead (_sequential_chunk). Per
+    chunk, a first loop over blocks of BLOCK_K keys sums the couplings and the products of a~ and r~ with the state;
+    then T_inv, U and Y; a second loop over keys updates the state. The state lives in state_ptr, not in registers,
+    so that every product is of (16, 16) tiles: a register tile of the whole (16, N) block would not fit (the fp32
+    products keep whole rows of their operands in each thread)."""
+    DT: tl.constexpr = r_ptr.dtype.element_ty        # the dots' operand dtype
+    pid_bh = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    head_state, seq, stride_t = _head_offsets(pid_bh, T, H, N)
+    _start_rows(state_ptr + head_state, state0_ptr + head_state, rows, HAS_STATE0, N, BLOCK_K)   # S_0
+    i = tl.arange(0, CHUNK)
+    n_chunks = tl.cdiv(T, CHUNK)
+    for chunk in range(n_chunks):
+        t0 = chunk * CHUNK
+        tl.debug_barrier()                           # the state stored by all threads is read below
+        A_ab = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)  # couplings, summed over key blocks
+        A_ak = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+        Q_rb = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+        Q_rk = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+        aS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # rows a~_i S^T
+        rS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # rows r~_i S^T
+        c_hi = 0.0                                           # max(c, 0) and min(c, 0) over the chunk's keys
+        c_lo = 0.0
+        total = 0.0                                          # the chunk's inputs summed: finite or not
+        for k0 in range(0, N, BLOCK_K):
+            keys = k0 + tl.arange(0, BLOCK_K)
+            tile = rows[:, None] * N + keys[None, :]
+            S = tl.load(state_ptr + head_state + tile)                      # (BLOCK_V, BLOCK_K)
+            if SAVE_CKPT:
+                tl.store(_checkpoint(ckpt_ptr, pid_bh, n_chunks, chunk, N) + tile, S)
+            r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t,
+                                                       keys, CHUNK)
+            c_hi, c_lo, total = _spread(c_hi, c_lo, total, c, r + k + a + b)
+            A_ab, A_ak, Q_rb, Q_rk = _add_couplings(A_ab, A_ak, Q_rb, Q_rk, r, k, a, b, c, c_prev, c_end, DT)
+            aS += _dot(a * tl.exp(c_prev), tl.trans(S), DT)                 # a~ S^T
+            rS += _dot(r * tl.exp(c), tl.trans(S), DT)                      # r~ S^T
+        v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CHUNK)          # (CHUNK, BLOCK_V): this program's rows
+        # The factored form needs the chunk's spread of c within MAX_SPREAD and finite inputs; a chunk without them
+        # (decays far stronger than RWKV-7's, inf or NaN) takes CHUNK sequential steps, decided here on the device:
+        # no host sync and no scan of log_w before the launch.
+        if _factored(c_hi, c_lo, total + tl.sum(tl.sum(v, axis=1), axis=0), MAX_SPREAD):
+            A_ak = _lower(A_ak, i, True)
+            Q_rb = _lower(Q_rb, i, False)
+            Q_rk = _lower(Q_rk, i, False)
+            U = _dot(_unit_lower_inverse(_lower(A_ab, i, True), i, DT, CHUNK), aS + _dot(A_ak, v, DT), DT)  # T_inv Z
+            Y = rS + _dot(Q_rb, U, DT) + _dot(Q_rk, v, DT)                   # rows y_i = S_i r_i
+            _store_chunk(y_ptr, Y, seq, t0, T, stride_t, rows, CHUNK)
+            tl.debug_barrier()                           # every thread has read this chunk's state before it changes
+            for k0 in range(0, N, BLOCK_K):              # S <- S diag(d) + U^T B^ + V^T K^
+                keys = k0 + tl.arange(0, BLOCK_K)
+                tile = rows[:, None] * N + keys[None, :]
+                log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)
+                decay = tl.exp(tl.sum(log_w, axis=0))                           # d = e^{c_L}
+                to_end = decay[None, :] * tl.exp(-tl.cumsum(log_w, axis=0))     # e^{c_L - c_j}
+                b_hat = _load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
+                k_hat = _load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
+                S = tl.load(state_ptr + head_state + tile)
+                S = S * decay[None, :] + _dot(tl.trans(U), b_hat, DT) + _dot(tl.trans(v), k_hat, DT)
+                tl.store(state_ptr + head_state + tile, S)
+        else:
+            _sequential_chunk(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, y_ptr, state_ptr, head_state, seq,
+                              stride_t, rows, t0, T, N, BLOCK_K, CHUNK)
+
+
+@triton.jit
+def _step_back(G, r, w, a, b, dy):
+    """dL/dS_{t-1} from G = dL/dS_t (rows of both): y_t = S_t r_t adds dy r^T, then S_t = S_{t-1} diag(w) +
+    (S_{t-1} a) b^T + v k^T gives (G + dy r^T)(diag(w) + b a^T). Returns (it, G + dy r^T, (G + dy r^T) b)."""
+    G += dy[:, None] * r[None, :]
+    q = tl.sum(G * b[None, :], axis=1)                                  # G b_t = dL/d(S_{t-1} a_t)
+    return G * w[None, :] + q[:, None] * a[None, :], G, q
+
+
+@triton.jit
+def wkv7_chunked_dstate_kernel(
+    r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs of the forward, contiguous
+    dy_ptr,              # (B, T, H, N) gradient of y, contiguous, input dtype
+    dstate_ptr,          # (B, H, N, N) fp32 gradient of the final state, read when HAS_DSTATE
+    dstates_ptr,         # (B * H, cdiv(T, CHUNK), N, N) fp32: dL/dS at each chunk's end
+    dstate0_ptr,         # (B, H, N, N) fp32: G as it walks back (each program its rows), then dL/dS_0
+    T, H,                # sequence length, heads
+    N: tl.constexpr,         # head size, a power of two >= 16
+    BLOCK_V: tl.constexpr,   # value rows per program, 16
+    BLOCK_K: tl.constexpr,   # keys per step of the loops over keys, 16
+    CHUNK: tl.constexpr,     # steps per chunk, 16: the forward's checkpoint interval
+    MAX_SPREAD: tl.constexpr,  # the widest spread of c that a chunk takes in the factored form
+    HAS_DSTATE: tl.constexpr,  # the final state has a gradient (else it is zero)
+):
+    """The serial pass of the chunked backward: G = dL/dS walked back chunk by chunk, dS_0 = G diag(d) +
+    (B^ G^T)^T W + dY^T (r~ + Q_rb W) (module docstring), each chunk's G stored on the way. Like the forward, G lives
+    in dstate0_ptr so that every product is of (16, 16) tiles."""
+    DT: tl.constexpr = r_ptr.dtype.element_ty
+    pid_bh = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    head_state, seq, stride_t = _head_offsets(pid_bh, T, H, N)
+    _start_rows(dstate0_ptr + head_state, dstate_ptr + head_state, rows, HAS_DSTATE, N, BLOCK_K)   # dL/dS_T
+    i = tl.arange(0, CHUNK)
+    n_chunks = tl.cdiv(T, CHUNK)
+    for back in range(n_chunks):
+        chunk = n_chunks - 1 - back
+        t0 = chunk * CHUNK
+        tl.debug_barrier()                           # G stored by all threads is read below
+        A_ab = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+        Q_rb = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+        BG = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # B^ G^T
+        c_hi = 0.0
+        c_lo = 0.0
+        total = 0.0
+        for k0 in range(0, N, BLOCK_K):
+            keys = k0 + tl.arange(0, BLOCK_K)
+            tile = rows[:, None] * N + keys[None, :]
+            G = tl.load(dstate0_ptr + head_state + tile)                    # (BLOCK_V, BLOCK_K)
+            tl.store(_checkpoint(dstates_ptr, pid_bh, n_chunks, chunk, N) + tile, G)
+            r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t,
+                                                       keys, CHUNK)
+            c_hi, c_lo, total = _spread(c_hi, c_lo, total, c, r + k + a + b)
+            # A_ak and Q_rk are not needed here (nor computed: the compiler drops what nothing reads)
+            A_ab, _, Q_rb, _ = _add_couplings(A_ab, 0.0, Q_rb, 0.0, r, k, a, b, c, c_prev, c_end, DT)
+            BG += _dot(b * tl.exp(c_end - c), tl.trans(G), DT)
+        dy = _load_chunk(dy_ptr, seq, t0, T, stride_t, rows, CHUNK)        # (CHUNK, BLOCK_V)
+        v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CHUNK)
+        factored = _factored(c_hi, c_lo, total + tl.sum(tl.sum(v, axis=1), axis=0), MAX_SPREAD)
+        tl.debug_barrier()                           # every thread has read G before it changes
+        if factored:
+            T_inv = _unit_lower_inverse(_lower(A_ab, i, True), i, DT, CHUNK)
+            Q_rb = _lower(Q_rb, i, False)
+            for k0 in range(0, N, BLOCK_K):
+                keys = k0 + tl.arange(0, BLOCK_K)
+                tile = rows[:, None] * N + keys[None, :]
+                r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T,
+                                                           stride_t, keys, CHUNK)
+                W = _dot(T_inv, a * tl.exp(c_prev), DT)                       # T_inv a~
+                R = r * tl.exp(c) + _dot(Q_rb, W, DT)                          # r~ + Q_rb W
+                # dS_0 = G diag(d) + (B^ G^T)^T W + dY^T R
+                G = tl.load(dstate0_ptr + head_state + tile) * tl.exp(c_end)
+                G += _dot(tl.trans(BG), W, DT) + _dot(tl.trans(dy), R, DT)
+                tl.store(dstate0_ptr + head_state + tile, G)
+        else:                                        # step by step, G in registers
+            keys = tl.arange(0, N)
+            tile = rows[:, None] * N + keys[None, :]
+            G = tl.load(dstate0_ptr + head_state + tile)
+            for jj in range(CHUNK):
+                t = t0 + CHUNK - 1 - jj
+                off = seq + t * stride_t
+                G, _, _ = _step_back(G, _vector(r_ptr, off, keys, t, T), tl.exp(_vector(log_w_ptr, off, keys, t, T)),
+                                     _vector(a_ptr, off, keys, t, T), _vector(b_ptr, off, keys, t, T),
+                                     _vector(dy_ptr, off, rows, t, T))
+            tl.store(dstate0_ptr + head_state + tile, G)
+
+
+@triton.jit
+def _step_forward(S, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, T):
+    """Step t on rows S (BLOCK_V, N) of the state: S diag(w) + (S a) b^T + v k^T."""
+    sa = tl.sum(S * _vector(a_ptr, off, keys, t, T)[None, :], axis=1)
+    return (S * tl.exp(_vector(log_w_ptr, off, keys, t, T))[None, :]
+            + sa[:, None] * _vector(b_ptr, off, keys, t, T)[None, :]
+            + _vector(v_ptr, off, rows, t, T)[:, None] * _vector(k_ptr, off, keys, t, T)[None, :])
+
+
+@triton.jit
+def _stepwise_gradients(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr, dkeys_ptr, dv_ptr, S0, G, numel, seq,
+                        stride_t, rows, t0, T, N: tl.constexpr, CHUNK: tl.constexpr):
+    """The gradients of steps t0 .. t0 + CHUNK - 1 one at a time, walking back from G = dL/dS at the chunk's end,
+    as wkv7_bwd_kernel takes them (its formulas); each step's entering state S_{t-1} is re-run from S0 (this
+    program's rows, (BLOCK_V, N) in registers)."""
+    keys = tl.arange(0, N)
+    for jj in range(CHUNK):
+        t = t0 + CHUNK - 1 - jj
+        S_prev = S0
+        for s in range(t0, t):
+            S_prev = _step_forward(S_prev, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, seq + s * stride_t, keys, rows, s, T)
+        off = seq + t * stride_t
+        w = tl.exp(_vector(log_w_ptr, off, keys, t, T))
+        k, v = _vector(k_ptr, off, keys, t, T), _vector(v_ptr, off, rows, t, T)
+        a, b = _vector(a_ptr, off, keys, t, T), _vector(b_ptr, off, keys, t, T)
+        dy = _vector(dy_ptr, off, rows, t, T)
+        sa = tl.sum(S_prev * a[None, :], axis=1)                      # S_{t-1} a_t
+        # dr = S_t^T dy, with S_t = S_{t-1} diag(w) + sa b^T + v k^T expanded
+        dr = w * tl.sum(S_prev * dy[:, None], axis=0) + b * tl.sum(sa * dy) + k * tl.sum(v * dy)
+        G_prev, G, q = _step_back(G, _vector(r_ptr, off, keys, t, T), w, a, b, dy)   # G: dL/dS_t, with dy r^T
+        # dr, dlog_w = w colsum(G S_{t-1}), dk = G^T v, da = S_{t-1}^T q, db = G^T (S_{t-1} a): this row block's share
+        live = keys * 0 + t < T
+        tl.store(dkeys_ptr + off + keys, dr, mask=live)
+        tl.store(dkeys_ptr + numel + off + keys, w * tl.sum(G * S_prev, axis=0), mask=live)
+        tl.store(dkeys_ptr + 2 * numel + off + keys, tl.sum(G * v[:, None], axis=0), mask=live)
+        tl.store(dkeys_ptr + 3 * numel + off + keys, tl.sum(S_prev * q[:, None], axis=0), mask=live)
+        tl.store(dkeys_ptr + 4 * numel + off + keys, tl.sum(G * sa[:, None], axis=0), mask=live)
+        tl.store(dv_ptr + off + rows, tl.sum(G * k[None, :], axis=1), mask=rows * 0 + t < T)
+        G = G_prev
+
+
+@triton.jit
+def wkv7_chunked_bwd_kernel(
+    r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs of the forward, contiguous
+    dy_ptr,              # (B, T, H, N) gradient of y, contiguous, input dtype
+    ckpt_ptr,            # (B * H, cdiv(T, CHUNK), N, N) fp32: the state entering each chunk (the forward's)
+    dstates_ptr,         # (B * H, cdiv(T, CHUNK), N, N) fp32: dL/dS at each chunk's end (wkv7_chunked_dstate_kernel)
+    dkeys_ptr,           # (N / BLOCK_V, 5, B, T, H, N) fp32: dr, dlog_w, dk, da, db, this program's rows' share
+    dv_ptr,              # (B, T, H, N) fp32 gradient of v
+    T, H,                # sequence length, heads
+    N: tl.constexpr,         # head size, a power of two >= 16
+    BLOCK_V: tl.constexpr,   # value rows per program, 16
+    BLOCK_K: tl.constexpr,   # keys per step of the loops over keys, 16
+    CHUNK: tl.constexpr,     # steps per chunk, 16: the forward's checkpoint interval
+    MAX_SPREAD: tl.constexpr,  # the widest spread of c that a chunk takes in the factored form
+):
+    """One chunk's gradients (module docstring) from its entering state and the gradient of its final state: one
+    program per (chunk, batch, head) on axis 0 (no grid limit of 65,535) and per 16 value rows on axis 1. A first
+    loop over key blocks sums the couplings, a~ S_0^T, B^ G^T and K^ G^T; then U, dU, dZ, dV and the couplings'
+    gradients; a second loop over key blocks takes the key-vector gradients."""
+    DT: tl.constexpr = r_ptr.dtype.element_ty
+    n_chunks = tl.cdiv(T, CHUNK)
+    pid = tl.program_id(0)                           # (batch * H + head) * n_chunks + chunk
+    pid_bh = pid // n_chunks
+    chunk = pid % n_chunks
+    pid_v = tl.program_id(1)
+    t0 = chunk * CHUNK
+    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    _, seq, stride_t = _head_offsets(pid_bh, T, H, N)
+    numel = (tl.num_programs(0) // n_chunks).to(tl.int64) * T * N   # B * T * H * N
+    dkeys_ptr += pid_v * 5 * numel                                    # this row block's partial sums
+    state0 = _checkpoint(ckpt_ptr, pid_bh, n_chunks, chunk, N)
+    dstate = _checkpoint(dstates_ptr, pid_bh, n_chunks, chunk, N)
+    i = tl.arange(0, CHUNK)
+    A_ab = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+    A_ak = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+    Q_rb = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+    Q_rk = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+    aS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # a~ S_0^T
+    BG = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # B^ G^T
+    KG = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # K^ G^T
+    c_hi = 0.0
+    c_lo = 0.0
+    total = 0.0
+    for k0 in range(0, N, BLOCK_K):
+        keys = k0 + tl.arange(0, BLOCK_K)
+        tile = rows[:, None] * N + keys[None, :]
+        r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t, keys,
+                                                   CHUNK)
+        c_hi, c_lo, total = _spread(c_hi, c_lo, total, c, r + k + a + b)
+        A_ab, A_ak, Q_rb, Q_rk = _add_couplings(A_ab, A_ak, Q_rb, Q_rk, r, k, a, b, c, c_prev, c_end, DT)
+        G_T = tl.trans(tl.load(dstate + tile))                          # (BLOCK_K, BLOCK_V)
+        to_end = tl.exp(c_end - c)                                       # e^{c_L - c_j}
+        aS += _dot(a * tl.exp(c_prev), tl.trans(tl.load(state0 + tile)), DT)
+        BG += _dot(b * to_end, G_T, DT)
+        KG += _dot(k * to_end, G_T, DT)
+    v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CHUNK)              # (CHUNK, BLOCK_V)
+    dy = _load_chunk(dy_ptr, seq, t0, T, stride_t, rows, CHUNK)
+    if _factored(c_hi, c_lo, total + tl.sum(tl.sum(v, axis=1), axis=0), MAX_SPREAD):
+        A_ak = _lower(A_ak, i, True)
+        Q_rb = _lower(Q_rb, i, False)
+        Q_rk = _lower(Q_rk, i, False)
+        T_inv = _unit_lower_inverse(_lower(A_ab, i, True), i, DT, CHUNK)
+        U = _dot(T_inv, aS + _dot(A_ak, v, DT), DT)                          # T_inv Z
+        dZ = _dot(tl.trans(T_inv), _dot(tl.trans(Q_rb), dy, DT) + BG, DT)    # T_inv^T dU, dU = Q_rb^T dY + B^ G^T
+        # dV = Q_rk^T dY + K^ G^T + A_ak^T dZ
+        _store_chunk(dv_ptr, _dot(tl.trans(Q_rk), dy, DT) + KG + _dot(tl.trans(A_ak), dZ, DT), seq, t0, T, stride_t,
+                     rows, CHUNK)
+        dA_ab = _lower(_dot(dZ, tl.trans(U), DT), i, True)
+        dA_ak = _lower(_dot(dZ, tl.trans(v), DT), i, True)
+        dQ_rb = _lower(_dot(dy, tl.trans(U), DT), i, False)
+        dQ_rk = _lower(_dot(dy, tl.trans(v), DT), i, False)
+        for k0 in range(0, N, BLOCK_K):
+            keys = k0 + tl.arange(0, BLOCK_K)
+            tile = rows[:, None] * N + keys[None, :]
+            r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t,
+                                                       keys, CHUNK)
+            a_c, r_c, b_c, k_c = _centred(r, k, a, b, c, c_prev, c_end)
+            m = 0.5 * c_end
+            S0 = tl.load(state0 + tile)                                       # (BLOCK_V, BLOCK_K)
+            G = tl.load(dstate + tile)
+            to_end = tl.exp(c_end - c)
+            da = (_dot(dZ, S0, DT) * tl.exp(c_prev)
+                  + (_dot(dA_ab, tl.trans(b_c), DT) + _dot(dA_ak, tl.trans(k_c), DT)) * tl.exp(c_prev - m))
+            dr = (_dot(dy, S0, DT) * tl.exp(c)
+                  + (_dot(dQ_rb, tl.trans(b_c), DT) + _dot(dQ_rk, tl.trans(k_c), DT)) * tl.exp(c - m))
+            up = tl.exp(m - c)
+            db_cpl = (_dot(tl.trans(dA_ab), a_c, DT) + _dot(tl.trans(dQ_rb), r_c, DT)) * up
+            dk_cpl = (_dot(tl.trans(dA_ak), a_c, DT) + _dot(tl.trans(dQ_rk), r_c, DT)) * up
+            db_end = _dot(U, G, DT) * to_end
+            dk_end = _dot(v, G, DT) * to_end
+            # dlog_w_t = sum_{i>=t} (dr r - db_cpl b - dk_cpl k)_i + sum_{i>t} (da a)_i
+            #            + sum_{j<t} (db_end b + dk_end k)_j + dd d,   dd = colsum(G * S_0)
+            after = da * a
+            before = db_end * b + dk_end * k
+            dlog_w = (tl.cumsum(dr * r - db_cpl * b - dk_cpl * k + after, axis=0, reverse=True) - after
+                      + tl.cumsum(before, axis=0) - before + (tl.sum(G * S0, axis=0)[None, :] * tl.exp(c_end)))
+            _store_chunk(dkeys_ptr, dr, seq, t0, T, stride_t, keys, CHUNK)
+            _store_chunk(dkeys_ptr + numel, dlog_w, seq, t0, T, stride_t, keys, CHUNK)
+            _store_chunk(dkeys_ptr + 2 * numel, dk_cpl + dk_end, seq, t0, T, stride_t, keys, CHUNK)
+            _store_chunk(dkeys_ptr + 3 * numel, da, seq, t0, T, stride_t, keys, CHUNK)
+            _store_chunk(dkeys_ptr + 4 * numel, db_cpl + db_end, seq, t0, T, stride_t, keys, CHUNK)
+    else:
+        keys = tl.arange(0, N)
+        tile = rows[:, None] * N + keys[None, :]
+        _stepwise_gradients(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr, dkeys_ptr, dv_ptr,
+                            tl.load(state0 + tile), tl.load(dstate + tile), numel, seq, stride_t, rows, t0, T, N,
+                            CHUNK)
+
+
+def _chunked_launch_config(N) -> Launch:
+    """The chunked kernels': 16 value rows per program, tl.dot's smallest tile; its tiles are (16, 16), one element
+    a thread over 8 warps (fp32 inputs at 4 warps need 168-255 registers and a stack)."""
+    return Launch({"BLOCK_V": 16, "BLOCK_K": CHUNKED_BLOCK_K}, num_warps=8)
+
+
+def _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, save_checkpoints, max_spread):
+    """Launches the chunked forward into y and state; returns the chunks' entering states (B * H, T / CHUNK, N, N)
+    with ``save_checkpoints`` (else the state, unwritten). max_spread: the widest spread of c a chunk takes in the
+    factored form."""
+    B, T, H, N = r.shape
+    cfg = _chunked_launch_config(N)
+    ckpt = (new_output((B * H, triton.cdiv(T, CHUNK), N, N), torch.float32, r.device) if save_checkpoints
+            else state)                              # not written without SAVE_CKPT
+    wkv7_chunked_fwd_kernel[(B * H, N // cfg["BLOCK_V"])](
+        r, log_w, k, v, a, b, state0 if state0 is not None else state, y, state, ckpt, T, H,
+        N=N, **cfg.blocks, CHUNK=CHUNK, MAX_SPREAD=max_spread, HAS_STATE0=state0 is not None,
+        SAVE_CKPT=save_checkpoints, **cfg.options)
+    return ckpt
+
+
+def _chunked_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate, max_spread):
+    """The chunked backward from the forward's chunk states: the serial pass over chunks, then every chunk's
+    gradients at once; returns dkeys (N / 16, 5, B, T, H, N): per row block dr, dlog_w, dk, da, db, and dv, dS_0."""
+    B, T, H, N = r.shape
+    cfg = _chunked_launch_config(N)
+    n_chunks = triton.cdiv(T, CHUNK)
+    blocks = N // cfg["BLOCK_V"]
+    shared = dict(N=N, **cfg.blocks, CHUNK=CHUNK, MAX_SPREAD=max_spread, **cfg.options)
+    dstates = new_output((B * H, n_chunks, N, N), torch.float32, r.device)
+    dstate0 = new_output((B, H, N, N), torch.float32, r.device)
+    wkv7_chunked_dstate_kernel[(B * H, blocks)](
+        r, log_w, k, v, a, b, dy, dstate if dstate is not None else dstate0, dstates, dstate0, T, H,
+        HAS_DSTATE=dstate is not None, **shared)
+    dkeys = new_output((blocks, 5, B, T, H, N), torch.float32, r.device)
+    dv = new_output((B, T, H, N), torch.float32, r.device)
+    wkv7_chunked_bwd_kernel[(B * H * n_chunks, blocks)](r, log_w, k, v, a, b, dy, ckpt, dstates, dkeys, dv, T, H,
+                                                        **shared)
+    return dkeys, dv, dstate0
