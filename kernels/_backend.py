@@ -13,14 +13,16 @@ BACKENDS = ("torch", "triton", "c")
 C_OPS = ("wkv4", "wkv7", "selective_scan")
 
 
-def resolve_backend(backend: str | None, device: torch.device, op: str = "", dtype: torch.dtype = torch.float32) -> str:
+def resolve_backend(backend: str | None, device: torch.device, op: str = "", dtype: torch.dtype = torch.float32,
+                    c_refuses: str = "") -> str:
     """The backend a call runs on. None picks Triton for CUDA tensors; for CPU tensors, the C loops when ``op``
-    has them (C_OPS), the dtype is fp32, fp16 or bf16 and they build here (for inference and training alike); the
-    torch backend otherwise. 'triton' on CPU needs the interpreter."""
+    has them (C_OPS), the dtype is fp32, fp16 or bf16, they take the call's shape (``c_refuses``: why not, empty
+    when they do) and they build here (for inference and training alike); the torch backend otherwise. 'triton' on
+    CPU needs the interpreter; 'c' with ``c_refuses`` is a ValueError that says why."""
     if backend is None:
         if device.type == "cuda" and HAS_TRITON:
             return "triton"
-        if op in C_OPS and device.type == "cpu" and dtype in backend_dtypes("c"):
+        if op in C_OPS and device.type == "cpu" and dtype in backend_dtypes("c") and not c_refuses:
             if native.available():
                 return "c"
         return "torch"
@@ -38,6 +40,8 @@ def resolve_backend(backend: str | None, device: torch.device, op: str = "", dty
             raise ValueError(f"backend='c' exists for {', '.join(C_OPS)} only, not {op or 'this op'}")
         if device.type != "cpu":
             raise ValueError(f"backend='c' takes CPU tensors, got {device}")
+        if c_refuses:
+            raise ValueError(f"backend='c' {c_refuses}")
         if native.unavailable_reason():
             raise RuntimeError(f"backend='c' is not available here: {native.unavailable_reason()}")
     return backend

@@ -56,6 +56,7 @@ ALIGN = 16               # WKV-4 channel blocks are multiples of this (whole vec
 CHECKPOINT = 16          # WKV-7 and the scan keep their state every this many steps for the backward, which re-runs
                          # at most this many steps from one, in memory that stays in cache
 GROUPS_PER_CALL = 16     # the scan's backward: work items per call where the batch alone gives fewer
+WKV7_MAX_HEAD = 256      # the largest WKV-7 head the loops take (native.c's MAX_V * VEC; tested to agree)
 
 
 class NativeUnavailable(RuntimeError):

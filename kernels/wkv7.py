@@ -513,11 +513,9 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
     check_decay_dtype("log_w", log_w, dtype)
     device = check_devices(r=r, log_w=log_w, k=k, v=v, a=a, b=b, state=state)
     grad = needs_grad(r, log_w, k, v, a, b, state)
-    chosen, backend = backend, resolve_backend(backend, device, "wkv7", dtype)
-    if backend == "c" and N > native.library().wkv7_max_head_size():
-        if chosen == "c":
-            raise ValueError(f"backend='c' takes head sizes N <= {native.library().wkv7_max_head_size()}, got N = {N}")
-        backend = "torch"             # the C loop keeps a row of the state in registers: a head of 256 at most
+    # the C loop keeps a row of the state in registers: heads of WKV7_MAX_HEAD at most
+    too_large = f"takes head sizes N <= {native.WKV7_MAX_HEAD}, got N = {N}" if N > native.WKV7_MAX_HEAD else ""
+    backend = resolve_backend(backend, device, "wkv7", dtype, c_refuses=too_large)
     if not isinstance(chunked, bool):
         raise TypeError(f"chunked must be True or False, got {chunked!r}")
     check_backend_dtype(backend, dtype)

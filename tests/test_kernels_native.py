@@ -192,6 +192,11 @@ def test_wkv7_split_equals_whole(rng):
     assert_all_close(WKV7_GRAD_NAMES, split, whole, FP32_BUDGET, f"pieces {bounds}")
 
 
+def test_wkv7_head_limit_is_the_loops():
+    """native.WKV7_MAX_HEAD, which routes larger heads to torch, is what native.c's loops take."""
+    assert native.library().wkv7_max_head_size() == native.WKV7_MAX_HEAD
+
+
 def test_wkv7_heads_above_the_loops_limit(rng):
     """A head larger than the C loop takes (256) runs on torch under backend=None, and backend='c' says why not."""
     x = fp32(*rwkv7_inputs(rng, 1, 2, 1, 272)[0])
