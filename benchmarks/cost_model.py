@@ -143,9 +143,9 @@ def predict(cost: Cost, dtype: str, dram_bytes: float, hw=H100, mma: str | None 
     of ``programs`` < SMs reaches that share of the GPU's bandwidth and compute."""
     rate, unit = dot_rate(dtype, mma, hw)
     share = min(1.0, programs / hw["sms"]) if programs else 1.0
-    times = {"memory": dram_bytes / hw["bandwidth"] / share, "fp32 units": cost.flops / hw["fp32_ops"] / share,
-             "special functions": cost.transcendentals / hw["sfu"] / share, unit: cost.dot_flops / rate / share,
-             "latency": latency_s}
+    throughput = {"memory": dram_bytes / hw["bandwidth"], "fp32 units": cost.flops / hw["fp32_ops"],
+                  "special functions": cost.transcendentals / hw["sfu"], unit: cost.dot_flops / rate}
+    times = {**{what: t / share for what, t in throughput.items()}, "latency": latency_s}
     bound = max(times, key=times.get)
     return times[bound], bound
 
@@ -293,9 +293,10 @@ def wkv7_chunked_bwd(B, T, H, N, dtype, block_v, block_k, programs, ck):
 
 def wkv7_models(B=1, T=2048, H=12, N=64):
     from seqmix.kernels.wkv7 import CHECKPOINT, _grid, _launch_config
-    from seqmix.kernels.wkv7_chunked import CHUNKED_BLOCK_K, _chunked_launch_config
+    from seqmix.kernels.wkv7_chunked import _chunked_launch_config
     cfg, chunked_cfg, fwd_cfg = _launch_config(N), _chunked_launch_config(N), _launch_config(N, B * H)
     block_v, chunked_v, fwd_v = cfg["BLOCK_V"], chunked_cfg["BLOCK_V"], fwd_cfg["BLOCK_V"]
+    chunked_k = chunked_cfg["BLOCK_K"]
     programs, fwd_programs = math.prod(_grid(B, H, N, cfg)), math.prod(_grid(B, H, N, fwd_cfg))
     fwd_label = "wkv7_fwd" if fwd_cfg == cfg else f"wkv7_fwd B*H={B * H}"   # kernels/wkv7.py aot_kernels
     chunked_programs = math.prod(_grid(B, H, N, chunked_cfg))
@@ -306,7 +307,8 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
         s, seq, state = DTYPE_BYTES[dtype], B * T * H * N, B * H * N * N * 4
         # DRAM: the six inputs and y; bwd also dy, dv, the five key gradients' N / BLOCK_V partial slices (written,
         # read by the wrapper's sum) and their sum, the checkpoints; the scratch buffer (64 KB per program) stays in L2
-        slices = N // block_v
+        # one backward's DRAM bytes, its key gradients in `slices` partial slices
+        bwd_dram = lambda slices: seq * (7 * s + 4 + 5 * 4 * (2 * slices + 1))      # noqa: E731
         # Steps: the sequential forward loads its step's vectors one step ahead (a round trip overlapping the
         # previous step's), then S a and S r, two reductions in a row (within one warp at the split configuration:
         # 4 value rows of N = 64); the backward alternates a recompute step (S a) and a reverse step (S_{t-1} a,
@@ -322,26 +324,26 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
                       step=Step(1, 2, 1, prefetch=1, warp_reductions=fwd_cfg.num_warps == 1),
                       num_warps=fwd_cfg.num_warps),
                 Model("wkv7", f"wkv7_chunked_fwd N={N} {dtype}", shape, B * T, dtype,
-                      wkv7_chunked_fwd(B, T, H, N, dtype, chunked_v, CHUNKED_BLOCK_K, chunked_programs, CHECKPOINT,
+                      wkv7_chunked_fwd(B, T, H, N, dtype, chunked_v, chunked_k, chunked_programs, CHECKPOINT,
                                        False),
-                      chunked_programs, _cdiv(T, CHECKPOINT), False, 7 * seq * s + 2 * state,
+                      chunked_programs, n_chunks, False, 7 * seq * s + 2 * state,
                       "chunked=True, inference; the AOT build is of the checkpointing variant",
                       step=Step(2, 12, 0), num_warps=chunked_cfg.num_warps),
                 Model("wkv7", f"wkv7_bwd N={N} {dtype}", shape, B * T, dtype,
                       wkv7_bwd(B, T, H, N, dtype, block_v, programs, CHECKPOINT), programs, 2 * T, False,
-                      seq * (7 * s + 4 + 5 * 4 * (2 * slices + 1)) + state * (_cdiv(T, CHECKPOINT) + 2),
+                      bwd_dram(N // block_v) + state * (n_chunks + 2),
                       step=Step(1, 2.5, 1, prefetch=1, starts=1 / CHECKPOINT), num_warps=cfg.num_warps),
                 Model("wkv7", f"wkv7_chunked_dstate N={N} {dtype}", shape, B * T, dtype,
-                      wkv7_chunked_dstate(B, T, H, N, dtype, chunked_v, CHUNKED_BLOCK_K, chunked_programs,
+                      wkv7_chunked_dstate(B, T, H, N, dtype, chunked_v, chunked_k, chunked_programs,
                                           CHECKPOINT),
                       chunked_programs, n_chunks, False, 7 * seq * s + state * (n_chunks + 2),
                       "chunked=True, backward: the serial pass of dL/dS", step=Step(2, 9, 0),
                       num_warps=chunked_cfg.num_warps),
                 Model("wkv7", f"wkv7_chunked_bwd N={N} {dtype}", shape, B * T, dtype,
-                      wkv7_chunked_bwd(B, T, H, N, dtype, chunked_v, CHUNKED_BLOCK_K, chunked_programs * n_chunks,
+                      wkv7_chunked_bwd(B, T, H, N, dtype, chunked_v, chunked_k, chunked_programs * n_chunks,
                                        CHECKPOINT),
                       chunked_programs * n_chunks, 1, False,
-                      seq * (7 * s + 4 + 5 * 4 * (2 * (N // chunked_v) + 1)) + 2 * state * n_chunks,
+                      bwd_dram(N // chunked_v) + 2 * state * n_chunks,
                       "chunked=True, backward: every chunk at once", step=Step(2, 14, 0),
                       num_warps=chunked_cfg.num_warps)]
     return out

@@ -20,10 +20,24 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["IGNORE", "mqar", "selective_copying", "CorpusFile", "StdlibCorpus", "stdlib_corpus", "split_of",
+__all__ = ["IGNORE", "VALID", "TEST", "held_out_rng", "mqar", "selective_copying", "CorpusFile", "StdlibCorpus", "stdlib_corpus", "split_of",
            "lm_windows", "long_samples"]
 
 IGNORE = -100      # a target that is not scored (torch's cross_entropy ignore_index)
+VALID, TEST = 1, 2  # the held-out sets' data streams (a run's training stream is its seed's)
+
+
+def held_out_rng(split: int, *key: int) -> np.random.Generator:
+    """The generator of a held-out set: ``split`` (VALID or TEST) and the set's own key (a size, a length), apart
+    from every training seed's stream.
+
+    Args:
+        split: VALID or TEST. key: integers that tell the set from the others of its split.
+
+    Returns:
+        numpy Generator seeded with [1000, split, *key].
+    """
+    return np.random.default_rng([1000, split, *key])
 
 
 def _distinct(rng, n, low, high, k):

@@ -33,16 +33,16 @@ import numpy as np
 
 from seqmix.experiments import data, plots
 from seqmix.experiments.records import Results, command_line, environment, fmt, markdown_table
-from seqmix.experiments.training import Budget, Run, evaluate, round_to_fp16, torch_settings, successive_halving
+from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
+                                         successive_halving)
 from seqmix.experiments.transformer import PositionScheme, Transformer, TransformerConfig
-from seqmix.models.io import load_state_dict, save_state_dict
+from seqmix.models.io import load_state_dict
 
 __all__ = ["Setup", "FULL", "QUICK", "schemes", "POST", "run", "report", "main", "load_model", "held_out_samples"]
 
 NAME = "extrapolation"
 MODELS = ("plain", "log n")          # trained without / with log n scaling
 KINDS = ("repeated", "non-repeated")
-VALID, TEST = 1, 2
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def _config(setup: Setup, log_n: bool) -> TransformerConfig:
 
 def _make_run(setup: Setup, corpus, log_n: bool, seed: int, lr: float) -> Run:
     L = setup.train_length
-    valid = data.lm_windows(corpus.split("validation"), np.random.default_rng([1000, VALID]), setup.valid_windows, L)
+    valid = data.lm_windows(corpus.split("validation"), data.held_out_rng(data.VALID), setup.valid_windows, L)
     return Run(build=partial(Transformer, _config(setup, log_n)), forward=lambda model, ids: model(ids),
                sample=lambda rng, n: data.lm_windows(corpus.split("train"), rng, n, L), lr=lr, budget=setup.budget,
                seed=seed, valid=valid, label=f"{'log n' if log_n else 'plain'} lr={lr:g}")
@@ -126,7 +126,7 @@ def load_model(setup: Setup, model: str, out) -> Transformer:
 
 def held_out_samples(setup: Setup, corpus, kind: str, factor: int):
     """The held-out samples of one kind at factor x L (the same ones on every run)."""
-    rng = np.random.default_rng([1000, TEST, KINDS.index(kind), factor])
+    rng = data.held_out_rng(data.TEST, KINDS.index(kind), factor)
     period = setup.train_length if kind == "repeated" else None
     length = factor * setup.train_length
     return data.long_samples(corpus.split("test"), rng, setup.test_chars // length, length, period=period)
@@ -147,8 +147,7 @@ def _train(results: Results, setup: Setup, corpus, out, seed: int, threads: int,
             winner = _make_run(setup, corpus, log_n, seed, sweep["chosen_lr"]).train_to(setup.budget.steps,
                                                                                         progress)
         round_to_fp16(winner.model)
-        _weights_path(out, model).parent.mkdir(parents=True, exist_ok=True)
-        save_state_dict({k: v.half() for k, v in winner.model.state_dict().items()}, _weights_path(out, model))
+        save_fp16(winner.model, _weights_path(out, model))
         results.add({"phase": "train", "model": model, "seed": seed, **winner.summary(),
                      "config": vars(_config(setup, log_n)), "env": environment(threads)})
 

@@ -25,14 +25,14 @@ from functools import partial
 import numpy as np
 
 from seqmix.experiments import data, plots, zoo
+from seqmix.experiments.data import TEST, VALID
 from seqmix.experiments.records import Results, command_line, environment, fmt, markdown_table
-from seqmix.experiments.training import Budget, Run, evaluate, round_to_fp16, torch_settings, sweep_then_seeds
-from seqmix.models.io import save_state_dict
+from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
+                                         sweep_then_seeds)
 
 __all__ = ["Setup", "FULL", "QUICK", "run", "long_runs", "report", "weights_path", "main"]
 
 NAME = "recall"
-VALID, TEST = 1, 2        # data streams of the held-out sets (a run's training stream is its seed's)
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ QUICK = Setup(archs=("attention", "rwkv4", "rwkv7", "mamba"), widths=(32,), pair
 
 
 def _held_out(setup: Setup, split: int, pairs: int, size: int):
-    return data.mqar(np.random.default_rng([1000, split, pairs]), size, seq_len=setup.seq_len, num_pairs=pairs,
+    return data.mqar(data.held_out_rng(split, pairs), size, seq_len=setup.seq_len, num_pairs=pairs,
                      vocab_size=setup.vocab_size)
 
 
@@ -86,9 +86,7 @@ def _finish(setup: Setup, out, first_seed: int, run: Run, key: dict) -> dict:
     round_to_fp16(run.model)
     test = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, key["pairs"], setup.test_size))
     if key["width"] == setup.save_width and key["seed"] == first_seed:
-        path = weights_path(out, key["arch"], key["width"], key["pairs"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_state_dict({k: v.half() for k, v in run.model.state_dict().items()}, path)
+        save_fp16(run.model, weights_path(out, key["arch"], key["width"], key["pairs"]))
     return {"test_accuracy": test["accuracy"], "test_loss": test["loss"], "test_queries": test["count"],
             "parameters": zoo.num_parameters(run.model)}
 

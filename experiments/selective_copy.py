@@ -23,14 +23,14 @@ from functools import partial
 import numpy as np
 
 from seqmix.experiments import data, plots, zoo
+from seqmix.experiments.data import TEST, VALID
 from seqmix.experiments.records import Results, command_line, environment, fmt, markdown_table
-from seqmix.experiments.training import Budget, Run, evaluate, round_to_fp16, torch_settings, sweep_then_seeds
-from seqmix.models.io import save_state_dict
+from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
+                                         sweep_then_seeds)
 
 __all__ = ["Setup", "FULL", "QUICK", "run", "report", "weights_path", "held_out", "main"]
 
 NAME = "selective_copy"
-VALID, TEST = 1, 2
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ QUICK = Setup(archs=("mamba_lti", "mamba"), width=32, lrs=(1e-2,), context_len=1
 
 def held_out(setup: Setup, split: int, size: int):
     """The validation (split 1) or test (split 2) sequences, the same on every run."""
-    return data.selective_copying(np.random.default_rng([1000, split]), size, context_len=setup.context_len,
+    return data.selective_copying(data.held_out_rng(split), size, context_len=setup.context_len,
                                   num_tokens=setup.num_tokens, num_symbols=setup.num_symbols)
 
 
@@ -82,8 +82,7 @@ def _finish(setup: Setup, out, first_seed: int, run: Run, key: dict) -> dict:
     round_to_fp16(run.model)
     test = evaluate(zoo.logits, run.model, *held_out(setup, TEST, setup.test_size))
     if key["seed"] == first_seed:
-        weights_path(out, key["arch"]).parent.mkdir(parents=True, exist_ok=True)
-        save_state_dict({k: v.half() for k, v in run.model.state_dict().items()}, weights_path(out, key["arch"]))
+        save_fp16(run.model, weights_path(out, key["arch"]))
     return {"test_accuracy": test["accuracy"], "test_loss": test["loss"], "test_symbols": test["count"],
             "parameters": zoo.num_parameters(run.model)}
 

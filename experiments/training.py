@@ -26,9 +26,10 @@ import torch.nn.functional as F
 from tqdm import tqdm          # text bars (tqdm.auto warns in a notebook without ipywidgets)
 
 from seqmix.experiments.data import IGNORE
+from seqmix.models.io import save_state_dict
 
 __all__ = ["Budget", "Run", "evaluate", "successive_halving", "sweep_then_seeds", "setup_torch", "torch_settings",
-           "round_to_fp16"]
+           "round_to_fp16", "save_fp16"]
 
 
 @contextmanager
@@ -254,3 +255,9 @@ def round_to_fp16(model) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(p.half().float())
+
+
+def save_fp16(model, path) -> None:
+    """The model's weights as the experiments commit them: fp16 safetensors at ``path`` (its folder made)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_state_dict({k: v.half() for k, v in model.state_dict().items()}, path)

@@ -123,6 +123,13 @@ def check_tensor(name: str, x, shape: tuple, dtypes=TORCH_DTYPES) -> torch.Tenso
     return x
 
 
+def all_finite(*tensors) -> bool:
+    """Whether no tensor holds NaN or an infinity (read on the host): the torch backends' fast forms take finite
+    inputs only (aten's fused attention drops a NaN score from its running max and returns finite rows where
+    softmax is NaN; WKV-7's chunked products carry a non-finite input to its chunk's earlier steps)."""
+    return all(bool(torch.isfinite(x).all()) for x in tensors)
+
+
 def finite_log_decay(x: torch.Tensor) -> torch.Tensor:
     """A log decay (WKV-7's log_w, the scan's A) as every backend takes it: -inf, a decay of exactly 0, as the most
     negative finite number, so that e^x is 0 all the same and no sum or product of exponents makes inf - inf or

@@ -28,12 +28,6 @@ def positive_scale(q, scale: float):
     return (-q, -scale) if scale < 0 else (q * 0, 1.0)
 
 
-def all_finite(*tensors) -> bool:
-    """Whether no tensor holds NaN or an infinity: the torch backend's attention takes aten's fused CPU kernels
-    only then, since they drop a NaN score from their running max and return finite rows where softmax is NaN."""
-    return all(bool(torch.isfinite(x).all()) for x in tensors)
-
-
 # How the flash kernels (attention, ReRoPE) multiply fp32 tiles: "ieee", fp32 products on the FMA units (the
 # default), or "tf32x3", on tensor cores: each operand x split into a tf32 high part x_h = tf32(x) and a tf32
 # remainder x_l = tf32(x - x_h), a b ~ a_h b_l + a_l b_h + a_h b_h (three tf32 products summed in fp32; a_l b_l, of

@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
-from seqmix.kernels._common import (Launch, accumulation_dtype, check_devices, check_same_dtype, check_tensor,
-                                    new_output, tl, triton)
-from seqmix.kernels._flash import (all_finite, block_d, check_triton_head_dim, dot_precision, flash_delta, flash_grid,
+from seqmix.kernels._common import (Launch, accumulation_dtype, all_finite, check_devices, check_same_dtype,
+                                    check_tensor, new_output, tl, triton)
+from seqmix.kernels._flash import (block_d, check_triton_head_dim, dot_precision, flash_delta, flash_grid,
                                    flash_head, flash_launch, load_row_stats, load_tile, online_softmax_step,
                                    positive_scale, set_fp32_dot_precision, softmax_tile_grad, store_tile)
 
@@ -237,7 +237,7 @@ class AttentionFunction(torch.autograd.Function):
 
 def _attention_written_out(q, k, v, causal, scale):
     """softmax(q k^T * scale + M) v as the reference writes it, the mask applied by replacing scores: the torch
-    backend's path for inputs holding NaN or an infinity (see _flash.all_finite), so that NaN lands where it does
+    backend's path for inputs holding NaN or an infinity (see _common.all_finite), so that NaN lands where it does
     in the reference."""
     x = [t.to(accumulation_dtype(q.dtype)) for t in (q, k, v)]
     s = x[0] @ x[1].mT * scale                                               # (B, H, T, T)

@@ -414,7 +414,7 @@ void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, i
             for (int64_t t = 0; t < T; t++) {
                 /* silu(-inf) = -inf e^-inf: NaN, as in IEEE arithmetic (e^-z is clamped here) */
                 const float gate = z ? poison(z[row + t] / (1.0f + exp_clamped(-z[row + t])),
-                                              nonfinite(z[row + t]) & !nan_or_plus_inf(z[row + t])) : 1.0f;
+                                              is_minus_inf(z[row + t])) : 1.0f;
                 yr[t] = (yr[t] + skip * u[row + t]) * gate;
             }
         }

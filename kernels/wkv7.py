@@ -73,9 +73,9 @@ import torch.nn.functional as F
 from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels import native
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
-from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
-                                    check_tensor, finite_log_decay, needs_grad, new_output, rows_per_program,
-                                    tl, triton)
+from seqmix.kernels._common import (Launch, accumulation_dtype, all_finite, check_decay_dtype, check_devices,
+                                    check_same_dtype, check_tensor, finite_log_decay, needs_grad, new_output,
+                                    rows_per_program, tl, triton)
 from seqmix.kernels._wkv7_common import _checkpoint, _head_offsets
 from seqmix.kernels.wkv7_chunked import (CHUNK as TRITON_CHUNK, _chunked_bwd, _chunked_fwd, _chunked_launch_config,
                                          wkv7_chunked_bwd_kernel, wkv7_chunked_dstate_kernel, wkv7_chunked_fwd_kernel)
@@ -163,7 +163,7 @@ def _wkv7_steps(r, log_w, k, v, a, b, state):
 def _wkv7_torch(r, log_w, k, v, a, b, state):
     """The chunked form in the compute dtype (fp32, or float64); returns (y, state). Differentiable by autograd.
     Inputs that are not all finite take the step-by-step recurrence (_wkv7_steps)."""
-    if not all(bool(torch.isfinite(x).all()) for x in (r, log_w, k, v, a, b, state)):
+    if not all_finite(r, log_w, k, v, a, b, state):
         return _wkv7_steps(r, log_w, k, v, a, b, state)
     B, T, H, N = r.shape
     L = CHUNK

@@ -14,10 +14,6 @@ from seqmix.experiments.records import Results
 from seqmix.experiments.training import Budget, Run, successive_halving
 
 
-def rows(out, name):
-    return json.loads((out / f"{name}.json").read_text())["rows"]
-
-
 def assert_learned(history):
     """The validation loss at the end is below the one at step 0 (before any update)."""
     assert history[0][0] == 0 and history[-1][0] > 0
@@ -36,7 +32,7 @@ def quick_recall(tmp_path_factory):
 
 
 def test_recall_quick(quick_recall):
-    found = rows(quick_recall, "recall")
+    found = Results(quick_recall, "recall").rows
     setup = recall.QUICK
     settings = [(a, w, n) for n in setup.pairs for w in setup.widths for a in setup.archs]
     width, pairs = setup.long_setting
@@ -71,7 +67,7 @@ def test_recall_committed_weights_give_the_recorded_accuracy(quick_recall):
     from seqmix.experiments.training import evaluate
     from seqmix.models.io import load_state_dict
     setup = recall.QUICK
-    row = next(r for r in rows(quick_recall, "recall") if r["phase"] == "test" and r["arch"] == "rwkv7")
+    row = next(r for r in Results(quick_recall, "recall").rows if r["phase"] == "test" and r["arch"] == "rwkv7")
     model = zoo.build("rwkv7", vocab_size=setup.vocab_size, width=row["width"])
     state = load_state_dict(recall.weights_path(quick_recall, "rwkv7", row["width"], row["pairs"]))
     model.load_state_dict({k: v.float() for k, v in state.items()})
@@ -82,7 +78,7 @@ def test_recall_committed_weights_give_the_recorded_accuracy(quick_recall):
 def test_extrapolation_quick(tmp_path):
     setup = extrapolation.QUICK
     extrapolation.run(setup, tmp_path, progress=False)
-    found = rows(tmp_path, "extrapolation")
+    found = Results(tmp_path, "extrapolation").rows
     trains = [r for r in found if r["phase"] == "train"]
     assert [r["model"] for r in trains] == ["plain", "log n"]
     for r in trains:
@@ -114,7 +110,7 @@ def test_selective_copy_quick_through_its_command_line(tmp_path):
     # changed the last bits of exp and softplus in the kernel tests that ran after it)
     assert torch.get_num_threads() == threads
     assert float(torch.tensor(1e-40) * torch.tensor(1.0)) != 0.0
-    found = rows(tmp_path, "selective_copy")
+    found = Results(tmp_path, "selective_copy").rows
     assert [(r["arch"], r["phase"]) for r in found] == [("mamba_lti", "sweep"), ("mamba_lti", "test"),
                                                          ("mamba", "sweep"), ("mamba", "test")]
     for r in found:

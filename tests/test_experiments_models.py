@@ -7,16 +7,13 @@ import pytest
 import torch
 
 import seqmix.models.mamba as mamba
+from qkv_check import qkv_inputs
 from seqmix.experiments import zoo
 from seqmix.experiments.transformer import PositionScheme, Transformer, TransformerConfig
 from seqmix.kernels.ssm import selective_scan
 from seqmix.kernels.testing import FP32_BUDGET, REFERENCE_BUDGET, assert_close
 from seqmix.reference.rope import attention_from_relative_positions, log_n_scale, relative_positions
 from seqmix.reference.ssm import causal_convolution, ssm_kernel
-
-
-def qkv(rng, T, d=8):
-    return [torch.tensor(rng.standard_normal((1, 2, T, d))) for _ in range(3)]
 
 
 L, BASE = 8, 10000.0
@@ -38,7 +35,7 @@ L, BASE = 8, 10000.0
 def test_scheme_is_its_relative_position_matrix(rng, T, scheme, rel, base, dagger):
     """Each scheme's attention is softmax(q_i . R(-rel_ij) k_j) v with the post's matrix, PI and NTK scaled by
     s = max(1, T / L) (1 at the training length: every scheme is the trained model there), log n† on q."""
-    q, k, v = qkv(rng, T)
+    q, k, v = qkv_inputs(rng, (1, 2, T, 8))
     out = scheme.attend(q, k, v, L, BASE)
     q_ref = q.numpy() * (log_n_scale(np.arange(T), L)[:, None] if dagger else 1)
     expected = attention_from_relative_positions(q_ref, k.numpy(), v.numpy(), rel(T), base=base(T, 8))
