@@ -8,8 +8,8 @@
  * states their forwards saved every few steps (re-running those steps forward, then walking them back).
  *
  * Built by kernels/native.py with the system C compiler (its FLAGS say which and why). The inner loops run over
- * contiguous memory without dependences between iterations, so the compiler vectorizes them (`omp simd`, with
- * -fopenmp-simd: no OpenMP runtime); exp_clamped and softplus below are written so that they vectorize too. Each
+ * contiguous memory without dependences between iterations, so the compiler vectorizes them (`omp simd`; these loops
+ * start no OpenMP threads); exp_clamped and softplus (native.h) are written so that they vectorize too. Each
  * function walks a range [first, last) of independent work items; kernels/native.py gives each thread a range.
  * Every work item writes outputs of its own (no two items add into one number), and sums over work items run
  * afterwards in a fixed order (sum_rows): results do not depend on the number of threads or their timing.
@@ -19,47 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* e^x in fp32 within 1 ulp (0.89 measured), vectorizable (no calls, no branches), for x clamped to [-87, 88]:
- * e^-87 is about the smallest normal fp32 number (denormals would slow x86 down by 100x; a factor that small times
- * anything here is below fp32's resolution next to the terms it is added to), e^88 about the largest.
- * x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so that n ln2 is exact), e^r by its degree-7 Taylor polynomial
- * (remainder r^8/8! < 5e-9), then 2^n put in the exponent bits. */
-static inline float exp_clamped(float x)
-{
-    x = x > -87.0f ? (x < 88.0f ? x : 88.0f) : -87.0f;
-    const float y = x * 1.44269504f;
-    const float n = (float)(int)(y + (y < 0.0f ? -0.5f : 0.5f));   /* round(x / ln2), in [-126, 127] */
-    const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-6f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;                  /* 2^n, a normal number */
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
-/* softplus(x) = log(1 + e^x) = max(x, 0) + log1p(e^-|x|), vectorizable. With m = e^-|x| in (0, 1],
- * log1p(m) = 2 atanh(s) = 2 (s + s^3/3 + ... + s^13/13) for s = m / (2 + m) in (0, 1/3]; the terms left out are below
- * 1e-8 of the sum, and a small m loses nothing (s ~ m/2). Above x = 87 it returns x, as torch's softplus does above
- * its threshold. */
-static inline float softplus(float x)
-{
-    const float m = exp_clamped(x < 0.0f ? x : -x), s = m / (2.0f + m), s2 = s * s;
-    float p = 1.0f / 13.0f;
-    p = p * s2 + 1.0f / 11.0f;
-    p = p * s2 + 1.0f / 9.0f;
-    p = p * s2 + 1.0f / 7.0f;
-    p = p * s2 + 1.0f / 5.0f;
-    p = p * s2 + 1.0f / 3.0f;
-    p = p * s2 + 1.0f;
-    return (x > 0.0f ? x : 0.0f) + 2.0f * s * p;
-}
+#include "native.h"
 
 /* exp_clamped and softplus over an array: how tests measure their errors against float64 */
 void exp_array(int64_t n, const float *x, float *out)
@@ -628,15 +588,9 @@ void selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, 
  *     sa = sum_j a_j St[j],   St[j] = e^{log_w_j} St[j] + b_j sa + k_j v,   y = sum_j r_j St[j].
  * The inputs of a head are a row of H N numbers apart from one token to the next, which the hardware prefetcher
  * does not follow, so the loop asks for them PREFETCH tokens ahead. */
-#define VEC 16
 #define CHAINS 8
 #define MAX_V 16      /* vectors per row at most: head sizes up to 256 (kernels/wkv7.py sends larger ones to torch) */
 #define PREFETCH 2
-typedef float vfloat __attribute__((vector_size(VEC * sizeof(float))));
-typedef float vfloat_u __attribute__((vector_size(VEC * sizeof(float)), aligned(sizeof(float))));  /* unaligned */
-typedef int32_t vint __attribute__((vector_size(VEC * sizeof(int32_t))));
-#define LOADV(p) (*(const vfloat_u *)(p))
-#define STOREV(p, x) (*(vfloat_u *)(p) = (x))
 
 /* Two vectors' lanes picked by constant indices (0-15 the first's, 16-31 the second's): Clang's builtin, which GCC
  * has from version 12 on; GCC's own before. */

@@ -49,8 +49,13 @@ __all__ = ["wkv4_forward", "wkv7_forward", "selective_scan_forward", "exp", "sof
            "unavailable_reason", "library", "NativeUnavailable"]
 
 SOURCE = Path(__file__).with_name("native.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",
+# built into one library: the recurrences, what they share with the decoding steps, and the decoding steps
+SOURCES = (SOURCE, SOURCE.with_name("native.h"), SOURCE.with_name("decode.c"))
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",
          "-fno-signed-zeros", "-shared", "-fPIC")
+# -fopenmp for decode.c's threads (torch's libgomp, see decode.c); a compiler without OpenMP (Apple's clang) builds
+# with -fopenmp-simd, the `omp simd` loops alone, and decoding steps run on one thread
+OPENMP = ("-fopenmp", "-fopenmp-simd")
 SERIAL_WORK = 1 << 15    # below this many elements per call, one thread: starting threads would cost more
 ALIGN = 16               # WKV-4 channel blocks are multiples of this (whole vectors)
 CHECKPOINT = 16          # WKV-7 and the scan keep their state every this many steps for the backward, which re-runs
@@ -93,15 +98,16 @@ def _intact(library_path: Path, checksum: Path) -> bool:
 
 
 def _build(command: list[str]) -> Path:
-    """Compile native.c once per (source, flags, compiler, CPU) and return the shared library's path. The build goes
-    to a temporary file in the cache directory, renamed into place with its checksum: processes that build at once
+    """Compile native.c and decode.c once per (sources, flags, compiler, CPU) and return the shared library's path.
+    The build goes to a temporary file in the cache directory, renamed into place with its checksum: processes that build at once
     (pytest beside a notebook kernel) each see a whole library or none, and a damaged one is built again."""
     name = shlex.join(command)
     try:
         version = subprocess.run([*command, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         raise NativeUnavailable(f"no working C compiler {name!r} ({e}); install gcc or set CC") from None
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version, _cpu_identity()]).encode()).hexdigest()
+    sources = [s.read_text() for s in SOURCES]
+    key = hashlib.sha256("\0".join([*sources, *FLAGS, *OPENMP, version, _cpu_identity()]).encode()).hexdigest()
     cache = Path(os.environ.get("SEQMIX_CACHE", Path.home() / ".cache" / "seqmix"))
     target = cache / f"native-{key[:16]}.so"
     checksum = target.with_name(target.name + ".sha256")
@@ -111,9 +117,15 @@ def _build(command: list[str]) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             built, built_checksum = Path(tmp, target.name), Path(tmp, checksum.name)
-            done = subprocess.run([*command, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+            compiled = [str(s) for s in SOURCES if s.suffix == ".c"]
+            for openmp in OPENMP:
+                done = subprocess.run([*command, *FLAGS, openmp, *compiled, "-o", str(built)], capture_output=True,
+                                      text=True)
+                if done.returncode == 0:
+                    break
             if done.returncode != 0:
-                raise NativeUnavailable(f"C compiler {name!r} could not build {SOURCE.name}:\n{done.stderr[-2000:]}")
+                raise NativeUnavailable(f"C compiler {name!r} could not build {' and '.join(compiled)}:\n"
+                                        f"{done.stderr[-2000:]}")
             if not built.is_file():
                 raise NativeUnavailable(f"C compiler {name!r} reported success but wrote no {target.name}; "
                                         "set CC to a C compiler")
@@ -150,6 +162,10 @@ def library() -> ctypes.CDLL:
     lib.sum_rows.argtypes = [i64] * 4 + [ptr] * 2
     lib.exp_array.argtypes = lib.softplus_array.argtypes = [i64, ptr, ptr]
     lib.selective_scan_lanes.restype = i64
+    lib.rwkv4_decode.argtypes = [i64, ptr, ctypes.c_double] + [ptr] * 5
+    lib.rwkv7_decode.argtypes = [i64, ptr, ctypes.c_double, ctypes.c_double] + [ptr] * 5
+    lib.mamba_decode.argtypes = [i64, ptr, ctypes.c_double] + [ptr] * 5
+    lib.rwkv4_decode.restype = lib.rwkv7_decode.restype = lib.mamba_decode.restype = i64
     return lib
 
 

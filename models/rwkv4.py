@@ -30,6 +30,7 @@ from seqmix.kernels._common import accumulation_dtype, check_tensor
 from seqmix.kernels.wkv4 import INITIAL_MAX, wkv4
 from seqmix.models.base import (STATE_DTYPES, CausalLMMixin, ModelOutput, PretrainedMixin, check_bools,
                                 check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)
+from seqmix.models import decode
 from seqmix.models.layers import Linear, token_shift
 
 __all__ = ["RwkvConfig", "RwkvModel", "RwkvForCausalLM", "STATE_NAMES"]
@@ -216,12 +217,14 @@ class RwkvModel(PretrainedMixin, nn.Module):
         """
         input_ids = check_token_ids(input_ids, self.config.vocab_size)
         use_cache = self.config.use_cache if use_cache is None else use_cache
+        B, state_dtype = input_ids.shape[0], accumulation_dtype(self.embeddings.weight.dtype)
+        state = None if state is None else self._check_state(state, B)
+        if not output_hidden_states and decode.fused(self, input_ids, state, backend):   # one token: one C call
+            x, state = decode.rwkv4_step(self, input_ids, state)
+            return ModelOutput(x, state if use_cache else None, None)
         x = self.embeddings(input_ids)
-        B, state_dtype = x.shape[0], accumulation_dtype(x.dtype)
         if state is None:
             state = self.initial_state(B, x.device, state_dtype)
-        else:
-            state = self._check_state(state, B)
         every = self.config.rescale_every if not self.training else 0
         new_state, hidden_states = [], []
         for i, block in enumerate(self.blocks):

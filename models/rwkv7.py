@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from seqmix.kernels._common import accumulation_dtype, check_devices, check_tensor
 from seqmix.kernels.wkv7 import wkv7
-from seqmix.models import rwkv7_fla
+from seqmix.models import decode, rwkv7_fla
 from seqmix.models.base import (STATE_DTYPES, GenerateMixin, PretrainedMixin, check_logits_to_keep,
                                 check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)
 from seqmix.models.io import load_state_dict
@@ -325,7 +325,11 @@ class Rwkv7(GenerateMixin, PretrainedMixin, nn.Module):
         input_ids = check_token_ids(input_ids, self.config.vocab_size)
         check_logits_to_keep(logits_to_keep)
         B = input_ids.shape[0]
-        state = self.initial_state(B, dtype=self.kv_dtype) if state is None else self._check_state(state, B)
+        state = None if state is None else self._check_state(state, B)
+        if decode.fused(self, input_ids, state, backend):                      # one token: one C call
+            x, state = decode.rwkv7_step(self, input_ids, state)
+            return self.head(x), state
+        state = self.initial_state(B, dtype=self.kv_dtype) if state is None else state
         x = self.blocks[0].ln0(self.emb(input_ids))
         v_first, new_state = None, []
         for block, layer_state in zip(self.blocks, state):

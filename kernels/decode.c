@@ -1,0 +1,604 @@
+/* One decoding step of a whole model (one token of one sequence) in one call: the CPU path of models/decode.py.
+ *
+ * Why: decoding reads every weight once per token, and a step written as torch ops spends 30-60% on top of that read
+ * in the thousand-odd small ops between the matrix products (layer norms, token-shift mixes, gates, the
+ * recurrence's step), each a few microseconds of dispatch (benchmarks/results/models.md). Here a step is the matrix
+ * products at the memory's speed and the rest in a few microseconds per layer: the work torch spends in dispatch.
+ *
+ * The math is the models' (models/rwkv4.py, rwkv7.py, mamba.py, whose docstrings cite the sources); the
+ * recurrences are native.c's own loops (wkv4_forward, wkv7_forward, selective_scan_forward) run for T = 1, so there
+ * is one copy of each. Everything is computed in fp32 from the weights as stored (fp32 or bf16, widened as read);
+ * the states are those of the models' forward, read from one set of tensors and written to another.
+ *
+ * Threads: a step runs on `threads` threads (models/decode.py passes torch.get_num_threads()) that split each
+ * matrix product by output rows and the recurrences by channels (whole heads, whole blocks), and meet at a barrier
+ * wherever one needs another's rows (four or five times a layer). Small vectors every thread needs (a layer norm's
+ * output, the token-shift mixes) each thread computes for itself. Every number is computed by one thread in a fixed
+ * order, so results are the same with any thread count.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "native.h"
+
+/* ------------------------------------------------------------------------------------------------ threads */
+
+/* The step's threads are OpenMP's. Built with -fopenmp against the libgomp that torch has loaded (the same soname,
+ * so the loader hands this library torch's copy), they are torch's own intra-op threads: a team of fresh threads
+ * would compete for the cores with torch's, which spin for a few milliseconds after each parallel torch op (3.5 ms a
+ * step measured, of 15). Without OpenMP (a compiler without it: kernels/native.py falls back) the step runs on one
+ * thread. */
+#ifdef _OPENMP
+#include <omp.h>
+#define BARRIER() _Pragma("omp barrier")
+#else
+#define BARRIER()
+#endif
+
+/* run(job, id, threads) on each thread of a team of up to `threads` */
+static void run_team(int64_t threads, void (*run)(void *, int64_t, int64_t), void *job)
+{
+#ifdef _OPENMP
+    #pragma omp parallel num_threads(threads)
+    run(job, omp_get_thread_num(), omp_get_num_threads());
+#else
+    (void)threads;
+    run(job, 0, 1);
+#endif
+}
+
+/* Thread id's share [*lo, *hi) of n things, cut at multiples of unit */
+static void share(int64_t n, int64_t unit, int64_t id, int64_t threads, int64_t *lo, int64_t *hi)
+{
+    const int64_t units = (n + unit - 1) / unit;
+    *lo = units * id / threads * unit;
+    *hi = units * (id + 1) / threads * unit;
+    *lo = *lo < n ? *lo : n;
+    *hi = *hi < n ? *hi : n;
+}
+
+/* ----------------------------------------------------------------------------------------- weights as stored */
+
+/* The weights are fp32 or bf16 (the model's dtype, every tensor alike); bf16 is fp32's upper half. */
+static inline float widen(uint16_t h)
+{
+    const uint32_t bits = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+static inline float at(const void *p, int64_t i, int64_t bf16)
+{
+    return bf16 ? widen(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* x rounded to the model's dtype (bf16: to nearest even; NaN stays NaN), into p[i] */
+static inline void put(void *p, int64_t i, float x, int64_t bf16)
+{
+    if (!bf16) {
+        ((float *)p)[i] = x;
+        return;
+    }
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    ((uint16_t *)p)[i] = (bits & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((bits >> 16) | 0x40)
+                                                            : (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1)) >> 16);
+}
+
+typedef uint32_t vuint __attribute__((vector_size(VEC * sizeof(uint32_t))));
+typedef uint32_t vuint_u __attribute__((vector_size(VEC * sizeof(uint32_t)), aligned(sizeof(uint16_t))));
+
+#define ROWS 4
+#define AHEAD 512   /* bytes of a row asked for ahead of the loads: the rows (1.5-6 KB) are too short for the hardware
+                       prefetcher to reach full speed on its own (bf16 9.3 -> 13.4 GB/s on one thread, measured) */
+
+/* VEC weights from a row of W (fp32), or 2 VEC (bf16: two bf16 in each 32-bit lane, widened as they lie: the
+ * low one (even column) shifted up, the high one (odd column) masked; their x are the even and odd columns) */
+static inline __attribute__((always_inline)) void row_pair(const void *W, const int64_t bf16, int64_t at, vfloat *even,
+                                                           vfloat *odd)
+{
+    if (bf16) {
+        const vuint bits = *(const vuint_u *)((const uint16_t *)W + at);
+        const vuint lo = bits << 16, hi = bits & 0xffff0000u;
+        memcpy(even, &lo, sizeof *even);
+        memcpy(odd, &hi, sizeof *odd);
+    } else {
+        *even = LOADV((const float *)W + at);
+        *odd = LOADV((const float *)W + at + VEC);
+    }
+}
+
+/* y[i .. i + rows) = scale (W[i] . x) + (bias ? bias[i] : 0), for W (rows x K, row-major) and x fp32 (K): rows
+ * (ROWS, or 1 for the last few) and BF16 are constants in each copy, so that the partial sums (two a row: eight
+ * multiply-adds in flight) stay in registers. A step takes 2 VEC columns: x0, x1 the columns' x as row_pair pairs
+ * them (fp32: the first and second VEC; bf16: the even and odd ones, from xe, xo). */
+static inline __attribute__((always_inline)) void dot_rows(const void *W, const void *bias, const int64_t bf16,
+                                                           const int64_t rows, int64_t K, const float *x,
+                                                           const float *xe, const float *xo, float scale, float *y,
+                                                           int64_t i)
+{
+    const int64_t whole = K / (2 * VEC) * (2 * VEC);
+    vfloat acc[ROWS][2] = {{0}};
+    for (int64_t j = 0; j < whole; j += 2 * VEC) {
+        const vfloat x0 = bf16 ? LOADV(xe + j / 2) : LOADV(x + j), x1 = bf16 ? LOADV(xo + j / 2) : LOADV(x + j + VEC);
+        #pragma GCC unroll 4
+        for (int64_t r = 0; r < rows; r++) {
+            vfloat w0, w1;
+            __builtin_prefetch((const char *)W + ((i + r) * K + j) * (bf16 ? 2 : 4) + AHEAD);
+            row_pair(W, bf16, (i + r) * K + j, &w0, &w1);
+            acc[r][0] += w0 * x0;
+            acc[r][1] += w1 * x1;
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        float sum = 0.0f;
+        for (int64_t j = whole; j < K; j++)
+            sum += at(W, (i + r) * K + j, bf16) * x[j];
+        const vfloat total = acc[r][0] + acc[r][1];
+        for (int64_t l = 0; l < VEC; l++)
+            sum += total[l];
+        y[i + r] = scale * sum + (bias ? at(bias, i + r, bf16) : 0.0f);
+    }
+}
+
+/* y[i] for rows i in [lo, hi), ROWS at a time: four streams from memory in flight, and x read once for the four */
+static inline __attribute__((always_inline)) void gemv_rows(const void *W, const void *bias, const int64_t bf16,
+                                                            int64_t K, const float *x, const float *xe,
+                                                            const float *xo, float scale, float *y, int64_t lo,
+                                                            int64_t hi)
+{
+    int64_t i = lo;
+    for (; i + ROWS <= hi; i += ROWS)
+        dot_rows(W, bias, bf16, ROWS, K, x, xe, xo, scale, y, i);
+    for (; i < hi; i++)
+        dot_rows(W, bias, bf16, 1, K, x, xe, xo, scale, y, i);
+}
+
+static void gemv(const void *W, const void *bias, int64_t bf16, int64_t K, const float *x, float scale, float *y,
+                 int64_t lo, int64_t hi)
+{
+    if (!bf16) {
+        gemv_rows(W, bias, 0, K, x, NULL, NULL, scale, y, lo, hi);
+        return;
+    }
+    float xe[K / 2 + 1], xo[K / 2 + 1];
+    for (int64_t j = 0; j < K / 2; j++) {
+        xe[j] = x[2 * j];
+        xo[j] = x[2 * j + 1];
+    }
+    gemv_rows(W, bias, 1, K, x, xe, xo, scale, y, lo, hi);
+}
+
+/* y[j] = sum_i x[i] W[i][j] for columns j in [lo, hi) of W (K x M, row-major): the LoRA products x @ W */
+static void gemv_columns(const void *W, int64_t bf16, int64_t K, int64_t M, const float *x, float *y, int64_t lo,
+                         int64_t hi)
+{
+    for (int64_t j = lo; j < hi; j++)
+        y[j] = 0.0f;
+    for (int64_t i = 0; i < K; i++) {
+        const float xi = x[i];
+        if (bf16) {
+            const uint16_t *row = (const uint16_t *)W + i * M;
+            #pragma omp simd
+            for (int64_t j = lo; j < hi; j++)
+                y[j] += xi * widen(row[j]);
+        } else {
+            const float *row = (const float *)W + i * M;
+            #pragma omp simd
+            for (int64_t j = lo; j < hi; j++)
+                y[j] += xi * row[j];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ vectors */
+
+static inline float sigmoid(float x)
+{
+    return 1.0f / (1.0f + exp_clamped(-x));
+}
+
+/* out = (x - mean) / sqrt(var + eps) * weight + bias over n numbers (torch's layer norm, biased variance) */
+static void layer_norm(int64_t n, const float *x, const void *weight, const void *bias, int64_t bf16, float eps,
+                       float *out)
+{
+    float mean = 0.0f, var = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        mean += x[i];
+    mean /= (float)n;
+    for (int64_t i = 0; i < n; i++)
+        var += (x[i] - mean) * (x[i] - mean);
+    const float inv = 1.0f / sqrtf(var / (float)n + eps);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (x[i] - mean) * inv * at(weight, i, bf16) + at(bias, i, bf16);
+}
+
+/* out = x / sqrt(mean(x^2) + eps) * weight (Mamba's RMSNorm) */
+static void rms_norm(int64_t n, const float *x, const void *weight, int64_t bf16, float eps, float *out)
+{
+    float squares = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        squares += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(squares / (float)n + eps);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = x[i] * inv * at(weight, i, bf16);
+}
+
+/* Scratch for a step: `shared` floats all threads see, `own` floats for each thread, zeroed. */
+struct scratch {
+    float *shared, *own;
+    int64_t own_size;
+};
+
+static int scratch_alloc(struct scratch *s, int64_t shared, int64_t own, int64_t threads)
+{
+    s->own_size = (own + 15) / 16 * 16;      /* whole cache lines: threads' buffers never share one */
+    s->shared = calloc((size_t)(shared + s->own_size * threads + 16), sizeof(float));
+    s->own = s->shared + (shared + 15) / 16 * 16;
+    return s->shared != NULL;
+}
+
+/* ----------------------------------------------------------------------------------------------- RWKV-4 */
+
+/* Weights of a block, in this order (transformers' RwkvForCausalLM names, blocks.i. left out) */
+enum { R4_LN1_W, R4_LN1_B, R4_LN2_W, R4_LN2_B, R4_DECAY, R4_FIRST, R4_MIX_K, R4_MIX_V, R4_MIX_R, R4_KEY, R4_VALUE,
+       R4_RECEPTANCE, R4_OUTPUT, R4_FFN_MIX_K, R4_FFN_MIX_R, R4_FFN_KEY, R4_FFN_RECEPTANCE, R4_FFN_VALUE, R4_WEIGHTS };
+
+struct rwkv4_job {
+    int64_t C, A, F, L, rescale_every, bf16;
+    float eps;
+    const void *const *weights;      /* pre_ln weight, bias, then R4_WEIGHTS per block, then ln_out weight, bias */
+    const void *embedding;           /* the token's row */
+    const float *const *state_in;    /* ffn_x_prev, att_x_prev, att_num, att_den, att_max: (1, C or A, L) each */
+    float *const *state_out;
+    float *hidden;                   /* out: ln_out's output (C) */
+    struct scratch s;
+};
+
+static void rwkv4_run(void *arg, int64_t id, int64_t threads)
+{
+    struct rwkv4_job *j = arg;
+    const int64_t C = j->C, A = j->A, F = j->F, L = j->L, bf16 = j->bf16;
+    float *x = j->s.shared, *k = x + C, *v = k + A, *r = v + A, *wkv = r + A, *kf = wkv + A, *rf = kf + F;
+    float *o = rf + C;
+    float *xn = j->s.own + id * j->s.own_size, *xk = xn + C, *xv = xk + C, *xr = xv + C;
+    float *w = xr + C, *u = w + A, *num0 = u + A, *den0 = num0 + A, *max0 = den0 + A, *num = max0 + A;
+    float *den = num + A, *mx = den + A, *lag = mx + A;
+    int32_t *bad = (int32_t *)(lag + A);
+    int64_t c0, c1, a0, a1, f0, f1;
+    share(C, 1, id, threads, &c0, &c1);
+    share(A, 16, id, threads, &a0, &a1);       /* whole blocks of the WKV loop */
+    share(F, 1, id, threads, &f0, &f1);
+    const void *const *wt = j->weights;
+    if (id == 0) {
+        for (int64_t i = 0; i < C; i++)
+            xn[i] = at(j->embedding, i, bf16);
+        layer_norm(C, xn, wt[0], wt[1], bf16, j->eps, x);
+    }
+    BARRIER();
+    for (int64_t layer = 0; layer < L; layer++) {
+        const void *const *p = wt + 2 + layer * R4_WEIGHTS;
+        const float scale = j->rescale_every > 0 ? ldexpf(1.0f, (int)-(layer / j->rescale_every)) : 1.0f;
+        /* time mix: r, k, v from lerp(x_{t-1}, x_t, mu); WKV-4 over this thread's channels */
+        layer_norm(C, x, p[R4_LN1_W], p[R4_LN1_B], bf16, j->eps, xn);
+        for (int64_t i = 0; i < C; i++) {
+            const float prev = j->state_in[1][i * L + layer], d = xn[i] - prev;
+            xk[i] = prev + at(p[R4_MIX_K], i, bf16) * d;
+            xv[i] = prev + at(p[R4_MIX_V], i, bf16) * d;
+            xr[i] = prev + at(p[R4_MIX_R], i, bf16) * d;
+        }
+        for (int64_t i = c0; i < c1; i++)
+            j->state_out[1][i * L + layer] = xn[i];
+        gemv(p[R4_KEY], NULL, bf16, C, xk, 1.0f, k, a0, a1);
+        gemv(p[R4_VALUE], NULL, bf16, C, xv, 1.0f, v, a0, a1);
+        gemv(p[R4_RECEPTANCE], NULL, bf16, C, xr, 1.0f, r, a0, a1);
+        for (int64_t i = a0; i < a1; i++) {
+            w[i] = -exp_clamped(at(p[R4_DECAY], i, bf16));
+            u[i] = at(p[R4_FIRST], i, bf16);
+            num0[i] = j->state_in[2][i * L + layer];
+            den0[i] = j->state_in[3][i * L + layer];
+            max0[i] = j->state_in[4][i * L + layer];
+        }
+        wkv4_forward(a0 / 16, (a1 + 15) / 16, 1, A, 16, w, u, k, v, wkv, num0, den0, max0, num, den, mx, lag, bad,
+                     NULL, NULL, NULL);
+        for (int64_t i = a0; i < a1; i++) {
+            j->state_out[2][i * L + layer] = num[i];
+            j->state_out[3][i * L + layer] = den[i];
+            j->state_out[4][i * L + layer] = mx[i];
+            wkv[i] *= sigmoid(r[i]) * scale;
+        }
+        BARRIER();
+        gemv(p[R4_OUTPUT], NULL, bf16, A, wkv, 1.0f, o, c0, c1);
+        for (int64_t i = c0; i < c1; i++)
+            x[i] += o[i];
+        BARRIER();
+        /* channel mix: sigmoid(r) * W_v relu(k)^2 */
+        layer_norm(C, x, p[R4_LN2_W], p[R4_LN2_B], bf16, j->eps, xn);
+        for (int64_t i = 0; i < C; i++) {
+            const float prev = j->state_in[0][i * L + layer], d = xn[i] - prev;
+            xk[i] = prev + at(p[R4_FFN_MIX_K], i, bf16) * d;
+            xr[i] = prev + at(p[R4_FFN_MIX_R], i, bf16) * d;
+        }
+        for (int64_t i = c0; i < c1; i++)
+            j->state_out[0][i * L + layer] = xn[i];
+        gemv(p[R4_FFN_KEY], NULL, bf16, C, xk, 1.0f, kf, f0, f1);
+        for (int64_t i = f0; i < f1; i++)
+            kf[i] = kf[i] > 0.0f ? kf[i] * kf[i] * scale : 0.0f;
+        gemv(p[R4_FFN_RECEPTANCE], NULL, bf16, C, xr, 1.0f, rf, c0, c1);
+        BARRIER();
+        gemv(p[R4_FFN_VALUE], NULL, bf16, F, kf, 1.0f, o, c0, c1);
+        const int halve = j->rescale_every > 0 && (layer + 1) % j->rescale_every == 0;
+        for (int64_t i = c0; i < c1; i++) {
+            x[i] += sigmoid(rf[i]) * o[i];
+            x[i] = halve ? x[i] * 0.5f : x[i];
+        }
+        BARRIER();
+    }
+    if (id == 0)
+        layer_norm(C, x, wt[2 + L * R4_WEIGHTS], wt[3 + L * R4_WEIGHTS], bf16, 1e-5f, j->hidden);
+}
+
+/* dims: C, A (attention size), F (feed-forward size), L, rescale_every, bf16; eps: the blocks' layer norm eps
+ * (ln_out's is 1e-5, as in transformers). Returns 0, or -1 when out of memory. */
+int64_t rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
+                     const void *embedding, const float *const *state_in, float *const *state_out, float *hidden)
+{
+    struct rwkv4_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], (float)eps, weights, embedding,
+                            state_in, state_out, hidden, {0}};
+    if (!scratch_alloc(&job.s, 3 * dims[0] + 4 * dims[1] + dims[2], 4 * dims[0] + 10 * dims[1], threads))
+        return -1;
+    run_team(threads, rwkv4_run, &job);
+    free(job.s.shared);
+    return 0;
+}
+
+/* ----------------------------------------------------------------------------------------------- RWKV-7 */
+
+/* Weights of a block, in this order (BlinkDL's names, blocks.i. left out); V1, V0, V2 are NULL in block 0 */
+enum { R7_LN1_W, R7_LN1_B, R7_LN2_W, R7_LN2_B, R7_X_R, R7_X_W, R7_X_K, R7_X_V, R7_X_A, R7_X_G, R7_W0, R7_W1, R7_W2,
+       R7_A0, R7_A1, R7_A2, R7_V0, R7_V1, R7_V2, R7_G1, R7_G2, R7_K_K, R7_K_A, R7_R_K, R7_RECEPTANCE, R7_KEY,
+       R7_VALUE, R7_OUTPUT, R7_LN_X_W, R7_LN_X_B, R7_FFN_X_K, R7_FFN_KEY, R7_FFN_VALUE, R7_WEIGHTS };
+
+struct rwkv7_job {
+    int64_t C, H, N, F, L, Dw, Da, Dv, Dg, bf16;
+    float eps, group_eps;
+    const void *const *weights;      /* ln0 weight, bias, then R7_WEIGHTS per block, then ln_out weight, bias */
+    const void *embedding;           /* the token's row */
+    const void *const *state_in;     /* per block: att_x_prev (1, C) model dtype, att_kv (1, H, N, N) fp32,
+                                        ffn_x_prev (1, C) model dtype */
+    void *const *state_out;
+    float *hidden;
+    struct scratch s;
+};
+
+static void rwkv7_run(void *arg, int64_t id, int64_t threads)
+{
+    struct rwkv7_job *j = arg;
+    const int64_t C = j->C, N = j->N, F = j->F, bf16 = j->bf16;
+    float *x = j->s.shared, *r = x + C, *k = r + C, *v = k + C, *log_w = v + C, *a = log_w + C, *g = a + C;
+    float *kk = g + C, *kka = kk + C, *y = kka + C, *v_first = y + C, *o = v_first + C, *kf = o + C;
+    float *hw = kf + F, *ha = hw + j->Dw, *hv = ha + j->Da, *hg = hv + j->Dv;
+    float *xn = j->s.own + id * j->s.own_size, *xr = xn + C, *xw = xr + C, *xk = xw + C, *xv = xk + C;
+    float *xa = xv + C, *xg = xa + C, *lora = xg + C;
+    int64_t h0, h1, c0, c1, f0, f1, range[4][2];
+    share(j->H, 1, id, threads, &h0, &h1);                 /* whole heads: the per-head norms and the WKV loop */
+    c0 = h0 * N, c1 = h1 * N;
+    share(F, 1, id, threads, &f0, &f1);
+    const int64_t widths[4] = {j->Dw, j->Da, j->Dv, j->Dg};
+    for (int64_t i = 0; i < 4; i++)
+        share(widths[i], 1, id, threads, &range[i][0], &range[i][1]);
+    const void *const *wt = j->weights;
+    if (id == 0) {
+        for (int64_t i = 0; i < C; i++)
+            xn[i] = at(j->embedding, i, bf16);
+        layer_norm(C, xn, wt[0], wt[1], bf16, j->eps, x);
+    }
+    BARRIER();
+    for (int64_t layer = 0; layer < j->L; layer++) {
+        const void *const *p = wt + 2 + layer * R7_WEIGHTS;
+        const void *prev = j->state_in[3 * layer], *ffn_prev = j->state_in[3 * layer + 2];
+        /* time mix: x + (x_{t-1} - x) mu for the six mixes; r, k, v for this thread's heads; LoRA inner products */
+        layer_norm(C, x, p[R7_LN1_W], p[R7_LN1_B], bf16, j->eps, xn);
+        for (int64_t i = 0; i < C; i++) {
+            const float d = at(prev, i, bf16) - xn[i];
+            xr[i] = xn[i] + d * at(p[R7_X_R], i, bf16);
+            xw[i] = xn[i] + d * at(p[R7_X_W], i, bf16);
+            xk[i] = xn[i] + d * at(p[R7_X_K], i, bf16);
+            xv[i] = xn[i] + d * at(p[R7_X_V], i, bf16);
+            xa[i] = xn[i] + d * at(p[R7_X_A], i, bf16);
+            xg[i] = xn[i] + d * at(p[R7_X_G], i, bf16);
+        }
+        for (int64_t i = c0; i < c1; i++)
+            put(j->state_out[3 * layer], i, xn[i], bf16);
+        gemv(p[R7_RECEPTANCE], NULL, bf16, C, xr, 1.0f, r, c0, c1);
+        gemv(p[R7_KEY], NULL, bf16, C, xk, 1.0f, k, c0, c1);
+        gemv(p[R7_VALUE], NULL, bf16, C, xv, 1.0f, v, c0, c1);
+        gemv_columns(p[R7_W1], bf16, C, j->Dw, xw, hw, range[0][0], range[0][1]);
+        for (int64_t i = range[0][0]; i < range[0][1]; i++)
+            hw[i] = 2.0f * sigmoid(2.0f * hw[i]) - 1.0f;                       /* tanh */
+        gemv_columns(p[R7_A1], bf16, C, j->Da, xa, ha, range[1][0], range[1][1]);
+        if (layer > 0)
+            gemv_columns(p[R7_V1], bf16, C, j->Dv, xv, hv, range[2][0], range[2][1]);
+        gemv_columns(p[R7_G1], bf16, C, j->Dg, xg, hg, range[3][0], range[3][1]);
+        for (int64_t i = range[3][0]; i < range[3][1]; i++)
+            hg[i] = sigmoid(hg[i]);
+        BARRIER();
+        /* this thread's heads: decay, value residual, in-context rate, gate, normalized key; WKV-7; norms; bonus */
+        gemv_columns(p[R7_W2], bf16, j->Dw, C, hw, lora, c0, c1);
+        for (int64_t i = c0; i < c1; i++)   /* log w = -exp(-0.5) sigmoid(w0 + tanh(xw w1) w2), models/rwkv7.py */
+            log_w[i] = -0.60653066f * sigmoid(at(p[R7_W0], i, bf16) + lora[i]);
+        if (layer == 0)
+            for (int64_t i = c0; i < c1; i++)
+                v_first[i] = v[i];
+        else {
+            gemv_columns(p[R7_V2], bf16, j->Dv, C, hv, lora, c0, c1);
+            for (int64_t i = c0; i < c1; i++)
+                v[i] += (v_first[i] - v[i]) * sigmoid(at(p[R7_V0], i, bf16) + lora[i]);
+        }
+        gemv_columns(p[R7_A2], bf16, j->Da, C, ha, lora, c0, c1);
+        for (int64_t i = c0; i < c1; i++)
+            a[i] = sigmoid(at(p[R7_A0], i, bf16) + lora[i]);
+        gemv_columns(p[R7_G2], bf16, j->Dg, C, hg, g, c0, c1);
+        for (int64_t h = h0; h < h1; h++) {
+            float norm = 0.0f;
+            for (int64_t i = h * N; i < (h + 1) * N; i++) {
+                kk[i] = k[i] * at(p[R7_K_K], i, bf16);
+                norm += kk[i] * kk[i];
+            }
+            norm = sqrtf(norm);
+            norm = norm > 1e-12f ? norm : 1e-12f;                               /* F.normalize's eps */
+            for (int64_t i = h * N; i < (h + 1) * N; i++) {
+                kk[i] /= norm;
+                kka[i] = kk[i] * a[i];
+                kk[i] = -kk[i];
+                k[i] *= 1.0f + (a[i] - 1.0f) * at(p[R7_K_A], i, bf16);
+            }
+        }
+        float *kv = j->state_out[3 * layer + 1];
+        memcpy(kv + c0 * N, (const float *)j->state_in[3 * layer + 1] + c0 * N, (c1 - c0) * N * sizeof(float));
+        wkv7_forward(h0, h1, 1, j->H, N, r, log_w, k, v, kk, kka, y, kv, 1, NULL, NULL);
+        for (int64_t h = h0; h < h1; h++) {
+            float mean = 0.0f, var = 0.0f, bonus = 0.0f;
+            for (int64_t i = h * N; i < (h + 1) * N; i++) {
+                mean += y[i];
+                bonus += r[i] * k[i] * at(p[R7_R_K], i, bf16);
+            }
+            mean /= (float)N;
+            for (int64_t i = h * N; i < (h + 1) * N; i++)
+                var += (y[i] - mean) * (y[i] - mean);
+            const float inv = 1.0f / sqrtf(var / (float)N + j->group_eps);
+            for (int64_t i = h * N; i < (h + 1) * N; i++)
+                y[i] = ((y[i] - mean) * inv * at(p[R7_LN_X_W], i, bf16) + at(p[R7_LN_X_B], i, bf16) + bonus * v[i])
+                       * g[i];
+        }
+        BARRIER();
+        gemv(p[R7_OUTPUT], NULL, bf16, C, y, 1.0f, o, c0, c1);
+        for (int64_t i = c0; i < c1; i++)
+            x[i] += o[i];
+        BARRIER();
+        /* channel mix: W_v relu(W_k (x + (x_{t-1} - x) mu))^2 */
+        layer_norm(C, x, p[R7_LN2_W], p[R7_LN2_B], bf16, j->eps, xn);
+        for (int64_t i = 0; i < C; i++)
+            xk[i] = xn[i] + (at(ffn_prev, i, bf16) - xn[i]) * at(p[R7_FFN_X_K], i, bf16);
+        for (int64_t i = c0; i < c1; i++)
+            put(j->state_out[3 * layer + 2], i, xn[i], bf16);
+        gemv(p[R7_FFN_KEY], NULL, bf16, C, xk, 1.0f, kf, f0, f1);
+        for (int64_t i = f0; i < f1; i++)
+            kf[i] = kf[i] > 0.0f ? kf[i] * kf[i] : 0.0f;
+        BARRIER();
+        gemv(p[R7_FFN_VALUE], NULL, bf16, F, kf, 1.0f, o, c0, c1);
+        for (int64_t i = c0; i < c1; i++)
+            x[i] += o[i];
+        BARRIER();
+    }
+    if (id == 0)
+        layer_norm(C, x, wt[2 + j->L * R7_WEIGHTS], wt[3 + j->L * R7_WEIGHTS], bf16, j->eps, j->hidden);
+}
+
+/* dims: C, H, N, F, L, the LoRA widths Dw, Da, Dv, Dg, bf16; eps, group_eps: the layer norms' and the per-head group
+ * norm's. Returns 0, or -1 when out of memory. */
+int64_t rwkv7_decode(int64_t threads, const int64_t *dims, double eps, double group_eps, const void *const *weights,
+                     const void *embedding, const void *const *state_in, void *const *state_out, float *hidden)
+{
+    struct rwkv7_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9],
+                            (float)eps, (float)group_eps, weights, embedding, state_in, state_out, hidden, {0}};
+    const int64_t C = dims[0], loras = dims[5] + dims[6] + dims[7] + dims[8];
+    if (!scratch_alloc(&job.s, 13 * C + dims[3] + loras, 8 * C, threads))
+        return -1;
+    run_team(threads, rwkv7_run, &job);
+    free(job.s.shared);
+    return 0;
+}
+
+/* ----------------------------------------------------------------------------------------------- Mamba */
+
+/* Weights of a block, in this order (transformers' names, layers.i. left out); the biases may be NULL */
+enum { M_NORM, M_IN_PROJ, M_IN_PROJ_B, M_CONV, M_CONV_B, M_X_PROJ, M_DT_PROJ, M_DT_PROJ_B, M_A_LOG, M_D, M_OUT_PROJ,
+       M_OUT_PROJ_B, M_WEIGHTS };
+
+struct mamba_job {
+    int64_t C, D, N, K, R, L, bf16;
+    float eps;
+    const void *const *weights;      /* M_WEIGHTS per block, then norm_f's weight */
+    const void *embedding;
+    const float *const *state_in;    /* per block: conv window (1, D, K - 1), h (1, D, N), fp32 */
+    float *const *state_out;
+    float *hidden;
+    struct scratch s;
+};
+
+static void mamba_run(void *arg, int64_t id, int64_t threads)
+{
+    struct mamba_job *j = arg;
+    const int64_t C = j->C, D = j->D, N = j->N, K = j->K, R = j->R, bf16 = j->bf16, lanes = selective_scan_lanes();
+    float *x = j->s.shared, *xin = x + C, *z = xin + D, *u = z + D, *dbc = u + D, *delta = dbc + R + 2 * N;
+    float *y = delta + D, *bias = y + D, *skip = bias + D, *o = skip + D, *A = o + C;
+    float *xn = j->s.own + id * j->s.own_size;
+    int64_t d0, d1, c0, c1, e0, e1;
+    share(D, lanes, id, threads, &d0, &d1);              /* whole blocks of the scan's lanes */
+    share(C, 1, id, threads, &c0, &c1);
+    share(R + 2 * N, 1, id, threads, &e0, &e1);
+    for (int64_t i = c0; i < c1; i++)
+        x[i] = at(j->embedding, i, bf16);
+    BARRIER();
+    for (int64_t layer = 0; layer < j->L; layer++) {
+        const void *const *p = j->weights + layer * M_WEIGHTS;
+        const float *window = j->state_in[2 * layer];
+        float *window_out = j->state_out[2 * layer], *h = j->state_out[2 * layer + 1];
+        /* x_in, z = in_proj(RMSNorm(x)); u = SiLU(the causal convolution over the window and x_in) */
+        rms_norm(C, x, p[M_NORM], bf16, j->eps, xn);
+        const int64_t size = bf16 ? 2 : 4;                                  /* z: in_proj's rows D .. 2D */
+        gemv(p[M_IN_PROJ], p[M_IN_PROJ_B], bf16, C, xn, 1.0f, xin, d0, d1);
+        gemv((const char *)p[M_IN_PROJ] + D * C * size, p[M_IN_PROJ_B] ? (const char *)p[M_IN_PROJ_B] + D * size : NULL,
+             bf16, C, xn, 1.0f, z, d0, d1);
+        for (int64_t d = d0; d < d1; d++) {
+            float sum = p[M_CONV_B] ? at(p[M_CONV_B], d, bf16) : 0.0f;
+            for (int64_t t = 0; t < K - 1; t++) {
+                sum += window[d * (K - 1) + t] * at(p[M_CONV], d * K + t, bf16);
+                window_out[d * (K - 1) + t] = t + 1 < K - 1 ? window[d * (K - 1) + t + 1] : xin[d];
+            }
+            sum += xin[d] * at(p[M_CONV], d * K + K - 1, bf16);
+            u[d] = sum * sigmoid(sum);
+        }
+        BARRIER();
+        /* dt_low, B, C = x_proj(u) */
+        gemv(p[M_X_PROJ], NULL, bf16, D, u, 1.0f, dbc, e0, e1);
+        BARRIER();
+        /* delta = dt_proj(dt_low) (its bias and softplus in the scan); the scan's step for this thread's channels */
+        gemv(p[M_DT_PROJ], NULL, bf16, R, dbc, 1.0f, delta, d0, d1);
+        for (int64_t d = d0; d < d1; d++) {
+            bias[d] = at(p[M_DT_PROJ_B], d, bf16);
+            skip[d] = at(p[M_D], d, bf16);
+            for (int64_t n = 0; n < N; n++)
+                A[d * N + n] = -exp_clamped(at(p[M_A_LOG], d * N + n, bf16));
+        }
+        memcpy(h + d0 * N, j->state_in[2 * layer + 1] + d0 * N, (d1 - d0) * N * sizeof(float));
+        selective_scan_forward(d0 / lanes, (d1 + lanes - 1) / lanes, D, 1, N, 1, u, delta, bias, A, dbc + R,
+                               dbc + R + N, skip, z, y, h, 1, NULL, NULL);
+        BARRIER();
+        gemv(p[M_OUT_PROJ], p[M_OUT_PROJ_B], bf16, D, y, 1.0f, o, c0, c1);
+        for (int64_t i = c0; i < c1; i++)
+            x[i] += o[i];
+        BARRIER();
+    }
+    if (id == 0)
+        rms_norm(C, x, j->weights[j->L * M_WEIGHTS], bf16, j->eps, j->hidden);
+}
+
+/* dims: C, D (intermediate size), N (state size), K (conv kernel), R (time-step rank), L, bf16; eps: the RMS norms'.
+ * Returns 0, or -1 when out of memory. */
+int64_t mamba_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
+                     const void *embedding, const float *const *state_in, float *const *state_out, float *hidden)
+{
+    struct mamba_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], (float)eps, weights,
+                            embedding, state_in, state_out, hidden, {0}};
+    const int64_t C = dims[0], D = dims[1], N = dims[2], R = dims[4];
+    if (!scratch_alloc(&job.s, 2 * C + 7 * D + R + 2 * N + D * N, C, threads))
+        return -1;
+    run_team(threads, mamba_run, &job);
+    free(job.s.shared);
+    return 0;
+}

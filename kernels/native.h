@@ -1,0 +1,71 @@
+/* What kernels/native.c and kernels/decode.c share: the vectorizable e^x and softplus, the vector types, and the
+ * recurrences' entry points (defined in native.c, which documents them), which decode.c runs one token at a time. */
+#ifndef SEQMIX_NATIVE_H
+#define SEQMIX_NATIVE_H
+
+#include <stdint.h>
+#include <string.h>
+
+/* e^x in fp32 within 1 ulp (0.89 measured), vectorizable (no calls, no branches), for x clamped to [-87, 88]:
+ * e^-87 is about the smallest normal fp32 number (denormals would slow x86 down by 100x; a factor that small times
+ * anything here is below fp32's resolution next to the terms it is added to), e^88 about the largest.
+ * x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so that n ln2 is exact), e^r by its degree-7 Taylor polynomial
+ * (remainder r^8/8! < 5e-9), then 2^n put in the exponent bits. */
+static inline float exp_clamped(float x)
+{
+    x = x > -87.0f ? (x < 88.0f ? x : 88.0f) : -87.0f;
+    const float y = x * 1.44269504f;
+    const float n = (float)(int)(y + (y < 0.0f ? -0.5f : 0.5f));   /* round(x / ln2), in [-126, 127] */
+    const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-6f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;                  /* 2^n, a normal number */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* softplus(x) = log(1 + e^x) = max(x, 0) + log1p(e^-|x|), vectorizable. With m = e^-|x| in (0, 1],
+ * log1p(m) = 2 atanh(s) = 2 (s + s^3/3 + ... + s^13/13) for s = m / (2 + m) in (0, 1/3]; the terms left out are below
+ * 1e-8 of the sum, and a small m loses nothing (s ~ m/2). Above x = 87 it returns x, as torch's softplus does above
+ * its threshold. */
+static inline float softplus(float x)
+{
+    const float m = exp_clamped(x < 0.0f ? x : -x), s = m / (2.0f + m), s2 = s * s;
+    float p = 1.0f / 13.0f;
+    p = p * s2 + 1.0f / 11.0f;
+    p = p * s2 + 1.0f / 9.0f;
+    p = p * s2 + 1.0f / 7.0f;
+    p = p * s2 + 1.0f / 5.0f;
+    p = p * s2 + 1.0f / 3.0f;
+    p = p * s2 + 1.0f;
+    return (x > 0.0f ? x : 0.0f) + 2.0f * s * p;
+}
+
+#define VEC 16
+typedef float vfloat __attribute__((vector_size(VEC * sizeof(float))));
+typedef float vfloat_u __attribute__((vector_size(VEC * sizeof(float)), aligned(sizeof(float))));  /* unaligned */
+typedef int32_t vint __attribute__((vector_size(VEC * sizeof(int32_t))));
+#define LOADV(p) (*(const vfloat_u *)(p))
+#define STOREV(p, x) (*(vfloat_u *)(p) = (x))
+
+void wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
+                  const float *w, const float *u, const float *k, const float *v, float *y,
+                  const float *num0, const float *den0, const float *max0, float *num_out, float *den_out,
+                  float *max_out, float *lag_out, int32_t *bad_out, float *vy_save, float *d_save, float *z_save);
+void wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
+                  const float *r, const float *log_w, const float *k, const float *v, const float *a,
+                  const float *b, float *y, float *state, int64_t ck, float *ckpt, int32_t *bad_out);
+void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
+                            const float *u, const float *delta, const float *delta_bias, const float *A,
+                            const float *Bt, const float *Ct, const float *Dskip, const float *z, float *y,
+                            float *state, int64_t ck, float *ckpt, int32_t *bad_out);
+int64_t selective_scan_lanes(void);
+
+#endif

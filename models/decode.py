@@ -1,0 +1,167 @@
+"""A decoding step of a whole model in one call to the C library (kernels/decode.c): the models' forward takes it for
+one token of one sequence on a CPU.
+
+Why: decoding reads every weight once per token. Written as torch ops, a step adds to that read about a thousand
+small ops (layer norms, token-shift mixes, gates, the recurrence's step), each some microseconds of dispatch, which
+cost 30-60% more than the read itself (benchmarks/results/models.md). kernels/decode.c does the step's matrix
+products at the memory's speed and the rest in a few microseconds per layer, on torch's thread count.
+
+When: ``fused(model, input_ids, state, backend)`` says whether a forward call takes this path: input_ids of shape
+(1, 1) on a CPU, fp32 or bf16 weights, the state (if given) fp32, backend None or "c", the C library available, and
+no gradient asked for (grad mode off, or no parameter that requires one). Every other call runs the torch ops. Both
+compute the same function: the step here in fp32 from the weights as stored (a bf16 model's torch ops round to
+bf16 after each op, so its logits differ by bf16's rounding); tests/test_models_decode.py checks each model's step
+against its torch forward, float64 included.
+
+Each step reads the parameters' addresses afresh (a few hundred pointers, some microseconds), so a model whose
+weights are replaced or moved needs nothing else; the recurrences' state is read from the tensors passed in and
+written to new ones (the state passed in is never modified, as in the torch path).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from seqmix.kernels import native
+
+__all__ = ["fused", "rwkv4_step", "rwkv7_step", "mamba_step"]
+
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}        # the weights' dtypes the C step reads (value: its bf16 flag)
+
+
+def fused(model: torch.nn.Module, input_ids: torch.Tensor, state, backend) -> bool:
+    """Whether a forward call of ``model`` on ``input_ids`` from ``state`` runs as one C step.
+
+    Args:
+        model: RwkvModel, Rwkv7 or MambaModel. input_ids: the checked token ids (B, T). state: the checked state,
+            or None. backend: the forward's backend argument.
+
+    Returns:
+        True for one token of one sequence on a CPU (see the module docstring for the rest).
+    """
+    weight = next(model.parameters())
+    if input_ids.shape != (1, 1) or weight.device.type != "cpu" or weight.dtype not in DTYPES:
+        return False
+    if backend not in (None, "c") or getattr(model.config, "head_size", 0) > native.WKV7_MAX_HEAD:
+        return False
+    if not native.available():
+        return False
+    if torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters()):
+        return False
+    tensors = [s for layer in state for s in (layer if isinstance(layer, (list, tuple)) else (layer,))] if state else []
+    return all(s.dtype == torch.float32 for s in tensors if s.dtype != weight.dtype)
+
+
+def _pointers(tensors) -> ctypes.Array:
+    """The tensors' addresses as a C array of pointers (None: NULL); each must be contiguous."""
+    out = (ctypes.c_void_p * len(tensors))()
+    for i, t in enumerate(tensors):
+        if t is not None:
+            if not t.is_contiguous():
+                raise ValueError("the C decoding step needs contiguous parameters; call .contiguous() on them, or "
+                                 "pass backend='torch'")
+            out[i] = t.data_ptr()
+    return out
+
+
+def _call(entry: str, dims: tuple, eps: tuple, weights: list, embedding: torch.Tensor, state: list,
+          new_state: list) -> torch.Tensor:
+    """kernels/decode.c's ``entry`` on one token: the final norm's output (1, 1, C) in the model's dtype."""
+    hidden = torch.empty(embedding.numel())
+    status = getattr(native.library(), entry)(torch.get_num_threads(), (ctypes.c_int64 * len(dims))(*dims), *eps,
+                                              _pointers(weights), embedding.data_ptr(), _pointers(state),
+                                              _pointers(new_state), hidden.data_ptr())
+    if status:
+        raise MemoryError("the C decoding step could not allocate its scratch memory")
+    return hidden.to(embedding.dtype).view(1, 1, -1)
+
+
+def _states(tensors) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The state's tensors as the step reads them (contiguous: the torch path's conv windows are views), and new
+    ones of the same shapes for the step to write."""
+    old = [t.contiguous() for t in tensors]
+    return old, [torch.empty_like(t) for t in old]
+
+
+def rwkv4_step(model, token: torch.Tensor, state: list[torch.Tensor] | None) -> tuple[torch.Tensor, list]:
+    """One token through RwkvModel (models/rwkv4.py) in C.
+
+    Args:
+        model: the RwkvModel. token: (1, 1) token id. state: the five (1, C or A, L) fp32 tensors, or None.
+
+    Returns:
+        (ln_out's output (1, 1, C) in the model's dtype, the new state: five new tensors).
+    """
+    cfg, blocks = model.config, model.blocks
+    state = model.initial_state(1) if state is None else state
+    weights = [blocks[0].pre_ln.weight, blocks[0].pre_ln.bias]
+    for block in blocks:
+        att, ffn = block.attention, block.feed_forward
+        weights += [block.ln1.weight, block.ln1.bias, block.ln2.weight, block.ln2.bias, att.time_decay,
+                    att.time_first, att.time_mix_key, att.time_mix_value, att.time_mix_receptance, att.key.weight,
+                    att.value.weight, att.receptance.weight, att.output.weight, ffn.time_mix_key,
+                    ffn.time_mix_receptance, ffn.key.weight, ffn.receptance.weight, ffn.value.weight]
+    weights += [model.ln_out.weight, model.ln_out.bias]
+    embedding = model.embeddings.weight[token.reshape(())]
+    dims = (cfg.hidden_size, cfg.attention_hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
+            0 if model.training else cfg.rescale_every, DTYPES[embedding.dtype])
+    state, new_state = _states(state)
+    return _call("rwkv4_decode", dims, (cfg.layer_norm_epsilon,), weights, embedding, state, new_state), new_state
+
+
+def rwkv7_step(model, token: torch.Tensor, state: list | None) -> tuple[torch.Tensor, list]:
+    """One token through Rwkv7 (models/rwkv7.py) in C, up to ln_out.
+
+    Args:
+        model: the Rwkv7. token: (1, 1) token id. state: per layer (att_x_prev (1, C) in the model's dtype, att_kv
+            (1, H, N, N) fp32, ffn_x_prev (1, C)), or None.
+
+    Returns:
+        (ln_out's output (1, 1, C) in the model's dtype, the new state: new tensors, the same layout).
+    """
+    cfg = model.config
+    state = model.initial_state(1) if state is None else state
+    weights = [model.blocks[0].ln0.weight, model.blocks[0].ln0.bias]
+    for i, block in enumerate(model.blocks):
+        att, ffn = block.att, block.ffn
+        v_lora = [att.v0, att.v1, att.v2] if i > 0 else [None] * 3
+        weights += [block.ln1.weight, block.ln1.bias, block.ln2.weight, block.ln2.bias, att.x_r, att.x_w, att.x_k,
+                    att.x_v, att.x_a, att.x_g, att.w0, att.w1, att.w2, att.a0, att.a1, att.a2, *v_lora, att.g1,
+                    att.g2, att.k_k, att.k_a, att.r_k, att.receptance.weight, att.key.weight, att.value.weight,
+                    att.output.weight, att.ln_x.weight, att.ln_x.bias, ffn.x_k, ffn.key.weight, ffn.value.weight]
+    weights += [model.ln_out.weight, model.ln_out.bias]
+    embedding = model.emb.weight[token.reshape(())]
+    dims = (cfg.n_embd, cfg.n_head, cfg.head_size, cfg.dim_ffn, cfg.n_layer, cfg.decay_lora, cfg.a_lora,
+            cfg.v_lora, cfg.gate_lora, DTYPES[embedding.dtype])
+    state, new_state = _states(s for layer in state for s in layer)
+    hidden = _call("rwkv7_decode", dims, (cfg.layer_norm_epsilon, cfg.group_norm_epsilon), weights, embedding,
+                   state, new_state)
+    return hidden, [tuple(new_state[i:i + 3]) for i in range(0, len(new_state), 3)]
+
+
+def mamba_step(model, token: torch.Tensor, state: list | None) -> tuple[torch.Tensor, list]:
+    """One token through MambaModel (models/mamba.py) in C, up to norm_f.
+
+    Args:
+        model: the MambaModel. token: (1, 1) token id. state: per block (conv window (1, D, K - 1), h (1, D, N)),
+            fp32, or None.
+
+    Returns:
+        (norm_f's output (1, 1, C) in the model's dtype, the new state: new tensors, the same layout).
+    """
+    cfg = model.config
+    state = model.initial_state(1) if state is None else state
+    weights = []
+    for layer in model.layers:
+        m = layer.mixer
+        weights += [layer.norm.weight, m.in_proj.weight, m.in_proj.bias, m.conv1d.weight, m.conv1d.bias,
+                    m.x_proj.weight, m.dt_proj.weight, m.dt_proj.bias, m.A_log, m.D, m.out_proj.weight,
+                    m.out_proj.bias]
+    weights.append(model.norm_f.weight)
+    embedding = model.embeddings.weight[token.reshape(())]
+    dims = (cfg.hidden_size, cfg.intermediate_size, cfg.state_size, cfg.conv_kernel, cfg.time_step_rank,
+            cfg.num_hidden_layers, DTYPES[embedding.dtype])
+    state, new_state = _states(s for layer in state for s in layer)
+    hidden = _call("mamba_decode", dims, (cfg.layer_norm_epsilon,), weights, embedding, state, new_state)
+    return hidden, [tuple(new_state[i:i + 2]) for i in range(0, len(new_state), 2)]

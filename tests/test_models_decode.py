@@ -1,0 +1,175 @@
+"""models/decode.py and kernels/decode.c: a decoding step of a whole model as one C call, against the models' own
+torch forward in float64 (an independent computation: torch ops, the float64 backends of the ops), on awkward sizes
+(widths that are no multiple of a vector, an odd number of heads, a head padded inside the WKV-7 loop, RWKV-4's
+attention size != hidden size with rescaling, Mamba with every bias and a channel count that is no multiple of the
+scan's lanes), from the initial state and from states the torch path made, with 1 and 2 threads."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from seqmix.kernels import native
+from seqmix.kernels.testing import BF16_BUDGET, FP32_BUDGET, assert_close
+from seqmix.models import decode
+from seqmix.models.mamba import MambaConfig, MambaForCausalLM
+from seqmix.models.rwkv4 import RwkvConfig, RwkvForCausalLM
+from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=f"C loops unavailable: {native.unavailable_reason()}")
+
+VOCAB = 50
+MODELS = {
+    "rwkv4": lambda: RwkvForCausalLM(RwkvConfig(vocab_size=VOCAB, hidden_size=40, num_hidden_layers=4,
+                                                attention_hidden_size=24, intermediate_size=56, rescale_every=2)),
+    "rwkv7": lambda: Rwkv7(Rwkv7Config(vocab_size=VOCAB, n_embd=72, n_layer=3, head_size=24, dim_ffn=88,
+                                       decay_lora=12, a_lora=8, v_lora=20, gate_lora=36)),
+    "mamba": lambda: MambaForCausalLM(MambaConfig(vocab_size=VOCAB, hidden_size=21, num_hidden_layers=3,
+                                                  state_size=5, conv_kernel=3, time_step_rank=3, use_bias=True)),
+}
+
+
+def make(kind: str, dtype=torch.float32, seed: int = 0):
+    """The model with its initialization spread by noise (so that no weight is a constant), in eval mode."""
+    torch.manual_seed(seed)
+    model = MODELS[kind]()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model.to(dtype).eval()
+
+
+def run(model, ids, state=None, **kwargs):
+    """(logits, state) of a forward call, for all three models."""
+    out = model(ids, state=state, **kwargs)
+    return out if isinstance(out, tuple) else (out.logits, out.state)
+
+
+@pytest.fixture
+def count_steps(monkeypatch):
+    """How many forward calls ran as one C step."""
+    calls = []
+    original = decode._call
+
+    def counted(*args):
+        calls.append(args[0])
+        return original(*args)
+    monkeypatch.setattr(decode, "_call", counted)
+    return calls
+
+
+def pieces(model, ids):
+    """Token 0 from no state (a C step), tokens 1-3 as one call (the torch path, from the C step's state), then the
+    rest one at a time (C steps, the first from the torch path's state): the logits of every position."""
+    with torch.no_grad():
+        logits, state = run(model, ids[:, :1])
+        out = [logits]
+        logits, state = run(model, ids[:, 1:4], state)
+        out.append(logits)
+        for t in range(4, ids.shape[1]):
+            logits, state = run(model, ids[:, t:t + 1], state)
+            out.append(logits)
+    return torch.cat(out, dim=1), state
+
+
+@pytest.mark.parametrize("dtype, budget", [(torch.float32, FP32_BUDGET), (torch.bfloat16, BF16_BUDGET)])
+@pytest.mark.parametrize("kind", MODELS)
+def test_decoding_steps_match_the_float64_forward(kind, dtype, budget, count_steps):
+    model = make(kind, dtype)
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(1))
+    logits, _ = pieces(model, ids)
+    assert count_steps == [f"{kind}_decode"] * 6                      # token 0 and tokens 4-8
+    with torch.no_grad():
+        expected, _ = run(copy.deepcopy(model).double(), ids)             # the same (rounded) weights
+    assert_close(logits.double(), expected, budget, f"{kind} {dtype} logits")
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_a_bf16_step_computes_in_fp32(kind):
+    """The C step widens bf16 weights and keeps fp32 throughout (only the logits are rounded, by the head), where the
+    torch ops round to bf16 after each op: its error against float64 is the smaller."""
+    model = make(kind, torch.bfloat16)
+    ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected, state = run(copy.deepcopy(model).double(), ids[:, :5])
+        expected, _ = run(copy.deepcopy(model).double(), ids[:, 5:], state)
+        _, state = run(model, ids[:, :5])
+        fused, _ = run(model, ids[:, 5:], state)
+        torch_ops, _ = run(model, ids[:, 5:], state, backend="torch")
+    err = (fused.double() - expected).norm() / expected.norm()
+    assert err < (torch_ops.double() - expected).norm() / expected.norm()
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_results_do_not_depend_on_the_thread_count(kind):
+    model = make(kind)
+    ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(pieces(model, ids))
+    finally:
+        torch.set_num_threads(threads)
+    flat = [torch.cat([logits.flatten()] + [s.flatten() for layer in state for s in
+                                              (layer if isinstance(layer, tuple) else (layer,))])
+            for logits, state in results]
+    assert torch.equal(flat[0], flat[1]) and torch.equal(flat[0], flat[2])
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_the_state_passed_in_is_not_modified(kind):
+    model = make(kind)
+    with torch.no_grad():
+        _, state = run(model, torch.tensor([[3, 4]]))
+        before = copy.deepcopy(state)
+        run(model, torch.tensor([[5]]), state)
+    for a, b in zip(torch.utils._pytree.tree_leaves(state), torch.utils._pytree.tree_leaves(before)):
+        assert torch.equal(a, b)
+
+
+def test_rwkv4_step_in_training_mode_does_not_rescale():
+    """transformers rescales in eval mode only; so does the C step (rescale_every = 2 here)."""
+    model = make("rwkv4").train()
+    ids = torch.tensor([[7]])
+    with torch.no_grad():
+        fused, _ = run(model, ids)
+        expected, _ = run(copy.deepcopy(model).double(), ids)
+    assert_close(fused.double(), expected, FP32_BUDGET, "logits in training mode")
+
+
+# (Rwkv7 reads a float64 state's att_kv as fp32, its kv_dtype, whichever path runs: no case of its own)
+@pytest.mark.parametrize("kind, how", [(kind, how) for kind in MODELS
+                                       for how in ("backend torch", "two sequences", "two tokens", "float64", "float16",
+                                                   "gradients", "float64 state")
+                                       if (kind, how) != ("rwkv7", "float64 state")])
+def test_other_calls_run_the_torch_ops(kind, how, count_steps):
+    model = make(kind, {"float64": torch.float64, "float16": torch.float16}.get(how, torch.float32))
+    ids = {"two sequences": torch.tensor([[1], [2]]), "two tokens": torch.tensor([[1, 2]])}.get(how, torch.tensor([[1]]))
+    state = None
+    if how == "float64 state":
+        state = model.initial_state(1, dtype=torch.float64)
+    with torch.set_grad_enabled(how == "gradients"):
+        logits, _ = run(model, ids, state, backend="torch" if how == "backend torch" else None)
+    assert count_steps == []
+    if how == "gradients":
+        logits.sum().backward()
+        assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_a_head_larger_than_the_loops_take_runs_the_torch_ops(count_steps):
+    model = Rwkv7(Rwkv7Config(vocab_size=VOCAB, n_embd=native.WKV7_MAX_HEAD + 16, n_layer=1,
+                              head_size=native.WKV7_MAX_HEAD + 16, decay_lora=8, a_lora=8, gate_lora=8)).eval()
+    with torch.no_grad():
+        run(model, torch.tensor([[1]]))
+    assert count_steps == []
+
+
+def test_a_noncontiguous_parameter_is_named():
+    model = make("rwkv7")
+    weight = model.blocks[0].att.key.weight
+    model.blocks[0].att.key.weight = torch.nn.Parameter(weight.detach().t().contiguous().t())
+    with torch.no_grad(), pytest.raises(ValueError, match="contiguous"):
+        run(model, torch.tensor([[1]]))
