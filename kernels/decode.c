@@ -357,10 +357,137 @@ int64_t rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const voi
 
 /* ----------------------------------------------------------------------------------------------- RWKV-7 */
 
-/* Weights of a block, in this order (BlinkDL's names, blocks.i. left out); V1, V0, V2 are NULL in block 0 */
-enum { R7_LN1_W, R7_LN1_B, R7_LN2_W, R7_LN2_B, R7_X_R, R7_X_W, R7_X_K, R7_X_V, R7_X_A, R7_X_G, R7_W0, R7_W1, R7_W2,
-       R7_A0, R7_A1, R7_A2, R7_V0, R7_V1, R7_V2, R7_G1, R7_G2, R7_K_K, R7_K_A, R7_R_K, R7_RECEPTANCE, R7_KEY,
-       R7_VALUE, R7_OUTPUT, R7_LN_X_W, R7_LN_X_B, R7_FFN_X_K, R7_FFN_KEY, R7_FFN_VALUE, R7_WEIGHTS };
+/* RWKV-7's time mix between its matrix products, models/rwkv7.py's TimeMix from r, k, v and the LoRA outputs on:
+ *     log_w = -e^-0.5 sigmoid(w0 + wl),  v += (v_first - v) sigmoid(v0 + vl) (blocks 1 ...),  a = sigmoid(a0 + al),
+ *     kk = normalize(k k_k) per head,  k *= 1 + (a - 1) k_a,  y, state = WKV-7(r, log_w, k, v, -kk, kk a, state),
+ *     out = (GroupNorm(y) + (r . k r_k per head) v) g
+ * for work items (batch row b, head h) in [first, last), each walking its T tokens (native.c's wkv7_forward for the
+ * recurrence). r, k, v, v_first, wl, al, vl, g (B, T, H N) in the activations' dtype (ACT_BF16), v_first and vl
+ * NULL in block 0; params: w0, a0, v0, k_k, k_a, r_k (H, N), ln_x weight, bias, in the weights' dtype (BF16);
+ * state (B, H, N, N) fp32, in and out; out (B, T, H N) in the activations' dtype. Returns 0, or -1 when out of
+ * memory. The prefill calls it (models/decode.py) with the (B, T) of a prompt, the decoding step for its thread's
+ * heads. */
+enum { MIX_W0, MIX_A0, MIX_V0, MIX_K_K, MIX_K_A, MIX_R_K, MIX_LN_X_W, MIX_LN_X_B, MIX_PARAMS };
+
+#define MIX_CHUNK 128      /* tokens at a time: a chunk's 7 arrays of a head stay in the cache */
+
+/* One (batch row, head) item of rwkv7_time_mix, MIX_CHUNK tokens at a time (the state carried from one to the next in
+ * place), ACT_BF16 a constant in each copy so that the loops over the head's N numbers vectorize; q: the head's
+ * params as fp32, [MIX_PARAMS][N]; scratch: 7 MIX_CHUNK N floats. */
+static inline __attribute__((always_inline)) void time_mix_item(
+    int64_t b, int64_t h, int64_t T, int64_t H, int64_t N, const int64_t act_bf16, const void *r, const void *k,
+    const void *v, const void *v_first, const void *wl, const void *al, const void *vl, const void *g, const float *q,
+    float group_eps, float *scratch, float *state, void *out)
+{
+    const int64_t C = H * N, S = MIX_CHUNK * N;
+    float *R = scratch, *LW = R + S, *K = LW + S, *V = K + S, *AA = V + S, *BB = AA + S, *Y = BB + S;
+    const float *w0 = q + MIX_W0 * N, *a0 = q + MIX_A0 * N, *v0 = q + MIX_V0 * N, *k_k = q + MIX_K_K * N;
+    const float *k_a = q + MIX_K_A * N, *r_k = q + MIX_R_K * N, *lw = q + MIX_LN_X_W * N, *lb = q + MIX_LN_X_B * N;
+    for (int64_t t0 = 0; t0 < T; t0 += MIX_CHUNK) {
+        const int64_t steps = T - t0 < MIX_CHUNK ? T - t0 : MIX_CHUNK;
+        for (int64_t t = 0; t < steps; t++) {
+            const int64_t in = (b * T + t0 + t) * C + h * N, s = t * N;     /* (B, T, C) and the chunk's (t, N) */
+            float norm = 0.0f;
+            #pragma omp simd reduction(+:norm)
+            for (int64_t i = 0; i < N; i++) {
+                const float a = sigmoid(a0[i] + at(al, in + i, act_bf16)), kv = at(k, in + i, act_bf16);
+                const float kk = kv * k_k[i];
+                R[s + i] = at(r, in + i, act_bf16);
+                LW[s + i] = -0.60653066f * sigmoid(w0[i] + at(wl, in + i, act_bf16));
+                V[s + i] = at(v, in + i, act_bf16);
+                K[s + i] = kv * (1.0f + (a - 1.0f) * k_a[i]);
+                AA[s + i] = kk;                                             /* kk and a, before the norm */
+                BB[s + i] = a;
+                norm += kk * kk;
+            }
+            if (vl) {                                                       /* the value residual, blocks 1 ... */
+                #pragma omp simd
+                for (int64_t i = 0; i < N; i++)
+                    V[s + i] += (at(v_first, in + i, act_bf16) - V[s + i]) * sigmoid(v0[i] + at(vl, in + i, act_bf16));
+            }
+            norm = sqrtf(norm);
+            const float inv = 1.0f / (norm > 1e-12f ? norm : 1e-12f);       /* F.normalize's eps */
+            #pragma omp simd
+            for (int64_t i = s; i < s + N; i++) {
+                BB[i] *= AA[i] * inv;                                       /* kk a */
+                AA[i] *= -inv;                                              /* -kk */
+            }
+        }
+        /* the chunk as a sequence of one head (B = H = 1), from and into this head's state */
+        wkv7_forward(0, 1, steps, 1, N, R, LW, K, V, AA, BB, Y, state + (b * H + h) * N * N, 1, NULL, NULL);
+        for (int64_t t = 0; t < steps; t++) {
+            const int64_t o = (b * T + t0 + t) * C + h * N, s = t * N;
+            float mean = 0.0f, var = 0.0f, bonus = 0.0f;
+            #pragma omp simd reduction(+:mean, bonus)
+            for (int64_t i = 0; i < N; i++) {
+                mean += Y[s + i];
+                bonus += R[s + i] * K[s + i] * r_k[i];
+            }
+            mean /= (float)N;
+            #pragma omp simd reduction(+:var)
+            for (int64_t i = 0; i < N; i++)
+                var += (Y[s + i] - mean) * (Y[s + i] - mean);
+            const float inv = 1.0f / sqrtf(var / (float)N + group_eps);
+            #pragma omp simd
+            for (int64_t i = 0; i < N; i++)
+                put(out, o + i, ((Y[s + i] - mean) * inv * lw[i] + lb[i] + bonus * V[s + i]) * at(g, o + i, act_bf16),
+                    act_bf16);
+        }
+    }
+}
+
+/* Items [first, last) of rwkv7_time_mix on one thread; returns 0, or -1 when out of memory */
+static int64_t time_mix_items(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N, int64_t act_bf16,
+                              int64_t bf16, const void *r, const void *k, const void *v, const void *v_first,
+                              const void *wl, const void *al, const void *vl, const void *g,
+                              const void *const *params, float group_eps, float *state, void *out)
+{
+    float q[MIX_PARAMS * N], *scratch = malloc(7 * MIX_CHUNK * N * sizeof(float));
+    if (!scratch)
+        return -1;
+    for (int64_t item = first; item < last; item++) {
+        const int64_t b = item / H, h = item % H;
+        for (int64_t p = 0; p < MIX_PARAMS; p++)
+            for (int64_t i = 0; i < N; i++)
+                q[p * N + i] = params[p] ? at(params[p], h * N + i, bf16) : 0.0f;   /* v0: NULL in block 0 */
+        if (act_bf16)
+            time_mix_item(b, h, T, H, N, 1, r, k, v, v_first, wl, al, vl, g, q, group_eps, scratch, state, out);
+        else
+            time_mix_item(b, h, T, H, N, 0, r, k, v, v_first, wl, al, vl, g, q, group_eps, scratch, state, out);
+    }
+    free(scratch);
+    return 0;
+}
+
+/* The items (batch rows x heads) split over `threads` OpenMP threads (torch's, as for the decoding steps) */
+int64_t rwkv7_time_mix(int64_t threads, int64_t B, int64_t T, int64_t H, int64_t N, int64_t act_bf16, int64_t bf16,
+                       const void *r, const void *k, const void *v, const void *v_first, const void *wl,
+                       const void *al, const void *vl, const void *g, const void *const *params, float group_eps,
+                       float *state, void *out)
+{
+    int64_t failed = 0;
+#ifdef _OPENMP
+    #pragma omp parallel num_threads(threads) reduction(|:failed)
+    {
+        int64_t first, last;
+        share(B * H, 1, omp_get_thread_num(), omp_get_num_threads(), &first, &last);
+        failed |= time_mix_items(first, last, T, H, N, act_bf16, bf16, r, k, v, v_first, wl, al, vl, g, params,
+                                 group_eps, state, out);
+    }
+#else
+    (void)threads;
+    failed = time_mix_items(0, B * H, T, H, N, act_bf16, bf16, r, k, v, v_first, wl, al, vl, g, params, group_eps,
+                            state, out);
+#endif
+    return failed ? -1 : 0;
+}
+
+/* Weights of a block, in this order (BlinkDL's names, blocks.i. left out; W0 .. LN_X_B are rwkv7_time_mix's params);
+ * V0, V1, V2 are NULL in block 0 */
+enum { R7_LN1_W, R7_LN1_B, R7_LN2_W, R7_LN2_B, R7_X_R, R7_X_W, R7_X_K, R7_X_V, R7_X_A, R7_X_G, R7_W0, R7_A0, R7_V0,
+       R7_K_K, R7_K_A, R7_R_K, R7_LN_X_W, R7_LN_X_B, R7_W1, R7_W2, R7_A1, R7_A2, R7_V1, R7_V2, R7_G1, R7_G2,
+       R7_RECEPTANCE, R7_KEY, R7_VALUE, R7_OUTPUT, R7_FFN_X_K, R7_FFN_KEY, R7_FFN_VALUE, R7_WEIGHTS };
+_Static_assert(R7_LN_X_B - R7_W0 == MIX_PARAMS - 1, "rwkv7_time_mix reads W0 .. LN_X_B as its params");
 
 struct rwkv7_job {
     int64_t C, H, N, F, L, Dw, Da, Dv, Dg, bf16;
@@ -372,17 +499,18 @@ struct rwkv7_job {
     void *const *state_out;
     float *hidden;
     struct scratch s;
+    int64_t failed;                  /* a thread's time mix could not allocate its scratch */
 };
 
 static void rwkv7_run(void *arg, int64_t id, int64_t threads)
 {
     struct rwkv7_job *j = arg;
     const int64_t C = j->C, N = j->N, F = j->F, bf16 = j->bf16;
-    float *x = j->s.shared, *r = x + C, *k = r + C, *v = k + C, *log_w = v + C, *a = log_w + C, *g = a + C;
-    float *kk = g + C, *kka = kk + C, *y = kka + C, *v_first = y + C, *o = v_first + C, *kf = o + C;
+    float *x = j->s.shared, *r = x + C, *k = r + C, *v = k + C, *wl = v + C, *al = wl + C, *vl = al + C, *g = vl + C;
+    float *y = g + C, *v_first = y + C, *o = v_first + C, *kf = o + C;
     float *hw = kf + F, *ha = hw + j->Dw, *hv = ha + j->Da, *hg = hv + j->Dv;
     float *xn = j->s.own + id * j->s.own_size, *xr = xn + C, *xw = xr + C, *xk = xw + C, *xv = xk + C;
-    float *xa = xv + C, *xg = xa + C, *lora = xg + C;
+    float *xa = xv + C, *xg = xa + C;
     int64_t h0, h1, c0, c1, f0, f1, range[4][2];
     share(j->H, 1, id, threads, &h0, &h1);                 /* whole heads: the per-head norms and the WKV loop */
     c0 = h0 * N, c1 = h1 * N;
@@ -426,54 +554,19 @@ static void rwkv7_run(void *arg, int64_t id, int64_t threads)
         for (int64_t i = range[3][0]; i < range[3][1]; i++)
             hg[i] = sigmoid(hg[i]);
         BARRIER();
-        /* this thread's heads: decay, value residual, in-context rate, gate, normalized key; WKV-7; norms; bonus */
-        gemv_columns(p[R7_W2], bf16, j->Dw, C, hw, lora, c0, c1);
-        for (int64_t i = c0; i < c1; i++)   /* log w = -exp(-0.5) sigmoid(w0 + tanh(xw w1) w2), models/rwkv7.py */
-            log_w[i] = -0.60653066f * sigmoid(at(p[R7_W0], i, bf16) + lora[i]);
-        if (layer == 0)
-            for (int64_t i = c0; i < c1; i++)
-                v_first[i] = v[i];
-        else {
-            gemv_columns(p[R7_V2], bf16, j->Dv, C, hv, lora, c0, c1);
-            for (int64_t i = c0; i < c1; i++)
-                v[i] += (v_first[i] - v[i]) * sigmoid(at(p[R7_V0], i, bf16) + lora[i]);
-        }
-        gemv_columns(p[R7_A2], bf16, j->Da, C, ha, lora, c0, c1);
-        for (int64_t i = c0; i < c1; i++)
-            a[i] = sigmoid(at(p[R7_A0], i, bf16) + lora[i]);
+        /* this thread's heads: the LoRA outer products, then rwkv7_time_mix */
+        gemv_columns(p[R7_W2], bf16, j->Dw, C, hw, wl, c0, c1);
+        gemv_columns(p[R7_A2], bf16, j->Da, C, ha, al, c0, c1);
         gemv_columns(p[R7_G2], bf16, j->Dg, C, hg, g, c0, c1);
-        for (int64_t h = h0; h < h1; h++) {
-            float norm = 0.0f;
-            for (int64_t i = h * N; i < (h + 1) * N; i++) {
-                kk[i] = k[i] * at(p[R7_K_K], i, bf16);
-                norm += kk[i] * kk[i];
-            }
-            norm = sqrtf(norm);
-            norm = norm > 1e-12f ? norm : 1e-12f;                               /* F.normalize's eps */
-            for (int64_t i = h * N; i < (h + 1) * N; i++) {
-                kk[i] /= norm;
-                kka[i] = kk[i] * a[i];
-                kk[i] = -kk[i];
-                k[i] *= 1.0f + (a[i] - 1.0f) * at(p[R7_K_A], i, bf16);
-            }
-        }
+        if (layer == 0)
+            memcpy(v_first + c0, v + c0, (c1 - c0) * sizeof(float));
+        else
+            gemv_columns(p[R7_V2], bf16, j->Dv, C, hv, vl, c0, c1);
         float *kv = j->state_out[3 * layer + 1];
         memcpy(kv + c0 * N, (const float *)j->state_in[3 * layer + 1] + c0 * N, (c1 - c0) * N * sizeof(float));
-        wkv7_forward(h0, h1, 1, j->H, N, r, log_w, k, v, kk, kka, y, kv, 1, NULL, NULL);
-        for (int64_t h = h0; h < h1; h++) {
-            float mean = 0.0f, var = 0.0f, bonus = 0.0f;
-            for (int64_t i = h * N; i < (h + 1) * N; i++) {
-                mean += y[i];
-                bonus += r[i] * k[i] * at(p[R7_R_K], i, bf16);
-            }
-            mean /= (float)N;
-            for (int64_t i = h * N; i < (h + 1) * N; i++)
-                var += (y[i] - mean) * (y[i] - mean);
-            const float inv = 1.0f / sqrtf(var / (float)N + j->group_eps);
-            for (int64_t i = h * N; i < (h + 1) * N; i++)
-                y[i] = ((y[i] - mean) * inv * at(p[R7_LN_X_W], i, bf16) + at(p[R7_LN_X_B], i, bf16) + bonus * v[i])
-                       * g[i];
-        }
+        if (time_mix_items(h0, h1, 1, j->H, N, 0, bf16, r, k, v, layer ? v_first : NULL, wl, al, layer ? vl : NULL, g,
+                           p + R7_W0, j->group_eps, kv, y))
+            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
         BARRIER();
         gemv(p[R7_OUTPUT], NULL, bf16, C, y, 1.0f, o, c0, c1);
         for (int64_t i = c0; i < c1; i++)
@@ -506,11 +599,11 @@ int64_t rwkv7_decode(int64_t threads, const int64_t *dims, double eps, double gr
     struct rwkv7_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9],
                             (float)eps, (float)group_eps, weights, embedding, state_in, state_out, hidden, {0}};
     const int64_t C = dims[0], loras = dims[5] + dims[6] + dims[7] + dims[8];
-    if (!scratch_alloc(&job.s, 13 * C + dims[3] + loras, 8 * C, threads))
+    if (!scratch_alloc(&job.s, 11 * C + dims[3] + loras, 7 * C, threads))
         return -1;
     run_team(threads, rwkv7_run, &job);
     free(job.s.shared);
-    return 0;
+    return job.failed ? -1 : 0;
 }
 
 /* ----------------------------------------------------------------------------------------------- Mamba */

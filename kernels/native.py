@@ -19,6 +19,9 @@ gradients' sums over batch rows) run afterwards in a fixed order (``sum_rows``),
 any number of threads. ``SEQMIX_NATIVE=0`` turns the path off. Every function takes CPU tensors of any float dtype
 and layout and hands the loops contiguous fp32 copies where needed; outputs, states and gradients are fp32.
 
+The same library holds kernels/decode.c, a decoding step of a whole model in one call (models/decode.py), which
+runs these loops at T = 1 between its matrix products, on OpenMP threads (-fopenmp: torch's own, see decode.c).
+
 Flags: -O3 -march=native; -fno-math-errno and -fno-trapping-math (exp never sets errno, nothing traps);
 -ffinite-math-only and -fno-signed-zeros, which GCC needs to turn the loops' comparisons into vector min/max and
 blends (without them no loop with a clamp vectorizes). No -ffast-math: no reassociation (WKV-4's two-sum stays
@@ -165,7 +168,9 @@ def library() -> ctypes.CDLL:
     lib.rwkv4_decode.argtypes = [i64, ptr, ctypes.c_double] + [ptr] * 5
     lib.rwkv7_decode.argtypes = [i64, ptr, ctypes.c_double, ctypes.c_double] + [ptr] * 5
     lib.mamba_decode.argtypes = [i64, ptr, ctypes.c_double] + [ptr] * 5
+    lib.rwkv7_time_mix.argtypes = [i64] * 7 + [ptr] * 9 + [ctypes.c_float] + [ptr] * 2
     lib.rwkv4_decode.restype = lib.rwkv7_decode.restype = lib.mamba_decode.restype = i64
+    lib.rwkv7_time_mix.restype = i64
     return lib
 
 

@@ -25,9 +25,30 @@ import torch
 
 from seqmix.kernels import native
 
-__all__ = ["fused", "rwkv4_step", "rwkv7_step", "mamba_step"]
+__all__ = ["runs_in_c", "fused", "rwkv4_step", "rwkv7_step", "mamba_step", "rwkv7_time_mix"]
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}        # the weights' dtypes the C step reads (value: its bf16 flag)
+
+
+def runs_in_c(module: torch.nn.Module, backend, *inputs: torch.Tensor, head_size: int = 0) -> bool:
+    """Whether ``module``'s inference can run in kernels/decode.c: its weights fp32 or bf16 on a CPU, backend None or
+    "c", the C library available, and no gradient asked for (grad mode off, or neither a parameter nor an input that
+    requires one).
+
+    Args:
+        module: a model or a layer of one. backend: the forward's backend argument. inputs: its floating inputs.
+        head_size: RWKV-7's (the C loop takes heads up to native.WKV7_MAX_HEAD).
+
+    Returns:
+        True when the C code can take the call.
+    """
+    weight = next(module.parameters())
+    if weight.device.type != "cpu" or weight.dtype not in DTYPES or backend not in (None, "c"):
+        return False
+    if head_size > native.WKV7_MAX_HEAD or not native.available():
+        return False
+    return not (torch.is_grad_enabled() and (any(x.requires_grad for x in inputs)
+                                             or any(p.requires_grad for p in module.parameters())))
 
 
 def fused(model: torch.nn.Module, input_ids: torch.Tensor, state, backend) -> bool:
@@ -38,19 +59,12 @@ def fused(model: torch.nn.Module, input_ids: torch.Tensor, state, backend) -> bo
             or None. backend: the forward's backend argument.
 
     Returns:
-        True for one token of one sequence on a CPU (see the module docstring for the rest).
+        True for one token of one sequence whose state (if any) is fp32 or in the model's dtype, when runs_in_c.
     """
-    weight = next(model.parameters())
-    if input_ids.shape != (1, 1) or weight.device.type != "cpu" or weight.dtype not in DTYPES:
+    if input_ids.shape != (1, 1) or not runs_in_c(model, backend, head_size=getattr(model.config, "head_size", 0)):
         return False
-    if backend not in (None, "c") or getattr(model.config, "head_size", 0) > native.WKV7_MAX_HEAD:
-        return False
-    if not native.available():
-        return False
-    if torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters()):
-        return False
-    tensors = [s for layer in state for s in (layer if isinstance(layer, (list, tuple)) else (layer,))] if state else []
-    return all(s.dtype == torch.float32 for s in tensors if s.dtype != weight.dtype)
+    dtype = next(model.parameters()).dtype
+    return state is None or all(s.dtype in (torch.float32, dtype) for s in torch.utils._pytree.tree_leaves(state))
 
 
 def _pointers(tensors) -> ctypes.Array:
@@ -110,6 +124,36 @@ def rwkv4_step(model, token: torch.Tensor, state: list[torch.Tensor] | None) -> 
     return _call("rwkv4_decode", dims, (cfg.layer_norm_epsilon,), weights, embedding, state, new_state), new_state
 
 
+def _time_mix_params(att) -> list:
+    """The per-channel parameters kernels/decode.c's rwkv7_time_mix reads, in its order (v0: None in block 0)."""
+    return [att.w0, att.a0, getattr(att, "v0", None), att.k_k, att.k_a, att.r_k, att.ln_x.weight, att.ln_x.bias]
+
+
+def rwkv7_time_mix(att, r, k, v, v_first, wl, al, vl, g, state) -> tuple[torch.Tensor, torch.Tensor]:
+    """RWKV-7's time mix between its matrix products (models/rwkv7.py's TimeMix._mix, the same arguments) in C: one
+    pass per (batch row, head) over its tokens, the recurrence included, on torch's thread count.
+
+    Args:
+        att: the TimeMix. r, k, v, wl, al, g: (B, T, C) in the model's dtype; v_first, vl: the same, or None in
+            block 0. state: (B, H, N, N) fp32.
+
+    Returns:
+        (GroupNorm(y) + bonus, times g: (B, T, C) in the model's dtype; the new state (B, H, N, N) fp32).
+    """
+    B, T, C = r.shape
+    H, N = att.r_k.shape
+    acts = [None if t is None else t.contiguous() for t in (r, k, v, v_first, wl, al, vl, g)]
+    new_state = state.float().clone(memory_format=torch.contiguous_format)
+    out = torch.empty_like(acts[0])
+    failed = native.library().rwkv7_time_mix(torch.get_num_threads(), B, T, H, N, DTYPES[r.dtype],
+                                             DTYPES[att.r_k.dtype], *native._pointers(*acts),
+                                             _pointers(_time_mix_params(att)), ctypes.c_float(att.ln_x.eps),
+                                             *native._pointers(new_state, out))
+    if failed:
+        raise MemoryError("the C time mix could not allocate its scratch memory")
+    return out, new_state
+
+
 def rwkv7_step(model, token: torch.Tensor, state: list | None) -> tuple[torch.Tensor, list]:
     """One token through Rwkv7 (models/rwkv7.py) in C, up to ln_out.
 
@@ -125,11 +169,11 @@ def rwkv7_step(model, token: torch.Tensor, state: list | None) -> tuple[torch.Te
     weights = [model.blocks[0].ln0.weight, model.blocks[0].ln0.bias]
     for i, block in enumerate(model.blocks):
         att, ffn = block.att, block.ffn
-        v_lora = [att.v0, att.v1, att.v2] if i > 0 else [None] * 3
+        v0, v1, v2 = (att.v0, att.v1, att.v2) if i > 0 else (None,) * 3
         weights += [block.ln1.weight, block.ln1.bias, block.ln2.weight, block.ln2.bias, att.x_r, att.x_w, att.x_k,
-                    att.x_v, att.x_a, att.x_g, att.w0, att.w1, att.w2, att.a0, att.a1, att.a2, *v_lora, att.g1,
-                    att.g2, att.k_k, att.k_a, att.r_k, att.receptance.weight, att.key.weight, att.value.weight,
-                    att.output.weight, att.ln_x.weight, att.ln_x.bias, ffn.x_k, ffn.key.weight, ffn.value.weight]
+                    att.x_v, att.x_a, att.x_g, *_time_mix_params(att), att.w1, att.w2, att.a1, att.a2, v1, v2,
+                    att.g1, att.g2, att.receptance.weight, att.key.weight, att.value.weight, att.output.weight,
+                    ffn.x_k, ffn.key.weight, ffn.value.weight]
     weights += [model.ln_out.weight, model.ln_out.bias]
     embedding = model.emb.weight[token.reshape(())]
     dims = (cfg.n_embd, cfg.n_head, cfg.head_size, cfg.dim_ffn, cfg.n_layer, cfg.decay_lora, cfg.a_lora,

@@ -9,6 +9,9 @@ structure follows transformers' modeling_mamba.py and the Mamba part of the RWKV
     model:  norm_f(blocks(embeddings[input_ids]));  causal LM: logits = lm_head(...) (tied to the embeddings by
             default)
 
+Decoding: on a CPU, a call with one token of one sequence and no gradients runs as one C step (models/decode.py,
+kernels/decode.c); any other call runs the torch ops below.
+
 State: a list with one (conv window (B, D, K - 1), h (B, D, N)) per block, fp32 (float64 for a float64 model):
 the last K - 1 inputs of the causal convolution and the SSM state. transformers keeps K inputs in its conv cache
 (the oldest is never used again) and restarts the SSM from zero when a cached call has more than one token; here

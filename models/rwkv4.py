@@ -8,6 +8,9 @@ transformers' modeling_rwkv.py:
     block i:  x = pre_ln(x) (i = 0 only);  x += time_mix(ln1(x));  x += channel_mix(ln2(x))
     model:    ln_out(blocks(embeddings[input_ids]));  causal LM: logits = head(...)
 
+Decoding: on a CPU, a call with one token of one sequence and no gradients runs as one C step (models/decode.py,
+kernels/decode.c); any other call runs the torch ops below.
+
 State: five tensors of shape (B, C, L), transformers' order: ffn_x_prev, att_x_prev, att_num, att_den, att_max
 (att_* are (B, attention_hidden_size, L)); fp32 (float64 for a float64 model). Unlike transformers, the state
 passed in is never modified, and attention_hidden_size != hidden_size works with a state.

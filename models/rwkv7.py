@@ -11,7 +11,8 @@
     model.generate(...), model.generate_text(...)   continuation through the state (models/base.py)
 
 GPT mode: a call with T tokens runs the whole sequence through the WKV-7 op (kernels/wkv7.py) in each layer.
-RNN mode: calls with one token each, the returned state passed back in; both give the same logits.
+RNN mode: calls with one token each, the returned state passed back in; both give the same logits. On a CPU, a call
+with one token of one sequence and no gradients runs as one C step (models/decode.py, kernels/decode.c).
 State: a list of L tuples (att_x_prev (B, C), att_kv (B, H, N, N) fp32 indexed [value, key], ffn_x_prev (B, C)).
 
 Where Rwkv7 differs from RwkvForCausalLM and MambaForCausalLM, on purpose: forward returns the pair (logits, state)
@@ -146,31 +147,40 @@ class TimeMix(nn.Module):
     def forward(self, x, x_prev, kv, v_first, backend=None):
         """x: layer-normed input (B, T, C); x_prev (B, C); kv (B, H, N, N) fp32; v_first (B, T, C) or None in
         layer 0. Returns (out (B, T, C), x_prev, kv, v_first) for the next call / layer."""
-        B, T, C = x.shape
-        H, N = self.r_k.shape
-        heads = lambda z: z.reshape(B, T, H, N)                               # noqa: E731
         xx = token_shift(x, x_prev) - x                                       # x_{t-1} - x_t
         # x + xx * mix for the six mixes at once (one op instead of twelve: decoding is bound by op count)
         mixes = torch.stack((self.x_r, self.x_w, self.x_k, self.x_v, self.x_a, self.x_g))
         xr, xw, xk, xv, xa, xg = torch.addcmul(x, xx, mixes).unbind(0)
-        r = self.receptance(xr)
+        r, k, v = self.receptance(xr), self.key(xk), self.value(xv)
+        wl = torch.tanh(xw @ self.w1) @ self.w2                                  # the LoRA products
+        al = (xa @ self.a1) @ self.a2
+        vl = None if v_first is None else (xv @ self.v1) @ self.v2
+        g = torch.sigmoid(xg @ self.g1) @ self.g2
+        if decode.runs_in_c(self, backend, x, head_size=self.r_k.shape[1]):   # on a CPU: the rest in one C pass
+            y, kv = decode.rwkv7_time_mix(self, r, k, v, v_first, wl, al, vl, g, kv)
+        else:
+            y, kv = self._mix(r, k, v, v_first, wl, al, vl, g, kv, backend)
+        return self.output(y), x[:, -1], kv, v if v_first is None else v_first
+
+    def _mix(self, r, k, v, v_first, wl, al, vl, g, kv, backend):
+        """From r, k, v (B, T, C) and the LoRA products wl, al, vl (None in layer 0), g on: the decay, the value
+        residual, the in-context rate, the normalized key, the WKV-7 op, GroupNorm per head, the bonus, the gate.
+        Returns (y * g (B, T, C), kv)."""
+        B, T, C = r.shape
+        H, N = self.r_k.shape
+        heads = lambda z: z.reshape(B, T, H, N)                               # noqa: E731
         # w = -softplus(-(w0 + tanh(xw w1) w2)) - 0.5, soft-clamped to (-inf, -0.5); the decay is exp(-exp(w)), so
         # log_w = -exp(w) = -exp(-0.5) sigmoid(w0 + tanh(xw w1) w2), since exp(-softplus(-z)) = sigmoid(z)
-        log_w = -math.exp(-0.5) * torch.sigmoid(self.w0 + torch.tanh(xw @ self.w1) @ self.w2)
-        k = self.key(xk)
-        v = self.value(xv)
-        if v_first is None:                                                   # layer 0: its v is v_first
-            v_first = v
-        else:
-            v = v + (v_first - v) * torch.sigmoid(self.v0 + (xv @ self.v1) @ self.v2)
-        a = torch.sigmoid(self.a0 + (xa @ self.a1) @ self.a2)                    # in-context learning rate
-        g = torch.sigmoid(xg @ self.g1) @ self.g2
+        log_w = -math.exp(-0.5) * torch.sigmoid(self.w0 + wl)
+        if vl is not None:                                                    # layer 0's v is v_first itself
+            v = v + (v_first - v) * torch.sigmoid(self.v0 + vl)
+        a = torch.sigmoid(self.a0 + al)                                       # in-context learning rate
         kk = F.normalize(heads(k * self.k_k), dim=-1)                            # (B, T, H, N), unit per head
         k = k * (1 + (a - 1) * self.k_a)
         y, kv = wkv7(heads(r), heads(log_w), heads(k), heads(v), -kk, kk * heads(a), state=kv, backend=backend)
         y = self.ln_x(y.reshape(B * T, C)).view(B, T, C)
         y = y + ((heads(r) * heads(k) * self.r_k).sum(-1, keepdim=True) * heads(v)).view(B, T, C)
-        return self.output(y * g), x[:, -1], kv, v_first
+        return y * g, kv
 
 
 class ChannelMix(nn.Module):

@@ -173,3 +173,25 @@ def test_a_noncontiguous_parameter_is_named():
     model.blocks[0].att.key.weight = torch.nn.Parameter(weight.detach().t().contiguous().t())
     with torch.no_grad(), pytest.raises(ValueError, match="contiguous"):
         run(model, torch.tensor([[1]]))
+
+
+@pytest.mark.parametrize("dtype, budget", [(torch.float32, FP32_BUDGET), (torch.bfloat16, BF16_BUDGET)])
+@pytest.mark.parametrize("T", [1, 5, 130])                # 130: two of the C time mix's chunks of 128 tokens
+def test_rwkv7_prompt_time_mix_in_c(dtype, budget, T, monkeypatch):
+    """A prompt of two sequences from a state that is not zero: each TimeMix's work after its matrix products runs
+    in C (decode.rwkv7_time_mix, once per layer), and the logits and state match the float64 torch forward."""
+    calls = []
+    original = decode.rwkv7_time_mix
+    monkeypatch.setattr(decode, "rwkv7_time_mix", lambda *args: calls.append(1) or original(*args))
+    model = make("rwkv7", dtype)
+    generator = torch.Generator().manual_seed(4)
+    start, ids = torch.randint(0, VOCAB, (2, 3), generator=generator), torch.randint(0, VOCAB, (2, T), generator=generator)
+    reference = copy.deepcopy(model).double()
+    with torch.no_grad():
+        _, state = run(model, start, backend="torch")
+        logits, new_state = run(model, ids, state)
+        expected, expected_state = run(reference, ids, [tuple(s.double() for s in layer) for layer in state])
+    assert len(calls) == model.config.n_layer
+    assert_close(logits.double(), expected, budget, "logits")
+    assert_close(torch.cat([s.flatten() for layer in new_state for s in layer]).double(),
+                 torch.cat([s.flatten() for layer in expected_state for s in layer]), budget, "state")
