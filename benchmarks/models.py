@@ -279,7 +279,7 @@ def speed_rows(quick: bool, threads: int | None = None) -> list[dict]:
     if threads:
         torch.set_num_threads(threads)
     setup = SHAPES["quick" if quick else "full"]
-    T, n_decode, runs = setup["prompt"], setup["decode"], 1 if quick else 3
+    T, n_decode, runs = setup["prompt"], setup["decode"], 1 if quick else 5
     ids = torch.randint(0, 300, (1, T), generator=torch.Generator().manual_seed(0))
     rows = []
     with tempfile.TemporaryDirectory(prefix="seqmix-speed-") as tmp, torch.no_grad():
