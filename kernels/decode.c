@@ -172,7 +172,7 @@ static void gemv(const void *W, const void *bias, int64_t bf16, int64_t K, const
     gemv_rows(W, bias, 1, K, x, xe, xo, scale, y, lo, hi);
 }
 
-/* y[j] = sum_i x[i] W[i][j] for columns j in [lo, hi) of W (K x M, row-major): the LoRA products x @ W */
+/* y[j] = sum_i x[i] W[i][j] for columns j in [lo, hi) of W (K x M, row-major) */
 static void gemv_columns(const void *W, int64_t bf16, int64_t K, int64_t M, const float *x, float *y, int64_t lo,
                          int64_t hi)
 {
@@ -192,6 +192,21 @@ static void gemv_columns(const void *W, int64_t bf16, int64_t K, int64_t M, cons
                 y[j] += xi * row[j];
         }
     }
+}
+
+/* y[i] = scale (W x)[i] + (bias ? bias[i] : 0) for i in [lo, hi), W (rows x K) as the model applies it, stored
+ * row-major, or (TRANSPOSED) as its transpose, a K x rows row-major array: RWKV-7's LoRA matrices come one way from
+ * BlinkDL's checkpoints and the other from fla's layout (models/rwkv7_fla.py maps them as views, not copies). */
+static void matvec(const void *W, int64_t transposed, const void *bias, int64_t bf16, int64_t rows, int64_t K,
+                   const float *x, float scale, float *y, int64_t lo, int64_t hi)
+{
+    if (!transposed) {
+        gemv(W, bias, bf16, K, x, scale, y, lo, hi);
+        return;
+    }
+    gemv_columns(W, bf16, K, rows, x, y, lo, hi);
+    for (int64_t i = lo; i < hi; i++)
+        y[i] = scale * y[i] + (bias ? at(bias, i, bf16) : 0.0f);
 }
 
 /* ------------------------------------------------------------------------------------------------ vectors */
@@ -251,6 +266,7 @@ struct rwkv4_job {
     int64_t C, A, F, L, rescale_every, bf16;
     float eps;
     const void *const *weights;      /* pre_ln weight, bias, then R4_WEIGHTS per block, then ln_out weight, bias */
+    const int64_t *transposed;       /* per weight: stored as its transpose (see matvec) */
     const void *embedding;           /* the token's row */
     const float *const *state_in;    /* ffn_x_prev, att_x_prev, att_num, att_den, att_max: (1, C or A, L) each */
     float *const *state_out;
@@ -281,6 +297,7 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
     BARRIER();
     for (int64_t layer = 0; layer < L; layer++) {
         const void *const *p = wt + 2 + layer * R4_WEIGHTS;
+        const int64_t *t = j->transposed + 2 + layer * R4_WEIGHTS;
         const float scale = j->rescale_every > 0 ? ldexpf(1.0f, (int)-(layer / j->rescale_every)) : 1.0f;
         /* time mix: r, k, v from lerp(x_{t-1}, x_t, mu); WKV-4 over this thread's channels */
         layer_norm(C, x, p[R4_LN1_W], p[R4_LN1_B], bf16, j->eps, xn);
@@ -292,9 +309,9 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
         }
         for (int64_t i = c0; i < c1; i++)
             j->state_out[1][i * L + layer] = xn[i];
-        gemv(p[R4_KEY], NULL, bf16, C, xk, 1.0f, k, a0, a1);
-        gemv(p[R4_VALUE], NULL, bf16, C, xv, 1.0f, v, a0, a1);
-        gemv(p[R4_RECEPTANCE], NULL, bf16, C, xr, 1.0f, r, a0, a1);
+        matvec(p[R4_KEY], t[R4_KEY], NULL, bf16, A, C, xk, 1.0f, k, a0, a1);
+        matvec(p[R4_VALUE], t[R4_VALUE], NULL, bf16, A, C, xv, 1.0f, v, a0, a1);
+        matvec(p[R4_RECEPTANCE], t[R4_RECEPTANCE], NULL, bf16, A, C, xr, 1.0f, r, a0, a1);
         for (int64_t i = a0; i < a1; i++) {
             w[i] = -exp_clamped(at(p[R4_DECAY], i, bf16));
             u[i] = at(p[R4_FIRST], i, bf16);
@@ -311,7 +328,7 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
             wkv[i] *= sigmoid(r[i]) * scale;
         }
         BARRIER();
-        gemv(p[R4_OUTPUT], NULL, bf16, A, wkv, 1.0f, o, c0, c1);
+        matvec(p[R4_OUTPUT], t[R4_OUTPUT], NULL, bf16, C, A, wkv, 1.0f, o, c0, c1);
         for (int64_t i = c0; i < c1; i++)
             x[i] += o[i];
         BARRIER();
@@ -324,12 +341,12 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
         }
         for (int64_t i = c0; i < c1; i++)
             j->state_out[0][i * L + layer] = xn[i];
-        gemv(p[R4_FFN_KEY], NULL, bf16, C, xk, 1.0f, kf, f0, f1);
+        matvec(p[R4_FFN_KEY], t[R4_FFN_KEY], NULL, bf16, F, C, xk, 1.0f, kf, f0, f1);
         for (int64_t i = f0; i < f1; i++)
             kf[i] = kf[i] > 0.0f ? kf[i] * kf[i] * scale : 0.0f;
-        gemv(p[R4_FFN_RECEPTANCE], NULL, bf16, C, xr, 1.0f, rf, c0, c1);
+        matvec(p[R4_FFN_RECEPTANCE], t[R4_FFN_RECEPTANCE], NULL, bf16, C, C, xr, 1.0f, rf, c0, c1);
         BARRIER();
-        gemv(p[R4_FFN_VALUE], NULL, bf16, F, kf, 1.0f, o, c0, c1);
+        matvec(p[R4_FFN_VALUE], t[R4_FFN_VALUE], NULL, bf16, C, F, kf, 1.0f, o, c0, c1);
         const int halve = j->rescale_every > 0 && (layer + 1) % j->rescale_every == 0;
         for (int64_t i = c0; i < c1; i++) {
             x[i] += sigmoid(rf[i]) * o[i];
@@ -344,10 +361,11 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
 /* dims: C, A (attention size), F (feed-forward size), L, rescale_every, bf16; eps: the blocks' layer norm eps
  * (ln_out's is 1e-5, as in transformers). Returns 0, or -1 when out of memory. */
 int64_t rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
-                     const void *embedding, const float *const *state_in, float *const *state_out, float *hidden)
+                     const int64_t *transposed, const void *embedding, const float *const *state_in,
+                     float *const *state_out, float *hidden)
 {
-    struct rwkv4_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], (float)eps, weights, embedding,
-                            state_in, state_out, hidden, {0}};
+    struct rwkv4_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], (float)eps, weights, transposed,
+                            embedding, state_in, state_out, hidden, {0}};
     if (!scratch_alloc(&job.s, 3 * dims[0] + 4 * dims[1] + dims[2], 4 * dims[0] + 10 * dims[1], threads))
         return -1;
     run_team(threads, rwkv4_run, &job);
@@ -493,6 +511,7 @@ struct rwkv7_job {
     int64_t C, H, N, F, L, Dw, Da, Dv, Dg, bf16;
     float eps, group_eps;
     const void *const *weights;      /* ln0 weight, bias, then R7_WEIGHTS per block, then ln_out weight, bias */
+    const int64_t *transposed;       /* per weight: stored as its transpose (see matvec) */
     const void *embedding;           /* the token's row */
     const void *const *state_in;     /* per block: att_x_prev (1, C) model dtype, att_kv (1, H, N, N) fp32,
                                         ffn_x_prev (1, C) model dtype */
@@ -527,6 +546,7 @@ static void rwkv7_run(void *arg, int64_t id, int64_t threads)
     BARRIER();
     for (int64_t layer = 0; layer < j->L; layer++) {
         const void *const *p = wt + 2 + layer * R7_WEIGHTS;
+        const int64_t *t = j->transposed + 2 + layer * R7_WEIGHTS;
         const void *prev = j->state_in[3 * layer], *ffn_prev = j->state_in[3 * layer + 2];
         /* time mix: x + (x_{t-1} - x) mu for the six mixes; r, k, v for this thread's heads; LoRA inner products */
         layer_norm(C, x, p[R7_LN1_W], p[R7_LN1_B], bf16, j->eps, xn);
@@ -541,34 +561,34 @@ static void rwkv7_run(void *arg, int64_t id, int64_t threads)
         }
         for (int64_t i = c0; i < c1; i++)
             put(j->state_out[3 * layer], i, xn[i], bf16);
-        gemv(p[R7_RECEPTANCE], NULL, bf16, C, xr, 1.0f, r, c0, c1);
-        gemv(p[R7_KEY], NULL, bf16, C, xk, 1.0f, k, c0, c1);
-        gemv(p[R7_VALUE], NULL, bf16, C, xv, 1.0f, v, c0, c1);
-        gemv_columns(p[R7_W1], bf16, C, j->Dw, xw, hw, range[0][0], range[0][1]);
+        matvec(p[R7_RECEPTANCE], t[R7_RECEPTANCE], NULL, bf16, C, C, xr, 1.0f, r, c0, c1);
+        matvec(p[R7_KEY], t[R7_KEY], NULL, bf16, C, C, xk, 1.0f, k, c0, c1);
+        matvec(p[R7_VALUE], t[R7_VALUE], NULL, bf16, C, C, xv, 1.0f, v, c0, c1);
+        matvec(p[R7_W1], t[R7_W1], NULL, bf16, j->Dw, C, xw, 1.0f, hw, range[0][0], range[0][1]);
         for (int64_t i = range[0][0]; i < range[0][1]; i++)
             hw[i] = 2.0f * sigmoid(2.0f * hw[i]) - 1.0f;                       /* tanh */
-        gemv_columns(p[R7_A1], bf16, C, j->Da, xa, ha, range[1][0], range[1][1]);
+        matvec(p[R7_A1], t[R7_A1], NULL, bf16, j->Da, C, xa, 1.0f, ha, range[1][0], range[1][1]);
         if (layer > 0)
-            gemv_columns(p[R7_V1], bf16, C, j->Dv, xv, hv, range[2][0], range[2][1]);
-        gemv_columns(p[R7_G1], bf16, C, j->Dg, xg, hg, range[3][0], range[3][1]);
+            matvec(p[R7_V1], t[R7_V1], NULL, bf16, j->Dv, C, xv, 1.0f, hv, range[2][0], range[2][1]);
+        matvec(p[R7_G1], t[R7_G1], NULL, bf16, j->Dg, C, xg, 1.0f, hg, range[3][0], range[3][1]);
         for (int64_t i = range[3][0]; i < range[3][1]; i++)
             hg[i] = sigmoid(hg[i]);
         BARRIER();
         /* this thread's heads: the LoRA outer products, then rwkv7_time_mix */
-        gemv_columns(p[R7_W2], bf16, j->Dw, C, hw, wl, c0, c1);
-        gemv_columns(p[R7_A2], bf16, j->Da, C, ha, al, c0, c1);
-        gemv_columns(p[R7_G2], bf16, j->Dg, C, hg, g, c0, c1);
+        matvec(p[R7_W2], t[R7_W2], NULL, bf16, C, j->Dw, hw, 1.0f, wl, c0, c1);
+        matvec(p[R7_A2], t[R7_A2], NULL, bf16, C, j->Da, ha, 1.0f, al, c0, c1);
+        matvec(p[R7_G2], t[R7_G2], NULL, bf16, C, j->Dg, hg, 1.0f, g, c0, c1);
         if (layer == 0)
             memcpy(v_first + c0, v + c0, (c1 - c0) * sizeof(float));
         else
-            gemv_columns(p[R7_V2], bf16, j->Dv, C, hv, vl, c0, c1);
+            matvec(p[R7_V2], t[R7_V2], NULL, bf16, C, j->Dv, hv, 1.0f, vl, c0, c1);
         float *kv = j->state_out[3 * layer + 1];
         memcpy(kv + c0 * N, (const float *)j->state_in[3 * layer + 1] + c0 * N, (c1 - c0) * N * sizeof(float));
         if (time_mix_items(h0, h1, 1, j->H, N, 0, bf16, r, k, v, layer ? v_first : NULL, wl, al, layer ? vl : NULL, g,
                            p + R7_W0, j->group_eps, kv, y))
             __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
         BARRIER();
-        gemv(p[R7_OUTPUT], NULL, bf16, C, y, 1.0f, o, c0, c1);
+        matvec(p[R7_OUTPUT], t[R7_OUTPUT], NULL, bf16, C, C, y, 1.0f, o, c0, c1);
         for (int64_t i = c0; i < c1; i++)
             x[i] += o[i];
         BARRIER();
@@ -578,11 +598,11 @@ static void rwkv7_run(void *arg, int64_t id, int64_t threads)
             xk[i] = xn[i] + (at(ffn_prev, i, bf16) - xn[i]) * at(p[R7_FFN_X_K], i, bf16);
         for (int64_t i = c0; i < c1; i++)
             put(j->state_out[3 * layer + 2], i, xn[i], bf16);
-        gemv(p[R7_FFN_KEY], NULL, bf16, C, xk, 1.0f, kf, f0, f1);
+        matvec(p[R7_FFN_KEY], t[R7_FFN_KEY], NULL, bf16, F, C, xk, 1.0f, kf, f0, f1);
         for (int64_t i = f0; i < f1; i++)
             kf[i] = kf[i] > 0.0f ? kf[i] * kf[i] : 0.0f;
         BARRIER();
-        gemv(p[R7_FFN_VALUE], NULL, bf16, F, kf, 1.0f, o, c0, c1);
+        matvec(p[R7_FFN_VALUE], t[R7_FFN_VALUE], NULL, bf16, C, F, kf, 1.0f, o, c0, c1);
         for (int64_t i = c0; i < c1; i++)
             x[i] += o[i];
         BARRIER();
@@ -594,10 +614,12 @@ static void rwkv7_run(void *arg, int64_t id, int64_t threads)
 /* dims: C, H, N, F, L, the LoRA widths Dw, Da, Dv, Dg, bf16; eps, group_eps: the layer norms' and the per-head group
  * norm's. Returns 0, or -1 when out of memory. */
 int64_t rwkv7_decode(int64_t threads, const int64_t *dims, double eps, double group_eps, const void *const *weights,
-                     const void *embedding, const void *const *state_in, void *const *state_out, float *hidden)
+                     const int64_t *transposed, const void *embedding, const void *const *state_in,
+                     void *const *state_out, float *hidden)
 {
     struct rwkv7_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9],
-                            (float)eps, (float)group_eps, weights, embedding, state_in, state_out, hidden, {0}};
+                            (float)eps, (float)group_eps, weights, transposed, embedding, state_in, state_out, hidden,
+                            {0}};
     const int64_t C = dims[0], loras = dims[5] + dims[6] + dims[7] + dims[8];
     if (!scratch_alloc(&job.s, 11 * C + dims[3] + loras, 7 * C, threads))
         return -1;
@@ -616,6 +638,7 @@ struct mamba_job {
     int64_t C, D, N, K, R, L, bf16;
     float eps;
     const void *const *weights;      /* M_WEIGHTS per block, then norm_f's weight */
+    const int64_t *transposed;       /* per weight: stored as its transpose (see matvec) */
     const void *embedding;
     const float *const *state_in;    /* per block: conv window (1, D, K - 1), h (1, D, N), fp32 */
     float *const *state_out;
@@ -639,14 +662,13 @@ static void mamba_run(void *arg, int64_t id, int64_t threads)
     BARRIER();
     for (int64_t layer = 0; layer < j->L; layer++) {
         const void *const *p = j->weights + layer * M_WEIGHTS;
+        const int64_t *t = j->transposed + layer * M_WEIGHTS;
         const float *window = j->state_in[2 * layer];
         float *window_out = j->state_out[2 * layer], *h = j->state_out[2 * layer + 1];
         /* x_in, z = in_proj(RMSNorm(x)); u = SiLU(the causal convolution over the window and x_in) */
         rms_norm(C, x, p[M_NORM], bf16, j->eps, xn);
-        const int64_t size = bf16 ? 2 : 4;                                  /* z: in_proj's rows D .. 2D */
-        gemv(p[M_IN_PROJ], p[M_IN_PROJ_B], bf16, C, xn, 1.0f, xin, d0, d1);
-        gemv((const char *)p[M_IN_PROJ] + D * C * size, p[M_IN_PROJ_B] ? (const char *)p[M_IN_PROJ_B] + D * size : NULL,
-             bf16, C, xn, 1.0f, z, d0, d1);
+        matvec(p[M_IN_PROJ], t[M_IN_PROJ], p[M_IN_PROJ_B], bf16, 2 * D, C, xn, 1.0f, xin, d0, d1);
+        matvec(p[M_IN_PROJ], t[M_IN_PROJ], p[M_IN_PROJ_B], bf16, 2 * D, C, xn, 1.0f, xin, D + d0, D + d1); /* z = xin + D */
         for (int64_t d = d0; d < d1; d++) {
             float sum = p[M_CONV_B] ? at(p[M_CONV_B], d, bf16) : 0.0f;
             for (int64_t t = 0; t < K - 1; t++) {
@@ -658,10 +680,10 @@ static void mamba_run(void *arg, int64_t id, int64_t threads)
         }
         BARRIER();
         /* dt_low, B, C = x_proj(u) */
-        gemv(p[M_X_PROJ], NULL, bf16, D, u, 1.0f, dbc, e0, e1);
+        matvec(p[M_X_PROJ], t[M_X_PROJ], NULL, bf16, R + 2 * N, D, u, 1.0f, dbc, e0, e1);
         BARRIER();
         /* delta = dt_proj(dt_low) (its bias and softplus in the scan); the scan's step for this thread's channels */
-        gemv(p[M_DT_PROJ], NULL, bf16, R, dbc, 1.0f, delta, d0, d1);
+        matvec(p[M_DT_PROJ], t[M_DT_PROJ], NULL, bf16, D, R, dbc, 1.0f, delta, d0, d1);
         for (int64_t d = d0; d < d1; d++) {
             bias[d] = at(p[M_DT_PROJ_B], d, bf16);
             skip[d] = at(p[M_D], d, bf16);
@@ -672,7 +694,7 @@ static void mamba_run(void *arg, int64_t id, int64_t threads)
         selective_scan_forward(d0 / lanes, (d1 + lanes - 1) / lanes, D, 1, N, 1, u, delta, bias, A, dbc + R,
                                dbc + R + N, skip, z, y, h, 1, NULL, NULL);
         BARRIER();
-        gemv(p[M_OUT_PROJ], p[M_OUT_PROJ_B], bf16, D, y, 1.0f, o, c0, c1);
+        matvec(p[M_OUT_PROJ], t[M_OUT_PROJ], p[M_OUT_PROJ_B], bf16, C, D, y, 1.0f, o, c0, c1);
         for (int64_t i = c0; i < c1; i++)
             x[i] += o[i];
         BARRIER();
@@ -684,10 +706,11 @@ static void mamba_run(void *arg, int64_t id, int64_t threads)
 /* dims: C, D (intermediate size), N (state size), K (conv kernel), R (time-step rank), L, bf16; eps: the RMS norms'.
  * Returns 0, or -1 when out of memory. */
 int64_t mamba_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
-                     const void *embedding, const float *const *state_in, float *const *state_out, float *hidden)
+                     const int64_t *transposed, const void *embedding, const float *const *state_in,
+                     float *const *state_out, float *hidden)
 {
     struct mamba_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], (float)eps, weights,
-                            embedding, state_in, state_out, hidden, {0}};
+                            transposed, embedding, state_in, state_out, hidden, {0}};
     const int64_t C = dims[0], D = dims[1], N = dims[2], R = dims[4];
     if (!scratch_alloc(&job.s, 2 * C + 7 * D + R + 2 * N + D * N, C, threads))
         return -1;

@@ -73,10 +73,19 @@ def _pointers(tensors) -> ctypes.Array:
     for i, t in enumerate(tensors):
         if t is not None:
             if not t.is_contiguous():
-                raise ValueError("the C decoding step needs contiguous parameters; call .contiguous() on them, or "
-                                 "pass backend='torch'")
+                raise ValueError(f"the C decoding step needs contiguous parameters (or, for a matrix, its transpose "
+                                 f"contiguous), got one of shape {tuple(t.shape)} and strides {t.stride()}; call "
+                                 f".contiguous() on it, or pass backend='torch'")
             out[i] = t.data_ptr()
     return out
+
+
+def _matrices(tensors) -> tuple[ctypes.Array, ctypes.Array]:
+    """The weights' addresses as a C array of pointers (None: NULL), and per weight whether it is stored as its
+    transpose (a 2-D view whose .t() is contiguous: fla's RWKV-7 LoRA matrices, kernels/decode.c's matvec). The
+    callers pass the 2-D tensors the C code reads by element (Mamba's A_log, RWKV-7's r_k) contiguous."""
+    flags = [int(t is not None and not t.is_contiguous() and t.dim() == 2 and t.t().is_contiguous()) for t in tensors]
+    return _pointers([t.t() if flag else t for t, flag in zip(tensors, flags)]), (ctypes.c_int64 * len(flags))(*flags)
 
 
 def _call(entry: str, dims: tuple, eps: tuple, weights: list, embedding: torch.Tensor, state: list,
@@ -84,7 +93,7 @@ def _call(entry: str, dims: tuple, eps: tuple, weights: list, embedding: torch.T
     """kernels/decode.c's ``entry`` on one token: the final norm's output (1, 1, C) in the model's dtype."""
     hidden = torch.empty(embedding.numel())
     status = getattr(native.library(), entry)(torch.get_num_threads(), (ctypes.c_int64 * len(dims))(*dims), *eps,
-                                              _pointers(weights), embedding.data_ptr(), _pointers(state),
+                                              *_matrices(weights), embedding.data_ptr(), _pointers(state),
                                               _pointers(new_state), hidden.data_ptr())
     if status:
         raise MemoryError("the C decoding step could not allocate its scratch memory")
@@ -117,7 +126,7 @@ def rwkv4_step(model, token: torch.Tensor, state: list[torch.Tensor] | None) -> 
                     att.value.weight, att.receptance.weight, att.output.weight, ffn.time_mix_key,
                     ffn.time_mix_receptance, ffn.key.weight, ffn.receptance.weight, ffn.value.weight]
     weights += [model.ln_out.weight, model.ln_out.bias]
-    embedding = model.embeddings.weight[token.reshape(())]
+    embedding = model.embeddings.weight[token.reshape(())].contiguous()
     dims = (cfg.hidden_size, cfg.attention_hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
             0 if model.training else cfg.rescale_every, DTYPES[embedding.dtype])
     state, new_state = _states(state)
@@ -125,8 +134,10 @@ def rwkv4_step(model, token: torch.Tensor, state: list[torch.Tensor] | None) -> 
 
 
 def _time_mix_params(att) -> list:
-    """The per-channel parameters kernels/decode.c's rwkv7_time_mix reads, in its order (v0: None in block 0)."""
-    return [att.w0, att.a0, getattr(att, "v0", None), att.k_k, att.k_a, att.r_k, att.ln_x.weight, att.ln_x.bias]
+    """The per-channel parameters kernels/decode.c's rwkv7_time_mix reads, in its order (v0: None in block 0),
+    contiguous (a copy of a few numbers where one is not)."""
+    params = [att.w0, att.a0, getattr(att, "v0", None), att.k_k, att.k_a, att.r_k, att.ln_x.weight, att.ln_x.bias]
+    return [None if p is None else p.contiguous() for p in params]
 
 
 def rwkv7_time_mix(att, r, k, v, v_first, wl, al, vl, g, state) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,11 +155,10 @@ def rwkv7_time_mix(att, r, k, v, v_first, wl, al, vl, g, state) -> tuple[torch.T
     H, N = att.r_k.shape
     acts = [None if t is None else t.contiguous() for t in (r, k, v, v_first, wl, al, vl, g)]
     new_state = state.float().clone(memory_format=torch.contiguous_format)
-    out = torch.empty_like(acts[0])
+    out, params = torch.empty_like(acts[0]), _time_mix_params(att)          # params: held until the call returns
     failed = native.library().rwkv7_time_mix(torch.get_num_threads(), B, T, H, N, DTYPES[r.dtype],
-                                             DTYPES[att.r_k.dtype], *native._pointers(*acts),
-                                             _pointers(_time_mix_params(att)), ctypes.c_float(att.ln_x.eps),
-                                             *native._pointers(new_state, out))
+                                             DTYPES[att.r_k.dtype], *native._pointers(*acts), _pointers(params),
+                                             ctypes.c_float(att.ln_x.eps), *native._pointers(new_state, out))
     if failed:
         raise MemoryError("the C time mix could not allocate its scratch memory")
     return out, new_state
@@ -167,15 +177,16 @@ def rwkv7_step(model, token: torch.Tensor, state: list | None) -> tuple[torch.Te
     cfg = model.config
     state = model.initial_state(1) if state is None else state
     weights = [model.blocks[0].ln0.weight, model.blocks[0].ln0.bias]
-    for i, block in enumerate(model.blocks):
+    for block in model.blocks:
         att, ffn = block.att, block.ffn
-        v0, v1, v2 = (att.v0, att.v1, att.v2) if i > 0 else (None,) * 3
+        # the LoRA products x @ m as matrix-vector products m^T x (block 0 has no v1, v2)
+        lora = [att.w1, att.w2, att.a1, att.a2, getattr(att, "v1", None), getattr(att, "v2", None), att.g1, att.g2]
         weights += [block.ln1.weight, block.ln1.bias, block.ln2.weight, block.ln2.bias, att.x_r, att.x_w, att.x_k,
-                    att.x_v, att.x_a, att.x_g, *_time_mix_params(att), att.w1, att.w2, att.a1, att.a2, v1, v2,
-                    att.g1, att.g2, att.receptance.weight, att.key.weight, att.value.weight, att.output.weight,
-                    ffn.x_k, ffn.key.weight, ffn.value.weight]
+                    att.x_v, att.x_a, att.x_g, *_time_mix_params(att), *(None if m is None else m.T for m in lora),
+                    att.receptance.weight, att.key.weight, att.value.weight, att.output.weight, ffn.x_k,
+                    ffn.key.weight, ffn.value.weight]
     weights += [model.ln_out.weight, model.ln_out.bias]
-    embedding = model.emb.weight[token.reshape(())]
+    embedding = model.emb.weight[token.reshape(())].contiguous()
     dims = (cfg.n_embd, cfg.n_head, cfg.head_size, cfg.dim_ffn, cfg.n_layer, cfg.decay_lora, cfg.a_lora,
             cfg.v_lora, cfg.gate_lora, DTYPES[embedding.dtype])
     state, new_state = _states(s for layer in state for s in layer)
@@ -199,11 +210,11 @@ def mamba_step(model, token: torch.Tensor, state: list | None) -> tuple[torch.Te
     weights = []
     for layer in model.layers:
         m = layer.mixer
-        weights += [layer.norm.weight, m.in_proj.weight, m.in_proj.bias, m.conv1d.weight, m.conv1d.bias,
-                    m.x_proj.weight, m.dt_proj.weight, m.dt_proj.bias, m.A_log, m.D, m.out_proj.weight,
-                    m.out_proj.bias]
+        weights += [layer.norm.weight, m.in_proj.weight, m.in_proj.bias, m.conv1d.weight.contiguous(),
+                    m.conv1d.bias, m.x_proj.weight, m.dt_proj.weight, m.dt_proj.bias, m.A_log.contiguous(), m.D,
+                    m.out_proj.weight, m.out_proj.bias]             # (read by element: contiguous, a copy if need be)
     weights.append(model.norm_f.weight)
-    embedding = model.embeddings.weight[token.reshape(())]
+    embedding = model.embeddings.weight[token.reshape(())].contiguous()
     dims = (cfg.hidden_size, cfg.intermediate_size, cfg.state_size, cfg.conv_kernel, cfg.time_step_rank,
             cfg.num_hidden_layers, DTYPES[embedding.dtype])
     state, new_state = _states(s for layer in state for s in layer)
