@@ -209,6 +209,15 @@ static void matvec(const void *W, int64_t transposed, const void *bias, int64_t 
         y[i] = scale * y[i] + (bias ? at(bias, i, bf16) : 0.0f);
 }
 
+/* x[i] += (W in)[i] for i in [lo, hi): a block's output into the residual stream (out: scratch, rows floats) */
+static void add_matvec(const void *W, int64_t transposed, const void *bias, int64_t bf16, int64_t rows, int64_t K,
+                       const float *in, float *out, float *x, int64_t lo, int64_t hi)
+{
+    matvec(W, transposed, bias, bf16, rows, K, in, 1.0f, out, lo, hi);
+    for (int64_t i = lo; i < hi; i++)
+        x[i] += out[i];
+}
+
 /* ------------------------------------------------------------------------------------------------ vectors */
 
 static inline float sigmoid(float x)
@@ -240,6 +249,16 @@ static void rms_norm(int64_t n, const float *x, const void *weight, int64_t bf16
     const float inv = 1.0f / sqrtf(squares / (float)n + eps);
     for (int64_t i = 0; i < n; i++)
         out[i] = x[i] * inv * at(weight, i, bf16);
+}
+
+/* x = the token's embedding row (C), layer-normed: the RWKV models normalize the embeddings first (RWKV-4's pre_ln,
+ * RWKV-7's ln0); tmp: C floats */
+static void embed_normed(int64_t C, const void *embedding, const void *weight, const void *bias, int64_t bf16,
+                         float eps, float *tmp, float *x)
+{
+    for (int64_t i = 0; i < C; i++)
+        tmp[i] = at(embedding, i, bf16);
+    layer_norm(C, tmp, weight, bias, bf16, eps, x);
 }
 
 /* Scratch for a step: `shared` floats all threads see, `own` floats for each thread, zeroed. */
@@ -289,11 +308,8 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
     share(A, 16, id, threads, &a0, &a1);       /* whole blocks of the WKV loop */
     share(F, 1, id, threads, &f0, &f1);
     const void *const *wt = j->weights;
-    if (id == 0) {
-        for (int64_t i = 0; i < C; i++)
-            xn[i] = at(j->embedding, i, bf16);
-        layer_norm(C, xn, wt[0], wt[1], bf16, j->eps, x);
-    }
+    if (id == 0)
+        embed_normed(C, j->embedding, wt[0], wt[1], bf16, j->eps, xn, x);
     BARRIER();
     for (int64_t layer = 0; layer < L; layer++) {
         const void *const *p = wt + 2 + layer * R4_WEIGHTS;
@@ -328,9 +344,7 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
             wkv[i] *= sigmoid(r[i]) * scale;
         }
         BARRIER();
-        matvec(p[R4_OUTPUT], t[R4_OUTPUT], NULL, bf16, C, A, wkv, 1.0f, o, c0, c1);
-        for (int64_t i = c0; i < c1; i++)
-            x[i] += o[i];
+        add_matvec(p[R4_OUTPUT], t[R4_OUTPUT], NULL, bf16, C, A, wkv, o, x, c0, c1);
         BARRIER();
         /* channel mix: sigmoid(r) * W_v relu(k)^2 */
         layer_norm(C, x, p[R4_LN2_W], p[R4_LN2_B], bf16, j->eps, xn);
@@ -538,11 +552,8 @@ static void rwkv7_run(void *arg, int64_t id, int64_t threads)
     for (int64_t i = 0; i < 4; i++)
         share(widths[i], 1, id, threads, &range[i][0], &range[i][1]);
     const void *const *wt = j->weights;
-    if (id == 0) {
-        for (int64_t i = 0; i < C; i++)
-            xn[i] = at(j->embedding, i, bf16);
-        layer_norm(C, xn, wt[0], wt[1], bf16, j->eps, x);
-    }
+    if (id == 0)
+        embed_normed(C, j->embedding, wt[0], wt[1], bf16, j->eps, xn, x);
     BARRIER();
     for (int64_t layer = 0; layer < j->L; layer++) {
         const void *const *p = wt + 2 + layer * R7_WEIGHTS;
@@ -588,9 +599,7 @@ static void rwkv7_run(void *arg, int64_t id, int64_t threads)
                            p + R7_W0, j->group_eps, kv, y))
             __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
         BARRIER();
-        matvec(p[R7_OUTPUT], t[R7_OUTPUT], NULL, bf16, C, C, y, 1.0f, o, c0, c1);
-        for (int64_t i = c0; i < c1; i++)
-            x[i] += o[i];
+        add_matvec(p[R7_OUTPUT], t[R7_OUTPUT], NULL, bf16, C, C, y, o, x, c0, c1);
         BARRIER();
         /* channel mix: W_v relu(W_k (x + (x_{t-1} - x) mu))^2 */
         layer_norm(C, x, p[R7_LN2_W], p[R7_LN2_B], bf16, j->eps, xn);
@@ -602,9 +611,7 @@ static void rwkv7_run(void *arg, int64_t id, int64_t threads)
         for (int64_t i = f0; i < f1; i++)
             kf[i] = kf[i] > 0.0f ? kf[i] * kf[i] : 0.0f;
         BARRIER();
-        matvec(p[R7_FFN_VALUE], t[R7_FFN_VALUE], NULL, bf16, C, F, kf, 1.0f, o, c0, c1);
-        for (int64_t i = c0; i < c1; i++)
-            x[i] += o[i];
+        add_matvec(p[R7_FFN_VALUE], t[R7_FFN_VALUE], NULL, bf16, C, F, kf, o, x, c0, c1);
         BARRIER();
     }
     if (id == 0)
@@ -694,9 +701,7 @@ static void mamba_run(void *arg, int64_t id, int64_t threads)
         selective_scan_forward(d0 / lanes, (d1 + lanes - 1) / lanes, D, 1, N, 1, u, delta, bias, A, dbc + R,
                                dbc + R + N, skip, z, y, h, 1, NULL, NULL);
         BARRIER();
-        matvec(p[M_OUT_PROJ], t[M_OUT_PROJ], p[M_OUT_PROJ_B], bf16, C, D, y, 1.0f, o, c0, c1);
-        for (int64_t i = c0; i < c1; i++)
-            x[i] += o[i];
+        add_matvec(p[M_OUT_PROJ], t[M_OUT_PROJ], p[M_OUT_PROJ_B], bf16, C, D, y, o, x, c0, c1);
         BARRIER();
     }
     if (id == 0)

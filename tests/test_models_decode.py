@@ -6,6 +6,11 @@ scan's lanes), from the initial state and from states the torch path made, with 
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -213,3 +218,31 @@ def test_rwkv7_prompt_time_mix_in_c(dtype, budget, T, monkeypatch):
     assert_close(logits.double(), expected, budget, "logits")
     assert_close(torch.cat([s.flatten() for layer in new_state for s in layer]).double(),
                  torch.cat([s.flatten() for layer in expected_state for s in layer]), budget, "state")
+
+
+def test_a_compiler_without_openmp_builds_a_library_that_decodes_alike(tmp_path):
+    """Where -fopenmp fails (Apple's clang), the build retries without it (native.OPENMP) and the steps run on one
+    thread: the same logits, to the bit, as the OpenMP build here with two threads. Run in a fresh interpreter with
+    its own cache directory, the first flag replaced by one no compiler knows."""
+    script = """
+import json, sys, torch
+sys.path.insert(0, "tests")
+from seqmix.kernels import native
+native.OPENMP = ("-fno-such-flag-seqmix",) + native.OPENMP[1:]
+from test_models_decode import make, pieces
+torch.set_num_threads(2)
+logits, _ = pieces(make("rwkv7"), torch.arange(6)[None] % 50)
+print(json.dumps(logits.flatten().tolist()))
+"""
+    env = dict(os.environ, SEQMIX_CACHE=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(list(tmp_path.glob("native-*.so"))) == 1
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        logits, _ = pieces(make("rwkv7"), torch.arange(6)[None] % 50)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(torch.tensor(json.loads(done.stdout)), logits.flatten())
