@@ -13,6 +13,10 @@ compute the same function: the step here in fp32 from the weights as stored (a b
 bf16 after each op, so its logits differ by bf16's rounding); tests/test_models_decode.py checks each model's step
 against its torch forward, float64 included.
 
+Threads: torch's own OpenMP threads (kernels/decode.c says why). Like torch's parallel ops, the step cannot use
+more than one thread in a child forked after the parent has used them (libgomp's threads do not survive a fork: a
+torch matmul hangs there too); with one thread, as DataLoader workers have, it runs.
+
 Each step reads the parameters' addresses afresh (a few hundred pointers, some microseconds), so a model whose
 weights are replaced or moved needs nothing else; the recurrences' state is read from the tensors passed in and
 written to new ones (the state passed in is never modified, as in the torch path).

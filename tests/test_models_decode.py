@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -246,3 +247,26 @@ print(json.dumps(logits.flatten().tolist()))
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(torch.tensor(json.loads(done.stdout)), logits.flatten())
+
+
+def _decode_in_child(model, ids, expected):
+    torch.set_num_threads(1)          # as DataLoader workers do: libgomp's threads do not survive a fork
+    os._exit(0 if torch.equal(pieces(model, ids)[0], expected) else 1)
+
+
+def test_a_forked_child_on_one_thread_decodes_alike():
+    """After the parent has decoded on OpenMP threads, a forked child (on one thread, as torch's own parallel ops need
+    it there too: with two, a child hangs in libgomp on a torch matmul as on this step) gets the same logits."""
+    model, ids = make("rwkv7"), torch.arange(6)[None] % VOCAB
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        expected, _ = pieces(model, ids)
+    finally:
+        torch.set_num_threads(threads)
+    child = multiprocessing.get_context("fork").Process(target=_decode_in_child, args=(model, ids, expected))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0
