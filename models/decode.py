@@ -1,5 +1,6 @@
 """A decoding step of a whole model in one call to the C library (kernels/decode.c): the models' forward takes it for
-one token of one sequence on a CPU.
+one token of one sequence on a CPU. Also RWKV-7's time mix after its matrix products in C (rwkv7_time_mix), which
+its TimeMix takes for prompts on a CPU without gradients (``runs_in_c``).
 
 Why: decoding reads every weight once per token. Written as torch ops, a step adds to that read about a thousand
 small ops (layer norms, token-shift mixes, gates, the recurrence's step), each some microseconds of dispatch, which
@@ -7,8 +8,8 @@ cost 30-60% more than the read itself (benchmarks/results/models.md). kernels/de
 products at the memory's speed and the rest in a few microseconds per layer, on torch's thread count.
 
 When: ``fused(model, input_ids, state, backend)`` says whether a forward call takes this path: input_ids of shape
-(1, 1) on a CPU, fp32 or bf16 weights, the state (if given) fp32, backend None or "c", the C library available, and
-no gradient asked for (grad mode off, or no parameter that requires one). Every other call runs the torch ops. Both
+(1, 1) on a CPU, fp32 or bf16 weights, the state (if given) fp32 or in the model's dtype, backend None or "c", the
+C library available, and no gradient asked for (grad mode off, or no parameter that requires one). Every other call runs the torch ops. Both
 compute the same function: the step here in fp32 from the weights as stored (a bf16 model's torch ops round to
 bf16 after each op, so its logits differ by bf16's rounding); tests/test_models_decode.py checks each model's step
 against its torch forward, float64 included.
