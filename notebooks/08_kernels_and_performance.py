@@ -395,6 +395,55 @@ for name in ("chunked (torch backend)", "C loop (backend='c')"):
     print(f"per-token loop / {name}, by T:", ", ".join(f"{T_}: {q:.1f}x" for T_, q in zip(lengths, ratio)))
 
 # %% [markdown]
+# ## 6. Whole models on a CPU
+#
+# A model adds to its recurrence the matrix products and a trail of small operations around them (norms, token-shift
+# mixes, gates). Two limits bound a whole model on a CPU: decoding a token must read every weight once (one
+# streaming pass over them), and a prompt must do the model's matrix products. `python -m seqmix.benchmarks.models`
+# times the three models at their published small shapes (random weights) beside those limits and beside the
+# runtimes a user would otherwise run; the notebook reads its stored results. Decoding one token is one C call
+# (`models/decode.py`, `kernels/decode.c`): the matrix-vector products at the memory's speed and the rest in a few
+# microseconds a layer. Below, each runtime's time over its limit: 1 is the limit, the dashed line the goal (1.3x).
+
+# %%
+speed = json.loads((REPO / "benchmarks" / "results" / "models.json").read_text())["speed"]
+LIMITS = {"prefill": "the matmuls alone", "decode": "one streaming pass over the weights"}
+groups = list(dict.fromkeys(r["model"] for r in speed))
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
+for ax, (phase, limit_name) in zip(axes, LIMITS.items()):
+    for g, group in enumerate(groups):
+        rows = {r["runtime"]: r[f"{phase}_tok_s"] for r in speed if r["model"] == group and f"{phase}_tok_s" in r}
+        limit = rows.pop(limit_name)
+        peers = {name: tok_s for name, tok_s in rows.items() if name != "seqmix"}
+        fastest_peer = max(peers.values())
+        for offset, (label, tok_s) in enumerate((("seqmix", rows["seqmix"]), ("fastest peer", fastest_peer))):
+            ax.bar(g + 0.4 * offset - 0.2, limit / tok_s, width=0.4, color=f"C{offset}",
+                   label=label if g == 0 else None)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(1.3, color="k", ls="--", lw=0.8)
+    ax.set_xticks(range(len(groups)), [g.replace("float32", "fp32").replace("bfloat16", "bf16") for g in groups],
+                  rotation=30)
+    ax.set_ylabel(f"time / {limit_name}")
+    if phase == "prefill":
+        ax.set_yscale("log")                        # the peers' prompts take up to 60x the matmuls
+    ax.set_title(f"{phase} (T = {1024 if phase == 'prefill' else 1} per call)")
+    ax.legend()
+plt.show()
+for group in groups:
+    rows = {r["runtime"]: r for r in speed if r["model"] == group}
+    print(f"{group:15s} decode {rows['seqmix']['decode_tok_s']:6.1f} tok/s, one read of the weights "
+          f"{rows[LIMITS['decode']]['decode_tok_s']:6.1f}/s; prefill {rows['seqmix']['prefill_tok_s']:7.1f} tok/s, "
+          f"the matmuls alone {rows[LIMITS['prefill']]['prefill_tok_s']:7.1f} tok/s")
+
+# %% [markdown]
+# How to read it: decoding sits at the read of the weights in fp32, and below it in bf16, where the C step reads bf16
+# weights faster than torch's own matrix-vector product (the limit measured here); the peers spend the difference in
+# per-operation overhead. A prompt stays within the goal for the RWKV models in fp32; in bf16 the matrix products run
+# on the CPU's bf16 matrix instructions, 4-5x faster than fp32's, while the recurrence and the elementwise work do not
+# get faster, and Mamba's scan computes 16 exponentials per channel per token: its time alone is about that of the
+# matmuls in fp32. [`benchmarks/README.md`](../benchmarks/README.md) breaks each prompt down by part.
+
+# %% [markdown]
 # ## Summary
 #
 # - A Triton kernel describes one program of a grid; the formula decides what a program owns. WKV-4: a batch row and
@@ -410,3 +459,6 @@ for name in ("chunked (torch backend)", "C loop (backend='c')"):
 #   gives in numbers; the cost model predicts each Triton kernel's H100 time from its
 #   bytes and operations, a floor for the recurrent kernels, which at small batch are limited by how few programs walk
 #   time in parallel.
+# - Whole models: decoding a token on a CPU is one C call at the speed of one read of the weights; a prompt is within
+#   1.3x of its matrix products for the RWKV models in fp32, and further from them where the matrix products get
+#   faster (bf16) or the recurrence is heavy (Mamba's scan).
