@@ -1,4 +1,5 @@
-/* One decoding step of a whole model (one token of one sequence) in one call: the CPU path of models/decode.py.
+/* One decoding step of a whole model (one token of one sequence) in one call, and RWKV-7's time mix after its matrix
+ * products for prompts (rwkv7_time_mix, which the step uses too): the CPU paths of models/decode.py.
  *
  * Why: decoding reads every weight once per token, and a step written as torch ops spends 30-60% on top of that read
  * in the thousand-odd small ops between the matrix products (layer norms, token-shift mixes, gates, the
