@@ -264,7 +264,8 @@ def _rounds(fns: dict, runs: int) -> dict:
             start = CLOCK()
             fn()
             times[name].append(CLOCK() - start)
-    return {name: (statistics.median(t), (max(t) - min(t)) / statistics.median(t)) for name, t in times.items()}
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    return {name: (medians[name], (max(t) - min(t)) / medians[name]) for name, t in times.items()}
 
 
 def _decoding(prefill, step, ids, n_decode: int):

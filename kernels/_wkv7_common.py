@@ -18,3 +18,10 @@ def _head_offsets(pid_bh, T, H, N: tl.constexpr):
 def _checkpoint(ckpt_ptr, pid_bh, n_ckpt, index, N: tl.constexpr):
     """The (N, N) checkpoint ``index`` of head pid_bh in a (B * H, n_ckpt, N, N) buffer."""
     return ckpt_ptr + (pid_bh.to(tl.int64) * n_ckpt + index) * N * N
+
+
+@triton.jit
+def _step(S, w, k, v, a, b):
+    """S diag(w) + (S a) b^T + v k^T for rows S (BLOCK_V, N) of the state."""
+    sa = tl.sum(S * a[None, :], axis=1)
+    return S * w[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :]

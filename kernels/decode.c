@@ -221,11 +221,6 @@ static void add_matvec(const void *W, int64_t transposed, const void *bias, int6
 
 /* ------------------------------------------------------------------------------------------------ vectors */
 
-static inline float sigmoid(float x)
-{
-    return 1.0f / (1.0f + exp_clamped(-x));
-}
-
 /* out = (x - mean) / sqrt(var + eps) * weight + bias over n numbers (torch's layer norm, biased variance) */
 static void layer_norm(int64_t n, const float *x, const void *weight, const void *bias, int64_t bf16, float eps,
                        float *out)
@@ -404,15 +399,21 @@ enum { MIX_W0, MIX_A0, MIX_V0, MIX_K_K, MIX_K_A, MIX_R_K, MIX_LN_X_W, MIX_LN_X_B
 
 #define MIX_CHUNK 128      /* tokens at a time: a chunk's 7 arrays of a head stay in the cache */
 
+/* Tokens in the longest chunk of T: the scratch's arrays hold that many steps (a decoding step: one) */
+static inline int64_t mix_chunk(int64_t T)
+{
+    return T < MIX_CHUNK ? T : MIX_CHUNK;
+}
+
 /* One (batch row, head) item of rwkv7_time_mix, MIX_CHUNK tokens at a time (the state carried from one to the next in
  * place), ACT_BF16 a constant in each copy so that the loops over the head's N numbers vectorize; q: the head's
- * params as fp32, [MIX_PARAMS][N]; scratch: 7 MIX_CHUNK N floats. */
+ * params as fp32, [MIX_PARAMS][N]; scratch: 7 mix_chunk(T) N floats. */
 static inline __attribute__((always_inline)) void time_mix_item(
     int64_t b, int64_t h, int64_t T, int64_t H, int64_t N, const int64_t act_bf16, const void *r, const void *k,
     const void *v, const void *v_first, const void *wl, const void *al, const void *vl, const void *g, const float *q,
     float group_eps, float *scratch, float *state, void *out)
 {
-    const int64_t C = H * N, S = MIX_CHUNK * N;
+    const int64_t C = H * N, S = mix_chunk(T) * N;
     float *R = scratch, *LW = R + S, *K = LW + S, *V = K + S, *AA = V + S, *BB = AA + S, *Y = BB + S;
     const float *w0 = q + MIX_W0 * N, *a0 = q + MIX_A0 * N, *v0 = q + MIX_V0 * N, *k_k = q + MIX_K_K * N;
     const float *k_a = q + MIX_K_A * N, *r_k = q + MIX_R_K * N, *lw = q + MIX_LN_X_W * N, *lb = q + MIX_LN_X_B * N;
@@ -475,7 +476,7 @@ static int64_t time_mix_items(int64_t first, int64_t last, int64_t T, int64_t H,
                               const void *wl, const void *al, const void *vl, const void *g,
                               const void *const *params, float group_eps, float *state, void *out)
 {
-    float q[MIX_PARAMS * N], *scratch = malloc(7 * MIX_CHUNK * N * sizeof(float));
+    float q[MIX_PARAMS * N], *scratch = malloc(7 * mix_chunk(T) * N * sizeof(float));
     if (!scratch)
         return -1;
     for (int64_t item = first; item < last; item++) {

@@ -467,7 +467,7 @@ void selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, 
                 if (delta_softplus) {
                     #pragma omp simd
                     for (int64_t i = 0; i < L * LANES; i++) {     /* softplus and its slope, sigmoid */
-                        slope[i] = 1.0f / (1.0f + exp_clamped(-step[i]));
+                        slope[i] = sigmoid(step[i]);
                         step[i] = softplus(step[i]);
                     }
                 } else {
@@ -502,7 +502,7 @@ void selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, 
                     #pragma omp simd
                     for (int64_t j = 0; j < LANES; j++) {
                         /* silu(z) = z sigmoid(z), silu'(z) = sigmoid(z) (1 + z (1 - sigmoid(z))) */
-                        const float sg = 1.0f / (1.0f + exp_clamped(-zl[j]));
+                        const float sg = sigmoid(zl[j]);
                         dpre[j] = z ? gl[j] * zl[j] * sg : gl[j];
                         dz_t[l * LANES + j] = gl[j] * pre[j] * sg * (1.0f + zl[j] * (1.0f - sg));
                         dDacc[j] += dpre[j] * ul[j];

@@ -48,6 +48,12 @@ static inline float softplus(float x)
     return (x > 0.0f ? x : 0.0f) + 2.0f * s * p;
 }
 
+/* 1 / (1 + e^-x), vectorizable */
+static inline float sigmoid(float x)
+{
+    return 1.0f / (1.0f + exp_clamped(-x));
+}
+
 #define VEC 16
 typedef float vfloat __attribute__((vector_size(VEC * sizeof(float))));
 typedef float vfloat_u __attribute__((vector_size(VEC * sizeof(float)), aligned(sizeof(float))));  /* unaligned */

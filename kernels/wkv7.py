@@ -76,8 +76,8 @@ from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, all_finite, check_decay_dtype, check_devices,
                                     check_same_dtype, check_tensor, finite_log_decay, needs_grad, new_output,
                                     rows_per_program, tl, triton)
-from seqmix.kernels._wkv7_common import _checkpoint, _head_offsets
-from seqmix.kernels.wkv7_chunked import (CHUNK as TRITON_CHUNK, _chunked_bwd, _chunked_fwd, _chunked_launch_config,
+from seqmix.kernels._wkv7_common import _checkpoint, _head_offsets, _step
+from seqmix.kernels.wkv7_chunked import (CHUNK as TRITON_CHUNK, CHUNKED_BLOCK_K, _chunked_bwd, _chunked_fwd, _chunked_launch_config,
                                          wkv7_chunked_bwd_kernel, wkv7_chunked_dstate_kernel, wkv7_chunked_fwd_kernel)
 
 __all__ = ["wkv7"]
@@ -239,13 +239,6 @@ def _take_step(r, log_w, k, v, a, b):
 
 
 @triton.jit
-def _step(S, w, k, v, a, b):
-    """S diag(w) + (S a) b^T + v k^T for rows S (BLOCK_V, N) of the state."""
-    sa = tl.sum(S * a[None, :], axis=1)
-    return S * w[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :]
-
-
-@triton.jit
 def wkv7_fwd_kernel(
     r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs, contiguous, one float dtype
     state0_ptr,          # (B, H, N, N) fp32 initial state, read when HAS_STATE0
@@ -394,7 +387,7 @@ def _use_chunked_forward(N):
     """Whether the chunked kernels (forward and backward, kernels/wkv7_chunked.py) take head size N: from 16, tl.dot's
     smallest tile. They decide each chunk's form on the device (decays out of range take steps one at a time), so
     nothing of the inputs is read here."""
-    return N >= 16
+    return N >= CHUNKED_BLOCK_K
 
 
 def wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):

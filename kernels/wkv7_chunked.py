@@ -65,7 +65,7 @@ from __future__ import annotations
 import torch
 
 from seqmix.kernels._common import Launch, new_output, tl, triton
-from seqmix.kernels._wkv7_common import _checkpoint, _head_offsets
+from seqmix.kernels._wkv7_common import _checkpoint, _head_offsets, _step
 
 __all__ = []   # private: the op is kernels/wkv7.py's wkv7 (chunked=True)
 
@@ -383,11 +383,9 @@ def wkv7_chunked_dstate_kernel(
 
 @triton.jit
 def _step_forward(S, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, T):
-    """Step t on rows S (BLOCK_V, N) of the state: S diag(w) + (S a) b^T + v k^T."""
-    sa = tl.sum(S * _vector(a_ptr, off, keys, t, T)[None, :], axis=1)
-    return (S * tl.exp(_vector(log_w_ptr, off, keys, t, T))[None, :]
-            + sa[:, None] * _vector(b_ptr, off, keys, t, T)[None, :]
-            + _vector(v_ptr, off, rows, t, T)[:, None] * _vector(k_ptr, off, keys, t, T)[None, :])
+    """Step t on rows S (BLOCK_V, N) of the state, from memory."""
+    return _step(S, tl.exp(_vector(log_w_ptr, off, keys, t, T)), _vector(k_ptr, off, keys, t, T),
+                 _vector(v_ptr, off, rows, t, T), _vector(a_ptr, off, keys, t, T), _vector(b_ptr, off, keys, t, T))
 
 
 @triton.jit

@@ -29,6 +29,7 @@ import ctypes
 import torch
 
 from seqmix.kernels import native
+from seqmix.kernels._common import needs_grad, new_output
 
 __all__ = ["runs_in_c", "fused", "rwkv4_step", "rwkv7_step", "mamba_step", "rwkv7_time_mix"]
 
@@ -52,8 +53,7 @@ def runs_in_c(module: torch.nn.Module, backend, *inputs: torch.Tensor, head_size
         return False
     if head_size > native.WKV7_MAX_HEAD or not native.available():
         return False
-    return not (torch.is_grad_enabled() and (any(x.requires_grad for x in inputs)
-                                             or any(p.requires_grad for p in module.parameters())))
+    return not needs_grad(*inputs, *module.parameters())
 
 
 def fused(model: torch.nn.Module, input_ids: torch.Tensor, state, backend) -> bool:
@@ -74,15 +74,12 @@ def fused(model: torch.nn.Module, input_ids: torch.Tensor, state, backend) -> bo
 
 def _pointers(tensors) -> ctypes.Array:
     """The tensors' addresses as a C array of pointers (None: NULL); each must be contiguous."""
-    out = (ctypes.c_void_p * len(tensors))()
-    for i, t in enumerate(tensors):
-        if t is not None:
-            if not t.is_contiguous():
-                raise ValueError(f"the C decoding step needs contiguous parameters (or, for a matrix, its transpose "
-                                 f"contiguous), got one of shape {tuple(t.shape)} and strides {t.stride()}; call "
-                                 f".contiguous() on it, or pass backend='torch'")
-            out[i] = t.data_ptr()
-    return out
+    for t in tensors:
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"the C decoding step needs contiguous parameters (or, for a matrix, its transpose "
+                             f"contiguous), got one of shape {tuple(t.shape)} and strides {t.stride()}; call "
+                             f".contiguous() on it, or pass backend='torch'")
+    return (ctypes.c_void_p * len(tensors))(*native._pointers(*tensors))
 
 
 def _matrices(tensors) -> tuple[ctypes.Array, ctypes.Array]:
@@ -96,7 +93,7 @@ def _matrices(tensors) -> tuple[ctypes.Array, ctypes.Array]:
 def _call(entry: str, dims: tuple, eps: tuple, weights: list, embedding: torch.Tensor, state: list,
           new_state: list) -> torch.Tensor:
     """kernels/decode.c's ``entry`` on one token: the final norm's output (1, 1, C) in the model's dtype."""
-    hidden = torch.empty(embedding.numel())
+    hidden = new_output((embedding.numel(),), torch.float32, embedding.device)
     status = getattr(native.library(), entry)(torch.get_num_threads(), (ctypes.c_int64 * len(dims))(*dims), *eps,
                                               *_matrices(weights), embedding.data_ptr(), _pointers(state),
                                               _pointers(new_state), hidden.data_ptr())
@@ -109,14 +106,16 @@ def _states(tensors) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The state's tensors as the step reads them (contiguous: the torch path's conv windows are views), and new
     ones of the same shapes for the step to write."""
     old = [t.contiguous() for t in tensors]
-    return old, [torch.empty_like(t) for t in old]
+    return old, [new_output(t.shape, t.dtype, t.device) for t in old]
 
 
-def rwkv4_step(model, token: torch.Tensor, state: list[torch.Tensor] | None) -> tuple[torch.Tensor, list]:
+def rwkv4_step(model, token: torch.Tensor, state: list[torch.Tensor] | None, rescale_every: int
+               ) -> tuple[torch.Tensor, list]:
     """One token through RwkvModel (models/rwkv4.py) in C.
 
     Args:
         model: the RwkvModel. token: (1, 1) token id. state: the five (1, C or A, L) fp32 tensors, or None.
+        rescale_every: as the forward rescales (0 in training mode: never).
 
     Returns:
         (ln_out's output (1, 1, C) in the model's dtype, the new state: five new tensors).
@@ -133,7 +132,7 @@ def rwkv4_step(model, token: torch.Tensor, state: list[torch.Tensor] | None) -> 
     weights += [model.ln_out.weight, model.ln_out.bias]
     embedding = model.embeddings.weight[token.reshape(())].contiguous()
     dims = (cfg.hidden_size, cfg.attention_hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
-            0 if model.training else cfg.rescale_every, DTYPES[embedding.dtype])
+            rescale_every, DTYPES[embedding.dtype])
     state, new_state = _states(state)
     return _call("rwkv4_decode", dims, (cfg.layer_norm_epsilon,), weights, embedding, state, new_state), new_state
 
@@ -159,8 +158,8 @@ def rwkv7_time_mix(att, r, k, v, v_first, wl, al, vl, g, state) -> tuple[torch.T
     B, T, C = r.shape
     H, N = att.r_k.shape
     acts = [None if t is None else t.contiguous() for t in (r, k, v, v_first, wl, al, vl, g)]
-    new_state = state.float().clone(memory_format=torch.contiguous_format)
-    out, params = torch.empty_like(acts[0]), _time_mix_params(att)          # params: held until the call returns
+    new_state = native._initial_state(state, state.shape)
+    out, params = new_output(r.shape, r.dtype, r.device), _time_mix_params(att)   # params: held for the call
     failed = native.library().rwkv7_time_mix(torch.get_num_threads(), B, T, H, N, DTYPES[r.dtype],
                                              DTYPES[att.r_k.dtype], *native._pointers(*acts), _pointers(params),
                                              ctypes.c_float(att.ln_x.eps), *native._pointers(new_state, out))

@@ -122,7 +122,6 @@ class MambaMixer(nn.Module):
                               delta_bias=self.dt_proj.bias.to(h.dtype), delta_softplus=True, state=h, backend=backend)
         return self.out_proj(y.transpose(1, 2)), (window, h)
 
-
     def _causal_conv(self, padded):
         """The depthwise causal convolution over padded (B, D, K - 1 + T) -> (B, D, T). A decoding step's one output
         is the window weighted and summed: two ops, where conv1d's setup cost ten times as much (150 us a layer)."""

@@ -222,13 +222,13 @@ class RwkvModel(PretrainedMixin, nn.Module):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         B, state_dtype = input_ids.shape[0], accumulation_dtype(self.embeddings.weight.dtype)
         state = None if state is None else self._check_state(state, B)
+        every = self.config.rescale_every if not self.training else 0
         if not output_hidden_states and decode.fused(self, input_ids, state, backend):   # one token: one C call
-            x, state = decode.rwkv4_step(self, input_ids, state)
+            x, state = decode.rwkv4_step(self, input_ids, state, every)
             return ModelOutput(x, state if use_cache else None, None)
         x = self.embeddings(input_ids)
         if state is None:
             state = self.initial_state(B, x.device, state_dtype)
-        every = self.config.rescale_every if not self.training else 0
         new_state, hidden_states = [], []
         for i, block in enumerate(self.blocks):
             out_scale = 0.5 ** (i // every) if every > 0 else 1.0

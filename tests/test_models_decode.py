@@ -5,6 +5,7 @@ attention size != hidden size with rescaling, Mamba with every bias and a channe
 scan's lanes), from the initial state and from states the torch path made, with 1 and 2 threads."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import multiprocessing
@@ -15,9 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._pytree import tree_leaves
 
 from seqmix.kernels import native
-from seqmix.kernels.testing import BF16_BUDGET, FP32_BUDGET, assert_close
+from seqmix.kernels.testing import BF16_BUDGET, FP32_BUDGET, assert_close, rel_rms
 from seqmix.models import decode
 from seqmix.models.mamba import MambaConfig, MambaForCausalLM
 from seqmix.models.rwkv4 import RwkvConfig, RwkvForCausalLM
@@ -34,6 +36,17 @@ MODELS = {
     "mamba": lambda: MambaForCausalLM(MambaConfig(vocab_size=VOCAB, hidden_size=21, num_hidden_layers=3,
                                                   state_size=5, conv_kernel=3, time_step_rank=3, use_bias=True)),
 }
+
+
+@contextlib.contextmanager
+def num_threads(n: int):
+    """torch's (and so the C step's) thread count set to n inside the block."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def make(kind: str, dtype=torch.float32, seed: int = 0):
@@ -103,25 +116,18 @@ def test_a_bf16_step_computes_in_fp32(kind):
         _, state = run(model, ids[:, :5])
         fused, _ = run(model, ids[:, 5:], state)
         torch_ops, _ = run(model, ids[:, 5:], state, backend="torch")
-    err = (fused.double() - expected).norm() / expected.norm()
-    assert err < (torch_ops.double() - expected).norm() / expected.norm()
+    assert rel_rms(fused, expected) < rel_rms(torch_ops, expected)
 
 
 @pytest.mark.parametrize("kind", MODELS)
 def test_results_do_not_depend_on_the_thread_count(kind):
     model = make(kind)
     ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
-    threads = torch.get_num_threads()
     results = []
-    try:
-        for n in (1, 2, 3):
-            torch.set_num_threads(n)
+    for n in (1, 2, 3):
+        with num_threads(n):
             results.append(pieces(model, ids))
-    finally:
-        torch.set_num_threads(threads)
-    flat = [torch.cat([logits.flatten()] + [s.flatten() for layer in state for s in
-                                              (layer if isinstance(layer, tuple) else (layer,))])
-            for logits, state in results]
+    flat = [torch.cat([logits.flatten(), *(s.flatten() for s in tree_leaves(state))]) for logits, state in results]
     assert torch.equal(flat[0], flat[1]) and torch.equal(flat[0], flat[2])
 
 
@@ -132,7 +138,7 @@ def test_the_state_passed_in_is_not_modified(kind):
         _, state = run(model, torch.tensor([[3, 4]]))
         before = copy.deepcopy(state)
         run(model, torch.tensor([[5]]), state)
-    for a, b in zip(torch.utils._pytree.tree_leaves(state), torch.utils._pytree.tree_leaves(before)):
+    for a, b in zip(tree_leaves(state), tree_leaves(before)):
         assert torch.equal(a, b)
 
 
@@ -217,8 +223,8 @@ def test_rwkv7_prompt_time_mix_in_c(dtype, budget, T, monkeypatch):
         expected, expected_state = run(reference, ids, [tuple(s.double() for s in layer) for layer in state])
     assert len(calls) == model.config.n_layer
     assert_close(logits.double(), expected, budget, "logits")
-    assert_close(torch.cat([s.flatten() for layer in new_state for s in layer]).double(),
-                 torch.cat([s.flatten() for layer in expected_state for s in layer]), budget, "state")
+    assert_close(torch.cat([s.flatten() for s in tree_leaves(new_state)]).double(),
+                 torch.cat([s.flatten() for s in tree_leaves(expected_state)]), budget, "state")
 
 
 def test_a_compiler_without_openmp_builds_a_library_that_decodes_alike(tmp_path):
@@ -240,12 +246,8 @@ print(json.dumps(logits.flatten().tolist()))
                           cwd=Path(__file__).parent.parent)
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(list(tmp_path.glob("native-*.so"))) == 1
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
+    with num_threads(2):
         logits, _ = pieces(make("rwkv7"), torch.arange(6)[None] % 50)
-    finally:
-        torch.set_num_threads(threads)
     assert torch.equal(torch.tensor(json.loads(done.stdout)), logits.flatten())
 
 
@@ -258,12 +260,8 @@ def test_a_forked_child_on_one_thread_decodes_alike():
     """After the parent has decoded on OpenMP threads, a forked child (on one thread, as torch's own parallel ops need
     it there too: with two, a child hangs in libgomp on a torch matmul as on this step) gets the same logits."""
     model, ids = make("rwkv7"), torch.arange(6)[None] % VOCAB
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
+    with num_threads(2):
         expected, _ = pieces(model, ids)
-    finally:
-        torch.set_num_threads(threads)
     child = multiprocessing.get_context("fork").Process(target=_decode_in_child, args=(model, ids, expected))
     child.start()
     child.join(timeout=60)
