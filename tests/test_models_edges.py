@@ -64,8 +64,12 @@ def test_negative_logits_to_keep_is_refused(model, keep):
 
 
 def test_logits_to_keep_keeps_the_last_positions(model):
+    """The head's matrix product runs on 2 rows against 5: another shape, which may round differently on another
+    CPU (2.4e-7 measured), so the promise is agreement within the fp32 budget, not the same bits."""
     ids = torch.tensor([[1, 2, 3, 4, 5]])
-    assert torch.equal(run(model, ids, logits_to_keep=2), run(model, ids)[:, -2:])
+    kept, full = run(model, ids, logits_to_keep=2), run(model, ids)
+    assert kept.shape == (1, 2, V)
+    assert_close(kept, full[:, -2:], FP32_BUDGET, "logits_to_keep=2 against the last two of all")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int32])
