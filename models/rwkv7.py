@@ -56,7 +56,11 @@ class Rwkv7Config:
     """Sizes of an RWKV-7 model. The LoRA widths default to one of the suggestions in BlinkDL's RWKV-7 training
     code (it has changed between versions); `Rwkv7.from_checkpoint` reads the actual ones from the tensors.
     layer_norm_epsilon: the layer norms' eps (BlinkDL: torch's default 1e-5); group_norm_epsilon: the per-head
-    group norm's (BlinkDL: 64e-5; flash-linear-attention: head_size * norm_eps, the same for head size 64)."""
+    group norm's (BlinkDL: 64e-5; flash-linear-attention: head_size * norm_eps, the same for head size 64).
+    wide_in_context_rate: not the published model: the in-context rate a = (1 + w) sigmoid(a0 + xa a1 a2), in
+    (0, 1 + w) per channel, so that the transition's eigenvalues reach -1 (reference.rwkv7.in_context_rate; the
+    state-tracking experiment). With it, the time mix runs in torch ops around the WKV-7 op of the chosen backend
+    (which takes a and b as they come); the C time mix and decoding step compute the published a and are not used."""
     vocab_size: int = 65536
     n_embd: int = 768
     n_layer: int = 12
@@ -68,6 +72,7 @@ class Rwkv7Config:
     gate_lora: int | None = None      # g1, g2
     layer_norm_epsilon: float = 1e-5
     group_norm_epsilon: float = 64e-5
+    wide_in_context_rate: bool = False   # a in (0, 1 + w) instead of (0, 1): reference.rwkv7.in_context_rate
 
     def __post_init__(self):
         check_positive_ints(self, ("vocab_size", "n_embd", "n_layer", "head_size"))     # before C ** 0.5 below
@@ -143,6 +148,7 @@ class TimeMix(nn.Module):
         self.r_k = nn.Parameter(torch.empty(H, N))
         self.receptance, self.key, self.value, self.output = (Linear(C, C, bias=False) for _ in range(4))
         self.ln_x = nn.GroupNorm(H, C, eps=config.group_norm_epsilon)
+        self.wide_in_context_rate = config.wide_in_context_rate
 
     def forward(self, x, x_prev, kv, v_first, backend=None):
         """x: layer-normed input (B, T, C); x_prev (B, C); kv (B, H, N, N) fp32; v_first (B, T, C) or None in
@@ -155,7 +161,7 @@ class TimeMix(nn.Module):
         al = (xa @ self.a1) @ self.a2
         vl = None if v_first is None else (xv @ self.v1) @ self.v2
         g = torch.sigmoid(xg @ self.g1) @ self.g2
-        if decode.runs_in_c(self, backend, x, head_size=self.r_k.shape[1]):   # on a CPU: the rest in one C pass
+        if not self.wide_in_context_rate and decode.runs_in_c(self, backend, x, head_size=self.r_k.shape[1]):
             y, kv = decode.rwkv7_time_mix(self, r, k, v, v_first, wl, al, vl, g, kv)
         else:
             y, kv = self._mix(r, k, v, v_first, wl, al, vl, g, kv, backend)
@@ -174,6 +180,8 @@ class TimeMix(nn.Module):
         if vl is not None:                                                    # layer 0's v is v_first itself
             v = v + (v_first - v) * torch.sigmoid(self.v0 + vl)
         a = torch.sigmoid(self.a0 + al)                                       # in-context learning rate
+        if self.wide_in_context_rate:                                         # (0, 1 + w): eigenvalues to -1
+            a = a * (1 + torch.exp(log_w))
         kk = F.normalize(heads(k * self.k_k), dim=-1)                            # (B, T, H, N), unit per head
         k = k * (1 + (a - 1) * self.k_a)
         y, kv = wkv7(heads(r), heads(log_w), heads(k), heads(v), -kk, kk * heads(a), state=kv, backend=backend)
@@ -268,6 +276,9 @@ class Rwkv7(GenerateMixin, PretrainedMixin, nn.Module):
         return Rwkv7Config(**rwkv7_fla.config_from_fla(config))
 
     def _config_to_file(self) -> dict:
+        if self.config.wide_in_context_rate:
+            raise ValueError("save_pretrained writes flash-linear-attention's layout, which has no field for "
+                             "wide_in_context_rate: a model with it would load back as the published one")
         return rwkv7_fla.config_to_fla(self.config)
 
     @classmethod
@@ -335,7 +346,7 @@ class Rwkv7(GenerateMixin, PretrainedMixin, nn.Module):
         check_logits_to_keep(logits_to_keep)
         B = input_ids.shape[0]
         state = None if state is None else self._check_state(state, B)
-        if decode.fused(self, input_ids, state, backend):                      # one token: one C call
+        if not self.config.wide_in_context_rate and decode.fused(self, input_ids, state, backend):   # one C call
             x, state = decode.rwkv7_step(self, input_ids, state)
             return self.head(x), state
         state = self.initial_state(B, dtype=self.kv_dtype) if state is None else state

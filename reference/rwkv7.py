@@ -15,7 +15,8 @@ Glossary (name here -> symbol in the sources; `params` keys are those of a Blink
     v_first     layer 0's value of the same token (B, T, C); later layers pull their v towards it by the
                 gate sigmoid(v0 + xv v1 v2) (the "value residual")
     a           in-context learning rate sigmoid(a0 + xa a1 a2), in (0, 1) (B, T, C); `a` in BlinkDL's code,
-                not the `a` of the op
+                not the `a` of the op. With wide_in_context_rate: (1 + exp(log_w)) sigmoid(a0 + xa a1 a2), in
+                (0, 1 + w) per channel, so that the transition's eigenvalues reach down to -1 (`in_context_rate`)
     g           output gate sigmoid(xg g1) g2 (B, T, C)
     kk          the key to replace: k * k_k, L2-normalized per head (B, T, C)
     k~          the key written: k * (1 + (a - 1) * k_a)
@@ -42,7 +43,7 @@ from .functional import layer_norm, sigmoid, softplus, token_shift
 from .wkv7 import wkv7
 
 __all__ = ["forward", "forward_rnn", "initial_state", "num_layers", "check_params", "checkpoint_shapes", "time_mix",
-           "channel_mix", "log_decay"]
+           "channel_mix", "log_decay", "in_context_rate"]
 
 LAYER_NORM_EPS = 1e-5
 GROUP_NORM_EPS = 64e-5     # ln_x, per head
@@ -149,7 +150,26 @@ def log_decay(xw, w0, w1, w2):
     return -np.exp(w)
 
 
-def time_mix(p, x, x_prev, S, v_first, H):
+def in_context_rate(z, log_w, wide=False):
+    """a = sigmoid(z) as published, in (0, 1); wide: a = (1 + w) sigmoid(z) with w = exp(log_w), in (0, 1 + w).
+
+    Why the wide range: the op's transition G_t = diag(w_t) - kk_t (a_t * kk_t)^T (kk unit length) has, along kk
+    for a decay w the same in every channel, the eigenvalue w - a and w elsewhere. With a < 1 and w > exp(-exp(-0.5))
+    = 0.545 no eigenvalue lies below -0.455, so a product of transitions never flips a sign and parity cannot be
+    counted (Grazzi et al., arXiv:2411.12537; Merrill et al., arXiv:2404.08819); a up to 1 + w reaches -1 and no
+    further (a larger a would let the state grow). Off by default: the published model has a in (0, 1).
+
+    Args:
+        z (array): a0 + xa a1 a2, (B, T, C).
+        log_w (array): the same step's log decay, (B, T, C); read only when wide.
+        wide (bool): the wider range.
+    Returns:
+        array: a, (B, T, C).
+    """
+    return (1 + np.exp(log_w)) * sigmoid(z) if wide else sigmoid(z)
+
+
+def time_mix(p, x, x_prev, S, v_first, H, wide_in_context_rate=False):
     """out = output((GroupNorm_heads(wkv7(r, log_w, k~, v, -kk, kk * a)) + (sum r k~ r_k) v) * g).
 
     Args:
@@ -159,6 +179,7 @@ def time_mix(p, x, x_prev, S, v_first, H):
         S (array): (B, H, N, N) indexed [value, key].
         v_first (array or None): layer 0's value (B, T, C), or None in layer 0, which makes it.
         H (int): heads.
+        wide_in_context_rate (bool): a in (0, 1 + w) instead of (0, 1) (``in_context_rate``).
     Returns:
         (out (B, T, C), x_prev (B, C), S, v_first): the new states, and v_first.
 
@@ -176,7 +197,7 @@ def time_mix(p, x, x_prev, S, v_first, H):
         v_first = v                                                      # layer 0: this token's value
     else:
         v = v + (v_first - v) * sigmoid(p["v0"] + (xv @ p["v1"]) @ p["v2"])
-    a = sigmoid(p["a0"] + (xa @ p["a1"]) @ p["a2"])                      # (B, T, C) in (0, 1)
+    a = in_context_rate(p["a0"] + (xa @ p["a1"]) @ p["a2"], log_w, wide_in_context_rate)   # (B, T, C)
     g = sigmoid(xg @ p["g1"]) @ p["g2"]                                  # (B, T, C)
     kk = heads(k * p["k_k"])                                             # (B, T, H, N)
     kk = kk / np.maximum(np.linalg.norm(kk, axis=-1, keepdims=True), 1e-12)  # unit length per head
@@ -236,7 +257,7 @@ def _check_state(state, B, C, H, N, L):
     return checked
 
 
-def forward(params, input_ids, state=None):
+def forward(params, input_ids, state=None, *, wide_in_context_rate=False):
     """GPT mode: logits = head(LN_out(x_L)), x_{i+1} = x_i' + CMix(LN2(x_i')), x_i' = x_i + TMix(LN1(x_i)),
     x_0 = LN0(emb[input_ids]); each time mix runs the whole sequence through the WKV-7 op.
 
@@ -245,6 +266,7 @@ def forward(params, input_ids, state=None):
         input_ids (array): (B, T) integers in [0, V).
         state (list or None): L tuples (att_x_prev (B, C), att_kv (B, H, N, N), ffn_x_prev (B, C)).
             Default: ``initial_state``.
+        wide_in_context_rate (bool): a in (0, 1 + w), not (0, 1) (``in_context_rate``); not the published model.
     Returns:
         (logits (B, T, V), state after the last token).
 
@@ -264,7 +286,8 @@ def forward(params, input_ids, state=None):
     for i in range(L):
         att_x_prev, S, ffn_x_prev = state[i]
         dx, att_x_prev, S, v_first = time_mix(_block_params(params, f"blocks.{i}.att."),
-                                              ln(x, f"blocks.{i}.ln1"), att_x_prev, S, v_first, H)
+                                              ln(x, f"blocks.{i}.ln1"), att_x_prev, S, v_first, H,
+                                              wide_in_context_rate)
         x = x + dx
         dx, ffn_x_prev = channel_mix(_block_params(params, f"blocks.{i}.ffn."), ln(x, f"blocks.{i}.ln2"),
                                      ffn_x_prev)
@@ -273,18 +296,18 @@ def forward(params, input_ids, state=None):
     return ln(x, "ln_out") @ params["head.weight"].T, new_state          # (B, T, V)
 
 
-def forward_rnn(params, input_ids, state=None):
+def forward_rnn(params, input_ids, state=None, *, wide_in_context_rate=False):
     """RNN mode: ``forward`` on one token at a time, the state carried from each step to the next (the post's
     rwkv_v7_demo_rnn.py against rwkv_v7_demo.py).
 
     Args:
-        params, input_ids, state: as in ``forward``.
+        params, input_ids, state, wide_in_context_rate: as in ``forward``.
     Returns:
         (logits (B, T, V), state after the last token), as ``forward``.
     """
     ids = _check_input_ids(input_ids, np.shape(_param(params, "emb.weight"))[0])
     logits = []
     for t in range(ids.shape[1]):
-        step_logits, state = forward(params, ids[:, t:t + 1], state)    # (B, 1, V)
+        step_logits, state = forward(params, ids[:, t:t + 1], state, wide_in_context_rate=wide_in_context_rate)
         logits.append(step_logits)
     return np.concatenate(logits, axis=1), state
