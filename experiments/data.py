@@ -1,7 +1,9 @@
 """The experiments' data: seeded generators for two synthetic tasks and a character corpus nobody here wrote.
 
-    mqar(rng, n, ...)               multi-query associative recall (Zoology, arXiv:2312.04927, section 3)
+    mqar(rng, n, ...)               multi-query associative recall (Zoology, arXiv:2312.04927, section 3),
+                                    its query spacing (power law, as Zoology) or uniform
     selective_copying(rng, n, ...)  selective copying (Mamba, arXiv:2312.00752, section 3.1 and figure 2)
+    modular_sum(rng, n, ...)        state tracking: the running sum mod m (parity for m = 2)
     stdlib_corpus()                 the bytes of the running Python's own standard-library .py files, split by file
     lm_windows(data, rng, n, T)     next-character (inputs, targets) windows of a corpus split
     long_samples(data, rng, n, ...) the long evaluation samples of the ReRoPE post: repeated and non-repeated text
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["IGNORE", "VALID", "TEST", "held_out_rng", "mqar", "selective_copying", "CorpusFile", "StdlibCorpus", "stdlib_corpus", "split_of",
+__all__ = ["IGNORE", "VALID", "TEST", "held_out_rng", "MQAR_SPACINGS", "mqar", "selective_copying", "modular_sum", "CorpusFile", "StdlibCorpus", "stdlib_corpus", "split_of",
            "lm_windows", "long_samples"]
 
 IGNORE = -100      # a target that is not scored (torch's cross_entropy ignore_index)
@@ -45,38 +47,72 @@ def _distinct(rng, n, low, high, k):
     return np.argsort(rng.random((n, high - low)), axis=1)[:, :k] + low
 
 
-def mqar(rng, n, *, seq_len=64, num_pairs=8, vocab_size=128):
+MQAR_SPACINGS = ("power_law", "uniform")
+
+
+def _power_law_gaps(rng, n, space, k, power_a):
+    """(n, k) distinct gaps from [0, space), drawn without replacement with P(gap = g) proportional to
+    (g + 1)^(power_a - 1), as Zoology draws them (numpy's choice(space, k, replace=False, p=p), row by row). The
+    Gumbel top-k trick gives that same distribution in one vectorized call: the k largest of log p_g + Gumbel noise
+    are a draw of k items without replacement, each next one with probability proportional to p among the rest."""
+    log_p = (power_a - 1) * np.log(np.arange(1, space + 1))
+    noisy = log_p + rng.gumbel(size=(n, space))
+    return np.argsort(-noisy, axis=1)[:, :k]
+
+
+def mqar(rng, n, *, seq_len=64, num_pairs=8, vocab_size=128, spacing="power_law", power_a=0.01):
     """Multi-query associative recall: N key-value pairs, then each key queried once, in random order.
 
-        inputs:   k_1 v_1 k_2 v_2 ... k_N v_N | 0 .. k_a .. 0 .. k_b .. 0 ...   (queries at random positions)
+        inputs:   k_1 v_1 k_2 v_2 ... k_N v_N | 0 .. k_a .. 0 .. k_b .. 0 ...
         targets:  IGNORE everywhere but at each query k_i, where it is v_i
     Keys are distinct, from [1, V/2); values distinct, from [V/2, V); 0 is the blank between queries. Every query
-    key sits in the first 2N positions followed by its value, so the answer is always in the context (as in
-    Zoology's generator; Zoology spaces its queries by a power law, here they are uniform).
+    key sits in the first 2N positions followed by its value, so the answer is always in the context.
+
+    Where the queries go (``spacing``):
+        "power_law"  Zoology's generator (zoology/data/multiquery_ar.py, arXiv:2312.04927 section 3 and its
+                     figure 2, random_non_queries=False): the query region after the pairs is cut into slots of two
+                     positions; query i sits at the start of slot g_i, the gaps g_i distinct with
+                     P(g) proportional to (g + 1)^(power_a - 1). With power_a = 0.01 that is about 1/(g + 1): most
+                     queries come soon after the pairs, as a repeated bigram does in text. The default.
+        "uniform"    N distinct positions anywhere after the pairs, equally likely: a harder variant (at T = 64,
+                     N = 4 the mean distance from a key to its query is 32.6 tokens against 19.2 under the power
+                     law), the project's generator until the experiments' second edition.
 
     Args:
         rng: a numpy Generator.
         n: number of sequences.
-        seq_len: T; needs 3 N <= T (the pairs and N query slots).
+        seq_len: T; needs 3 N <= T ("uniform"), 4 N <= T ("power_law": N slots of two).
         num_pairs: N.
         vocab_size: V; needs N < V/2.
+        spacing: "power_law" or "uniform".
+        power_a: the power law's a (1.0 makes the slots equally likely); "power_law" only.
     Returns:
         (inputs, targets): int64 arrays (n, T).
     """
+    if spacing not in MQAR_SPACINGS:
+        raise ValueError(f"spacing must be one of {MQAR_SPACINGS}, got {spacing!r}")
     half = vocab_size // 2
-    if num_pairs < 1 or 3 * num_pairs > seq_len:
-        raise ValueError(f"num_pairs must be >= 1 with 3 * num_pairs <= seq_len ({seq_len}), got {num_pairs}")
+    context = 2 * num_pairs
+    slots = (seq_len - context) // 2 if spacing == "power_law" else seq_len - context
+    if num_pairs < 1 or num_pairs > slots:
+        need = "4 * num_pairs <= seq_len" if spacing == "power_law" else "3 * num_pairs <= seq_len"
+        raise ValueError(f"num_pairs must be >= 1 with {need} ({seq_len}) for spacing {spacing!r}, got {num_pairs}")
     if num_pairs > half - 1:
         raise ValueError(f"num_pairs ({num_pairs}) must be < vocab_size / 2 ({vocab_size} / 2): keys are distinct")
+    if not power_a > 0:
+        raise ValueError(f"power_a must be > 0, got {power_a}")
     keys = _distinct(rng, n, 1, half, num_pairs)                                   # (n, N)
     values = _distinct(rng, n, half, vocab_size, num_pairs)                       # (n, N)
-    slots = _distinct(rng, n, 2 * num_pairs, seq_len, num_pairs)                  # (n, N) query positions
+    if spacing == "power_law":
+        positions = context + 2 * _power_law_gaps(rng, n, slots, num_pairs, power_a)   # (n, N) query positions
+    else:
+        positions = _distinct(rng, n, context, seq_len, num_pairs)
     inputs = np.zeros((n, seq_len), dtype=np.int64)
     targets = np.full((n, seq_len), IGNORE, dtype=np.int64)
-    inputs[:, 0:2 * num_pairs:2], inputs[:, 1:2 * num_pairs:2] = keys, values
+    inputs[:, 0:context:2], inputs[:, 1:context:2] = keys, values
     rows = np.arange(n)[:, None]
-    inputs[rows, slots] = keys
-    targets[rows, slots] = values
+    inputs[rows, positions] = keys
+    targets[rows, positions] = values
     return inputs, targets
 
 
@@ -110,6 +146,32 @@ def selective_copying(rng, n, *, context_len=64, num_tokens=8, num_symbols=8):
     targets = np.full_like(inputs, IGNORE)
     targets[:, context_len:] = symbols
     return inputs, targets
+
+
+def modular_sum(rng, n, *, seq_len=64, modulus=2):
+    """State tracking: the running sum of the tokens mod m, at every position (parity for m = 2).
+
+        inputs:   x_1 x_2 ... x_T            each uniform in [0, m)
+        targets:  y_t = (x_1 + ... + x_t) mod m, at every t
+    The group Z_m is abelian, so a linear recurrence can track it with a transition per token, but only if its
+    eigenvalues can rotate or flip signs: a product of diagonal decays in [0, 1] cannot count parity (Merrill et
+    al., arXiv:2404.08819; Grazzi et al., arXiv:2411.12537, who train on this task). Every prefix is scored, so a
+    model trained at length T has seen every length up to T.
+
+    Args:
+        rng: a numpy Generator.
+        n: number of sequences.
+        seq_len: T.
+        modulus: m >= 2; the vocabulary is the m residues.
+    Returns:
+        (inputs, targets): int64 arrays (n, T).
+    """
+    if modulus < 2:
+        raise ValueError(f"modulus must be >= 2, got {modulus}")
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    inputs = rng.integers(0, modulus, size=(n, seq_len))
+    return inputs, np.cumsum(inputs, axis=1) % modulus
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -14,9 +14,12 @@ def gen(seed=0):
     return np.random.default_rng(seed)
 
 
-@pytest.mark.parametrize("seq_len, num_pairs, vocab_size", [(64, 4, 128), (64, 16, 128), (12, 4, 10), (3, 1, 4)])
-def test_mqar_every_query_has_its_key_and_value_earlier(seq_len, num_pairs, vocab_size):
-    inputs, targets = data.mqar(gen(), 200, seq_len=seq_len, num_pairs=num_pairs, vocab_size=vocab_size)
+@pytest.mark.parametrize("spacing, seq_len, num_pairs, vocab_size", [
+    ("power_law", 64, 4, 128), ("power_law", 64, 16, 128), ("power_law", 17, 4, 10), ("power_law", 4, 1, 4),
+    ("uniform", 64, 4, 128), ("uniform", 64, 16, 128), ("uniform", 12, 4, 10), ("uniform", 3, 1, 4)])
+def test_mqar_every_query_has_its_key_and_value_earlier(spacing, seq_len, num_pairs, vocab_size):
+    inputs, targets = data.mqar(gen(), 200, seq_len=seq_len, num_pairs=num_pairs, vocab_size=vocab_size,
+                                spacing=spacing)
     assert inputs.shape == targets.shape == (200, seq_len) and inputs.dtype == targets.dtype == np.int64
     half = vocab_size // 2
     for x, y in zip(inputs, targets):
@@ -34,11 +37,12 @@ def test_mqar_every_query_has_its_key_and_value_earlier(seq_len, num_pairs, voca
         assert (x[blanks] == 0).all()
 
 
-def test_mqar_queries_come_in_random_order_and_places():
-    inputs, targets = data.mqar(gen(), 500, num_pairs=8)
-    first_query = [x[np.flatnonzero(y != IGNORE)[0]] for x, y in zip(inputs, targets)]
-    assert len({int(np.flatnonzero(y != IGNORE)[0]) for y in targets}) > 10
-    assert np.mean([q == x[0] for q, x in zip(first_query, inputs)]) < 0.3    # not always the first key
+@pytest.mark.parametrize("spacing", data.MQAR_SPACINGS)
+def test_mqar_queries_come_in_random_order_and_places(spacing):
+    inputs, targets = data.mqar(gen(), 500, num_pairs=8, spacing=spacing)
+    assert len(set(np.nonzero(targets != IGNORE)[1])) > 10              # queries asked in many places
+    in_key_order = [list(x[y != IGNORE]) == list(x[0:16:2]) for x, y in zip(inputs, targets)]
+    assert np.mean(in_key_order) < 0.01                                  # queries are not asked in key order
 
 
 def test_mqar_is_reproducible_and_seed_dependent():
@@ -47,12 +51,68 @@ def test_mqar_is_reproducible_and_seed_dependent():
     assert not np.array_equal(a[0], c[0])
 
 
-@pytest.mark.parametrize("kwargs, match", [(dict(num_pairs=30), "3 \\* num_pairs <= seq_len"),
+def _gap_frequencies(gaps, space):
+    return np.bincount(gaps.ravel(), minlength=space) / gaps.size
+
+
+def test_mqar_power_law_gaps_follow_zoologys_draw():
+    """The vectorized draw (Gumbel top-k) against Zoology's own, numpy's choice(space, k, replace=False, p=p) row by
+    row: the frequency of each gap agrees within sampling noise (20000 rows each; 4 standard errors)."""
+    space, k, power_a, n = 28, 4, 0.01, 20000
+    p = power_a * np.arange(1, space + 1) ** (power_a - 1)
+    p /= p.sum()
+    rng = gen(3)
+    theirs = np.stack([rng.choice(space, size=k, replace=False, p=p) for _ in range(n)])   # gap of key j, (n, k)
+    inputs, targets = data.mqar(gen(4), n, seq_len=64, num_pairs=k)
+    asked = inputs[:, None, 2 * k:] == inputs[:, 0:2 * k:2, None]           # (n, k, T - 2k): where key j is asked
+    ours = np.argmax(asked, axis=2) // 2                                # query position of key j -> its gap
+    for j in (0, k - 1):               # the first key's gap is drawn first (likelier small), as in Zoology's draw
+        f_ours, f_theirs = _gap_frequencies(ours[:, j], space), _gap_frequencies(theirs[:, j], space)
+        se = np.sqrt(f_theirs * (1 - f_theirs) / n) * np.sqrt(2)
+        assert (np.abs(f_ours - f_theirs) <= 4 * se + 1e-4).all(), np.c_[f_ours, f_theirs]
+    assert _gap_frequencies(ours, space)[0] > 5 * _gap_frequencies(ours, space)[-1]   # near gaps far likelier
+
+
+def test_mqar_power_law_queries_come_sooner_than_uniform_ones():
+    """The issue's measurement: at T = 64, N = 4 the mean key-to-query distance is 19.2 tokens under Zoology's
+    spacing and 32.6 under the uniform one."""
+    def mean_distance(spacing):
+        x, y = data.mqar(gen(5), 5000, seq_len=64, num_pairs=4, spacing=spacing)
+        rows, cols = np.nonzero(y != IGNORE)
+        keys_at = np.argmax(x[rows, :8] == x[rows, cols][:, None], axis=1)
+        return np.mean(cols - keys_at)
+    assert mean_distance("power_law") == pytest.approx(19.2, abs=0.4)
+    assert mean_distance("uniform") == pytest.approx(32.6, abs=0.4)
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(num_pairs=30), "4 \\* num_pairs <= seq_len"),
+                                           (dict(num_pairs=30, spacing="uniform"), "3 \\* num_pairs <= seq_len"),
+                                           (dict(spacing="zipf"), "spacing must be one of"),
+                                           (dict(power_a=0.0), "power_a must be > 0"),
                                            (dict(num_pairs=0), "num_pairs must be >= 1"),
                                            (dict(num_pairs=8, vocab_size=16), "must be < vocab_size / 2")])
 def test_mqar_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         data.mqar(gen(), 2, **kwargs)
+
+
+@pytest.mark.parametrize("modulus", [2, 3, 5])
+def test_modular_sum_targets_are_the_running_sums(modulus):
+    inputs, targets = data.modular_sum(gen(), 50, seq_len=40, modulus=modulus)
+    assert inputs.shape == targets.shape == (50, 40) and inputs.dtype == targets.dtype == np.int64
+    assert set(np.unique(inputs)) == set(range(modulus))
+    for x, y in zip(inputs, targets):
+        total = 0
+        for t in range(40):                                        # the definition, one token at a time
+            total = (total + int(x[t])) % modulus
+            assert y[t] == total
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(modulus=1), "modulus must be >= 2"),
+                                           (dict(seq_len=0), "seq_len must be >= 1")])
+def test_modular_sum_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        data.modular_sum(gen(), 2, **kwargs)
 
 
 def test_selective_copying_targets_are_the_symbols_in_order():
