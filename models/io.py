@@ -203,7 +203,8 @@ def _temporary_file(directory: str, suffix: str):
 
 def _superseded_files(local_dir: str) -> list[str]:
     """What an older save may have left that a new model.safetensors replaces: pytorch_model.bin, and every index
-    with the shards it lists (only those inside the directory)."""
+    with the shards it lists (only those inside the directory), never the two files the save itself writes (an
+    index may name model.safetensors as its shard; removing it would delete the weights just written)."""
     found = [os.path.join(local_dir, "pytorch_model.bin")]
     for weights in WEIGHT_FILES:
         index = os.path.join(local_dir, weights + ".index.json")
@@ -211,7 +212,8 @@ def _superseded_files(local_dir: str) -> list[str]:
             with contextlib.suppress(ValueError):          # a damaged index: remove it, keep the files it names
                 found += list(_index_shards(local_dir, index))
             found.append(index)
-    return [path for path in found if os.path.isfile(path)]
+    written = {os.path.realpath(os.path.join(local_dir, name)) for name in ("model.safetensors", "config.json")}
+    return [path for path in found if os.path.isfile(path) and os.path.realpath(path) not in written]
 
 
 def save_pretrained_dir(local_dir, config: dict, state_dict: dict[str, torch.Tensor]) -> None:

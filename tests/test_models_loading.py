@@ -315,3 +315,14 @@ def test_state_round_trip_through_a_file(tmp_path):
     (tmp_path / "bad.state").write_bytes(b"junk")
     with pytest.raises(ValueError, match=r"bad\.state: cannot be read as a saved state"):
         io.load_state(tmp_path / "bad.state")
+
+
+def test_save_keeps_the_file_an_old_index_names(tmp_path):
+    """R6: an index whose weight_map names model.safetensors itself made the save delete the weights it had just
+    written (only config.json was left). The index goes; the new model.safetensors stays."""
+    model = rwkv4()
+    model.save_pretrained(tmp_path)
+    write_index(tmp_path, {k: "model.safetensors" for k in model.state_dict()})
+    RwkvForCausalLM.from_pretrained(tmp_path).save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    assert_same_weights(RwkvForCausalLM.from_pretrained(tmp_path), model)
