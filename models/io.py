@@ -148,6 +148,8 @@ def _index_shards(local_dir: str, index_path: str) -> dict[str, list[str]]:
 
 
 def _load_sharded(local_dir: str, index_path: str) -> dict[str, torch.Tensor]:
+    """The tensors the index lists, each from the shard it names: the index is the checkpoint's list of tensors
+    (as for transformers), so a tensor a shard holds but the index does not list is not read."""
     state_dict = {}
     for shard, names in _index_shards(local_dir, index_path).items():
         tensors = load_state_dict(shard)
