@@ -196,3 +196,61 @@ def test_command_on_a_blinkdl_pth_with_a_world_vocab_file(tmp_path):
     no_tokenizer = subprocess.run([sys.executable, "-m", "seqmix.generate", str(tmp_path / "tiny.pth"),
                                    "--prompt", "x"], capture_output=True, text=True)
     assert no_tokenizer.returncode != 0 and "pass --tokenizer world" in no_tokenizer.stderr
+
+
+# ------------------------------------------------------------------------------------- bad tokenizer files
+
+@pytest.mark.parametrize("line,message", [
+    ("257 'Hello' 4", r"line 257: the length field should be the token's byte length, 5"),
+    ("257 'é' 1", r"line 257: the length field should be the token's byte length, 2"),
+    ("257 'Hello' five", r"line 257: the length field should be the token's byte length, 5"),
+    ("257 'Hello' ", r"line 257: the length field should be the token's byte length, 5"),
+])
+def test_world_vocab_length_field_is_checked(tmp_path, line, message):
+    """A wrong length gave the rwkv package's bare AssertionError, a non-numeric one int()'s error; neither named
+    the file or the line."""
+    lines = write_world_vocab(tmp_path / "v.txt").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "v.txt").write_text("\n".join(lines[:256] + [line] + lines[257:]) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"v\.txt, " + message):
+        load_tokenizer(tmp_path / "v.txt")
+
+
+def test_world_vocab_not_utf8_or_empty(tmp_path):
+    """Latin-1 bytes gave a UnicodeDecodeError without the file's name; an empty file made a tokenizer that encodes
+    nothing (every prompt then "encodes to no tokens"): both refused, naming the file."""
+    path = write_world_vocab(tmp_path / "v.txt")
+    path.write_bytes(path.read_bytes() + "261 'café' 5\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"v\.txt, line 261: not UTF-8"):
+        load_tokenizer(path)
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(ValueError, match=r"empty\.txt: an empty World vocabulary"):
+        load_tokenizer(tmp_path / "empty.txt")
+
+
+def test_text_the_vocab_cannot_encode_is_named(tmp_path):
+    """A custom vocab without some byte: the rwkv trie raised UnboundLocalError."""
+    lines = [f"{n + 1} {w!r} {len(w.encode())}" for n, w in enumerate(["a", "b", "ab"])]
+    (tmp_path / "ab.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tok = load_tokenizer(tmp_path / "ab.txt")
+    assert tok.encode("abba") == [3, 2, 1]
+    with pytest.raises(ValueError, match=r"ab\.txt: the vocabulary has no token for 'é' in the text"):
+        tok.encode("abé")
+
+
+def test_tokenizer_spec_of_another_type(tmp_path):
+    """load_tokenizer(None) raised os.fspath's TypeError, which does not say what is expected."""
+    with pytest.raises(TypeError, match=r"tokenizer must be 'world' or the path of a tokenizer\.json or a World "
+                                        r"vocab \.txt, got NoneType"):
+        load_tokenizer(None)
+
+
+def test_word_level_tokenizer_without_unk(tmp_path):
+    """tokenizers raises a bare Exception ("Missing [UNK] token") for a word it does not know: a ValueError naming
+    the file."""
+    tok = Tokenizer(models.WordLevel({"a": 0, "b": 1}))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "words.json"))
+    loaded = load_tokenizer(tmp_path / "words.json")
+    assert loaded.encode("a b a") == [0, 1, 0]
+    with pytest.raises(ValueError, match=r"words\.json: cannot encode the text \(.*UNK"):
+        loaded.encode("a c")
