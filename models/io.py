@@ -112,11 +112,15 @@ def check_state_dict(expected_shapes: dict[str, tuple], state_dict: dict[str, to
 
     Raises:
         KeyError naming the first missing tensor or the unexpected ones; ValueError naming a tensor whose shape
-        differs from the expected one (and both shapes).
+        differs from the expected one (and both shapes); TypeError naming a tensor that is not floating point
+        (every model weight is: integer weights are a quantized or a damaged checkpoint, not something to cast).
     """
     for name, shape in expected_shapes.items():
         if name not in state_dict:
             raise KeyError(f"checkpoint is missing tensor {name!r} (expected shape {tuple(shape)})")
+        if not state_dict[name].is_floating_point():
+            raise TypeError(f"checkpoint tensor {name!r} has dtype {state_dict[name].dtype}, expected a floating-point "
+                            f"dtype")
         if tuple(state_dict[name].shape) != tuple(shape):
             raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(state_dict[name].shape)}, expected "
                              f"{tuple(shape)}")

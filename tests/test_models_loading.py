@@ -392,3 +392,31 @@ def test_save_keeps_the_file_an_old_index_names(tmp_path):
     RwkvForCausalLM.from_pretrained(tmp_path).save_pretrained(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
     assert_same_weights(RwkvForCausalLM.from_pretrained(tmp_path), model)
+
+
+@pytest.mark.parametrize("num_heads", [None, 0, 5])
+def test_fla_head_dim_null_needs_num_heads(fla_small, tmp_path, num_heads):
+    """head_dim null with num_heads null / 0 raised TypeError / ZeroDivisionError; 5 does not divide 64."""
+    path, _ = fla_small
+    config = io.read_json(path / "config.json") | {"head_dim": None, "num_heads": num_heads}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").symlink_to(path / "model.safetensors")
+    with pytest.raises(ValueError, match=rf"head_dim is null, so num_heads must be a positive int dividing "
+                                         rf"hidden_size = 64; got num_heads = {num_heads}"):
+        Rwkv7.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(config | {"num_heads": 4}))
+    assert Rwkv7.from_pretrained(tmp_path).config.head_size == 16
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool])
+def test_integer_weights_are_refused(tmp_path, dtype):
+    """An int32 tensor was silently cast to the model's float dtype; no model weight is an integer, so such a
+    checkpoint (quantized, or damaged) is refused, naming the tensor."""
+    sd = dict(rwkv4().state_dict())
+    sd["head.weight"] = sd["head.weight"].to(dtype)
+    rwkv4().save_pretrained(tmp_path)
+    io.save_state_dict(sd, tmp_path / "model.safetensors")
+    with pytest.raises(TypeError, match=rf"'head\.weight' has dtype {dtype}, expected a floating-point dtype"):
+        RwkvForCausalLM.from_pretrained(tmp_path)
+    with pytest.raises(TypeError, match=r"'head\.weight' has dtype"):
+        rwkv4().load_checkpoint(sd)
