@@ -420,3 +420,15 @@ def test_integer_weights_are_refused(tmp_path, dtype):
         RwkvForCausalLM.from_pretrained(tmp_path)
     with pytest.raises(TypeError, match=r"'head\.weight' has dtype"):
         rwkv4().load_checkpoint(sd)
+
+
+@pytest.mark.parametrize("ratio,width", [(None, 256), (3.3, 224), ("3.3", None), (0, None)])
+def test_fla_hidden_ratio_null_is_fla_default(ratio, width):
+    """fla's RWKV7FeedForward takes hidden_ratio null as 4; a ratio that is not a number > 0 is named."""
+    from seqmix.models.rwkv7_fla import config_from_fla
+    config = dict(model_type="rwkv7", hidden_size=64, head_dim=16, intermediate_size=None, hidden_ratio=ratio)
+    if width is None:
+        with pytest.raises(ValueError, match=r"intermediate_size is null, so hidden_ratio must be a number > 0"):
+            config_from_fla(config)
+    else:
+        assert config_from_fla(config)["dim_ffn"] == width
