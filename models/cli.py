@@ -8,7 +8,8 @@
 The text is written to stdout as it is generated (models/text.py holds back incomplete UTF-8 characters and a
 possible start of the stop string); prefill and decode speeds go to stderr at the end. The recurrent state can be
 saved after the run (--save-state) and a later run can start from it (--state): RWKV users keep a long prompt's
-state and reuse it without reading the prompt again.
+state and reuse it without reading the prompt again. A mistake (a bad option, a missing or damaged file) is one line
+on stderr, exit status 2 for a bad option and 1 otherwise; --debug shows the traceback instead.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import sys
 
 import torch
 
+from seqmix.models.base import MODEL_DTYPES
+from seqmix.models.generation import check_sampling
 from seqmix.models.io import load_state, read_json, save_state
 from seqmix.models.mamba import MambaForCausalLM
 from seqmix.models.rwkv4 import RwkvForCausalLM
@@ -54,9 +57,17 @@ def load_model(path, dtype=None):
     return MODEL_TYPES[model_type].from_pretrained(path, dtype)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line, without argparse's usage block: the mistake is what the user needs to see.
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m seqmix.generate", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = _Parser(prog="python -m seqmix.generate", description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                epilog="A mistake (a missing file, a bad option) is reported in one line on stderr, with exit status "
+                       "2 for a bad option and 1 for anything else; --debug shows the full traceback instead.")
     p.add_argument("path", help="a model directory (config.json + weights) or a BlinkDL RWKV-7 .pth")
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--tokenizer", help="'world' (RWKV's World vocabulary, from the rwkv package), a tokenizer.json "
@@ -67,11 +78,35 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", help=r"stop when the text contains this string (\n and \t are read as escapes), "
                                   r"e.g. '\n\n'")
     p.add_argument("--seed", type=int, help="seed of the sampler, for a reproducible run")
-    p.add_argument("--dtype", default="auto", help="auto (as stored), float32, bfloat16, float16, float64")
+    p.add_argument("--dtype", default="auto", choices=["auto"] + [str(d).removeprefix("torch.") for d in MODEL_DTYPES],
+                   help="auto: as stored")
     p.add_argument("--state", help="start from a state saved by --save-state (the prompt then continues it)")
     p.add_argument("--save-state", help="save the state after the run (prompt and generated text) to this file")
     p.add_argument("--backend", help="the ops' backend: c, torch or triton (default: the device's)")
+    p.add_argument("--debug", action="store_true", help="on an error, show the full traceback, not one line")
     return p
+
+
+def _check_options(parser, args) -> None:
+    """Refuse bad option values before anything is loaded or generated (parser.error: one line, exit 2)."""
+    try:
+        check_sampling(args.temperature, args.top_p)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.max_new_tokens < 0:
+        parser.error(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.save_state:                # found out only after generating otherwise
+        folder = os.path.dirname(os.path.abspath(args.save_state))
+        if not os.path.isdir(folder):
+            parser.error(f"--save-state {args.save_state}: no such folder {folder}")
+        if os.path.isdir(args.save_state):
+            parser.error(f"--save-state {args.save_state}: is a folder, not a file name")
+
+
+def _one_line(error: BaseException) -> str:
+    """The error's message on one line (a KeyError's str is its repr: take the message itself)."""
+    message = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+    return " ".join(line.strip() for line in message.splitlines() if line.strip()) or type(error).__name__
 
 
 def main(argv=None) -> int:
@@ -81,18 +116,31 @@ def main(argv=None) -> int:
         argv: the arguments (default sys.argv[1:]).
 
     Returns:
-        the exit code (0).
+        the exit code: 0, or 1 after an error reported in one line on stderr. Bad options exit with status 2
+        (SystemExit, as argparse does); --debug lets the error propagate with its traceback.
     """
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_options(parser, args)
+    try:
+        return _run(parser, args)
+    except Exception as e:             # a missing or damaged file, a prompt the vocabulary cannot encode, ...
+        if args.debug:
+            raise
+        print(f"{parser.prog}: error: {_one_line(e)} (--debug shows the traceback)", file=sys.stderr)
+        return 1
+
+
+def _run(parser, args) -> int:
+    state = load_state(args.state) if args.state else None      # before the model: a bad file fails fast
     model = load_model(args.path, args.dtype)
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else model.tokenizer
     if tokenizer is None:
-        raise SystemExit(f"{args.path}: no tokenizer beside the weights; pass --tokenizer world or a tokenizer file")
+        parser.error(f"{args.path}: no tokenizer beside the weights; pass --tokenizer world or a tokenizer file")
     stop = args.stop.replace("\\n", "\n").replace("\\t", "\t") if args.stop else None
     stream = model.generate_text(
         args.prompt, tokenizer, backend=args.backend, max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, top_p=args.top_p, stop=stop,
-        state=load_state(args.state) if args.state else None,
+        temperature=args.temperature, top_p=args.top_p, stop=stop, state=state,
         generator=torch.Generator().manual_seed(args.seed) if args.seed is not None else None)
     for piece in stream:
         sys.stdout.write(piece)

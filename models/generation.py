@@ -22,11 +22,15 @@ __all__ = ["StepFn", "sample_next", "check_sampling", "check_prompt", "continue_
 StepFn = Callable[[torch.Tensor, object], tuple]
 
 
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)     # True is an int, but not a sampling option
+
+
 def check_sampling(temperature, top_p) -> None:
-    """Raise ValueError unless temperature is a number >= 0 and 0 < top_p <= 1 (NaN is neither)."""
-    if not (isinstance(temperature, (int, float)) and temperature >= 0 and math.isfinite(temperature)):
+    """Raise ValueError unless temperature is a number >= 0 and 0 < top_p <= 1 (NaN is neither, nor a bool)."""
+    if not (_is_number(temperature) and temperature >= 0 and math.isfinite(temperature)):
         raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
-    if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+    if not (_is_number(top_p) and 0 < top_p <= 1):
         raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
 
 
@@ -36,7 +40,9 @@ def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_p: float = 1
 
     Args:
         logits: (B, V).
-        temperature: 0 for the argmax; otherwise sample from softmax(logits / temperature).
+        temperature: 0 for the argmax; otherwise sample from softmax(logits / temperature). Any temperature > 0
+            works: below float32's smallest normal (1.2e-38) it acts as that one, i.e. a draw among the tied
+            largest logits.
         top_p: keep only the smallest set of most likely tokens whose probability reaches top_p (the most likely
             token is always kept).
         generator: a torch.Generator for reproducible draws.
@@ -47,7 +53,11 @@ def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_p: float = 1
     check_sampling(temperature, top_p)
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    # Shifted by the max first, so that a tiny temperature gives -inf for the others and 0 for the max, not
+    # inf - inf; and no smaller than float32 can hold (1e-50 would round to 0 and make 0 / 0).
+    logits = logits.float()
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    probs = torch.softmax(shifted / max(temperature, torch.finfo(torch.float32).tiny), dim=-1)
     sorted_p, order = probs.sort(dim=-1, descending=True)
     outside = sorted_p.cumsum(-1) - sorted_p >= top_p          # mass before this token already reaches top_p
     sorted_p = sorted_p.masked_fill(outside, 0.0)

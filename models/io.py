@@ -112,11 +112,15 @@ def check_state_dict(expected_shapes: dict[str, tuple], state_dict: dict[str, to
 
     Raises:
         KeyError naming the first missing tensor or the unexpected ones; ValueError naming a tensor whose shape
-        differs from the expected one (and both shapes).
+        differs from the expected one (and both shapes); TypeError naming a tensor that is not floating point
+        (every model weight is: integer weights are a quantized or a damaged checkpoint, not something to cast).
     """
     for name, shape in expected_shapes.items():
         if name not in state_dict:
             raise KeyError(f"checkpoint is missing tensor {name!r} (expected shape {tuple(shape)})")
+        if not state_dict[name].is_floating_point():
+            raise TypeError(f"checkpoint tensor {name!r} has dtype {state_dict[name].dtype}, expected a floating-point "
+                            f"dtype")
         if tuple(state_dict[name].shape) != tuple(shape):
             raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(state_dict[name].shape)}, expected "
                              f"{tuple(shape)}")
@@ -148,6 +152,8 @@ def _index_shards(local_dir: str, index_path: str) -> dict[str, list[str]]:
 
 
 def _load_sharded(local_dir: str, index_path: str) -> dict[str, torch.Tensor]:
+    """The tensors the index lists, each from the shard it names: the index is the checkpoint's list of tensors
+    (as for transformers), so a tensor a shard holds but the index does not list is not read."""
     state_dict = {}
     for shard, names in _index_shards(local_dir, index_path).items():
         tensors = load_state_dict(shard)
@@ -203,7 +209,8 @@ def _temporary_file(directory: str, suffix: str):
 
 def _superseded_files(local_dir: str) -> list[str]:
     """What an older save may have left that a new model.safetensors replaces: pytorch_model.bin, and every index
-    with the shards it lists (only those inside the directory)."""
+    with the shards it lists (only those inside the directory), never the two files the save itself writes (an
+    index may name model.safetensors as its shard; removing it would delete the weights just written)."""
     found = [os.path.join(local_dir, "pytorch_model.bin")]
     for weights in WEIGHT_FILES:
         index = os.path.join(local_dir, weights + ".index.json")
@@ -211,7 +218,8 @@ def _superseded_files(local_dir: str) -> list[str]:
             with contextlib.suppress(ValueError):          # a damaged index: remove it, keep the files it names
                 found += list(_index_shards(local_dir, index))
             found.append(index)
-    return [path for path in found if os.path.isfile(path)]
+    written = {os.path.realpath(os.path.join(local_dir, name)) for name in ("model.safetensors", "config.json")}
+    return [path for path in found if os.path.isfile(path) and os.path.realpath(path) not in written]
 
 
 def save_pretrained_dir(local_dir, config: dict, state_dict: dict[str, torch.Tensor]) -> None:

@@ -185,7 +185,10 @@ class TimeMix(nn.Module):
         kk = F.normalize(heads(k * self.k_k), dim=-1)                            # (B, T, H, N), unit per head
         k = k * (1 + (a - 1) * self.k_a)
         y, kv = wkv7(heads(r), heads(log_w), heads(k), heads(v), -kk, kk * heads(a), state=kv, backend=backend)
-        y = self.ln_x(y.reshape(B * T, C)).view(B, T, C)
+        # torch's op rather than the module's call, which refuses one value per group (head size 1 at B * T = 1);
+        # the normalized value there is just the bias.
+        ln_x = self.ln_x
+        y = torch.group_norm(y.reshape(B * T, C), ln_x.num_groups, ln_x.weight, ln_x.bias, ln_x.eps).view(B, T, C)
         y = y + ((heads(r) * heads(k) * self.r_k).sum(-1, keepdim=True) * heads(v)).view(B, T, C)
         return y * g, kv
 

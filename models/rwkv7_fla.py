@@ -150,10 +150,20 @@ def config_from_fla(config: dict) -> dict:
             raise ValueError(f"config.json: {key} = {c[key]!r} is not supported by Rwkv7 (needs {wanted!r})")
     if c["value_dim"] not in (None, C) and c["value_dim"] != [C] * c["num_hidden_layers"]:
         raise ValueError(f"config.json: value_dim = {c['value_dim']!r} is not supported by Rwkv7 (needs hidden_size)")
-    head_size = c["head_dim"] if c["head_dim"] is not None else C // c["num_heads"]
+    head_size = c["head_dim"]
+    if head_size is None:                     # fla then takes the head size from num_heads
+        n = c["num_heads"]
+        if not (isinstance(n, int) and not isinstance(n, bool) and n > 0 and isinstance(C, int) and C % n == 0):
+            raise ValueError(f"config.json: head_dim is null, so num_heads must be a positive int dividing "
+                             f"hidden_size = {C!r}; got num_heads = {n!r}")
+        head_size = C // n
     dim_ffn = c["intermediate_size"]
-    if dim_ffn is None:                       # fla rounds hidden_ratio * C up to a multiple of 32
-        dim_ffn = 32 * -(-int(C * c["hidden_ratio"]) // 32)
+    if dim_ffn is None:                       # fla rounds hidden_ratio * C up to a multiple of 32 (ratio null: 4)
+        ratio = 4 if c["hidden_ratio"] is None else c["hidden_ratio"]
+        if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not ratio > 0:
+            raise ValueError(f"config.json: intermediate_size is null, so hidden_ratio must be a number > 0; got "
+                             f"hidden_ratio = {ratio!r}")
+        dim_ffn = 32 * -(-int(C * ratio) // 32)
     return dict(vocab_size=c["vocab_size"], n_embd=C, n_layer=c["num_hidden_layers"], head_size=head_size,
                 dim_ffn=dim_ffn, decay_lora=c["decay_low_rank_dim"], a_lora=c["a_low_rank_dim"],
                 v_lora=c["v_low_rank_dim"], gate_lora=c["gate_low_rank_dim"], layer_norm_epsilon=c["norm_eps"],

@@ -36,7 +36,19 @@ class _WorldTokenizer:
         self._trie = TRIE_TOKENIZER(vocab_file)
 
     def encode(self, text: str) -> list[int]:
-        return self._trie.encode(text)
+        try:
+            return self._trie.encode(text)
+        except UnboundLocalError:           # the rwkv trie's way of saying no token starts at some byte
+            pass
+        missing = next((repr(ch) for ch in text if not self._encodes(ch)), "a character")
+        raise ValueError(f"{self.name}: the vocabulary has no token for {missing} in the text") from None
+
+    def _encodes(self, ch: str) -> bool:
+        try:
+            self._trie.encode(ch)
+            return True
+        except UnboundLocalError:
+            return False
 
     def decode(self, ids) -> str:
         return b"".join(self._trie.idx2token.get(int(i), b"") for i in ids).decode("utf-8", errors="replace")
@@ -51,7 +63,10 @@ class _HFTokenizer:
         self._tok = Tokenizer.from_file(path)
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        try:
+            return self._tok.encode(text, add_special_tokens=False).ids
+        except Exception as e:              # tokenizers' own bare Exception, e.g. a WordLevel model without unk
+            raise ValueError(f"{self.name}: cannot encode the text ({e})") from None
 
     def decode(self, ids) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
@@ -59,18 +74,33 @@ class _HFTokenizer:
 
 def _check_world_vocab(path: str) -> None:
     """The rwkv package evaluates every line of a vocabulary file as Python (eval): accept only files whose lines
-    are `<id> <str or bytes literal> <length>`, checked with ast.literal_eval, so a vocab file cannot run code."""
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            try:
-                token = ast.literal_eval(line[line.index(" "):line.rindex(" ")].strip())
-                ok = line[:line.index(" ")].isdigit() and isinstance(token, (str, bytes))
-            except (ValueError, SyntaxError):
-                ok = False
-            if not ok:
-                raise ValueError(f"{path}, line {n}: not a World vocabulary line (<id> <str or bytes literal> "
-                                 f"<length>): {line[:60]!r}")
+    are `<id> <str or bytes literal> <length>`, checked with ast.literal_eval, so a vocab file cannot run code;
+    and check what the package asserts without saying where (the length is the token's UTF-8 byte count, the file
+    is UTF-8, it has a token at all), so that an error names the file and the line."""
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    if lines[-1] == b"":                    # the newline that ends the last line
+        lines.pop()
+    if not lines:
+        raise ValueError(f"{path}: an empty World vocabulary (no token lines)")
+    for n, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}, line {n}: not UTF-8 ({e.reason} at byte {e.start})") from None
+        try:
+            token = ast.literal_eval(line[line.index(" "):line.rindex(" ")].strip())
+            ok = line[:line.index(" ")].isdigit() and isinstance(token, (str, bytes))
+        except (ValueError, SyntaxError):
+            ok = False
+        if not ok:
+            raise ValueError(f"{path}, line {n}: not a World vocabulary line (<id> <str or bytes literal> "
+                             f"<length>): {line[:60]!r}")
+        length = len(token.encode("utf-8") if isinstance(token, str) else token)
+        field = line[line.rindex(" ") + 1:].strip()        # the rwkv package reads it with int()
+        if not field.isdigit() or int(field) != length:
+            raise ValueError(f"{path}, line {n}: the length field should be the token's byte length, {length}: "
+                             f"{line[:60]!r}")
 
 
 def load_tokenizer(spec):
@@ -84,11 +114,17 @@ def load_tokenizer(spec):
         the tokenizer.
 
     Raises:
-        FileNotFoundError for a missing file; ValueError for a file that is neither.
+        TypeError for a spec that is not a str or path; FileNotFoundError for a missing file; ValueError naming the
+        file (and line) for a file that is neither, a World vocab that is empty, not UTF-8 or has a wrong length
+        field. The tokenizer's encode raises ValueError naming its file for text it has no token for (a custom World
+        vocab without some byte, a WordLevel tokenizer.json without an unknown token).
     """
     if spec == "world":
         import rwkv                                         # optional: pyproject's `text` extra
         return _WorldTokenizer(os.path.join(os.path.dirname(rwkv.__file__), WORLD_VOCAB))
+    if not isinstance(spec, (str, os.PathLike)):
+        raise TypeError(f"tokenizer must be 'world' or the path of a tokenizer.json or a World vocab .txt, got "
+                        f"{type(spec).__name__}")
     path = os.fspath(spec)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"tokenizer {path!r}: no such file (pass 'world', a tokenizer.json or a World vocab)")

@@ -103,3 +103,20 @@ def test_batch_of_zero_rows_is_refused():
 def test_any_integer_dtype_of_prompt(dtype):
     out, _ = generate(counting_step([]), torch.tensor([[0, 1, 2]], dtype=dtype), max_new_tokens=2)
     assert out.dtype == torch.int64 and out.tolist() == [[0, 1, 2, 3, 4]]
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-50, 5e-324])
+def test_tiny_temperature_draws_the_largest_logit(temperature):
+    """temperature 1e-40 made logits / temperature inf and multinomial failed on NaN ("probability tensor contains
+    inf/nan"); the limit is a draw among the largest logits (here two tied ones, each drawn)."""
+    logits = torch.tensor([[1.0, 3.0, -2.0, 3.0], [500.0, 0.0, 0.0, 0.0]])
+    g = torch.Generator().manual_seed(0)
+    draws = torch.stack([sample_next(logits, temperature=temperature, generator=g) for _ in range(200)])
+    assert set(draws[:, 0].tolist()) == {1, 3} and set(draws[:, 1].tolist()) == {0}
+
+
+@pytest.mark.parametrize("kw", [dict(top_p=True), dict(temperature=True), dict(temperature=False)])
+def test_bool_sampling_arguments_are_refused(kw):
+    """top_p=True was taken as 1.0: a bool is a flag, not a probability, most likely a mistake."""
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        sample_next(torch.zeros(1, 3), **kw)

@@ -88,3 +88,19 @@ def test_float64_state_is_accepted(model):
     ids = torch.tensor([[1, 2, 3]])
     assert_close(run(model, ids, state=model.initial_state(1, dtype=torch.float64)), run(model, ids), FP32_BUDGET,
                  "logits from a float64 initial state")
+
+
+def test_rwkv7_head_size_1_at_one_token():
+    """A group norm over one value per group (head size 1, B * T = 1) raised torch's "Expected more than 1 value
+    per channel"; it is defined (the value minus its own mean is 0: the output is the bias), as the reference
+    computes it."""
+    import numpy as np
+    from seqmix.reference import rwkv7 as ref
+    torch.manual_seed(0)
+    model = Rwkv7(Rwkv7Config(vocab_size=V, n_embd=4, n_layer=2, head_size=1)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))          # every weight away from its init (ln_x's bias off 0)
+    ids = np.array([[5]])
+    params = {k: v.double().numpy() for k, v in model.state_dict().items()}
+    assert_close(run(model, torch.as_tensor(ids)), ref.forward(params, ids)[0], FP32_BUDGET, "head size 1, one token")

@@ -96,6 +96,72 @@ def test_shard_missing_a_listed_tensor_is_named(tmp_path):
         RwkvForCausalLM.from_pretrained(tmp_path)
 
 
+def test_index_decides_which_tensors_a_shard_gives(tmp_path):
+    """I01: the index is the list of the checkpoint's tensors (transformers reads each tensor from the shard its
+    weight_map names). A tensor a shard holds but the index does not list is not loaded: the model then names it
+    as missing, rather than taking a tensor the index never promised."""
+    model = rwkv4()
+    model.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").rename(tmp_path / "part-1.safetensors")
+    listed = [k for k in model.state_dict() if k != "head.weight"]
+    write_index(tmp_path, {k: "part-1.safetensors" for k in listed})
+    assert sorted(io.load_pretrained_dir(tmp_path)[1]) == sorted(listed)
+    with pytest.raises(KeyError, match=r"missing tensor 'head\.weight'"):
+        RwkvForCausalLM.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("safetensors", ["model.safetensors", "model.safetensors.index.json"])
+def test_safetensors_preferred_over_pytorch_bin(tmp_path, safetensors):
+    """I04: a directory holding both formats (a conversion that kept the old .bin) loads the safetensors, single or
+    sharded, as transformers does."""
+    wanted, other = rwkv4(), rwkv4(hidden_size=8)
+    wanted.save_pretrained(tmp_path)
+    if safetensors.endswith("index.json"):
+        (tmp_path / "model.safetensors").rename(tmp_path / "model-00001-of-00001.safetensors")
+        write_index(tmp_path, {k: "model-00001-of-00001.safetensors" for k in wanted.state_dict()})
+    torch.save(other.state_dict(), tmp_path / "pytorch_model.bin")
+    assert_same_weights(RwkvForCausalLM.from_pretrained(tmp_path), wanted)
+
+
+# --------------------------------------------------------- flash-linear-attention's layout at other sizes
+
+# Head size 16 (fla's group-norm eps is head_dim * norm_eps: 16e-5 here, not BlinkDL's 64e-5) and an ffn width
+# left to hidden_ratio (fla rounds int(64 * 3.3) = 211 up to a multiple of 32: 224).
+FLA_SMALL = dict(vocab_size=53, hidden_size=64, num_hidden_layers=2, head_dim=16, hidden_ratio=3.3,
+                 intermediate_size=None, decay_low_rank_dim=8, a_low_rank_dim=8, v_low_rank_dim=4,
+                 gate_low_rank_dim=8)
+
+
+@pytest.fixture(scope="module")
+def fla_small(tmp_path_factory):
+    """A random fla RWKV7ForCausalLM of FLA_SMALL saved by fla's own save_pretrained, and the model."""
+    import fla_peer
+    path = tmp_path_factory.mktemp("fla-small")
+    model = fla_peer.make_model(seed=5, **FLA_SMALL)
+    model.save_pretrained(path)
+    return path, model
+
+
+def test_fla_ffn_width_from_hidden_ratio(fla_small):
+    """F02: config.json with intermediate_size null: the width fla builds, 224, not int(64 * 3.3) = 211."""
+    path, fla_model = fla_small
+    assert io.read_json(path / "config.json")["intermediate_size"] is None
+    ours = Rwkv7.from_pretrained(path)
+    assert ours.config.dim_ffn == 224
+    assert ours.blocks[0].ffn.key.weight.shape == fla_model.model.layers[0].ffn.key.weight.shape == (224, 64)
+
+
+def test_fla_head_size_16_gives_fla_logits(fla_small):
+    """F01: the group norm's eps follows the head size (16 * norm_eps), as fla's; 64 * norm_eps is 6.5e-4 off."""
+    import fla_peer
+    path, fla_model = fla_small
+    ours = Rwkv7.from_pretrained(path)
+    ids = torch.randint(0, FLA_SMALL["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got, _ = ours(ids, backend="torch")
+    assert_close(got, fla_peer.logits(fla_model, ids), FP32_BUDGET, "ours (fla layout, head size 16) vs fla")
+
+
 # ------------------------------------------------------------------- memory-mapped, built on the meta device
 
 def mapped_file(tensor) -> str | None:
@@ -315,3 +381,54 @@ def test_state_round_trip_through_a_file(tmp_path):
     (tmp_path / "bad.state").write_bytes(b"junk")
     with pytest.raises(ValueError, match=r"bad\.state: cannot be read as a saved state"):
         io.load_state(tmp_path / "bad.state")
+
+
+def test_save_keeps_the_file_an_old_index_names(tmp_path):
+    """R6: an index whose weight_map names model.safetensors itself made the save delete the weights it had just
+    written (only config.json was left). The index goes; the new model.safetensors stays."""
+    model = rwkv4()
+    model.save_pretrained(tmp_path)
+    write_index(tmp_path, {k: "model.safetensors" for k in model.state_dict()})
+    RwkvForCausalLM.from_pretrained(tmp_path).save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    assert_same_weights(RwkvForCausalLM.from_pretrained(tmp_path), model)
+
+
+@pytest.mark.parametrize("num_heads", [None, 0, 5])
+def test_fla_head_dim_null_needs_num_heads(fla_small, tmp_path, num_heads):
+    """head_dim null with num_heads null / 0 raised TypeError / ZeroDivisionError; 5 does not divide 64."""
+    path, _ = fla_small
+    config = io.read_json(path / "config.json") | {"head_dim": None, "num_heads": num_heads}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").symlink_to(path / "model.safetensors")
+    with pytest.raises(ValueError, match=rf"head_dim is null, so num_heads must be a positive int dividing "
+                                         rf"hidden_size = 64; got num_heads = {num_heads}"):
+        Rwkv7.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(config | {"num_heads": 4}))
+    assert Rwkv7.from_pretrained(tmp_path).config.head_size == 16
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool])
+def test_integer_weights_are_refused(tmp_path, dtype):
+    """An int32 tensor was silently cast to the model's float dtype; no model weight is an integer, so such a
+    checkpoint (quantized, or damaged) is refused, naming the tensor."""
+    sd = dict(rwkv4().state_dict())
+    sd["head.weight"] = sd["head.weight"].to(dtype)
+    rwkv4().save_pretrained(tmp_path)
+    io.save_state_dict(sd, tmp_path / "model.safetensors")
+    with pytest.raises(TypeError, match=rf"'head\.weight' has dtype {dtype}, expected a floating-point dtype"):
+        RwkvForCausalLM.from_pretrained(tmp_path)
+    with pytest.raises(TypeError, match=r"'head\.weight' has dtype"):
+        rwkv4().load_checkpoint(sd)
+
+
+@pytest.mark.parametrize("ratio,width", [(None, 256), (3.3, 224), ("3.3", None), (0, None)])
+def test_fla_hidden_ratio_null_is_fla_default(ratio, width):
+    """fla's RWKV7FeedForward takes hidden_ratio null as 4; a ratio that is not a number > 0 is named."""
+    from seqmix.models.rwkv7_fla import config_from_fla
+    config = dict(model_type="rwkv7", hidden_size=64, head_dim=16, intermediate_size=None, hidden_ratio=ratio)
+    if width is None:
+        with pytest.raises(ValueError, match=r"intermediate_size is null, so hidden_ratio must be a number > 0"):
+            config_from_fla(config)
+    else:
+        assert config_from_fla(config)["dim_ffn"] == width

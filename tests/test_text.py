@@ -196,3 +196,138 @@ def test_command_on_a_blinkdl_pth_with_a_world_vocab_file(tmp_path):
     no_tokenizer = subprocess.run([sys.executable, "-m", "seqmix.generate", str(tmp_path / "tiny.pth"),
                                    "--prompt", "x"], capture_output=True, text=True)
     assert no_tokenizer.returncode != 0 and "pass --tokenizer world" in no_tokenizer.stderr
+
+
+# ------------------------------------------------------------------------------------- bad tokenizer files
+
+@pytest.mark.parametrize("line,message", [
+    ("257 'Hello' 4", r"line 257: the length field should be the token's byte length, 5"),
+    ("257 'é' 1", r"line 257: the length field should be the token's byte length, 2"),
+    ("257 'Hello' five", r"line 257: the length field should be the token's byte length, 5"),
+    ("257 'Hello' ", r"line 257: the length field should be the token's byte length, 5"),
+])
+def test_world_vocab_length_field_is_checked(tmp_path, line, message):
+    """A wrong length gave the rwkv package's bare AssertionError, a non-numeric one int()'s error; neither named
+    the file or the line."""
+    lines = write_world_vocab(tmp_path / "v.txt").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "v.txt").write_text("\n".join(lines[:256] + [line] + lines[257:]) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"v\.txt, " + message):
+        load_tokenizer(tmp_path / "v.txt")
+
+
+def test_world_vocab_not_utf8_or_empty(tmp_path):
+    """Latin-1 bytes gave a UnicodeDecodeError without the file's name; an empty file made a tokenizer that encodes
+    nothing (every prompt then "encodes to no tokens"): both refused, naming the file."""
+    path = write_world_vocab(tmp_path / "v.txt")
+    path.write_bytes(path.read_bytes() + "261 'café' 5\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"v\.txt, line 261: not UTF-8"):
+        load_tokenizer(path)
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(ValueError, match=r"empty\.txt: an empty World vocabulary"):
+        load_tokenizer(tmp_path / "empty.txt")
+
+
+def test_text_the_vocab_cannot_encode_is_named(tmp_path):
+    """A custom vocab without some byte: the rwkv trie raised UnboundLocalError."""
+    lines = [f"{n + 1} {w!r} {len(w.encode())}" for n, w in enumerate(["a", "b", "ab"])]
+    (tmp_path / "ab.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tok = load_tokenizer(tmp_path / "ab.txt")
+    assert tok.encode("abba") == [3, 2, 1]
+    with pytest.raises(ValueError, match=r"ab\.txt: the vocabulary has no token for 'é' in the text"):
+        tok.encode("abé")
+
+
+def test_tokenizer_spec_of_another_type(tmp_path):
+    """load_tokenizer(None) raised os.fspath's TypeError, which does not say what is expected."""
+    with pytest.raises(TypeError, match=r"tokenizer must be 'world' or the path of a tokenizer\.json or a World "
+                                        r"vocab \.txt, got NoneType"):
+        load_tokenizer(None)
+
+
+def test_word_level_tokenizer_without_unk(tmp_path):
+    """tokenizers raises a bare Exception ("Missing [UNK] token") for a word it does not know: a ValueError naming
+    the file."""
+    tok = Tokenizer(models.WordLevel({"a": 0, "b": 1}))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "words.json"))
+    loaded = load_tokenizer(tmp_path / "words.json")
+    assert loaded.encode("a b a") == [0, 1, 0]
+    with pytest.raises(ValueError, match=r"words\.json: cannot encode the text \(.*UNK"):
+        loaded.encode("a c")
+
+
+# ----------------------------------------------------------------------------------- the command's errors
+
+@pytest.fixture(scope="module")
+def mistakes(tmp_path_factory, model_dir):
+    """Files a user may wrongly pass: a folder without config.json, an unknown model_type, damaged files, a state
+    of another model, a World vocab with only a and b."""
+    d = tmp_path_factory.mktemp("mistakes")
+    (d / "empty").mkdir()
+    (d / "gpt2").mkdir()
+    (d / "gpt2" / "config.json").write_text('{"model_type": "gpt2"}')
+    (d / "junk.pth").write_bytes(b"PK\x03\x04 junk")
+    (d / "broken.json").write_text("{}")
+    (d / "junk.state").write_bytes(b"junk")
+    save_state(RwkvForCausalLM(RwkvConfig(vocab_size=11, hidden_size=8, num_hidden_layers=1)).initial_state(1),
+               d / "other.state")
+    (d / "ab.txt").write_text("1 'a' 1\n2 'b' 1\n", encoding="utf-8")
+    torch.save(Rwkv7(Rwkv7Config(vocab_size=11, n_embd=16, n_layer=1, head_size=16)).state_dict(), d / "tiny.pth")
+    return d
+
+
+# (what the user got wrong, arguments with {model} and {d} for the fixtures' paths, exit status, the line says)
+CLI_MISTAKES = [
+    ("no prompt", ["{model}"], 2, "the following arguments are required: --prompt"),
+    ("negative temperature", ["{model}", "--prompt", "x", "--temperature", "-1"], 2, "temperature must be"),
+    ("NaN temperature", ["{model}", "--prompt", "x", "--temperature", "nan"], 2, "temperature must be"),
+    ("top-p above 1", ["{model}", "--prompt", "x", "--top-p", "1.5"], 2, r"top_p must be a number in \(0, 1\]"),
+    ("negative token count", ["{model}", "--prompt", "x", "--max-new-tokens", "-1"], 2,
+     "--max-new-tokens must be >= 0"),
+    ("unknown dtype", ["{model}", "--prompt", "x", "--dtype", "float8"], 2, "argument --dtype: invalid choice"),
+    ("state into a missing folder", ["{model}", "--prompt", "x", "--save-state", "{d}/no/such/s.state"], 2,
+     "--save-state .*: no such folder"),
+    ("no tokenizer", ["{d}/tiny.pth", "--prompt", "x"], 2, "no tokenizer beside the weights; pass --tokenizer"),
+    ("missing model", ["{d}/nope", "--prompt", "x"], 1, "neither a checkpoint file nor a model directory"),
+    ("folder without config", ["{d}/empty", "--prompt", "x"], 1, "neither a checkpoint file nor a model directory"),
+    ("unknown model_type", ["{d}/gpt2", "--prompt", "x"], 1, "model_type 'gpt2' is not one of"),
+    ("damaged checkpoint", ["{d}/junk.pth", "--prompt", "x"], 1, r"junk\.pth: a torch zip checkpoint that is"),
+    ("missing tokenizer", ["{model}", "--prompt", "x", "--tokenizer", "{d}/nope.json"], 1, "no such file"),
+    ("damaged tokenizer", ["{model}", "--prompt", "x", "--tokenizer", "{d}/broken.json"], 1,
+     r"broken\.json: not a tokenizer\.json"),
+    ("damaged state", ["{model}", "--prompt", "x", "--state", "{d}/junk.state"], 1, "cannot be read as a saved state"),
+    ("state of another model", ["{model}", "--prompt", "x", "--state", "{d}/other.state"], 1,
+     r"state\[0\] \(ffn_x_prev\) must have shape"),
+    ("unknown backend", ["{model}", "--prompt", "x", "--backend", "cuda"], 1, "backend must be one of"),
+    ("text the vocab lacks", ["{d}/tiny.pth", "--tokenizer", "{d}/ab.txt", "--prompt", "abc"], 1,
+     "the vocabulary has no token for 'c'"),
+    ("empty prompt", ["{model}", "--prompt", ""], 1, "encodes to no tokens"),
+]
+
+
+def run_main(args):
+    from seqmix.models.cli import main
+    try:
+        return main(args)
+    except SystemExit as e:              # argparse's errors exit from inside
+        return e.code
+
+
+@pytest.mark.parametrize("args,status,says", [c[1:] for c in CLI_MISTAKES], ids=[c[0] for c in CLI_MISTAKES])
+def test_command_mistakes_are_one_line(model_dir, mistakes, capsys, args, status, says):
+    """Each printed a traceback (cli.py had no handler; argparse printed its usage block too): now one line on
+    stderr, nothing generated, exit status 2 for a bad option, 1 otherwise."""
+    code = run_main([a.format(model=model_dir, d=mistakes) for a in args])
+    out, err = capsys.readouterr()
+    assert (code, out) == (status, "") and err.count("\n") == 1, err
+    assert err.startswith("python -m seqmix.generate: error: ") and re.search(says, err), err
+
+
+def test_command_debug_shows_the_traceback(tmp_path):
+    """--debug: the traceback, for a bug report; without it one line (through the real command, not main)."""
+    args = [sys.executable, "-m", "seqmix.generate", str(tmp_path / "nope"), "--prompt", "x"]
+    plain = subprocess.run(args, capture_output=True, text=True)
+    assert plain.returncode == 1 and plain.stderr.count("\n") == 1 and "Traceback" not in plain.stderr
+    debug = subprocess.run(args + ["--debug"], capture_output=True, text=True)
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.rstrip().splitlines()[-1].startswith("FileNotFoundError: ")
