@@ -69,6 +69,13 @@ class Options:
             unknown = [x for x in given if x not in known]
             if unknown:
                 raise ValueError(f"{name} must be among {list(known)}, got {unknown}")
+        # A head size of 0 would compare empty tensors, and a negative seed is numpy's traceback: both usage errors.
+        if self.head_sizes is not None and (not self.head_sizes or min(self.head_sizes) < 1):
+            raise ValueError(f"head_sizes must be >= 1, got {list(self.head_sizes)}")
+        if self.max_len is not None and self.max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {self.max_len}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,9 @@ class Report:
 
     @property
     def failed_checks(self) -> list:
-        return sorted({row.check for row in self.rows if not row.passed})
+        """Checks with a row out of budget, and checks that compared nothing (no comparison is never a pass)."""
+        compared = {row.check for row in self.rows}
+        return sorted({row.check for row in self.rows if not row.passed} | (set(self.checks) - compared))
 
     @property
     def ok(self) -> bool:
@@ -191,11 +200,16 @@ def _run(op: Op, fn, check: Check, tensors: dict, options: dict, state, seed):
     return torch.cat(ys, op.y_time_axis), s, f"pieces {bounds}"
 
 
-def _compare(check: Check, what: str, actual, expected, limit: float, note: str = "") -> Row:
+def _compare(check: Check, what: str, actual, expected, limit: float, note: str = "", dtype=None) -> Row:
+    """One quantity against its truth; ``dtype``: the torch dtype the actual must have (None: not checked)."""
     a, b = f64(actual), f64(expected)
     row = Row(check.id, what, str(tuple(b.shape)), check.dtype, None, None, limit, False, note)
     if a.shape != b.shape:
         row.message = f"shape {tuple(a.shape)}, expected {tuple(b.shape)}"
+    elif b.size == 0:
+        row.message = "nothing to compare: the quantity is empty"
+    elif dtype is not None and getattr(actual, "dtype", None) != dtype:
+        row.message = f"dtype {getattr(actual, 'dtype', None)}, expected {dtype} (outputs take the values' dtype)"
     elif not np.isfinite(a).all():
         row.message = f"{int(a.size - np.isfinite(a).sum())} non-finite values"
     else:
@@ -251,20 +265,25 @@ def run_check(op_name: str, fn, check: Check, options: Options) -> list:
             y, s, note = _run(op, fn, check, {n: t.to(options.device) for n, t in tensors.items()}, x.options,
                               None if state is None else _state_like([t.to(options.device) for t in _leaves(state)],
                                                                      state), seed)
-        except Exception as e:                                           # the kernel's own error is the finding
+        except _KERNEL_ERRORS as e:                                      # the kernel's own error is the finding
             return [Row(check.id, "call", "", check.dtype, None, None, limit, False, _describe(e))]
-    rows = [_compare(check, "y", y, y_ref, limit, note)]
+    rows = [_compare(check, "y", y, y_ref, limit, note, dtype=dtype)]
+    wrong_state = _state_structure(op, s, s_ref)
     if op.stateful and (s is not None or options.state):
         if s is None:
             rows.append(Row(check.id, "state", "", check.dtype, None, None, limit, False,
                             "the function returned no final state (options.state=False if it keeps none)"))
+        elif wrong_state:
+            rows.append(Row(check.id, "state", "", check.dtype, None, None, limit, False, wrong_state))
         else:
             actual = [f64(t) for t in _leaves(s)]
             pairs = op.compare_state(actual, _leaves(s_ref)) if op.compare_state else zip(op.state_names, actual,
                                                                                         _leaves(s_ref))
             rows += [_compare(check, f"state {n}" if len(_leaves(s_ref)) > 1 else "state", a, e, limit, note)
                      for n, a, e in pairs]
-    if options.grad:
+    if options.grad and wrong_state:                 # the loss weighs the state's tensors: they cannot be found
+        rows.append(Row(check.id, "gradients", "", check.dtype, None, None, limit, False, wrong_state))
+    elif options.grad:
         state_terms = (op.loss_terms or list)([torch.tensor(t) for t in _leaves(s_ref)]) if s is not None else []
         rows += _gradient_rows(op, fn, check, (tensors, state), (exact, exact_state), x.options,
                                (y_ref.shape, [t.shape for t in state_terms]), seed, options.device)
@@ -281,7 +300,7 @@ def _gradient_rows(op, fn, check, inputs, exact_inputs, options, shapes, seed, d
     gs = [torch.tensor(rng.standard_normal(shape)).to(accumulation_dtype(dtype)).double() for shape in shapes[1]]
     try:
         got = _gradients(op, fn, *inputs, options, (gy, gs), check, seed, device)
-    except Exception as e:
+    except _KERNEL_ERRORS as e:
         return [Row(check.id, "gradients", "", check.dtype, None, None, limit, False, _describe(e))]
     if got is None:
         return [Row(check.id, "gradients", "", check.dtype, None, None, limit, False,
@@ -292,8 +311,26 @@ def _gradient_rows(op, fn, check, inputs, exact_inputs, options, shapes, seed, d
             if n not in check.case.ungraded]
 
 
-def _describe(error: Exception) -> str:
+# What a kernel may raise that fails its check: any error, and sys.exit (SystemExit), which would otherwise end the
+# run with the kernel's exit code and no rows ("every check passed"). KeyboardInterrupt still interrupts.
+_KERNEL_ERRORS = (Exception, SystemExit)
+
+
+def _state_structure(op: Op, state, expected) -> str:
+    """Why a final state cannot be compared as the op's (a stacked tensor where a tuple is due), or ""."""
+    if state is None or expected is None or len(_leaves(state)) == len(_leaves(expected)):
+        return ""
+    got = (f"one tensor of shape {tuple(state.shape)}" if torch.is_tensor(state)
+           else f"{len(_leaves(state))} tensors")
+    shapes = ", ".join(str(tuple(np.shape(t))) for t in _leaves(expected))
+    return (f"the final state is {got}; {op.name}'s state is a tuple of {len(_leaves(expected))} tensors "
+            f"({', '.join(op.state_names)}) of shapes {shapes}")
+
+
+def _describe(error: BaseException) -> str:
     """The error's type and first line; where it has no message (a bare assert), the line that raised it."""
+    if isinstance(error, SystemExit):
+        return f"SystemExit: the function called sys.exit({error.code!r})"
     text = str(error).strip().splitlines()
     if text:
         return f"{type(error).__name__}: {text[0]}"

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from kernel_cases import needs_triton
-from seqmix.conformance import PARTS, Options, definitions, plan, pytest_cases, run
+from seqmix.conformance import PARTS, Check, Options, definitions, plan, pytest_cases, run, run_check
 from seqmix.conformance.__main__ import main as cli_main
-from seqmix.conformance.ops import OPS
+from seqmix.conformance.ops import OPS, Case
 from seqmix.conformance.report import progress
 from seqmix.kernels import native
 from seqmix.kernels.attention import attention
@@ -267,6 +267,77 @@ def test_progress_bar():
     (["wkv4", "no_such_file.py:fn"], "no such file: no_such_file.py"),
     (["wkv4", "seqmix.kernels.wkv4:wkv4", "--adapter", "fla"], "adapter fla is for wkv7, not wkv4"),
     (["wkv5", "seqmix.kernels.wkv4:wkv4"], "invalid choice: 'wkv5'"),
+    (["wkv4", "seqmix.kernels.wkv4:wkv4", "--head-sizes", "0"], "head_sizes must be >= 1, got [0]"),
+    (["wkv4", "seqmix.kernels.wkv4:wkv4", "--max-len", "0"], "max_len must be >= 1, got 0"),
+    (["wkv4", "seqmix.kernels.wkv4:wkv4", "--seed", "-1"], "seed must be >= 0, got -1"),
 ])
 def test_cli_usage_errors_exit_2(capsys, args, message):
-    assert main(*args) == 2 and message in capsys.readouterr().err
+    assert main(*args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Runs that check nothing never pass (R7), and the CLI's mistakes are one line
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_a_kernel_that_calls_sys_exit_fails_its_checks(tmp_path, monkeypatch, capsys):
+    """SystemExit from the kernel is a failure of the check that called it, not a run ended with exit 0."""
+    (tmp_path / "quitter.py").write_text("import sys\n\ndef wkv4(w, u, k, v, state=None):\n    sys.exit(0)\n")
+    monkeypatch.chdir(tmp_path)
+    assert main("wkv4", "quitter:wkv4", "--dtypes", "fp32", "--parts", "shapes") == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].endswith("FAILED") and "the function called sys.exit(0)" in out[1]
+
+
+def test_keyboard_interrupt_still_interrupts():
+    def interrupted(w, u, k, v, state=None):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run("wkv4", interrupted, Options(dtypes=("fp32",), only=("T=1,",)))
+
+
+def test_an_empty_quantity_is_not_a_pass():
+    """Nothing compared is a failure: a case of C = 0 gives empty tensors, whose error would be 0."""
+    check = Check("wkv4", Case(dict(B=1, T=3, C=0)), "fp32")
+    rows = run_check("wkv4", partial(wkv4, backend="torch"), check, Options(grad=False))
+    assert rows and not any(r.passed for r in rows)
+    assert all("nothing to compare" in r.message for r in rows)
+
+
+def test_outputs_take_the_values_dtype():
+    """A float64 y for fp32 inputs fails, with a message saying so, however close its values."""
+    def promotes(w, u, k, v, state=None):
+        y, s = wkv4(w, u, k, v, state=state, backend="torch")
+        return y.double(), s
+
+    report = run("wkv4", promotes, Options(dtypes=("fp32",), only=("T=7,",), grad=False))
+    assert [(r.what, r.message) for r in report.rows if not r.passed] == [
+        ("y", "dtype torch.float64, expected torch.float32 (outputs take the values' dtype)")]
+
+
+def test_a_state_stacked_into_one_tensor_is_named_as_such():
+    def stacks(w, u, k, v, state=None):
+        y, s = wkv4(w, u, k, v, state=None if state is None else tuple(state), backend="torch")
+        return y, torch.stack(s)
+
+    report = run("wkv4", stacks, Options(dtypes=("fp32",), only=("T=7,",), parts=("shapes",)))
+    messages = {r.message for r in report.rows if not r.passed}
+    assert messages == {"the final state is one tensor of shape (3, 2, 5); wkv4's state is a tuple of 3 tensors "
+                        "(num, den, max) of shapes (2, 5), (2, 5), (2, 5)"}, messages
+
+
+def test_a_module_that_raises_at_import_is_a_usage_error(tmp_path, capsys):
+    module = tmp_path / "broken.py"
+    module.write_text("raise RuntimeError('needs a GPU')\n")
+    assert main("wkv4", f"{module}:wkv4") == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"python -m seqmix.conformance: cannot load {module}:wkv4: RuntimeError: needs a GPU"]
+
+
+def test_json_into_a_missing_folder_is_refused_before_the_run(tmp_path, capsys):
+    assert main("wkv4", "seqmix.kernels.wkv4:wkv4", "--json", tmp_path / "no" / "report.json") == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [
+        f"python -m seqmix.conformance: --json: no such folder: {tmp_path / 'no'}"]

@@ -42,10 +42,18 @@ def test_transformers_rwkv4_loses_precision_at_keys_of_several_hundred():
     assert worst["y"] > 1e-5 and worst["state num"] > 5e-5
 
 
-def test_transformers_mamba_scan_passes():
+def test_transformers_mamba_scan_computes_the_scan_but_promotes_y_to_fp32():
+    """mamba_selective_scan's values pass every check; its y comes back fp32 for fp16/bf16 inputs where D and
+    delta_bias are fp32 (as Mamba keeps them): scan_output + hidden_states * D promotes, where the design gives
+    y the values' dtype."""
     fn = peer("transformers.models.mamba.modeling_mamba", "mamba_selective_scan")
     report = run("selective_scan", transformers_mamba(fn))
-    assert not report.options.state and report.ok, failed_checks(report)
+    assert not report.options.state
+    assert failed_checks(report) == {f"selective_scan/shapes/T=21,B=2,D=18,N=5,+D,+z,+delta_bias,softplus/{dtype}"
+                                     for dtype in ("fp16", "bf16")}
+    assert {(r.what, r.message) for r in report.rows if not r.passed} == {
+        ("y", f"dtype torch.float32, expected torch.{name} (outputs take the values' dtype)")
+        for name in ("float16", "bfloat16")}
 
 
 def test_fla_naive_dplr_recurrence_passes():
