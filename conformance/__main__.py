@@ -5,7 +5,8 @@ result), a progress bar on stderr while it runs, and a summary line. MODULE is a
 (``my_package.kernels``) or a file (``my_wkv4.py``).
 
 Exit codes:
-    0  every check ran and every quantity was within its budget
+    0  every check ran and every quantity was within its budget (the design's under --strict, else the one its
+       inputs condition where the op has a conditioning rule)
     1  at least one quantity was out of budget, non-finite, of the wrong shape, or the function raised
     2  usage error: unknown op or adapter, an adapter for another op, MODULE:FUNCTION not importable (or raising
        as it is imported), an option out of range, a --json path in a folder that does not exist
@@ -78,6 +79,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", help="run only checks whose id contains one of these")
     p.add_argument("--skip", nargs="+", help="leave out checks whose id contains one of these")
     p.add_argument("--seed", type=int, help="seed of the inputs (default 0)")
+    p.add_argument("--strict", action="store_true", default=None,
+                   help="judge every quantity at the design's fixed budget, also where the op's conditioning rule "
+                        "allows more at the inputs (the default grade; conformance/README.md)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON (conformance/README.md)")
     return p
 
@@ -99,6 +103,7 @@ def main(argv=None) -> int:
             return usage_error(f"adapter {args.adapter} is for {adapter.op}, not {args.op}")
         fn = adapter.wrap(fn)
     given = dict(device=args.device, grad=args.grad, state=args.state, seed=args.seed, max_len=args.max_len,
+                 strict=args.strict,
                  **{k: tuple(v) for k, v in dict(dtypes=args.dtypes, parts=args.parts, head_sizes=args.head_sizes,
                                                 only=args.only, skip=args.skip).items() if v})
     try:
