@@ -41,7 +41,8 @@ def pytest_cases(op: str, fn, **options) -> list:
     Args:
         op: one of OPS.
         fn: the function under test (or an adapter's wrapper of it).
-        **options: fields of Options (dtypes, device, grad, state, parts, head_sizes, max_len, only, skip, seed).
+        **options: fields of Options (dtypes, device, grad, state, parts, head_sizes, max_len, only, skip, seed,
+            strict).
     Returns:
         a list of pytest.param.
     """

@@ -5,9 +5,11 @@ result), a progress bar on stderr while it runs, and a summary line. MODULE is a
 (``my_package.kernels``) or a file (``my_wkv4.py``).
 
 Exit codes:
-    0  every check ran and every quantity was within its budget
+    0  every check ran and every quantity was within its budget (the design's under --strict, else the one its
+       inputs condition where the op has a conditioning rule)
     1  at least one quantity was out of budget, non-finite, of the wrong shape, or the function raised
-    2  usage error: unknown op or adapter, an adapter for another op, MODULE:FUNCTION not importable
+    2  usage error: unknown op or adapter, an adapter for another op, MODULE:FUNCTION not importable (or raising
+       as it is imported), an option out of range, a --json path in a folder that does not exist
     3  the options left no check to run
 """
 from __future__ import annotations
@@ -28,6 +30,12 @@ from seqmix.conformance.ops import OPS  # noqa: E402
 from seqmix.conformance.report import HEADER, as_json, format_row, progress, summary  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOTHING_RAN = 0, 1, 2, 3
+PROG = "python -m seqmix.conformance"
+
+
+def usage_error(message: str) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def load_function(spec: str):
@@ -52,7 +60,7 @@ def load_function(spec: str):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m seqmix.conformance", description=__doc__,
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("op", choices=sorted(OPS), help="the op the function implements")
     p.add_argument("function", help="MODULE:FUNCTION (or path/to/file.py:FUNCTION)")
@@ -71,28 +79,37 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", help="run only checks whose id contains one of these")
     p.add_argument("--skip", nargs="+", help="leave out checks whose id contains one of these")
     p.add_argument("--seed", type=int, help="seed of the inputs (default 0)")
+    p.add_argument("--strict", action="store_true", default=None,
+                   help="judge every quantity at the design's fixed budget, also where the op's conditioning rule "
+                        "allows more at the inputs (the default grade; conformance/README.md)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON (conformance/README.md)")
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    # Checked before the run: a report that cannot be written would otherwise fail after all the work.
+    if args.json and not Path(args.json).parent.is_dir():
+        return usage_error(f"--json: no such folder: {Path(args.json).parent}")
     try:
         fn = load_function(args.function)
     except (ValueError, ImportError, OSError, SyntaxError) as e:
-        print(f"python -m seqmix.conformance: cannot load {args.function}: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error(f"cannot load {args.function}: {e}")
+    except (Exception, SystemExit) as e:                        # the module itself raised as it was imported
+        return usage_error(f"cannot load {args.function}: {type(e).__name__}: {e}")
     if args.adapter:
         adapter = ADAPTERS[args.adapter]
         if adapter.op != args.op:
-            print(f"python -m seqmix.conformance: adapter {args.adapter} is for {adapter.op}, not {args.op}",
-                  file=sys.stderr)
-            return EXIT_USAGE
+            return usage_error(f"adapter {args.adapter} is for {adapter.op}, not {args.op}")
         fn = adapter.wrap(fn)
     given = dict(device=args.device, grad=args.grad, state=args.state, seed=args.seed, max_len=args.max_len,
+                 strict=args.strict,
                  **{k: tuple(v) for k, v in dict(dtypes=args.dtypes, parts=args.parts, head_sizes=args.head_sizes,
                                                 only=args.only, skip=args.skip).items() if v})
-    options = Options.for_function(fn, **{k: v for k, v in given.items() if v is not None})
+    try:
+        options = Options.for_function(fn, **{k: v for k, v in given.items() if v is not None})
+    except ValueError as e:                                     # an option out of range (--head-sizes 0, --seed -1)
+        return usage_error(str(e))
     bar = sys.stderr.isatty()
     print(HEADER, flush=True)
 

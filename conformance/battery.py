@@ -6,7 +6,12 @@ parameters an op keeps in fp32 stay fp32), and both sides see the same rounded v
 float64 torch) for gradients. The function under test gets them on the chosen device, with requires_grad when
 gradients are checked; the loss is <y, gy> + <state terms, gs> with random cotangents rounded to the output's and
 the state's dtype. Every compared quantity becomes one Row: its relative RMS error ||a - b|| / ||b||, its max abs
-error, the design's budget for the dtype, and whether it passed. A check whose call raises gives one failed row.
+error, the budget it was judged at, and whether it passed. A check whose call raises gives one failed row.
+
+Two grades. The default asks "is this a correct implementation of the formula?": a check is judged at the design's
+budget for its dtype, or, where the op has a conditioning rule (ops.py) and the check's inputs force a larger error
+on any implementation in its arithmetic, at that error. ``strict`` judges every check at the design's budget. A row
+over the design's budget and within the conditioned one is marked ``conditioned``: it passes the default grade only.
 """
 from __future__ import annotations
 
@@ -46,6 +51,8 @@ class Options:
         max_len: skip cases longer than this many tokens.
         only, skip: substrings of check ids ("wkv4/shapes/T=37,B=2,C=6,state/fp32") to keep or leave out.
         seed: inputs are drawn from (seed, check id), so a check sees the same inputs whatever else runs.
+        strict: judge every quantity at the design's fixed budget, also where the op's conditioning rule allows
+            more at the check's inputs (the default grade).
     """
     dtypes: tuple = ("fp32", "fp16", "bf16")
     device: str = "cpu"
@@ -57,6 +64,7 @@ class Options:
     only: tuple = ()
     skip: tuple = ()
     seed: int = 0
+    strict: bool = False
 
     @classmethod
     def for_function(cls, fn, **options) -> "Options":
@@ -69,6 +77,13 @@ class Options:
             unknown = [x for x in given if x not in known]
             if unknown:
                 raise ValueError(f"{name} must be among {list(known)}, got {unknown}")
+        # A head size of 0 would compare empty tensors, and a negative seed is numpy's traceback: both usage errors.
+        if self.head_sizes is not None and (not self.head_sizes or min(self.head_sizes) < 1):
+            raise ValueError(f"head_sizes must be >= 1, got {list(self.head_sizes)}")
+        if self.max_len is not None and self.max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {self.max_len}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
 
 
 @dataclass(frozen=True)
@@ -84,7 +99,9 @@ class Check:
 
 @dataclass
 class Row:
-    """One compared quantity: error and max_abs are None where nothing could be compared (message says why)."""
+    """One compared quantity: error and max_abs are None where nothing could be compared (message says why).
+    budget: the budget it was judged at (the grade's); design_budget: the design's for its dtype; conditioned: over
+    the design's budget and within the one its inputs condition (passes the default grade, fails strict)."""
     check: str
     what: str
     shape: str
@@ -94,6 +111,8 @@ class Row:
     budget: float
     passed: bool
     message: str = ""
+    design_budget: float | None = None
+    conditioned: bool = False
 
 
 @dataclass
@@ -106,7 +125,14 @@ class Report:
 
     @property
     def failed_checks(self) -> list:
-        return sorted({row.check for row in self.rows if not row.passed})
+        """Checks with a row out of budget, and checks that compared nothing (no comparison is never a pass)."""
+        compared = {row.check for row in self.rows}
+        return sorted({row.check for row in self.rows if not row.passed} | (set(self.checks) - compared))
+
+    @property
+    def conditioned_rows(self) -> list:
+        """The rows over the design's budget and within the one their inputs condition."""
+        return [row for row in self.rows if row.conditioned]
 
     @property
     def ok(self) -> bool:
@@ -121,6 +147,28 @@ def budget(op: Op, dtype: str) -> float:
     """The design's budget: fp64 1e-12, fp32 1e-5 (1e-4 for WKV-7, whose chunked forms are allowed), fp16 5e-3,
     bf16 2e-2; gradients the same."""
     return {"fp64": REFERENCE_BUDGET, "fp32": op.fp32_budget, "fp16": FP16_BUDGET, "bf16": BF16_BUDGET}[dtype]
+
+
+@dataclass(frozen=True)
+class _Grade:
+    """The budgets of one check: the design's, the conditioned one (>= the design's), and which one judges."""
+    design: float
+    conditioned: float
+    strict: bool
+
+    @property
+    def limit(self) -> float:
+        return self.design if self.strict else self.conditioned
+
+
+def _grade(op: Op, dtype: str, tensors: dict, state, strict: bool) -> _Grade:
+    """The check's budgets: the conditioned one is max(the design's, op.conditioning(inputs) times the unit roundoff of
+    the arithmetic: 2^-24 for fp32, fp16 and bf16 inputs, which accumulate in fp32; 2^-53 for fp64)."""
+    design = budget(op, dtype)
+    if op.conditioning is None:
+        return _Grade(design, design, strict)
+    roundoff = torch.finfo(accumulation_dtype(DTYPES[dtype])).eps / 2
+    return _Grade(design, max(design, float(roundoff * op.conditioning(tensors, state))), strict)
 
 
 def _fitted(op: Op, case: Case, options: Options) -> Case:
@@ -191,16 +239,31 @@ def _run(op: Op, fn, check: Check, tensors: dict, options: dict, state, seed):
     return torch.cat(ys, op.y_time_axis), s, f"pieces {bounds}"
 
 
-def _compare(check: Check, what: str, actual, expected, limit: float, note: str = "") -> Row:
+def _failed(check: Check, what: str, grade: _Grade, message: str, shape: str = "") -> Row:
+    """A row where nothing could be compared: a failure, whatever the grade."""
+    return Row(check.id, what, shape, check.dtype, None, None, grade.limit, False, message, grade.design)
+
+
+def _compare(check: Check, what: str, actual, expected, grade: _Grade, note: str = "", dtype=None) -> Row:
+    """One quantity against its truth; ``dtype``: the torch dtype the actual must have (None: not checked)."""
     a, b = f64(actual), f64(expected)
-    row = Row(check.id, what, str(tuple(b.shape)), check.dtype, None, None, limit, False, note)
+    row = _failed(check, what, grade, note, str(tuple(b.shape)))
     if a.shape != b.shape:
         row.message = f"shape {tuple(a.shape)}, expected {tuple(b.shape)}"
+    elif b.size == 0:
+        row.message = "nothing to compare: the quantity is empty"
+    elif dtype is not None and getattr(actual, "dtype", None) != dtype:
+        row.message = f"dtype {getattr(actual, 'dtype', None)}, expected {dtype} (outputs take the values' dtype)"
     elif not np.isfinite(a).all():
         row.message = f"{int(a.size - np.isfinite(a).sum())} non-finite values"
     else:
         row.error, row.max_abs = rel_rms(a, b), max_abs(a, b)
-        row.passed = row.error <= limit
+        row.passed = row.error <= grade.limit
+        row.conditioned = grade.design < row.error <= grade.conditioned
+        if row.conditioned:
+            row.message = "; ".join(filter(None, (note, (
+                f"over the design's {grade.design:.0e}, within the budget conditioned on the inputs "
+                f"{grade.conditioned:.1e}" + (": passes the default grade" if grade.strict else "")))))
     return row
 
 
@@ -233,7 +296,6 @@ def run_check(op_name: str, fn, check: Check, options: Options) -> list:
     op = OPS[op_name]
     dtype = DTYPES[check.dtype]
     state_dtype = accumulation_dtype(dtype)
-    limit = budget(op, check.dtype)
     seed = [options.seed, zlib.crc32(check.id.encode())]
     x = op.make(np.random.default_rng(seed), **check.case.params)
     tensors = {n: torch.tensor(a, dtype=torch.float32 if n in op.fp32_params and dtype != torch.float64 else dtype)
@@ -245,55 +307,80 @@ def run_check(op_name: str, fn, check: Check, options: Options) -> list:
     expected = call(op, op.reference, {n: t.numpy() for n, t in exact.items()}, x.options,
                     None if state is None else _state_like([s.numpy() for s in _leaves(exact_state)], state))
     y_ref, s_ref = _outputs(op, expected)
+    grade = _grade(op, check.dtype, {n: t.numpy() for n, t in exact.items()},
+                   None if state is None else [t.numpy() for t in _leaves(exact_state)], options.strict)
 
     with torch.no_grad():
         try:
             y, s, note = _run(op, fn, check, {n: t.to(options.device) for n, t in tensors.items()}, x.options,
                               None if state is None else _state_like([t.to(options.device) for t in _leaves(state)],
                                                                      state), seed)
-        except Exception as e:                                           # the kernel's own error is the finding
-            return [Row(check.id, "call", "", check.dtype, None, None, limit, False, _describe(e))]
-    rows = [_compare(check, "y", y, y_ref, limit, note)]
+        except _KERNEL_ERRORS as e:                                      # the kernel's own error is the finding
+            return [_failed(check, "call", grade, _describe(e))]
+    rows = [_compare(check, "y", y, y_ref, grade, note, dtype=dtype)]
+    wrong_state = _state_structure(op, s, s_ref)
     if op.stateful and (s is not None or options.state):
         if s is None:
-            rows.append(Row(check.id, "state", "", check.dtype, None, None, limit, False,
-                            "the function returned no final state (options.state=False if it keeps none)"))
+            rows.append(_failed(check, "state", grade,
+                                "the function returned no final state (options.state=False if it keeps none)"))
+        elif wrong_state:
+            rows.append(_failed(check, "state", grade, wrong_state))
         else:
             actual = [f64(t) for t in _leaves(s)]
             pairs = op.compare_state(actual, _leaves(s_ref)) if op.compare_state else zip(op.state_names, actual,
                                                                                         _leaves(s_ref))
-            rows += [_compare(check, f"state {n}" if len(_leaves(s_ref)) > 1 else "state", a, e, limit, note)
+            rows += [_compare(check, f"state {n}" if len(_leaves(s_ref)) > 1 else "state", a, e, grade, note)
                      for n, a, e in pairs]
-    if options.grad:
+    if options.grad and wrong_state:                 # the loss weighs the state's tensors: they cannot be found
+        rows.append(_failed(check, "gradients", grade, wrong_state))
+    elif options.grad:
         state_terms = (op.loss_terms or list)([torch.tensor(t) for t in _leaves(s_ref)]) if s is not None else []
         rows += _gradient_rows(op, fn, check, (tensors, state), (exact, exact_state), x.options,
-                               (y_ref.shape, [t.shape for t in state_terms]), seed, options.device)
+                               (y_ref.shape, [t.shape for t in state_terms]), seed, options.device, grade)
     return rows
 
 
-def _gradient_rows(op, fn, check, inputs, exact_inputs, options, shapes, seed, device):
+def _gradient_rows(op, fn, check, inputs, exact_inputs, options, shapes, seed, device, grade):
     """The gradients of the function under test against autograd through the float64 definition, from one loss
-    with random cotangents of the given shapes (y's, the state terms'), rounded to y's dtype and the state's."""
+    with random cotangents of the given shapes (y's, the state terms'), rounded to y's dtype and the state's; judged
+    as the check's outputs are (``grade``)."""
     rng = np.random.default_rng(seed + [1])
     dtype = DTYPES[check.dtype]
-    limit = budget(op, check.dtype)
     gy = torch.tensor(rng.standard_normal(shapes[0])).to(dtype).double()
     gs = [torch.tensor(rng.standard_normal(shape)).to(accumulation_dtype(dtype)).double() for shape in shapes[1]]
     try:
         got = _gradients(op, fn, *inputs, options, (gy, gs), check, seed, device)
-    except Exception as e:
-        return [Row(check.id, "gradients", "", check.dtype, None, None, limit, False, _describe(e))]
+    except _KERNEL_ERRORS as e:
+        return [_failed(check, "gradients", grade, _describe(e))]
     if got is None:
-        return [Row(check.id, "gradients", "", check.dtype, None, None, limit, False,
-                    "the output does not require grad: options.grad=False (--no-grad) for a forward-only kernel")]
+        return [_failed(check, "gradients", grade,
+                        "the output does not require grad: options.grad=False (--no-grad) for a forward-only kernel")]
     names, grads = got
     _, truth = _gradients(op, op.definition, *exact_inputs, options, (gy, gs), check, seed, "cpu")
-    return [_compare(check, f"d/d{n}", g, t, limit) for n, g, t in zip(names, grads, truth)
+    return [_compare(check, f"d/d{n}", g, t, grade) for n, g, t in zip(names, grads, truth)
             if n not in check.case.ungraded]
 
 
-def _describe(error: Exception) -> str:
+# What a kernel may raise that fails its check: any error, and sys.exit (SystemExit), which would otherwise end the
+# run with the kernel's exit code and no rows ("every check passed"). KeyboardInterrupt still interrupts.
+_KERNEL_ERRORS = (Exception, SystemExit)
+
+
+def _state_structure(op: Op, state, expected) -> str:
+    """Why a final state cannot be compared as the op's (a stacked tensor where a tuple is due), or ""."""
+    if state is None or expected is None or len(_leaves(state)) == len(_leaves(expected)):
+        return ""
+    got = (f"one tensor of shape {tuple(state.shape)}" if torch.is_tensor(state)
+           else f"{len(_leaves(state))} tensors")
+    shapes = ", ".join(str(tuple(np.shape(t))) for t in _leaves(expected))
+    return (f"the final state is {got}; {op.name}'s state is a tuple of {len(_leaves(expected))} tensors "
+            f"({', '.join(op.state_names)}) of shapes {shapes}")
+
+
+def _describe(error: BaseException) -> str:
     """The error's type and first line; where it has no message (a bare assert), the line that raised it."""
+    if isinstance(error, SystemExit):
+        return f"SystemExit: the function called sys.exit({error.code!r})"
     text = str(error).strip().splitlines()
     if text:
         return f"{type(error).__name__}: {text[0]}"

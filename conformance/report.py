@@ -13,8 +13,9 @@ from seqmix.conformance.battery import Report, Row
 
 __all__ = ["SCHEMA", "HEADER", "format_row", "progress", "summary", "as_json"]
 
-# Bumped when a field changes meaning or disappears (adding a field keeps the version).
-SCHEMA = "seqmix.conformance.report/1"
+# Bumped when a field changes meaning or disappears (adding a field keeps the version). 2: a row's budget is the one
+# it was judged at, conditioned on the inputs unless options.strict (1: always the design's).
+SCHEMA = "seqmix.conformance.report/2"
 
 HEADER = (f"{'check':<64} {'what':<10} {'shape':<18} {'dtype':<5} {'rel RMS':>8} {'max abs':>8} {'budget':>6} "
           f"result")
@@ -43,17 +44,24 @@ def _count(n: int, noun: str, plural: str = "") -> str:
 
 
 def summary(report: Report) -> str:
-    """One line: what ran, what failed, what was left out."""
+    """One line: what ran, what failed (and how many quantities passed only at the budget their inputs condition, or
+    under --strict failed only the design's), what was left out, the verdict (and its grade when strict)."""
     failed_rows = sum(not r.passed for r in report.rows)
+    conditioned = len(report.conditioned_rows)
+    strict = report.options.strict
     line = (f"{report.op}: {_count(len(report.checks), 'check')}, "
             f"{_count(len(report.rows), 'quantity', 'quantities')} compared, "
-            f"{len(report.rows) - failed_rows} within budget, {failed_rows} not")
+            f"{len(report.rows) - failed_rows} within budget")
+    if conditioned and not strict:
+        line += f" ({conditioned} only within the budget conditioned on the inputs)"
+    line += f", {failed_rows} not"
     if report.failed_checks:
-        line += f" (in {_count(len(report.failed_checks), 'check')})"
+        line += f" (in {_count(len(report.failed_checks), 'check')}"
+        line += f"; {conditioned} within the budget conditioned on the inputs)" if conditioned and strict else ")"
     if report.skipped:
         line += f"; {_count(len(report.skipped), 'check')} left out by the options"
     verdict = "FAILED" if report.failed_checks else "passed" if report.rows else "NOTHING RAN"
-    return f"{line}: {verdict}"
+    return f"{line}: {verdict}" + (" (strict)" if strict else "")
 
 
 def as_json(report: Report, function: str, adapter: str | None) -> str:
@@ -62,7 +70,8 @@ def as_json(report: Report, function: str, adapter: str | None) -> str:
     doc = dict(schema=SCHEMA, seqmix_version=seqmix.__version__, function=function, adapter=adapter,
                environment=dict(python=platform.python_version(), torch=torch.__version__, platform=sys.platform),
                summary=dict(ok=report.ok, checks=len(report.checks), failed_checks=len(report.failed_checks),
-                            skipped_checks=len(report.skipped), rows=len(report.rows), failed_rows=failed_rows),
+                            skipped_checks=len(report.skipped), rows=len(report.rows), failed_rows=failed_rows,
+                            conditioned_rows=len(report.conditioned_rows)),
                **report.as_dict())
     doc["options"] = {k: list(v) if isinstance(v, tuple) else v for k, v in doc["options"].items()}
     return json.dumps(doc, indent=1, allow_nan=False)

@@ -5,8 +5,10 @@
 # with the reference on random inputs says little: kernels go wrong at T = 1, at lengths that are not a multiple of
 # a tile, when a state comes in, when the sequence is fed in pieces, at keys of several hundred, in fp16, in the
 # gradients. `seqmix.conformance` runs all of these against the float64 reference, with the project's error budgets,
-# and says which checks fail and why. This notebook follows a student's first three attempts and the fix that
-# makes the fourth pass.
+# and says which checks fail and why, in two grades: the default asks "is this a correct implementation of the
+# formula?", `--strict` whether it is as precise as the project's own kernels. This notebook follows a student's
+# first attempts: the third passes the default grade and fails `--strict`, for a reason worth a formula; the fourth
+# passes both.
 #
 # **Code used.** [`conformance/`](../conformance/README.md): `run`, `Options` (what to run), the checks of each op in
 # `conformance/ops.py`, the gradients' float64 definitions in `conformance/definitions.py`;
@@ -33,11 +35,12 @@ from seqmix.kernels.wkv4 import wkv4
 
 def verdict(report):
     """The summary line, then each failing check with the quantities that failed and how (no numbers: they are in
-    report.rows)."""
+    report.rows); "conditioned": over the design's budget, within the one its inputs condition (section 5)."""
     print(summary(report))
     for check in report.failed_checks:
         rows = [r for r in report.rows if r.check == check and not r.passed]
-        how = {r.what: "non-finite" if "non-finite" in r.message else r.message or "over budget" for r in rows}
+        how = {r.what: "non-finite" if "non-finite" in r.message else "over budget (conditioned)" if r.conditioned
+               else r.message or "over budget" for r in rows}
         print(f"  {check}: " + ", ".join(f"{what} {kind}" for what, kind in how.items()))
 
 
@@ -100,6 +103,7 @@ def max_tracked(w, u, k, v, state=None, *, initial_max=-1e38, dtype=torch.float3
     """The stable recurrence of reference/wkv4.py in torch, accumulating in ``dtype``; a fresh state starts at
     (0, 0, initial_max)."""
     B, T, C = k.shape
+    values_dtype = v.dtype
     w, u, k, v = (x.to(dtype) for x in (w, u, k, v))
     if state is None:
         state = (torch.zeros(B, C), torch.zeros(B, C), torch.full((B, C), initial_max))
@@ -112,7 +116,7 @@ def max_tracked(w, u, k, v, state=None, *, initial_max=-1e38, dtype=torch.float3
         q = torch.maximum(mx + w, k[:, t])                              # update: e^{max + w - q}, e^{k_t - q}
         a, b = torch.exp(mx + w - q), torch.exp(k[:, t] - q)
         num, den, mx = a * num + b * v[:, t], a * den + b, q
-    return torch.stack(ys, 1), (num, den, mx)
+    return torch.stack(ys, 1).to(values_dtype), (num, den, mx)          # y in the values' dtype, as the design asks
 
 
 wkv4_attempt2 = partial(max_tracked, initial_max=0.0)     # "nothing seen yet": max = 0 seemed a fine start
@@ -121,13 +125,13 @@ wkv4_attempt2 = partial(max_tracked, initial_max=0.0)     # "nothing seen yet": 
 verdict(run("wkv4", wkv4_attempt2))
 
 # %% [markdown]
-# The NaNs are gone and so is the bf16 failure. Two kinds of failure remain: at keys of several hundred, precision
-# (section 4 looks at it), and at T = 1 the final state's max. The outputs there are right (num = den = 0 weigh
-# nothing, whatever max is), but after one token HF's max is the largest
+# The NaNs are gone and so is the bf16 failure. What remains fails at T = 1: the final state's max. The outputs
+# there are right (num = den = 0 weigh nothing, whatever max is), but after one token HF's max is the largest
 # exponent seen, $k_0$, while this loop keeps $\max(0 + w, k_0)$ whenever $k_0 < w$. A state that means something
 # else cannot be handed to another implementation, or to the model that expects HF's. With longer sequences the
 # starting max decays away, which is why only T = 1 shows it: the battery's T = 1 case is there for such things.
-# Starting from -1e38, as HF and the reference do, fixes it.
+# Starting from -1e38, as HF and the reference do, fixes it. (The summary line also counts quantities that passed
+# "only within the budget conditioned on the inputs": section 5 says what that means.)
 #
 # ## 4. Third attempt: the right start
 
@@ -137,40 +141,71 @@ report3 = run("wkv4", wkv4_attempt3)
 verdict(report3)
 
 # %% [markdown]
-# What is left is precision at keys of several hundred. The errors, next to the budget (fp32: 1e-5):
+# It passes: this is a correct implementation of the formula, the same algorithm as transformers' CUDA kernel and
+# CPU loop. But some of its quantities passed at a budget larger than the design's 1e-5, all at keys of several
+# hundred:
 
 # %%
-for r in report3.rows:
-    if not r.passed:
-        print(f"{r.check.split('/')[2]:<38} {r.what:<10} {r.error:.1e} > {r.budget:.0e}")
+for r in report3.conditioned_rows:
+    print(f"{r.check.split('/')[2]:<38} {r.what:<10} error {r.error:.1e} > design's {r.design_budget:.0e}, "
+          f"within {r.budget:.1e}")
 
 # %% [markdown]
-# Nothing overflows any more, but exponents such as $u + k_t - q$ are differences of fp32 numbers near 300, and
-# fp32 holds a number near 300 to about $2 \cdot 10^{-5}$: that absolute error in an exponent is a relative error of
-# every term it weighs. This is exactly where transformers' own CPU loop fails too (README, "Peers checked"): it is
-# the same algorithm. The project's kernel keeps these exponents as differences of nearby numbers (the chunk's
-# largest key, the max as an anchor plus a count of decays; kernels/wkv4.py's docstring says how) and stays near
-# $10^{-7}$. A student's kernel for a CPU can take the simpler way out: accumulate in float64, round at the end.
+# ## 5. Two grades: a correct kernel, and one as precise as the project's
 #
-# ## 5. Fourth attempt: float64 inside, the conventions outside
+# Why a larger budget there? In this loop every exponent ($u + k_t - q$, $\max + w$) is an fp32 number, and a
+# number $x$ in fp32 is held to about $2^{-24} |x|$. An absolute error $\delta$ in an exponent is a relative error
+# $\delta$ of the term $e^x$ it weighs: at keys of 300 one rounding is $300 \cdot 2^{-24} \approx 1.8 \cdot 10^{-5}$,
+# already over the design's $10^{-5}$. And the recurrence rounds its running max once per token ($\max + w$), so
+# after $T$ tokens the state's scale can be off by $T$ such roundings. No implementation that forms these exponents
+# in fp32 can promise better, so the battery's default grade asks this of WKV-4 (ops.py states it, and each other
+# op states its own rule or that it has none):
 #
-# The design's conventions still hold at the boundary: y in the input dtype, the state in fp32.
+# $$\text{budget} = \max\left(10^{-5},\; T \cdot 2^{-24} \cdot M\right), \qquad M = \max_t \left(|k_t|, |u + k_t|, |\max_0|\right)$$
+#
+# One worked number, the case `keys+-300` (T = 40, keys uniform in $\pm 300$):
+
+# %% tags=["nbval-check-output"]
+T, M = 40, 300
+print(f"T * 2^-24 * M = {T * 2.0 ** -24 * M:.1e}")
+
+# %% [markdown]
+# The errors above (1e-5 to 1e-4) sit well inside it: "is this a correct implementation of the formula?", yes.
+#
+# The other grade, `--strict` (`Options(strict=True)`), keeps the design's fixed budget everywhere. It asks whether
+# the kernel is as precise as the project's own, which are held to it in the tests: they keep these exponents as
+# differences of nearby numbers (the chunk's largest key, the max as an anchor plus a count of decays;
+# kernels/wkv4.py's docstring says how) and stay near $10^{-7}$ at keys of 300. The third attempt fails it, on the
+# large keys only:
+
+# %% tags=["nbval-check-output"]
+verdict(run("wkv4", wkv4_attempt3, Options(strict=True)))
+
+# %% [markdown]
+# Transformers' loop gets the same two verdicts (README, "Peers checked"). A student's kernel for a CPU can earn the
+# strict grade the simple way: accumulate in float64, round at the end.
+#
+# ## 6. Fourth attempt: float64 inside, the conventions outside
+#
+# The design's conventions still hold at the boundary: y in the values' dtype (max_tracked already returns it so),
+# the state in fp32.
 
 # %%
 def wkv4_attempt4(w, u, k, v, state=None):
     y, state = max_tracked(w, u, k, v, state, dtype=torch.float64)
-    return y.to(k.dtype), tuple(s.float() for s in state)
+    return y, tuple(s.float() for s in state)
 
 
 # %% tags=["nbval-check-output"]
-report4 = run("wkv4", wkv4_attempt4)
+report4 = run("wkv4", wkv4_attempt4, Options(strict=True))
 verdict(report4)
 
 # %% [markdown]
-# The two reports side by side: each compared quantity's error as a fraction of its budget (a point above the line
-# fails; exact agreement is drawn at the floor, 1e-12). The third attempt fails on one stretch of the battery, the
-# keys of several hundred, and float64 inside brings that stretch down under the budget. Elsewhere the two attempts
-# sit together: there the kernel's inner precision is not what sets the error.
+# The two reports side by side: each compared quantity's error as a fraction of the design's budget (a point above
+# the line fails `--strict`; exact agreement is drawn at the floor, 1e-12), and, for the third attempt, the budget
+# its inputs condition where that is larger (the default grade). The third attempt's points over the line are the
+# keys of several hundred, each under its conditioned budget; float64 inside brings them under the line. Elsewhere
+# the two attempts sit together: there the kernel's inner precision is not what sets the error.
 
 # %%
 import matplotlib.pyplot as plt
@@ -178,13 +213,16 @@ import matplotlib.pyplot as plt
 fig, ax = plt.subplots(figsize=(10, 3.6), constrained_layout=True)
 for report, label, marker in ((report3, "attempt 3 (fp32 inside)", "x"), (report4, "attempt 4 (float64 inside)", ".")):
     compared = [r for r in report.rows if r.error is not None]
-    ratio = [max(r.error / r.budget, 1e-12) for r in compared]
+    ratio = [max(r.error / r.design_budget, 1e-12) for r in compared]
     ax.scatter(range(len(compared)), ratio, marker=marker, s=18, label=label)
-ax.axhline(1.0, color="k", lw=1, label="budget")
+loose = [(i, r.budget / r.design_budget) for i, r in enumerate(r for r in report3.rows if r.error is not None)
+         if r.budget > r.design_budget]
+ax.scatter(*zip(*loose), marker="_", s=60, color="C3", label="conditioned budget (default grade)")
+ax.axhline(1.0, color="k", lw=1, label="design's budget (--strict)")
 ax.set_yscale("log")
 ax.set_xlabel("compared quantity (output, state, gradient), in the battery's order")
-ax.set_ylabel("error / budget")
-ax.legend(loc="lower center", bbox_to_anchor=(0.5, 0.15), ncol=3)   # between 1e-10 and 1e-8: no point there
+ax.set_ylabel("error / design's budget")
+ax.legend(loc="lower center", bbox_to_anchor=(0.5, 0.12), ncol=2)   # between 1e-10 and 1e-8: no point there
 plt.show()
 
 # %% [markdown]
@@ -192,17 +230,18 @@ plt.show()
 # passed on, keys of 300, decays of 0 and nearly 1, fp16 and bf16, and the gradients of all seven inputs (autograd
 # differentiates the loop; a hand-written backward would be checked the same way).
 #
-# ## 6. The same from a terminal, and in a test suite
+# ## 7. The same from a terminal, and in a test suite
 #
 # The command-line form takes `MODULE:FUNCTION` (or a file) and prints one line per compared quantity, a summary,
-# and exits 0 only if everything passed (`--json report.json` for CI; conformance/README.md lists the options). Here
-# the fourth attempt (with the function it calls) is written to a file and checked in fp32:
+# and exits 0 only if everything passed (`--strict` for the strict grade, `--json report.json` for CI;
+# conformance/README.md lists the options). Here the fourth attempt (with the function it calls) is written to a
+# file and checked in fp32, strictly:
 
 # %%
 source = "import torch\n\n\n" + inspect.getsource(max_tracked) + "\n\n" + inspect.getsource(wkv4_attempt4)
 Path("my_wkv4.py").write_text(source)
 result = subprocess.run([sys.executable, "-m", "seqmix.conformance", "wkv4", "my_wkv4.py:wkv4_attempt4",
-                         "--dtypes", "fp32"], capture_output=True, text=True)
+                         "--dtypes", "fp32", "--strict"], capture_output=True, text=True)
 print("\n".join(result.stdout.splitlines()[:4]), "\n...")
 
 # %% tags=["nbval-check-output"]
@@ -226,4 +265,6 @@ Path("my_wkv4.py").unlink()
 # A kernel in fla's, BlinkDL's or transformers' conventions plugs in through an adapter (`--adapter`,
 # conformance/README.md). What to take away: write the first version from the formula, then let the battery find
 # the edges; each failure above named the case (T = 1, keys of 300, bf16) and the quantity (the state's max, a
-# gradient), which is most of the way to the fix.
+# gradient), which is most of the way to the fix. And read a verdict with its grade: a kernel that fails only
+# `--strict`, on rows the default grade marks as conditioned, computes the formula; it is less precise than it could
+# be where the inputs make fp32 hard.

@@ -1,6 +1,8 @@
-"""seqmix.conformance on our own kernels: every backend passes, deliberately broken variants are rejected where (and
+"""seqmix.conformance on our own kernels: every backend passes, in the strict grade (the design's fixed budgets, with
+no allowance for ill-conditioned inputs), deliberately broken variants are rejected where (and
 only where) the breakage shows, and the entry points behave as documented: the plan's options, pytest_cases, the
 CLI's table, exit codes and JSON report (validated against conformance/report.schema.json)."""
+import inspect
 import json
 import subprocess
 import sys
@@ -12,9 +14,9 @@ import pytest
 import torch
 
 from kernel_cases import needs_triton
-from seqmix.conformance import PARTS, Options, definitions, plan, pytest_cases, run
+from seqmix.conformance import PARTS, Check, Options, definitions, plan, pytest_cases, run, run_check
 from seqmix.conformance.__main__ import main as cli_main
-from seqmix.conformance.ops import OPS
+from seqmix.conformance.ops import OPS, Case
 from seqmix.conformance.report import progress
 from seqmix.kernels import native
 from seqmix.kernels.attention import attention
@@ -46,20 +48,20 @@ def assert_ok(report):
 @pytest.mark.parametrize("op", list(OPS))
 def test_definitions_compute_the_references(op):
     """The gradients' yardstick is the references' function: run as a kernel in float64, within 1e-12."""
-    assert_ok(run(op, DEFINITIONS[op], Options(dtypes=("fp64",), grad=False)))
+    assert_ok(run(op, DEFINITIONS[op], Options(dtypes=("fp64",), grad=False, strict=True)))
 
 
 @pytest.mark.parametrize("op", list(OPS))
 def test_torch_backend_conforms(op):
     """Every check at fp32, fp16 and bf16, with gradients (float64 to 1e-12 is each kernel test's)."""
-    assert_ok(run(op, partial(OURS[op], backend="torch")))
+    assert_ok(run(op, partial(OURS[op], backend="torch"), Options(strict=True)))
 
 
 @pytest.mark.skipif(bool(native.unavailable_reason()), reason="the C loops did not build here")
 @pytest.mark.parametrize("op", RECURRENCES)
 def test_c_loops_conform(op):
     """Every check at fp32, fp16 and bf16, with gradients (the C loops have a backward)."""
-    assert_ok(run(op, partial(OURS[op], backend="c")))
+    assert_ok(run(op, partial(OURS[op], backend="c"), Options(strict=True)))
 
 
 # The Triton interpreter runs a program step by step: tiny shapes only, head size 16 (its kernels' smallest tile).
@@ -70,7 +72,7 @@ TRITON_OPTIONS = dict(attention=dict(max_len=7), rerope_attention=dict(max_len=7
 @needs_triton
 @pytest.mark.parametrize("op", list(OPS))
 def test_triton_backend_conforms_on_tiny_shapes(op):
-    options = Options(dtypes=("fp32", "fp16"), head_sizes=(16,), **TRITON_OPTIONS[op])
+    options = Options(dtypes=("fp32", "fp16"), head_sizes=(16,), strict=True, **TRITON_OPTIONS[op])
     report = run(op, partial(OURS[op], backend="triton"), options)
     assert len(report.checks) >= 3
     assert_ok(report)
@@ -267,6 +269,157 @@ def test_progress_bar():
     (["wkv4", "no_such_file.py:fn"], "no such file: no_such_file.py"),
     (["wkv4", "seqmix.kernels.wkv4:wkv4", "--adapter", "fla"], "adapter fla is for wkv7, not wkv4"),
     (["wkv5", "seqmix.kernels.wkv4:wkv4"], "invalid choice: 'wkv5'"),
+    (["wkv4", "seqmix.kernels.wkv4:wkv4", "--head-sizes", "0"], "head_sizes must be >= 1, got [0]"),
+    (["wkv4", "seqmix.kernels.wkv4:wkv4", "--max-len", "0"], "max_len must be >= 1, got 0"),
+    (["wkv4", "seqmix.kernels.wkv4:wkv4", "--seed", "-1"], "seed must be >= 0, got -1"),
 ])
 def test_cli_usage_errors_exit_2(capsys, args, message):
-    assert main(*args) == 2 and message in capsys.readouterr().err
+    assert main(*args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Runs that check nothing never pass (R7), and the CLI's mistakes are one line
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_a_kernel_that_calls_sys_exit_fails_its_checks(tmp_path, monkeypatch, capsys):
+    """SystemExit from the kernel is a failure of the check that called it, not a run ended with exit 0."""
+    (tmp_path / "quitter.py").write_text("import sys\n\ndef wkv4(w, u, k, v, state=None):\n    sys.exit(0)\n")
+    monkeypatch.chdir(tmp_path)
+    assert main("wkv4", "quitter:wkv4", "--dtypes", "fp32", "--parts", "shapes") == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].endswith("FAILED") and "the function called sys.exit(0)" in out[1]
+
+
+def test_keyboard_interrupt_still_interrupts():
+    def interrupted(w, u, k, v, state=None):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run("wkv4", interrupted, Options(dtypes=("fp32",), only=("T=1,",)))
+
+
+def test_an_empty_quantity_is_not_a_pass():
+    """Nothing compared is a failure: a case of C = 0 gives empty tensors, whose error would be 0."""
+    check = Check("wkv4", Case(dict(B=1, T=3, C=0)), "fp32")
+    rows = run_check("wkv4", partial(wkv4, backend="torch"), check, Options(grad=False))
+    assert rows and not any(r.passed for r in rows)
+    assert all("nothing to compare" in r.message for r in rows)
+
+
+def test_outputs_take_the_values_dtype():
+    """A float64 y for fp32 inputs fails, with a message saying so, however close its values."""
+    def promotes(w, u, k, v, state=None):
+        y, s = wkv4(w, u, k, v, state=state, backend="torch")
+        return y.double(), s
+
+    report = run("wkv4", promotes, Options(dtypes=("fp32",), only=("T=7,",), grad=False))
+    assert [(r.what, r.message) for r in report.rows if not r.passed] == [
+        ("y", "dtype torch.float64, expected torch.float32 (outputs take the values' dtype)")]
+
+
+def test_a_state_stacked_into_one_tensor_is_named_as_such():
+    def stacks(w, u, k, v, state=None):
+        y, s = wkv4(w, u, k, v, state=None if state is None else tuple(state), backend="torch")
+        return y, torch.stack(s)
+
+    report = run("wkv4", stacks, Options(dtypes=("fp32",), only=("T=7,",), parts=("shapes",)))
+    messages = {r.message for r in report.rows if not r.passed}
+    assert messages == {"the final state is one tensor of shape (3, 2, 5); wkv4's state is a tuple of 3 tensors "
+                        "(num, den, max) of shapes (2, 5), (2, 5), (2, 5)"}, messages
+
+
+def test_a_module_that_raises_at_import_is_a_usage_error(tmp_path, capsys):
+    module = tmp_path / "broken.py"
+    module.write_text("raise RuntimeError('needs a GPU')\n")
+    assert main("wkv4", f"{module}:wkv4") == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"python -m seqmix.conformance: cannot load {module}:wkv4: RuntimeError: needs a GPU"]
+
+
+def test_json_into_a_missing_folder_is_refused_before_the_run(tmp_path, capsys):
+    assert main("wkv4", "seqmix.kernels.wkv4:wkv4", "--json", tmp_path / "no" / "report.json") == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [
+        f"python -m seqmix.conformance: --json: no such folder: {tmp_path / 'no'}"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Two grades: the default budget follows from the inputs where an op says how; --strict keeps the design's
+# ----------------------------------------------------------------------------------------------------------------
+
+def textbook_wkv4(w, u, k, v, state=None, *, track_max=True, decay_steps=1):
+    """RWKV-4's WKV as transformers' CUDA kernel and rwkv_linear_attention_cpu compute it, in fp32: num and den kept
+    divided by e^max, every exponent an fp32 difference. track_max=False: the plain num/den recurrence (max stays
+    0); decay_steps=2: a bug, the past decays twice per token."""
+    B, T, C = k.shape
+    w, u, k, v = (x.float() for x in (w, u, k, v))
+    num, den, mx = state if state is not None else (torch.zeros(B, C), torch.zeros(B, C), torch.full((B, C), -1e38))
+    if not track_max:
+        num, den, mx = num * torch.exp(mx), den * torch.exp(mx), torch.zeros(B, C)
+    ys = []
+    for t in range(T):
+        q = torch.maximum(mx, u + k[:, t]) if track_max else mx
+        a, b = torch.exp(mx - q), torch.exp(u + k[:, t] - q)
+        ys.append((a * num + b * v[:, t]) / (a * den + b))
+        q = torch.maximum(mx + decay_steps * w, k[:, t]) if track_max else mx
+        a, b = torch.exp(mx + decay_steps * w - q), torch.exp(k[:, t] - q)
+        num, den, mx = a * num + b * v[:, t], a * den + b, q
+    return torch.stack(ys, 1).to(k.dtype), (num, den, mx)
+
+
+LARGE_KEYS = {f"wkv4/extreme/T=40,B=2,C=6,state,{label}/fp32" for label in ("keys+-300", "keys=250+-1",
+                                                                            "key spikes+-300")}
+
+
+def test_the_textbook_fp32_wkv4_passes_by_default_and_fails_strict():
+    """Its errors at keys of several hundred (1e-5 to 2e-4) are what fp32 exponents near 300 give: it passes the
+    default grade there, at the budget T 2^-24 max|k| (T = 40, keys of +-300: 7.2e-4), and fails --strict (1e-5)
+    on those checks only."""
+    default = run("wkv4", textbook_wkv4, Options(dtypes=("fp32",)))
+    assert_ok(default)
+    conditioned = {r.check for r in default.rows if r.conditioned}
+    assert "wkv4/extreme/T=40,B=2,C=6,state,keys+-300/fp32" in conditioned <= LARGE_KEYS
+    budgets = {r.budget for r in default.rows if r.check.endswith("keys+-300/fp32")}
+    assert len(budgets) == 1 and 40 * 2 ** -24 * 299 < budgets.pop() < 40 * 2 ** -24 * 302   # |k|, |u + k| ~ 300
+    strict = run("wkv4", textbook_wkv4, Options(dtypes=("fp32",), strict=True))
+    assert set(strict.failed_checks) == conditioned
+    assert {r.budget for r in strict.rows} == {1e-5}
+
+
+@pytest.mark.parametrize("broken, fails_on", [
+    (partial(textbook_wkv4, track_max=False), LARGE_KEYS),       # e^300 overflows fp32: inf / inf
+    (partial(textbook_wkv4, decay_steps=2), None),               # wrong everywhere the past counts
+], ids=["no max tracking", "decay applied twice"])
+def test_the_conditioned_budget_still_rejects_wrong_kernels(broken, fails_on):
+    report = run("wkv4", broken, Options(dtypes=("fp32",)))
+    failed = set(report.failed_checks)
+    if fails_on is not None:
+        assert fails_on <= failed
+        assert any("non-finite" in r.message for r in report.rows if r.check in fails_on)
+    else:
+        assert len(failed) >= len(report.checks) - 1                  # all but T = 1, which has no past
+
+
+def test_ops_without_a_conditioning_rule_keep_the_designs_budget():
+    report = run("attention", partial(attention, backend="torch"), Options(dtypes=("fp32",), grad=False))
+    assert {r.budget for r in report.rows} == {1e-5} and OPS["attention"].conditioning is None
+
+
+def test_the_cli_grades_and_says_which_rows_passed_only_conditioned(tmp_path, capsys):
+    module = tmp_path / "textbook.py"
+    module.write_text(f"import torch\n\n\n{inspect.getsource(textbook_wkv4)}")
+    args = ("wkv4", f"{module}:textbook_wkv4", "--dtypes", "fp32", "--only", "keys+-300", "--no-grad")
+    assert main(*args, "--json", tmp_path / "default.json") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "only within the budget conditioned on the inputs" in out[-1] and out[-1].endswith("passed")
+    assert any("over the design's 1e-05" in line for line in out[1:-1])
+    assert main(*args, "--strict", "--json", tmp_path / "strict.json") == 1
+    assert capsys.readouterr().out.splitlines()[-1].endswith("FAILED (strict)")
+    schema = json.loads((ROOT / "conformance" / "report.schema.json").read_text())
+    for name, ok in (("default.json", True), ("strict.json", False)):
+        doc = json.loads((tmp_path / name).read_text())
+        jsonschema.validate(doc, schema)
+        assert doc["summary"]["ok"] is ok and doc["summary"]["conditioned_rows"] > 0
+        assert doc["options"]["strict"] is (name == "strict.json")
