@@ -1,9 +1,12 @@
 """Training and evaluation shared by the experiments: one run, its evaluation, and the learning-rate sweep.
 
     Run(build, forward, sample, lr, budget, seed, valid)   one model trained with AdamW, resumable step by step
+                                                           (and across processes from its checkpoint file)
+    decay_groups(model, weight_decay)                      AdamW's groups: decay on weight matrices only
     evaluate(forward, model, inputs, targets)              accuracy and loss over the scored targets
     successive_halving(make_run, lrs, budget)              the sweep: every rate trained a little, the better half
                                                            trained further, until one is left (trained to the end)
+    extend_to_interior(winner, runs, make_run, ...)        more rates past the grid's edge while the winner sits there
     sweep_then_seeds(results, setting, make_run, ...)      the sweep with the first seed, then the other seeds at the
                                                            chosen rate; resumable
 
@@ -15,9 +18,11 @@ training it to the end at once: successive halving continues the survivors inste
 from __future__ import annotations
 
 import math
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -28,8 +33,8 @@ from tqdm import tqdm          # text bars (tqdm.auto warns in a notebook withou
 from seqmix.experiments.data import IGNORE
 from seqmix.models.io import save_state_dict
 
-__all__ = ["Budget", "Run", "evaluate", "successive_halving", "sweep_then_seeds", "setup_torch", "torch_settings",
-           "round_to_fp16", "save_fp16"]
+__all__ = ["Budget", "Run", "decay_groups", "evaluate", "successive_halving", "extend_to_interior",
+           "sweep_then_seeds", "setup_torch", "torch_settings", "round_to_fp16", "save_fp16"]
 
 
 @contextmanager
@@ -104,6 +109,24 @@ def evaluate(forward: Callable, model, inputs, targets, batch_size: int = 64) ->
     return {"accuracy": hits / count, "loss": total_loss / count, "count": count}
 
 
+def decay_groups(model, weight_decay: float) -> list:
+    """AdamW's parameter groups as the anchors form them: weight decay on the matrices of linear layers, embeddings,
+    heads and convolutions (a parameter named ``*.weight`` with two or more dimensions of size > 1), none on
+    anything else: norms' weights and biases, biases, Mamba's A_log and D (mamba_ssm marks them _no_weight_decay),
+    RWKV's per-channel decays, bonuses, token-shift mixes and LoRA factors (BlinkDL's trainer decays only 2-D
+    ``.weight`` tensors). Decaying A_log pulls every channel's A = -exp(A_log) toward -1, i.e. toward one memory
+    length, which is what selectivity is meant to tune.
+
+    Returns:
+        [{"params": decayed, "weight_decay": weight_decay}, {"params": the rest, "weight_decay": 0.0}]
+    """
+    decayed, rest = [], []
+    for name, p in model.named_parameters():
+        matrix = name.endswith(".weight") and p.squeeze().dim() >= 2
+        (decayed if matrix else rest).append(p)
+    return [{"params": decayed, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
 @dataclass
 class Run:
     """One training run; ``train_to(step)`` advances it and may be called again to go further.
@@ -119,6 +142,7 @@ class Run:
     seed: int
     valid: tuple
     label: str = ""
+    checkpoint: Path | None = None     # where the run saves itself at each validation, and resumes from if present
     step: int = 0
     stopped: bool = False              # reached budget.target
     diverged: bool = False             # the training loss became inf or nan; the run stopped there
@@ -133,8 +157,35 @@ class Run:
         torch.manual_seed(self.seed)
         self.model = self.build()
         self.rng = np.random.default_rng([self.seed, 1])            # the training data stream
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, betas=(0.9, 0.98),
-                                           weight_decay=self.budget.weight_decay)
+        self.optimizer = torch.optim.AdamW(decay_groups(self.model, self.budget.weight_decay), lr=self.lr,
+                                           betas=(0.9, 0.98))
+        if self.checkpoint is not None and Path(self.checkpoint).exists():
+            self._load(Path(self.checkpoint))
+
+    _RESUMED = ("step", "stopped", "diverged", "seconds", "cpu_seconds", "tokens", "history")
+
+    def _save(self) -> None:
+        """Model, optimizer, data stream and progress, written through a temporary file and a rename (a run stopped
+        mid-write keeps its previous checkpoint). Resuming from it continues the same run: the same next batch,
+        the same update, hence the same bits at the same thread count."""
+        path = Path(self.checkpoint)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "rng": self.rng.bit_generator.state, "lr": self.lr, "seed": self.seed,
+                 **{k: getattr(self, k) for k in self._RESUMED}}
+        torch.save(state, path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
+
+    def _load(self, path: Path) -> None:
+        state = torch.load(path, weights_only=False)
+        if (state["lr"], state["seed"]) != (self.lr, self.seed):
+            raise ValueError(f"checkpoint {path} is of a run with lr {state['lr']} and seed {state['seed']}, "
+                             f"not lr {self.lr} and seed {self.seed}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.bit_generator.state = state["rng"]
+        for k in self._RESUMED:
+            setattr(self, k, state[k])
 
     def train_to(self, step: int, progress: bool = True) -> "Run":
         """Train until update ``step`` (at most budget.steps) or until validation accuracy reaches the target."""
@@ -162,6 +213,8 @@ class Run:
             if not math.isfinite(loss):
                 self.diverged = True                                    # nothing more to learn
                 self.history.append([self.step, None, None, None])
+                if self.checkpoint is not None:
+                    self._save()
                 break
             if self.step % self.budget.eval_every == 0 or self.step == step:
                 self._validate(loss)
@@ -176,6 +229,8 @@ class Run:
         self.history.append([self.step, loss, metrics["accuracy"], metrics["loss"]])
         if self.budget.target is not None and metrics["accuracy"] >= self.budget.target:
             self.stopped = True
+        if self.checkpoint is not None:
+            self._save()
 
     @property
     def score(self) -> tuple:
@@ -223,21 +278,50 @@ def successive_halving(make_run: Callable, lrs, budget: Budget, rungs: int = 3, 
     return alive[0], runs
 
 
+def extend_to_interior(winner, runs: list, make_run: Callable, budget: Budget, *, factor: float, bounds=(1e-5, 0.1),
+                       progress: bool = True):
+    """The rate grid must bracket the optimum: while the winner sits on the grid's edge (its smallest or largest
+    rate), train the next rate beyond that edge (lr / factor or lr * factor, within ``bounds``) to the end and
+    rank again. A winner on an edge means the best rate may lie outside the grid; this reports it rather than
+    choosing it.
+
+    Returns:
+        (winner, runs): the best Run and every Run tried, the added ones last.
+    """
+    while True:
+        lrs = sorted(r.lr for r in runs)
+        if winner.lr == lrs[0] and lrs[0] / factor >= bounds[0] * (1 - 1e-9):
+            lr = lrs[0] / factor
+        elif winner.lr == lrs[-1] and lrs[-1] * factor <= bounds[1] * (1 + 1e-9):
+            lr = lrs[-1] * factor
+        else:
+            return winner, runs
+        added = make_run(lr).train_to(budget.steps, progress)
+        runs = [*runs, added]
+        winner = max(winner, added, key=lambda r: r.score)
+
+
 def sweep_then_seeds(results, setting: dict, make_run: Callable, lrs, budget: Budget, *, seed: int, seeds: int,
-                     rungs: int, finish: Callable, env: dict, progress: bool = True) -> None:
+                     rungs: int, finish: Callable, env: dict, progress: bool = True, extend: float | None = None) -> None:
     """The protocol of the synthetic-task experiments, for one setting: the learning-rate sweep with the first seed
-    (successive halving on the validation set; its winner, trained to the end, is that seed's final run), then the
-    other seeds at the chosen rate. Rows already in ``results`` are skipped, so an interrupted run resumes.
+    (successive halving on the validation set, rungs = 1 trains every rate to the end; then, with ``extend``, the
+    grid extended until its winner is interior: extend_to_interior), whose winner, trained to the end, is that
+    seed's final run; then the other seeds at the chosen rate. Rows already in ``results`` are skipped, so an
+    interrupted run resumes (and each Run resumes from its own checkpoint where make_run gives it one).
 
     Args:
         results: records.Results. setting: the row fields that name the setting (e.g. arch, width, pairs).
         make_run: (seed, lr) -> a new Run. lrs, budget, rungs: the sweep's. seed: the first seed; seeds: how many.
         finish: (run, key) -> the fields of the final run's row (its test metrics); key = setting plus the seed.
         env: records.environment(...), recorded in every row.
+        extend: the factor between neighbouring rates, to extend the grid past an edge winner; None: never.
     """
     sweep = results.find(phase="sweep", seed=seed, **setting)
     if sweep is None:
         winner, runs = successive_halving(lambda lr: make_run(seed, lr), lrs, budget, rungs, progress)
+        if extend is not None:
+            winner, runs = extend_to_interior(winner, runs, lambda lr: make_run(seed, lr), budget, factor=extend,
+                                              progress=progress)
         sweep = results.add({**setting, "phase": "sweep", "seed": seed, "chosen_lr": winner.lr,
                              "runs": [r.summary() for r in runs], "env": env})
         results.add({**setting, "phase": "test", "seed": seed, **winner.summary(),

@@ -11,7 +11,7 @@ import torch
 from seqmix.experiments import extrapolation, recall, selective_copy, zoo
 from seqmix.experiments.data import mqar
 from seqmix.experiments.records import Results
-from seqmix.experiments.training import Budget, Run, successive_halving
+from seqmix.experiments.training import Budget, Run, decay_groups, extend_to_interior, successive_halving
 
 
 def assert_learned(history):
@@ -142,6 +142,74 @@ def test_training_in_two_legs_is_training_at_once():
     """Successive halving continues its survivors: train_to(3) then train_to(6) is train_to(6)."""
     once, twice = _tiny_run(0, 1e-2).train_to(6, False), _tiny_run(0, 1e-2).train_to(3, False).train_to(6, False)
     assert once.history == twice.history
+
+
+def test_a_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path):
+    """A run stopped after 3 steps (its checkpoint written at the validation there) and built again in a new
+    object continues to the same history and the same weights as one run straight to 6: same model, optimizer
+    moments, data stream and counters. Same kernels, same shapes, same thread count: the same bits."""
+    straight = _tiny_run(0, 1e-2).train_to(6, False)
+    path = tmp_path / "run.pt"
+    first = _tiny_run(0, 1e-2)
+    first.checkpoint = path
+    first.train_to(3, False)
+    again = _tiny_run(0, 1e-2)
+    again.checkpoint = path
+    again.__post_init__()                          # the checkpoint is read when the run is built
+    assert again.step == 3 and again.history == first.history
+    again.train_to(6, False)
+    assert again.history == straight.history and again.tokens == straight.tokens
+    assert all(torch.equal(p, q) for p, q in zip(again.model.parameters(), straight.model.parameters()))
+
+
+def test_a_checkpoint_of_another_rate_is_refused(tmp_path):
+    run = _tiny_run(0, 1e-2)
+    run.checkpoint = tmp_path / "run.pt"
+    run.train_to(3, False)
+    other = _tiny_run(0, 2e-2)
+    other.checkpoint = run.checkpoint
+    with pytest.raises(ValueError, match="lr 0.01 and seed 0, not lr 0.02"):
+        other.__post_init__()
+
+
+@pytest.mark.parametrize("arch", ["attention", "rwkv4", "rwkv7", "mamba", "mamba_lti"])
+def test_weight_decay_falls_on_weight_matrices_only(arch):
+    """As the anchors decay: linear layers, embeddings, heads, convolutions; never A_log, D, norms, biases, RWKV's
+    per-channel decays, mixes and bonuses, or LoRA factors (BlinkDL decays only 2-D .weight tensors)."""
+    model = zoo.build(arch, vocab_size=16, width=32)
+    decayed, rest = decay_groups(model, 0.1)
+    assert decayed["weight_decay"] == 0.1 and rest["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed_names = {names[id(p)] for p in decayed["params"]}
+    rest_names = {names[id(p)] for p in rest["params"]}
+    assert len(decayed_names) + len(rest_names) == len(names)
+    never = {"A_log", "D", "bias", "time_decay", "time_first", "time_mix_key", "w0", "a0", "v0", "w1", "w2", "a1",
+             "a2", "g1", "g2", "r_k", "k_k", "k_a", "x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "value"}
+    assert not [n for n in decayed_names if n.split(".")[-1] in never or "norm" in n or ".ln" in n]
+    assert all(n.endswith(".weight") for n in decayed_names)
+    head = next(n for n in names.values() if n.endswith("head.weight") or n == "backbone.embeddings.weight")
+    assert head in decayed_names
+
+
+def test_the_rate_grid_is_extended_until_its_winner_is_interior(monkeypatch):
+    """Scores peak at lr = 0.08 (fake validation accuracy 1 - |log lr / 0.08|): a grid of 0.01, 0.02 has its winner
+    on the upper edge, so 0.04 and 0.08 are added, then 0.16, which loses; 0.08 is chosen, interior at last."""
+    monkeypatch.setattr(Run, "_validate", lambda self, loss: self.history.append(
+        [self.step, loss, 1 - abs(math.log(self.lr / 0.08)), 0.0]))
+    runs = [_tiny_run(0, lr, steps=2).train_to(2, False) for lr in (0.01, 0.02)]
+    winner, runs = extend_to_interior(runs[1], runs, lambda lr: _tiny_run(0, lr, steps=2), Budget(steps=2, batch_size=4),
+                                      factor=2.0, bounds=(1e-5, 1.0), progress=False)
+    assert winner.lr == pytest.approx(0.08)
+    assert [round(r.lr, 6) for r in runs] == [0.01, 0.02, 0.04, 0.08, 0.16]
+    assert all(r.step == 2 for r in runs)
+
+
+def test_the_rate_grid_stops_at_its_bounds(monkeypatch):
+    monkeypatch.setattr(Run, "_validate", lambda self, loss: self.history.append([self.step, loss, self.lr, 0.0]))
+    runs = [_tiny_run(0, lr, steps=2).train_to(2, False) for lr in (0.04, 0.05)]
+    winner, runs = extend_to_interior(runs[1], runs, lambda lr: _tiny_run(0, lr, steps=2), Budget(steps=2, batch_size=4),
+                                      factor=2.0, bounds=(0.01, 0.1), progress=False)
+    assert winner.lr == pytest.approx(0.1) and [round(r.lr, 6) for r in runs] == [0.04, 0.05, 0.1]
 
 
 def test_successive_halving_keeps_the_better_half(monkeypatch):
