@@ -5,7 +5,7 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure     # figures without pyplot: no backend is chosen, none is changed
 
-__all__ = ["recall", "extrapolation", "selective_copy", "mean_and_range"]
+__all__ = ["recall", "extrapolation", "selective_copy", "state_tracking", "mean_and_range"]
 
 
 def mean_and_range(values):
@@ -19,21 +19,23 @@ def _save(fig, path):
     fig.savefig(path, dpi=110)
 
 
-def recall(results, setup, path) -> None:
-    """Test accuracy against width, one panel per number of pairs, a line per model (bars: min to max of seeds)."""
-    fig = Figure(figsize=(4 * len(setup.pairs), 3.4))
-    axes = fig.subplots(1, len(setup.pairs), squeeze=False)
-    for ax, pairs in zip(axes[0], setup.pairs):
-        for arch in setup.archs:
+def recall(results, archs, widths: dict, path) -> None:
+    """Test accuracy against width, one panel per number of pairs, a line per model (bars: min to max of seeds).
+    widths: pairs -> the widths of that panel."""
+    fig = Figure(figsize=(4.2 * len(widths), 3.4))
+    axes = fig.subplots(1, len(widths), squeeze=False)
+    for ax, (pairs, panel) in zip(axes[0], widths.items()):
+        for arch in archs:
             points = [(w, [r["test_accuracy"] for r in results.select(phase="test", arch=arch, width=w, pairs=pairs)])
-                      for w in setup.widths]
+                      for w in panel]
             points = [(w, acc) for w, acc in points if acc]
             if not points:
                 continue
             means, bars = zip(*(mean_and_range(acc) for _, acc in points))
             ax.errorbar([w for w, _ in points], means, yerr=np.hstack(bars), marker="o", capsize=3, label=arch)
+        ax.axhline(1 / pairs, color="grey", linewidth=0.8, linestyle=":")      # chance among the N values shown
         ax.set(xscale="log", title=f"{pairs} key-value pairs", xlabel="width C", ylim=(-0.02, 1.02))
-        ax.set_xticks(setup.widths, [str(w) for w in setup.widths])
+        ax.set_xticks(panel, [str(w) for w in panel])
         ax.minorticks_off()
     axes[0][0].set_ylabel("test accuracy")
     axes[0][-1].legend(fontsize=8)
@@ -71,4 +73,26 @@ def selective_copy(histories, path) -> None:
         ax.plot(h[:, 0], h[:, 2], label=label)
     ax.set(xlabel="training step", ylabel="validation accuracy", ylim=(-0.02, 1.02), title="selective copying")
     ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def state_tracking(results, setup, path, bin_size: int = 16) -> None:
+    """Accuracy against position at the longest test length (means over bins of ``bin_size`` positions), a panel per
+    task, a line per model (its first seed); the training length marked."""
+    length = max(setup.test_lens)
+    fig = Figure(figsize=(5.2 * len(setup.tasks), 3.6))
+    axes = fig.subplots(1, len(setup.tasks), squeeze=False)
+    for ax, task in zip(axes[0], setup.tasks):
+        for arch in setup.archs:
+            row = results.find(phase="test", arch=arch, task=task.name)
+            if row is None:
+                continue
+            acc = np.asarray(row[f"accuracy_by_position_{length}"])
+            binned = acc[:len(acc) // bin_size * bin_size].reshape(-1, bin_size).mean(1)
+            ax.plot((np.arange(len(binned)) + 0.5) * bin_size, binned, label=arch)
+        ax.axvline(setup.train_len, color="grey", linewidth=0.8, linestyle=":")
+        ax.axhline(1 / task.modulus, color="grey", linewidth=0.8)
+        ax.set(xscale="log", title=task.name, xlabel="position (dotted: the training length)", ylim=(-0.02, 1.02))
+    axes[0][0].set_ylabel("accuracy")
+    axes[0][-1].legend(fontsize=8)
     _save(fig, path)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from seqmix.experiments import extrapolation, recall, selective_copy, zoo
+from seqmix.experiments import extrapolation, recall, selective_copy, state_tracking, zoo
 from seqmix.experiments.data import mqar
 from seqmix.experiments.records import Results
 from seqmix.experiments.training import Budget, Run, decay_groups, extend_to_interior, successive_halving
@@ -31,28 +31,38 @@ def quick_recall(tmp_path_factory):
     return out
 
 
+def test_recall_quick_positive_control_learns(quick_recall):
+    """The positive control in its reduced setting: attention learns recall, far above chance (1/N = 50%)."""
+    setup = recall.QUICK
+    c = setup.control
+    accuracy = recall.test_accuracies(Results(quick_recall, "recall"), arch=c.arch, width=c.width, pairs=c.pairs)
+    assert len(accuracy) == c.seeds and min(accuracy) >= setup.control_accuracy >= 0.9, accuracy
+    assert recall.control_holds(Results(quick_recall, "recall"), setup) is True
+    assert "**Positive control**" in (quick_recall / "recall.md").read_text()
+
+
 def test_recall_quick(quick_recall):
     found = Results(quick_recall, "recall").rows
     setup = recall.QUICK
-    settings = [(a, w, n) for n in setup.pairs for w in setup.widths for a in setup.archs]
-    width, pairs = setup.long_setting
-    assert [(r["arch"], r["width"], r["pairs"], r["phase"]) for r in found] == [
-        (*s, phase) for s in settings for phase in ("sweep", "test")] + [(a, width, pairs, "long")
-                                                                         for a in setup.archs]
+    cells = [(c.arch, c.width, c.pairs) for c in setup.cells]
+    rows = [(r["arch"], r["width"], r["pairs"], r["phase"]) for r in found if r["phase"] != "long"]
+    assert rows == [(*c, phase) for c in cells for phase in ("sweep", "test")]
+    longs = [r for r in found if r["phase"] == "long"]
+    tests = {r["arch"]: r for r in found if r["phase"] == "test"}
+    assert [r["arch"] for r in longs] == [a for a, _, _ in cells if tests[a]["test_accuracy"] < setup.long_below]
     for r in found:
         assert_environment(r)
         if r["phase"] in ("test", "long"):
             assert_learned(r["history"])
             assert 0 <= r["test_accuracy"] <= 1 and r["test_queries"] == setup.test_size * r["pairs"]
             assert r["lr"] == next(s["chosen_lr"] for s in found if s["phase"] == "sweep" and s["arch"] == r["arch"])
-    for r in (r for r in found if r["phase"] == "long"):      # the longer run: the budget times long_factor
-        test = next(t for t in found if t["phase"] == "test" and t["arch"] == r["arch"])
-        assert r["lr"] == test["lr"] and r["steps"] <= setup.long_factor * setup.budget.steps
-        assert test["steps"] < r["steps"] or test["reached_target"]
+    for r in longs:                                            # the longer run: the budget times long_factor
+        assert r["lr"] == tests[r["arch"]]["lr"] and r["steps"] <= setup.long_factor * setup.budget.steps
+        assert tests[r["arch"]]["steps"] < r["steps"]
     text = (quick_recall / "recall.md").read_text()
-    assert all(arch in text for arch in setup.archs) and "Is it the budget?" in text
+    assert all(arch in text for arch in setup.archs) and "What differs from Zoology" in text
     assert (quick_recall / "recall.png").stat().st_size > 1000
-    assert len(list((quick_recall / "weights" / "recall").glob("*.safetensors"))) == len(setup.archs)
+    assert [p.name for p in (quick_recall / "weights" / "recall").glob("*.safetensors")] == ["attention-C32-N2.safetensors"]
 
 
 def test_recall_rerun_resumes_without_training(quick_recall, monkeypatch):
@@ -67,12 +77,27 @@ def test_recall_committed_weights_give_the_recorded_accuracy(quick_recall):
     from seqmix.experiments.training import evaluate
     from seqmix.models.io import load_state_dict
     setup = recall.QUICK
-    row = next(r for r in Results(quick_recall, "recall").rows if r["phase"] == "test" and r["arch"] == "rwkv7")
-    model = zoo.build("rwkv7", vocab_size=setup.vocab_size, width=row["width"])
-    state = load_state_dict(recall.weights_path(quick_recall, "rwkv7", row["width"], row["pairs"]))
+    row = next(r for r in Results(quick_recall, "recall").rows if r["phase"] == "test" and r["arch"] == "attention")
+    model = zoo.build("attention", vocab_size=setup.vocab_size, width=row["width"], train_length=row["seq_len"])
+    state = load_state_dict(recall.weights_path(quick_recall, "attention", row["width"], row["pairs"]))
     model.load_state_dict({k: v.float() for k, v in state.items()})
     test = evaluate(zoo.logits, model, *recall._held_out(setup, recall.TEST, row["pairs"], setup.test_size))
     assert test["accuracy"] == row["test_accuracy"]
+
+
+def test_recall_plan_runs_the_control_first_and_follows_chosen_rates():
+    """The full grid's order: the control (attention, width 64, 4 pairs, three seeds) first; every cell that follows
+    another's rate names a cell that runs before it; N = 8 at two widths; width 256 only after a failure at 128."""
+    cells = recall.FULL.cells
+    assert (cells[0].arch, cells[0].width, cells[0].pairs, cells[0].seeds) == ("attention", 64, 4, 3)
+    seen = set()
+    for c in cells:
+        if c.rate_from is not None:
+            assert (c.arch, *c.rate_from) in seen, c
+        seen.add((c.arch, c.width, c.pairs))
+    assert {c.width for c in cells if c.pairs == 8} == {64, 128}
+    assert all(c.only_if_below is not None for c in cells if c.width == 256)
+    assert {c.arch for c in cells if c.width == 128} == set(recall.ARCHS)
 
 
 def test_extrapolation_quick(tmp_path):
@@ -111,13 +136,63 @@ def test_selective_copy_quick_through_its_command_line(tmp_path):
     assert torch.get_num_threads() == threads
     assert float(torch.tensor(1e-40) * torch.tensor(1.0)) != 0.0
     found = Results(tmp_path, "selective_copy").rows
-    assert [(r["arch"], r["phase"]) for r in found] == [("mamba_lti", "sweep"), ("mamba_lti", "test"),
-                                                         ("mamba", "sweep"), ("mamba", "test")]
+    regime = selective_copy.QUICK.regimes[0].name
+    assert [(r["arch"], r["regime"], r["phase"]) for r in found] == [
+        ("mamba_lti", regime, "sweep"), ("mamba_lti", regime, "test"), ("mamba", regime, "sweep"),
+        ("mamba", regime, "test")]
     for r in found:
         assert_environment(r)
         if r["phase"] == "test":
             assert_learned(r["history"])
-    assert "mamba_lti" in (tmp_path / "selective_copy.md").read_text()
+    text = (tmp_path / "selective_copy.md").read_text()
+    assert "mamba_lti" in text and "**Positive control**" in text
+
+
+def test_selective_copy_control_verdict():
+    """Mamba's worst seed must beat the time-invariant model's best; a tie or a missing seed is no verdict."""
+    setup = selective_copy.FULL
+    name, seeds = setup.regimes[0].name, setup.regimes[0].seeds
+
+    def rows(mamba, lti):
+        return Results.__new__(Results), [
+            *({"phase": "test", "arch": "mamba", "regime": name, "test_accuracy": a} for a in mamba),
+            *({"phase": "test", "arch": "mamba_lti", "regime": name, "test_accuracy": a} for a in lti)]
+
+    for mamba, lti, verdict in [([0.99] * seeds, [0.85] * seeds, True), ([0.99, 0.8, 0.99], [0.85] * seeds, False),
+                                ([0.99] * seeds, [0.85] * (seeds - 1), None)]:
+        results, found = rows(mamba, lti)
+        results.rows = found
+        assert selective_copy.control_holds(results, setup) is verdict
+
+
+@pytest.fixture(scope="module")
+def quick_state_tracking(tmp_path_factory):
+    out = tmp_path_factory.mktemp("state_tracking")
+    state_tracking.run(state_tracking.QUICK, out, progress=False)
+    return out
+
+
+def test_state_tracking_quick_positive_control(quick_state_tracking):
+    """RWKV-7 with the wide in-context rate learns parity at the training length and keeps it at 4x; RWKV-4,
+    whose transition is a decay in (0, 1), stays near chance (1/2) past the training length."""
+    results = Results(quick_state_tracking, "state_tracking")
+    assert state_tracking.control_holds(results, state_tracking.QUICK) is True
+    wide = results.find(phase="test", arch="rwkv7_wide")
+    rwkv4 = results.find(phase="test", arch="rwkv4")
+    past = f"accuracy_past_train_at_{4 * state_tracking.QUICK.train_len}"
+    assert wide["test_accuracy"] >= 0.99 and wide[past] >= 0.9
+    assert rwkv4[past] < 0.65
+    assert len(wide[f"accuracy_by_position_{4 * state_tracking.QUICK.train_len}"]) == 4 * state_tracking.QUICK.train_len
+    text = (quick_state_tracking / "state_tracking.md").read_text()
+    assert "**Positive control**" in text and "holds" in text
+    assert (quick_state_tracking / "state_tracking.png").stat().st_size > 1000
+    assert len(list((quick_state_tracking / "weights" / "state_tracking").glob("*.safetensors"))) == 2
+
+
+def test_state_tracking_model_builds_the_wide_rate():
+    model = state_tracking.build("rwkv7_wide", vocab_size=2, width=32, layers=1, train_length=16)
+    assert model.config.wide_in_context_rate and model.blocks[0].att.wide_in_context_rate
+    assert not state_tracking.build("rwkv7", vocab_size=2, width=32, layers=1, train_length=16).config.wide_in_context_rate
 
 
 # ----------------------------------------------------------------------------------------------------------------
