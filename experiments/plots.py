@@ -5,7 +5,8 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure     # figures without pyplot: no backend is chosen, none is changed
 
-__all__ = ["recall", "extrapolation", "selective_copy", "state_tracking", "mean_and_range"]
+__all__ = ["recall", "extrapolation", "selective_copy", "state_tracking", "recall_mechanism", "step_sizes",
+           "mean_and_range"]
 
 
 def mean_and_range(values):
@@ -95,4 +96,47 @@ def state_tracking(results, setup, path, bin_size: int = 16) -> None:
         ax.set(xscale="log", title=task.name, xlabel="position (dotted: the training length)", ylim=(-0.02, 1.02))
     axes[0][0].set_ylabel("accuracy")
     axes[0][-1].legend(fontsize=8)
+    _save(fig, path)
+
+
+def recall_mechanism(attention: dict | None, readout, path) -> None:
+    """Left: the trained attention's last layer from one sequence (the head with the most weight on the queried
+    pair's value). Middle: per head, the mean weight a query puts on its pair's key, its value and the other values.
+    Right: RWKV-7's readout, cos(S r at the query of pair i, v written at pair j)."""
+    panels = (attention is not None) * 2 + (readout is not None)
+    fig = Figure(figsize=(3.9 * panels, 3.5))
+    axes = list(fig.subplots(1, panels, squeeze=False)[0])
+    if attention is not None:
+        ax = axes.pop(0)
+        ax.imshow(attention["example"], cmap="magma", vmin=0, vmax=1)
+        ax.set(title=f"attention, last layer, head {attention['best_head']}", xlabel="key position j",
+               ylabel="query position i")
+        ax = axes.pop(0)
+        heads = np.arange(len(attention["value"]))
+        for offset, (name, values) in zip((-0.27, 0, 0.27), (("its key", attention["key"]),
+                                                             ("its value", attention["value"]),
+                                                             ("other values", attention["other_values"]))):
+            ax.bar(heads + offset, values, width=0.27, label=name)
+        ax.set(title="weight from a query to ...", xlabel="head of the last layer", ylim=(0, 1))
+        ax.set_xticks(heads)
+        ax.legend(fontsize=7)
+    if readout is not None:
+        ax = axes.pop(0)
+        image = ax.imshow(readout, cmap="RdBu_r", vmin=-1, vmax=1)
+        fig.colorbar(image, ax=ax, fraction=0.046)
+        ax.set(title="RWKV-7: cos(S r at query i, v of pair j)", xlabel="pair j", ylabel="query of pair i")
+    _save(fig, path)
+
+
+def step_sizes(before, after, symbols, path) -> None:
+    """Mamba's first-layer mean delta_t on symbols and on blanks, before and after training (histograms)."""
+    fig = Figure(figsize=(8, 3.2))
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, steps, title in zip(axes, (before, after), ("at initialization", "trained")):
+        bins = np.linspace(min(before.min(), after.min()), max(before.max(), after.max()), 40)
+        ax.hist(steps[~symbols], bins=bins, alpha=0.6, density=True, label="blanks")
+        ax.hist(steps[symbols], bins=bins, alpha=0.6, density=True, label="symbols")
+        ax.set(title=f"Mamba layer 0, {title}", xlabel=r"mean $\Delta_t$ over channels")
+    axes[0].set_ylabel("density")
+    axes[1].legend(fontsize=8)
     _save(fig, path)

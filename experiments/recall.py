@@ -33,13 +33,15 @@ from functools import partial
 
 import numpy as np
 
-from seqmix.experiments import data, plots, zoo
+from seqmix.experiments import data, mechanism, plots, zoo
 from seqmix.experiments.data import TEST, VALID
 from seqmix.experiments.records import Results, command_line, environment, fmt, markdown_table
 from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                                          sweep_then_seeds)
+from seqmix.models.io import load_state_dict
 
-__all__ = ["Cell", "Setup", "FULL", "QUICK", "run", "long_runs", "report", "weights_path", "main"]
+__all__ = ["Cell", "Setup", "FULL", "QUICK", "run", "long_runs", "report", "weights_path", "load_model",
+           "mechanism_figure", "control_holds", "test_accuracies", "main"]
 
 NAME = "recall"
 
@@ -115,7 +117,8 @@ FULL = Setup(cells=_plan(), lrs=ZOOLOGY_LRS, extend=10 ** (2 / 3),
 # at width 32 it stayed at chance for 300 steps at batch 64, 128 and 256. The quick test asserts it learns.
 QUICK = Setup(cells=(Cell("attention", 32, 2), Cell("rwkv7", 32, 2), Cell("rwkv4", 32, 2)),
               lrs=(3e-3,), extend=None, budget=Budget(steps=300, batch_size=128, eval_every=50, target=0.995),
-              seq_len={2: 16}, vocab_size=16, valid_size=128, test_size=256, save=(("attention", 32, 2),),
+              seq_len={2: 16}, vocab_size=16, valid_size=128, test_size=256,
+              save=(("attention", 32, 2), ("rwkv7", 32, 2)),
               long_factor=2, long_below=0.9, control_accuracy=0.9)
 
 
@@ -268,7 +271,31 @@ def report(results: Results, setup: Setup, out) -> str:
     (out / f"{NAME}.md").write_text(text)
     plots.recall(results, setup.archs, {p: sorted({cl.width for cl in setup.cells if cl.pairs == p})
                                         for p in setup.axis("pairs")}, out / f"{NAME}.png")
+    mechanism_figure(setup, out)
     return text
+
+
+def load_model(setup: Setup, out, arch: str, width: int, pairs: int):
+    """The committed first-seed model of a cell (fp16 weights as stored, in fp32), or None if not saved."""
+    path = weights_path(out, arch, width, pairs)
+    if not path.exists():
+        return None
+    model = zoo.build(arch, vocab_size=setup.vocab_size, width=width, train_length=setup.seq_len[pairs])
+    model.load_state_dict({k: v.float() for k, v in load_state_dict(path).items()})
+    return model.eval()
+
+
+def mechanism_figure(setup: Setup, out, sequences: int = 200) -> None:
+    """recall_mechanism.png: where the trained attention looks from each query, and what RWKV-7's state returns
+    when read at a query (experiments.mechanism), on held-out sequences of the control's setting."""
+    c = setup.control
+    attention, rwkv7 = (load_model(setup, out, arch, c.width, c.pairs) for arch in ("attention", "rwkv7"))
+    if attention is None and rwkv7 is None:
+        return
+    inputs, targets = _held_out(setup, TEST, c.pairs, sequences)
+    plots.recall_mechanism(None if attention is None else mechanism.recall_attention(attention, inputs, targets),
+                           None if rwkv7 is None else mechanism.rwkv7_readout(rwkv7, inputs, targets),
+                           out / f"{NAME}_mechanism.png")
 
 
 def main(argv=None) -> None:

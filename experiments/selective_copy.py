@@ -21,12 +21,14 @@ from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
+import torch
 
-from seqmix.experiments import data, plots, zoo
+from seqmix.experiments import data, mechanism, plots, zoo
 from seqmix.experiments.data import TEST, VALID
 from seqmix.experiments.records import Results, command_line, environment, fmt, markdown_table
 from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                                          sweep_then_seeds)
+from seqmix.models.io import load_state_dict
 
 __all__ = ["Regime", "Setup", "FULL", "QUICK", "run", "report", "control_holds", "weights_path", "held_out", "main"]
 
@@ -161,7 +163,25 @@ def report(results: Results, setup: Setup, out) -> str:
                                 "paper, 4096 positions"], rows)
     (out / f"{NAME}.md").write_text(text)
     plots.selective_copy(histories, out / f"{NAME}.png")
+    step_size_figure(setup, out)
     return text
+
+
+def step_size_figure(setup: Setup, out, seed: int = 0, sequences: int = 200) -> None:
+    """selective_copy_steps.png: the trained Mamba's first-layer step size on symbols and on blanks of held-out
+    sequences of the first regime, beside the same model at its initialization (the run's seed)."""
+    regime = setup.regimes[0]
+    path = weights_path(out, "mamba", regime)
+    if not path.exists():
+        return
+    torch.manual_seed(seed)
+    fresh = zoo.build("mamba", vocab_size=regime.vocab_size, width=setup.width)
+    trained = zoo.build("mamba", vocab_size=regime.vocab_size, width=setup.width)
+    trained.load_state_dict({k: v.float() for k, v in load_state_dict(path).items()})
+    inputs, _ = held_out(regime, TEST, sequences)
+    context = inputs[:, :regime.context_len]
+    before, after = (mechanism.mamba_step_sizes(m, inputs)[:, :regime.context_len] for m in (fresh, trained))
+    plots.step_sizes(before.ravel(), after.ravel(), (context > 0).ravel(), out / f"{NAME}_steps.png")
 
 
 def main(argv=None) -> None:

@@ -1,0 +1,96 @@
+"""experiments/mechanism.py reads what it claims: each quantity rebuilt another way."""
+import numpy as np
+import torch
+
+from seqmix.experiments import data, mechanism, zoo
+from seqmix.kernels.testing import FP32_BUDGET, assert_close
+from seqmix.reference import wkv7 as ref_wkv7
+
+
+def test_attention_weights_rebuild_each_block_output():
+    """weights @ v, heads joined, is the input of each block's output projection, which the model computed with
+    its attention kernel; rows sum to 1 and nothing falls on a later position."""
+    torch.manual_seed(0)
+    model = zoo.build("attention", vocab_size=16, width=32, train_length=12).eval()
+    ids = torch.randint(0, 16, (2, 12))
+    caught_qkv, caught_out = [], []
+    for block in model.blocks:
+        block.qkv.register_forward_hook(lambda m, a, out: caught_qkv.append(out))
+        block.out.register_forward_hook(lambda m, args, out: caught_out.append(args[0]))
+    with torch.no_grad():
+        model(ids)
+    weights = mechanism.attention_weights(model, ids)
+    for w, qkv, attended in zip(weights, caught_qkv[:2], caught_out[:2]):
+        B, H, T, _ = w.shape
+        v = qkv.view(B, T, 3, H, -1)[:, :, 2].transpose(1, 2).double()           # (B, H, T, d)
+        assert_close((w.double() @ v).transpose(1, 2).reshape(B, T, -1), attended, FP32_BUDGET, "weights @ v")
+        assert torch.allclose(w.sum(-1), torch.ones(B, H, T, dtype=w.dtype))
+        assert (w.triu(1) == 0).all()
+
+
+def test_recall_attention_measures_the_weight_on_the_queried_pair(monkeypatch):
+    """With attention weights that put everything on position 2j + 1 of each query's pair, "value" is 1 and the
+    rest 0; on position 2j, "key" is 1."""
+    inputs, targets = data.mqar(np.random.default_rng(0), 3, seq_len=16, num_pairs=2, vocab_size=16)
+    rows, cols = np.nonzero(targets != data.IGNORE)
+
+    def fake(offset):
+        w = torch.zeros(3, 2, 16, 16)
+        for r, c in zip(rows, cols):
+            j = int(np.flatnonzero(inputs[r, 0:4:2] == inputs[r, c])[0])
+            w[r, :, c, 2 * j + offset] = 1
+        return lambda model, ids: [w]
+
+    monkeypatch.setattr(mechanism, "attention_weights", fake(1))
+    found = mechanism.recall_attention(None, inputs, targets)
+    assert np.allclose(found["value"], 1) and np.allclose(found["key"], 0) and np.allclose(found["other_values"], 0)
+    monkeypatch.setattr(mechanism, "attention_weights", fake(0))
+    found = mechanism.recall_attention(None, inputs, targets)
+    assert np.allclose(found["key"], 1) and np.allclose(found["value"], 0)
+
+
+def test_rwkv7_readout_is_the_cosine_of_the_op_output_with_the_written_values():
+    """The caught op output is the reference WKV-7 of the caught inputs, and the readout's (i, j) entry is the mean
+    over heads of cos(y at the query of pair i, v at position 2j + 1), computed here in NumPy."""
+    torch.manual_seed(1)
+    model = zoo.build("rwkv7", vocab_size=16, width=32).eval()
+    inputs, targets = data.mqar(np.random.default_rng(1), 1, seq_len=16, num_pairs=2, vocab_size=16)
+    calls = []
+    with torch.no_grad(), mechanism._caught_wkv7(calls):
+        model(torch.from_numpy(inputs), backend="torch")
+    assert len(calls) == 2
+    got = mechanism.rwkv7_readout(model, inputs, targets)
+    y, v = calls[-1]["y"][0].double().numpy(), calls[-1]["v"][0].double().numpy()     # (T, H, N)
+    expected = np.zeros((2, 2))
+    for col in np.flatnonzero(targets[0] != data.IGNORE):
+        i = int(np.flatnonzero(inputs[0, 0:4:2] == inputs[0, col])[0])
+        for j in range(2):
+            a, b = y[col], v[2 * j + 1]
+            expected[i, j] = np.mean((a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1))
+    assert np.allclose(got, expected, atol=1e-6)
+
+
+def test_caught_wkv7_output_is_the_reference_op():
+    """What the wrapper keeps is the op's own call: the float64 reference on the caught inputs gives its output."""
+    torch.manual_seed(2)
+    model = zoo.build("rwkv7", vocab_size=16, width=32).eval()
+    ids = torch.randint(0, 16, (1, 9))
+    calls = []
+    with torch.no_grad(), mechanism._caught_wkv7(calls):
+        model(ids, backend="torch")
+    for call in calls:
+        args = [call[name].double().numpy() for name in ("r", "log_w", "k", "v", "a", "b")]
+        y, _ = ref_wkv7.wkv7(*args, state=call["state"].double().numpy())
+        assert_close(call["y"], y, FP32_BUDGET, "caught WKV-7 output")
+
+
+def test_mamba_step_sizes_follow_the_step_bias():
+    """delta = softplus(dt_proj(.) + bias) per channel: raising every bias raises every position's mean step."""
+    torch.manual_seed(3)
+    model = zoo.build("mamba", vocab_size=10, width=32).eval()
+    inputs = np.random.default_rng(3).integers(0, 10, size=(2, 12))
+    before = mechanism.mamba_step_sizes(model, inputs)
+    with torch.no_grad():
+        model.backbone.layers[0].mixer.dt_proj.bias += 1.0
+    after = mechanism.mamba_step_sizes(model, inputs)
+    assert before.shape == (2, 12) and (before > 0).all() and (after > before).all()
