@@ -182,8 +182,8 @@ print(f"T * 2^-24 * M = {T * 2.0 ** -24 * M:.1e}")
 verdict(run("wkv4", wkv4_attempt3, Options(strict=True)))
 
 # %% [markdown]
-# Transformers' loop gets the same two verdicts (README, "Peers checked"). A student's kernel for a CPU can earn the
-# strict grade the simple way: accumulate in float64, round at the end.
+# Transformers' loop gets the same two verdicts ([Peers checked](../docs/conformance.md#peers-checked)). A student's
+# kernel for a CPU can earn the strict grade the simple way: accumulate in float64, round at the end.
 #
 # ## 6. Fourth attempt: float64 inside, the conventions outside
 #
