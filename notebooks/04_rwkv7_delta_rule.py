@@ -11,8 +11,11 @@
 # eigenvalues stay inside the unit disc, shown by a short proof and a plot, and what goes wrong with the post's
 # $a = -k$, $b = k\eta$); the same recurrence without recursion (a product of transition matrices); and the chunked
 # "WY" form that fast kernels use, derived and checked. Heatmaps of the state over time show the delta rule replace a
-# stored association where plain accumulation would blur it. An appendix runs the torch path and the Triton kernel
-# on the same inputs and checks them against the float64 reference: outputs, states, pieces, fp16 and gradients.
+# stored association where plain accumulation would blur it. Last, why those eigenvalues may be negative (down to
+# -0.455 as published, to -1 with a wider learning rate), and what a sign flip buys: counting parity, the smallest
+# state-tracking task, which positive decays cannot do. An appendix runs the torch path, the Triton kernel and the
+# C loop on the same inputs and checks them against the float64 reference: outputs, states, pieces, fp16 and
+# gradients.
 #
 # **Sources.** The RWKV-7 architecture post, https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 (the state, its update
 # and the meaning of each term: the order followed here; errata 16, 18 and 19 of
@@ -27,7 +30,8 @@
 # **Code used.** [`reference/wkv7.py`](../reference/wkv7.py): `wkv7` (the recurrence), `wkv7_transition_product`
 # (the non-recursive definition), `wkv7_chunked` (the WY form) (NumPy, float64: the truth) ·
 # [`kernels/wkv7.py`](../kernels/wkv7.py): `wkv7` (backend `"torch"`: the chunked WY form; backend `"triton"`: the
-# recurrence in a kernel that keeps rows of the state in registers, forward and backward) ·
+# recurrence in a kernel that keeps rows of the state in registers, forward and backward; backend `"c"`: a C loop,
+# forward and backward) · [`reference/rwkv7.py`](../reference/rwkv7.py): `in_context_rate` (section 8) ·
 # [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 
 # %%
@@ -257,7 +261,8 @@ plt.show()
 # a symmetric matrix, so the eigenvalues of $P$ are real. Subtracting $z z^\top \succeq 0$ can only lower them: the
 # largest is at most $\max_j w_j < 1$. And it lowers them by at most $\lVert z\rVert^2 =
 # \sum_j \alpha_j \hat\kappa_j^2 < \sum_j \hat\kappa_j^2 = 1$: the smallest is above $\min_j w_j - 1 > -1$. Every
-# eigenvalue of every RWKV-7 transition lies in $(-1, 1)$.
+# eigenvalue of every RWKV-7 transition lies in $(-1, 1)$. (Section 8 narrows this with the published parameter
+# ranges, and says why the negative end matters.)
 #
 # The post's $a = -k$, $b = k\eta$ with a key of any length gives $\lVert z\rVert^2 = \sum_j \eta_j k_j^2$, which is as
 # large as the key is long: eigenvalues far below $-1$, and a state that flips sign and grows at every step. For
@@ -704,8 +709,8 @@ print(f"published: {(eig_published.real < 0).mean():.1%} negative, smallest {eig
 # With $g(0) = 1$, $g(1) = -1$, $x_T = (-1)^{n}$ where $n$ is the number of 1s: its sign is the parity, exactly, at
 # any length. With $g$ restricted to $[0, 1]$, as for a positive decay, $x_T = g(0)^{T-n} g(1)^{n} \ge 0$ has no sign
 # to give, and for a fixed $T$ it is monotone in $n$. A readout that thresholds $x_T$ (a linear layer and a sign)
-# therefore answers "is $n \le m$?" for some $m$: right on one side of the cut, and on about half of the counts on
-# the other. The best cut's accuracy follows from the binomial distribution of $n$; a brute-force search over $g$ and
+# therefore answers "is $n \le m$?" for some $m$, which matches the parity on only about half of the counts on each
+# side of the cut. The best cut's accuracy follows from the binomial distribution of $n$; a brute-force search over $g$ and
 # thresholds on every string of length 8 finds the same value, and nothing better.
 
 # %%
@@ -759,10 +764,11 @@ for T_ in (2, 8, 32, 128, 1000):
 #
 # **The literature.** Grazzi et al., "Unlocking State-Tracking in Linear RNNs Through Negative Eigenvalues",
 # arXiv:2411.12537 (https://arxiv.org/abs/2411.12537), prove that a finite-precision linear RNN whose transitions
-# have only non-negative eigenvalues cannot solve parity, and that allowing eigenvalues in $[-1, 1]$ lets it learn
-# parity; Merrill et al., "The Illusion of State in State-Space Models", arXiv:2404.08819
-# (https://arxiv.org/abs/2404.08819), show that diagonal, non-negative state-space models such as Mamba stay in the
-# same complexity class as transformers and cannot express harder state tracking (composing permutations). The RWKV-7
+# have only positive eigenvalues cannot solve parity, and find that extending the range to $[-1, 1]$ lets such models
+# learn it; Merrill et al., "The Illusion of State in State-Space Models", arXiv:2404.08819
+# (https://arxiv.org/abs/2404.08819), show that state-space models such as Mamba, with diagonal transitions, stay in
+# the same complexity class as transformers ($\mathsf{TC}^0$) and so cannot express harder state tracking (composing
+# permutations) unless their transitions become input-dependent and non-diagonal. The RWKV-7
 # paper, arXiv:2503.14456, claims in its abstract that RWKV-7 can track state and recognize every regular language
 # while still training in parallel, beyond what transformers can do under standard complexity conjectures; its
 # transitions are diagonal plus rank one, not diagonal, and their eigenvalues can be negative. (Which parameter
