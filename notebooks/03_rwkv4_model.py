@@ -2,7 +2,8 @@
 # # 03 · The RWKV-4 model: token shift, time mix, channel mix, blocks, state and generation
 #
 # Notebook 02 built the WKV operator. This one builds the language model around it, in the order of the RWKV-4 part
-# of the RWKV/Mamba study notes: token shift, the time-mix sub-block (receptance, key, value, WKV, output gate), the
+# of the RWKV/Mamba study notes. First, why a recurrent model at all (the notes' motivation, with one measurement of
+# attention's quadratic cost); then token shift, the time-mix sub-block (receptance, key, value, WKV, output gate), the
 # channel-mix sub-block (squared ReLU, gate), a residual block, and the whole model with embeddings, final
 # LayerNorm and head. Each piece is written out in NumPy, then checked against `reference/rwkv4.py`. Then the Hugging
 # Face page's example: feeding a sequence whole, or in two pieces with the returned state, gives the same output
@@ -47,6 +48,66 @@ from seqmix.reference.wkv4 import wkv4 as wkv4_reference
 rng = np.random.default_rng(0)
 torch.manual_seed(0)
 print("Triton kernels run on:", MODE)
+
+# %% [markdown]
+# ## Why a recurrent model at all
+#
+# The study notes open their RWKV part with the two models it sits between. A recurrent network (RNN) carries a
+# fixed-size state from token to token: cheap per token, but that state is a small memory for a long text, its
+# gradients pass through one nonlinear step per token and tend to vanish over long distances, and its training
+# cannot run the positions in parallel, since each step waits for the previous one. A Transformer sees every earlier
+# token directly and trains all positions at once, but it pays for it: every token scores every earlier one, so
+# time and memory grow as $\Theta(n^2)$ in the sequence length $n$, and generating keeps all $n$ keys and values.
+#
+# RWKV keeps the RNN's fixed state and removes the other two costs: its recurrence is linear (no nonlinearity
+# between steps, so an old token's gradient is its decayed weight $e^{(t-1-i)w}$, learned per channel), and a
+# linear recurrence can be written for all positions at once (the WKV's definition in notebook 02, the chunked
+# kernels of notebook 08), so training runs in parallel. What stays is the small memory: notebook 09 measures it.
+#
+# One measured illustration of the $\Theta(n^2)$, with the project's own float64 references: the peak memory that
+# NumPy allocates for causal softmax attention over $n$ tokens against the WKV recurrence of notebook 02 over the
+# same keys and values ($d = C = 16$, one sequence), measured with `tracemalloc`.
+
+# %%
+import tracemalloc
+
+from seqmix.reference.attention import softmax_attention
+
+def peak_bytes(fn):
+    # Largest amount of memory allocated while fn() runs (NumPy arrays included).
+    tracemalloc.start()
+    fn()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
+
+lengths = np.array([128, 256, 512, 1024, 2048])
+rng_memory = np.random.default_rng(1)             # its own draws: the model below keeps those of rng
+peaks = {"softmax attention": [], "WKV recurrence": []}
+for n in lengths:
+    q_n, k_n, v_n = (rng_memory.standard_normal((1, n, 16)) for _ in range(3))   # made before measuring
+    peaks["softmax attention"].append(peak_bytes(lambda: softmax_attention(q_n, k_n, v_n)))
+    peaks["WKV recurrence"].append(peak_bytes(lambda: wkv4_reference(-np.ones(16), np.zeros(16), k_n, v_n)))
+slopes = {name: np.polyfit(np.log(lengths), np.log(p), 1)[0] for name, p in peaks.items()}
+
+fig, ax = plt.subplots(figsize=(7, 3.5), constrained_layout=True)
+for name, p in peaks.items():
+    ax.loglog(lengths, np.array(p) / 2**20, "o-", label=f"{name} (slope {slopes[name]:.2f})")
+ax.set_xticks(lengths, [str(n) for n in lengths], minor=False)
+ax.minorticks_off()
+ax.set_xlabel("sequence length n")
+ax.set_ylabel("peak memory (MiB)")
+ax.set_title("peak memory of the float64 references, one sequence, d = 16")
+ax.legend()
+plt.show()
+
+# %% tags=["nbval-check-output"]
+print("attention's memory grows as n^2 (log-log slope within 0.2 of 2):",
+      bool(abs(slopes["softmax attention"] - 2) < 0.2))
+print("the recurrence's grows as n (its outputs; slope within 0.2 of 1):",
+      bool(abs(slopes["WKV recurrence"] - 1) < 0.2))
+print(f"carried to the next token at n = 2048: attention {2 * 2048 * 16} numbers (every key and value), "
+      f"the WKV {3 * 16} (num, den, max)")
 
 # %% [markdown]
 # ## 0. A tiny model with random weights
@@ -285,6 +346,27 @@ for what, actual, expected in zip(names, ours, reference):
 # $\mathrm{LN}_1(x)$ and $\mathrm{LN}_2(x)$ of the last token. A block's state is five vectors per sequence: the
 # channel mix's last input, the time mix's last input, and the WKV's $(\tilde N, \tilde D, M)$, in the order
 # transformers uses.
+#
+# The block as a diagram, drawn like notebook 06's Mamba block. The residual stream runs along the top; each
+# sub-block reads a LayerNorm of it and adds its output back at `+`. Under each token shift, in brackets, the state
+# entry that holds the previous token's normalized input; the WKV reads and returns the state $(\tilde N, \tilde D, M)$
+# (`num, den, max`).
+#
+# ```
+# x(l-1)   (block 0: pre_ln first)
+#   ├───────────────────────────────────────────────────────────────────────────────────┐ residual
+#   LN1 ─> token shift ─┬─> mix_μr ─> W_r ─> r ─> σ(r) ─────────────────────┐           │
+#         (att_x_prev)  ├─> mix_μk ─> W_k ─> k ─┐                           │           │
+#                       └─> mix_μv ─> W_v ─> v ─┴─> WKV(w, u) ─> wkv ─────> ⊙ ─> W_o ─> + ─> x'
+#                                                   ⇅ state: num, den, max
+# x'
+#   ├─────────────────────────────────────────────────────────────────────────────────┐ residual
+#   LN2 ─> token shift ─┬─> mix_μ'r ─> W'_r ─> r' ─> σ(r') ─────────────────┐         │
+#         (ffn_x_prev)  └─> mix_μ'k ─> W'_k ─> k' ─> max(k', 0)² ─> W'_v ─> ⊙ ──────> + ─> x(l)
+# ```
+#
+# RWKV-4 has no normalization inside the time mix: $\mathrm{wkv}_t$ is already an average of values, and the
+# receptance gate $\sigma(r)$ scales it. Notebook 05 draws RWKV-7's block, which adds a per-head GroupNorm there.
 
 # %%
 def layer_norm(x, weight, bias, eps=1e-5):
@@ -626,6 +708,61 @@ if transformers is not None:
           f"; {len(theirs.hidden_states)} hidden states for {L} blocks")
 
 # %% [markdown]
+# ### The forward's other arguments, and two traps (errata 25 and 26)
+#
+# The page's `forward` also takes `inputs_embeds`, `attention_mask`, `output_attentions` and `return_dict`. The
+# project's torch model takes none of them, so they are shown on transformers' own `RwkvModel` (default
+# $\epsilon$), holding the reference's weights (the `rwkv.` part of section 0's dict):
+#
+# - `inputs_embeds` $(B, T, C)$: vectors in place of ids, skipping the embedding lookup; $E[\text{ids}]$ gives
+#   the output of the ids.
+# - `return_dict=False`: a plain tuple `(last_hidden_state, state, hidden_states, attentions)`, leaving out the
+#   entries not asked for.
+# - **`attention_mask` is ignored (erratum 25).** The page: "Mask to avoid performing attention on padding token
+#   indices". transformers' `RwkvModel.forward` only logs that it "was passed, but it is unused in this model"
+#   (`modeling_rwkv.py`) and runs the recurrence over every position. So a left-padded batch is not masked: the
+#   pads enter the state, and the real tokens' outputs differ from those of the same tokens run alone. To batch
+#   texts of different lengths, pad on the right and read each row only up to its length (its final state then
+#   includes the pads), or run the rows one at a time.
+# - **`attentions` are not attention weights (erratum 26).** The page: one tensor per layer of shape
+#   (batch, num_heads, T, T), "attentions weights after the attention softmax". RWKV has no attention matrix;
+#   transformers returns each block's time-mix output, $(B, T, C)$, before the residual add. Checked for block 0
+#   against the time mix of section 2.
+
+# %% tags=["nbval-check-output"]
+if transformers is not None:
+    hf = transformers.RwkvModel(transformers.RwkvConfig(**sizes)).eval()
+    hf.load_state_dict({name: torch.tensor(a, dtype=torch.float32) for name, a in params.items()})
+    padded = ids_t.clone()
+    padded[1, :3] = 0                                          # row 1: three pads, then the last six tokens
+    mask = torch.ones_like(padded)
+    mask[1, :3] = 0
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()                # its "unused" notice is erratum 25 itself
+    with torch.no_grad():
+        by_ids = hf(ids_t)
+        by_embeds = hf(inputs_embeds=torch.tensor(params["embeddings.weight"][ids], dtype=torch.float32))
+        as_tuple = hf(ids_t, output_hidden_states=True, output_attentions=True, return_dict=False)
+        masked, unmasked = hf(padded, attention_mask=mask), hf(padded)
+        alone = hf(padded[1:, 3:])                             # the six tokens without the pads
+    transformers.logging.set_verbosity(verbosity)
+    check("inputs_embeds = E[ids] vs input_ids", by_embeds.last_hidden_state, by_ids.last_hidden_state,
+          FP32_BUDGET)
+    print("return_dict=False:", type(as_tuple).__name__, "of", [type(e).__name__ for e in as_tuple])
+    print("attention_mask changes nothing (bit for bit):",
+          torch.equal(masked.last_hidden_state, unmasked.last_hidden_state))
+    print("so the padded row's tokens differ from the same tokens alone:",
+          rel_rms(masked.last_hidden_state[1:, 3:], alone.last_hidden_state) > 0.01)
+    attentions = as_tuple[3]
+    print(f"attentions: {len(attentions)} tensors of shape {tuple(attentions[0].shape)} = (B, T, C),",
+          "not (B, heads, T, T)")
+    empty = ref.initial_state(params, B)                       # block 0 starts from the empty state
+    time_mix_in = layer_norm(layer_norm(params["embeddings.weight"][ids], p0["pre_ln.weight"], p0["pre_ln.bias"]),
+                             p0["ln1.weight"], p0["ln1.bias"])
+    check("attentions[0] vs block 0's time mix (section 2)", attentions[0],
+          time_mix(p0, time_mix_in, empty[1][..., 0], tuple(s[..., 0] for s in empty[2:]))[0], FP32_BUDGET)
+
+# %% [markdown]
 # ## 9. Generation, and the stop on "\n\n"
 #
 # `model.generate(input_ids, max_new_tokens, ...)` reads the prompt once, then feeds each new token alone, with the
@@ -708,9 +845,13 @@ print("row 0 equals the single-row run, then is padded with 187:",
 # %% [markdown]
 # ## Summary
 #
+# - An RNN carries a fixed state but trains step by step; attention trains in parallel but its memory grows as
+#   $n^2$ (measured: slope 2 against the recurrence's 1). RWKV's linear recurrence keeps the fixed state and trains
+#   in parallel.
 # - Token shift mixes each channel of $x_t$ with $x_{t-1}$ by a learned $\mu$; time mix gates the WKV of
 #   notebook 02 with $\sigma(r)$; channel mix is a gated squared-ReLU feed-forward layer; a block wraps both in
-#   pre-norm residuals. Written out here, each agrees with `reference/rwkv4.py` to float64 rounding.
+#   pre-norm residuals (section 4 draws the block). Written out here, each agrees with `reference/rwkv4.py` to
+#   float64 rounding.
 # - $k$ and $v$ have their own matrices $W_k$, $W_v$; the study notes' $W_r$ in all three lines would leave the
 #   checkpoint's key and value weights unused (erratum 3).
 # - The state (five arrays $(B, \cdot, L)$: two token-shift inputs of width $C$ and the WKV's
@@ -721,7 +862,8 @@ print("row 0 equals the single-row run, then is padded with 187:",
 #   the head is tied only on request, labels are shifted inside and end at `vocab_size - 1`, `rescale_every` halves
 #   the stream at inference without changing the output beyond $\epsilon$, `logits_to_keep` trims the head.
 # - transformers' own `RwkvForCausalLM` on the same weights matches the float64 reference: the independent evidence
-#   that this is RWKV-4. The torch model, with the WKV on its torch path or on the Triton kernel, matches it too
+#   that this is RWKV-4. Its `forward` ignores `attention_mask` (a padded batch is not masked: erratum 25), and its
+#   `attentions` are each block's time-mix output $(B, T, C)$, not attention weights (erratum 26). The torch model, with the WKV on its torch path or on the Triton kernel, matches it too
 #   (the appendix). Generation through the state picks the tokens that re-reading the whole text picks, and stops
 #   at `[187, 187]` (`"\n\n"`), row by row.
 #
@@ -778,6 +920,38 @@ def rescaling_effect(eps):
 print("rescaling changes the output less with a tiny block eps:",
       rescaling_effect(1e-12) < rescaling_effect(1e-5))
 print("but not to zero (ln_out's eps stays 1e-5):", rescaling_effect(1e-12) > 1e-12)
+
+# %% [markdown]
+# **4. Your own WKV in the block.** Write `wkv_quadratic(p, k, v)`: section 2's formula as a weighted average over
+# a $(T, T)$ table of weights, for a sequence that starts from the empty state (weights $e^{(t-1-i)w + k_i}$ for
+# $i < t$, $e^{u + k_t}$ for $i = t$, 0 after). Put it in the time mix in place of the reference's WKV, from the
+# empty state, and check the result against `ref.time_mix`: it must pass. Then give the current token the
+# weight $e^{w + k_t}$ (no bonus, as if $u = w$): the check fails. Why is $u$ a parameter of its own?
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# u is how much the current token counts against the decayed past: without it, the token is weighted as if it were
+# one step old.
+def wkv_quadratic(p, k, v):
+    w, u = -np.exp(p["attention.time_decay"]), p["attention.time_first"]
+    lag = np.arange(k.shape[1])[:, None] - 1 - np.arange(k.shape[1])[None, :]   # (T, T): t - 1 - i
+    exponent = np.where(lag[..., None] >= 0, lag[..., None] * w, -np.inf)       # (T, T, C): 0 weight for i >= t
+    weights = np.exp(exponent + k[:, None])                                      # (B, T, T, C)
+    t_idx = np.arange(k.shape[1])
+    weights[:, t_idx, t_idx] = np.exp(u + k)                                     # i = t: the bonus
+    return (weights * v[:, None]).sum(2) / weights.sum(2)
+
+empty_state = ref.initial_state(params, B)
+zero_prev, empty_wkv = empty_state[1][..., 0], tuple(s[..., 0] for s in empty_state[2:])
+r_e, k_e, v_e = receptance_key_value(p0, x, zero_prev)
+expected_mix = ref.time_mix(p0, x, zero_prev, empty_wkv)[0]
+check("time mix with wkv_quadratic vs reference.time_mix", gate_and_output(p0, r_e, wkv_quadratic(p0, k_e, v_e)),
+      expected_mix, REFERENCE_BUDGET)
+no_bonus = dict(p0, **{"attention.time_first": -np.exp(p0["attention.time_decay"])})   # u = w
+try:
+    check("the same with u = w", gate_and_output(p0, r_e, wkv_quadratic(no_bonus, k_e, v_e)), expected_mix,
+          REFERENCE_BUDGET)
+except AssertionError:
+    print("the same with u = w: the check fails")
 
 # %% [markdown]
 # ## Appendix: the production path against the reference

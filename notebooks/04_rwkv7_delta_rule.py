@@ -11,8 +11,11 @@
 # eigenvalues stay inside the unit disc, shown by a short proof and a plot, and what goes wrong with the post's
 # $a = -k$, $b = k\eta$); the same recurrence without recursion (a product of transition matrices); and the chunked
 # "WY" form that fast kernels use, derived and checked. Heatmaps of the state over time show the delta rule replace a
-# stored association where plain accumulation would blur it. An appendix runs the torch path and the Triton kernel
-# on the same inputs and checks them against the float64 reference: outputs, states, pieces, fp16 and gradients.
+# stored association where plain accumulation would blur it. Last, why those eigenvalues may be negative (down to
+# -0.455 as published, to -1 with a wider learning rate), and what a sign flip buys: counting parity, the smallest
+# state-tracking task, which positive decays cannot do. An appendix runs the torch path, the Triton kernel and the
+# C loop on the same inputs and checks them against the float64 reference: outputs, states, pieces, fp16 and
+# gradients.
 #
 # **Sources.** The RWKV-7 architecture post, https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 (the state, its update
 # and the meaning of each term: the order followed here; errata 16, 18 and 19 of
@@ -27,7 +30,8 @@
 # **Code used.** [`reference/wkv7.py`](../reference/wkv7.py): `wkv7` (the recurrence), `wkv7_transition_product`
 # (the non-recursive definition), `wkv7_chunked` (the WY form) (NumPy, float64: the truth) ·
 # [`kernels/wkv7.py`](../kernels/wkv7.py): `wkv7` (backend `"torch"`: the chunked WY form; backend `"triton"`: the
-# recurrence in a kernel that keeps rows of the state in registers, forward and backward) ·
+# recurrence in a kernel that keeps rows of the state in registers, forward and backward; backend `"c"`: a C loop,
+# forward and backward) · [`reference/rwkv7.py`](../reference/rwkv7.py): `in_context_rate` (section 8) ·
 # [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 
 # %%
@@ -36,6 +40,7 @@ import seqmix
 # without a GPU: TRITON_INTERPRET=1, before triton is imported
 MODE = seqmix.use_interpreter_without_gpu()
 
+import math
 from functools import reduce
 
 import matplotlib.pyplot as plt
@@ -256,7 +261,8 @@ plt.show()
 # a symmetric matrix, so the eigenvalues of $P$ are real. Subtracting $z z^\top \succeq 0$ can only lower them: the
 # largest is at most $\max_j w_j < 1$. And it lowers them by at most $\lVert z\rVert^2 =
 # \sum_j \alpha_j \hat\kappa_j^2 < \sum_j \hat\kappa_j^2 = 1$: the smallest is above $\min_j w_j - 1 > -1$. Every
-# eigenvalue of every RWKV-7 transition lies in $(-1, 1)$.
+# eigenvalue of every RWKV-7 transition lies in $(-1, 1)$. (Section 8 narrows this with the published parameter
+# ranges, and says why the negative end matters.)
 #
 # The post's $a = -k$, $b = k\eta$ with a key of any length gives $\lVert z\rVert^2 = \sum_j \eta_j k_j^2$, which is as
 # large as the key is long: eigenvalues far below $-1$, and a state that flips sign and grows at every step. For
@@ -350,7 +356,8 @@ for name, norms in state_norms.items():
     print(f"{name:9s}: |S_t| at t = 10, 100, 300:", ", ".join(f"{n:.3g}" for n in norms))
 
 # %% tags=["nbval-check-output"]
-print("RWKV-7's state stays bounded (|S| < 100 at t = 300):", bool(state_norms["RWKV-7"][-1] < 100))
+print("RWKV-7's state in this run (one run, not a bound): |S| < 100 at t = 300:",
+      bool(state_norms["RWKV-7"][-1] < 100))
 print("the post's a = -k, b = k eta: |S| past 1e20 or not finite by t = 300:",
       bool(not np.isfinite(state_norms["the post"][-1]) or state_norms["the post"][-1] > 1e20))
 
@@ -573,6 +580,208 @@ for j in sorted(latest):
           additive_states[-1][:, j], summed[j], REFERENCE_BUDGET)
 
 # %% [markdown]
+# ## 8. Negative eigenvalues, and what they buy
+#
+# Section 4 put every eigenvalue of a transition inside $(-1, 1)$. The ranges the published model gives its
+# parameters narrow that interval, and its lower end is negative: a transition can flip the sign of what the state
+# holds along one direction. No RWKV-4 or Mamba transition can. This section derives the interval, checks it, and
+# shows with a toy why a sign flip is what counting needs.
+#
+# **The transition, in the model's terms.** With the op's $a = -\hat\kappa$ and $b = \hat\kappa \odot \alpha$, the
+# update $S_t = S_{t-1} G_t + v_t k_t^\top$ has the transition
+#
+# $$G_t = \mathrm{diag}(w_t) - \hat\kappa_t \left(\alpha_t \odot \hat\kappa_t\right)^\top .$$
+#
+# The published model makes $w = e^{-e^{-0.5}\sigma(\cdot)} \in (e^{-e^{-0.5}}, 1) = (0.545, 1)$ (notebook 05,
+# exercise 2, shows this is the post's $e^{-e^{\omega}}$) and $\alpha = \sigma(\cdot) \in (0, 1)$. Checked: one step
+# of `reference.wkv7` that writes nothing ($k = 0$) takes a random state $S$ to $S\,G$.
+
+# %%
+from seqmix.reference.functional import sigmoid
+from seqmix.reference.rwkv7 import in_context_rate
+
+def transition(w, kk, alpha):
+    # G = diag(w) - kk (alpha * kk)^T: the op's diag(w) + a b^T with a = -kk, b = kk * alpha.
+    return np.diag(w) - np.outer(kk, alpha * kk)
+
+def published_draws(count, spread=3.0):
+    # w = exp(-e^-0.5 sigmoid(z)) in (0.545, 1), a unit kk, alpha = sigmoid(z'): (count, N) each.
+    w_ = np.exp(-np.exp(-0.5) * sigmoid(rng.normal(0.0, spread, (count, N))))
+    kk_ = rng.standard_normal((count, N))
+    kk_ /= np.linalg.norm(kk_, axis=1, keepdims=True)
+    return w_, kk_, sigmoid(rng.normal(0.0, spread, (count, N)))
+
+(w8,), (kk8,), (alpha8,) = published_draws(1)
+S8 = rng.standard_normal((N, N))
+no_write = (np.zeros(N), np.log(w8), np.zeros(N), np.zeros(N), -kk8, kk8 * alpha8)   # r, log_w, k, v, a, b
+_, S8_next = ref.wkv7(*map(one, no_write), state=S8[None, None])
+
+# %% tags=["nbval-check-output"]
+check("one step of reference.wkv7 with k = 0 vs S G", S8_next[0, 0], S8 @ transition(w8, kk8, alpha8),
+      REFERENCE_BUDGET)
+
+# %% [markdown]
+# **The range, equal decays first.** Let every channel have the same decay $w$. A vector $x$ orthogonal to
+# $\alpha \odot \hat\kappa$ is only decayed, $G x = w x$: that gives $N - 1$ eigenvalues equal to $w$. Along
+# $\hat\kappa$,
+#
+# $$G \hat\kappa = w\,\hat\kappa - \hat\kappa \sum_j \alpha_j \hat\kappa_j^2 = (w - \bar\alpha)\,\hat\kappa, \qquad
+# \bar\alpha = \sum_j \alpha_j \hat\kappa_j^2 ,$$
+#
+# where $\bar\alpha$ is a weighted mean of the rates (the weights $\hat\kappa_j^2$ sum to 1), so it lies in $(0, 1)$.
+# With $w \in (0.545, 1)$ the eigenvalue along $\hat\kappa$ lies in $(0.545 - 1,\, 1) = (-0.455,\, 1)$.
+#
+# **Any decays.** Section 4's similarity makes $G$ similar to $\mathrm{diag}(w) - z z^\top$ with
+# $z = \sqrt{\alpha} \odot \hat\kappa$ and $\lVert z\rVert^2 = \bar\alpha$. Subtracting the positive semidefinite
+# $z z^\top$, of norm $\bar\alpha < 1$, moves every eigenvalue down by at most $\bar\alpha$ (Weyl's inequality), so
+# the spectrum lies in $(\min_j w_j - 1,\, \max_j w_j) \subset (-0.455,\, 1)$. Checked: the equal-decay eigenvalue
+# $w - \bar\alpha$ on one transition, then the interval on 20000 random transitions drawn with the published ranges
+# (wide spreads of the sigmoids' inputs, so that some draws come near the ends).
+
+# %%
+w_eq = np.full(N, w8[0])                                               # one decay for every channel
+alpha_bar = (alpha8 * kk8**2).sum()
+G_eq = transition(w_eq, kk8, alpha8)
+
+w_p, kk_p, alpha_p = published_draws(20000)
+G_published = w_p[:, :, None] * np.eye(N) - kk_p[:, :, None] * (alpha_p * kk_p)[:, None, :]
+eig_published = np.linalg.eigvals(G_published)
+
+# %% tags=["nbval-check-output"]
+check("G kk vs (w - alpha_bar) kk, equal decays", G_eq @ kk8, (w8[0] - alpha_bar) * kk8, REFERENCE_BUDGET)
+print("published ranges: every eigenvalue real:", bool(np.abs(eig_published.imag).max() < 1e-9))
+print("published ranges: every eigenvalue in (-0.455, 1):",
+      bool(eig_published.real.min() > np.exp(-np.exp(-0.5)) - 1 and eig_published.real.max() < 1))
+print("published ranges: some eigenvalues negative:", bool((eig_published.real < 0).any()))
+
+# %% [markdown]
+# **The wide rate.** `Rwkv7Config(wide_in_context_rate=True)` (not the published model) makes the rate
+# $\alpha = (1 + w)\,\sigma(\cdot) \in (0, 1 + w)$ per channel: `reference.rwkv7.in_context_rate(z, log_w, wide=True)`.
+# With equal decays the eigenvalue along $\hat\kappa$ becomes $w - \bar\alpha > w - (1 + w) = -1$. For any decays,
+# $G + I$ is similar to $\mathrm{diag}(1 + w) - z z^\top$, which is positive definite exactly when
+# $z^\top \mathrm{diag}(1 + w)^{-1} z = \sum_j \frac{\alpha_j}{1 + w_j}\,\hat\kappa_j^2 < 1$, and with
+# $\alpha_j < 1 + w_j$ that sum is below $\sum_j \hat\kappa_j^2 = 1$. So every eigenvalue lies in $(-1, 1)$: a sign flip
+# can be nearly lossless, and since the top of the interval is still $\max_j w_j < 1$ the state still cannot grow.
+# The same numerical check, on the same decays and keys with the rate made wide from the same kind of draws:
+
+# %%
+z_wide = rng.normal(0.0, 3.0, w_p.shape)
+alpha_w = in_context_rate(z_wide, np.log(w_p), wide=True)              # (1 + w) sigmoid(z), in (0, 1 + w)
+G_wide = w_p[:, :, None] * np.eye(N) - kk_p[:, :, None] * (alpha_w * kk_p)[:, None, :]
+eig_wide = np.linalg.eigvals(G_wide)
+
+# %% tags=["nbval-check-output"]
+print("wide rate: alpha in (0, 1 + w):", bool(((alpha_w > 0) & (alpha_w < 1 + w_p)).all()))
+print("wide rate: every eigenvalue real and in (-1, 1):",
+      bool(np.abs(eig_wide.imag).max() < 1e-9 and np.abs(eig_wide.real).max() < 1))
+print("wide rate: some eigenvalues below -0.455:", bool(eig_wide.real.min() < np.exp(-np.exp(-0.5)) - 1))
+
+# %% [markdown]
+# What a reader should see: the published ranges leave a thin negative tail that stops short of $-0.455$; the wide
+# rate stretches it towards $-1$. RWKV-4's and Mamba's transitions are diagonal with entries in $(0, 1)$: their
+# eigenvalues sit in the shaded band, and none is negative.
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 3.4), constrained_layout=True)
+bins = np.linspace(-1.05, 1.05, 106)
+ax.axvspan(0, 1, color="0.9", label="RWKV-4, Mamba: (0, 1)")
+ax.hist(eig_published.real.ravel(), bins=bins, alpha=0.7, label=r"RWKV-7 as published: $\alpha \in (0, 1)$")
+ax.hist(eig_wide.real.ravel(), bins=bins, alpha=0.5, label=r"wide rate: $\alpha \in (0, 1 + w)$")
+for edge, text in ((np.exp(-np.exp(-0.5)) - 1, "-0.455"), (-1.0, "-1")):
+    ax.axvline(edge, color="k", lw=0.8, ls="--")
+    ax.text(edge + 0.01, 0.5, text, transform=ax.get_xaxis_transform(), fontsize=8)
+ax.set_yscale("log")
+ax.set_xlabel("eigenvalue of the transition G (all real)")
+ax.set_ylabel("count (log scale)")
+ax.set_title(f"eigenvalues of {len(w_p)} random transitions (N = {N})")
+ax.legend(fontsize=8, loc="upper left")
+plt.show()
+print(f"published: {(eig_published.real < 0).mean():.1%} negative, smallest {eig_published.real.min():.3f}; "
+      f"wide: {(eig_wide.real < 0).mean():.1%} negative, smallest {eig_wide.real.min():.3f}")
+
+# %% [markdown]
+# **Why a sign matters: parity.** Parity (is the number of 1s among the tokens so far odd?) is the smallest
+# state-tracking problem: the answer depends on every token, and one token flips it. Take the one-dimensional linear
+# recurrence
+#
+# $$x_t = g(\text{token}_t)\, x_{t-1}, \qquad x_0 = 1 .$$
+#
+# With $g(0) = 1$, $g(1) = -1$, $x_T = (-1)^{n}$ where $n$ is the number of 1s: its sign is the parity, exactly, at
+# any length. With $g$ restricted to $[0, 1]$, as for a positive decay, $x_T = g(0)^{T-n} g(1)^{n} \ge 0$ has no sign
+# to give, and for a fixed $T$ it is monotone in $n$. A readout that thresholds $x_T$ (a linear layer and a sign)
+# therefore answers "is $n \le m$?" for some $m$, which matches the parity on only about half of the counts on each
+# side of the cut. The best cut's accuracy follows from the binomial distribution of $n$; a brute-force search over $g$ and
+# thresholds on every string of length 8 finds the same value, and nothing better.
+
+# %%
+def run_recurrence(bits, g0, g1):
+    # x_T of x_t = g(token_t) x_{t-1}, x_0 = 1, for each row of bits (count, T).
+    x_ = np.ones(len(bits))
+    for column in bits.T:
+        x_ = np.where(column == 1, g1, g0) * x_
+    return x_
+
+def best_cut_accuracy(T_):
+    # Best accuracy of "odd iff n <= m" (or its opposite) over m, with n ~ Binomial(T_, 1/2).
+    p = np.array([math.comb(T_, n) for n in range(T_ + 1)]) / 2.0**T_
+    odd = np.arange(T_ + 1) % 2 == 1
+    right = np.cumsum(p * odd) + (p[~odd].sum() - np.cumsum(p * ~odd))   # odd for n <= m, even for n > m
+    return max(right.max(), (1 - right).max())
+
+def brute_force_accuracy(T_, grid=np.linspace(0.0, 1.0, 11)):
+    # Every string of length T_, every (g0, g1) on the grid, every threshold and direction.
+    bits = (np.arange(2**T_)[:, None] >> np.arange(T_)) & 1
+    odd = bits.sum(1) % 2 == 1
+    best = 0.0
+    for g0 in grid:
+        for g1 in grid:
+            x_T = run_recurrence(bits, g0, g1)
+            values = np.unique(x_T)
+            for theta in np.concatenate([[values[0] - 1], (values[:-1] + values[1:]) / 2]):
+                right = ((x_T > theta) == odd).mean()
+                best = max(best, right, 1 - right)
+    return best
+
+random_bits = rng.integers(0, 2, (2000, 1000))
+random_odd = random_bits.sum(1) % 2 == 1
+
+# %% tags=["nbval-check-output"]
+print("g(0) = 1, g(1) = -1: sign of x_T is the parity at T = 1000, every string:",
+      bool(((run_recurrence(random_bits, 1.0, -1.0) < 0) == random_odd).all()))
+check("g in [0, 1]: brute-force best accuracy at T = 8 vs the best cut", brute_force_accuracy(8),
+      best_cut_accuracy(8), REFERENCE_BUDGET)
+for T_ in (2, 8, 32, 128, 1000):
+    print(f"g in [0, 1], best threshold on x_T, T = {T_:4d}: accuracy {best_cut_accuracy(T_):.3f}")
+
+# %% [markdown]
+# The best a positive $g$ can do falls to a coin toss as the sequence grows ($0.5 + O(1/\sqrt{T})$). (A readout other
+# than a threshold could still decode $n$ from $g(1)^n$ in exact arithmetic; in finite precision it cannot, once
+# $g(1)^n$ rounds away: the setting of the results below.) RWKV-7's published range sits in between: a flip is
+# possible, but along $\hat\kappa$ it multiplies by at most $0.455$ in size, so a parity flag kept that way fades
+# like $0.455^n$ and sinks below fp32's rounding of anything of size 1 after about 20 flips; with the wide rate a
+# flip can have size near 1.
+# Exercise 4 builds that flag out of `reference.wkv7` itself.
+#
+# **The literature.** Grazzi et al., "Unlocking State-Tracking in Linear RNNs Through Negative Eigenvalues",
+# arXiv:2411.12537 (https://arxiv.org/abs/2411.12537), prove that a finite-precision linear RNN whose transitions
+# have only positive eigenvalues cannot solve parity, and find that extending the range to $[-1, 1]$ lets such models
+# learn it; Merrill et al., "The Illusion of State in State-Space Models", arXiv:2404.08819
+# (https://arxiv.org/abs/2404.08819), show that state-space models such as Mamba, with diagonal transitions, stay in
+# the same complexity class as transformers ($\mathsf{TC}^0$) and so cannot express harder state tracking (composing
+# permutations) unless their transitions become input-dependent and non-diagonal. The RWKV-7
+# paper, arXiv:2503.14456, claims in its abstract that RWKV-7 can track state and recognize every regular language
+# while still training in parallel, beyond what transformers can do under standard complexity conjectures; its
+# transitions are diagonal plus rank one, not diagonal, and their eigenvalues can be negative. (Which parameter
+# ranges the paper's constructions need is not checked here.)
+#
+# ### What the range buys: the trained result
+#
+# **Placeholder.** The project's state-tracking experiment (`python -m seqmix.experiments.state_tracking`: parity
+# and running sums mod $m$, RWKV-7 as published against the wide rate, with a positive control) is being run now.
+# Its results, `experiments/results/state_tracking.md`, will be shown in this section once they are committed. No
+# number is given here until then.
+
+# %% [markdown]
 # ## Summary
 #
 # - The state is an $N \times N$ matrix per head (four dimensions with batch and head, not three: erratum 16), a
@@ -589,6 +798,11 @@ for j in sorted(latest):
 #   the chunk's product as diagonal plus rank $L$) give the recurrence's result to float64 rounding. The appendix
 #   holds the torch path (WY form) and the Triton kernel (recurrence, and chunked) to it in fp32 and fp16, in pieces,
 #   with gradients.
+# - With the published ranges ($w > 0.545$, $\alpha < 1$) the transitions' eigenvalues lie in $(-0.455, 1)$, and the
+#   wide rate $\alpha < 1 + w$ stretches that to $(-1, 1)$. A negative eigenvalue flips a sign, which positive
+#   diagonal decays (RWKV-4, Mamba) never can; a one-dimensional recurrence with $g(1) = -1$ counts parity at any
+#   length, while with $g \in [0, 1]$ the best threshold falls to a coin toss. The trained comparison is to come
+#   (section 8's placeholder).
 #
 # Next: notebook 05 builds the RWKV-7 model around this op, where $r, w, k, v, \hat\kappa, \alpha$ come from.
 #
@@ -601,6 +815,13 @@ for j in sorted(latest):
 # 3. **Why $w \in (0, 1)$ alone is not enough.** With $w = (0.9, 0.9)$, find $a$ and $b$ that give the transition
 #    $\mathrm{diag}(w) + ab^\top$ an eigenvalue above 1. What does RWKV-7's choice of $a$ and $b$ do to the same
 #    eigenvalue?
+# 4. **A parity flag in the state.** Take one head with $N = 2$, the state $S_0 = e_0 e_0^\top$, and read it with
+#    $r = e_0$, so that $y_t = (S_t)_{00}$ is a flag. Write `flag_inputs(bits, rate)`, the op's inputs `r, log_w, k, v,
+#    a, b` of shape $(1, T, 1, 2)$ for a string of bits: a 0 leaves the state alone (decay 1, nothing removed,
+#    nothing written); a 1 decays channel 0 by the smallest published decay, $0.545$, and removes along
+#    $\hat\kappa = e_0$ at the rate `rate`. Run it through `reference.wkv7` on 300 random bits and check
+#    $y_t = (-1)^{\text{number of 1s so far}}$: it must pass with the wide rate's limit $\alpha = 1 + w$ and fail
+#    with the published ceiling $\alpha = 1$. Why does it fail there, and how small is the flag at the end?
 #
 # Solutions (collapsed; click to expand):
 
@@ -632,6 +853,30 @@ b_dot_a = -(kk_ex * alpha_ex * kk_ex).sum(1)
 print("RWKV-7's b.a over the 400 draws lies in (-1, 0):",
       bool(((b_dot_a > -1) & (b_dot_a < 0)).all()))
 
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# 4. A 1 multiplies the flag by w - alpha (the eigenvalue along kk = e_0). Wide limit: 0.545 - 1.545 = -1, an exact
+#    flip. Published ceiling: 0.545 - 1 = -0.455, so the sign still flips but the size shrinks by 0.455 per 1.
+W_FLIP = np.exp(-np.exp(-0.5))                                         # the smallest published decay, 0.545
+
+def flag_inputs(bits, rate):
+    T_, e0 = len(bits), np.array([1.0, 0.0])
+    one_bits = bits[:, None] == 1                                      # (T, 1)
+    log_w = np.where(one_bits, np.log([W_FLIP, 1.0]), 0.0)             # a 0: decay 1
+    a_, b_ = np.where(one_bits, -e0, 0.0), np.where(one_bits, rate * e0, 0.0)
+    r_, zeros = np.tile(e0, (T_, 1)), np.zeros((T_, 2))
+    return [z_.reshape(1, T_, 1, 2) for z_ in (r_, log_w, zeros, zeros, a_, b_)]   # r, log_w, k, v, a, b
+
+flag_bits = rng.integers(0, 2, 300)
+parity_sign = (-1.0) ** np.cumsum(flag_bits)
+flag_state = np.array([[1.0, 0.0], [0.0, 0.0]])[None, None]
+for name, rate in (("wide limit, alpha = 1 + w", 1 + W_FLIP), ("published ceiling, alpha = 1", 1.0)):
+    y_flag = ref.wkv7(*flag_inputs(flag_bits, rate), state=flag_state)[0][0, :, 0, 0]
+    try:
+        check(f"{name}: y_t vs (-1)^(1s so far)", y_flag, parity_sign, REFERENCE_BUDGET)
+    except AssertionError:
+        print(f"{name}: the check fails; the sign is still right: {bool((np.sign(y_flag) == parity_sign).all())}, "
+              f"but |y_T| = 0.455^{flag_bits.sum()} = {abs(y_flag[-1]):.0e}")
+
 # %% [markdown]
 # ## Appendix: the production path against the reference
 #
@@ -650,15 +895,14 @@ print("RWKV-7's b.a over the 400 draws lies in (-1, 0):",
 # at once, in matrix products); it takes head sizes from 16, so it is checked on inputs of its own after these.
 #
 # A third implementation, backend `"c"` ([`kernels/native.c`](../kernels/native.c)), is a compiled C loop that
-# walks time once: the path for inference on a CPU. It is forward only (no gradients), and `backend=None` takes it
-# on a CPU when no gradient is wanted. It runs the recurrence, like the Triton kernel, and the forward checks below
-# hold it to the same reference and the same budgets (fp32: 1e-5).
+# walks time once, forward and backward ([`kernels/native.py`](../kernels/native.py)): `backend=None` takes it for
+# CPU tensors in fp32, fp16 or bf16, for inference and for training alike. It runs the recurrence, like the Triton
+# kernel, and the checks below hold it to the same reference and the same budgets (fp32: 1e-5), gradients included.
 
 # %%
 from seqmix.kernels.wkv7 import wkv7 as wkv7_kernel
 
-BACKENDS = {"torch": FP32_CHUNKED_WKV7_BUDGET, "triton": FP32_BUDGET}
-FORWARD_BACKENDS = {**BACKENDS, "c": FP32_BUDGET}  # "c": the C loop, forward only
+BACKENDS = {"torch": FP32_CHUNKED_WKV7_BUDGET, "triton": FP32_BUDGET, "c": FP32_BUDGET}
 split = 10  # feed 10 tokens, then the other 14
 
 def run(backend, inputs, state, dtype=torch.float32):
@@ -676,13 +920,13 @@ y16_ref = ref.wkv7(*(x16[n] for n in ARGS), state=S0.astype(np.float32).astype(n
 first = {n: z[:, :split] for n, z in x.items()}
 rest = {n: z[:, split:] for n, z in x.items()}
 runs = {}
-for backend in FORWARD_BACKENDS:
+for backend in BACKENDS:
     y1, state1 = run(backend, first, S0)
     runs[backend] = dict(whole=run(backend, x, S0), pieces=(y1, *run(backend, rest, state1)),
                          fp16=run(backend, x16, S0, torch.float16))
 
 # %% tags=["nbval-check-output"]
-for backend, budget in FORWARD_BACKENDS.items():
+for backend, budget in BACKENDS.items():
     (y, state), (y1, y2, state2) = runs[backend]["whole"], runs[backend]["pieces"]
     y16 = runs[backend]["fp16"][0]
     check(f"{backend} fp32 y", y, y_ref, budget)
@@ -707,8 +951,8 @@ for chunked in (False, True):
 
 # %% [markdown]
 # **Gradients.** The float64 truth is autograd through the recurrence written in torch below, one token at a time
-# (checked against the reference first). Both backends' fp32 gradients of $\sum y \odot G + \sum S_T \odot G_S$ with
-# respect to all six inputs and the initial state must match it.
+# (checked against the reference first). The three backends' fp32 gradients of
+# $\sum y \odot G + \sum S_T \odot G_S$ with respect to all six inputs and the initial state must match it.
 
 # %%
 def recurrence_torch(r, log_w, k, v, a, b, S):
@@ -760,10 +1004,8 @@ for name, got, want in zip([f"d{n}" for n in ARGS] + ["dstate"], chunked_wide, e
 
 # %%
 # The errors themselves (this cell is not compared: the numbers depend on the machine).
-for backend in FORWARD_BACKENDS:
-    line = f"{backend:6s} fp32: y rel. RMS error {rel_rms(runs[backend]['whole'][0], y_ref):.1e}"
-    if backend in backend_grads:                                       # none for "c": forward only
-        worst = max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads))
-        line += f", worst gradient {worst:.1e}"
-    print(line)
+for backend in BACKENDS:
+    worst = max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads))
+    print(f"{backend:6s} fp32: y rel. RMS error {rel_rms(runs[backend]['whole'][0], y_ref):.1e}, "
+          f"worst gradient {worst:.1e}")
 

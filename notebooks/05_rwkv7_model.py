@@ -6,12 +6,13 @@
 # the decay (soft-clamped, so that every decay lies in $(0.545, 1)$), key and value; `v_first`, the value residual
 # that later layers pull their values towards; the in-context learning rate `a`, the output gate `g`, the key to
 # remove `kk` and the key to write; the op call; the per-head GroupNorm and the "bonus" term; the channel mix (and
-# how it compares with a transformer's FFN); the blocks and the model. Each piece is written out in NumPy under its
-# formula and checked against `reference/rwkv7.py`. Then the post's two ways of running the model: GPT mode (the
-# whole sequence through each layer) and RNN mode, written here as its own program (one token at a time, vector
-# operations and a state), which give the same logits; BlinkDL's own runtime as independent evidence; and the
-# state over time (its size, its rank). An appendix checks the torch model, with the op on its torch path and on
-# the Triton kernel, against the reference.
+# how it compares with a transformer's FFN); the blocks and the model (with a block diagram). Each piece is written
+# out in NumPy under its formula and checked against `reference/rwkv7.py`. Then the post's two ways of running the
+# model: GPT mode (the whole sequence through each layer) and RNN mode, written here as its own program (one token at
+# a time, vector operations and a state), which give the same logits; BlinkDL's own runtime as independent evidence;
+# the state over time (its size, its rank); and, to close, the study notes' reflection that RWKV is a Transformer and
+# an RNN at once, set against what the notebooks showed. An appendix checks the torch model, with the op on its torch
+# path and on the Triton kernel, against the reference.
 #
 # **Sources.** The RWKV-7 architecture post, https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 (the time-mix and
 # channel-mix code walk-through, GPT and RNN mode: the order followed here; errata 17, 18, 19 and 20 of
@@ -427,6 +428,37 @@ check("channel mix with x_k = 0 vs a per-token FFN relu(x W_k^T)^2 W_v^T",
 # Layer 0 makes `v_first` (it has no value residual of its own) and hands it to every later layer. The state is, per
 # layer, `(att_x_prev (B, C), att_kv (B, H, N, N), ffn_x_prev (B, C))`: the two token-shift inputs and the WKV matrix.
 # `v_first` is not part of it: it belongs to each token, and is recomputed from the token by layer 0.
+#
+# The block as a diagram (as notebook 06 draws Mamba's and notebook 03 RWKV-4's). The residual stream runs along the
+# top. Each of the six token-shift mixes feeds one vector; the op takes $r$, $\log w$, $\tilde k$, $v$ and the pair
+# $a = -\hat\kappa$ (`kk`), $b = \hat\kappa \odot \alpha$, and reads and returns the state $S$; its output is
+# normalized per head, gets the bonus, is gated by $g$ and projected by $W_o$. `v_first` is layer 0's own $v$
+# (layer 0 has no value residual); every later layer pulls its $v$ towards it (section 3). The channel mix has no
+# receptance gate, unlike RWKV-4's (notebook 03).
+#
+# ```
+# x(l-1)   (layer 0: ln0 first)
+#   ├─────────────────────────────────────────────────────────────────────────────────────────────────────┐ residual
+#   LN1 ─> token shift ─┬─> x^r ─> W_r ─> r ────────────────────────────────┐                             │
+#         (att_x_prev)  ├─> x^w ─> LoRA, soft clamp ─> log w ───────────────┤                             │
+#                       ├─> x^k ─> W_k ─> k ─┬─> k ⊙ k_k, unit/head ─> kk ──┤                             │
+#                       │                    └─> k ⊙ (1+(α-1) ⊙ k_a) ─> k~ ─┤                             │
+#                       ├─> x^v ─> W_v ─> v ─> value residual ─> v ─────────┤                             │
+#                       │      (v_first: layer 0's v)                       │                             │
+#                       ├─> x^a ─> LoRA, σ ─> α ────────────────────────────┤                             │
+#                       │                                                   ▼                             │
+#                       │                                                 WKV-7 ⇅ state S (N × N a head)  │
+#                       │                                                   │ a = -kk, b = kk ⊙ α; out: y │
+#                       │                                                 GroupNorm per head (ln_x)       │
+#                       │                                                   │                             │
+#                       │                                                 + (Σ r k~ r_k) v   (the bonus)  │
+#                       │                                                   │                             │
+#                       └─> x^g ─> LoRA, σ ─> g ────────────────────────────⊙ ─> W_o ────────────────────> + ─> x'
+# x'
+#   ├─────────────────────────────────────────────────────────────────────────────────────────────────────┐ residual
+#   LN2 ─> token shift ─> x^k ─> W_k ─> max(·, 0)² ─> W_v ───────────────────────────────────────────────> + ─> x(l)
+#         (ffn_x_prev)
+# ```
 
 # %%
 def zero_state(batch):
@@ -687,6 +719,50 @@ print(f"rank of S_t (N = {N}), t = 1..12:", ranks)
 
 
 # %% [markdown]
+# ## 10. Reflections: a Transformer and an RNN at once
+#
+# The study notes close their RWKV part with a reflection: RWKV is a Transformer and an RNN combined; $r$ acts as a
+# gate, the WKV replaces the costly attention by something like a linear recurrence (its output at $t$ fuses
+# everything from tokens $1 \ldots t-1$ with $v_t$), and the whole "stays linear". What notebooks 02 to 05 showed
+# makes each part precise for RWKV-7:
+#
+# - **The Transformer half.** The block has a Transformer's shape (the diagram of section 7): pre-norm residual
+#   sub-blocks, one that mixes tokens and one that mixes channels (a squared-ReLU FFN, section 6). GPT mode
+#   (section 8) runs each layer over the whole sequence at once, and training does so too, through the chunked form
+#   of notebook 04, section 6.
+# - **The RNN half.** RNN mode (section 8) gives the same logits from a state of fixed size, $2C + H N^2$ numbers per
+#   layer however long the text (below); notebook 03 measured what that saves against attention.
+# - **The gate.** In RWKV-4, $\sigma(r)$ gates the WKV's average (notebook 03). In RWKV-7, $r$ has become the query
+#   that reads the matrix memory, $y = S r$, and the gating has moved to $g$.
+# - **"Stays linear".** Every nonlinearity (the sigmoids, softplus, tanh, ReLU$^2$, the norms) acts on what goes into
+#   the recurrence or on what comes out of it, never between two steps of the state: $S_t = S_{t-1} G_t + v_t
+#   \tilde k_t^\top$ with $G_t$ made from the token alone. So the op's outputs are affine in the state it starts from,
+#   checked below, and that is what lets a product of transitions (notebook 04, sections 5 and 6) replace the loop,
+#   and the cost grow linearly in $T$.
+#
+# What the combination does not remove is the RNN's small memory: the state holds $N^2$ numbers per head, the delta
+# rule (notebook 04) decides what to overwrite, and notebook 09 measures how much it can recall. And "linear" does
+# not mean "weak": a transition with a negative eigenvalue can flip a sign, which RWKV-4's and Mamba's decays cannot
+# (notebook 04, section 8).
+
+# %%
+rng_op = np.random.default_rng(7)                                     # its own draws: later cells keep rng's
+op_inputs = [rng_op.standard_normal((1, 6, H, N)) for _ in range(6)]
+op_inputs[1] = -np.exp(op_inputs[1])                                   # log_w < 0
+kk_op = op_inputs[4] / np.linalg.norm(op_inputs[4], axis=-1, keepdims=True)
+op_inputs[4], op_inputs[5] = -kk_op, kk_op * sigmoid(op_inputs[5])     # a = -kk, b = kk * alpha
+S_a, S_b = rng_op.standard_normal((2, 1, H, N, N))
+y_of = {name: wkv7_reference(*op_inputs, state=S_)[0]
+        for name, S_ in (("0", np.zeros_like(S_a)), ("a", S_a), ("b", S_b), ("a + b", S_a + S_b))}
+state_sizes = {t: sum(s.size for s in forward(params, ids[:1, :t])[1][0]) for t in (1, T)}
+
+# %% tags=["nbval-check-output"]
+check("y(S_a + S_b) - y(0) vs (y(S_a) - y(0)) + (y(S_b) - y(0)): affine in the initial state",
+      y_of["a + b"] - y_of["0"], (y_of["a"] - y_of["0"]) + (y_of["b"] - y_of["0"]), REFERENCE_BUDGET)
+print(f"numbers in one layer's state after 1 token and after {T}:", list(state_sizes.values()),
+      f"= 2C + H N^2 = {2 * C + H * N * N}")
+
+# %% [markdown]
 # ## Summary
 #
 # - RWKV-7's time mix makes six token-shifted mixes, and from them $r$, a decay soft-clamped into $(0.545, 1)$ (the
@@ -702,6 +778,9 @@ print(f"rank of S_t (N = {N}), t = 1..12:", ranks)
 # - GPT mode and RNN mode, written as two programs (a sequence through each layer; one token of vectors through the
 #   state), give the same logits and states, and so does BlinkDL's runtime, both ways, on the same weights (with
 #   $N = 8$: the head size is a setting, not fixed at 64).
+# - Section 7 draws the block; section 10 reads it as the notes' "Transformer + RNN": a Transformer's block shape and
+#   GPT mode, an RNN's fixed state and RNN mode, the gate moved from $r$ to $g$, and a recurrence that stays linear
+#   in the state (checked: the op is affine in its initial state).
 # - The state is a full-rank $N \times N$ matrix per head after $N$ tokens ("low-rank" only before that); in this
 #   run it stays the size of a few dozen writes.
 #
@@ -716,6 +795,11 @@ print(f"rank of S_t (N = {N}), t = 1..12:", ranks)
 #    numerically).
 # 3. **Where a token reaches v_first.** Change the token at position 3 instead of position 0 in section 3: which
 #    positions of `v_first` change, and why?
+# 4. **Per head, or all at once?** The op's output is normalized per head (section 5). Write the normalization as a
+#    function `norm(y)` of the op's output $y$, $(B, T, H, N)$, and a time mix that takes it
+#    (`time_mix_with_norm(p, x, x_prev, S, v_first, norm)`, built from the pieces of sections 1 to 5). With a
+#    per-head norm it must pass section 5's check against `reference.time_mix` for layer 1; with one group over all
+#    $C$ channels (a LayerNorm without its weights) the check fails. Why does each head get its own?
 #
 # Solutions (collapsed; click to expand):
 
@@ -740,6 +824,33 @@ changed3 = ids.copy()
 changed3[:, 3] = (ids[:, 3] + 1) % V
 moved3 = np.abs(v_first_of(changed3) - v_first).max(axis=(0, 2)) > 0
 print("positions of v_first that change with token 3:", np.flatnonzero(moved3).tolist())
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# 4. Each head is its own memory, with its own decays and keys, so its output has its own scale; one group would let
+#    a loud head set the scale of the quiet ones.
+def per_head(y, eps=64e-5):
+    return (y - y.mean(-1, keepdims=True)) / np.sqrt(y.var(-1, keepdims=True) + eps)
+
+def one_group(y, eps=64e-5):
+    flat = y.reshape(*y.shape[:-2], -1)                                 # (B, T, C): all heads together
+    return ((flat - flat.mean(-1, keepdims=True)) / np.sqrt(flat.var(-1, keepdims=True) + eps)).reshape(y.shape)
+
+def time_mix_with_norm(p, x, x_prev, S, v_first, norm):
+    mixes = token_shift_mixes(p, x, x_prev)
+    r, log_w, k, v = receptance_decay_key_value(p, mixes)
+    v, v_first = value_residual(p, v, v_first, mixes["v"])
+    alpha, g, kk, k_written = rate_gate_keys(p, k, mixes)
+    y = op_call(r, log_w, k_written, v, kk, alpha, S)[0]
+    y = norm(y).reshape(g.shape) * p["ln_x.weight"] + p["ln_x.bias"]
+    bonus = (heads(r) * heads(k_written) * p["r_k"]).sum(-1, keepdims=True) * heads(v)
+    return ((y + bonus.reshape(g.shape)) * g) @ p["output.weight"].T
+
+for name, norm in (("per head", per_head), ("one group over C", one_group)):
+    try:
+        check(f"time mix with the norm {name} vs reference.time_mix",
+              time_mix_with_norm(att1, x1, x_prev1, S1, v_first, norm), ref_out, REFERENCE_BUDGET)
+    except AssertionError:
+        print(f"time mix with the norm {name}: the check fails")
 
 # %% [markdown]
 # ## Appendix: the production path against the reference

@@ -1,4 +1,4 @@
-"""Source slips of reference/ERRATA.md (entries 21 to 24) shown numerically: each test computes what the source
+"""Source slips of reference/ERRATA.md (entries 21 to 26) shown numerically: each test computes what the source
 wrote and what is right, and finds them apart where the erratum says they are.
 
 Entries 1 to 20 are shown by the tests their entries name.
@@ -6,6 +6,7 @@ Entries 1 to 20 are shown by the tests their entries name.
 import numpy as np
 import pytest
 import torch
+import transformers
 import transformers.models.rwkv.modeling_rwkv as hf_rwkv
 
 from seqmix.kernels.testing import FP32_BUDGET, REFERENCE_BUDGET, assert_close, rel_rms
@@ -79,3 +80,55 @@ def test_24_rwkv7_channel_mix_has_no_fewer_parameters_than_an_ffn():
     cmix = sum(int(np.prod(shape)) for name, shape in shapes.items() if name.startswith("blocks.0.ffn."))
     ffn = 2 * C * 4 * C                                            # Linear(C, 4C) and Linear(4C, C), no bias
     assert cmix == ffn + C
+
+
+def tiny_hf_rwkv(L=2):
+    """transformers' own RwkvModel, tiny, with every weight redrawn so that no part of it is zero at init."""
+    torch.manual_seed(0)
+    config = transformers.RwkvConfig(vocab_size=50, hidden_size=8, num_hidden_layers=L, intermediate_size=16)
+    model = transformers.RwkvModel(config).eval()
+    with torch.no_grad():
+        for weight in model.parameters():
+            weight.copy_(0.5 * torch.randn_like(weight))
+    return model
+
+
+def test_25_hf_rwkv_ignores_attention_mask():
+    """[HF] documents attention_mask ('mask to avoid performing attention on padding token indices'); transformers'
+    RwkvModel only logs that it is unused (modeling_rwkv.py), so a left-padded row is not masked: the pads enter the
+    state. If transformers starts masking, the first assertion fails and erratum 25 must be revisited."""
+    model = tiny_hf_rwkv()
+    ids = torch.randint(1, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    ids[1, :3] = 0                                                 # row 1: three pads, then six tokens
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        masked = model(ids, attention_mask=mask).last_hidden_state
+        unmasked = model(ids).last_hidden_state
+        alone = model(ids[1:, 3:]).last_hidden_state               # the six tokens without the pads
+    assert torch.equal(masked, unmasked), "attention_mask changed the output: transformers now uses it"
+    assert rel_rms(masked[1:, 3:], alone) > 1e-3, "the pads did not reach the real tokens"
+
+
+def test_26_hf_rwkv_attentions_are_each_blocks_time_mix_output():
+    """[HF] says `attentions` holds, per layer, weights 'after the attention softmax' of shape (batch, num_heads,
+    T, T). transformers returns each block's time-mix output, (batch, T, hidden_size) (modeling_rwkv.py,
+    RwkvBlock.forward). Checked against the reference's time mix on block 0's normalized input."""
+    from seqmix.reference import rwkv4 as ref_rwkv4
+
+    model = tiny_hf_rwkv()
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        attentions = model(ids, output_attentions=True).attentions
+    assert len(attentions) == 2 and all(a.shape == (2, 7, 8) for a in attentions)
+    params = {name: w.double().numpy() for name, w in model.state_dict().items()}
+    p0 = {name[len("blocks.0."):]: w for name, w in params.items() if name.startswith("blocks.0.")}
+
+    def ln(x, name):
+        return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * p0[f"{name}.weight"] \
+            + p0[f"{name}.bias"]
+
+    state = [s[..., 0] for s in ref_rwkv4.initial_state(params, 2)]   # ffn_x_prev, att_x_prev, num, den, max
+    time_mix_in = ln(ln(params["embeddings.weight"][ids.numpy()], "pre_ln"), "ln1")
+    expected = ref_rwkv4.time_mix(p0, time_mix_in, state[1], tuple(state[2:]))[0]
+    assert_close(attentions[0], expected, FP32_BUDGET, "attentions[0] vs block 0's time-mix output")
