@@ -52,11 +52,12 @@ def test_reference_rnn_mode_equals_gpt_mode(params):
     assert_states_close(rnn_state, state, REFERENCE_BUDGET, "RNN-mode state")
 
 
-@pytest.mark.parametrize("backend", [None, "torch", "c"])
-@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("backend, grad", [(None, False), (None, True), ("torch", False), ("torch", True),
+                                           ("c", False), ("c", True), ("triton", False)])
 def test_model_matches_reference(model, params, backend, grad):
     """Without gradients, backend None and "c" would take the C time mix and the C decoding step, which compute
-    the published a: the model must not use them with the option on. Prompt, then one token, from a state."""
+    the published a: the model must not use them with the option on. Every backend's WKV-7 op takes a and b as the
+    time mix makes them (Triton under its interpreter on CPU tensors). Prompt, then one token, from a state."""
     prompt, token = ids(2, 1, 5), ids(3, 1, 1)
     logits, state = ref.forward(params, prompt, wide_in_context_rate=True)
     step_logits, step_state = ref.forward(params, token, state, wide_in_context_rate=True)
