@@ -4,6 +4,7 @@
     recall_attention(model, inputs, targets)  MQAR: how much each last-layer head puts on the queried key's pair
     rwkv7_readout(model, inputs, targets)     MQAR: cos(S_t r_t at a query, v written at each pair's value)
     mamba_step_sizes(model, inputs)           selective copying: the first layer's mean delta_t at each position
+    rwkv7_transitions(model, inputs)          state tracking: the eigenvalues of RWKV-7's transition at each step
 
 Each returns arrays a figure can show (experiments.plots draws them); each is checked in tests/test_mechanism.py
 against an independent computation (the attention output rebuilt from the weights; the readout of a state built
@@ -22,7 +23,7 @@ from seqmix.experiments.data import IGNORE
 from seqmix.kernels.rerope import apply_rope
 from seqmix.models import rwkv7 as rwkv7_module
 
-__all__ = ["attention_weights", "recall_attention", "rwkv7_readout", "mamba_step_sizes"]
+__all__ = ["attention_weights", "recall_attention", "rwkv7_readout", "mamba_step_sizes", "rwkv7_transitions"]
 
 
 @torch.no_grad()
@@ -127,3 +128,24 @@ def mamba_step_sizes(model, inputs: np.ndarray) -> np.ndarray:
         hook.remove()
     dt_low = caught["x_proj"][..., :first.time_step_rank]                       # (n, T, rank)
     return torch.nn.functional.softplus(first.dt_proj(dt_low)).mean(-1).numpy()
+
+
+@torch.no_grad()
+def rwkv7_transitions(model, inputs: np.ndarray) -> list:
+    """The eigenvalues of each step's transition G_t = diag(w_t) + a_t b_t^T of every RWKV-7 layer and head (the op's
+    S_t = S_{t-1} G_t + v_t k_t^T, with the model's a = -kk, b = kk * in-context rate): a sign flip needs one near -1,
+    and a tracked sign survives n flips only as |lambda|^n.
+
+    Returns:
+        per layer, {"min_real": (n, T, H) the smallest real part, "max_abs": (n, T, H) the largest modulus}.
+    """
+    calls = []
+    with _caught_wkv7(calls):
+        model(torch.from_numpy(inputs), backend="torch")
+    found = []
+    for call in calls:
+        w = torch.exp(call["log_w"].double())                                  # (n, T, H, N)
+        G = torch.diag_embed(w) + call["a"].double()[..., :, None] * call["b"].double()[..., None, :]
+        eig = torch.linalg.eigvals(G)                                          # (n, T, H, N)
+        found.append({"min_real": eig.real.min(-1).values.numpy(), "max_abs": eig.abs().max(-1).values.numpy()})
+    return found

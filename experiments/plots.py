@@ -6,7 +6,7 @@ import numpy as np
 from matplotlib.figure import Figure     # figures without pyplot: no backend is chosen, none is changed
 
 __all__ = ["recall", "extrapolation", "selective_copy", "state_tracking", "recall_mechanism", "step_sizes",
-           "mean_and_range"]
+           "transition_eigenvalues", "mean_and_range"]
 
 
 def mean_and_range(values):
@@ -139,4 +139,20 @@ def step_sizes(before, after, symbols, path) -> None:
         ax.set(title=f"Mamba layer 0, {title}", xlabel=r"mean $\Delta_t$ over channels")
     axes[0].set_ylabel("density")
     axes[1].legend(fontsize=8)
+    _save(fig, path)
+
+
+def transition_eigenvalues(layers: list, tokens, path) -> None:
+    """RWKV-7's transition on parity, a panel per layer: the smallest real eigenvalue of each step's transition on
+    steps that read a 0 and on steps that read a 1 (histograms over steps and heads)."""
+    fig = Figure(figsize=(4.2 * len(layers), 3.2))
+    axes = fig.subplots(1, len(layers), squeeze=False)[0]
+    bins = np.linspace(-1.05, 1.05, 43)
+    for i, (ax, layer) in enumerate(zip(axes, layers)):
+        for value, name in ((0, "token 0 (keep)"), (1, "token 1 (flip)")):
+            ax.hist(layer["min_real"][tokens == value].ravel(), bins=bins, alpha=0.6, density=True, label=name)
+        ax.axvline(-1, color="grey", linewidth=0.8, linestyle=":")
+        ax.set(title=f"layer {i}", xlabel="smallest real eigenvalue of G_t")
+    axes[0].set_ylabel("density")
+    axes[-1].legend(fontsize=8)
     _save(fig, path)

@@ -32,11 +32,12 @@ from functools import partial
 import numpy as np
 import torch
 
-from seqmix.experiments import data, plots, zoo
+from seqmix.experiments import data, mechanism, plots, zoo
 from seqmix.experiments.data import TEST, VALID
 from seqmix.experiments.records import Results, command_line, environment, fmt, markdown_table
 from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                                          sweep_then_seeds)
+from seqmix.models.io import load_state_dict
 from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
 
 __all__ = ["Task", "Setup", "FULL", "QUICK", "ARCHS", "build", "run", "report", "control_holds",
@@ -199,7 +200,21 @@ def report(results: Results, setup: Setup, out) -> str:
              "extended to [-1, 1] they learn it and extrapolate (Grazzi et al., arXiv:2411.12537).\n")
     (out / f"{NAME}.md").write_text(text)
     plots.state_tracking(results, setup, out / f"{NAME}.png")
+    transition_figure(setup, out)
     return text
+
+
+def transition_figure(setup: Setup, out, sequences: int = 8, length: int = 256) -> None:
+    """state_tracking_transitions.png: the committed RWKV-7 (wide rate) parity model's transition eigenvalues on
+    steps that keep and steps that flip (experiments.mechanism.rwkv7_transitions), on held-out sequences."""
+    task = next((t for t in setup.tasks if t.modulus == 2), None)
+    if task is None or not weights_path(out, CONTROL[0], task).exists():
+        return
+    model = build(CONTROL[0], vocab_size=2, width=setup.width, layers=setup.layers, train_length=setup.train_len)
+    model.load_state_dict({k: v.float() for k, v in load_state_dict(weights_path(out, CONTROL[0], task)).items()})
+    inputs, _ = _held_out(setup, task, TEST, sequences, length)
+    plots.transition_eigenvalues(mechanism.rwkv7_transitions(model.eval(), inputs), inputs,
+                                 out / f"{NAME}_transitions.png")
 
 
 def main(argv=None) -> None:

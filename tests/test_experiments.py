@@ -62,7 +62,9 @@ def test_recall_quick(quick_recall):
     text = (quick_recall / "recall.md").read_text()
     assert all(arch in text for arch in setup.archs) and "What differs from Zoology" in text
     assert (quick_recall / "recall.png").stat().st_size > 1000
-    assert [p.name for p in (quick_recall / "weights" / "recall").glob("*.safetensors")] == ["attention-C32-N2.safetensors"]
+    assert sorted(p.name for p in (quick_recall / "weights" / "recall").glob("*.safetensors")) == [
+        "attention-C32-N2.safetensors", "rwkv7-C32-N2.safetensors"]
+    assert (quick_recall / "recall_mechanism.png").stat().st_size > 1000
 
 
 def test_recall_rerun_resumes_without_training(quick_recall, monkeypatch):
@@ -186,6 +188,7 @@ def test_state_tracking_quick_positive_control(quick_state_tracking):
     text = (quick_state_tracking / "state_tracking.md").read_text()
     assert "**Positive control**" in text and "holds" in text
     assert (quick_state_tracking / "state_tracking.png").stat().st_size > 1000
+    assert (quick_state_tracking / "state_tracking_transitions.png").stat().st_size > 1000
     assert len(list((quick_state_tracking / "weights" / "state_tracking").glob("*.safetensors"))) == 2
 
 

@@ -94,3 +94,29 @@ def test_mamba_step_sizes_follow_the_step_bias():
         model.backbone.layers[0].mixer.dt_proj.bias += 1.0
     after = mechanism.mamba_step_sizes(model, inputs)
     assert before.shape == (2, 12) and (before > 0).all() and (after > before).all()
+
+
+def test_rwkv7_transitions_are_the_eigenvalues_of_diag_w_plus_a_b():
+    """Checked against NumPy's eigenvalues of G = diag(w) + a b^T built from the reference's pieces: one step of
+    the reference WKV-7 from a state S with k = 0 gives S G, so G is read off the op itself."""
+    torch.manual_seed(4)
+    model = zoo.build("rwkv7", vocab_size=2, width=32, layers=1).eval()
+    inputs = np.random.default_rng(4).integers(0, 2, size=(1, 5))
+    calls = []
+    with torch.no_grad(), mechanism._caught_wkv7(calls):
+        model(torch.from_numpy(inputs), backend="torch")
+    found = mechanism.rwkv7_transitions(model, inputs)[0]
+    c = {k: v.double().numpy() for k, v in calls[0].items() if k in ("r", "log_w", "k", "v", "a", "b")}
+    t, h = 3, 1
+    N = c["r"].shape[-1]
+    G = np.zeros((N, N))
+    for row in range(N):                                    # S = e_row: one step with k = 0 gives row `row` of G
+        S = np.zeros((1, 2, N, N))
+        S[0, h, 0, row] = 1.0
+        piece = {k: v[:, t:t + 1] for k, v in c.items()}
+        piece["k"] = np.zeros_like(piece["k"])
+        _, S1 = ref_wkv7.wkv7(piece["r"], piece["log_w"], piece["k"], piece["v"], piece["a"], piece["b"], state=S)
+        G[row] = S1[0, h, 0]
+    eig = np.linalg.eigvals(G)
+    assert np.isclose(found["min_real"][0, t, h], eig.real.min(), atol=1e-5)
+    assert np.isclose(found["max_abs"][0, t, h], np.abs(eig).max(), atol=1e-5)
