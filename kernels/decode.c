@@ -221,6 +221,13 @@ static void add_matvec(const void *W, int64_t transposed, const void *bias, int6
 
 /* ------------------------------------------------------------------------------------------------ vectors */
 
+/* e^x of a weight (a log decay), NaN for a NaN x, which exp_clamped's clamp would make finite: the recurrences test
+ * the bits of what they read, but a NaN weight must reach them as NaN */
+static inline float exp_nan(float x)
+{
+    return poison(exp_clamped(x), is_nan(x));
+}
+
 /* out = (x - mean) / sqrt(var + eps) * weight + bias over n numbers (torch's layer norm, biased variance) */
 static void layer_norm(int64_t n, const float *x, const void *weight, const void *bias, int64_t bf16, float eps,
                        float *out)
@@ -325,7 +332,7 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
         matvec(p[R4_VALUE], t[R4_VALUE], NULL, bf16, A, C, xv, 1.0f, v, a0, a1);
         matvec(p[R4_RECEPTANCE], t[R4_RECEPTANCE], NULL, bf16, A, C, xr, 1.0f, r, a0, a1);
         for (int64_t i = a0; i < a1; i++) {
-            w[i] = -exp_clamped(at(p[R4_DECAY], i, bf16));
+            w[i] = -exp_nan(at(p[R4_DECAY], i, bf16));
             u[i] = at(p[R4_FIRST], i, bf16);
             num0[i] = j->state_in[2][i * L + layer];
             den0[i] = j->state_in[3][i * L + layer];
@@ -353,7 +360,7 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
             j->state_out[0][i * L + layer] = xn[i];
         matvec(p[R4_FFN_KEY], t[R4_FFN_KEY], NULL, bf16, F, C, xk, 1.0f, kf, f0, f1);
         for (int64_t i = f0; i < f1; i++)
-            kf[i] = kf[i] > 0.0f ? kf[i] * kf[i] * scale : 0.0f;
+            kf[i] = relu(kf[i]) * kf[i] * scale;
         matvec(p[R4_FFN_RECEPTANCE], t[R4_FFN_RECEPTANCE], NULL, bf16, C, C, xr, 1.0f, rf, c0, c1);
         BARRIER();
         matvec(p[R4_FFN_VALUE], t[R4_FFN_VALUE], NULL, bf16, C, F, kf, 1.0f, o, c0, c1);
@@ -440,7 +447,7 @@ static inline __attribute__((always_inline)) void time_mix_item(
                     V[s + i] += (at(v_first, in + i, act_bf16) - V[s + i]) * sigmoid(v0[i] + at(vl, in + i, act_bf16));
             }
             norm = sqrtf(norm);
-            const float inv = 1.0f / (norm > 1e-12f ? norm : 1e-12f);       /* F.normalize's eps */
+            const float inv = poison(1.0f / (norm > 1e-12f ? norm : 1e-12f), is_nan(norm));   /* F.normalize's eps */
             #pragma omp simd
             for (int64_t i = s; i < s + N; i++) {
                 BB[i] *= AA[i] * inv;                                       /* kk a */
@@ -611,7 +618,7 @@ static void rwkv7_run(void *arg, int64_t id, int64_t threads)
             put(j->state_out[3 * layer + 2], i, xn[i], bf16);
         matvec(p[R7_FFN_KEY], t[R7_FFN_KEY], NULL, bf16, F, C, xk, 1.0f, kf, f0, f1);
         for (int64_t i = f0; i < f1; i++)
-            kf[i] = kf[i] > 0.0f ? kf[i] * kf[i] : 0.0f;
+            kf[i] = relu(kf[i]) * kf[i];
         BARRIER();
         add_matvec(p[R7_FFN_VALUE], t[R7_FFN_VALUE], NULL, bf16, C, F, kf, o, x, c0, c1);
         BARRIER();
@@ -685,7 +692,7 @@ static void mamba_run(void *arg, int64_t id, int64_t threads)
                 window_out[d * (K - 1) + t] = t + 1 < K - 1 ? window[d * (K - 1) + t + 1] : xin[d];
             }
             sum += xin[d] * at(p[M_CONV], d * K + K - 1, bf16);
-            u[d] = sum * sigmoid(sum);
+            u[d] = silu(sum);
         }
         BARRIER();
         /* dt_low, B, C = x_proj(u) */
@@ -697,7 +704,7 @@ static void mamba_run(void *arg, int64_t id, int64_t threads)
             bias[d] = at(p[M_DT_PROJ_B], d, bf16);
             skip[d] = at(p[M_D], d, bf16);
             for (int64_t n = 0; n < N; n++)
-                A[d * N + n] = -exp_clamped(at(p[M_A_LOG], d * N + n, bf16));
+                A[d * N + n] = -exp_nan(at(p[M_A_LOG], d * N + n, bf16));
         }
         memcpy(h + d0 * N, j->state_in[2 * layer + 1] + d0 * N, (d1 - d0) * N * sizeof(float));
         selective_scan_forward(d0 / lanes, (d1 + lanes - 1) / lanes, D, 1, N, 1, u, delta, bias, A, dbc + R,

@@ -36,41 +36,6 @@ void softplus_array(int64_t n, const float *x, float *out)
         out[i] = softplus(x[i]);
 }
 
-/* 1 when x is NaN or +-inf (exponent bits all set). The loops are compiled assuming finite numbers (see
- * kernels/native.py), under which comparisons and min/max no longer carry a NaN through, so a non-finite input is
- * caught by this integer test, which the compiler cannot fold away, and marks what it reaches as NaN. */
-static inline int32_t nonfinite(float x)
-{
-    int32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    return (bits & 0x7f800000) == 0x7f800000;
-}
-
-/* x, or NaN when poisoned (an integer select: not subject to the finite-math assumption either) */
-static inline float poison(float x, int32_t poisoned)
-{
-    int32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    bits = poisoned ? 0x7fc00000 : bits;
-    memcpy(&x, &bits, sizeof x);
-    return x;
-}
-
-/* 1 when x is NaN or +inf; -inf passes. Where a number is an exponent (WKV-4's keys and state max), -inf means a
- * weight of exactly 0 ("nothing seen yet" for the max), which the loops compute as e^-87 against terms of e^0: the
- * other backends' answer to fp32's resolution. */
-static inline int32_t is_minus_inf(float x)
-{
-    int32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    return bits == (int32_t)0xff800000;
-}
-
-static inline int32_t nan_or_plus_inf(float x)
-{
-    return nonfinite(x) & !is_minus_inf(x);
-}
-
 /* out[i] = sum_r in[r cols + i], the rows added in the order r = 0, 1, ... whatever the split: the sums over batch
  * rows (or groups of channels) of the parameter gradients. Work items: columns. */
 void sum_rows(int64_t first, int64_t last, int64_t rows, int64_t cols, const float *in, float *out)
@@ -373,8 +338,7 @@ void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, i
             #pragma omp simd
             for (int64_t t = 0; t < T; t++) {
                 /* silu(-inf) = -inf e^-inf: NaN, as in IEEE arithmetic (e^-z is clamped here) */
-                const float gate = z ? poison(z[row + t] / (1.0f + exp_clamped(-z[row + t])),
-                                              is_minus_inf(z[row + t])) : 1.0f;
+                const float gate = z ? silu(z[row + t]) : 1.0f;
                 yr[t] = (yr[t] + skip * u[row + t]) * gate;
             }
         }

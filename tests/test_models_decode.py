@@ -268,3 +268,46 @@ def test_a_forked_child_on_one_thread_decodes_alike():
     if child.is_alive():
         child.kill()
     assert child.exitcode == 0
+
+
+def _poisoned(kind, where):
+    """The model and a state (from two tokens on the torch path) with a NaN or +inf put at ``where``: a state
+    tensor's first number ("state i") or a parameter's ("param name")."""
+    model = make(kind)
+    with torch.no_grad():
+        _, state = run(model, torch.tensor([[3, 4]]), backend="torch")
+        state = copy.deepcopy(state)
+        what, name, value = where
+        target = tree_leaves(state)[name] if what == "state" else model.get_parameter(name)
+        target[(0,) * target.dim()] = value
+    return model, state
+
+
+NONFINITE_CASES = [  # kind, (where, which, value): each where a comparison or clamp once dropped the NaN
+    ("rwkv4", ("state", 0, float("nan"))), ("rwkv4", ("state", 0, float("inf"))),            # ffn_x_prev: ReLU
+    ("rwkv4", ("param", "rwkv.blocks.1.feed_forward.key.weight", float("nan"))),
+    ("rwkv4", ("param", "rwkv.blocks.1.attention.receptance.weight", float("nan"))),          # sigmoid(r)
+    ("rwkv4", ("param", "rwkv.blocks.1.feed_forward.receptance.weight", float("nan"))),
+    ("rwkv7", ("state", 2, float("nan"))), ("rwkv7", ("state", 2, float("inf"))),            # ffn_x_prev: ReLU
+    ("rwkv7", ("param", "blocks.1.ffn.key.weight", float("nan"))),
+    ("rwkv7", ("param", "blocks.1.att.g1", float("nan"))),                                    # sigmoid gate
+    ("rwkv7", ("param", "blocks.1.att.w1", float("nan"))),                                    # tanh
+    ("mamba", ("state", 0, float("nan"))), ("mamba", ("state", 1, float("nan"))),
+    ("mamba", ("param", "backbone.layers.1.mixer.A_log", float("nan"))),                      # e^A_log
+]
+
+
+@pytest.mark.parametrize("kind, where", NONFINITE_CASES, ids=[f"{k}-{w[0]}-{w[1]}-{w[2]}" for k, w in NONFINITE_CASES])
+def test_nonfinite_inputs_give_nan_where_the_torch_ops_do(kind, where, count_steps):
+    """The design's rule, NaN at the same places on every backend, for the C step: decode.c is built with
+    -ffinite-math-only, under which a ReLU written as `k > 0 ? k k : 0` or a clamp before e^x turned NaN and +inf
+    into finite logits."""
+    model, state = _poisoned(kind, where)
+    with torch.no_grad():
+        fused, fused_state = run(model, torch.tensor([[5]]), state)
+        expected, expected_state = run(model, torch.tensor([[5]]), state, backend="torch")
+    assert count_steps == [f"{kind}_decode"]
+    assert torch.isnan(expected).any()          # the case means something: the torch ops give NaN here
+    assert torch.equal(torch.isnan(fused), torch.isnan(expected))
+    for a, b in zip(tree_leaves(fused_state), tree_leaves(expected_state)):   # the scan's C loop makes a whole
+        assert torch.isnan(a)[torch.isnan(b)].all()                           # channel NaN (kernels/native.c)
