@@ -167,10 +167,10 @@ def library() -> ctypes.CDLL:
     lib.sum_rows.argtypes = [i64] * 4 + [ptr] * 2
     lib.exp_array.argtypes = lib.softplus_array.argtypes = [i64, ptr, ptr]
     lib.selective_scan_lanes.restype = i64
-    lib.rwkv4_decode.argtypes = [i64, ptr, ctypes.c_double] + [ptr] * 6
-    lib.rwkv7_decode.argtypes = [i64, ptr, ctypes.c_double, ctypes.c_double] + [ptr] * 6
-    lib.mamba_decode.argtypes = [i64, ptr, ctypes.c_double] + [ptr] * 6
-    lib.rwkv7_time_mix.argtypes = [i64] * 7 + [ptr] * 9 + [ctypes.c_float] + [ptr] * 2
+    lib.rwkv4_decode.argtypes = [i64, ptr, ctypes.c_double] + [ptr] * 7
+    lib.rwkv7_decode.argtypes = [i64, ptr, ctypes.c_double, ctypes.c_double] + [ptr] * 7
+    lib.mamba_decode.argtypes = [i64, ptr, ctypes.c_double] + [ptr] * 7
+    lib.rwkv7_time_mix.argtypes = [i64] * 6 + [ptr] * 10 + [ctypes.c_float] + [ptr] * 2
     lib.rwkv4_decode.restype = lib.rwkv7_decode.restype = lib.mamba_decode.restype = i64
     lib.rwkv7_time_mix.restype = i64
     return lib

@@ -311,3 +311,48 @@ def test_nonfinite_inputs_give_nan_where_the_torch_ops_do(kind, where, count_ste
     assert torch.equal(torch.isnan(fused), torch.isnan(expected))
     for a, b in zip(tree_leaves(fused_state), tree_leaves(expected_state)):   # the scan's C loop makes a whole
         assert torch.isnan(a)[torch.isnan(b)].all()                           # channel NaN (kernels/native.c)
+
+
+KEPT_FP32 = {"rwkv4": ("time_decay", "time_first"), "mamba": ("A_log", "D"), "rwkv7": ("w0",)}
+
+
+def mixed(kind):
+    """The model in bf16 with its decays kept fp32, as transformers keeps RWKV-4's time_decay and time_first
+    (_keep_in_fp32_modules) and Mamba's A_log and D, and fla RWKV-7's w0."""
+    model = make(kind, torch.bfloat16)
+    for module in model.modules():
+        for name in KEPT_FP32[kind]:
+            if name in module._parameters:
+                module._parameters[name].data = module._parameters[name].data.float()
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16, torch.float32}
+    return model
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_parameters_of_mixed_dtypes(kind, count_steps):
+    """Each weight reaches the C step with its own dtype flag: one flag for all read the fp32 decays as bf16 (logits
+    3-9% off) and a bf16 tensor as fp32, past its end. The step within bf16's budget of the float64 forward of the
+    same weights, and of the torch path."""
+    model = mixed(kind)
+    ids = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(6))
+    logits, state = pieces(model, ids)
+    assert count_steps == [f"{kind}_decode"] * 4
+    with torch.no_grad():
+        expected, expected_state = run(copy.deepcopy(model).double(), ids)
+        torch_ops, _ = run(model, ids, backend="torch")
+    assert_close(logits.double(), expected, BF16_BUDGET, f"{kind} logits, decays fp32")
+    assert_close(torch.cat([s.flatten() for s in tree_leaves(state)]).double(),
+                 torch.cat([s.flatten() for s in tree_leaves(expected_state)]), BF16_BUDGET, f"{kind} state")
+    assert_close(logits.double(), torch_ops.double(), BF16_BUDGET, f"{kind} logits against the torch path")
+
+
+def test_rwkv7_prompt_time_mix_with_w0_fp32():
+    """The prompt's C time mix reads each of its per-channel parameters with its own dtype (it read all with r_k's)."""
+    model = mixed("rwkv7")
+    ids = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        logits, state = run(model, ids)
+        expected, expected_state = run(copy.deepcopy(model).double(), ids)
+    assert_close(logits.double(), expected, BF16_BUDGET, "logits")
+    assert_close(torch.cat([s.flatten() for s in tree_leaves(state)]).double(),
+                 torch.cat([s.flatten() for s in tree_leaves(expected_state)]), BF16_BUDGET, "state")
