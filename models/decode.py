@@ -45,10 +45,11 @@ def _bf16_flags(tensors) -> ctypes.Array:
 def runs_in_c(module: torch.nn.Module, backend, *inputs: torch.Tensor, head_size: int = 0) -> bool:
     """Whether ``module``'s inference can run in kernels/decode.c: its weights fp32 or bf16 (each) on a CPU, backend None or
     "c", the C library available, and no gradient asked for (grad mode off, or neither a parameter nor an input that
-    requires one).
+    requires one: the C code has no backward, so every tensor that enters it, a state included, counts).
 
     Args:
-        module: a model or a layer of one. backend: the forward's backend argument. inputs: its floating inputs.
+        module: a model or a layer of one. backend: the forward's backend argument. inputs: every tensor the C
+            code would read besides the parameters (None skipped).
         head_size: RWKV-7's (the C loop takes heads up to native.WKV7_MAX_HEAD).
 
     Returns:
@@ -71,9 +72,12 @@ def fused(model: torch.nn.Module, input_ids: torch.Tensor, state, backend) -> bo
     Returns:
         True for one token of one sequence whose state (if any) is fp32 or bf16, when runs_in_c.
     """
-    if input_ids.shape != (1, 1) or not runs_in_c(model, backend, head_size=getattr(model.config, "head_size", 0)):
+    states = [] if state is None else torch.utils._pytree.tree_leaves(state)
+    # the state among the inputs: a trainable state with frozen weights ("state tuning") needs the torch path
+    if input_ids.shape != (1, 1) or not runs_in_c(model, backend, *states,
+                                                  head_size=getattr(model.config, "head_size", 0)):
         return False
-    return state is None or all(s.dtype in DTYPES for s in torch.utils._pytree.tree_leaves(state))
+    return all(s.dtype in DTYPES for s in states)
 
 
 def _pointers(tensors) -> ctypes.Array:

@@ -356,3 +356,30 @@ def test_rwkv7_prompt_time_mix_with_w0_fp32():
     assert_close(logits.double(), expected, BF16_BUDGET, "logits")
     assert_close(torch.cat([s.flatten() for s in tree_leaves(state)]).double(),
                  torch.cat([s.flatten() for s in tree_leaves(expected_state)]), BF16_BUDGET, "state")
+
+
+@pytest.mark.parametrize("T", [1, 4])                   # 1: the one-token step; 4: RWKV-7's prompt time mix
+@pytest.mark.parametrize("kind", MODELS)
+def test_state_tuning_gradients(kind, T):
+    """Frozen weights and a trainable initial state ("state tuning"): the C paths decided "no gradient" from the
+    weights and x alone, so the state got none (or a wrong one). Gradients of every state tensor as backend="torch"
+    gives them."""
+    model = make(kind).requires_grad_(False)
+    ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        _, start = run(model, torch.tensor([[3, 4]]), backend="torch")
+    weights = torch.randn(1, T, VOCAB, generator=torch.Generator().manual_seed(9))
+    grads = {}
+    for backend in (None, "torch"):
+        state = copy.deepcopy(start)
+        leaves = tree_leaves(state)
+        for s in leaves:
+            s.requires_grad_()
+        logits, _ = run(model, ids, state, backend=backend)
+        grads[backend] = torch.autograd.grad((logits * weights).sum(), leaves, allow_unused=True)
+    for i, (got, expected) in enumerate(zip(grads[None], grads["torch"])):
+        if expected is None:
+            assert got is None, f"state tensor {i}"
+            continue
+        assert got is not None, f"state tensor {i} got no gradient"
+        assert_close(got.double(), expected.double(), FP32_BUDGET, f"{kind} T={T} gradient of state tensor {i}")
