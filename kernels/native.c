@@ -446,7 +446,10 @@ void selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, 
                         float *xn = xs + ((l + 1) * N + n) * LANES, *al = alphas + (l * N + n) * LANES;
                         #pragma omp simd
                         for (int64_t j = 0; j < LANES; j++) {
-                            al[j] = exp_clamped(sl[j] * an[j]);
+                            /* exactly 0 below the clamp (A = -inf, a decay of 0, or delta A < -87): e^-87 would
+                             * meet A again in gA = ga A, up to FLT_MAX, an O(1) term of d/ddelta */
+                            const float e = sl[j] * an[j];
+                            al[j] = e < -87.0f ? 0.0f : exp_clamped(e);
                             xn[j] = al[j] * xp[j] + sl[j] * ul[j] * bn;
                         }
                     }

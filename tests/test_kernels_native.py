@@ -478,3 +478,24 @@ def test_builds_at_once_leave_one_whole_library(tmp_path, monkeypatch):
         paths = list(pool.map(lambda _: native._build(native.compiler()), range(2)))
     assert paths[0] == paths[1] and native._intact(paths[0], paths[0].with_name(paths[0].name + ".sha256"))
     assert sorted(p.name for p in tmp_path.iterdir()) == [paths[0].name, paths[0].name + ".sha256"]
+
+
+@pytest.mark.parametrize("decay", [-float("inf"), -1e37, -1e30])
+def test_selective_scan_gradients_with_a_decay_of_zero(decay):
+    """R1: A = -inf (a decay of exactly 0, documented) or |A| so large that delta A is far below e^-87. The backward
+    multiplied its clamped e^{delta A} = e^-87 by A (-FLT_MAX for -inf) into an O(1) term of d/ddelta and
+    d/ddelta_bias (relative errors 1-10). Every gradient within the fp32 budget of the torch backend in float64."""
+    generator = torch.Generator().manual_seed(10)
+    A = torch.tensor([[-1.0, decay, -2.0], [-0.5, -1.5, -3.0]])
+    u, delta = torch.randn(2, 2, 5, generator=generator), torch.rand(2, 2, 5, generator=generator)
+    B, C = torch.randn(2, 3, 5, generator=generator), torch.randn(2, 3, 5, generator=generator)
+    bias, state = torch.rand(2, generator=generator), torch.randn(2, 2, 3, generator=generator)
+    weights = torch.randn(2, 2, 5, generator=generator)
+    grads = {}
+    for backend, dtype in (("c", torch.float32), ("torch", torch.float64)):
+        inputs = [x.to(dtype).requires_grad_() for x in (u, delta, A, B, C, bias, state)]
+        y, last = ssm.selective_scan(*inputs[:5], delta_bias=inputs[5], delta_softplus=True, state=inputs[6],
+                                     backend=backend)
+        grads[backend] = torch.autograd.grad((y * weights.to(dtype)).sum() + last.sum(), inputs)
+    for name, got, expected in zip(("u", "delta", "A", "B", "C", "delta_bias", "state"), *grads.values()):
+        assert_close(got.double(), expected, FP32_BUDGET, f"d/d{name} with A = {decay}")
