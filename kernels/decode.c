@@ -343,6 +343,7 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
             den0[i] = j->state_in[3][i * L + layer];
             max0[i] = j->state_in[4][i * L + layer];
         }
+        /* (wkv4_forward and selective_scan_forward allocate nothing and take any size: their status is STATUS_OK) */
         wkv4_forward(a0 / 16, (a1 + 15) / 16, 1, A, 16, w, u, k, v, wkv, num0, den0, max0, num, den, mx, lag, bad,
                      NULL, NULL, NULL);
         for (int64_t i = a0; i < a1; i++) {
@@ -382,19 +383,18 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
 }
 
 /* dims: C, A (attention size), F (feed-forward size), L, rescale_every, bf16 (the embedding's dtype); eps: the blocks' layer norm eps
- * (ln_out's is 1e-5, as in transformers). Returns 0, or -1 when out of memory. */
-int64_t rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
-                     const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
-                     const float *const *state_in,
-                     float *const *state_out, float *hidden)
+ * (ln_out's is 1e-5, as in transformers). Returns a status. */
+int rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
+                 const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
+                 const float *const *state_in, float *const *state_out, float *hidden)
 {
     struct rwkv4_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], (float)eps, weights, transposed,
                             weight_bf16, embedding, state_in, state_out, hidden, {0}};
     if (!scratch_alloc(&job.s, 3 * dims[0] + 4 * dims[1] + dims[2], 4 * dims[0] + 10 * dims[1], threads))
-        return -1;
+        return STATUS_NO_MEMORY;
     run_team(threads, rwkv4_run, &job);
     free(job.s.shared);
-    return 0;
+    return STATUS_OK;
 }
 
 /* ----------------------------------------------------------------------------------------------- RWKV-7 */
@@ -406,8 +406,7 @@ int64_t rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const voi
  * for work items (batch row b, head h) in [first, last), each walking its T tokens (native.c's wkv7_forward for the
  * recurrence). r, k, v, v_first, wl, al, vl, g (B, T, H N) in the activations' dtype (ACT_BF16), v_first and vl
  * NULL in block 0; params: w0, a0, v0, k_k, k_a, r_k (H, N), ln_x weight, bias, each in its own dtype (params_bf16);
- * state (B, H, N, N) fp32, in and out; out (B, T, H N) in the activations' dtype. Returns 0, or -1 when out of
- * memory. The prefill calls it (models/decode.py) with the (B, T) of a prompt, the decoding step for its thread's
+ * state (B, H, N, N) fp32, in and out; out (B, T, H N) in the activations' dtype. Returns a status. The prefill calls it (models/decode.py) with the (B, T) of a prompt, the decoding step for its thread's
  * heads. */
 enum { MIX_W0, MIX_A0, MIX_V0, MIX_K_K, MIX_K_A, MIX_R_K, MIX_LN_X_W, MIX_LN_X_B, MIX_PARAMS };
 
@@ -422,7 +421,7 @@ static inline int64_t mix_chunk(int64_t T)
 /* One (batch row, head) item of rwkv7_time_mix, MIX_CHUNK tokens at a time (the state carried from one to the next in
  * place), ACT_BF16 a constant in each copy so that the loops over the head's N numbers vectorize; q: the head's
  * params as fp32, [MIX_PARAMS][N]; scratch: 7 mix_chunk(T) N floats. */
-static inline __attribute__((always_inline)) void time_mix_item(
+static inline __attribute__((always_inline)) int time_mix_item(
     int64_t b, int64_t h, int64_t T, int64_t H, int64_t N, const int64_t act_bf16, const void *r, const void *k,
     const void *v, const void *v_first, const void *wl, const void *al, const void *vl, const void *g, const float *q,
     float group_eps, float *scratch, float *state, void *out)
@@ -462,7 +461,10 @@ static inline __attribute__((always_inline)) void time_mix_item(
             }
         }
         /* the chunk as a sequence of one head (B = H = 1), from and into this head's state */
-        wkv7_forward(0, 1, steps, 1, N, R, LW, K, V, AA, BB, Y, state + (b * H + h) * N * N, 1, NULL, NULL);
+        const int status = wkv7_forward(0, 1, steps, 1, N, R, LW, K, V, AA, BB, Y, state + (b * H + h) * N * N, 1,
+                                        NULL, NULL);
+        if (status)
+            return status;
         for (int64_t t = 0; t < steps; t++) {
             const int64_t o = (b * T + t0 + t) * C + h * N, s = t * N;
             float mean = 0.0f, var = 0.0f, bonus = 0.0f;
@@ -482,53 +484,55 @@ static inline __attribute__((always_inline)) void time_mix_item(
                     act_bf16);
         }
     }
+    return STATUS_OK;
 }
 
-/* Items [first, last) of rwkv7_time_mix on one thread; returns 0, or -1 when out of memory */
-static int64_t time_mix_items(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N, int64_t act_bf16,
+/* Items [first, last) of rwkv7_time_mix on one thread; returns a status */
+static int time_mix_items(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N, int64_t act_bf16,
                               const void *r, const void *k, const void *v, const void *v_first,
                               const void *wl, const void *al, const void *vl, const void *g,
                               const void *const *params, const int64_t *params_bf16, float group_eps, float *state,
                               void *out)
 {
     float q[MIX_PARAMS * N], *scratch = malloc(7 * mix_chunk(T) * N * sizeof(float));
-    if (!scratch)
-        return -1;
-    for (int64_t item = first; item < last; item++) {
+    int status = scratch ? STATUS_OK : STATUS_NO_MEMORY;
+    for (int64_t item = first; item < last && !status; item++) {
         const int64_t b = item / H, h = item % H;
         for (int64_t p = 0; p < MIX_PARAMS; p++)
             for (int64_t i = 0; i < N; i++)
                 q[p * N + i] = params[p] ? at(params[p], h * N + i, params_bf16[p]) : 0.0f;   /* v0: NULL in block 0 */
         if (act_bf16)
-            time_mix_item(b, h, T, H, N, 1, r, k, v, v_first, wl, al, vl, g, q, group_eps, scratch, state, out);
+            status = time_mix_item(b, h, T, H, N, 1, r, k, v, v_first, wl, al, vl, g, q, group_eps, scratch, state,
+                                   out);
         else
-            time_mix_item(b, h, T, H, N, 0, r, k, v, v_first, wl, al, vl, g, q, group_eps, scratch, state, out);
+            status = time_mix_item(b, h, T, H, N, 0, r, k, v, v_first, wl, al, vl, g, q, group_eps, scratch, state,
+                                   out);
     }
     free(scratch);
-    return 0;
+    return status;
 }
 
 /* The items (batch rows x heads) split over `threads` OpenMP threads (torch's, as for the decoding steps) */
-int64_t rwkv7_time_mix(int64_t threads, int64_t B, int64_t T, int64_t H, int64_t N, int64_t act_bf16,
-                       const void *r, const void *k, const void *v, const void *v_first, const void *wl,
-                       const void *al, const void *vl, const void *g, const void *const *params,
-                       const int64_t *params_bf16, float group_eps, float *state, void *out)
+int rwkv7_time_mix(int64_t threads, int64_t B, int64_t T, int64_t H, int64_t N, int64_t act_bf16,
+                   const void *r, const void *k, const void *v, const void *v_first, const void *wl,
+                   const void *al, const void *vl, const void *g, const void *const *params,
+                   const int64_t *params_bf16, float group_eps, float *state, void *out)
 {
-    int64_t failed = 0;
+    int status = STATUS_OK;     /* the threads' largest: any failure */
 #ifdef _OPENMP
-    #pragma omp parallel num_threads(threads) reduction(|:failed)
+    #pragma omp parallel num_threads(threads) reduction(max:status)
     {
         int64_t first, last;
         share(B * H, 1, omp_get_thread_num(), omp_get_num_threads(), &first, &last);
-        failed |= time_mix_items(first, last, T, H, N, act_bf16, r, k, v, v_first, wl, al, vl, g, params,
+        status = time_mix_items(first, last, T, H, N, act_bf16, r, k, v, v_first, wl, al, vl, g, params,
                                  params_bf16, group_eps, state, out);
     }
 #else
     (void)threads;
-    failed = time_mix_items(0, B * H, T, H, N, act_bf16, r, k, v, v_first, wl, al, vl, g, params, params_bf16,
+    status = time_mix_items(0, B * H, T, H, N, act_bf16, r, k, v, v_first, wl, al, vl, g, params, params_bf16,
                             group_eps, state, out);
 #endif
-    return failed ? -1 : 0;
+    return status;
 }
 
 /* Weights of a block, in this order (BlinkDL's names, blocks.i. left out; W0 .. LN_X_B are rwkv7_time_mix's params);
@@ -550,7 +554,7 @@ struct rwkv7_job {
     void *const *state_out;
     float *hidden;
     struct scratch s;
-    int64_t failed;                  /* a thread's time mix could not allocate its scratch */
+    int status;                      /* a thread's time mix's, where it failed */
 };
 
 static void rwkv7_run(void *arg, int64_t id, int64_t threads)
@@ -613,9 +617,10 @@ static void rwkv7_run(void *arg, int64_t id, int64_t threads)
             matvec(p[R7_V2], t[R7_V2], f[R7_V2], NULL, 0, C, j->Dv, hv, 1.0f, vl, c0, c1);
         float *kv = j->state_out[3 * layer + 1];
         memcpy(kv + c0 * N, (const float *)j->state_in[3 * layer + 1] + c0 * N, (c1 - c0) * N * sizeof(float));
-        if (time_mix_items(h0, h1, 1, j->H, N, 0, r, k, v, layer ? v_first : NULL, wl, al, layer ? vl : NULL, g,
-                           p + R7_W0, f + R7_W0, j->group_eps, kv, y))
-            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        const int status = time_mix_items(h0, h1, 1, j->H, N, 0, r, k, v, layer ? v_first : NULL, wl, al,
+                                          layer ? vl : NULL, g, p + R7_W0, f + R7_W0, j->group_eps, kv, y);
+        if (status)
+            __atomic_store_n(&j->status, status, __ATOMIC_RELAXED);
         BARRIER();
         add_matvec(p[R7_OUTPUT], t[R7_OUTPUT], f[R7_OUTPUT], NULL, 0, C, C, y, o, x, c0, c1);
         BARRIER();
@@ -639,21 +644,20 @@ static void rwkv7_run(void *arg, int64_t id, int64_t threads)
 
 /* dims: C, H, N, F, L, the LoRA widths Dw, Da, Dv, Dg, bf16 (the embedding's dtype, the activations' and the
  * x_prev states'); eps, group_eps: the layer norms' and the per-head group
- * norm's. Returns 0, or -1 when out of memory. */
-int64_t rwkv7_decode(int64_t threads, const int64_t *dims, double eps, double group_eps, const void *const *weights,
-                     const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
-                     const void *const *state_in,
-                     void *const *state_out, float *hidden)
+ * norm's. Returns a status. */
+int rwkv7_decode(int64_t threads, const int64_t *dims, double eps, double group_eps, const void *const *weights,
+                 const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
+                 const void *const *state_in, void *const *state_out, float *hidden)
 {
     struct rwkv7_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9],
                             (float)eps, (float)group_eps, weights, transposed, weight_bf16, embedding, state_in, state_out,
                             hidden, {0}};
     const int64_t C = dims[0], loras = dims[5] + dims[6] + dims[7] + dims[8];
     if (!scratch_alloc(&job.s, 11 * C + dims[3] + loras, 7 * C, threads))
-        return -1;
+        return STATUS_NO_MEMORY;
     run_team(threads, rwkv7_run, &job);
     free(job.s.shared);
-    return job.failed ? -1 : 0;
+    return job.status;
 }
 
 /* ----------------------------------------------------------------------------------------------- Mamba */
@@ -732,18 +736,17 @@ static void mamba_run(void *arg, int64_t id, int64_t threads)
 
 /* dims: C, D (intermediate size), N (state size), K (conv kernel), R (time-step rank), L, bf16 (the embedding's
  * dtype); eps: the RMS norms'.
- * Returns 0, or -1 when out of memory. */
-int64_t mamba_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
-                     const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
-                     const float *const *state_in,
-                     float *const *state_out, float *hidden)
+ * Returns a status. */
+int mamba_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
+                 const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
+                 const float *const *state_in, float *const *state_out, float *hidden)
 {
     struct mamba_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], (float)eps, weights,
                             transposed, weight_bf16, embedding, state_in, state_out, hidden, {0}};
     const int64_t C = dims[0], D = dims[1], N = dims[2], R = dims[4];
     if (!scratch_alloc(&job.s, 2 * C + 7 * D + R + 2 * N + D * N, C, threads))
-        return -1;
+        return STATUS_NO_MEMORY;
     run_team(threads, mamba_run, &job);
     free(job.s.shared);
-    return 0;
+    return STATUS_OK;
 }

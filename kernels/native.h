@@ -109,6 +109,10 @@ static inline float silu(float x)
     return poison(x / (1.0f + exp_clamped(-x)), is_minus_inf(x));
 }
 
+/* What every entry point of native.c and decode.c returns: 0, or why it did not run (its outputs unwritten).
+ * kernels/native.py's STATUS mirrors these codes and raises on any other than STATUS_OK. */
+enum status { STATUS_OK = 0, STATUS_NO_MEMORY = 1, STATUS_HEAD_SIZE = 2 };
+
 #define VEC 16
 typedef float vfloat __attribute__((vector_size(VEC * sizeof(float))));
 typedef float vfloat_u __attribute__((vector_size(VEC * sizeof(float)), aligned(sizeof(float))));  /* unaligned */
@@ -116,17 +120,17 @@ typedef int32_t vint __attribute__((vector_size(VEC * sizeof(int32_t))));
 #define LOADV(p) (*(const vfloat_u *)(p))
 #define STOREV(p, x) (*(vfloat_u *)(p) = (x))
 
-void wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
-                  const float *w, const float *u, const float *k, const float *v, float *y,
-                  const float *num0, const float *den0, const float *max0, float *num_out, float *den_out,
-                  float *max_out, float *lag_out, int32_t *bad_out, float *vy_save, float *d_save, float *z_save);
-void wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
-                  const float *r, const float *log_w, const float *k, const float *v, const float *a,
-                  const float *b, float *y, float *state, int64_t ck, float *ckpt, int32_t *bad_out);
-void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
-                            const float *u, const float *delta, const float *delta_bias, const float *A,
-                            const float *Bt, const float *Ct, const float *Dskip, const float *z, float *y,
-                            float *state, int64_t ck, float *ckpt, int32_t *bad_out);
+int wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
+                 const float *w, const float *u, const float *k, const float *v, float *y,
+                 const float *num0, const float *den0, const float *max0, float *num_out, float *den_out,
+                 float *max_out, float *lag_out, int32_t *bad_out, float *vy_save, float *d_save, float *z_save);
+int wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
+                 const float *r, const float *log_w, const float *k, const float *v, const float *a,
+                 const float *b, float *y, float *state, int64_t ck, float *ckpt, int32_t *bad_out);
+int selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
+                           const float *u, const float *delta, const float *delta_bias, const float *A,
+                           const float *Bt, const float *Ct, const float *Dskip, const float *z, float *y,
+                           float *state, int64_t ck, float *ckpt, int32_t *bad_out);
 int64_t selective_scan_lanes(void);
 
 #endif

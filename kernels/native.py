@@ -67,10 +67,21 @@ CHECKPOINT = 16          # WKV-7 and the scan keep their state every this many s
                          # at most this many steps from one, in memory that stays in cache
 GROUPS_PER_CALL = 16     # the scan's backward: work items per call where the batch alone gives fewer
 WKV7_MAX_HEAD = 256      # the largest WKV-7 head the loops take (native.c's MAX_V * VEC; tested to agree)
+# native.h's enum status: every entry point returns one; 0 is STATUS_OK, and check_status raises for the others
+STATUS = {1: (MemoryError, "could not allocate its scratch memory"),                      # STATUS_NO_MEMORY
+          2: (ValueError, f"takes head size N <= {WKV7_MAX_HEAD}")}                       # STATUS_HEAD_SIZE
 
 
 class NativeUnavailable(RuntimeError):
     """The C loops cannot be built or loaded here (the message says why)."""
+
+
+def check_status(status: int, entry: str, inputs: str = "") -> None:
+    """Raise what a non-zero status from the C entry point ``entry`` means (STATUS), ``inputs`` naming what it
+    was called with."""
+    if status:
+        error, meaning = STATUS.get(status, (RuntimeError, f"returned the unknown status {status}"))
+        raise error(f"{entry} {meaning}" + (f" (called with {inputs})" if inputs else ""))
 
 
 def _cpu_identity() -> str:
@@ -156,6 +167,7 @@ def library() -> ctypes.CDLL:
     except OSError as e:
         raise NativeUnavailable(f"cannot load the C library {path}: {e}") from None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    # every entry point returns a status (int, ctypes' default restype); the sizes' queries return int64
     lib.wkv4_forward.argtypes = [i64] * 5 + [ptr] * 16
     lib.wkv4_backward.argtypes = [i64] * 5 + [ptr] * 25
     lib.selective_scan_forward.argtypes = [i64] * 6 + [ptr] * 10 + [i64] + [ptr] * 2
@@ -171,8 +183,6 @@ def library() -> ctypes.CDLL:
     lib.rwkv7_decode.argtypes = [i64, ptr, ctypes.c_double, ctypes.c_double] + [ptr] * 7
     lib.mamba_decode.argtypes = [i64, ptr, ctypes.c_double] + [ptr] * 7
     lib.rwkv7_time_mix.argtypes = [i64] * 6 + [ptr] * 10 + [ctypes.c_float] + [ptr] * 2
-    lib.rwkv4_decode.restype = lib.rwkv7_decode.restype = lib.mamba_decode.restype = i64
-    lib.rwkv7_time_mix.restype = i64
     return lib
 
 
@@ -208,15 +218,17 @@ def _pool(threads: int, pid: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(threads, thread_name_prefix="seqmix-native")
 
 
-def _run(fn, items: int, work: int, *args) -> None:
+def _run(fn, items: int, work: int, *args, inputs: str = "") -> None:
     """fn(first, last, *args) over [0, items), split into one contiguous range per thread (ctypes releases the
-    GIL during each call). ``work``: elements touched, to keep small calls on one thread."""
+    GIL during each call); raises what a non-zero status of fn means (check_status, ``inputs`` naming the call's).
+    ``work``: elements touched, to keep small calls on one thread."""
     threads = min(torch.get_num_threads(), items)
     if threads <= 1 or work < SERIAL_WORK:
-        fn(0, items, *args)
-        return
-    bounds = [items * i // threads for i in range(threads + 1)]
-    list(_pool(threads, os.getpid()).map(lambda i: fn(bounds[i], bounds[i + 1], *args), range(threads)))
+        statuses = [fn(0, items, *args)]
+    else:
+        bounds = [items * i // threads for i in range(threads + 1)]
+        statuses = _pool(threads, os.getpid()).map(lambda i: fn(bounds[i], bounds[i + 1], *args), range(threads))
+    check_status(max(statuses), fn.__name__, inputs)
 
 
 def _pointers(*tensors):
@@ -237,14 +249,14 @@ def _initial_state(state, shape):
 def exp(x):
     """The loops' e^x (exp_clamped in native.c) on a contiguous fp32 tensor: x clamped to [-87, 88], within 1 ulp."""
     out = torch.empty_like(x)
-    library().exp_array(x.numel(), *_pointers(x, out))
+    check_status(library().exp_array(x.numel(), *_pointers(x, out)), "exp_array")
     return out
 
 
 def softplus(x):
     """The scan's softplus (native.c) on a contiguous fp32 tensor."""
     out = torch.empty_like(x)
-    library().softplus_array(x.numel(), *_pointers(x, out))
+    check_status(library().softplus_array(x.numel(), *_pointers(x, out)), "softplus_array")
     return out
 
 
@@ -366,7 +378,8 @@ def wkv7_forward(r, log_w, k, v, a, b, state, save=False):
     ckpt, bad = ((_floats(B * H, -(-T // CHECKPOINT), NP, NP), torch.empty(B * H, dtype=torch.int32)) if save
                  else (None, None))
     _run(library().wkv7_forward, B * H, B * T * H * N * N, T, H, N,
-         *_pointers(r, log_w, k, v, a, b, y, last), CHECKPOINT, *_pointers(ckpt, bad))
+         *_pointers(r, log_w, k, v, a, b, y, last), CHECKPOINT, *_pointers(ckpt, bad),
+         inputs=f"r of shape {(B, T, H, N)}")
     return y, last, ((ckpt, bad) if save else None)
 
 
@@ -379,5 +392,6 @@ def wkv7_backward(r, log_w, k, v, a, b, saved, dy, dstate):
     grads = [_floats(B, T, H, N) for _ in range(6)]
     dstate0 = _floats(B, H, N, N)
     _run(library().wkv7_backward, B * H, B * T * H * N * N, T, H, N,
-         *_pointers(r, log_w, k, v, a, b, dy, dstate), CHECKPOINT, *_pointers(ckpt, bad, *grads, dstate0))
+         *_pointers(r, log_w, k, v, a, b, dy, dstate), CHECKPOINT, *_pointers(ckpt, bad, *grads, dstate0),
+         inputs=f"r of shape {(B, T, H, N)}")
     return (*grads, dstate0)

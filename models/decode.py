@@ -107,8 +107,7 @@ def _call(entry: str, dims: tuple, eps: tuple, weights: list, embedding: torch.T
     status = getattr(native.library(), entry)(torch.get_num_threads(), (ctypes.c_int64 * len(dims))(*dims), *eps,
                                               *_matrices(weights), embedding.data_ptr(), _pointers(state),
                                               _pointers(new_state), hidden.data_ptr())
-    if status:
-        raise MemoryError("the C decoding step could not allocate its scratch memory")
+    native.check_status(status, entry)
     return hidden.to(embedding.dtype).view(1, 1, -1)
 
 
@@ -171,11 +170,10 @@ def rwkv7_time_mix(att, r, k, v, v_first, wl, al, vl, g, state) -> tuple[torch.T
     acts = [None if t is None else t.to(r.dtype).contiguous() for t in (r, k, v, v_first, wl, al, vl, g)]
     new_state = native._initial_state(state, state.shape)
     out, params = new_output(r.shape, r.dtype, r.device), _time_mix_params(att)   # params: held for the call
-    failed = native.library().rwkv7_time_mix(torch.get_num_threads(), B, T, H, N, DTYPES[r.dtype],
+    status = native.library().rwkv7_time_mix(torch.get_num_threads(), B, T, H, N, DTYPES[r.dtype],
                                              *native._pointers(*acts), _pointers(params), _bf16_flags(params),
                                              ctypes.c_float(att.ln_x.eps), *native._pointers(new_state, out))
-    if failed:
-        raise MemoryError("the C time mix could not allocate its scratch memory")
+    native.check_status(status, "rwkv7_time_mix", f"r_k of shape {tuple(att.r_k.shape)}")
     return out, new_state
 
 
