@@ -28,13 +28,16 @@ from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
 pytestmark = pytest.mark.skipif(not native.available(), reason=f"C loops unavailable: {native.unavailable_reason()}")
 
 VOCAB = 50
-MODELS = {
-    "rwkv4": lambda: RwkvForCausalLM(RwkvConfig(vocab_size=VOCAB, hidden_size=40, num_hidden_layers=4,
-                                                attention_hidden_size=24, intermediate_size=56, rescale_every=2)),
-    "rwkv7": lambda: Rwkv7(Rwkv7Config(vocab_size=VOCAB, n_embd=72, n_layer=3, head_size=24, dim_ffn=88,
-                                       decay_lora=12, a_lora=8, v_lora=20, gate_lora=36)),
-    "mamba": lambda: MambaForCausalLM(MambaConfig(vocab_size=VOCAB, hidden_size=21, num_hidden_layers=3,
-                                                  state_size=5, conv_kernel=3, time_step_rank=3, use_bias=True)),
+MODELS = {   # (config options: a test's own, over these)
+    "rwkv4": lambda **options: RwkvForCausalLM(RwkvConfig(**{
+        **dict(vocab_size=VOCAB, hidden_size=40, num_hidden_layers=4, attention_hidden_size=24,
+               intermediate_size=56, rescale_every=2), **options})),
+    "rwkv7": lambda **options: Rwkv7(Rwkv7Config(**{
+        **dict(vocab_size=VOCAB, n_embd=72, n_layer=3, head_size=24, dim_ffn=88, decay_lora=12, a_lora=8,
+               v_lora=20, gate_lora=36), **options})),
+    "mamba": lambda **options: MambaForCausalLM(MambaConfig(**{
+        **dict(vocab_size=VOCAB, hidden_size=21, num_hidden_layers=3, state_size=5, conv_kernel=3,
+               time_step_rank=3, use_bias=True), **options})),
 }
 
 
@@ -49,10 +52,11 @@ def num_threads(n: int):
         torch.set_num_threads(threads)
 
 
-def make(kind: str, dtype=torch.float32, seed: int = 0):
-    """The model with its initialization spread by noise (so that no weight is a constant), in eval mode."""
+def make(kind: str, dtype=torch.float32, seed: int = 0, **options):
+    """The model (config ``options`` over MODELS') with its initialization spread by noise (so that no weight is a
+    constant), in eval mode."""
     torch.manual_seed(seed)
-    model = MODELS[kind]()
+    model = MODELS[kind](**options)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -383,3 +387,17 @@ def test_state_tuning_gradients(kind, T):
             continue
         assert got is not None, f"state tensor {i} got no gradient"
         assert_close(got.double(), expected.double(), FP32_BUDGET, f"{kind} T={T} gradient of state tensor {i}")
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_a_step_with_another_layer_norm_eps(kind, count_steps):
+    """layer_norm_epsilon = 0.1, far from the default 1e-5: the blocks' norms take it, and RWKV-4's ln_out keeps
+    1e-5 as transformers builds it (mutant D04, the C step's ln_out taking the config's eps, survived every test
+    model at 1e-5: 0.92 relative error here)."""
+    model = make(kind, layer_norm_epsilon=0.1)
+    ids = torch.tensor([[7]])
+    with torch.no_grad():
+        fused, _ = run(model, ids)
+        expected, _ = run(copy.deepcopy(model).double(), ids)
+    assert count_steps == [f"{kind}_decode"]
+    assert_close(fused.double(), expected, FP32_BUDGET, f"{kind} logits at eps 0.1")
