@@ -149,9 +149,9 @@ static inline __attribute__((always_inline)) void dot_rows(const void *W, const 
 
 /* y[i] for rows i in [lo, hi), ROWS at a time: four streams from memory in flight, and x read once for the four */
 static inline __attribute__((always_inline)) void gemv_rows(const void *W, const void *bias, const int64_t bf16,
-                                                            int64_t bias_bf16, int64_t K, const float *x, const float *xe,
-                                                            const float *xo, float scale, float *y, int64_t lo,
-                                                            int64_t hi)
+                                                            int64_t bias_bf16, int64_t K, const float *x,
+                                                            const float *xe, const float *xo, float scale, float *y,
+                                                            int64_t lo, int64_t hi)
 {
     int64_t i = lo;
     for (; i + ROWS <= hi; i += ROWS)
@@ -160,7 +160,8 @@ static inline __attribute__((always_inline)) void gemv_rows(const void *W, const
         dot_rows(W, bias, bf16, bias_bf16, 1, K, x, xe, xo, scale, y, i);
 }
 
-static void gemv(const void *W, const void *bias, int64_t bf16, int64_t bias_bf16, int64_t K, const float *x, float scale, float *y,
+static void gemv(const void *W, const void *bias, int64_t bf16, int64_t bias_bf16, int64_t K, const float *x,
+                 float scale, float *y,
                  int64_t lo, int64_t hi)
 {
     if (!bf16) {
@@ -382,8 +383,8 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
                    j->weight_bf16[3 + L * R4_WEIGHTS], 1e-5f, j->hidden);
 }
 
-/* dims: C, A (attention size), F (feed-forward size), L, rescale_every, bf16 (the embedding's dtype); eps: the blocks' layer norm eps
- * (ln_out's is 1e-5, as in transformers). Returns a status. */
+/* dims: C, A (attention size), F (feed-forward size), L, rescale_every, bf16 (the embedding's dtype); eps: the
+ * blocks' layer norm eps (ln_out's is 1e-5, as in transformers). Returns a status. */
 int rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
                  const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
                  const float *const *state_in, float *const *state_out, float *hidden)
@@ -406,8 +407,8 @@ int rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const void *c
  * for work items (batch row b, head h) in [first, last), each walking its T tokens (native.c's wkv7_forward for the
  * recurrence). r, k, v, v_first, wl, al, vl, g (B, T, H N) in the activations' dtype (ACT_BF16), v_first and vl
  * NULL in block 0; params: w0, a0, v0, k_k, k_a, r_k (H, N), ln_x weight, bias, each in its own dtype (params_bf16);
- * state (B, H, N, N) fp32, in and out; out (B, T, H N) in the activations' dtype. Returns a status. The prefill calls it (models/decode.py) with the (B, T) of a prompt, the decoding step for its thread's
- * heads. */
+ * state (B, H, N, N) fp32, in and out; out (B, T, H N) in the activations' dtype. Returns a status. The prefill
+ * calls it (models/decode.py) with the (B, T) of a prompt, the decoding step for its thread's heads. */
 enum { MIX_W0, MIX_A0, MIX_V0, MIX_K_K, MIX_K_A, MIX_R_K, MIX_LN_X_W, MIX_LN_X_B, MIX_PARAMS };
 
 #define MIX_CHUNK 128      /* tokens at a time: a chunk's 7 arrays of a head stay in the cache */
@@ -650,8 +651,8 @@ int rwkv7_decode(int64_t threads, const int64_t *dims, double eps, double group_
                  const void *const *state_in, void *const *state_out, float *hidden)
 {
     struct rwkv7_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9],
-                            (float)eps, (float)group_eps, weights, transposed, weight_bf16, embedding, state_in, state_out,
-                            hidden, {0}};
+                            (float)eps, (float)group_eps, weights, transposed, weight_bf16, embedding, state_in,
+                            state_out, hidden, {0}};
     const int64_t C = dims[0], loras = dims[5] + dims[6] + dims[7] + dims[8];
     if (!scratch_alloc(&job.s, 11 * C + dims[3] + loras, 7 * C, threads))
         return STATUS_NO_MEMORY;
@@ -700,8 +701,10 @@ static void mamba_run(void *arg, int64_t id, int64_t threads)
         float *window_out = j->state_out[2 * layer], *h = j->state_out[2 * layer + 1];
         /* x_in, z = in_proj(RMSNorm(x)); u = SiLU(the causal convolution over the window and x_in) */
         rms_norm(C, x, p[M_NORM], f[M_NORM], j->eps, xn);
-        matvec(p[M_IN_PROJ], t[M_IN_PROJ], f[M_IN_PROJ], p[M_IN_PROJ_B], f[M_IN_PROJ_B], 2 * D, C, xn, 1.0f, xin, d0, d1);
-        matvec(p[M_IN_PROJ], t[M_IN_PROJ], f[M_IN_PROJ], p[M_IN_PROJ_B], f[M_IN_PROJ_B], 2 * D, C, xn, 1.0f, xin, D + d0, D + d1); /* z = xin + D */
+        matvec(p[M_IN_PROJ], t[M_IN_PROJ], f[M_IN_PROJ], p[M_IN_PROJ_B], f[M_IN_PROJ_B], 2 * D, C, xn, 1.0f, xin,
+               d0, d1);
+        matvec(p[M_IN_PROJ], t[M_IN_PROJ], f[M_IN_PROJ], p[M_IN_PROJ_B], f[M_IN_PROJ_B], 2 * D, C, xn, 1.0f, xin,
+               D + d0, D + d1);                                                                   /* z = xin + D */
         for (int64_t d = d0; d < d1; d++) {
             float sum = p[M_CONV_B] ? at(p[M_CONV_B], d, f[M_CONV_B]) : 0.0f;
             for (int64_t t = 0; t < K - 1; t++) {
@@ -727,7 +730,8 @@ static void mamba_run(void *arg, int64_t id, int64_t threads)
         selective_scan_forward(d0 / lanes, (d1 + lanes - 1) / lanes, D, 1, N, 1, u, delta, bias, A, dbc + R,
                                dbc + R + N, skip, z, y, h, 1, NULL, NULL);
         BARRIER();
-        add_matvec(p[M_OUT_PROJ], t[M_OUT_PROJ], f[M_OUT_PROJ], p[M_OUT_PROJ_B], f[M_OUT_PROJ_B], C, D, y, o, x, c0, c1);
+        add_matvec(p[M_OUT_PROJ], t[M_OUT_PROJ], f[M_OUT_PROJ], p[M_OUT_PROJ_B], f[M_OUT_PROJ_B], C, D, y, o, x, c0,
+                   c1);
         BARRIER();
     }
     if (id == 0)

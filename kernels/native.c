@@ -13,6 +13,8 @@
  * function walks a range [first, last) of independent work items; kernels/native.py gives each thread a range.
  * Every work item writes outputs of its own (no two items add into one number), and sums over work items run
  * afterwards in a fixed order (sum_rows): results do not depend on the number of threads or their timing.
+ * Every entry point returns a status (native.h's enum status: out of memory, a head size the loops do not take),
+ * which kernels/native.py turns into an error.
  */
 #include <float.h>
 #include <stdint.h>

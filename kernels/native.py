@@ -25,12 +25,13 @@ runs these loops at T = 1 between its matrix products, on OpenMP threads (-fopen
 Flags: -O3 -march=native; -fno-math-errno and -fno-trapping-math (exp never sets errno, nothing traps);
 -ffinite-math-only and -fno-signed-zeros, which GCC needs to turn the loops' comparisons into vector min/max and
 blends (without them no loop with a clamp vectorizes). No -ffast-math: no reassociation (WKV-4's two-sum stays
-exact) and no flush-to-zero. Under -ffinite-math-only a NaN no longer carries through comparisons, so the loops
-test the bits of the inputs that meet one (the exponents' clamps, WKV-4's running maximum): from a non-finite one
-on, what it reaches (a channel, a head) comes out NaN. Inputs that enter by products and sums only carry a NaN
+exact) and no flush-to-zero. Under -ffinite-math-only a NaN no longer carries through comparisons, so the loops test
+the bits of the inputs that meet one (the exponents' clamps, WKV-4's running maximum): from a non-finite one on,
+what it reaches (a channel, a head) comes out NaN. Inputs that enter by products and sums only carry a NaN
 themselves. Elsewhere a comparison keeps a NaN by the same bit test (native.h: relu, sigmoid, silu; decode.c's e^ of
 a weight and its key norm's clamp), or it would turn NaN into finite logits (`k > 0 ? k : 0` is 0 for a NaN, in IEEE
-arithmetic too); tests/test_models_decode.py puts NaN in the decoding step's states and weights. tests/test_kernels_native.py puts a NaN in each input of each op.
+arithmetic too); tests/test_models_decode.py puts NaN in the decoding step's states and weights.
+tests/test_kernels_native.py puts a NaN in each input of each op.
 """
 from __future__ import annotations
 

@@ -8,12 +8,12 @@ cost 30-60% more than the read itself (benchmarks/results/models.md). kernels/de
 products at the memory's speed and the rest in a few microseconds per layer, on torch's thread count.
 
 When: ``fused(model, input_ids, state, backend)`` says whether a forward call takes this path: input_ids of shape
-(1, 1) on a CPU, fp32 or bf16 weights (each tensor its own: a bf16 model may keep its decays fp32, as transformers and
-fla do, and each weight reaches the C code with its own dtype flag), the state (if given) fp32 or bf16, backend None or "c", the
-C library available, and no gradient asked for (grad mode off, or no parameter that requires one). Every other call runs the torch ops. Both
-compute the same function: the step here in fp32 from the weights as stored (a bf16 model's torch ops round to
-bf16 after each op, so its logits differ by bf16's rounding); tests/test_models_decode.py checks each model's step
-against its torch forward, float64 included.
+(1, 1) on a CPU, fp32 or bf16 weights (each tensor its own: a bf16 model may keep its decays fp32, as transformers
+and fla do, and each weight reaches the C code with its own dtype flag), the state (if given) fp32 or bf16, backend
+None or "c", the C library available, and no gradient asked for (grad mode off, or no parameter or state that
+requires one). Every other call runs the torch ops. Both compute the same function: the step here in fp32 from the
+weights as stored (a bf16 model's torch ops round to bf16 after each op, so its logits differ by bf16's rounding);
+tests/test_models_decode.py checks each model's step against its torch forward, float64 included.
 
 Threads: torch's own OpenMP threads (kernels/decode.c says why). Like torch's parallel ops, the step cannot use
 more than one thread in a child forked after the parent has used them (libgomp's threads do not survive a fork: a
@@ -43,9 +43,9 @@ def _bf16_flags(tensors) -> ctypes.Array:
 
 
 def runs_in_c(module: torch.nn.Module, backend, *inputs: torch.Tensor, head_size: int = 0) -> bool:
-    """Whether ``module``'s inference can run in kernels/decode.c: its weights fp32 or bf16 (each) on a CPU, backend None or
-    "c", the C library available, and no gradient asked for (grad mode off, or neither a parameter nor an input that
-    requires one: the C code has no backward, so every tensor that enters it, a state included, counts).
+    """Whether ``module``'s inference can run in kernels/decode.c: its weights fp32 or bf16 (each) on a CPU, backend
+    None or "c", the C library available, and no gradient asked for (grad mode off, or neither a parameter nor an
+    input that requires one: the C code has no backward, so every tensor that enters it, a state included, counts).
 
     Args:
         module: a model or a layer of one. backend: the forward's backend argument. inputs: every tensor the C
@@ -96,8 +96,8 @@ def _matrices(tensors) -> tuple[ctypes.Array, ctypes.Array, ctypes.Array]:
     weight its dtype flag. The callers pass the 2-D tensors the C code reads by element (Mamba's A_log, RWKV-7's r_k)
     contiguous."""
     flags = [int(t is not None and not t.is_contiguous() and t.dim() == 2 and t.t().is_contiguous()) for t in tensors]
-    return (_pointers([t.t() if flag else t for t, flag in zip(tensors, flags)]), (ctypes.c_int64 * len(flags))(*flags),
-            _bf16_flags(tensors))
+    return (_pointers([t.t() if flag else t for t, flag in zip(tensors, flags)]),
+            (ctypes.c_int64 * len(flags))(*flags), _bf16_flags(tensors))
 
 
 def _call(entry: str, dims: tuple, eps: tuple, weights: list, embedding: torch.Tensor, state: list,
