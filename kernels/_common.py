@@ -6,6 +6,7 @@ that ``BLOCK: tl.constexpr`` is never evaluated and a module imports (torch back
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -104,6 +105,24 @@ def check_values(ok, message: str, details=lambda: "") -> None:
             raise ValueError(message + details())
     else:
         torch._assert_async(result, message)
+
+
+def first_order_only(backward):
+    """For an autograd.Function whose backward computes its gradients outside autograd (the C loops, the Triton
+    kernels, hand-written torch backwards): raise where a second-order gradient is asked for. Autograd runs a
+    backward with grad mode on exactly when create_graph=True; the gradients returned would carry no graph, so a
+    penalty built on them would add nothing without a word (torch's once_differentiable raises only where the
+    incoming gradient requires grad: a penalty on the gradient of y.sum() still vanished). Double backward: the
+    torch backends of wkv4, wkv7 and rerope_decode (README, "Edges")."""
+    @functools.wraps(backward)
+    def checked(ctx, *grads):
+        if torch.is_grad_enabled():
+            op = type(ctx).__name__.removesuffix("Backward")
+            raise RuntimeError(f"{op} has no second-order gradients (its backward runs outside autograd), so "
+                               "create_graph=True through it is refused; for a gradient penalty or a Hessian use "
+                               "backend='torch' of wkv4, wkv7 or rerope_decode")
+        return backward(ctx, *grads)
+    return checked
 
 
 def needs_grad(*tensors) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from seqmix.kernels import native
+from seqmix.kernels._common import first_order_only
 
 
 def _dtypes(*inputs):
@@ -34,6 +35,7 @@ class Wkv4CFunction(torch.autograd.Function):
         return (y.to(k.dtype), *state)
 
     @staticmethod
+    @first_order_only
     def backward(ctx, gy, g_num, g_den, g_max):
         w, u, k, v, num0, den0, max0, num, den, *saved = ctx.saved_tensors
         grads = native.wkv4_backward(w, u, k, v, num0, den0, max0, num, den, saved, gy, g_num, g_den, g_max)
@@ -52,6 +54,7 @@ class Wkv7CFunction(torch.autograd.Function):
         return y.to(r.dtype), state
 
     @staticmethod
+    @first_order_only
     def backward(ctx, dy, dstate):
         *x, ckpt, bad = ctx.saved_tensors
         return _grads_as(native.wkv7_backward(*x, (ckpt, bad), dy, dstate), ctx.dtypes)
@@ -70,6 +73,7 @@ class SelectiveScanCFunction(torch.autograd.Function):
         return y.to(u.dtype), last
 
     @staticmethod
+    @first_order_only
     def backward(ctx, dy, dlast):
         u, delta, A, D, z, delta_bias, *saved = ctx.saved_tensors
         du, ddelta, dA, dB, dC, dD, dz, dbias, dstate = native.selective_scan_backward(

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, all_finite, check_devices, check_same_dtype,
-                                    check_tensor, new_output, tl, triton)
+                                    check_tensor, first_order_only, new_output, tl, triton)
 from seqmix.kernels._flash import (block_d, check_triton_head_dim, dot_precision, flash_delta, flash_grid,
                                    flash_head, flash_launch, load_row_stats, load_tile, online_softmax_step,
                                    positive_scale, set_fp32_dot_precision, softmax_tile_grad, store_tile)
@@ -227,6 +227,7 @@ class AttentionFunction(torch.autograd.Function):
         return o
 
     @staticmethod
+    @first_order_only
     def backward(ctx, do):
         return (*attention_bwd(*ctx.saved_tensors, do, ctx.causal, ctx.scale), None, None)
 

@@ -62,7 +62,8 @@ static void share(int64_t n, int64_t unit, int64_t id, int64_t threads, int64_t 
 
 /* ----------------------------------------------------------------------------------------- weights as stored */
 
-/* The weights are fp32 or bf16 (the model's dtype, every tensor alike); bf16 is fp32's upper half. */
+/* The weights are fp32 or bf16, each tensor its own (a bf16 model may keep its decays fp32, as transformers and fla
+ * do): every weight comes with its own flag (weight_bf16 beside the pointers). bf16 is fp32's upper half. */
 static inline float widen(uint16_t h)
 {
     const uint32_t bits = (uint32_t)h << 16;
@@ -117,7 +118,8 @@ static inline __attribute__((always_inline)) void row_pair(const void *W, const 
  * multiply-adds in flight) stay in registers. A step takes 2 VEC columns: x0, x1 the columns' x as row_pair pairs
  * them (fp32: the first and second VEC; bf16: the even and odd ones, from xe, xo). */
 static inline __attribute__((always_inline)) void dot_rows(const void *W, const void *bias, const int64_t bf16,
-                                                           const int64_t rows, int64_t K, const float *x,
+                                                           int64_t bias_bf16, const int64_t rows, int64_t K,
+                                                           const float *x,
                                                            const float *xe, const float *xo, float scale, float *y,
                                                            int64_t i)
 {
@@ -141,28 +143,29 @@ static inline __attribute__((always_inline)) void dot_rows(const void *W, const 
         const vfloat total = acc[r][0] + acc[r][1];
         for (int64_t l = 0; l < VEC; l++)
             sum += total[l];
-        y[i + r] = scale * sum + (bias ? at(bias, i + r, bf16) : 0.0f);
+        y[i + r] = scale * sum + (bias ? at(bias, i + r, bias_bf16) : 0.0f);
     }
 }
 
 /* y[i] for rows i in [lo, hi), ROWS at a time: four streams from memory in flight, and x read once for the four */
 static inline __attribute__((always_inline)) void gemv_rows(const void *W, const void *bias, const int64_t bf16,
-                                                            int64_t K, const float *x, const float *xe,
-                                                            const float *xo, float scale, float *y, int64_t lo,
-                                                            int64_t hi)
+                                                            int64_t bias_bf16, int64_t K, const float *x,
+                                                            const float *xe, const float *xo, float scale, float *y,
+                                                            int64_t lo, int64_t hi)
 {
     int64_t i = lo;
     for (; i + ROWS <= hi; i += ROWS)
-        dot_rows(W, bias, bf16, ROWS, K, x, xe, xo, scale, y, i);
+        dot_rows(W, bias, bf16, bias_bf16, ROWS, K, x, xe, xo, scale, y, i);
     for (; i < hi; i++)
-        dot_rows(W, bias, bf16, 1, K, x, xe, xo, scale, y, i);
+        dot_rows(W, bias, bf16, bias_bf16, 1, K, x, xe, xo, scale, y, i);
 }
 
-static void gemv(const void *W, const void *bias, int64_t bf16, int64_t K, const float *x, float scale, float *y,
+static void gemv(const void *W, const void *bias, int64_t bf16, int64_t bias_bf16, int64_t K, const float *x,
+                 float scale, float *y,
                  int64_t lo, int64_t hi)
 {
     if (!bf16) {
-        gemv_rows(W, bias, 0, K, x, NULL, NULL, scale, y, lo, hi);
+        gemv_rows(W, bias, 0, bias_bf16, K, x, NULL, NULL, scale, y, lo, hi);
         return;
     }
     float xe[K / 2 + 1], xo[K / 2 + 1];
@@ -170,7 +173,7 @@ static void gemv(const void *W, const void *bias, int64_t bf16, int64_t K, const
         xe[j] = x[2 * j];
         xo[j] = x[2 * j + 1];
     }
-    gemv_rows(W, bias, 1, K, x, xe, xo, scale, y, lo, hi);
+    gemv_rows(W, bias, 1, bias_bf16, K, x, xe, xo, scale, y, lo, hi);
 }
 
 /* y[j] = sum_i x[i] W[i][j] for columns j in [lo, hi) of W (K x M, row-major) */
@@ -198,32 +201,41 @@ static void gemv_columns(const void *W, int64_t bf16, int64_t K, int64_t M, cons
 /* y[i] = scale (W x)[i] + (bias ? bias[i] : 0) for i in [lo, hi), W (rows x K) as the model applies it, stored
  * row-major, or (TRANSPOSED) as its transpose, a K x rows row-major array: RWKV-7's LoRA matrices come one way from
  * BlinkDL's checkpoints and the other from fla's layout (models/rwkv7_fla.py maps them as views, not copies). */
-static void matvec(const void *W, int64_t transposed, const void *bias, int64_t bf16, int64_t rows, int64_t K,
+static void matvec(const void *W, int64_t transposed, int64_t bf16, const void *bias, int64_t bias_bf16,
+                   int64_t rows, int64_t K,
                    const float *x, float scale, float *y, int64_t lo, int64_t hi)
 {
     if (!transposed) {
-        gemv(W, bias, bf16, K, x, scale, y, lo, hi);
+        gemv(W, bias, bf16, bias_bf16, K, x, scale, y, lo, hi);
         return;
     }
     gemv_columns(W, bf16, K, rows, x, y, lo, hi);
     for (int64_t i = lo; i < hi; i++)
-        y[i] = scale * y[i] + (bias ? at(bias, i, bf16) : 0.0f);
+        y[i] = scale * y[i] + (bias ? at(bias, i, bias_bf16) : 0.0f);
 }
 
 /* x[i] += (W in)[i] for i in [lo, hi): a block's output into the residual stream (out: scratch, rows floats) */
-static void add_matvec(const void *W, int64_t transposed, const void *bias, int64_t bf16, int64_t rows, int64_t K,
+static void add_matvec(const void *W, int64_t transposed, int64_t bf16, const void *bias, int64_t bias_bf16,
+                       int64_t rows, int64_t K,
                        const float *in, float *out, float *x, int64_t lo, int64_t hi)
 {
-    matvec(W, transposed, bias, bf16, rows, K, in, 1.0f, out, lo, hi);
+    matvec(W, transposed, bf16, bias, bias_bf16, rows, K, in, 1.0f, out, lo, hi);
     for (int64_t i = lo; i < hi; i++)
         x[i] += out[i];
 }
 
 /* ------------------------------------------------------------------------------------------------ vectors */
 
+/* e^x of a weight (a log decay), NaN for a NaN x, which exp_clamped's clamp would make finite: the recurrences test
+ * the bits of what they read, but a NaN weight must reach them as NaN */
+static inline float exp_nan(float x)
+{
+    return poison(exp_clamped(x), is_nan(x));
+}
+
 /* out = (x - mean) / sqrt(var + eps) * weight + bias over n numbers (torch's layer norm, biased variance) */
-static void layer_norm(int64_t n, const float *x, const void *weight, const void *bias, int64_t bf16, float eps,
-                       float *out)
+static void layer_norm(int64_t n, const float *x, const void *weight, int64_t weight_bf16, const void *bias,
+                       int64_t bias_bf16, float eps, float *out)
 {
     float mean = 0.0f, var = 0.0f;
     for (int64_t i = 0; i < n; i++)
@@ -233,7 +245,7 @@ static void layer_norm(int64_t n, const float *x, const void *weight, const void
         var += (x[i] - mean) * (x[i] - mean);
     const float inv = 1.0f / sqrtf(var / (float)n + eps);
     for (int64_t i = 0; i < n; i++)
-        out[i] = (x[i] - mean) * inv * at(weight, i, bf16) + at(bias, i, bf16);
+        out[i] = (x[i] - mean) * inv * at(weight, i, weight_bf16) + at(bias, i, bias_bf16);
 }
 
 /* out = x / sqrt(mean(x^2) + eps) * weight (Mamba's RMSNorm) */
@@ -247,14 +259,14 @@ static void rms_norm(int64_t n, const float *x, const void *weight, int64_t bf16
         out[i] = x[i] * inv * at(weight, i, bf16);
 }
 
-/* x = the token's embedding row (C), layer-normed: the RWKV models normalize the embeddings first (RWKV-4's pre_ln,
- * RWKV-7's ln0); tmp: C floats */
-static void embed_normed(int64_t C, const void *embedding, const void *weight, const void *bias, int64_t bf16,
-                         float eps, float *tmp, float *x)
+/* x = the token's embedding row (C), layer-normed by weights[0], weights[1]: the RWKV models normalize the
+ * embeddings first (RWKV-4's pre_ln, RWKV-7's ln0); tmp: C floats */
+static void embed_normed(int64_t C, const void *embedding, int64_t bf16, const void *const *weights,
+                         const int64_t *weight_bf16, float eps, float *tmp, float *x)
 {
     for (int64_t i = 0; i < C; i++)
         tmp[i] = at(embedding, i, bf16);
-    layer_norm(C, tmp, weight, bias, bf16, eps, x);
+    layer_norm(C, tmp, weights[0], weight_bf16[0], weights[1], weight_bf16[1], eps, x);
 }
 
 /* Scratch for a step: `shared` floats all threads see, `own` floats for each thread, zeroed. */
@@ -282,6 +294,7 @@ struct rwkv4_job {
     float eps;
     const void *const *weights;      /* pre_ln weight, bias, then R4_WEIGHTS per block, then ln_out weight, bias */
     const int64_t *transposed;       /* per weight: stored as its transpose (see matvec) */
+    const int64_t *weight_bf16;      /* per weight: bf16 (else fp32) */
     const void *embedding;           /* the token's row */
     const float *const *state_in;    /* ffn_x_prev, att_x_prev, att_num, att_den, att_max: (1, C or A, L) each */
     float *const *state_out;
@@ -305,32 +318,33 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
     share(F, 1, id, threads, &f0, &f1);
     const void *const *wt = j->weights;
     if (id == 0)
-        embed_normed(C, j->embedding, wt[0], wt[1], bf16, j->eps, xn, x);
+        embed_normed(C, j->embedding, bf16, wt, j->weight_bf16, j->eps, xn, x);
     BARRIER();
     for (int64_t layer = 0; layer < L; layer++) {
         const void *const *p = wt + 2 + layer * R4_WEIGHTS;
-        const int64_t *t = j->transposed + 2 + layer * R4_WEIGHTS;
+        const int64_t *t = j->transposed + 2 + layer * R4_WEIGHTS, *f = j->weight_bf16 + 2 + layer * R4_WEIGHTS;
         const float scale = j->rescale_every > 0 ? ldexpf(1.0f, (int)-(layer / j->rescale_every)) : 1.0f;
         /* time mix: r, k, v from lerp(x_{t-1}, x_t, mu); WKV-4 over this thread's channels */
-        layer_norm(C, x, p[R4_LN1_W], p[R4_LN1_B], bf16, j->eps, xn);
+        layer_norm(C, x, p[R4_LN1_W], f[R4_LN1_W], p[R4_LN1_B], f[R4_LN1_B], j->eps, xn);
         for (int64_t i = 0; i < C; i++) {
             const float prev = j->state_in[1][i * L + layer], d = xn[i] - prev;
-            xk[i] = prev + at(p[R4_MIX_K], i, bf16) * d;
-            xv[i] = prev + at(p[R4_MIX_V], i, bf16) * d;
-            xr[i] = prev + at(p[R4_MIX_R], i, bf16) * d;
+            xk[i] = prev + at(p[R4_MIX_K], i, f[R4_MIX_K]) * d;
+            xv[i] = prev + at(p[R4_MIX_V], i, f[R4_MIX_V]) * d;
+            xr[i] = prev + at(p[R4_MIX_R], i, f[R4_MIX_R]) * d;
         }
         for (int64_t i = c0; i < c1; i++)
             j->state_out[1][i * L + layer] = xn[i];
-        matvec(p[R4_KEY], t[R4_KEY], NULL, bf16, A, C, xk, 1.0f, k, a0, a1);
-        matvec(p[R4_VALUE], t[R4_VALUE], NULL, bf16, A, C, xv, 1.0f, v, a0, a1);
-        matvec(p[R4_RECEPTANCE], t[R4_RECEPTANCE], NULL, bf16, A, C, xr, 1.0f, r, a0, a1);
+        matvec(p[R4_KEY], t[R4_KEY], f[R4_KEY], NULL, 0, A, C, xk, 1.0f, k, a0, a1);
+        matvec(p[R4_VALUE], t[R4_VALUE], f[R4_VALUE], NULL, 0, A, C, xv, 1.0f, v, a0, a1);
+        matvec(p[R4_RECEPTANCE], t[R4_RECEPTANCE], f[R4_RECEPTANCE], NULL, 0, A, C, xr, 1.0f, r, a0, a1);
         for (int64_t i = a0; i < a1; i++) {
-            w[i] = -exp_clamped(at(p[R4_DECAY], i, bf16));
-            u[i] = at(p[R4_FIRST], i, bf16);
+            w[i] = -exp_nan(at(p[R4_DECAY], i, f[R4_DECAY]));
+            u[i] = at(p[R4_FIRST], i, f[R4_FIRST]);
             num0[i] = j->state_in[2][i * L + layer];
             den0[i] = j->state_in[3][i * L + layer];
             max0[i] = j->state_in[4][i * L + layer];
         }
+        /* (wkv4_forward and selective_scan_forward allocate nothing and take any size: their status is STATUS_OK) */
         wkv4_forward(a0 / 16, (a1 + 15) / 16, 1, A, 16, w, u, k, v, wkv, num0, den0, max0, num, den, mx, lag, bad,
                      NULL, NULL, NULL);
         for (int64_t i = a0; i < a1; i++) {
@@ -340,23 +354,23 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
             wkv[i] *= sigmoid(r[i]) * scale;
         }
         BARRIER();
-        add_matvec(p[R4_OUTPUT], t[R4_OUTPUT], NULL, bf16, C, A, wkv, o, x, c0, c1);
+        add_matvec(p[R4_OUTPUT], t[R4_OUTPUT], f[R4_OUTPUT], NULL, 0, C, A, wkv, o, x, c0, c1);
         BARRIER();
         /* channel mix: sigmoid(r) * W_v relu(k)^2 */
-        layer_norm(C, x, p[R4_LN2_W], p[R4_LN2_B], bf16, j->eps, xn);
+        layer_norm(C, x, p[R4_LN2_W], f[R4_LN2_W], p[R4_LN2_B], f[R4_LN2_B], j->eps, xn);
         for (int64_t i = 0; i < C; i++) {
             const float prev = j->state_in[0][i * L + layer], d = xn[i] - prev;
-            xk[i] = prev + at(p[R4_FFN_MIX_K], i, bf16) * d;
-            xr[i] = prev + at(p[R4_FFN_MIX_R], i, bf16) * d;
+            xk[i] = prev + at(p[R4_FFN_MIX_K], i, f[R4_FFN_MIX_K]) * d;
+            xr[i] = prev + at(p[R4_FFN_MIX_R], i, f[R4_FFN_MIX_R]) * d;
         }
         for (int64_t i = c0; i < c1; i++)
             j->state_out[0][i * L + layer] = xn[i];
-        matvec(p[R4_FFN_KEY], t[R4_FFN_KEY], NULL, bf16, F, C, xk, 1.0f, kf, f0, f1);
+        matvec(p[R4_FFN_KEY], t[R4_FFN_KEY], f[R4_FFN_KEY], NULL, 0, F, C, xk, 1.0f, kf, f0, f1);
         for (int64_t i = f0; i < f1; i++)
-            kf[i] = kf[i] > 0.0f ? kf[i] * kf[i] * scale : 0.0f;
-        matvec(p[R4_FFN_RECEPTANCE], t[R4_FFN_RECEPTANCE], NULL, bf16, C, C, xr, 1.0f, rf, c0, c1);
+            kf[i] = relu(kf[i]) * kf[i] * scale;
+        matvec(p[R4_FFN_RECEPTANCE], t[R4_FFN_RECEPTANCE], f[R4_FFN_RECEPTANCE], NULL, 0, C, C, xr, 1.0f, rf, c0, c1);
         BARRIER();
-        matvec(p[R4_FFN_VALUE], t[R4_FFN_VALUE], NULL, bf16, C, F, kf, 1.0f, o, c0, c1);
+        matvec(p[R4_FFN_VALUE], t[R4_FFN_VALUE], f[R4_FFN_VALUE], NULL, 0, C, F, kf, 1.0f, o, c0, c1);
         const int halve = j->rescale_every > 0 && (layer + 1) % j->rescale_every == 0;
         for (int64_t i = c0; i < c1; i++) {
             x[i] += sigmoid(rf[i]) * o[i];
@@ -365,22 +379,23 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
         BARRIER();
     }
     if (id == 0)
-        layer_norm(C, x, wt[2 + L * R4_WEIGHTS], wt[3 + L * R4_WEIGHTS], bf16, 1e-5f, j->hidden);
+        layer_norm(C, x, wt[2 + L * R4_WEIGHTS], j->weight_bf16[2 + L * R4_WEIGHTS], wt[3 + L * R4_WEIGHTS],
+                   j->weight_bf16[3 + L * R4_WEIGHTS], 1e-5f, j->hidden);
 }
 
-/* dims: C, A (attention size), F (feed-forward size), L, rescale_every, bf16; eps: the blocks' layer norm eps
- * (ln_out's is 1e-5, as in transformers). Returns 0, or -1 when out of memory. */
-int64_t rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
-                     const int64_t *transposed, const void *embedding, const float *const *state_in,
-                     float *const *state_out, float *hidden)
+/* dims: C, A (attention size), F (feed-forward size), L, rescale_every, bf16 (the embedding's dtype); eps: the
+ * blocks' layer norm eps (ln_out's is 1e-5, as in transformers). Returns a status. */
+int rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
+                 const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
+                 const float *const *state_in, float *const *state_out, float *hidden)
 {
     struct rwkv4_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], (float)eps, weights, transposed,
-                            embedding, state_in, state_out, hidden, {0}};
+                            weight_bf16, embedding, state_in, state_out, hidden, {0}};
     if (!scratch_alloc(&job.s, 3 * dims[0] + 4 * dims[1] + dims[2], 4 * dims[0] + 10 * dims[1], threads))
-        return -1;
+        return STATUS_NO_MEMORY;
     run_team(threads, rwkv4_run, &job);
     free(job.s.shared);
-    return 0;
+    return STATUS_OK;
 }
 
 /* ----------------------------------------------------------------------------------------------- RWKV-7 */
@@ -391,10 +406,9 @@ int64_t rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const voi
  *     out = (GroupNorm(y) + (r . k r_k per head) v) g
  * for work items (batch row b, head h) in [first, last), each walking its T tokens (native.c's wkv7_forward for the
  * recurrence). r, k, v, v_first, wl, al, vl, g (B, T, H N) in the activations' dtype (ACT_BF16), v_first and vl
- * NULL in block 0; params: w0, a0, v0, k_k, k_a, r_k (H, N), ln_x weight, bias, in the weights' dtype (BF16);
- * state (B, H, N, N) fp32, in and out; out (B, T, H N) in the activations' dtype. Returns 0, or -1 when out of
- * memory. The prefill calls it (models/decode.py) with the (B, T) of a prompt, the decoding step for its thread's
- * heads. */
+ * NULL in block 0; params: w0, a0, v0, k_k, k_a, r_k (H, N), ln_x weight, bias, each in its own dtype (params_bf16);
+ * state (B, H, N, N) fp32, in and out; out (B, T, H N) in the activations' dtype. Returns a status. The prefill
+ * calls it (models/decode.py) with the (B, T) of a prompt, the decoding step for its thread's heads. */
 enum { MIX_W0, MIX_A0, MIX_V0, MIX_K_K, MIX_K_A, MIX_R_K, MIX_LN_X_W, MIX_LN_X_B, MIX_PARAMS };
 
 #define MIX_CHUNK 128      /* tokens at a time: a chunk's 7 arrays of a head stay in the cache */
@@ -408,7 +422,7 @@ static inline int64_t mix_chunk(int64_t T)
 /* One (batch row, head) item of rwkv7_time_mix, MIX_CHUNK tokens at a time (the state carried from one to the next in
  * place), ACT_BF16 a constant in each copy so that the loops over the head's N numbers vectorize; q: the head's
  * params as fp32, [MIX_PARAMS][N]; scratch: 7 mix_chunk(T) N floats. */
-static inline __attribute__((always_inline)) void time_mix_item(
+static inline __attribute__((always_inline)) int time_mix_item(
     int64_t b, int64_t h, int64_t T, int64_t H, int64_t N, const int64_t act_bf16, const void *r, const void *k,
     const void *v, const void *v_first, const void *wl, const void *al, const void *vl, const void *g, const float *q,
     float group_eps, float *scratch, float *state, void *out)
@@ -440,7 +454,7 @@ static inline __attribute__((always_inline)) void time_mix_item(
                     V[s + i] += (at(v_first, in + i, act_bf16) - V[s + i]) * sigmoid(v0[i] + at(vl, in + i, act_bf16));
             }
             norm = sqrtf(norm);
-            const float inv = 1.0f / (norm > 1e-12f ? norm : 1e-12f);       /* F.normalize's eps */
+            const float inv = poison(1.0f / (norm > 1e-12f ? norm : 1e-12f), is_nan(norm));   /* F.normalize's eps */
             #pragma omp simd
             for (int64_t i = s; i < s + N; i++) {
                 BB[i] *= AA[i] * inv;                                       /* kk a */
@@ -448,7 +462,10 @@ static inline __attribute__((always_inline)) void time_mix_item(
             }
         }
         /* the chunk as a sequence of one head (B = H = 1), from and into this head's state */
-        wkv7_forward(0, 1, steps, 1, N, R, LW, K, V, AA, BB, Y, state + (b * H + h) * N * N, 1, NULL, NULL);
+        const int status = wkv7_forward(0, 1, steps, 1, N, R, LW, K, V, AA, BB, Y, state + (b * H + h) * N * N, 1,
+                                        NULL, NULL);
+        if (status)
+            return status;
         for (int64_t t = 0; t < steps; t++) {
             const int64_t o = (b * T + t0 + t) * C + h * N, s = t * N;
             float mean = 0.0f, var = 0.0f, bonus = 0.0f;
@@ -468,52 +485,55 @@ static inline __attribute__((always_inline)) void time_mix_item(
                     act_bf16);
         }
     }
+    return STATUS_OK;
 }
 
-/* Items [first, last) of rwkv7_time_mix on one thread; returns 0, or -1 when out of memory */
-static int64_t time_mix_items(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N, int64_t act_bf16,
-                              int64_t bf16, const void *r, const void *k, const void *v, const void *v_first,
+/* Items [first, last) of rwkv7_time_mix on one thread; returns a status */
+static int time_mix_items(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N, int64_t act_bf16,
+                              const void *r, const void *k, const void *v, const void *v_first,
                               const void *wl, const void *al, const void *vl, const void *g,
-                              const void *const *params, float group_eps, float *state, void *out)
+                              const void *const *params, const int64_t *params_bf16, float group_eps, float *state,
+                              void *out)
 {
     float q[MIX_PARAMS * N], *scratch = malloc(7 * mix_chunk(T) * N * sizeof(float));
-    if (!scratch)
-        return -1;
-    for (int64_t item = first; item < last; item++) {
+    int status = scratch ? STATUS_OK : STATUS_NO_MEMORY;
+    for (int64_t item = first; item < last && !status; item++) {
         const int64_t b = item / H, h = item % H;
         for (int64_t p = 0; p < MIX_PARAMS; p++)
             for (int64_t i = 0; i < N; i++)
-                q[p * N + i] = params[p] ? at(params[p], h * N + i, bf16) : 0.0f;   /* v0: NULL in block 0 */
+                q[p * N + i] = params[p] ? at(params[p], h * N + i, params_bf16[p]) : 0.0f;   /* v0: NULL in block 0 */
         if (act_bf16)
-            time_mix_item(b, h, T, H, N, 1, r, k, v, v_first, wl, al, vl, g, q, group_eps, scratch, state, out);
+            status = time_mix_item(b, h, T, H, N, 1, r, k, v, v_first, wl, al, vl, g, q, group_eps, scratch, state,
+                                   out);
         else
-            time_mix_item(b, h, T, H, N, 0, r, k, v, v_first, wl, al, vl, g, q, group_eps, scratch, state, out);
+            status = time_mix_item(b, h, T, H, N, 0, r, k, v, v_first, wl, al, vl, g, q, group_eps, scratch, state,
+                                   out);
     }
     free(scratch);
-    return 0;
+    return status;
 }
 
 /* The items (batch rows x heads) split over `threads` OpenMP threads (torch's, as for the decoding steps) */
-int64_t rwkv7_time_mix(int64_t threads, int64_t B, int64_t T, int64_t H, int64_t N, int64_t act_bf16, int64_t bf16,
-                       const void *r, const void *k, const void *v, const void *v_first, const void *wl,
-                       const void *al, const void *vl, const void *g, const void *const *params, float group_eps,
-                       float *state, void *out)
+int rwkv7_time_mix(int64_t threads, int64_t B, int64_t T, int64_t H, int64_t N, int64_t act_bf16,
+                   const void *r, const void *k, const void *v, const void *v_first, const void *wl,
+                   const void *al, const void *vl, const void *g, const void *const *params,
+                   const int64_t *params_bf16, float group_eps, float *state, void *out)
 {
-    int64_t failed = 0;
+    int status = STATUS_OK;     /* the threads' largest: any failure */
 #ifdef _OPENMP
-    #pragma omp parallel num_threads(threads) reduction(|:failed)
+    #pragma omp parallel num_threads(threads) reduction(max:status)
     {
         int64_t first, last;
         share(B * H, 1, omp_get_thread_num(), omp_get_num_threads(), &first, &last);
-        failed |= time_mix_items(first, last, T, H, N, act_bf16, bf16, r, k, v, v_first, wl, al, vl, g, params,
-                                 group_eps, state, out);
+        status = time_mix_items(first, last, T, H, N, act_bf16, r, k, v, v_first, wl, al, vl, g, params,
+                                 params_bf16, group_eps, state, out);
     }
 #else
     (void)threads;
-    failed = time_mix_items(0, B * H, T, H, N, act_bf16, bf16, r, k, v, v_first, wl, al, vl, g, params, group_eps,
-                            state, out);
+    status = time_mix_items(0, B * H, T, H, N, act_bf16, r, k, v, v_first, wl, al, vl, g, params, params_bf16,
+                            group_eps, state, out);
 #endif
-    return failed ? -1 : 0;
+    return status;
 }
 
 /* Weights of a block, in this order (BlinkDL's names, blocks.i. left out; W0 .. LN_X_B are rwkv7_time_mix's params);
@@ -528,13 +548,14 @@ struct rwkv7_job {
     float eps, group_eps;
     const void *const *weights;      /* ln0 weight, bias, then R7_WEIGHTS per block, then ln_out weight, bias */
     const int64_t *transposed;       /* per weight: stored as its transpose (see matvec) */
+    const int64_t *weight_bf16;      /* per weight: bf16 (else fp32) */
     const void *embedding;           /* the token's row */
-    const void *const *state_in;     /* per block: att_x_prev (1, C) model dtype, att_kv (1, H, N, N) fp32,
-                                        ffn_x_prev (1, C) model dtype */
+    const void *const *state_in;     /* per block: att_x_prev (1, C) the embedding's dtype, att_kv (1, H, N, N) fp32,
+                                        ffn_x_prev (1, C) the same */
     void *const *state_out;
     float *hidden;
     struct scratch s;
-    int64_t failed;                  /* a thread's time mix could not allocate its scratch */
+    int status;                      /* a thread's time mix's, where it failed */
 };
 
 static void rwkv7_run(void *arg, int64_t id, int64_t threads)
@@ -555,86 +576,89 @@ static void rwkv7_run(void *arg, int64_t id, int64_t threads)
         share(widths[i], 1, id, threads, &range[i][0], &range[i][1]);
     const void *const *wt = j->weights;
     if (id == 0)
-        embed_normed(C, j->embedding, wt[0], wt[1], bf16, j->eps, xn, x);
+        embed_normed(C, j->embedding, bf16, wt, j->weight_bf16, j->eps, xn, x);
     BARRIER();
     for (int64_t layer = 0; layer < j->L; layer++) {
         const void *const *p = wt + 2 + layer * R7_WEIGHTS;
-        const int64_t *t = j->transposed + 2 + layer * R7_WEIGHTS;
+        const int64_t *t = j->transposed + 2 + layer * R7_WEIGHTS, *f = j->weight_bf16 + 2 + layer * R7_WEIGHTS;
         const void *prev = j->state_in[3 * layer], *ffn_prev = j->state_in[3 * layer + 2];
         /* time mix: x + (x_{t-1} - x) mu for the six mixes; r, k, v for this thread's heads; LoRA inner products */
-        layer_norm(C, x, p[R7_LN1_W], p[R7_LN1_B], bf16, j->eps, xn);
+        layer_norm(C, x, p[R7_LN1_W], f[R7_LN1_W], p[R7_LN1_B], f[R7_LN1_B], j->eps, xn);
         for (int64_t i = 0; i < C; i++) {
             const float d = at(prev, i, bf16) - xn[i];
-            xr[i] = xn[i] + d * at(p[R7_X_R], i, bf16);
-            xw[i] = xn[i] + d * at(p[R7_X_W], i, bf16);
-            xk[i] = xn[i] + d * at(p[R7_X_K], i, bf16);
-            xv[i] = xn[i] + d * at(p[R7_X_V], i, bf16);
-            xa[i] = xn[i] + d * at(p[R7_X_A], i, bf16);
-            xg[i] = xn[i] + d * at(p[R7_X_G], i, bf16);
+            xr[i] = xn[i] + d * at(p[R7_X_R], i, f[R7_X_R]);
+            xw[i] = xn[i] + d * at(p[R7_X_W], i, f[R7_X_W]);
+            xk[i] = xn[i] + d * at(p[R7_X_K], i, f[R7_X_K]);
+            xv[i] = xn[i] + d * at(p[R7_X_V], i, f[R7_X_V]);
+            xa[i] = xn[i] + d * at(p[R7_X_A], i, f[R7_X_A]);
+            xg[i] = xn[i] + d * at(p[R7_X_G], i, f[R7_X_G]);
         }
         for (int64_t i = c0; i < c1; i++)
             put(j->state_out[3 * layer], i, xn[i], bf16);
-        matvec(p[R7_RECEPTANCE], t[R7_RECEPTANCE], NULL, bf16, C, C, xr, 1.0f, r, c0, c1);
-        matvec(p[R7_KEY], t[R7_KEY], NULL, bf16, C, C, xk, 1.0f, k, c0, c1);
-        matvec(p[R7_VALUE], t[R7_VALUE], NULL, bf16, C, C, xv, 1.0f, v, c0, c1);
-        matvec(p[R7_W1], t[R7_W1], NULL, bf16, j->Dw, C, xw, 1.0f, hw, range[0][0], range[0][1]);
+        matvec(p[R7_RECEPTANCE], t[R7_RECEPTANCE], f[R7_RECEPTANCE], NULL, 0, C, C, xr, 1.0f, r, c0, c1);
+        matvec(p[R7_KEY], t[R7_KEY], f[R7_KEY], NULL, 0, C, C, xk, 1.0f, k, c0, c1);
+        matvec(p[R7_VALUE], t[R7_VALUE], f[R7_VALUE], NULL, 0, C, C, xv, 1.0f, v, c0, c1);
+        matvec(p[R7_W1], t[R7_W1], f[R7_W1], NULL, 0, j->Dw, C, xw, 1.0f, hw, range[0][0], range[0][1]);
         for (int64_t i = range[0][0]; i < range[0][1]; i++)
             hw[i] = 2.0f * sigmoid(2.0f * hw[i]) - 1.0f;                       /* tanh */
-        matvec(p[R7_A1], t[R7_A1], NULL, bf16, j->Da, C, xa, 1.0f, ha, range[1][0], range[1][1]);
+        matvec(p[R7_A1], t[R7_A1], f[R7_A1], NULL, 0, j->Da, C, xa, 1.0f, ha, range[1][0], range[1][1]);
         if (layer > 0)
-            matvec(p[R7_V1], t[R7_V1], NULL, bf16, j->Dv, C, xv, 1.0f, hv, range[2][0], range[2][1]);
-        matvec(p[R7_G1], t[R7_G1], NULL, bf16, j->Dg, C, xg, 1.0f, hg, range[3][0], range[3][1]);
+            matvec(p[R7_V1], t[R7_V1], f[R7_V1], NULL, 0, j->Dv, C, xv, 1.0f, hv, range[2][0], range[2][1]);
+        matvec(p[R7_G1], t[R7_G1], f[R7_G1], NULL, 0, j->Dg, C, xg, 1.0f, hg, range[3][0], range[3][1]);
         for (int64_t i = range[3][0]; i < range[3][1]; i++)
             hg[i] = sigmoid(hg[i]);
         BARRIER();
         /* this thread's heads: the LoRA outer products, then rwkv7_time_mix */
-        matvec(p[R7_W2], t[R7_W2], NULL, bf16, C, j->Dw, hw, 1.0f, wl, c0, c1);
-        matvec(p[R7_A2], t[R7_A2], NULL, bf16, C, j->Da, ha, 1.0f, al, c0, c1);
-        matvec(p[R7_G2], t[R7_G2], NULL, bf16, C, j->Dg, hg, 1.0f, g, c0, c1);
+        matvec(p[R7_W2], t[R7_W2], f[R7_W2], NULL, 0, C, j->Dw, hw, 1.0f, wl, c0, c1);
+        matvec(p[R7_A2], t[R7_A2], f[R7_A2], NULL, 0, C, j->Da, ha, 1.0f, al, c0, c1);
+        matvec(p[R7_G2], t[R7_G2], f[R7_G2], NULL, 0, C, j->Dg, hg, 1.0f, g, c0, c1);
         if (layer == 0)
             memcpy(v_first + c0, v + c0, (c1 - c0) * sizeof(float));
         else
-            matvec(p[R7_V2], t[R7_V2], NULL, bf16, C, j->Dv, hv, 1.0f, vl, c0, c1);
+            matvec(p[R7_V2], t[R7_V2], f[R7_V2], NULL, 0, C, j->Dv, hv, 1.0f, vl, c0, c1);
         float *kv = j->state_out[3 * layer + 1];
         memcpy(kv + c0 * N, (const float *)j->state_in[3 * layer + 1] + c0 * N, (c1 - c0) * N * sizeof(float));
-        if (time_mix_items(h0, h1, 1, j->H, N, 0, bf16, r, k, v, layer ? v_first : NULL, wl, al, layer ? vl : NULL, g,
-                           p + R7_W0, j->group_eps, kv, y))
-            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        const int status = time_mix_items(h0, h1, 1, j->H, N, 0, r, k, v, layer ? v_first : NULL, wl, al,
+                                          layer ? vl : NULL, g, p + R7_W0, f + R7_W0, j->group_eps, kv, y);
+        if (status)
+            __atomic_store_n(&j->status, status, __ATOMIC_RELAXED);
         BARRIER();
-        add_matvec(p[R7_OUTPUT], t[R7_OUTPUT], NULL, bf16, C, C, y, o, x, c0, c1);
+        add_matvec(p[R7_OUTPUT], t[R7_OUTPUT], f[R7_OUTPUT], NULL, 0, C, C, y, o, x, c0, c1);
         BARRIER();
         /* channel mix: W_v relu(W_k (x + (x_{t-1} - x) mu))^2 */
-        layer_norm(C, x, p[R7_LN2_W], p[R7_LN2_B], bf16, j->eps, xn);
+        layer_norm(C, x, p[R7_LN2_W], f[R7_LN2_W], p[R7_LN2_B], f[R7_LN2_B], j->eps, xn);
         for (int64_t i = 0; i < C; i++)
-            xk[i] = xn[i] + (at(ffn_prev, i, bf16) - xn[i]) * at(p[R7_FFN_X_K], i, bf16);
+            xk[i] = xn[i] + (at(ffn_prev, i, bf16) - xn[i]) * at(p[R7_FFN_X_K], i, f[R7_FFN_X_K]);
         for (int64_t i = c0; i < c1; i++)
             put(j->state_out[3 * layer + 2], i, xn[i], bf16);
-        matvec(p[R7_FFN_KEY], t[R7_FFN_KEY], NULL, bf16, F, C, xk, 1.0f, kf, f0, f1);
+        matvec(p[R7_FFN_KEY], t[R7_FFN_KEY], f[R7_FFN_KEY], NULL, 0, F, C, xk, 1.0f, kf, f0, f1);
         for (int64_t i = f0; i < f1; i++)
-            kf[i] = kf[i] > 0.0f ? kf[i] * kf[i] : 0.0f;
+            kf[i] = relu(kf[i]) * kf[i];
         BARRIER();
-        add_matvec(p[R7_FFN_VALUE], t[R7_FFN_VALUE], NULL, bf16, C, F, kf, o, x, c0, c1);
+        add_matvec(p[R7_FFN_VALUE], t[R7_FFN_VALUE], f[R7_FFN_VALUE], NULL, 0, C, F, kf, o, x, c0, c1);
         BARRIER();
     }
     if (id == 0)
-        layer_norm(C, x, wt[2 + j->L * R7_WEIGHTS], wt[3 + j->L * R7_WEIGHTS], bf16, j->eps, j->hidden);
+        layer_norm(C, x, wt[2 + j->L * R7_WEIGHTS], j->weight_bf16[2 + j->L * R7_WEIGHTS], wt[3 + j->L * R7_WEIGHTS],
+                   j->weight_bf16[3 + j->L * R7_WEIGHTS], j->eps, j->hidden);
 }
 
-/* dims: C, H, N, F, L, the LoRA widths Dw, Da, Dv, Dg, bf16; eps, group_eps: the layer norms' and the per-head group
- * norm's. Returns 0, or -1 when out of memory. */
-int64_t rwkv7_decode(int64_t threads, const int64_t *dims, double eps, double group_eps, const void *const *weights,
-                     const int64_t *transposed, const void *embedding, const void *const *state_in,
-                     void *const *state_out, float *hidden)
+/* dims: C, H, N, F, L, the LoRA widths Dw, Da, Dv, Dg, bf16 (the embedding's dtype, the activations' and the
+ * x_prev states'); eps, group_eps: the layer norms' and the per-head group
+ * norm's. Returns a status. */
+int rwkv7_decode(int64_t threads, const int64_t *dims, double eps, double group_eps, const void *const *weights,
+                 const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
+                 const void *const *state_in, void *const *state_out, float *hidden)
 {
     struct rwkv7_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9],
-                            (float)eps, (float)group_eps, weights, transposed, embedding, state_in, state_out, hidden,
-                            {0}};
+                            (float)eps, (float)group_eps, weights, transposed, weight_bf16, embedding, state_in,
+                            state_out, hidden, {0}};
     const int64_t C = dims[0], loras = dims[5] + dims[6] + dims[7] + dims[8];
     if (!scratch_alloc(&job.s, 11 * C + dims[3] + loras, 7 * C, threads))
-        return -1;
+        return STATUS_NO_MEMORY;
     run_team(threads, rwkv7_run, &job);
     free(job.s.shared);
-    return job.failed ? -1 : 0;
+    return job.status;
 }
 
 /* ----------------------------------------------------------------------------------------------- Mamba */
@@ -648,6 +672,7 @@ struct mamba_job {
     float eps;
     const void *const *weights;      /* M_WEIGHTS per block, then norm_f's weight */
     const int64_t *transposed;       /* per weight: stored as its transpose (see matvec) */
+    const int64_t *weight_bf16;      /* per weight: bf16 (else fp32) */
     const void *embedding;
     const float *const *state_in;    /* per block: conv window (1, D, K - 1), h (1, D, N), fp32 */
     float *const *state_out;
@@ -671,57 +696,61 @@ static void mamba_run(void *arg, int64_t id, int64_t threads)
     BARRIER();
     for (int64_t layer = 0; layer < j->L; layer++) {
         const void *const *p = j->weights + layer * M_WEIGHTS;
-        const int64_t *t = j->transposed + layer * M_WEIGHTS;
+        const int64_t *t = j->transposed + layer * M_WEIGHTS, *f = j->weight_bf16 + layer * M_WEIGHTS;
         const float *window = j->state_in[2 * layer];
         float *window_out = j->state_out[2 * layer], *h = j->state_out[2 * layer + 1];
         /* x_in, z = in_proj(RMSNorm(x)); u = SiLU(the causal convolution over the window and x_in) */
-        rms_norm(C, x, p[M_NORM], bf16, j->eps, xn);
-        matvec(p[M_IN_PROJ], t[M_IN_PROJ], p[M_IN_PROJ_B], bf16, 2 * D, C, xn, 1.0f, xin, d0, d1);
-        matvec(p[M_IN_PROJ], t[M_IN_PROJ], p[M_IN_PROJ_B], bf16, 2 * D, C, xn, 1.0f, xin, D + d0, D + d1); /* z = xin + D */
+        rms_norm(C, x, p[M_NORM], f[M_NORM], j->eps, xn);
+        matvec(p[M_IN_PROJ], t[M_IN_PROJ], f[M_IN_PROJ], p[M_IN_PROJ_B], f[M_IN_PROJ_B], 2 * D, C, xn, 1.0f, xin,
+               d0, d1);
+        matvec(p[M_IN_PROJ], t[M_IN_PROJ], f[M_IN_PROJ], p[M_IN_PROJ_B], f[M_IN_PROJ_B], 2 * D, C, xn, 1.0f, xin,
+               D + d0, D + d1);                                                                   /* z = xin + D */
         for (int64_t d = d0; d < d1; d++) {
-            float sum = p[M_CONV_B] ? at(p[M_CONV_B], d, bf16) : 0.0f;
+            float sum = p[M_CONV_B] ? at(p[M_CONV_B], d, f[M_CONV_B]) : 0.0f;
             for (int64_t t = 0; t < K - 1; t++) {
-                sum += window[d * (K - 1) + t] * at(p[M_CONV], d * K + t, bf16);
+                sum += window[d * (K - 1) + t] * at(p[M_CONV], d * K + t, f[M_CONV]);
                 window_out[d * (K - 1) + t] = t + 1 < K - 1 ? window[d * (K - 1) + t + 1] : xin[d];
             }
-            sum += xin[d] * at(p[M_CONV], d * K + K - 1, bf16);
-            u[d] = sum * sigmoid(sum);
+            sum += xin[d] * at(p[M_CONV], d * K + K - 1, f[M_CONV]);
+            u[d] = silu(sum);
         }
         BARRIER();
         /* dt_low, B, C = x_proj(u) */
-        matvec(p[M_X_PROJ], t[M_X_PROJ], NULL, bf16, R + 2 * N, D, u, 1.0f, dbc, e0, e1);
+        matvec(p[M_X_PROJ], t[M_X_PROJ], f[M_X_PROJ], NULL, 0, R + 2 * N, D, u, 1.0f, dbc, e0, e1);
         BARRIER();
         /* delta = dt_proj(dt_low) (its bias and softplus in the scan); the scan's step for this thread's channels */
-        matvec(p[M_DT_PROJ], t[M_DT_PROJ], NULL, bf16, D, R, dbc, 1.0f, delta, d0, d1);
+        matvec(p[M_DT_PROJ], t[M_DT_PROJ], f[M_DT_PROJ], NULL, 0, D, R, dbc, 1.0f, delta, d0, d1);
         for (int64_t d = d0; d < d1; d++) {
-            bias[d] = at(p[M_DT_PROJ_B], d, bf16);
-            skip[d] = at(p[M_D], d, bf16);
+            bias[d] = at(p[M_DT_PROJ_B], d, f[M_DT_PROJ_B]);
+            skip[d] = at(p[M_D], d, f[M_D]);
             for (int64_t n = 0; n < N; n++)
-                A[d * N + n] = -exp_clamped(at(p[M_A_LOG], d * N + n, bf16));
+                A[d * N + n] = -exp_nan(at(p[M_A_LOG], d * N + n, f[M_A_LOG]));
         }
         memcpy(h + d0 * N, j->state_in[2 * layer + 1] + d0 * N, (d1 - d0) * N * sizeof(float));
         selective_scan_forward(d0 / lanes, (d1 + lanes - 1) / lanes, D, 1, N, 1, u, delta, bias, A, dbc + R,
                                dbc + R + N, skip, z, y, h, 1, NULL, NULL);
         BARRIER();
-        add_matvec(p[M_OUT_PROJ], t[M_OUT_PROJ], p[M_OUT_PROJ_B], bf16, C, D, y, o, x, c0, c1);
+        add_matvec(p[M_OUT_PROJ], t[M_OUT_PROJ], f[M_OUT_PROJ], p[M_OUT_PROJ_B], f[M_OUT_PROJ_B], C, D, y, o, x, c0,
+                   c1);
         BARRIER();
     }
     if (id == 0)
-        rms_norm(C, x, j->weights[j->L * M_WEIGHTS], bf16, j->eps, j->hidden);
+        rms_norm(C, x, j->weights[j->L * M_WEIGHTS], j->weight_bf16[j->L * M_WEIGHTS], j->eps, j->hidden);
 }
 
-/* dims: C, D (intermediate size), N (state size), K (conv kernel), R (time-step rank), L, bf16; eps: the RMS norms'.
- * Returns 0, or -1 when out of memory. */
-int64_t mamba_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
-                     const int64_t *transposed, const void *embedding, const float *const *state_in,
-                     float *const *state_out, float *hidden)
+/* dims: C, D (intermediate size), N (state size), K (conv kernel), R (time-step rank), L, bf16 (the embedding's
+ * dtype); eps: the RMS norms'.
+ * Returns a status. */
+int mamba_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
+                 const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
+                 const float *const *state_in, float *const *state_out, float *hidden)
 {
     struct mamba_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], (float)eps, weights,
-                            transposed, embedding, state_in, state_out, hidden, {0}};
+                            transposed, weight_bf16, embedding, state_in, state_out, hidden, {0}};
     const int64_t C = dims[0], D = dims[1], N = dims[2], R = dims[4];
     if (!scratch_alloc(&job.s, 2 * C + 7 * D + R + 2 * N + D * N, C, threads))
-        return -1;
+        return STATUS_NO_MEMORY;
     run_team(threads, mamba_run, &job);
     free(job.s.shared);
-    return 0;
+    return STATUS_OK;
 }

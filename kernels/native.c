@@ -13,6 +13,8 @@
  * function walks a range [first, last) of independent work items; kernels/native.py gives each thread a range.
  * Every work item writes outputs of its own (no two items add into one number), and sums over work items run
  * afterwards in a fixed order (sum_rows): results do not depend on the number of threads or their timing.
+ * Every entry point returns a status (native.h's enum status: out of memory, a head size the loops do not take),
+ * which kernels/native.py turns into an error.
  */
 #include <float.h>
 #include <stdint.h>
@@ -22,58 +24,25 @@
 #include "native.h"
 
 /* exp_clamped and softplus over an array: how tests measure their errors against float64 */
-void exp_array(int64_t n, const float *x, float *out)
+int exp_array(int64_t n, const float *x, float *out)
 {
     #pragma omp simd
     for (int64_t i = 0; i < n; i++)
         out[i] = exp_clamped(x[i]);
+    return STATUS_OK;
 }
 
-void softplus_array(int64_t n, const float *x, float *out)
+int softplus_array(int64_t n, const float *x, float *out)
 {
     #pragma omp simd
     for (int64_t i = 0; i < n; i++)
         out[i] = softplus(x[i]);
-}
-
-/* 1 when x is NaN or +-inf (exponent bits all set). The loops are compiled assuming finite numbers (see
- * kernels/native.py), under which comparisons and min/max no longer carry a NaN through, so a non-finite input is
- * caught by this integer test, which the compiler cannot fold away, and marks what it reaches as NaN. */
-static inline int32_t nonfinite(float x)
-{
-    int32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    return (bits & 0x7f800000) == 0x7f800000;
-}
-
-/* x, or NaN when poisoned (an integer select: not subject to the finite-math assumption either) */
-static inline float poison(float x, int32_t poisoned)
-{
-    int32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    bits = poisoned ? 0x7fc00000 : bits;
-    memcpy(&x, &bits, sizeof x);
-    return x;
-}
-
-/* 1 when x is NaN or +inf; -inf passes. Where a number is an exponent (WKV-4's keys and state max), -inf means a
- * weight of exactly 0 ("nothing seen yet" for the max), which the loops compute as e^-87 against terms of e^0: the
- * other backends' answer to fp32's resolution. */
-static inline int32_t is_minus_inf(float x)
-{
-    int32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    return bits == (int32_t)0xff800000;
-}
-
-static inline int32_t nan_or_plus_inf(float x)
-{
-    return nonfinite(x) & !is_minus_inf(x);
+    return STATUS_OK;
 }
 
 /* out[i] = sum_r in[r cols + i], the rows added in the order r = 0, 1, ... whatever the split: the sums over batch
  * rows (or groups of channels) of the parameter gradients. Work items: columns. */
-void sum_rows(int64_t first, int64_t last, int64_t rows, int64_t cols, const float *in, float *out)
+int sum_rows(int64_t first, int64_t last, int64_t rows, int64_t cols, const float *in, float *out)
 {
     #pragma omp simd
     for (int64_t i = first; i < last; i++)
@@ -84,9 +53,11 @@ void sum_rows(int64_t first, int64_t last, int64_t rows, int64_t cols, const flo
         for (int64_t i = first; i < last; i++)
             out[i] += row[i];
     }
+    return STATUS_OK;
 }
 
-/* A buffer of n floats for one call's work items (freed by the caller), 64-byte aligned. */
+/* A buffer of n floats for one call's work items (freed by the caller), 64-byte aligned; NULL when out of memory
+ * (the entry point then returns STATUS_NO_MEMORY). */
 static float *scratch_floats(int64_t n)
 {
     return aligned_alloc(64, (size_t)((n * (int64_t)sizeof(float) + 63) / 64 * 64));
@@ -173,10 +144,10 @@ static inline __attribute__((always_inline)) void wkv4_item(
     }
 }
 
-void wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
-                  const float *w, const float *u, const float *k, const float *v, float *y,
-                  const float *num0, const float *den0, const float *max0, float *num_out, float *den_out,
-                  float *max_out, float *lag_out, int32_t *bad_out, float *vy_save, float *d_save, float *z_save)
+int wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
+                 const float *w, const float *u, const float *k, const float *v, float *y,
+                 const float *num0, const float *den0, const float *max0, float *num_out, float *den_out,
+                 float *max_out, float *lag_out, int32_t *bad_out, float *vy_save, float *d_save, float *z_save)
 {
     for (int64_t item = first; item < last; item++) {
         if (vy_save)
@@ -186,6 +157,7 @@ void wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t blo
             wkv4_item(item, T, C, block, 0, w, u, k, v, y, num0, den0, max0, num_out, den_out, max_out, lag_out,
                       bad_out, NULL, NULL, NULL);
     }
+    return STATUS_OK;
 }
 
 /* The backward of wkv4_forward, kernels/wkv4.py's Triton backward (same formulas, same names): time in reverse with
@@ -195,7 +167,7 @@ void wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t blo
  * gy (B, T, C); gnum, gden, gmax (B, C): the cotangents of y and of the final state; num, den (B, C) the final state.
  * Out: gk, gv (B, T, C); gw, gu (B, C), each batch row's share (kernels/native.py sums them); gnum0, gden0, gmax0
  * (B, C). A channel that met a non-finite input has NaN gradients. Work items as in wkv4_forward. */
-void wkv4_backward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
+int wkv4_backward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
                    const float *w, const float *u, const float *k, const float *v,
                    const float *vy_save, const float *d_save, const float *z_save, const float *gy,
                    const float *num0, const float *den0, const float *max0, const float *num, const float *den,
@@ -204,6 +176,8 @@ void wkv4_backward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t bl
 {
     const int64_t blocks = (C + block - 1) / block;
     float *buffer = scratch_floats(7 * block);
+    if (!buffer)
+        return STATUS_NO_MEMORY;
     float *an = buffer, *ad = an + block, *bn = ad + block, *bd = bn + block, *gw = bd + block, *gu = gw + block;
     float *top = gu + block;                              /* g_top: the final max's effective gradient */
     for (int64_t item = first; item < last; item++) {
@@ -261,6 +235,7 @@ void wkv4_backward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t bl
         }
     }
     free(buffer);
+    return STATUS_OK;
 }
 
 /* --------------------------------------------------------------------------------------------- selective scan */
@@ -319,10 +294,10 @@ static void scan_steps(int64_t d0, int64_t D, int64_t T, int64_t row0, int64_t d
     }
 }
 
-void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
-                            const float *u, const float *delta, const float *delta_bias, const float *A,
-                            const float *Bt, const float *Ct, const float *Dskip, const float *z, float *y,
-                            float *state, int64_t ck, float *ckpt, int32_t *bad_out)
+int selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
+                           const float *u, const float *delta, const float *delta_bias, const float *A,
+                           const float *Bt, const float *Ct, const float *Dskip, const float *z, float *y,
+                           float *state, int64_t ck, float *ckpt, int32_t *bad_out)
 {
     const int64_t blocks = (D + LANES - 1) / LANES, n_ckpt = (T + ck - 1) / ck;
     for (int64_t item = first; item < last; item++) {
@@ -373,12 +348,12 @@ void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, i
             #pragma omp simd
             for (int64_t t = 0; t < T; t++) {
                 /* silu(-inf) = -inf e^-inf: NaN, as in IEEE arithmetic (e^-z is clamped here) */
-                const float gate = z ? poison(z[row + t] / (1.0f + exp_clamped(-z[row + t])),
-                                              is_minus_inf(z[row + t])) : 1.0f;
+                const float gate = z ? silu(z[row + t]) : 1.0f;
                 yr[t] = (yr[t] + skip * u[row + t]) * gate;
             }
         }
     }
+    return STATUS_OK;
 }
 
 /* The backward of selective_scan_forward, the formulas of kernels/ssm.py's Triton backward plus the elementwise
@@ -397,18 +372,20 @@ void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, i
  * rows of u, dy, z, delta (and the outputs du, ddelta, dz) pass through [token][lane] tiles, so that the per-token
  * work over a block's lanes is a vector too. Spare lanes see dy = 0 and a zero dlast, so they add exact zeros. A
  * lane that met a non-finite input has NaN gradients, and so have dB, dC of its batch row's group. */
-void selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
-                             int64_t per_group, const float *u, const float *delta, const float *delta_bias,
-                             const float *A, const float *Bt, const float *Ct, const float *Dskip, const float *z,
-                             int64_t ck, const float *ckpt, const int32_t *bad_in, const float *dy,
-                             const float *dlast, float *du, float *ddelta, float *dz, float *dA_part,
-                             float *dB_part, float *dC_part, float *dD_part, float *dbias_part, float *dstate)
+int selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
+                            int64_t per_group, const float *u, const float *delta, const float *delta_bias,
+                            const float *A, const float *Bt, const float *Ct, const float *Dskip, const float *z,
+                            int64_t ck, const float *ckpt, const int32_t *bad_in, const float *dy,
+                            const float *dlast, float *du, float *ddelta, float *dz, float *dA_part,
+                            float *dB_part, float *dC_part, float *dD_part, float *dbias_part, float *dstate)
 {
     const int64_t blocks = (D + LANES - 1) / LANES, groups = (blocks + per_group - 1) / per_group;
     const int64_t n_ckpt = (T + ck - 1) / ck, tile = ck * LANES, state = N * LANES;
     /* per call: the chunk's x_t (ck + 1 of them), alpha_t, the lanes' shares of dB and dC; eight [token][lane]
      * tiles; per block of a group: nu, dA (N x LANES), dD, dbias (LANES) */
     float *xs = scratch_floats((ck + 1) * state + 3 * ck * state + 8 * tile + per_group * (2 * state + 2 * LANES));
+    if (!xs)
+        return STATUS_NO_MEMORY;
     float *alphas = xs + (ck + 1) * state, *shareB = alphas + ck * state, *shareC = shareB + ck * state;
     float *step = shareC + ck * state, *slope = step + tile, *ut = slope + tile, *gt = ut + tile, *zt = gt + tile;
     float *du_t = zt + tile, *dd_t = du_t + tile, *dz_t = dd_t + tile;
@@ -482,7 +459,10 @@ void selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, 
                         float *xn = xs + ((l + 1) * N + n) * LANES, *al = alphas + (l * N + n) * LANES;
                         #pragma omp simd
                         for (int64_t j = 0; j < LANES; j++) {
-                            al[j] = exp_clamped(sl[j] * an[j]);
+                            /* exactly 0 below the clamp (A = -inf, a decay of 0, or delta A < -87): e^-87 would
+                             * meet A again in gA = ga A, up to FLT_MAX, an O(1) term of d/ddelta */
+                            const float e = sl[j] * an[j];
+                            al[j] = e < -87.0f ? 0.0f : exp_clamped(e);
                             xn[j] = al[j] * xp[j] + sl[j] * ul[j] * bn;
                         }
                     }
@@ -563,6 +543,7 @@ void selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, 
             }
     }
     free(xs);
+    return STATUS_OK;
 }
 
 /* ------------------------------------------------------------------------------------------------------ WKV-7 */
@@ -780,14 +761,16 @@ int64_t wkv7_max_head_size(void)
     return MAX_V * VEC;
 }
 
-void wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
-                  const float *r, const float *log_w, const float *k, const float *v, const float *a,
-                  const float *b, float *y, float *state, int64_t ck, float *ckpt, int32_t *bad_out)
+int wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
+                 const float *r, const float *log_w, const float *k, const float *v, const float *a,
+                 const float *b, float *y, float *state, int64_t ck, float *ckpt, int32_t *bad_out)
 {
     if (N > MAX_V * VEC)      /* kernels/wkv7.py sends larger heads to torch */
-        return;
+        return STATUS_HEAD_SIZE;
     const int64_t NP = wkv7_padded_size(N);
     float *St = scratch_floats(NP * NP + WKV7_PAD_BUFFERS * NP);
+    if (!St)
+        return STATUS_NO_MEMORY;
     for (int64_t item = first; item < last; item++) {
         if (N == 32)        /* NP a constant: each row's vectors unrolled, in registers (1.6x-1.9x measured) */
             wkv7_item(item, T, H, 32, 32, r, log_w, k, v, a, b, y, state, St, St + 32 * 32, ck, ckpt, bad_out);
@@ -797,6 +780,7 @@ void wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
             wkv7_item(item, T, H, N, NP, r, log_w, k, v, a, b, y, state, St, St + NP * NP, ck, ckpt, bad_out);
     }
     free(St);
+    return STATUS_OK;
 }
 
 /* The backward of wkv7_forward, kernels/wkv7.py's Triton backward with G = dL/dS_t:
@@ -957,19 +941,21 @@ static inline __attribute__((always_inline)) void wkv7_backward_item(
             dstate0[(item * N + i) * N + j] = poison(G[i * NP + j], bad);
 }
 
-void wkv7_backward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
+int wkv7_backward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
                    const float *r, const float *log_w, const float *k, const float *v, const float *a,
                    const float *b, const float *dy, const float *dstate, int64_t ck, const float *ckpt,
                    const int32_t *bad, float *dr, float *dlog_w, float *dk, float *dv, float *da, float *db,
                    float *dstate0)
 {
     if (N > MAX_V * VEC)      /* kernels/wkv7.py sends larger heads to torch */
-        return;
+        return STATUS_HEAD_SIZE;
     const int64_t NP = wkv7_padded_size(N);
     /* G, the re-run states and the rest, each VEC floats off the one before: G's rows would otherwise lie a
      * multiple of 4 KiB from the states' rows read beside them, and the loads wait on the stores (4K aliasing:
      * 10 -> 7.5 ms measured) */
     float *G = scratch_floats((ck + 2) * NP * NP + ck * NP + 2 * WKV7_PAD_BUFFERS * NP + 2 * VEC);
+    if (!G)
+        return STATUS_NO_MEMORY;
     float *history = G + NP * NP + VEC, *sas = history + (ck + 1) * NP * NP + VEC, *pad = sas + ck * NP;
     for (int64_t item = first; item < last; item++) {
         if (N == 32)
@@ -983,4 +969,5 @@ void wkv7_backward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
                                dv, da, db, dstate0, G, history, sas, pad);
     }
     free(G);
+    return STATUS_OK;
 }

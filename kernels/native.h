@@ -6,6 +6,55 @@
 #include <stdint.h>
 #include <string.h>
 
+/* 1 when x is NaN or +-inf (exponent bits all set). The loops are compiled assuming finite numbers (see
+ * kernels/native.py), under which comparisons and min/max no longer carry a NaN through, so a non-finite input is
+ * caught by this integer test, which the compiler cannot fold away, and marks what it reaches as NaN. */
+static inline int32_t nonfinite(float x)
+{
+    int32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return (bits & 0x7f800000) == 0x7f800000;
+}
+
+/* x, or NaN when poisoned (an integer select: not subject to the finite-math assumption either) */
+static inline float poison(float x, int32_t poisoned)
+{
+    int32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    bits = poisoned ? 0x7fc00000 : bits;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+/* 1 when x is NaN or +inf; -inf passes. Where a number is an exponent (WKV-4's keys and state max), -inf means a
+ * weight of exactly 0 ("nothing seen yet" for the max), which the loops compute as e^-87 against terms of e^0: the
+ * other backends' answer to fp32's resolution. */
+static inline int32_t is_minus_inf(float x)
+{
+    int32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return bits == (int32_t)0xff800000;
+}
+
+static inline int32_t nan_or_plus_inf(float x)
+{
+    return nonfinite(x) & !is_minus_inf(x);
+}
+
+/* 1 when x is NaN (the same integer test) */
+static inline int32_t is_nan(float x)
+{
+    int32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return (bits & 0x7fffffff) > 0x7f800000;
+}
+
+/* max(x, 0), NaN kept as torch.relu keeps it: `x > 0 ? x : 0` alone gives 0 for a NaN (in IEEE arithmetic too) */
+static inline float relu(float x)
+{
+    return poison(x > 0.0f ? x : 0.0f, is_nan(x));
+}
+
 /* e^x in fp32 within 1 ulp (0.89 measured), vectorizable (no calls, no branches), for x clamped to [-87, 88]:
  * e^-87 is about the smallest normal fp32 number (denormals would slow x86 down by 100x; a factor that small times
  * anything here is below fp32's resolution next to the terms it is added to), e^88 about the largest.
@@ -48,11 +97,21 @@ static inline float softplus(float x)
     return (x > 0.0f ? x : 0.0f) + 2.0f * s * p;
 }
 
-/* 1 / (1 + e^-x), vectorizable */
+/* 1 / (1 + e^-x), vectorizable; NaN for a NaN x (exp_clamped's clamp would make it 1 or 0) */
 static inline float sigmoid(float x)
 {
-    return 1.0f / (1.0f + exp_clamped(-x));
+    return poison(1.0f / (1.0f + exp_clamped(-x)), is_nan(x));
 }
+
+/* silu(x) = x / (1 + e^-x); NaN for x = -inf, as in IEEE arithmetic (-inf e^-inf), where e^-x is clamped here */
+static inline float silu(float x)
+{
+    return poison(x / (1.0f + exp_clamped(-x)), is_minus_inf(x));
+}
+
+/* What every entry point of native.c and decode.c returns: 0, or why it did not run (its outputs unwritten).
+ * kernels/native.py's STATUS mirrors these codes and raises on any other than STATUS_OK. */
+enum status { STATUS_OK = 0, STATUS_NO_MEMORY = 1, STATUS_HEAD_SIZE = 2 };
 
 #define VEC 16
 typedef float vfloat __attribute__((vector_size(VEC * sizeof(float))));
@@ -61,17 +120,17 @@ typedef int32_t vint __attribute__((vector_size(VEC * sizeof(int32_t))));
 #define LOADV(p) (*(const vfloat_u *)(p))
 #define STOREV(p, x) (*(vfloat_u *)(p) = (x))
 
-void wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
-                  const float *w, const float *u, const float *k, const float *v, float *y,
-                  const float *num0, const float *den0, const float *max0, float *num_out, float *den_out,
-                  float *max_out, float *lag_out, int32_t *bad_out, float *vy_save, float *d_save, float *z_save);
-void wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
-                  const float *r, const float *log_w, const float *k, const float *v, const float *a,
-                  const float *b, float *y, float *state, int64_t ck, float *ckpt, int32_t *bad_out);
-void selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
-                            const float *u, const float *delta, const float *delta_bias, const float *A,
-                            const float *Bt, const float *Ct, const float *Dskip, const float *z, float *y,
-                            float *state, int64_t ck, float *ckpt, int32_t *bad_out);
+int wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
+                 const float *w, const float *u, const float *k, const float *v, float *y,
+                 const float *num0, const float *den0, const float *max0, float *num_out, float *den_out,
+                 float *max_out, float *lag_out, int32_t *bad_out, float *vy_save, float *d_save, float *z_save);
+int wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
+                 const float *r, const float *log_w, const float *k, const float *v, const float *a,
+                 const float *b, float *y, float *state, int64_t ck, float *ckpt, int32_t *bad_out);
+int selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
+                           const float *u, const float *delta, const float *delta_bias, const float *A,
+                           const float *Bt, const float *Ct, const float *Dskip, const float *z, float *y,
+                           float *state, int64_t ck, float *ckpt, int32_t *bad_out);
 int64_t selective_scan_lanes(void);
 
 #endif

@@ -25,10 +25,13 @@ runs these loops at T = 1 between its matrix products, on OpenMP threads (-fopen
 Flags: -O3 -march=native; -fno-math-errno and -fno-trapping-math (exp never sets errno, nothing traps);
 -ffinite-math-only and -fno-signed-zeros, which GCC needs to turn the loops' comparisons into vector min/max and
 blends (without them no loop with a clamp vectorizes). No -ffast-math: no reassociation (WKV-4's two-sum stays
-exact) and no flush-to-zero. Under -ffinite-math-only a NaN no longer carries through comparisons, so the loops
-test the bits of the inputs that meet one (the exponents' clamps, WKV-4's running maximum): from a non-finite one
-on, what it reaches (a channel, a head) comes out NaN. Inputs that enter by products and sums only carry a NaN
-themselves. tests/test_kernels_native.py puts a NaN in each input of each op.
+exact) and no flush-to-zero. Under -ffinite-math-only a NaN no longer carries through comparisons, so the loops test
+the bits of the inputs that meet one (the exponents' clamps, WKV-4's running maximum): from a non-finite one on,
+what it reaches (a channel, a head) comes out NaN. Inputs that enter by products and sums only carry a NaN
+themselves. Elsewhere a comparison keeps a NaN by the same bit test (native.h: relu, sigmoid, silu; decode.c's e^ of
+a weight and its key norm's clamp), or it would turn NaN into finite logits (`k > 0 ? k : 0` is 0 for a NaN, in IEEE
+arithmetic too); tests/test_models_decode.py puts NaN in the decoding step's states and weights.
+tests/test_kernels_native.py puts a NaN in each input of each op.
 """
 from __future__ import annotations
 
@@ -65,10 +68,21 @@ CHECKPOINT = 16          # WKV-7 and the scan keep their state every this many s
                          # at most this many steps from one, in memory that stays in cache
 GROUPS_PER_CALL = 16     # the scan's backward: work items per call where the batch alone gives fewer
 WKV7_MAX_HEAD = 256      # the largest WKV-7 head the loops take (native.c's MAX_V * VEC; tested to agree)
+# native.h's enum status: every entry point returns one; 0 is STATUS_OK, and check_status raises for the others
+STATUS = {1: (MemoryError, "could not allocate its scratch memory"),                      # STATUS_NO_MEMORY
+          2: (ValueError, f"takes head size N <= {WKV7_MAX_HEAD}")}                       # STATUS_HEAD_SIZE
 
 
 class NativeUnavailable(RuntimeError):
     """The C loops cannot be built or loaded here (the message says why)."""
+
+
+def check_status(status: int, entry: str, inputs: str = "") -> None:
+    """Raise what a non-zero status from the C entry point ``entry`` means (STATUS), ``inputs`` naming what it
+    was called with."""
+    if status:
+        error, meaning = STATUS.get(status, (RuntimeError, f"returned the unknown status {status}"))
+        raise error(f"{entry} {meaning}" + (f" (called with {inputs})" if inputs else ""))
 
 
 def _cpu_identity() -> str:
@@ -154,6 +168,7 @@ def library() -> ctypes.CDLL:
     except OSError as e:
         raise NativeUnavailable(f"cannot load the C library {path}: {e}") from None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    # every entry point returns a status (int, ctypes' default restype); the sizes' queries return int64
     lib.wkv4_forward.argtypes = [i64] * 5 + [ptr] * 16
     lib.wkv4_backward.argtypes = [i64] * 5 + [ptr] * 25
     lib.selective_scan_forward.argtypes = [i64] * 6 + [ptr] * 10 + [i64] + [ptr] * 2
@@ -165,12 +180,10 @@ def library() -> ctypes.CDLL:
     lib.sum_rows.argtypes = [i64] * 4 + [ptr] * 2
     lib.exp_array.argtypes = lib.softplus_array.argtypes = [i64, ptr, ptr]
     lib.selective_scan_lanes.restype = i64
-    lib.rwkv4_decode.argtypes = [i64, ptr, ctypes.c_double] + [ptr] * 6
-    lib.rwkv7_decode.argtypes = [i64, ptr, ctypes.c_double, ctypes.c_double] + [ptr] * 6
-    lib.mamba_decode.argtypes = [i64, ptr, ctypes.c_double] + [ptr] * 6
-    lib.rwkv7_time_mix.argtypes = [i64] * 7 + [ptr] * 9 + [ctypes.c_float] + [ptr] * 2
-    lib.rwkv4_decode.restype = lib.rwkv7_decode.restype = lib.mamba_decode.restype = i64
-    lib.rwkv7_time_mix.restype = i64
+    lib.rwkv4_decode.argtypes = [i64, ptr, ctypes.c_double] + [ptr] * 7
+    lib.rwkv7_decode.argtypes = [i64, ptr, ctypes.c_double, ctypes.c_double] + [ptr] * 7
+    lib.mamba_decode.argtypes = [i64, ptr, ctypes.c_double] + [ptr] * 7
+    lib.rwkv7_time_mix.argtypes = [i64] * 6 + [ptr] * 10 + [ctypes.c_float] + [ptr] * 2
     return lib
 
 
@@ -206,15 +219,17 @@ def _pool(threads: int, pid: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(threads, thread_name_prefix="seqmix-native")
 
 
-def _run(fn, items: int, work: int, *args) -> None:
+def _run(fn, items: int, work: int, *args, inputs: str = "") -> None:
     """fn(first, last, *args) over [0, items), split into one contiguous range per thread (ctypes releases the
-    GIL during each call). ``work``: elements touched, to keep small calls on one thread."""
+    GIL during each call); raises what a non-zero status of fn means (check_status, ``inputs`` naming the call's).
+    ``work``: elements touched, to keep small calls on one thread."""
     threads = min(torch.get_num_threads(), items)
     if threads <= 1 or work < SERIAL_WORK:
-        fn(0, items, *args)
-        return
-    bounds = [items * i // threads for i in range(threads + 1)]
-    list(_pool(threads, os.getpid()).map(lambda i: fn(bounds[i], bounds[i + 1], *args), range(threads)))
+        statuses = [fn(0, items, *args)]
+    else:
+        bounds = [items * i // threads for i in range(threads + 1)]
+        statuses = _pool(threads, os.getpid()).map(lambda i: fn(bounds[i], bounds[i + 1], *args), range(threads))
+    check_status(max(statuses), fn.__name__, inputs)
 
 
 def _pointers(*tensors):
@@ -235,14 +250,14 @@ def _initial_state(state, shape):
 def exp(x):
     """The loops' e^x (exp_clamped in native.c) on a contiguous fp32 tensor: x clamped to [-87, 88], within 1 ulp."""
     out = torch.empty_like(x)
-    library().exp_array(x.numel(), *_pointers(x, out))
+    check_status(library().exp_array(x.numel(), *_pointers(x, out)), "exp_array")
     return out
 
 
 def softplus(x):
     """The scan's softplus (native.c) on a contiguous fp32 tensor."""
     out = torch.empty_like(x)
-    library().softplus_array(x.numel(), *_pointers(x, out))
+    check_status(library().softplus_array(x.numel(), *_pointers(x, out)), "softplus_array")
     return out
 
 
@@ -364,7 +379,8 @@ def wkv7_forward(r, log_w, k, v, a, b, state, save=False):
     ckpt, bad = ((_floats(B * H, -(-T // CHECKPOINT), NP, NP), torch.empty(B * H, dtype=torch.int32)) if save
                  else (None, None))
     _run(library().wkv7_forward, B * H, B * T * H * N * N, T, H, N,
-         *_pointers(r, log_w, k, v, a, b, y, last), CHECKPOINT, *_pointers(ckpt, bad))
+         *_pointers(r, log_w, k, v, a, b, y, last), CHECKPOINT, *_pointers(ckpt, bad),
+         inputs=f"r of shape {(B, T, H, N)}")
     return y, last, ((ckpt, bad) if save else None)
 
 
@@ -377,5 +393,6 @@ def wkv7_backward(r, log_w, k, v, a, b, saved, dy, dstate):
     grads = [_floats(B, T, H, N) for _ in range(6)]
     dstate0 = _floats(B, H, N, N)
     _run(library().wkv7_backward, B * H, B * T * H * N * N, T, H, N,
-         *_pointers(r, log_w, k, v, a, b, dy, dstate), CHECKPOINT, *_pointers(ckpt, bad, *grads, dstate0))
+         *_pointers(r, log_w, k, v, a, b, dy, dstate), CHECKPOINT, *_pointers(ckpt, bad, *grads, dstate0),
+         inputs=f"r of shape {(B, T, H, N)}")
     return (*grads, dstate0)

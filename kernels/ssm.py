@@ -50,8 +50,8 @@ import torch.nn.functional as F
 from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
-                                    check_tensor, check_values, finite_log_decay, needs_grad, new_output,
-                                    rows_per_program, tl, triton)
+                                    check_tensor, check_values, finite_log_decay, first_order_only, needs_grad,
+                                    new_output, rows_per_program, tl, triton)
 
 __all__ = ["selective_scan"]
 
@@ -392,6 +392,7 @@ class SelectiveScanFunction(torch.autograd.Function):
         return y, last
 
     @staticmethod
+    @first_order_only
     def backward(ctx, dy, dlast):
         u, delta, A, B, C, checkpoints = ctx.saved_tensors
         run = _selective_scan_torch_bwd if ctx.backend == "torch" else selective_scan_bwd

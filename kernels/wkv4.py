@@ -61,8 +61,8 @@ import torch
 from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
-                                    check_tensor, check_values, needs_grad, new_output, plus_inf_as_nan, tl,
-                                    triton)
+                                    check_tensor, check_values, first_order_only, needs_grad, new_output,
+                                    plus_inf_as_nan, tl, triton)
 
 __all__ = ["wkv4", "INITIAL_MAX"]
 
@@ -461,6 +461,7 @@ class Wkv4Function(torch.autograd.Function):
         return (y, *state)
 
     @staticmethod
+    @first_order_only
     def backward(ctx, gy, g_num, g_den, g_max):
         return wkv4_bwd(*ctx.saved_tensors, gy, g_num, g_den, g_max)
 

@@ -74,8 +74,8 @@ from seqmix.kernels import _native_autograd as native_autograd
 from seqmix.kernels import native
 from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, all_finite, check_decay_dtype, check_devices,
-                                    check_same_dtype, check_tensor, finite_log_decay, needs_grad, new_output,
-                                    rows_per_program, tl, triton)
+                                    check_same_dtype, check_tensor, finite_log_decay, first_order_only, needs_grad,
+                                    new_output, rows_per_program, tl, triton)
 from seqmix.kernels._wkv7_common import _checkpoint, _head_offsets, _step
 from seqmix.kernels.wkv7_chunked import (CHUNK as TRITON_CHUNK, CHUNKED_BLOCK_K, _chunked_bwd, _chunked_fwd, _chunked_launch_config,
                                          wkv7_chunked_bwd_kernel, wkv7_chunked_dstate_kernel, wkv7_chunked_fwd_kernel)
@@ -451,6 +451,7 @@ class Wkv7Function(torch.autograd.Function):
         return y, state
 
     @staticmethod
+    @first_order_only
     def backward(ctx, dy, dstate):
         r, log_w, k, v, a, b, ckpt = ctx.saved_tensors
         dy = torch.zeros_like(r) if dy is None else dy.contiguous()

@@ -8,11 +8,12 @@ cost 30-60% more than the read itself (benchmarks/results/models.md). kernels/de
 products at the memory's speed and the rest in a few microseconds per layer, on torch's thread count.
 
 When: ``fused(model, input_ids, state, backend)`` says whether a forward call takes this path: input_ids of shape
-(1, 1) on a CPU, fp32 or bf16 weights, the state (if given) fp32 or in the model's dtype, backend None or "c", the
-C library available, and no gradient asked for (grad mode off, or no parameter that requires one). Every other call runs the torch ops. Both
-compute the same function: the step here in fp32 from the weights as stored (a bf16 model's torch ops round to
-bf16 after each op, so its logits differ by bf16's rounding); tests/test_models_decode.py checks each model's step
-against its torch forward, float64 included.
+(1, 1) on a CPU, fp32 or bf16 weights (each tensor its own: a bf16 model may keep its decays fp32, as transformers
+and fla do, and each weight reaches the C code with its own dtype flag), the state (if given) fp32 or bf16, backend
+None or "c", the C library available, and no gradient asked for (grad mode off, or no parameter or state that
+requires one). Every other call runs the torch ops. Both compute the same function: the step here in fp32 from the
+weights as stored (a bf16 model's torch ops round to bf16 after each op, so its logits differ by bf16's rounding);
+tests/test_models_decode.py checks each model's step against its torch forward, float64 included.
 
 Threads: torch's own OpenMP threads (kernels/decode.c says why). Like torch's parallel ops, the step cannot use
 more than one thread in a child forked after the parent has used them (libgomp's threads do not survive a fork: a
@@ -36,20 +37,25 @@ __all__ = ["runs_in_c", "fused", "rwkv4_step", "rwkv7_step", "mamba_step", "rwkv
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}        # the weights' dtypes the C step reads (value: its bf16 flag)
 
 
+def _bf16_flags(tensors) -> ctypes.Array:
+    """Each tensor's dtype flag (DTYPES; None: 0) as a C array, beside the tensors' pointers."""
+    return (ctypes.c_int64 * len(tensors))(*(0 if t is None else DTYPES[t.dtype] for t in tensors))
+
+
 def runs_in_c(module: torch.nn.Module, backend, *inputs: torch.Tensor, head_size: int = 0) -> bool:
-    """Whether ``module``'s inference can run in kernels/decode.c: its weights fp32 or bf16 on a CPU, backend None or
-    "c", the C library available, and no gradient asked for (grad mode off, or neither a parameter nor an input that
-    requires one).
+    """Whether ``module``'s inference can run in kernels/decode.c: its weights fp32 or bf16 (each) on a CPU, backend
+    None or "c", the C library available, and no gradient asked for (grad mode off, or neither a parameter nor an
+    input that requires one: the C code has no backward, so every tensor that enters it, a state included, counts).
 
     Args:
-        module: a model or a layer of one. backend: the forward's backend argument. inputs: its floating inputs.
+        module: a model or a layer of one. backend: the forward's backend argument. inputs: every tensor the C
+            code would read besides the parameters (None skipped).
         head_size: RWKV-7's (the C loop takes heads up to native.WKV7_MAX_HEAD).
 
     Returns:
         True when the C code can take the call.
     """
-    weight = next(module.parameters())
-    if weight.device.type != "cpu" or weight.dtype not in DTYPES or backend not in (None, "c"):
+    if backend not in (None, "c") or any(p.device.type != "cpu" or p.dtype not in DTYPES for p in module.parameters()):
         return False
     if head_size > native.WKV7_MAX_HEAD or not native.available():
         return False
@@ -64,12 +70,14 @@ def fused(model: torch.nn.Module, input_ids: torch.Tensor, state, backend) -> bo
             or None. backend: the forward's backend argument.
 
     Returns:
-        True for one token of one sequence whose state (if any) is fp32 or in the model's dtype, when runs_in_c.
+        True for one token of one sequence whose state (if any) is fp32 or bf16, when runs_in_c.
     """
-    if input_ids.shape != (1, 1) or not runs_in_c(model, backend, head_size=getattr(model.config, "head_size", 0)):
+    states = [] if state is None else torch.utils._pytree.tree_leaves(state)
+    # the state among the inputs: a trainable state with frozen weights ("state tuning") needs the torch path
+    if input_ids.shape != (1, 1) or not runs_in_c(model, backend, *states,
+                                                  head_size=getattr(model.config, "head_size", 0)):
         return False
-    dtype = next(model.parameters()).dtype
-    return state is None or all(s.dtype in (torch.float32, dtype) for s in torch.utils._pytree.tree_leaves(state))
+    return all(s.dtype in DTYPES for s in states)
 
 
 def _pointers(tensors) -> ctypes.Array:
@@ -82,12 +90,14 @@ def _pointers(tensors) -> ctypes.Array:
     return (ctypes.c_void_p * len(tensors))(*native._pointers(*tensors))
 
 
-def _matrices(tensors) -> tuple[ctypes.Array, ctypes.Array]:
-    """The weights' addresses as a C array of pointers (None: NULL), and per weight whether it is stored as its
-    transpose (a 2-D view whose .t() is contiguous: fla's RWKV-7 LoRA matrices, kernels/decode.c's matvec). The
-    callers pass the 2-D tensors the C code reads by element (Mamba's A_log, RWKV-7's r_k) contiguous."""
+def _matrices(tensors) -> tuple[ctypes.Array, ctypes.Array, ctypes.Array]:
+    """The weights' addresses as a C array of pointers (None: NULL), per weight whether it is stored as its
+    transpose (a 2-D view whose .t() is contiguous: fla's RWKV-7 LoRA matrices, kernels/decode.c's matvec), and per
+    weight its dtype flag. The callers pass the 2-D tensors the C code reads by element (Mamba's A_log, RWKV-7's r_k)
+    contiguous."""
     flags = [int(t is not None and not t.is_contiguous() and t.dim() == 2 and t.t().is_contiguous()) for t in tensors]
-    return _pointers([t.t() if flag else t for t, flag in zip(tensors, flags)]), (ctypes.c_int64 * len(flags))(*flags)
+    return (_pointers([t.t() if flag else t for t, flag in zip(tensors, flags)]),
+            (ctypes.c_int64 * len(flags))(*flags), _bf16_flags(tensors))
 
 
 def _call(entry: str, dims: tuple, eps: tuple, weights: list, embedding: torch.Tensor, state: list,
@@ -97,15 +107,15 @@ def _call(entry: str, dims: tuple, eps: tuple, weights: list, embedding: torch.T
     status = getattr(native.library(), entry)(torch.get_num_threads(), (ctypes.c_int64 * len(dims))(*dims), *eps,
                                               *_matrices(weights), embedding.data_ptr(), _pointers(state),
                                               _pointers(new_state), hidden.data_ptr())
-    if status:
-        raise MemoryError("the C decoding step could not allocate its scratch memory")
+    native.check_status(status, entry)
     return hidden.to(embedding.dtype).view(1, 1, -1)
 
 
-def _states(tensors) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The state's tensors as the step reads them (contiguous: the torch path's conv windows are views), and new
-    ones of the same shapes for the step to write."""
-    old = [t.contiguous() for t in tensors]
+def _states(tensors, dtypes) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The state's tensors as the step reads them, each in its dtype of ``dtypes`` (the C code reads each kind in one
+    dtype, as the torch path returns it) and contiguous (the torch path's conv windows are views), and new ones of the
+    same shapes for the step to write."""
+    old = [t.to(dtype).contiguous() for t, dtype in zip(tensors, dtypes)]
     return old, [new_output(t.shape, t.dtype, t.device) for t in old]
 
 
@@ -133,7 +143,7 @@ def rwkv4_step(model, token: torch.Tensor, state: list[torch.Tensor] | None, res
     embedding = model.embeddings.weight[token.reshape(())].contiguous()
     dims = (cfg.hidden_size, cfg.attention_hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
             rescale_every, DTYPES[embedding.dtype])
-    state, new_state = _states(state)
+    state, new_state = _states(state, [torch.float32] * len(state))
     return _call("rwkv4_decode", dims, (cfg.layer_norm_epsilon,), weights, embedding, state, new_state), new_state
 
 
@@ -149,7 +159,7 @@ def rwkv7_time_mix(att, r, k, v, v_first, wl, al, vl, g, state) -> tuple[torch.T
     pass per (batch row, head) over its tokens, the recurrence included, on torch's thread count.
 
     Args:
-        att: the TimeMix. r, k, v, wl, al, g: (B, T, C) in the model's dtype; v_first, vl: the same, or None in
+        att: the TimeMix. r, k, v, wl, al, g: (B, T, C), read in r's dtype; v_first, vl: the same, or None in
             block 0. state: (B, H, N, N) fp32.
 
     Returns:
@@ -157,14 +167,13 @@ def rwkv7_time_mix(att, r, k, v, v_first, wl, al, vl, g, state) -> tuple[torch.T
     """
     B, T, C = r.shape
     H, N = att.r_k.shape
-    acts = [None if t is None else t.contiguous() for t in (r, k, v, v_first, wl, al, vl, g)]
+    acts = [None if t is None else t.to(r.dtype).contiguous() for t in (r, k, v, v_first, wl, al, vl, g)]
     new_state = native._initial_state(state, state.shape)
     out, params = new_output(r.shape, r.dtype, r.device), _time_mix_params(att)   # params: held for the call
-    failed = native.library().rwkv7_time_mix(torch.get_num_threads(), B, T, H, N, DTYPES[r.dtype],
-                                             DTYPES[att.r_k.dtype], *native._pointers(*acts), _pointers(params),
+    status = native.library().rwkv7_time_mix(torch.get_num_threads(), B, T, H, N, DTYPES[r.dtype],
+                                             *native._pointers(*acts), _pointers(params), _bf16_flags(params),
                                              ctypes.c_float(att.ln_x.eps), *native._pointers(new_state, out))
-    if failed:
-        raise MemoryError("the C time mix could not allocate its scratch memory")
+    native.check_status(status, "rwkv7_time_mix", f"r_k of shape {tuple(att.r_k.shape)}")
     return out, new_state
 
 
@@ -193,7 +202,9 @@ def rwkv7_step(model, token: torch.Tensor, state: list | None) -> tuple[torch.Te
     embedding = model.emb.weight[token.reshape(())].contiguous()
     dims = (cfg.n_embd, cfg.n_head, cfg.head_size, cfg.dim_ffn, cfg.n_layer, cfg.decay_lora, cfg.a_lora,
             cfg.v_lora, cfg.gate_lora, DTYPES[embedding.dtype])
-    state, new_state = _states(s for layer in state for s in layer)
+    # att_x_prev, ffn_x_prev in the activations' dtype (the embedding's), att_kv fp32
+    state, new_state = _states([s for layer in state for s in layer],
+                               [embedding.dtype, torch.float32, embedding.dtype] * len(state))
     hidden = _call("rwkv7_decode", dims, (cfg.layer_norm_epsilon, cfg.group_norm_epsilon), weights, embedding,
                    state, new_state)
     return hidden, [tuple(new_state[i:i + 3]) for i in range(0, len(new_state), 3)]
@@ -221,6 +232,6 @@ def mamba_step(model, token: torch.Tensor, state: list | None) -> tuple[torch.Te
     embedding = model.embeddings.weight[token.reshape(())].contiguous()
     dims = (cfg.hidden_size, cfg.intermediate_size, cfg.state_size, cfg.conv_kernel, cfg.time_step_rank,
             cfg.num_hidden_layers, DTYPES[embedding.dtype])
-    state, new_state = _states(s for layer in state for s in layer)
+    state, new_state = _states([s for layer in state for s in layer], [torch.float32] * 2 * len(state))
     hidden = _call("mamba_decode", dims, (cfg.layer_norm_epsilon,), weights, embedding, state, new_state)
     return hidden, [tuple(new_state[i:i + 2]) for i in range(0, len(new_state), 2)]

@@ -161,7 +161,10 @@ class TimeMix(nn.Module):
         al = (xa @ self.a1) @ self.a2
         vl = None if v_first is None else (xv @ self.v1) @ self.v2
         g = torch.sigmoid(xg @ self.g1) @ self.g2
-        if not self.wide_in_context_rate and decode.runs_in_c(self, backend, x, head_size=self.r_k.shape[1]):
+        # on a CPU without gradients: the rest in one C pass (every tensor it reads counts, the state's kv included);
+        # not with the wide in-context rate, which the C pass does not compute
+        if not self.wide_in_context_rate and decode.runs_in_c(self, backend, r, k, v, v_first, wl, al, vl, g, kv,
+                                                              head_size=self.r_k.shape[1]):
             y, kv = decode.rwkv7_time_mix(self, r, k, v, v_first, wl, al, vl, g, kv)
         else:
             y, kv = self._mix(r, k, v, v_first, wl, al, vl, g, kv, backend)

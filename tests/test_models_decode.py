@@ -28,13 +28,16 @@ from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
 pytestmark = pytest.mark.skipif(not native.available(), reason=f"C loops unavailable: {native.unavailable_reason()}")
 
 VOCAB = 50
-MODELS = {
-    "rwkv4": lambda: RwkvForCausalLM(RwkvConfig(vocab_size=VOCAB, hidden_size=40, num_hidden_layers=4,
-                                                attention_hidden_size=24, intermediate_size=56, rescale_every=2)),
-    "rwkv7": lambda: Rwkv7(Rwkv7Config(vocab_size=VOCAB, n_embd=72, n_layer=3, head_size=24, dim_ffn=88,
-                                       decay_lora=12, a_lora=8, v_lora=20, gate_lora=36)),
-    "mamba": lambda: MambaForCausalLM(MambaConfig(vocab_size=VOCAB, hidden_size=21, num_hidden_layers=3,
-                                                  state_size=5, conv_kernel=3, time_step_rank=3, use_bias=True)),
+MODELS = {   # (config options: a test's own, over these)
+    "rwkv4": lambda **options: RwkvForCausalLM(RwkvConfig(**{
+        **dict(vocab_size=VOCAB, hidden_size=40, num_hidden_layers=4, attention_hidden_size=24,
+               intermediate_size=56, rescale_every=2), **options})),
+    "rwkv7": lambda **options: Rwkv7(Rwkv7Config(**{
+        **dict(vocab_size=VOCAB, n_embd=72, n_layer=3, head_size=24, dim_ffn=88, decay_lora=12, a_lora=8,
+               v_lora=20, gate_lora=36), **options})),
+    "mamba": lambda **options: MambaForCausalLM(MambaConfig(**{
+        **dict(vocab_size=VOCAB, hidden_size=21, num_hidden_layers=3, state_size=5, conv_kernel=3,
+               time_step_rank=3, use_bias=True), **options})),
 }
 
 
@@ -49,10 +52,11 @@ def num_threads(n: int):
         torch.set_num_threads(threads)
 
 
-def make(kind: str, dtype=torch.float32, seed: int = 0):
-    """The model with its initialization spread by noise (so that no weight is a constant), in eval mode."""
+def make(kind: str, dtype=torch.float32, seed: int = 0, **options):
+    """The model (config ``options`` over MODELS') with its initialization spread by noise (so that no weight is a
+    constant), in eval mode."""
     torch.manual_seed(seed)
-    model = MODELS[kind]()
+    model = MODELS[kind](**options)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -121,14 +125,35 @@ def test_a_bf16_step_computes_in_fp32(kind):
 
 @pytest.mark.parametrize("kind", MODELS)
 def test_results_do_not_depend_on_the_thread_count(kind):
+    """The C code promises the same bits with any thread count: every token a C step (the state never leaves it),
+    the states compared bit for bit. The logits come from torch's head matmul, whose split over threads is torch's
+    and not promised (nor were the torch ops of a prompt, which this compared bit for bit): within the fp32 budget."""
     model = make(kind)
     ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
     results = []
     for n in (1, 2, 3):
+        state, logits = None, []
+        with num_threads(n), torch.no_grad():
+            for t in range(ids.shape[1]):
+                out, state = run(model, ids[:, t:t + 1], state)
+                logits.append(out)
+        results.append((torch.cat(logits, 1), torch.cat([s.flatten() for s in tree_leaves(state)])))
+    for logits, state in results[1:]:
+        assert torch.equal(state, results[0][1])
+        assert_close(logits, results[0][0], FP32_BUDGET, f"{kind} logits")
+
+
+def test_rwkv7_prompt_time_mix_does_not_depend_on_the_thread_count():
+    """The prompt's C time mix, its (batch row, head) items split over 1, 2 or 3 threads: the same bits."""
+    att = make("rwkv7").blocks[1].att
+    generator = torch.Generator().manual_seed(13)
+    acts = [torch.randn(2, 5, 72, generator=generator) for _ in range(8)]
+    kv = torch.randn(2, 3, 24, 24, generator=generator)
+    results = []
+    for n in (1, 2, 3):
         with num_threads(n):
-            results.append(pieces(model, ids))
-    flat = [torch.cat([logits.flatten(), *(s.flatten() for s in tree_leaves(state))]) for logits, state in results]
-    assert torch.equal(flat[0], flat[1]) and torch.equal(flat[0], flat[2])
+            results.append(torch.cat([t.flatten() for t in decode.rwkv7_time_mix(att, *acts, kv)]))
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
 
 
 @pytest.mark.parametrize("kind", MODELS)
@@ -268,3 +293,132 @@ def test_a_forked_child_on_one_thread_decodes_alike():
     if child.is_alive():
         child.kill()
     assert child.exitcode == 0
+
+
+def _poisoned(kind, where):
+    """The model and a state (from two tokens on the torch path) with a NaN or +inf put at ``where``: a state
+    tensor's first number ("state i") or a parameter's ("param name")."""
+    model = make(kind)
+    with torch.no_grad():
+        _, state = run(model, torch.tensor([[3, 4]]), backend="torch")
+        state = copy.deepcopy(state)
+        what, name, value = where
+        target = tree_leaves(state)[name] if what == "state" else model.get_parameter(name)
+        target[(0,) * target.dim()] = value
+    return model, state
+
+
+NONFINITE_CASES = [  # kind, (where, which, value): each where a comparison or clamp once dropped the NaN
+    ("rwkv4", ("state", 0, float("nan"))), ("rwkv4", ("state", 0, float("inf"))),            # ffn_x_prev: ReLU
+    ("rwkv4", ("param", "rwkv.blocks.1.feed_forward.key.weight", float("nan"))),
+    ("rwkv4", ("param", "rwkv.blocks.1.attention.receptance.weight", float("nan"))),          # sigmoid(r)
+    ("rwkv4", ("param", "rwkv.blocks.1.feed_forward.receptance.weight", float("nan"))),
+    ("rwkv7", ("state", 2, float("nan"))), ("rwkv7", ("state", 2, float("inf"))),            # ffn_x_prev: ReLU
+    ("rwkv7", ("param", "blocks.1.ffn.key.weight", float("nan"))),
+    ("rwkv7", ("param", "blocks.1.att.g1", float("nan"))),                                    # sigmoid gate
+    ("rwkv7", ("param", "blocks.1.att.w1", float("nan"))),                                    # tanh
+    ("mamba", ("state", 0, float("nan"))), ("mamba", ("state", 1, float("nan"))),
+    ("mamba", ("param", "backbone.layers.1.mixer.A_log", float("nan"))),                      # e^A_log
+]
+
+
+@pytest.mark.parametrize("kind, where", NONFINITE_CASES, ids=[f"{k}-{w[0]}-{w[1]}-{w[2]}" for k, w in NONFINITE_CASES])
+def test_nonfinite_inputs_give_nan_where_the_torch_ops_do(kind, where, count_steps):
+    """The design's rule, NaN at the same places on every backend, for the C step: decode.c is built with
+    -ffinite-math-only, under which a ReLU written as `k > 0 ? k k : 0` or a clamp before e^x turned NaN and +inf
+    into finite logits."""
+    model, state = _poisoned(kind, where)
+    with torch.no_grad():
+        fused, fused_state = run(model, torch.tensor([[5]]), state)
+        expected, expected_state = run(model, torch.tensor([[5]]), state, backend="torch")
+    assert count_steps == [f"{kind}_decode"]
+    assert torch.isnan(expected).any()          # the case means something: the torch ops give NaN here
+    assert torch.equal(torch.isnan(fused), torch.isnan(expected))
+    for a, b in zip(tree_leaves(fused_state), tree_leaves(expected_state)):   # the scan's C loop makes a whole
+        assert torch.isnan(a)[torch.isnan(b)].all()                           # channel NaN (kernels/native.c)
+
+
+KEPT_FP32 = {"rwkv4": ("time_decay", "time_first"), "mamba": ("A_log", "D"), "rwkv7": ("w0",)}
+
+
+def mixed(kind):
+    """The model in bf16 with its decays kept fp32, as transformers keeps RWKV-4's time_decay and time_first
+    (_keep_in_fp32_modules) and Mamba's A_log and D, and fla RWKV-7's w0."""
+    model = make(kind, torch.bfloat16)
+    for module in model.modules():
+        for name in KEPT_FP32[kind]:
+            if name in module._parameters:
+                module._parameters[name].data = module._parameters[name].data.float()
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16, torch.float32}
+    return model
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_parameters_of_mixed_dtypes(kind, count_steps):
+    """Each weight reaches the C step with its own dtype flag: one flag for all read the fp32 decays as bf16 (logits
+    3-9% off) and a bf16 tensor as fp32, past its end. The step within bf16's budget of the float64 forward of the
+    same weights, and of the torch path."""
+    model = mixed(kind)
+    ids = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(6))
+    logits, state = pieces(model, ids)
+    assert count_steps == [f"{kind}_decode"] * 4
+    with torch.no_grad():
+        expected, expected_state = run(copy.deepcopy(model).double(), ids)
+        torch_ops, _ = run(model, ids, backend="torch")
+    assert_close(logits.double(), expected, BF16_BUDGET, f"{kind} logits, decays fp32")
+    assert_close(torch.cat([s.flatten() for s in tree_leaves(state)]).double(),
+                 torch.cat([s.flatten() for s in tree_leaves(expected_state)]), BF16_BUDGET, f"{kind} state")
+    assert_close(logits.double(), torch_ops.double(), BF16_BUDGET, f"{kind} logits against the torch path")
+
+
+def test_rwkv7_prompt_time_mix_with_w0_fp32():
+    """The prompt's C time mix reads each of its per-channel parameters with its own dtype (it read all with r_k's)."""
+    model = mixed("rwkv7")
+    ids = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        logits, state = run(model, ids)
+        expected, expected_state = run(copy.deepcopy(model).double(), ids)
+    assert_close(logits.double(), expected, BF16_BUDGET, "logits")
+    assert_close(torch.cat([s.flatten() for s in tree_leaves(state)]).double(),
+                 torch.cat([s.flatten() for s in tree_leaves(expected_state)]), BF16_BUDGET, "state")
+
+
+@pytest.mark.parametrize("T", [1, 4])                   # 1: the one-token step; 4: RWKV-7's prompt time mix
+@pytest.mark.parametrize("kind", MODELS)
+def test_state_tuning_gradients(kind, T):
+    """Frozen weights and a trainable initial state ("state tuning"): the C paths decided "no gradient" from the
+    weights and x alone, so the state got none (or a wrong one). Gradients of every state tensor as backend="torch"
+    gives them."""
+    model = make(kind).requires_grad_(False)
+    ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        _, start = run(model, torch.tensor([[3, 4]]), backend="torch")
+    weights = torch.randn(1, T, VOCAB, generator=torch.Generator().manual_seed(9))
+    grads = {}
+    for backend in (None, "torch"):
+        state = copy.deepcopy(start)
+        leaves = tree_leaves(state)
+        for s in leaves:
+            s.requires_grad_()
+        logits, _ = run(model, ids, state, backend=backend)
+        grads[backend] = torch.autograd.grad((logits * weights).sum(), leaves, allow_unused=True)
+    for i, (got, expected) in enumerate(zip(grads[None], grads["torch"])):
+        if expected is None:
+            assert got is None, f"state tensor {i}"
+            continue
+        assert got is not None, f"state tensor {i} got no gradient"
+        assert_close(got.double(), expected.double(), FP32_BUDGET, f"{kind} T={T} gradient of state tensor {i}")
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_a_step_with_another_layer_norm_eps(kind, count_steps):
+    """layer_norm_epsilon = 0.1, far from the default 1e-5: the blocks' norms take it, and RWKV-4's ln_out keeps
+    1e-5 as transformers builds it (mutant D04, the C step's ln_out taking the config's eps, survived every test
+    model at 1e-5: 0.92 relative error here)."""
+    model = make(kind, layer_norm_epsilon=0.1)
+    ids = torch.tensor([[7]])
+    with torch.no_grad():
+        fused, _ = run(model, ids)
+        expected, _ = run(copy.deepcopy(model).double(), ids)
+    assert count_steps == [f"{kind}_decode"]
+    assert_close(fused.double(), expected, FP32_BUDGET, f"{kind} logits at eps 0.1")

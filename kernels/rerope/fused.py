@@ -37,7 +37,7 @@ import math
 
 import torch
 
-from seqmix.kernels._common import GPU_SMS, Launch, new_output, tl, triton
+from seqmix.kernels._common import GPU_SMS, Launch, first_order_only, new_output, tl, triton
 from seqmix.kernels._flash import (block_d, dot_precision, flash_delta, flash_grid, flash_head, flash_launch,
                                    load_row_stats, load_tile, online_softmax_step, softmax_tile_grad, store_tile)
 from seqmix.kernels.rerope.rotation import FAR_K, FAR_Q, NEAR, cached_rotation_table, log_n, rotate
@@ -585,6 +585,7 @@ class ReropeFunction(torch.autograd.Function):
         return o
 
     @staticmethod
+    @first_order_only
     def backward(ctx, do):
         return (*rerope_bwd(*ctx.saved_tensors, do, *ctx.args), None, None, None, None, None)
 

@@ -18,7 +18,7 @@ from collections import namedtuple
 
 import torch
 
-from seqmix.kernels._common import accumulation_dtype, all_finite
+from seqmix.kernels._common import accumulation_dtype, all_finite, first_order_only
 from seqmix.kernels.rerope.rotation import FAR_K, FAR_Q, NEAR, cos_sin, log_n, rotate, rotation_table
 
 __all__ = ["ReropeTorchFunction", "rerope_torch", "rerope_decode_torch"]
@@ -189,6 +189,7 @@ class ReropeTorchFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order_only
     def backward(ctx, do):
         q, k, v, out, lse, rot = ctx.saved_tensors
         window, scale, train_length = ctx.args

@@ -56,7 +56,9 @@ def cached_rotation_table(T, d, window, leaky_k, base, device):
 
 class _Rotate(torch.autograd.Function):
     """R x in the rotate-half layout: (x1 cos - x2 sin, x2 cos + x1 sin), written straight into one output (no
-    temporaries: this runs on whole (B, H, T, d) tensors). (cos, -sin) gives R^T x, which is also the backward."""
+    temporaries: this runs on whole (B, H, T, d) tensors). (cos, -sin) gives R^T x, which is also the backward: a
+    rotation again, by this Function, so that it is differentiable any number of times (apply_to's out= writes are
+    not)."""
 
     @staticmethod
     def forward(ctx, x, cos, sin):
@@ -66,7 +68,7 @@ class _Rotate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         cos, sin = ctx.saved_tensors
-        return _Rotate.apply_to(grad, cos, -sin), None, None
+        return _Rotate.apply(grad, cos, -sin), None, None
 
     @staticmethod
     def apply_to(x, cos, sin):
