@@ -72,3 +72,18 @@ def selective_copy(histories, path) -> None:
     ax.set(xlabel="training step", ylabel="validation accuracy", ylim=(-0.02, 1.02), title="selective copying")
     ax.legend(fontsize=8)
     _save(fig, path)
+
+
+def language_model(curves, control, path) -> None:
+    """Validation bits per byte against tokens seen, a line per model; ``control`` (the bigram's bits per byte,
+    or None) as a dashed horizontal line. curves: {label: [(tokens, bits per byte)]}."""
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.subplots()
+    for label, points in curves.items():
+        tokens, bits = zip(*points)
+        ax.plot(tokens, bits, marker=".", label=label)
+    if control is not None:
+        ax.axhline(control, color="grey", linestyle="--", label="bigram (control)")
+    ax.set(xlabel="training tokens seen", ylabel="validation bits per byte", title="byte-level language models")
+    ax.legend(fontsize=8)
+    _save(fig, path)
