@@ -62,7 +62,8 @@ from seqmix.experiments.training import Budget, Run, decay_groups, evaluate, ext
 from seqmix.models.cli import load_model
 
 __all__ = ["Setup", "FULL", "QUICK", "ARCHS", "KEEP_FP32", "BigramModel", "byte_tokenizer", "build", "bpb",
-           "as_stored", "ship", "measure_speed", "run", "report", "main"]
+           "keeps_fp32", "as_stored", "round_as_stored", "ship", "consecutive_windows", "measure_speed",
+           "generation_speed", "run", "report", "main"]
 
 NAME = "language_model"
 ARCHS = ("rwkv4", "rwkv7", "mamba", "attention")
@@ -173,7 +174,8 @@ def bpb(nats: float) -> float:
     return nats / LN2
 
 
-def _keeps_fp32(arch: str, name: str) -> bool:
+def keeps_fp32(arch: str, name: str) -> bool:
+    """Whether parameter ``name`` (the model's own state-dict name) is shipped fp32 (KEEP_FP32)."""
     return any(name == k or name.endswith("." + k) for k in KEEP_FP32[arch])
 
 
@@ -182,7 +184,7 @@ def as_stored(model, arch: str):
     """A copy of ``model`` in the shipped dtypes: fp16, the KEEP_FP32 parameters fp32."""
     stored = copy.deepcopy(model)
     for name, p in stored.named_parameters():
-        p.data = p.data.float() if _keeps_fp32(arch, name) else p.data.to(STORED_DTYPE)
+        p.data = p.data.float() if keeps_fp32(arch, name) else p.data.to(STORED_DTYPE)
     return stored
 
 
@@ -190,7 +192,7 @@ def as_stored(model, arch: str):
 def round_as_stored(model, arch: str) -> None:
     """In place: every parameter rounded as it is shipped (fp16, KEEP_FP32 ones kept), in fp32."""
     for name, p in model.named_parameters():
-        if not _keeps_fp32(arch, name):
+        if not keeps_fp32(arch, name):
             p.copy_(p.to(STORED_DTYPE).float())
 
 
@@ -415,13 +417,13 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
         rows.append(["bigram (add-one)", f"{VOCAB * VOCAB:,} counts", "-", "-", "-", "-", "-",
                      f"{bigram['validation_bpb']:.3f}", f"{bigram['test_bpb']:.3f}", "(control)", "-"])
     b = setup.budget
+    span = "the whole split" if setup.eval_bytes is None else f"the first {setup.eval_bytes:,} bytes of each split"
+    extended = "" if setup.extend is None else ", the grid extended past an edge winner"
     text = (f"# Small byte-level language models on the standard library's sources\n\n"
             f"Four models of about equal size, vocabulary 256 (bytes), trained alike: {b.steps} steps of "
             f"{b.batch_size} windows of {setup.seq_len} bytes ({b.steps * tps:,} tokens), AdamW, warmup then cosine; "
-            f"each at the rate its pilot chose on validation loss ({setup.pilot_steps} steps per rate, the grid "
-            f"extended past an edge winner). Bits per byte over "
-            f"{'the whole split' if setup.eval_bytes is None else f'the first {setup.eval_bytes:,} bytes of each split'}"
-            f" (every byte after the first predicted once), measured on the shipped weights (fp16, decays fp32). The "
+            f"each at the rate its pilot chose on validation loss ({setup.pilot_steps} steps per rate{extended}). "
+            f"Bits per byte over {span} (every byte after the first predicted once), measured on the shipped weights (fp16, decays fp32). The "
             f"control is a bigram model of the train split with add-one smoothing, computed exactly. CPU tokens/s: "
             f"tokens per second of process CPU time, one thread (the machine is shared; wall clock varies). "
             f"Generation: greedy, one thread, wall clock. {setup.note}\n\n")
