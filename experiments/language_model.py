@@ -425,8 +425,8 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
             f"each at the rate its pilot chose on validation loss ({setup.pilot_steps} steps per rate{extended}). "
             f"Bits per byte over {span} (every byte after the first predicted once), measured on the shipped "
             f"weights (fp16, decays fp32). The control is a bigram model of the train split with add-one "
-            f"smoothing, computed exactly. CPU tokens/s: tokens per second of process CPU time, one thread (the machine is shared; wall clock varies). "
-            f"Generation: greedy, one thread, wall clock. {setup.note}\n\n")
+            f"smoothing, computed exactly. CPU tokens/s: tokens per second of process CPU time, one thread (the "
+            f"machine is shared; wall clock varies). Generation: greedy, one thread, wall clock. {setup.note}\n\n")
     text += markdown_table(["model", "parameters", "speed probe (tokens/CPU s)", "pilot rates", "chosen rate",
                             "tokens", "training tokens/CPU s", "validation bpb", "test bpb", "beats bigram",
                             "generation tokens/s"], rows)
