@@ -245,3 +245,16 @@ def test_generate_streams_text_from_each_shipped_model(weights, name, capsys):
     assert cli.main(argv) == 0
     out, err = capsys.readouterr()
     assert out.strip() and "decode: 20 tokens" in err, (out, err)
+
+
+def test_full_weights_fit_the_16_mb_allowance():
+    """What the full run ships: each shipped model's stored tensors (fp16, decays fp32), RWKV-7 twice (the fla
+    directory and the .pth), under 16 MB in all."""
+    total = 0
+    for spec in lm.FULL.models:
+        arch = spec[0]
+        if arch in lm.SHIPPED:
+            stored = lm.as_stored(lm.build(*spec, lm.FULL.seq_len), arch)
+            size = sum(t.numel() * t.element_size() for t in stored.state_dict().values())
+            total += size * (2 if arch == "rwkv7" else 1)
+    assert total < 16e6, total
