@@ -10,6 +10,8 @@ import json
 import math
 import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -258,3 +260,11 @@ def test_full_weights_fit_the_16_mb_allowance():
             size = sum(t.numel() * t.element_size() for t in stored.state_dict().values())
             total += size * (2 if arch == "rwkv7" else 1)
     assert total < 16e6, total
+
+
+def test_the_generate_command_streams_from_the_pth(weights):
+    """The command as a user types it, in a process of its own (the other generate tests call cli.main)."""
+    command = [sys.executable, "-m", "seqmix.generate", str(weights / "rwkv7.pth"), "--tokenizer",
+               str(weights / "tokenizer.json"), "--prompt", "def ", "--max-new-tokens", "20"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() and "decode: 20 tokens" in done.stderr, done
