@@ -262,9 +262,12 @@ def test_full_weights_fit_the_16_mb_allowance():
     assert total < 16e6, total
 
 
-def test_the_generate_command_streams_from_the_pth(weights):
-    """The command as a user types it, in a process of its own (the other generate tests call cli.main)."""
-    command = [sys.executable, "-m", "seqmix.generate", str(weights / "rwkv7.pth"), "--tokenizer",
-               str(weights / "tokenizer.json"), "--prompt", "def ", "--max-new-tokens", "20"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)   # shared, loaded CPUs
+def test_the_generate_command_streams_from_a_pth(tmp_path):
+    """The command as a user types it, in a process of its own (the other generate tests call cli.main), on a
+    fresh RWKV-7 shipped by ship (not the quick run's: this test needs no training)."""
+    torch.manual_seed(0)
+    lm.ship(lm.build("rwkv7", 64, 1, 64, 8), "rwkv7", tmp_path)
+    command = [sys.executable, "-m", "seqmix.generate", str(tmp_path / "rwkv7.pth"), "--tokenizer",
+               str(tmp_path / "tokenizer.json"), "--prompt", "def ", "--max-new-tokens", "20"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=500)   # shared, loaded CPUs
     assert done.returncode == 0 and done.stdout.strip() and "decode: 20 tokens" in done.stderr, done
