@@ -6,7 +6,7 @@ import numpy as np
 from matplotlib.figure import Figure     # figures without pyplot: no backend is chosen, none is changed
 
 __all__ = ["recall", "extrapolation", "selective_copy", "state_tracking", "recall_mechanism", "step_sizes",
-           "transition_eigenvalues", "mean_and_range"]
+           "transition_eigenvalues", "language_model", "mean_and_range"]
 
 
 def mean_and_range(values):
@@ -155,4 +155,19 @@ def transition_eigenvalues(layers: list, tokens, path) -> None:
         ax.set(title=f"layer {i}", xlabel="smallest real eigenvalue of G_t")
     axes[0].set_ylabel("density")
     axes[-1].legend(fontsize=8)
+    _save(fig, path)
+
+
+def language_model(curves, control, path) -> None:
+    """Validation bits per byte against tokens seen, a line per model; ``control`` (the bigram's bits per byte,
+    or None) as a dashed horizontal line. curves: {label: [(tokens, bits per byte)]}."""
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.subplots()
+    for label, points in curves.items():
+        tokens, bits = zip(*points)
+        ax.plot(tokens, bits, marker=".", label=label)
+    if control is not None:
+        ax.axhline(control, color="grey", linestyle="--", label="bigram (control)")
+    ax.set(xlabel="training tokens seen", ylabel="validation bits per byte", title="byte-level language models")
+    ax.legend(fontsize=8)
     _save(fig, path)
