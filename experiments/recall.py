@@ -173,8 +173,8 @@ def _skipped(results: Results, cell: Cell, seed: int) -> bool:
 
 
 def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = True) -> Results:
-    """Every cell of ``setup`` not yet in <out>/recall.json, in order: its sweep, its seeds' final runs; then the
-    longer runs of the cells that failed."""
+    """Every cell of ``setup`` not yet in <out>/recall.json, in order: its sweep, its seeds' final runs, and the
+    longer runs of its failed runs (long_runs)."""
     with torch_settings(threads):
         results, env = Results(out, NAME), environment(threads)
         for cell in setup.cells:
@@ -185,28 +185,33 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
                              partial(_make_run, setup, out, cell.arch, cell.width, cell.pairs), lrs, setup.budget,
                              seed=seed, seeds=cell.seeds, rungs=1, finish=partial(_finish, setup, out, seed),
                              env=env, progress=progress, extend=setup.extend)
-        long_runs(results, setup, out, env, seed, progress)
+            long_runs(results, setup, out, env, cell, seed, progress)
         report(results, setup, out)
         return results
 
 
-def long_runs(results: Results, setup: Setup, out, env: dict, seed: int = 0, progress: bool = True) -> None:
-    """Is it the budget? Each cell of the control's width and pairs whose first seed stayed below
-    setup.long_below trains long_factor times longer at its chosen rate (the schedule stretched to match); rows
-    of phase "long"."""
+def long_runs(results: Results, setup: Setup, out, env: dict, cell: Cell, seed: int = 0,
+              progress: bool = True) -> None:
+    """Is it the budget? At the control's width and pairs, a run that failed trains long_factor times longer at its
+    chosen rate (the schedule stretched to match), so that no failure is put down to budget unmeasured: every seed
+    of the control below setup.control_accuracy, and the first seed of the other models below setup.long_below.
+    Rows of phase "long"."""
     control = setup.control
+    if (cell.width, cell.pairs) != (control.width, control.pairs):
+        return
     budget = replace(setup.budget, steps=setup.long_factor * setup.budget.steps)
-    for arch in setup.archs:
-        key = dict(arch=arch, width=control.width, pairs=control.pairs, seed=seed)
-        test, sweep = results.find(phase="test", **key), results.find(phase="sweep", **key)
-        if test is None or test["test_accuracy"] >= setup.long_below or results.find(phase="long", **key):
+    seeds = range(seed, seed + cell.seeds) if cell == control else (seed,)
+    threshold = setup.control_accuracy if cell == control else setup.long_below
+    for s in seeds:
+        key = dict(arch=cell.arch, width=cell.width, pairs=cell.pairs, seed=s)
+        test = results.find(phase="test", **key)
+        if test is None or test["test_accuracy"] >= threshold or results.find(phase="long", **key):
             continue
-        run = _make_run(replace(setup, budget=budget), out, arch, control.width, control.pairs, seed,
-                        sweep["chosen_lr"])
+        run = _make_run(replace(setup, budget=budget), out, cell.arch, cell.width, cell.pairs, s, test["lr"])
         round_to_fp16(run.train_to(budget.steps, progress).model)          # as the final runs are measured
-        test = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, control.pairs, setup.test_size))
-        results.add({**key, "phase": "long", **run.summary(), "test_accuracy": test["accuracy"],
-                     "test_queries": test["count"], "env": env})
+        found = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, cell.pairs, setup.test_size))
+        results.add({**key, "phase": "long", **run.summary(), "test_accuracy": found["accuracy"],
+                     "test_queries": found["count"], "env": env})
 
 
 def test_accuracies(results: Results, **setting) -> list:
@@ -257,12 +262,15 @@ def report(results: Results, setup: Setup, out) -> str:
                   markdown_table(["model", *(f"C = {w}" for w in widths)], rows)]
     long = results.select(phase="long")
     if long:
-        rows = [[r["arch"], f"{r['lr']:.2g}", r["steps"], fmt(r["test_accuracy"]),
-                 fmt(test_accuracies(results, arch=r["arch"], width=r["width"], pairs=r["pairs"])[0])] for r in long]
+        rows = [[r["arch"], r["seed"], f"{r['lr']:.2g}", r["steps"], fmt(r["test_accuracy"]),
+                 fmt(results.find(phase="test", arch=r["arch"], width=r["width"], pairs=r["pairs"],
+                                  seed=r["seed"])["test_accuracy"])] for r in long]
         lines += [f"\n## Is it the budget? {setup.long_factor} times the steps at C = {c.width}, N = {c.pairs}\n\n"
-                  f"The first seed of each model below {fmt(setup.long_below, 0)} at its chosen rate, trained for up "
-                  f"to {setup.long_factor * setup.budget.steps} steps (the schedule stretched to match).\n\n",
-                  markdown_table(["model", "rate", "steps", "test accuracy", f"at {setup.budget.steps} steps"], rows)]
+                  f"Each failed run of the control (below {fmt(setup.control_accuracy, 0)}) and the first seed of "
+                  f"each other model below {fmt(setup.long_below, 0)}, again at its rate with up to "
+                  f"{setup.long_factor * setup.budget.steps} steps (the schedule stretched to match).\n\n",
+                  markdown_table(["model", "seed", "rate", "steps", "test accuracy", f"at {setup.budget.steps} steps"],
+                                 rows)]
     differences = (f"vocabulary {setup.vocab_size} (Zoology: 8192)", f"batch {setup.budget.batch_size} and at most "
                    f"{setup.budget.steps} steps (Zoology: batch 512, 64 epochs of 100k sequences, about 12.5k steps)",
                    *DIFFERENCES)
