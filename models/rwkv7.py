@@ -192,7 +192,8 @@ class TimeMix(nn.Module):
         # the normalized value there is just the bias.
         ln_x = self.ln_x
         y = torch.group_norm(y.reshape(B * T, C), ln_x.num_groups, ln_x.weight, ln_x.bias, ln_x.eps).view(B, T, C)
-        y = y + ((heads(r) * heads(k) * self.r_k).sum(-1, keepdim=True) * heads(v)).view(B, T, C)
+        # the bonus in r's dtype: an r_k stored in another (fp32 beside bf16 weights) would promote y past the output
+        y = y + ((heads(r) * heads(k) * self.r_k.to(r.dtype)).sum(-1, keepdim=True) * heads(v)).view(B, T, C)
         return y * g, kv
 
 

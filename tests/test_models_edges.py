@@ -3,7 +3,7 @@ batch 0 (C11), logits_to_keep < 0 (I11), state dtypes other than fp32 / float64 
 import pytest
 import torch
 
-from seqmix.kernels.testing import FP32_BUDGET, assert_close
+from seqmix.kernels.testing import BF16_BUDGET, FP32_BUDGET, assert_close
 from seqmix.models.mamba import MambaConfig, MambaForCausalLM
 from seqmix.models.rwkv4 import RwkvConfig, RwkvForCausalLM
 from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
@@ -104,3 +104,21 @@ def test_rwkv7_head_size_1_at_one_token():
     ids = np.array([[5]])
     params = {k: v.double().numpy() for k, v in model.state_dict().items()}
     assert_close(run(model, torch.as_tensor(ids)), ref.forward(params, ids)[0], FP32_BUDGET, "head size 1, one token")
+
+
+@pytest.mark.parametrize("r_k_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("backend, grad", [(None, False), (None, True), ("torch", False)])
+def test_rwkv7_bonus_weights_in_another_dtype(r_k_dtype, backend, grad):
+    """The review's r_k item: a bf16 RWKV-7 whose r_k is stored fp16 (KeyError in the C time mix) or fp32 (a dtype
+    error in the output projection on the torch path) gives the logits of r_k in bf16, within the bf16 budget."""
+    torch.manual_seed(0)
+    model = rwkv7().eval().bfloat16()
+    ids = torch.tensor([[1, 60, 7, 0, 5]])
+    with torch.no_grad():
+        expected = run(model, ids)
+    for block in model.blocks:
+        block.att.r_k.data = block.att.r_k.data.to(r_k_dtype)
+    with torch.set_grad_enabled(grad):
+        got = model(ids, backend=backend)[0]
+    assert got.dtype == torch.bfloat16
+    assert_close(got.float(), expected.float(), BF16_BUDGET, f"logits with r_k in {r_k_dtype}")
