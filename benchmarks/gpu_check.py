@@ -16,22 +16,25 @@ On a CUDA GPU, in order (``--parts`` runs a subset; the most important first, fo
 2. no crash at the documented limits (README, "Shape limits"): decode at B H = 65,536 (grid axis 0); WKV-4 at
    T C > 2^31 and the scan at D T > 2^31 (64-bit offsets): the last channels of the big launch must equal, bit for
    bit, a launch on those channels alone, whose offsets are small.
-3. fast as predicted: each op at the benchmark shapes (benchmarks/README.md), fp32 and bf16, forward and forward +
-   backward, timed with CUDA events (warm-up, median of repeats), beside what a GPU user would otherwise run in the
-   same process: the torch backend, torch SDPA (flash backend in bf16) with RoPE, the two-pass ReRoPE, fla's
-   chunk_rwkv7 and fused_recurrent_rwkv7 (where fla imports); then the cost model's prediction
-   (benchmarks/cost_model.py) beside each measured Triton time.
+3. fast as predicted (parts timing, cost_model, peers): seqmix's Triton and torch backends at the benchmark shapes
+   (benchmarks/README.md), fp32 and bf16, forward and forward + backward, timed with CUDA events (warm-up, median of
+   repeats); the cost model's prediction (benchmarks/cost_model.py) beside each Triton time; then, in the same
+   process, what a GPU user would otherwise run: torch SDPA (flash backend in bf16) with RoPE, the two-pass ReRoPE,
+   fla's chunk_rwkv7 and fused_recurrent_rwkv7 (where fla imports; it autotunes on first use, hence last).
 
 Pass criteria (``CRITERIA``): every comparison of step 1 within budget and deterministic; every launch of step 2
-finishes and matches; every forward kernel of step 3 within 2x of the cost model's prediction, or the report carries
-an explanation for it (``--explain kernel=text``). The exit status is 0 only when all hold.
+finishes and matches; every op's Triton forward within 2x of the cost model's prediction, or the report carries an
+explanation for it (``--explain OP=TEXT``). The exit status is 0 only when all hold. A part that raises is recorded
+and the next one starts; a lost CUDA context (an illegal address) restarts the run in a fresh process for the parts
+left; the parts compile, correct and determinism run their items in worker processes (``--workers``), so that
+Triton's compiles, one thread each, run in parallel.
 
-The GPU machine's one command (benchmarks/README.md, "The first GPU run", says how to fetch the wheels it carries):
+The GPU machine's one command, with ``carry: ["benchmarks/wheels"]`` and ``timeout_s: 420`` (benchmarks/README.md,
+"The first GPU run", says how to fetch the wheels first and what to run after a fix):
 
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site benchmarks/wheels/*.whl &&
-    export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 &&
-    python3 -m pip install -q --no-deps --no-build-isolation -e . &&
-    timeout 330 python3 -m seqmix.benchmarks.gpu_check --out $OUT --budget-s 300
+    set -o pipefail; python3 -m pip install -q --no-index --no-deps --target /tmp/site benchmarks/wheels/*.whl &&
+    export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && python3 -m pip install -q --no-deps --no-build-isolation -e . &&
+    nvidia-smi && python3 -m seqmix.benchmarks.gpu_check --out $OUT --budget-s 300 2>&1 | tee $OUT/gpu_check.log
 """
 from __future__ import annotations
 
@@ -63,12 +66,14 @@ CRITERIA = (
     "explanation in the report",
 )
 
-PARTS = ("compile", "correct", "determinism", "limits", "timing", "cost_model")
-
-STEPS = {"compile": "0", "correct": "1", "determinism": "1", "limits": "2", "timing": "3", "cost_model": "3"}
+# The parts in the order they run: the most important first, for a run cut short.
+PARTS = ("compile", "correct", "determinism", "limits", "timing", "cost_model", "peers")
+STEPS = {"compile": "0", "correct": "1", "determinism": "1", "limits": "2", "timing": "3", "cost_model": "3",
+         "peers": "3"}
 PART_FUNCTIONS = {"compile": gpu_correct.part_compile, "correct": gpu_correct.part_correct,
                   "determinism": gpu_correct.part_determinism, "limits": gpu_correct.part_limits,
-                  "timing": gpu_timing.part_timing, "cost_model": gpu_timing.part_cost_model}
+                  "timing": gpu_timing.part_timing, "cost_model": gpu_timing.part_cost_model,
+                  "peers": gpu_timing.part_peers}
 
 
 # ---------------------------------------------------------------------------------------------------- the run
@@ -298,11 +303,13 @@ def render(record: dict) -> str:
 
 
 def _verdict(record: dict, explanations: dict) -> tuple[str, bool]:
-    """PASS when no part failed, no row failed, erred or was stopped, and every op's forward is within 2x of its
-    prediction or explained (not asked of a dry run: the interpreter's times say nothing of a GPU's)."""
+    """PASS when no part failed, no row failed, erred or was stopped (a peer's error is its own), and every op's
+    forward is within 2x of its prediction or explained (not asked of a dry run: the interpreter's times say nothing
+    of a GPU's)."""
     problems = [f"{p['name']}: {p['status']}" for p in record["parts"] if p["status"] != "ok"]
-    problems += [f"{p['name']}: {r.get('op', r.get('what'))} {r.get('dtype', '')}" for p in record["parts"]
-                 for r in p["rows"] if r.get("ok") is False or isinstance(r.get("error"), str) or "stopped" in r]
+    problems += [f"{p['name']}: {r.get('op', r.get('what'))} {r.get('dtype', '')} {r.get('impl', '')}".rstrip()
+                 for p in record["parts"] for r in p["rows"] if r.get("ok") is False or "stopped" in r
+                 or (isinstance(r.get("error"), str) and r.get("impl", "seqmix").startswith("seqmix"))]
     problems += [f"cost_model: {r['op']} {r['dtype']} {r['ratio']:.3g}x" for p in record["parts"]
                  if p["name"] == "cost_model" and not record["dry_run"] for r in p["rows"]
                  if r["mode"] == "forward" and r["ratio"]
@@ -343,7 +350,7 @@ def main(argv=None) -> int:
                         "the CPU count - 2, at most 12, on a GPU; 1, this process, on a dry run)")
     parser.add_argument("--explain", action="append", default=[], metavar="KERNEL=TEXT",
                         help="why an op's forward is more than 2x off its prediction (repeatable)")
-    parser.add_argument("--skip-benchmarks", action="store_true", help="leave out timing and cost_model")
+    parser.add_argument("--skip-benchmarks", action="store_true", help="leave out timing, cost_model and peers")
     parser.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)   # a restart after a lost context
     args = parser.parse_args(argv)
     parts = [p for p in args.parts.split(",") if p]
@@ -351,7 +358,7 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"--parts: unknown {unknown}; choose among {', '.join(PARTS)}")
     if args.skip_benchmarks:
-        parts = [p for p in parts if p not in ("timing", "cost_model")]
+        parts = [p for p in parts if p not in ("timing", "cost_model", "peers")]
     if args.dry_run:
         import seqmix
         seqmix.use_interpreter_without_gpu()   # before anything imports triton

@@ -10,7 +10,7 @@ import time
 import torch
 
 __all__ = ["COST_KERNELS", "DRY_SHAPES", "SHAPES", "backward", "describe", "inputs_at", "op_function",
-           "part_cost_model", "part_timing", "seqmix_call", "time_step"]
+           "part_cost_model", "part_peers", "part_timing", "seqmix_call", "time_step"]
 
 # The benchmark shapes (benchmarks/README.md, the cost model's defaults), and tiny ones for --dry-run.
 SHAPES = {"wkv4": dict(B=4, T=2048, C=768), "wkv7": dict(B=1, T=2048, H=12, N=64),
@@ -30,9 +30,20 @@ COST_KERNELS = {"wkv4": ("wkv4_fwd ", ("wkv4_fwd_save", "wkv4_bwd")), "wkv7": ("
 
 
 def part_timing(run, emit):
-    """Every implementation at the benchmark shapes, forward and forward + backward, CUDA events (a CPU timer on a dry
-    run): warm-up, then the median of repeats."""
-    for op, dtype, make, call, impl, mode in _timing_cases(run):
+    """seqmix's Triton and torch backends at the benchmark shapes, forward and forward + backward: CUDA events (a CPU
+    timer on a dry run), warm-up, then the median of repeats."""
+    cases = [case for case in _timing_cases(run) if case[4].startswith("seqmix")]
+    _timed(run, emit, sorted(cases, key=lambda case: case[4] != "seqmix triton"))   # Triton first: the cost model's
+
+
+def part_peers(run, emit):
+    """What a GPU user would otherwise run, timed as part_timing times seqmix: after the cost model, since fla
+    autotunes its kernels on their first call (a run cut short there keeps seqmix's rows and the predictions)."""
+    _timed(run, emit, [case for case in _timing_cases(run) if not case[4].startswith("seqmix")])
+
+
+def _timed(run, emit, cases):
+    for op, dtype, make, call, impl, mode in cases:
         if run.out_of_time():
             return emit({"op": op, "impl": impl, "stopped": "time budget spent"})
         row = {"op": op, "shape": _shape_text(run, op), "dtype": dtype, "impl": impl, "mode": mode}
@@ -57,6 +68,7 @@ def part_cost_model(run, emit):
     or an earlier one's in the same --out folder): forward alone, and the training kernels' sum beside forward +
     backward."""
     from seqmix.benchmarks import cost_model
+    mma = _aot_mma(run, cost_model)
     measured = {(r["op"], r["dtype"], r["mode"]): r["median_s"] for p in run.record["parts"]
                 if p["name"] == "timing" for r in p["rows"] if r.get("impl") == "seqmix triton" and "median_s" in r}
     for model_op, shape in run.shapes.items():
@@ -69,18 +81,34 @@ def part_cost_model(run, emit):
                     picked = [m for m in models if m.dtype == dtype and m.aot_label.startswith(prefixes)]
                     if not picked:
                         continue
-                    predicted = sum(_predict(cost_model, m) for m in picked)
+                    predicted = sum(_predict(cost_model, m, mma.get(m.aot_label)) for m in picked)
                     got = measured.get((op, dtype, mode))
                     kernels = " + ".join(m.aot_label.split()[0] for m in picked)
                     emit({"op": op, "dtype": dtype, "mode": mode, "kernels": kernels,
-                          "shape": picked[0].shape, "predicted_s": predicted, "measured_s": got,
-                          "ratio": got / predicted if got else None})
+                          "shape": picked[0].shape, "mma": ", ".join(mma.get(m.aot_label, "-") for m in picked),
+                          "predicted_s": predicted, "measured_s": got, "ratio": got / predicted if got else None})
 
 
-def _predict(cost_model, m) -> float:
-    """Seconds as cost_model.report predicts them (its MMA kind from the dtype: the AOT build is not run here)."""
-    return cost_model.predict(m.cost, m.dtype, m.dram_bytes, mma=m.dot_unit, latency_s=cost_model.latency(m),
+def _predict(cost_model, m, mma: str | None) -> float:
+    """Seconds as cost_model.report predicts them: the MMA instruction as the AOT build reports it, else the
+    model's own (m.dot_unit, or the dtype's default: FMA units for fp32, mma.sync below)."""
+    return cost_model.predict(m.cost, m.dtype, m.dram_bytes, mma=m.dot_unit or mma, latency_s=cost_model.latency(m),
                               programs=m.programs)[0]
+
+
+def _aot_mma(run, cost_model) -> dict:
+    """{label: the MMA instruction} of the bf16 kernels with dots (flash kernels, chunked WKV-7) at the benchmark
+    shapes, from kernels.aot's sm_90 build as cost_model.report reads it (wgmma where the tiles allow, which the
+    dtype alone would price as mma.sync): about 10 builds in a subprocess. Not on a dry run (the shapes differ from
+    aot_kernels()'), nor with under a minute left."""
+    left = run.seconds_left()
+    if run.dry or (left is not None and left < 60):
+        return {}
+    models = [m for op, shape in run.shapes.items() for m in cost_model.MODEL_BUILDERS[op](**shape)]
+    labels = [m.aot_label for m in models if m.dtype == "bf16" and m.aot_label.startswith(
+        ("attention", "rerope", "wkv7_chunked"))]
+    figures = cost_model.aot_figures(labels)
+    return {label: f["mma"] for label, f in figures.items() if isinstance(f, dict) and "mma" in f}
 
 
 # ---------------------------------------------------------------------------------------------------- the ops
