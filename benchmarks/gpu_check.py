@@ -29,12 +29,12 @@ and the next one starts; a lost CUDA context (an illegal address) restarts the r
 left; the parts compile, correct and determinism run their items in worker processes (``--workers``), so that
 Triton's compiles, one thread each, run in parallel.
 
-The GPU machine's one command, with ``carry: ["benchmarks/wheels"]`` and ``timeout_s: 420`` (benchmarks/README.md,
+The GPU machine's one command, with ``carry: ["benchmarks/wheels"]`` and ``timeout_s: 360`` (benchmarks/README.md,
 "The first GPU run", says how to fetch the wheels first and what to run after a fix):
 
     set -o pipefail; python3 -m pip install -q --no-index --no-deps --target /tmp/site benchmarks/wheels/*.whl &&
     export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && python3 -m pip install -q --no-deps --no-build-isolation -e . &&
-    nvidia-smi && python3 -m seqmix.benchmarks.gpu_check --out $OUT --budget-s 300 2>&1 | tee $OUT/gpu_check.log
+    nvidia-smi && python3 -m seqmix.benchmarks.gpu_check --out $OUT --budget-s 240 2>&1 | tee $OUT/gpu_check.log
 """
 from __future__ import annotations
 
