@@ -297,9 +297,23 @@ def render(record: dict) -> str:
         columns = list(dict.fromkeys(k for row in part["rows"] for k in row))
         if columns:
             lines += ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-            lines += ["| " + " | ".join(_cell(row.get(c, "")).replace("|", "/") for c in columns) + " |"
+            lines += ["| " + " | ".join(_short(_cell(row.get(c, ""))).replace("|", "/") for c in columns) + " |"
                       for row in part["rows"]]
     return "\n".join(lines) + "\n"
+
+
+def _short(text: str, limit: int = 400) -> str:
+    """A table cell cut to ``limit`` characters (the JSON keeps all of it: every failure of a battery row, say)."""
+    return text if len(text) <= limit else text[:limit] + f" ... ({len(text) - limit} more characters in the JSON)"
+
+
+def summary(record: dict) -> str:
+    """One line per part, for the end of the output (a device reply carries the output's last 12,000 characters)."""
+    lines = [f"{'part':<12} {'status':<13} {'seconds':>8} {'rows':>5} {'not ok':>6}"]
+    for p in record["parts"]:
+        bad = sum(1 for r in p["rows"] if r.get("ok") is False or "stopped" in r or isinstance(r.get("error"), str))
+        lines.append(f"{p['name']:<12} {p['status']:<13} {p['seconds'] or 0:>8.1f} {len(p['rows']):>5} {bad:>6}")
+    return "\n".join(lines)
 
 
 def _verdict(record: dict, explanations: dict) -> tuple[str, bool]:
@@ -391,7 +405,7 @@ def main(argv=None) -> int:
     verdict, passed = _verdict(record, record["explanations"])
     record["verdict"] = verdict
     run.write()
-    print(f"\n{verdict}\nWrote {args.out / 'gpu_check.md'} and {json_path}")
+    print(f"\n{summary(record)}\n\n{verdict}\nWrote {args.out / 'gpu_check.md'} and {json_path}")
     return 0 if passed else 1
 
 

@@ -17,8 +17,9 @@ __all__ = ["BATTERY", "HEAD_SIZES", "OPS", "TF32X3", "check_limits", "check_op",
 
 TF32X3 = " tf32x3"   # an op name's suffix: fp32 dots as set_fp32_dot_precision("tf32x3") makes them
 
-OPS = ("wkv4", "wkv7", "wkv7 chunked", "selective_scan", "attention", "rerope", "rerope decode",
-       "attention" + TF32X3, "rerope" + TF32X3, "rerope decode" + TF32X3)
+# check_op's ops: the names of COST_KERNELS and BATTERY, and the flash ops again with tf32x3 dots.
+OPS = ("wkv4", "wkv7", "wkv7 chunked", "selective_scan", "attention", "rerope_attention", "rerope_decode",
+       "attention" + TF32X3, "rerope_attention" + TF32X3, "rerope_decode" + TF32X3)
 
 # The battery's op of each Triton function checked (WKV-7's chunked form is a backend of its own).
 BATTERY = {"attention": "attention", "rerope_attention": "rerope_attention", "rerope_decode": "rerope_decode",
@@ -44,9 +45,9 @@ def _inputs(op: str, rng, T: int, width: int):
     if op == "selective_scan":
         return [*rng.normal(size=(2, 2, width, T)), _decays(rng, (width, 16)), *rng.normal(size=(2, 2, 16, T))], \
             {"delta_softplus": True}
-    if op in ("attention", "rerope"):
-        return list(rng.normal(size=(3, 2, 4, T, width))), ({"window": 8} if op == "rerope" else {})
-    if op == "rerope decode":
+    if op in ("attention", "rerope_attention"):
+        return list(rng.normal(size=(3, 2, 4, T, width))), ({"window": 8} if op == "rerope_attention" else {})
+    if op == "rerope_decode":
         q = rng.normal(size=(2, 4, 1, width))
         return [q, *rng.normal(size=(2, 2, 4, T, width))], {"window": 8}
     raise ValueError(f"unknown op {op!r}")
@@ -54,8 +55,7 @@ def _inputs(op: str, rng, T: int, width: int):
 
 def _function(op: str):
     """The public function of a check_op op (" tf32x3" ops: the same function, run under that setting by _run)."""
-    op = op.removesuffix(TF32X3)
-    return op_function({"rerope": "rerope_attention", "rerope decode": "rerope_decode"}.get(op, op))
+    return op_function(op.removesuffix(TF32X3))
 
 
 def _triton_function(name: str):
@@ -179,7 +179,7 @@ def correct_item(run, name: str, dtype: str) -> dict:
     return {"op": name, "dtype": dtype, "checks": len(report.checks), "rows": len(report.rows),
             "failed": len(failed), "worst": worst and f"{worst.error:.2e} ({worst.what}, {worst.check})",
             "seconds": round(time.perf_counter() - t0, 2), **run.compiles.since(before), "ok": report.ok,
-            "failures": [f"{r.check} {r.what}: {r.message or f'{r.error:.2e}'}" for r in failed[:5]]}
+            "failures": [f"{r.check} {r.what}: {r.message or f'{r.error:.2e}'}" for r in failed]}
 
 
 def part_determinism(run, emit):

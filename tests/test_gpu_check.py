@@ -3,6 +3,7 @@ here (Triton under the interpreter, a CPU timer) and writes the same files a GPU
 runs here too, on CPU tensors under the interpreter."""
 import datetime
 import json
+import re
 import subprocess
 import sys
 
@@ -71,7 +72,7 @@ def _record(tmp_path):
 
 
 @needs_triton
-def test_a_part_that_raises_is_recorded_and_the_later_parts_run(tmp_path, monkeypatch):
+def test_a_part_that_raises_is_recorded_and_the_later_parts_run(tmp_path, monkeypatch, capsys):
     def planted(run, emit):
         emit({"op": "wkv4", "ok": True})
         raise RuntimeError("planted failure")
@@ -82,6 +83,8 @@ def test_a_part_that_raises_is_recorded_and_the_later_parts_run(tmp_path, monkey
     assert correct["rows"] == [{"op": "wkv4", "ok": True}]          # what it had measured stays
     assert limits["status"] == "ok" and len(limits["rows"]) == 3 and all(r["ok"] for r in limits["rows"])
     assert "planted failure" in (tmp_path / "gpu_check.md").read_text()
+    summary = capsys.readouterr().out.split("\n\npart")[-1]          # the table printed last
+    assert re.search(r"^correct +error .* 1 +0$", summary, re.M) and re.search(r"^limits +ok .* 3 +0$", summary, re.M)
 
 
 @needs_triton
