@@ -33,8 +33,8 @@ The GPU machine's one command, with ``carry: ["benchmarks/wheels"]`` and ``timeo
 "The first GPU run", says how to fetch the wheels first and what to run after a fix):
 
     set -o pipefail; python3 -m pip install -q --no-index --no-deps --target /tmp/site benchmarks/wheels/*.whl &&
-    export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && python3 -m pip install -q --no-deps --no-build-isolation -e . &&
-    nvidia-smi && python3 -m seqmix.benchmarks.gpu_check --out $OUT --budget-s 240 2>&1 | tee $OUT/gpu_check.log
+    export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && python3 -m pip install -q --no-deps --no-build-isolation -e . ||
+    exit 1; nvidia-smi; python3 -m seqmix.benchmarks.gpu_check --out $OUT --budget-s 240 2>&1 | tee $OUT/gpu_check.log
 """
 from __future__ import annotations
 
