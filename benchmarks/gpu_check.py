@@ -124,19 +124,24 @@ class Run:
     def each(self, emit, item, items: list):
         """emit(item(self, *args)) for each args of items: in self.workers processes at once where that is > 1
         (Triton's compiles, single-threaded, then run in parallel and fill its cache on disk, which this process
-        reads later; a broken CUDA context ends one worker, not the run), else here, in order."""
-        if self.workers <= 1:
+        reads later; a broken CUDA context spoils one worker, not the run), else here, in order."""
+        if self.workers <= 1 or len(items) <= 1:
             for args in items:
                 if self.out_of_time():
-                    return emit({"op": args[0], "dtype": args[1], "stopped": "time budget spent"})
-                emit(item(self, *args))
+                    emit({"op": args[0], "dtype": args[1], "stopped": "time budget spent"})
+                    continue
+                try:
+                    emit(item(self, *args))
+                except Exception as e:   # as a worker's error: a row, and the next item
+                    emit({"op": args[0], "dtype": args[1], "error": gpu_timing.describe(e)})
                 self.check_context(" ".join(args))
             return
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
-        # spawn: CUDA cannot be used in a forked child; one item per process, so that a lost context dies with it
+        # spawn: CUDA cannot be used in a forked child. A worker takes the next item when it is done (one process per
+        # item, max_tasks_per_child=1, would start a replacement after each, importing torch again even at the end).
         pool = ProcessPoolExecutor(min(self.workers, len(items)), multiprocessing.get_context("spawn"),
-                                   initializer=_worker_init, initargs=(self.dry,), max_tasks_per_child=1)
+                                   initializer=_worker_init, initargs=(self.dry,))
         futures = {pool.submit(_worker, item.__module__, item.__name__, args): args for args in items}
         try:
             for done in as_completed(futures, timeout=self.seconds_left()):
@@ -194,6 +199,8 @@ def _worker_init(dry: bool):
 
 def _worker(module: str, item: str, args: tuple) -> dict:
     import importlib
+    if _WORKER.context_lost():   # by this worker's last item: say so, rather than fail this one's every call
+        raise ContextLost("this worker's CUDA context was lost by an item before this one")
     return getattr(importlib.import_module(module), item)(_WORKER, *args)
 
 

@@ -44,9 +44,10 @@ def part_peers(run, emit):
 
 def _timed(run, emit, cases):
     for op, dtype, make, call, impl, mode in cases:
-        if run.out_of_time():
-            return emit({"op": op, "impl": impl, "stopped": "time budget spent"})
         row = {"op": op, "shape": _shape_text(run, op), "dtype": dtype, "impl": impl, "mode": mode}
+        if run.out_of_time():
+            emit({**row, "stopped": "time budget spent"})
+            continue
         if isinstance(call, str):       # a peer that cannot run here: why
             emit({**row, "skipped": call})
             continue
