@@ -153,9 +153,11 @@ class Run:
             for future, args in futures.items():
                 if not future.done():
                     emit({"op": args[0], "dtype": args[1], "stopped": "time budget spent"})
-            for process in list(pool._processes.values()):   # no public way to stop a running worker
-                process.kill()
         finally:
+            # Every item is done or given up: end the workers rather than wait for their exit, which a broken CUDA
+            # context can hang (and which took minutes on a loaded CPU here). No public way to stop a worker.
+            for process in list((pool._processes or {}).values()):
+                process.kill()
             pool.shutdown(wait=True, cancel_futures=True)
 
     # The record: {"parts": [{"name", "started", "ended", "seconds", "status", "rows", ...}], ...}, written whole to
