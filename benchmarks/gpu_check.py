@@ -1,210 +1,434 @@
-"""The day a GPU is at hand: ``python -m seqmix.benchmarks.gpu_check`` checks the Triton path on it and writes one
-report, ``benchmarks/results/gpu_check.md`` (``--out`` to change the folder). On a machine without CUDA it prints what
-it would do and the pass criteria, and exits 0.
+"""The first run on a GPU: ``python -m seqmix.benchmarks.gpu_check --out DIR`` checks the Triton path on it and
+writes ``DIR/gpu_check.md`` and ``DIR/gpu_check.json`` (default DIR: benchmarks/results), rewritten after every row,
+so that a run cut short still leaves what it had measured, each part with its start and end times. On a machine
+without CUDA it prints what it would do and the pass criteria, and exits 0; ``--dry-run`` walks every part there on
+tiny shapes (Triton under its interpreter, a CPU timer instead of CUDA events) and writes the same files.
 
-On a CUDA GPU, in order:
-1. correct: each Triton op on the device (WKV-4, WKV-7 sequential and chunked, the selective scan, attention, ReRoPE
-   prefill and decode; fp32, and bf16 where the op takes it; attention and ReRoPE in fp32 also with
-   set_fp32_dot_precision("tf32x3"), whose rounding only a GPU computes), outputs and every gradient against the
-   torch backend in float64 on the CPU, within the design's budgets (kernels.testing); the backward twice, bit for
-   bit the same.
+On a CUDA GPU, in order (``--parts`` runs a subset; the most important first, for a run cut short):
+0. compile: each op's first forward and backward at the benchmark shapes, fp32 and bf16, against its second call:
+   Triton compiles every kernel variant on first use; the compiles are counted and timed through Triton's JIT hooks.
+1. correct: the conformance battery (seqmix.conformance) on each Triton op on the device (attention, ReRoPE prefill
+   and decode, WKV-4, WKV-7 sequential and chunked, the selective scan), fp32, fp16 and bf16, outputs, final states
+   and every gradient against the float64 reference, within the design's budgets, on awkward shapes (T = 1, odd T,
+   a sequence fed in pieces with the state passed on, the edges of the valid inputs); outputs NaN-poisoned.
+   Determinism: each op at T = 300 (attention and ReRoPE in fp32 also with set_fp32_dot_precision("tf32x3")) run
+   twice, bit for bit the same, within budget of the torch backend in float64.
 2. no crash at the documented limits (README, "Shape limits"): decode at B H = 65,536 (grid axis 0); WKV-4 at
    T C > 2^31 and the scan at D T > 2^31 (64-bit offsets): the last channels of the big launch must equal, bit for
    bit, a launch on those channels alone, whose offsets are small.
-3. fast as predicted: ``python -m seqmix.benchmarks.run`` (every op beside its GPU peers where installed: fla's
-   chunk_rwkv7, flash-attn or SDPA, mamba_ssm's selective scan), its measured / predicted column from the cost
-   model (benchmarks/cost_model.py) per forward kernel.
+3. fast as predicted (parts timing, cost_model, peers): seqmix's Triton and torch backends at the benchmark shapes
+   (benchmarks/README.md), fp32 and bf16, forward and forward + backward, timed with CUDA events (warm-up, median of
+   repeats); the cost model's prediction (benchmarks/cost_model.py) beside each Triton time; then, in the same
+   process, what a GPU user would otherwise run: torch SDPA (flash backend in bf16) with RoPE, the two-pass ReRoPE,
+   fla's chunk_rwkv7 and fused_recurrent_rwkv7 (where fla imports; it autotunes on first use, hence last).
 
 Pass criteria (``CRITERIA``): every comparison of step 1 within budget and deterministic; every launch of step 2
-finishes and matches; every kernel of step 3 within 2x of the cost model's prediction, or the report carries an
-explanation for it (``--explain kernel=text``). The exit status is 0 only when all hold.
+finishes and matches; every op's Triton forward within 2x of the cost model's prediction, or the report carries an
+explanation for it (``--explain OP=TEXT``). The exit status is 0 only when all hold. A part that raises is recorded
+and the next one starts; a lost CUDA context (an illegal address) restarts the run in a fresh process for the parts
+left; the parts compile, correct and determinism run their items in worker processes (``--workers``), so that
+Triton's compiles, one thread each, run in parallel.
+
+The GPU machine's one command, with ``carry: ["benchmarks/wheels"]`` and ``timeout_s: 360`` (benchmarks/README.md,
+"The first GPU run", says how to fetch the wheels first and what to run after a fix):
+
+    set -o pipefail; python3 -m pip install -q --no-index --no-deps --target /tmp/site benchmarks/wheels/*.whl &&
+    export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && python3 -m pip install -q --no-deps --no-build-isolation -e . ||
+    exit 1; nvidia-smi; python3 -m seqmix.benchmarks.gpu_check --out $OUT --budget-s 240 2>&1 | tee $OUT/gpu_check.log
 """
 from __future__ import annotations
 
 import argparse
-import subprocess
+import datetime
+import json
+import os
+import platform
 import sys
+import time
+import traceback
 from pathlib import Path
 
-import numpy as np
 import torch
 
-__all__ = ["CRITERIA", "check_op", "main", "OPS"]
+from seqmix.benchmarks import gpu_correct, gpu_timing
+from seqmix.benchmarks.gpu_correct import OPS, check_limits, check_op
+
+__all__ = ["CRITERIA", "OPS", "PARTS", "check_limits", "check_op", "main"]
 
 RESULTS = Path(__file__).parent / "results"
+
 CRITERIA = (
-    "correct: every Triton output and gradient on the GPU within the design's budget of the torch backend in float64 "
-    "(fp32 1e-5, chunked WKV-7 1e-4, bf16 2e-2), and the backward bit for bit the same in two runs",
+    "correct: every Triton output, final state and gradient on the GPU within the design's budget of the float64 "
+    "reference (fp32 1e-5, WKV-7 1e-4, fp16 5e-3, bf16 2e-2), and two runs bit for bit the same",
     "no crash at the documented limits: decode at B H = 65,536; WKV-4 at T C > 2^31; the scan at D T > 2^31; the "
     "big launches' last channels equal to a launch on those channels alone",
     "fast as predicted: each forward kernel's measured time within 2x of the cost model's prediction, or an "
     "explanation in the report",
 )
 
-
-def _decays(rng, shape):
-    return -np.exp(rng.normal(size=shape) - 1.0)
-
-
-def _inputs(op: str, rng, T: int, width: int):
-    """NumPy inputs and call options of each op: T steps, ``width`` channels or head size."""
-    if op == "wkv4":
-        return [_decays(rng, width), rng.normal(size=width), *rng.normal(size=(2, 2, T, width))], {}
-    if op in ("wkv7", "wkv7 chunked"):
-        x = list(rng.normal(size=(6, 2, T, 2, width)) * 0.5)
-        x[1] = _decays(rng, x[1].shape)
-        return x, {"chunked": op == "wkv7 chunked"}
-    if op == "selective_scan":
-        return [*rng.normal(size=(2, 2, width, T)), _decays(rng, (width, 16)), *rng.normal(size=(2, 2, 16, T))], \
-            {"delta_softplus": True}
-    if op in ("attention", "rerope"):
-        return list(rng.normal(size=(3, 2, 4, T, width))), ({"window": 8} if op == "rerope" else {})
-    if op == "rerope decode":
-        q = rng.normal(size=(2, 4, 1, width))
-        return [q, *rng.normal(size=(2, 2, 4, T, width))], {"window": 8}
-    raise ValueError(f"unknown op {op!r}")
+# The parts in the order they run: the most important first, for a run cut short.
+PARTS = ("compile", "correct", "determinism", "limits", "timing", "cost_model", "peers")
+STEPS = {"compile": "0", "correct": "1", "determinism": "1", "limits": "2", "timing": "3", "cost_model": "3",
+         "peers": "3"}
+PART_FUNCTIONS = {"compile": gpu_correct.part_compile, "correct": gpu_correct.part_correct,
+                  "determinism": gpu_correct.part_determinism, "limits": gpu_correct.part_limits,
+                  "timing": gpu_timing.part_timing, "cost_model": gpu_timing.part_cost_model,
+                  "peers": gpu_timing.part_peers}
 
 
-def _function(op: str):
-    """The public function of ``op`` (" tf32x3" ops: the same function, run under that setting by _run)."""
-    op = op.removesuffix(TF32X3)
-    from seqmix.kernels.attention import attention
-    from seqmix.kernels.rerope import rerope_attention, rerope_decode
-    from seqmix.kernels.ssm import selective_scan
-    from seqmix.kernels.wkv4 import wkv4
-    from seqmix.kernels.wkv7 import wkv7
-    return {"wkv4": wkv4, "wkv7": wkv7, "wkv7 chunked": wkv7, "selective_scan": selective_scan,
-            "attention": attention, "rerope": rerope_attention, "rerope decode": rerope_decode}[op]
+# ---------------------------------------------------------------------------------------------------- the run
 
 
-TF32X3 = " tf32x3"   # an op name's suffix: fp32 dots as set_fp32_dot_precision("tf32x3") makes them
-OPS = ("wkv4", "wkv7", "wkv7 chunked", "selective_scan", "attention", "rerope", "rerope decode",
-       "attention" + TF32X3, "rerope" + TF32X3, "rerope decode" + TF32X3)
+class ContextLost(RuntimeError):
+    """The CUDA context is broken (an illegal address, a device-side assert): every later CUDA call fails, so the
+    remaining parts must run in a fresh process."""
 
 
-def _run(op, arrays, options, backend, dtype, device):
-    """Output and the gradients of <output, fixed cotangent> with respect to every input."""
-    from seqmix.kernels.attention import set_fp32_dot_precision
-    x = [torch.tensor(a, dtype=dtype, device=device, requires_grad=True) for a in arrays]
-    previous = set_fp32_dot_precision("tf32x3" if op.endswith(TF32X3) else "ieee")
-    try:
-        out = _function(op)(*x, backend=backend, **options)
-    finally:
-        set_fp32_dot_precision(previous)
-    y = out[0] if isinstance(out, tuple) else out
-    cotangent = torch.tensor(np.random.default_rng(1).normal(size=tuple(y.shape)), dtype=dtype, device=device)
-    (y * cotangent).sum().backward()
-    return [y.detach(), *(z.grad for z in x)]
+class Run:
+    """What the parts share: the device, the shapes, the deadline, and the record they write row by row."""
 
+    def __init__(self, out: Path, dry: bool, budget_s: float | None, ops: tuple, record: dict, workers: int = 1):
+        self.out, self.dry, self.ops, self.record, self.workers = out, dry, ops, record, workers
+        self.device = "cpu" if dry else "cuda"
+        self.shapes = gpu_timing.DRY_SHAPES if dry else gpu_timing.SHAPES
+        self.deadline = None if budget_s is None else time.monotonic() + budget_s
+        self.compiles = _CompileCounter(dry)
 
-def check_op(op: str, dtype=torch.float32, device="cuda", T: int = 300, width: int = 64) -> dict:
-    """One op on ``device`` (Triton) against the torch backend in float64 on the CPU: the worst relative RMS error
-    over the output and the gradients, the budget, and whether a second backward gave the same bits."""
-    from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, rel_rms
-    arrays, options = _inputs(op.removesuffix(TF32X3), np.random.default_rng(0), T, width)
-    got = _run(op, arrays, options, "triton", dtype, device)
-    again = _run(op, arrays, options, "triton", dtype, device)
-    want = _run(op, arrays, {k: v for k, v in options.items() if k != "chunked"}, "torch", torch.float64, "cpu")
-    budget = (2e-2 if dtype == torch.bfloat16 else FP16_BUDGET if dtype == torch.float16
-              else FP32_CHUNKED_WKV7_BUDGET if op == "wkv7 chunked" else FP32_BUDGET)
-    error = max(rel_rms(g.cpu(), w) for g, w in zip(got, want))
-    same = all(torch.equal(a, b) for a, b in zip(got, again))
-    return {"op": op, "dtype": str(dtype).removeprefix("torch."), "error": error, "budget": budget,
-            "deterministic": same, "ok": bool(np.isfinite(error) and error <= budget and same)}
+    def wants(self, op: str) -> bool:
+        return not self.ops or any(s in op for s in self.ops)
 
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
 
-def _same_tail(fn, tensors, channel_dims, out_dim, tail, **options) -> bool:
-    """fn on the big tensors, and on their last ``tail`` channels alone (``channel_dims``: each tensor's channel
-    dimension, None for one without channels): the same bits on those channels of the output."""
-    full = fn(*tensors, **options)[0]
-    last = lambda t, dim: t.narrow(dim, t.shape[dim] - tail, tail)  # noqa: E731
-    alone = fn(*(t if dim is None else last(t, dim).contiguous() for t, dim in zip(tensors, channel_dims)),
-               **options)[0]
-    return torch.equal(last(full, out_dim), alone)
+    def seconds_left(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
+    def sync(self):
+        if not self.dry:
+            torch.cuda.synchronize()
 
-def check_limits(device="cuda") -> list[dict]:
-    """Launches at the documented limits; each row: what, ok, and the error if it crashed."""
-    from seqmix.kernels.rerope import rerope_decode
-    from seqmix.kernels.ssm import selective_scan
-    from seqmix.kernels.wkv4 import wkv4
-    g = torch.Generator(device=device).manual_seed(0)
-    rand = lambda *shape, dtype=torch.bfloat16: torch.randn(*shape, generator=g, device=device, dtype=dtype)  # noqa
-    cases = {
-        "rerope decode, B = 2048, H = 32 (B H = 65,536)": lambda: bool(rerope_decode(
-            rand(2048, 32, 1, 64), rand(2048, 32, 64, 64), rand(2048, 32, 64, 64), 16, backend="triton").isfinite()
-            .all()),
-        "wkv4, T = 524,289, C = 4096 (T C > 2^31), bf16": lambda: _same_tail(
-            wkv4, [-rand(4096).exp(), rand(4096), rand(1, 524_289, 4096), rand(1, 524_289, 4096)], (0, 0, 2, 2), 2,
-            32, backend="triton"),
-        "selective scan, D = 8192, T = 262,145 (D T > 2^31), bf16": lambda: _same_tail(
-            selective_scan, [rand(1, 8192, 262_145), rand(1, 8192, 262_145).abs(),
-                             -rand(8192, 16, dtype=torch.float32).exp(), rand(1, 16, 262_145), rand(1, 16, 262_145)],
-            (1, 1, 0, None, None), 1, 16, backend="triton"),
-    }
-    rows = []
-    for what, run in cases.items():
+    def context_lost(self) -> bool:
+        """Whether a tiny CUDA op still runs (never on a dry run)."""
+        if self.dry:
+            return False
         try:
-            rows.append({"what": what, "ok": run()})
-        except Exception as e:  # a crash is the finding to report
-            rows.append({"what": what, "ok": False, "error": f"{type(e).__name__}: {str(e)[:200]}"})
-        torch.cuda.empty_cache()
-    return rows
+            (torch.ones(1, device="cuda") + 1).item()
+            return False
+        except Exception:
+            return True
+
+    def check_context(self, where: str):
+        if self.context_lost():
+            raise ContextLost(f"the CUDA context was lost at {where}")
+
+    def each(self, emit, item, items: list):
+        """emit(item(self, *args)) for each args of items: in self.workers processes at once where that is > 1
+        (Triton's compiles, single-threaded, then run in parallel and fill its cache on disk, which this process
+        reads later; a broken CUDA context spoils one worker, not the run), else here, in order."""
+        if self.workers <= 1 or len(items) <= 1:
+            for args in items:
+                if self.out_of_time():
+                    emit({"op": args[0], "dtype": args[1], "stopped": "time budget spent"})
+                    continue
+                try:
+                    emit(item(self, *args))
+                except Exception as e:   # as a worker's error: a row, and the next item
+                    emit({"op": args[0], "dtype": args[1], "error": gpu_timing.describe(e)})
+                self.check_context(" ".join(args))
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        # spawn: CUDA cannot be used in a forked child. A worker takes the next item when it is done (one process per
+        # item, max_tasks_per_child=1, would start a replacement after each, importing torch again even at the end).
+        pool = ProcessPoolExecutor(min(self.workers, len(items)), multiprocessing.get_context("spawn"),
+                                   initializer=_worker_init, initargs=(self.dry,))
+        futures = {pool.submit(_worker, item.__module__, item.__name__, args): args for args in items}
+        try:
+            for done in as_completed(futures, timeout=self.seconds_left()):
+                try:
+                    emit(done.result())
+                except Exception as e:   # the worker died (a crash in a kernel, say): the others go on
+                    emit({"op": futures[done][0], "dtype": futures[done][1], "error": gpu_timing.describe(e)})
+        except TimeoutError:
+            for future, args in futures.items():
+                if not future.done():
+                    emit({"op": args[0], "dtype": args[1], "stopped": "time budget spent"})
+        finally:
+            # Every item is done or given up: end the workers rather than wait for their exit, which a broken CUDA
+            # context can hang (and which took minutes on a loaded CPU here). No public way to stop a worker.
+            for process in list((pool._processes or {}).values()):
+                process.kill()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    # The record: {"parts": [{"name", "started", "ended", "seconds", "status", "rows", ...}], ...}, written whole to
+    # gpu_check.json and gpu_check.md after every change (a few kB: rewriting is cheap, and a killed run keeps all).
+    def begin(self, name: str) -> dict:
+        part = {"name": name, "started": _now(), "ended": None, "seconds": None, "status": "running", "rows": []}
+        self.record["parts"].append(part)
+        self._t0 = time.monotonic()
+        self.write()
+        return part
+
+    def end(self, part: dict, status: str, error: str = ""):
+        part.update(ended=_now(), seconds=round(time.monotonic() - self._t0, 3), status=status,
+                    **({"error": error} if error else {}))
+        self.write()
+
+    def add(self, part: dict, row: dict):
+        part["rows"].append(row)
+        print(f"[{part['name']}] " + ", ".join(f"{k}={_cell(v)}" for k, v in row.items()), flush=True)
+        self.write()
+
+    def write(self):
+        self.out.mkdir(parents=True, exist_ok=True)
+        for name, text in (("gpu_check.json", json.dumps(self.record, indent=1, default=str)),
+                           ("gpu_check.md", render(self.record))):
+            tmp = self.out / (name + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(self.out / name)
+
+
+_WORKER: Run | None = None
+
+
+def _worker_init(dry: bool):
+    global _WORKER
+    if dry:
+        import seqmix
+        seqmix.use_interpreter_without_gpu()
+    _WORKER = Run(None, dry, None, (), {"parts": []})
+
+
+def _worker(module: str, item: str, args: tuple) -> dict:
+    import importlib
+    if _WORKER.context_lost():   # by this worker's last item: say so, rather than fail this one's every call
+        raise ContextLost("this worker's CUDA context was lost by an item before this one")
+    return getattr(importlib.import_module(module), item)(_WORKER, *args)
+
+
+class _CompileCounter:
+    """Triton compiles and their seconds. On a GPU through Triton's JIT hooks (triton.knobs, Triton >= 3.4); under the
+    interpreter nothing compiles, so it counts the launches' distinct specializations as the JIT would key them
+    (each argument's dtype, an integer's being 1 or a multiple of 16, the constexprs): the compiles a GPU would do."""
+
+    def __init__(self, dry: bool):
+        self.dry, self.count, self.seconds, self._started = dry, 0, 0.0, None
+        if dry:
+            _count_interpreted_launches()
+            return
+        try:
+            from triton import knobs
+        except ImportError:             # older Triton: compiles are not counted (the first calls' times still say)
+            self.count = None
+            return
+        knobs.runtime.jit_cache_hook = self._before
+        knobs.runtime.jit_post_compile_hook = self._after
+
+    def _before(self, **_):
+        self._started = time.perf_counter()
+        return False                    # False: compile as usual (True would skip the compile)
+
+    def _after(self, **_):
+        self.count += 1
+        self.seconds += time.perf_counter() - self._started
+
+    def now(self) -> tuple:
+        return (len(_INTERPRETED), 0.0) if self.dry else (self.count, self.seconds)
+
+    def since(self, before: tuple) -> dict:
+        if self.count is None:
+            return {}
+        count, seconds = self.now()
+        return {"compiles": count - before[0], "compile_s": round(seconds - before[1], 2)}
+
+
+# (kernel, specialization) of every launch under the interpreter in this process, as a GPU's JIT would cache them.
+_INTERPRETED: set = set()
+
+
+def _count_interpreted_launches():
+    """Make the interpreter record each launch's specialization in _INTERPRETED (once per process)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    original = InterpretedFunction.run
+    if getattr(original, "counted", False):
+        return
+
+    def run(fn, *args, **kwargs):
+        _INTERPRETED.add((fn.fn.__name__, _specialization(fn.fn, args, kwargs)))
+        return original(fn, *args, **kwargs)
+    run.counted = True
+    InterpretedFunction.run = run
+
+
+def _specialization(fn, args, kwargs) -> tuple:
+    """The JIT's key of a launch, near enough: tensors by dtype and 16-byte alignment, integers by 1 / multiple of
+    16 / other / 64-bit, constexprs (annotated tl.constexpr, and keyword options) by value."""
+    import inspect
+    params = list(inspect.signature(fn).parameters.values())
+
+    def kind(value, constexpr):
+        if isinstance(value, torch.Tensor):
+            return str(value.dtype), value.data_ptr() % 16 == 0
+        if isinstance(value, bool) or constexpr or not isinstance(value, int):
+            return repr(value) if not isinstance(value, float) else "f32"
+        return 1 if value == 1 else "i64" if abs(value) >= 2**31 else "d16" if value % 16 == 0 else "i32"
+    constexpr = [p.name for p in params if "constexpr" in str(p.annotation)]
+    options = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}   # the launch's, not the kernel's
+    named = dict(zip((p.name for p in params), args), **options)
+    return tuple((k, kind(v, k in constexpr or k not in {p.name for p in params})) for k, v in sorted(named.items()))
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _cell(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+# ---------------------------------------------------------------------------------------------------- the report
+
+
+def render(record: dict) -> str:
+    """gpu_check.md: the header, then each part's rows as a table."""
+    lines = ["# GPU check", "", f"Device: {record['device']}; {record['versions']}", "",
+             f"Command: `{record['command']}`; started {record['started']}"
+             + (f", finished {record['finished']}" if record.get("finished") else " (not finished)"), "",
+             "## Pass criteria", "", *[f"- {c}" for c in CRITERIA]]
+    if record.get("verdict"):
+        lines += ["", f"**{record['verdict']}**"]
+    lines += [f"- {op} is off its prediction because {why}" for op, why in record.get("explanations", {}).items()]
+    for part in record["parts"]:
+        lines += ["", f"## {STEPS[part['name']]}. {part['name']}", "",
+                  f"{part['status']}: started {part['started']}, ended {part['ended']}, {part['seconds']} s"]
+        if part.get("error"):
+            lines += ["", "```", part["error"], "```"]
+        columns = list(dict.fromkeys(k for row in part["rows"] for k in row))
+        if columns:
+            lines += ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            lines += ["| " + " | ".join(_short(_cell(row.get(c, ""))).replace("|", "/") for c in columns) + " |"
+                      for row in part["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def _short(text: str, limit: int = 400) -> str:
+    """A table cell cut to ``limit`` characters (the JSON keeps all of it: every failure of a battery row, say)."""
+    return text if len(text) <= limit else text[:limit] + f" ... ({len(text) - limit} more characters in the JSON)"
+
+
+def summary(record: dict) -> str:
+    """One line per part, for the end of the output (a device reply carries the output's last 12,000 characters)."""
+    lines = [f"{'part':<12} {'status':<13} {'seconds':>8} {'rows':>5} {'not ok':>6}"]
+    for p in record["parts"]:
+        bad = sum(1 for r in p["rows"] if r.get("ok") is False or "stopped" in r or isinstance(r.get("error"), str))
+        lines.append(f"{p['name']:<12} {p['status']:<13} {p['seconds'] or 0:>8.1f} {len(p['rows']):>5} {bad:>6}")
+    return "\n".join(lines)
+
+
+def _verdict(record: dict, explanations: dict) -> tuple[str, bool]:
+    """PASS when no part failed, no row failed, erred or was stopped (a peer's error is its own), and every op's
+    forward is within 2x of its prediction or explained (not asked of a dry run: the interpreter's times say nothing
+    of a GPU's)."""
+    problems = [f"{p['name']}: {p['status']}" for p in record["parts"] if p["status"] != "ok"]
+    problems += [f"{p['name']}: {r.get('op', r.get('what'))} {r.get('dtype', '')} {r.get('impl', '')}".rstrip()
+                 for p in record["parts"] for r in p["rows"] if r.get("ok") is False or "stopped" in r
+                 or (isinstance(r.get("error"), str) and r.get("impl", "seqmix").startswith("seqmix"))]
+    problems += [f"cost_model: {r['op']} {r['dtype']} {r['ratio']:.3g}x" for p in record["parts"]
+                 if p["name"] == "cost_model" and not record["dry_run"] for r in p["rows"]
+                 if r["mode"] == "forward" and r["ratio"]
+                 and r["ratio"] > 2 and r["op"] not in explanations]
+    if problems:
+        return "FAIL: " + "; ".join(problems[:20]), False
+    return "PASS", True
 
 
 def _plan() -> str:
-    steps = __doc__.split("On a CUDA GPU, in order:\n")[1].split("\n\nPass criteria")[0]
-    return ("No CUDA device here: nothing was run. On a CUDA GPU this command would run, in order:\n" + steps
-            + "\n\nPass criteria:\n" + "\n".join(f"- {c}" for c in CRITERIA)
-            + f"\n\nIt would write {RESULTS / 'gpu_check.md'}.")
+    steps = __doc__.split("(``--parts`` runs a subset; the most important first, for a run cut short):\n")[1]
+    steps = steps.split("\n\nPass criteria")[0]
+    return ("No CUDA device here: nothing was run (--dry-run walks every part on tiny shapes). On a CUDA GPU this "
+            "command would run, in order:\n" + steps + "\n\nPass criteria:\n" + "\n".join(f"- {c}" for c in CRITERIA)
+            + f"\n\nIt would write {RESULTS / 'gpu_check.md'} and gpu_check.json.")
 
 
-def _report(correct, limits, timings, explanations) -> tuple[str, bool]:
-    lines = ["# GPU check", "", f"Device: {torch.cuda.get_device_name()}", "", "## Pass criteria", ""]
-    lines += [f"- {c}" for c in CRITERIA]
-    lines += ["", "## 1. Correct", "", "| op | dtype | worst rel RMS | budget | deterministic | ok |",
-              "|---|---|---|---|---|---|"]
-    lines += [f"| {r['op']} | {r['dtype']} | {r['error']:.2e} | {r['budget']:.0e} | {r['deterministic']} | "
-              f"{'yes' if r['ok'] else 'NO'} |" for r in correct]
-    lines += ["", "## 2. Documented limits", "", "| launch | ok |", "|---|---|"]
-    lines += [f"| {r['what']} | {'yes' if r['ok'] else 'NO ' + r.get('error', '')} |" for r in limits]
-    lines += ["", "## 3. Measured / predicted (forward kernels)", "", "| kernel | measured / predicted | ok |",
-              "|---|---|---|"]
-    for kernel, ratio in timings.items():
-        lines.append(f"| {kernel} | {ratio:.3g} | {'yes' if ratio <= 2 else explanations.get(kernel, 'NO')} |")
-    passed = (all(r["ok"] for r in correct) and all(r["ok"] for r in limits)
-              and all(r <= 2 or k in explanations for k, r in timings.items()))
-    return "\n".join(lines + ["", "PASS" if passed else "FAIL"]) + "\n", passed
-
-
-def _timings(out: Path) -> dict:
-    """measured / predicted per forward kernel, from a run of benchmarks.run on this GPU."""
-    import json
-    subprocess.run([sys.executable, "-m", "seqmix.benchmarks.run", "--out", str(out / "benchmarks")], check=True)
-    rows = json.loads((out / "benchmarks" / "results.json").read_text())["cost_model"]
-    return {r["kernel"]: r["measured_s"] / r["predicted_s"] for r in rows if "measured_s" in r}
+def _versions() -> dict:
+    import importlib.metadata as md
+    found = {}
+    for name in ("torch", "triton", "numpy", "fla-core"):
+        try:
+            found[name] = md.version(name)
+        except md.PackageNotFoundError:
+            found[name] = None
+    return {"python": platform.python_version(), **found}
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of gpu_check.md")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of gpu_check.md and gpu_check.json")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    parser.add_argument("--ops", default="", help="comma-separated substrings: only the ops that contain one")
+    parser.add_argument("--dry-run", action="store_true", help="every part on tiny shapes on the CPU")
+    parser.add_argument("--budget-s", type=float, help="stop starting new rows after this many seconds")
+    parser.add_argument("--workers", type=int, help="processes for compile, correct and determinism (default: "
+                        "the CPU count - 2, at most 12, on a GPU; 1, this process, on a dry run)")
     parser.add_argument("--explain", action="append", default=[], metavar="KERNEL=TEXT",
-                        help="why a kernel is more than 2x off its prediction (repeatable)")
-    parser.add_argument("--skip-benchmarks", action="store_true", help="steps 1 and 2 only")
+                        help="why an op's forward is more than 2x off its prediction (repeatable)")
+    parser.add_argument("--skip-benchmarks", action="store_true", help="leave out timing, cost_model and peers")
+    parser.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)   # a restart after a lost context
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        parser.error(f"--parts: unknown {unknown}; choose among {', '.join(PARTS)}")
+    if args.skip_benchmarks:
+        parts = [p for p in parts if p not in ("timing", "cost_model", "peers")]
+    if args.dry_run:
+        import seqmix
+        seqmix.use_interpreter_without_gpu()   # before anything imports triton
+    elif not torch.cuda.is_available():
         print(_plan())
         return 0
-    correct = [check_op(op, dtype) for op in OPS for dtype in (torch.float32, torch.bfloat16)
-               if not (dtype == torch.bfloat16 and (op.startswith("selective") or op.endswith(TF32X3)))]
-    limits = check_limits()
-    timings = {} if args.skip_benchmarks else _timings(args.out)
-    explanations = dict(e.split("=", 1) for e in args.explain)
-    text, passed = _report(correct, limits, timings, explanations)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_check.md").write_text(text)
-    print(text)
+    json_path = args.out / "gpu_check.json"
+    record = json.loads(json_path.read_text()) if args.resume and json_path.exists() else {
+        "command": " ".join(["python -m seqmix.benchmarks.gpu_check", *argv]), "started": _now(), "finished": None,
+        "device": "CPU (dry run)" if args.dry_run else torch.cuda.get_device_name(), "dry_run": args.dry_run,
+        "versions": _versions(), "parts": []}
+    workers = args.workers or (1 if args.dry_run else max(1, min(12, (os.cpu_count() or 1) - 2)))
+    run = Run(args.out, args.dry_run, args.budget_s, tuple(s for s in args.ops.split(",") if s), record, workers)
+    for i, name in enumerate(parts):
+        part = run.begin(name)
+        try:
+            PART_FUNCTIONS[name](run, lambda row: run.add(part, row))
+            run.end(part, "ok")
+        except ContextLost as e:
+            run.end(part, "context lost", str(e))
+            rest = parts[i + 1:]
+            if rest:   # the remaining parts in a fresh process: this one's CUDA context fails every call now
+                print(f"{e}: restarting for {', '.join(rest)}", flush=True)
+                os.execv(sys.executable, [sys.executable, "-m", "seqmix.benchmarks.gpu_check", *_without(argv),
+                                          "--parts", ",".join(rest), "--resume"])
+        except Exception as e:   # a part that raises is a finding; the later parts still run
+            run.end(part, "error", "".join(traceback.format_exception(e))[-3000:])
+    record["finished"] = _now()
+    record["explanations"] = dict(e.split("=", 1) for e in args.explain)
+    verdict, passed = _verdict(record, record["explanations"])
+    record["verdict"] = verdict
+    run.write()
+    print(f"\n{summary(record)}\n\n{verdict}\nWrote {args.out / 'gpu_check.md'} and {json_path}")
     return 0 if passed else 1
+
+
+def _without(argv: list) -> list:
+    """argv without --parts and --resume (a restart gives its own)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--parts":
+            skip = True
+        elif not (a.startswith("--parts=") or a == "--resume"):
+            out.append(a)
+    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,259 @@
+"""What gpu_check times, and the cost model beside it: the ops at the benchmark shapes (benchmarks/README.md), on the
+Triton and torch backends and beside what a GPU user would otherwise run, timed with CUDA events; and the inputs and
+calls at those shapes that gpu_check's compile part uses too. ``run`` is gpu_check's Run: device, shapes, deadline.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+__all__ = ["COST_KERNELS", "DRY_SHAPES", "SHAPES", "backward", "describe", "inputs_at", "op_function",
+           "part_cost_model", "part_peers", "part_timing", "seqmix_call", "time_step"]
+
+# The benchmark shapes (benchmarks/README.md, the cost model's defaults), and tiny ones for --dry-run.
+SHAPES = {"wkv4": dict(B=4, T=2048, C=768), "wkv7": dict(B=1, T=2048, H=12, N=64),
+          "ssm": dict(B=1, T=2048, D=1536, N=16), "attention": dict(B=1, H=4, T=8192, d=64),
+          "rerope": dict(B=1, H=4, T=8192, d=64, w=512)}
+
+DRY_SHAPES = {"wkv4": dict(B=1, T=16, C=16), "wkv7": dict(B=1, T=16, H=2, N=16), "ssm": dict(B=1, T=16, D=16, N=4),
+              "attention": dict(B=1, H=2, T=32, d=16), "rerope": dict(B=1, H=2, T=32, d=16, w=8)}
+
+# The cost model's kernels of each op: (the forward's label prefix, the training kernels' prefixes).
+COST_KERNELS = {"wkv4": ("wkv4_fwd ", ("wkv4_fwd_save", "wkv4_bwd")), "wkv7": ("wkv7_fwd ", ("wkv7_fwd ", "wkv7_bwd")),
+                "wkv7 chunked": ("wkv7_chunked_fwd", ("wkv7_chunked_",)),
+                "selective_scan": ("selective_scan_fwd", ("selective_scan_",)),
+                "attention": ("attention_fwd", ("attention_",)),
+                "rerope_attention": ("rerope_fwd", ("rerope_fwd", "rerope_bwd")),
+                "rerope_decode": ("rerope_decode", ())}
+
+
+def part_timing(run, emit):
+    """seqmix's Triton and torch backends at the benchmark shapes, forward and forward + backward: CUDA events (a CPU
+    timer on a dry run), warm-up, then the median of repeats."""
+    cases = [case for case in _timing_cases(run) if case[4].startswith("seqmix")]
+    _timed(run, emit, sorted(cases, key=lambda case: case[4] != "seqmix triton"))   # Triton first: the cost model's
+
+
+def part_peers(run, emit):
+    """What a GPU user would otherwise run, timed as part_timing times seqmix: after the cost model, since fla
+    autotunes its kernels on their first call (a run cut short there keeps seqmix's rows and the predictions)."""
+    _timed(run, emit, [case for case in _timing_cases(run) if not case[4].startswith("seqmix")])
+
+
+def _timed(run, emit, cases):
+    for op, dtype, make, call, impl, mode in cases:
+        row = {"op": op, "shape": _shape_text(run, op), "dtype": dtype, "impl": impl, "mode": mode}
+        if run.out_of_time():
+            emit({**row, "stopped": "time budget spent"})
+            continue
+        if isinstance(call, str):       # a peer that cannot run here: why
+            emit({**row, "skipped": call})
+            continue
+        try:
+            x = make(requires_grad=mode != "forward")
+            step = ((lambda: backward(call(x), x)) if mode != "forward"
+                    else torch.no_grad()(lambda: call(x)))
+            row.update(time_step(step, run))
+        except Exception as e:
+            row["error"] = describe(e)
+        emit(row)
+        run.check_context(f"{op} {impl}")
+        if not run.dry:
+            torch.cuda.empty_cache()
+
+
+def part_cost_model(run, emit):
+    """The cost model's prediction for each Triton kernel beside the time measured by the timing part (this run's,
+    or an earlier one's in the same --out folder): forward alone, and the training kernels' sum beside forward +
+    backward."""
+    from seqmix.benchmarks import cost_model
+    mma = _aot_mma(run, cost_model)
+    measured = {(r["op"], r["dtype"], r["mode"]): r["median_s"] for p in run.record["parts"]
+                if p["name"] == "timing" for r in p["rows"] if r.get("impl") == "seqmix triton" and "median_s" in r}
+    for model_op, shape in run.shapes.items():
+        models = cost_model.MODEL_BUILDERS[model_op](**shape)
+        for op, (forward, training) in COST_KERNELS.items():
+            if _model_op(op) != model_op or not run.wants(op):
+                continue
+            for dtype in ("fp32", "bf16"):
+                for mode, prefixes in (("forward", (forward,)), ("forward+backward", training)):
+                    picked = [m for m in models if m.dtype == dtype and m.aot_label.startswith(prefixes)]
+                    if not picked:
+                        continue
+                    predicted = sum(_predict(cost_model, m, mma.get(m.aot_label)) for m in picked)
+                    got = measured.get((op, dtype, mode))
+                    kernels = " + ".join(m.aot_label.split()[0] for m in picked)
+                    emit({"op": op, "dtype": dtype, "mode": mode, "kernels": kernels,
+                          "shape": picked[0].shape, "mma": ", ".join(mma.get(m.aot_label, "-") for m in picked),
+                          "predicted_s": predicted, "measured_s": got, "ratio": got / predicted if got else None})
+
+
+def _predict(cost_model, m, mma: str | None) -> float:
+    """Seconds as cost_model.report predicts them: the MMA instruction as the AOT build reports it, else the
+    model's own (m.dot_unit, or the dtype's default: FMA units for fp32, mma.sync below)."""
+    return cost_model.predict(m.cost, m.dtype, m.dram_bytes, mma=m.dot_unit or mma, latency_s=cost_model.latency(m),
+                              programs=m.programs)[0]
+
+
+def _aot_mma(run, cost_model) -> dict:
+    """{label: the MMA instruction} of the bf16 kernels with dots (flash kernels, chunked WKV-7) at the benchmark
+    shapes, from kernels.aot's sm_90 build as cost_model.report reads it (wgmma where the tiles allow, which the
+    dtype alone would price as mma.sync): about 10 builds in a subprocess. Not on a dry run (the shapes differ from
+    aot_kernels()'), nor with under a minute left."""
+    left = run.seconds_left()
+    if run.dry or (left is not None and left < 60):
+        return {}
+    models = [m for op, shape in run.shapes.items() for m in cost_model.MODEL_BUILDERS[op](**shape)]
+    labels = [m.aot_label for m in models if m.dtype == "bf16" and m.aot_label.startswith(
+        ("attention", "rerope", "wkv7_chunked"))]
+    figures = cost_model.aot_figures(labels)
+    return {label: f["mma"] for label, f in figures.items() if isinstance(f, dict) and "mma" in f}
+
+
+# ---------------------------------------------------------------------------------------------------- the ops
+
+
+def op_function(op: str):
+    """The public seqmix function of an op of COST_KERNELS (WKV-7's chunked form is wkv7 with chunked=True)."""
+    from seqmix.kernels.attention import attention
+    from seqmix.kernels.rerope import rerope_attention, rerope_decode
+    from seqmix.kernels.ssm import selective_scan
+    from seqmix.kernels.wkv4 import wkv4
+    from seqmix.kernels.wkv7 import wkv7
+    return {"wkv4": wkv4, "wkv7": wkv7, "wkv7 chunked": wkv7, "selective_scan": selective_scan,
+            "attention": attention, "rerope_attention": rerope_attention, "rerope_decode": rerope_decode}[op]
+
+
+def _model_op(op: str) -> str:
+    return {"wkv7 chunked": "wkv7", "selective_scan": "ssm", "rerope_attention": "rerope",
+            "rerope_decode": "rerope"}.get(op, op)
+
+
+def _shape_text(run, op: str) -> str:
+    return " ".join(f"{k}={v}" for k, v in run.shapes[_model_op(op)].items())
+
+
+def inputs_at(run, op: str, dtype: str):
+    """requires_grad -> the op's inputs at its benchmark shape, as benchmarks/run.py makes them, in ``dtype`` (the
+    decays and parameters the models keep in fp32 stay fp32)."""
+    from seqmix.benchmarks import run as bench
+    s, dt = run.shapes[_model_op(op)], getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype])
+    keep = {"wkv4": ("w", "u"), "selective_scan": ("A", "D", "delta_bias")}.get(op, ())
+    if op == "wkv4":
+        base = bench.wkv4_inputs(s["B"], s["C"])(s["T"])
+    elif op.startswith("wkv7"):
+        base = bench.wkv7_inputs(s["B"], s["H"], s["N"])(s["T"])
+    elif op == "selective_scan":
+        base = bench.ssm_inputs(s["B"], s["D"], s["N"])(s["T"])
+    else:
+        g = torch.Generator(run.device).manual_seed(0)
+        base = {n: torch.randn(s["B"], s["H"], s["T"], s["d"], generator=g, device=run.device) for n in "qkv"}
+        if op == "rerope_decode":
+            base = {"q": base["q"][:, :, -1:], "k_cache": base["k"], "v_cache": base["v"]}
+
+    def make(requires_grad=False):
+        return {n: t.to(run.device, t.dtype if n in keep else dt).detach().requires_grad_(requires_grad)
+                for n, t in base.items()}
+    return make
+
+
+def seqmix_call(run, op: str, backend: str):
+    """x -> the seqmix op on ``backend``, called as benchmarks/run.py calls it."""
+    fn = op_function(op)
+    options = {"wkv7 chunked": {"chunked": True}, "selective_scan": {"delta_softplus": True},
+               "rerope_attention": {"window": run.shapes["rerope"]["w"]},
+               "rerope_decode": {"window": run.shapes["rerope"]["w"]}}.get(op, {})
+    return lambda x: fn(**x, **options, backend=backend)
+
+
+def _timing_cases(run):
+    """(op, dtype, make, call, implementation, mode): seqmix's Triton and torch backends, then the peers."""
+    from seqmix.benchmarks import peers
+    fla, why_not_fla = _fla()
+    w = run.shapes["rerope"]["w"]
+    for op in COST_KERNELS:
+        for dtype in ("fp32", "bf16"):
+            if not run.wants(op):
+                continue
+            make = inputs_at(run, op, dtype)
+            flash = _flash if dtype == "bf16" and not run.dry else (lambda f: f)
+            sdpa = "torch SDPA (flash)" if flash is _flash else "torch SDPA (default backend)"
+            impls = [("seqmix triton", seqmix_call(run, op, "triton")),
+                     ("seqmix torch", None if op == "wkv7 chunked" else seqmix_call(run, op, "torch"))]
+            if op == "attention":
+                impls.append((sdpa, flash(lambda x: torch.nn.functional.scaled_dot_product_attention(
+                    x["q"], x["k"], x["v"], is_causal=True))))
+            if op == "rerope_attention":
+                impls += [(sdpa + " + RoPE", flash(lambda x: peers.sdpa_rope(**x))),
+                          ("two-pass ReRoPE (source)", lambda x: peers.rerope_two_pass(**x, window=w))]
+            if op == "wkv7":
+                impls += [(f"fla {name}", fla and fla[name]) for name in ("chunk_rwkv7", "fused_recurrent_rwkv7")]
+            for impl, call in impls:
+                if impl == "seqmix torch" and call is None:
+                    continue                    # the torch backend has no chunked form: it is the "wkv7" row
+                for mode in ("forward", "forward+backward"):
+                    if mode != "forward" and (op == "rerope_decode" or impl.startswith("two-pass")):
+                        continue                # decode serves inference; the two-pass peer is a prefill
+                    yield op, dtype, make, call or why_not_fla, impl, mode
+
+
+def _fla():
+    """fla's RWKV-7 Triton ops adapted to seqmix's signature, or None and why not (not installed, or a dry run:
+    they need a GPU)."""
+    if not torch.cuda.is_available():
+        return None, "skipped: fla's Triton kernels need a GPU"
+    try:
+        from fla.ops.rwkv7 import chunk_rwkv7, fused_recurrent_rwkv7
+    except Exception as e:   # not carried, or it does not import on this torch / triton
+        return None, f"skipped: fla does not import: {describe(e)}"
+    from seqmix.conformance.adapters import fla
+    return {"chunk_rwkv7": fla(chunk_rwkv7), "fused_recurrent_rwkv7": fla(fused_recurrent_rwkv7)}, ""
+
+
+def _flash(fn):
+    """fn with torch SDPA restricted to its flash backend (what a GPU user's bf16 attention runs)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def flash(x):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return fn(x)
+    return flash
+
+
+def backward(out, x):
+    """Backward of <y, ones> (y: the output, or a stateful op's first result); clears x's grads first."""
+    for t in x.values():
+        t.grad = None
+    y = out[0] if isinstance(out, tuple) else out
+    y.backward(torch.ones_like(y))
+
+
+def time_step(step, run, budget_s: float = 0.3, min_runs: int = 5, max_runs: int = 100) -> dict:
+    """Median seconds of ``step`` after 3 warm-up calls: CUDA events around each call on a GPU, at least min_runs,
+    then more while the budget lasts. A dry run walks the same loop with a CPU timer, one warm-up and two runs."""
+    if run.dry:
+        budget_s, min_runs = 0.0, 2
+    for _ in range(1 if run.dry else 3):
+        step()
+    run.sync()
+    times, stop = [], time.perf_counter() + budget_s
+    while len(times) < min_runs or (len(times) < max_runs and time.perf_counter() < stop):
+        if run.dry:
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        else:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    median = statistics.median(times)
+    return {"median_s": median, "n": len(times), "spread": (max(times) - min(times)) / median}
+
+
+def describe(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
