@@ -25,7 +25,7 @@
 # `discretize_euler`, `discretize_bilinear`, `ssm_kernel`, `ssm_recurrence`, `causal_convolution`,
 # `selective_scan` · [`reference/mamba.py`](../reference/mamba.py): `rms_norm`, `causal_conv1d`, `mixer`, `forward`
 # (NumPy, float64: the truth) · [`kernels/ssm.py`](../kernels/ssm.py): `selective_scan` (backend `"torch"`: a
-# chunked scan; `"triton"`: a sequential-in-time kernel, forward and backward; `"c"`: a C loop, forward) ·
+# chunked scan; `"triton"`: a sequential-in-time kernel, forward and backward; `"c"`: a C loop, forward and backward) ·
 # [`models/mamba.py`](../models/mamba.py): `MambaModel` (torch, transformers' parameter names) ·
 # [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 
@@ -407,8 +407,11 @@ plt.show()
 # $$x_t = e^{\Delta_t A}\odot x_{t-1} + \Delta_t B_t\, u_t, \qquad y_t = C_t \cdot x_t .$$
 #
 # Since $\bar A_t = e^{\Delta_t A}$, $\bar B_t = \Delta_t B_t$ and $C_t$ change with $t$, there is no fixed kernel
-# $\bar K$: the recurrence must be run as a scan (hence the name). (Mamba adds a skip $D u_t$ and a gate; section 7
-# puts them in.)
+# $\bar K$: the layer is no longer a convolution. It is still a linear recurrence, $x_t = a_t \odot x_{t-1} + b_t$,
+# computed for every prefix of the sequence, and that is what "scan" names: a prefix computation, like a cumulative
+# sum. The loop below runs it one token after another, the plainest way to write it; it does not have to run that
+# way. The end of this section derives the parallel (associative) scan, which takes about $\log_2 T$ steps. (Mamba
+# adds a skip $D u_t$ and a gate; section 7 puts them in.)
 
 # %%
 def selective_scan(u, delta, A, B, C, zoh_b=False):
@@ -1005,8 +1008,9 @@ print("block 0's window after token t = x_in at t - 2, t - 1, t: True")
 # on the same inputs: outputs and last states, a sequence fed in two pieces, and fp16.
 #
 # A third implementation, backend `"c"` ([`kernels/native.c`](../kernels/native.c)), is a compiled C loop that
-# walks time once: the path for inference on a CPU. It is forward only (no gradients), and `backend=None` takes it
-# on a CPU when no gradient is wanted. The forward checks below run it too, against the same reference and budgets.
+# walks time once, with a backward that walks it back ([`kernels/native.py`](../kernels/native.py)): the CPU path
+# for inference and training alike, which `backend=None` takes for CPU tensors whether or not a gradient is wanted.
+# Every check below runs it too, gradients included, against the same reference and budgets.
 
 # %%
 from seqmix.kernels.ssm import selective_scan as scan_kernel
@@ -1018,8 +1022,7 @@ A64 = -np.exp(rng.standard_normal((D_ch, N_st)))                               #
 B64, C64 = rng.standard_normal((batch, N_st, T)), rng.standard_normal((batch, N_st, T))
 D64, bias64 = rng.standard_normal(D_ch), rng.standard_normal(D_ch)             # (D,)
 inputs = dict(u=u64, delta=delta64, A=A64, B=B64, C=C64, D=D64, z=z64, delta_bias=bias64)
-BACKENDS = ("torch", "triton")
-FORWARD_BACKENDS = BACKENDS + ("c",)  # "c": the C loop, forward only
+BACKENDS = ("torch", "triton", "c")  # "c": the C loop, forward and backward
 FP32_PARAMS = ("A", "D", "delta_bias")  # kept fp32, as Mamba keeps them
 
 def run(backend, dtype=torch.float32, state=None, **arrays):
@@ -1038,7 +1041,7 @@ rest = {n: (x[..., split:] if x.ndim == 3 else x) for n, x in inputs.items()}
 rounded = {n: (x if n in FP32_PARAMS else fp16_rounded(x)) for n, x in inputs.items()}
 
 # %% tags=["nbval-check-output"]
-for backend in FORWARD_BACKENDS:
+for backend in BACKENDS:
     y, last = run(backend, **inputs)
     check(f"{backend} fp32 y", y, expected, FP32_BUDGET)
     check(f"{backend} fp32 last state", last, expected_last, FP32_BUDGET)
@@ -1051,7 +1054,7 @@ for backend in FORWARD_BACKENDS:
 
 # %% [markdown]
 # **Gradients.** The float64 truth for the gradients is autograd through a plain token-by-token torch loop of the
-# same scan (its forward is first checked against the reference). Both backends' fp32 gradients of
+# same scan (its forward is first checked against the reference). The three backends' fp32 gradients of
 # $\sum y \odot G$ with respect to all eight inputs must match it.
 
 # %%
@@ -1088,12 +1091,10 @@ for backend in BACKENDS:
 
 # %%
 # The errors themselves (this cell is not compared: the numbers depend on the machine).
-for backend in FORWARD_BACKENDS:
-    line = f"{backend:6s} fp32: y rel. RMS error {rel_rms(run(backend, **inputs)[0], expected):.1e}"
-    if backend in backend_grads:  # none for "c": forward only
-        worst = max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads))
-        line += f", worst gradient {worst:.1e}"
-    print(line)
+for backend in BACKENDS:
+    worst = max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads))
+    print(f"{backend:6s} fp32: y rel. RMS error {rel_rms(run(backend, **inputs)[0], expected):.1e}, "
+          f"worst gradient {worst:.1e}")
 
 # %% [markdown]
 # ### B. The torch Mamba model
@@ -1121,7 +1122,7 @@ def flat_state(state):
     return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for pair in state for a in pair])
 
 # %% tags=["nbval-check-output"]
-for backend in FORWARD_BACKENDS:
+for backend in BACKENDS:
     with torch.no_grad():
         whole = model(torch.as_tensor(ids), backend=backend).last_hidden_state
     check(f"MambaModel, {backend} scan, fp32: output", whole, output, FP32_BUDGET)

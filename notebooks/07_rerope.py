@@ -502,8 +502,13 @@ print("the factor is 1 up to the training length:", bool((factor[:L_short] == 1)
 #
 # Reading notes:
 #
-# - **At the training length nothing is lost.** Every row scores 49.4% at 512 tokens, ReRoPE included, although with
-#   $w = 256$ it already clamps the distances 256 to 511, a quarter of the pairs in a 512-token text.
+# - **The 512 column measures the trained model, not the scheme.** Every row reads 49.41% (49.40% for the model
+#   trained with $\log n$), to the hundredth, and so does ReRoPE with $w = 64$ in Table 2, which would clamp most of
+#   the pairs of a 512-token text. A scheme that changed the scores could not leave every row equal to the
+#   hundredth: the column depends only on which model was trained, so it evaluates each model at its training
+#   length as trained, without the scheme, and says nothing about what a scheme costs there. That cost is small
+#   but not zero: notebook 10's toy run, which does apply each scheme at 1x, gives ReRoPE-w32 60.28% against RoPE's
+#   60.43%, and the post's Table 4 (below) gives a loss of 1.4996 for ReRoPE against 1.4967 at the training length.
 # - **Beyond it, the ranking follows the locality argument of sections 2 and 3.** Direct extrapolation halves the
 #   score (24%); PI without fine-tuning does worse still (15%), as the post predicts for a method that disturbs
 #   locality; NTK-aware scaling, which keeps locality and extrapolates little, roughly doubles the baseline; ReRoPE,

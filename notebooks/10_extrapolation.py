@@ -118,6 +118,11 @@ plt.show()
 # **repeated** text (a stretch of $L$ characters said again and again): past the first $L$ characters every answer
 # can be copied from $L$ back, so a model that can still attend precisely over long distances improves with
 # context, while one confused by unseen positions cannot even copy.
+#
+# The post's numbers sit beside the row with the same window as a fraction of the training length, "same w/L" in
+# the column labels: our ReRoPE-w32, w64 and w128 ($L/4$, $L/2$, $L$ of $L = 128$) beside the post's $w$ = 128, 256
+# and 512 (of 512). So the 7.09% beside ReRoPE-w128 is the post's $w = L$, its failing case, not its $w = 128$ (which
+# scored 76.11%).
 
 # %%
 display(Markdown((RESULTS / "extrapolation.md").read_text()))
