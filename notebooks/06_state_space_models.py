@@ -1069,14 +1069,14 @@ print("time-invariant: less than 1e-9 of it is left after 20 fillers:",
 #
 # Solutions (collapsed; click to expand):
 
-# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
 # 1. |1 + delta lambda|^2 = (1 + delta alpha)^2 + (delta beta)^2 < 1  <=>  delta < -2 alpha / |lambda|^2.
 bounds = -2 * np.linalg.eigvals(A).real / np.abs(np.linalg.eigvals(A)) ** 2
 print("largest stable Euler step per mode:", np.round(np.sort(bounds), 3))
 print("the plot's steps 0.25 and 0.125 exceed the smallest bound, 0.0625 does not:",
       bool(deltas[1] > bounds.min() > deltas[2]))
 
-# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
 # 2. Without the filler weight every token gets delta = softplus(1): exactly the time-invariant system.
 def filler_demo_no_flag(values, is_filler):
     return filler_demo_scan(values, np.zeros_like(is_filler))  # the flag never reaches delta
@@ -1085,7 +1085,7 @@ values, is_filler = text(8)
 check("no filler weight vs the time-invariant scan", filler_demo_no_flag(values, is_filler),
       filler_demo_scan(values, is_filler, selective=False), REFERENCE_BUDGET)
 
-# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
 # 3. The window holds the last K - 1 inputs x (in_proj's first half, before the convolution) of block 0.
 step_state = None
 for t in range(T_tok):

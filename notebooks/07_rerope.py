@@ -681,7 +681,7 @@ assert (straddling_per_query_tile <= BM / BN + 1).all()
 #
 # Solutions (collapsed; click to expand):
 
-# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
 # 1. w + (L - 1 - w) / k <= L_train - 1  <=>  L <= 1 + w + k (L_train - 1 - w).
 w_ex, k_ex = 128, 16.0
 longest = int(1 + w_ex + k_ex * (L_train - 1 - w_ex))
@@ -690,7 +690,7 @@ reach_at = {n: ref.rectify(np.array([n - 1.0]), w_ex, leaky_k=k_ex)[0] for n in 
 print("largest distance at that length and one more:",
       {n: round(float(r), 4) for n, r in reach_at.items()})
 
-# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
 # 2. With k < 1, (w - x)(1 - 1/k) changes sign: the max picks the leaky branch inside the window and -x outside.
 k_bad, T_ex = 0.5, len(q)
 distances = np.subtract.outer(np.arange(T_ex), np.arange(T_ex)).astype(float)   # i - j
@@ -703,7 +703,7 @@ picked = np.maximum(-x_ex, (window - x_ex) / k_bad - window)
 print("exponent the max picks for x = 0..7:", picked.tolist())
 print("minus the map f(x) it should be:    ", (0.0 - ref.rectify(x_ex, window, leaky_k=k_bad)).tolist())
 
-# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
 # 3. Pairs with 512 theta_f >= 2 pi have seen every angle; NTK slows pair f by s^(2f / (d - 2)).
 turned = L_train * theta_f >= 2 * np.pi
 first_slow = int(np.argmin(turned))
