@@ -201,3 +201,54 @@ print(f"({time.perf_counter() - start:.0f} s)")
 # The run is small enough to repeat: `python -m seqmix.experiments.extrapolation` (resumable), or `--quick` in under
 # a minute. Back to [notebook 09](09_recall_and_selection.ipynb) (recall and selection) or
 # [notebook 07](07_rerope.ipynb) (the derivations).
+#
+# ## Exercises
+#
+# Each solution is in the collapsed cell below its question (click the three dots to open it, source and output);
+# it runs with the notebook, so it is checked too.
+#
+# **1. Leaky ReRoPE at 16x.** Section 2 found $k \ge 10.3$ for $w = L/4$ at 8x. What is the smallest integer $k$
+# that keeps every distance of a $16L$-character text inside the trained range (largest rel $< L$), for $w = L/4$ and
+# for $w = L/2$? Derive it, then check with `rectify` that $k$ works and $k - 1$ does not.
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# w + (16 L - 1 - w) / k < L  <=>  k > (16 L - 1 - w) / (L - w)
+far = np.arange(16 * L)
+for w in (L // 4, L // 2):
+    k_min = int(np.floor((16 * L - 1 - w) / (L - w))) + 1
+    inside = {k_: bool(rectify(far, w, leaky_k=float(k_)).max() < L) for k_ in (k_min - 1, k_min)}
+    print(f"w = {w}: smallest k = {k_min}; inside the trained range at k - 1, k: {inside}")
+    assert inside == {k_min - 1: False, k_min: True}
+
+# %% [markdown]
+# **2. Your own map, and where it breaks.** Write Leaky ReRoPE's map from section 2's table as a function
+# `leaky_map(x, w, k)` and check it against `rectify` at 8x for $w = L/2$, $k = 16$. Then take $k = 8$ and run the
+# section's "inside the trained range" test: which $k$ does the condition of section 2 ask for, and what is the
+# largest rel with $k = 8$?
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+from seqmix.kernels.testing import REFERENCE_BUDGET, check
+
+def leaky_map(x, w, k):
+    # x below the window, then w plus the rest squeezed by 1/k
+    return np.where(x < w, x, w + (x - w) / k)
+
+w = L // 2
+check("leaky_map vs rectify, w = L/2, k = 16, at 8x", leaky_map(x, w, 16.0), rectify(x, w, leaky_k=16.0),
+      REFERENCE_BUDGET)
+print(f"k = 8: largest rel {leaky_map(x, w, 8.0).max():.1f}, inside (< {L}): {leaky_map(x, w, 8.0).max() < L}; "
+      f"the condition asks k >= {(8 * L - w) / (L - w):g}")
+
+# %% [markdown]
+# **3. How many pairs see the unseen position.** With ReRoPE at $w = L$, every distance $x \ge L$ becomes $L$, a
+# position training never produced (it saw $0$ to $L - 1$). In one causal text of $n = 8L$ characters, what fraction
+# of the $n(n+1)/2$ pairs $(i, j \le i)$ get it? Derive a closed form, then count with `rectify`.
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Distance x occurs n - x times, so the pairs at x >= L number sum_{x=L}^{n-1} (n - x) = (n - L)(n - L + 1) / 2.
+n = 8 * L
+closed_form = (n - L) * (n - L + 1) / (n * (n + 1))
+i, j = np.tril_indices(n)                                  # every causal pair
+counted = np.mean(rectify(i - j, L) == L)
+print(f"fraction of pairs at the unseen position L: {closed_form:.4f}")
+check("closed form vs counted with rectify", counted, closed_form, REFERENCE_BUDGET)
