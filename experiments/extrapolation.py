@@ -217,7 +217,9 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
             + ", ".join(f"{m} {r['lr']:g} ({r['train_cpu_seconds']:.0f} s CPU)" for m, r in train.items() if r)
             + ".\n\n")
     text += markdown_table(["scheme", f"ours {L} (1x)", f"ours {top * L} repeated", f"ours {top * L} non-repeated",
-                            "post 512", "post 4096 repeated", "post 4096 non-repeated"], post_rows)
+                            # The post's row is matched by w/L (its w = 128 sits beside our w = 32): say so.
+                            "post 512 (same w/L)", "post 4096 repeated (same w/L)",
+                            "post 4096 non-repeated (same w/L)"], post_rows)
     text += "\n## Every length\n\n" + markdown_table(
         ["scheme", *(f"{kind} {f}x" for kind in KINDS for f in setup.factors)], all_rows)
     (out / f"{NAME}.md").write_text(text)

@@ -19,8 +19,8 @@
 # **Code used.** [`reference/wkv4.py`](../reference/wkv4.py): `wkv4_quadratic` (the definition), `wkv4_recurrent`
 # (the numerator/denominator recurrence), `wkv4` (the max-tracked recurrence) ·
 # [`kernels/wkv4.py`](../kernels/wkv4.py): `wkv4` (backend `"torch"`: a chunked form; backend `"triton"`: the
-# max-tracked recurrence in a kernel, forward and backward) · [`kernels/testing.py`](../kernels/testing.py): `check`
-# and the error budgets.
+# max-tracked recurrence in a kernel, forward and backward; backend `"c"`: a C loop, forward and backward) ·
+# [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 #
 # **Notation.** $w$, $k$, $u$, $D$, $N$ and $M$ mean other things in other notebooks: see the
 # [notation crosswalk](notation.md).
@@ -393,16 +393,16 @@ print("the last piece from a fresh state differs by more than 1%:",
 # float32's overflow point, and fp16.
 #
 # A third implementation, backend `"c"` ([`kernels/native.c`](../kernels/native.c)), is a compiled C loop that
-# walks time once: the path for inference on a CPU. It is forward only (no gradients), and `backend=None` takes it
-# on a CPU when no gradient is wanted. The forward checks below run it too, against the same reference and budgets.
+# walks time once, with a backward that walks it back ([`kernels/native.py`](../kernels/native.py)): the CPU path
+# for inference and training alike, which `backend=None` takes for CPU tensors whether or not a gradient is wanted.
+# Every check below runs it too, gradients included, against the same reference and budgets.
 
 # %%
 B, T, C = 2, 24, 8
 w64 = -np.exp(rng.standard_normal(C))
 u64 = rng.standard_normal(C)
 k64, v64 = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
-BACKENDS = ("torch", "triton")
-FORWARD_BACKENDS = BACKENDS + ("c",)                  # "c": the C loop, forward only
+BACKENDS = ("torch", "triton", "c")                   # "c": the C loop, forward and backward
 
 def run(backend, w, u, k, v, dtype=torch.float32, state=None):
     # The kernel on float64 arrays cast to dtype; returns (wkv, (num, den, max)) as tensors.
@@ -417,7 +417,7 @@ expected, expected_state = ref.wkv4(w64, u64, k64, v64)
 split = 10                                            # feed 10 tokens, then the other 14
 
 # %% tags=["nbval-check-output"]
-for backend in FORWARD_BACKENDS:
+for backend in BACKENDS:
     y, state = run(backend, w64, u64, k64, v64)
     check(f"{backend} fp32 wkv", y, expected, FP32_BUDGET)
     for name, got, want in zip(("num", "den", "max"), state, expected_state):
@@ -435,8 +435,8 @@ for backend in FORWARD_BACKENDS:
 # %% [markdown]
 # **Gradients.** The float64 truth for the gradients is autograd through the definition written in torch: the
 # scores $W_{t-i} + k_i$ in a $(T \times T)$ matrix per channel, a causal softmax over $i$, times $v$. That is the
-# sums of section 1 seen as softmax attention (the forward is checked against the reference first). Both backends'
-# fp32 gradients of $\sum \mathrm{wkv} \odot G$ with respect to $w, u, k, v$ must match it.
+# sums of section 1 seen as softmax attention (the forward is checked against the reference first). The three
+# backends' fp32 gradients of $\sum \mathrm{wkv} \odot G$ with respect to $w, u, k, v$ must match it.
 
 # %%
 def definition_torch(w, u, k, v):
@@ -468,10 +468,7 @@ for backend in BACKENDS:
 
 # %%
 # The errors themselves (this cell is not compared: the numbers depend on the machine).
-for backend in FORWARD_BACKENDS:
+for backend in BACKENDS:
     error = rel_rms(run(backend, w64, u64, k64, v64)[0], expected)
-    line = f"{backend:6s} fp32: wkv rel. RMS error {error:.1e}"
-    if backend in backend_grads:                                     # none for "c": forward only
-        worst = max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads))
-        line += f", worst gradient {worst:.1e}"
-    print(line)
+    worst = max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads))
+    print(f"{backend:6s} fp32: wkv rel. RMS error {error:.1e}, worst gradient {worst:.1e}")

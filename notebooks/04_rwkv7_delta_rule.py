@@ -825,7 +825,7 @@ for T_ in (2, 8, 32, 128, 1000):
 #
 # Solutions (collapsed; click to expand):
 
-# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
 # 1. ||z||^2 = sum_j alpha_j (2 kk_j)^2 is up to 4: the smallest eigenvalue can go down to min w - 4 < -1.
 w_ex = np.exp(-np.exp(-0.5 - np.logaddexp(0.0, rng.normal(2.0, 2.0, (400, N)))))
 kk_ex = rng.standard_normal((400, N))
@@ -837,13 +837,13 @@ eig_doubled = np.linalg.eigvals(P_doubled)
 print("still real:", bool(np.abs(eig_doubled.imag).max() < 1e-9), "; all below 1:",
       bool(eig_doubled.real.max() < 1), "; some below -1:", bool(eig_doubled.real.min() < -1))
 
-# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
 # 2. L = 1: W_1 = a_1 e^{c_0} = a_1 and B^_1 = b_1 e^{c_1 - c_1} = b_1, so diag(e^{c_1}) + W^T B^ = diag(w_1) + a_1 b_1^T.
 W_1, B_hat_1 = a[:1] * np.exp(0.0), b[:1] * np.exp(c[0] - c[0])
 check("WY product for L = 1 vs the transition P_1", np.diag(np.exp(c[0])) + W_1.T @ B_hat_1,
       np.diag(np.exp(lw[0])) + np.outer(a[0], b[0]), REFERENCE_BUDGET)
 
-# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
 # 3. With equal decays w, diag(w) + a b^T has eigenvalues w (N - 1 times) and w + b.a. Any b.a > 0.1 breaks out:
 a_ex = b_ex = np.array([np.sqrt(0.5), 0.0])
 P_ex = np.diag([0.9, 0.9]) + np.outer(a_ex, b_ex)

@@ -803,14 +803,14 @@ print(f"numbers in one layer's state after 1 token and after {T}:", list(state_s
 #
 # Solutions (collapsed; click to expand):
 
-# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
 # 1. sigmoid(v0 + ...) = 1 makes v + (v_first - v) * 1 = v_first: the layer takes layer 0's value as it is.
 full_gate = dict(att1, v0=np.full_like(att1["v0"], 50.0))  # sigmoid(50 + small) = 1 in float64
 v_layer1 = receptance_decay_key_value(att1, mixes1)[3]
 check("value with the gate at 1 vs v_first",
       value_residual(full_gate, v_layer1, v_first, mixes1["v"])[0], v_first, REFERENCE_BUDGET)
 
-# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
 # 2. -softplus(-z) = -log(1 + e^-z) = log(sigmoid(z)), so e^omega = e^-0.5 sigmoid(z), and the decays agree.
 z_grid = np.linspace(-30, 30, 601)
 post_decay = np.exp(-np.exp(-np.logaddexp(0.0, -z_grid) - 0.5))
@@ -818,7 +818,7 @@ blinkdl_decay = np.exp(-np.exp(-0.5) * sigmoid(z_grid))
 check("exp(-e^-0.5 sigmoid(z)) vs exp(-exp(-softplus(-z) - 0.5))", blinkdl_decay, post_decay,
       REFERENCE_BUDGET)
 
-# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
 # 3. Positions 3 and 4: token 3 is the input at 3, and the token shift shows it to position 4. Nothing else.
 changed3 = ids.copy()
 changed3[:, 3] = (ids[:, 3] + 1) % V

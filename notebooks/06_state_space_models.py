@@ -25,7 +25,7 @@
 # `discretize_euler`, `discretize_bilinear`, `ssm_kernel`, `ssm_recurrence`, `causal_convolution`,
 # `selective_scan` · [`reference/mamba.py`](../reference/mamba.py): `rms_norm`, `causal_conv1d`, `mixer`, `forward`
 # (NumPy, float64: the truth) · [`kernels/ssm.py`](../kernels/ssm.py): `selective_scan` (backend `"torch"`: a
-# chunked scan; `"triton"`: a sequential-in-time kernel, forward and backward; `"c"`: a C loop, forward) ·
+# chunked scan; `"triton"`: a sequential-in-time kernel, forward and backward; `"c"`: a C loop, forward and backward) ·
 # [`models/mamba.py`](../models/mamba.py): `MambaModel` (torch, transformers' parameter names) ·
 # [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 
@@ -407,8 +407,11 @@ plt.show()
 # $$x_t = e^{\Delta_t A}\odot x_{t-1} + \Delta_t B_t\, u_t, \qquad y_t = C_t \cdot x_t .$$
 #
 # Since $\bar A_t = e^{\Delta_t A}$, $\bar B_t = \Delta_t B_t$ and $C_t$ change with $t$, there is no fixed kernel
-# $\bar K$: the recurrence must be run as a scan (hence the name). (Mamba adds a skip $D u_t$ and a gate; section 7
-# puts them in.)
+# $\bar K$: the layer is no longer a convolution. It is still a linear recurrence, $x_t = a_t \odot x_{t-1} + b_t$,
+# computed for every prefix of the sequence, and that is what "scan" names: a prefix computation, like a cumulative
+# sum. The loop below runs it one token after another, the plainest way to write it; it does not have to run that
+# way. The end of this section derives the parallel (associative) scan, which takes about $\log_2 T$ steps. (Mamba
+# adds a skip $D u_t$ and a gate; section 7 puts them in.)
 
 # %%
 def selective_scan(u, delta, A, B, C, zoh_b=False):
@@ -528,6 +531,100 @@ axes[1].set_xlabel(r"median $\Delta |A|$ over the sequence")
 axes[1].set_ylabel("rel. difference of the outputs")
 axes[1].set_title(r"Selective scan: Mamba's $\bar B$ vs exact ZOH")
 plt.show()
+
+# %% [markdown]
+# ### A scan need not be sequential: the parallel (associative) scan
+#
+# Fix one batch element, channel $d$ and state index $n$. The scan is then a scalar recurrence,
+#
+# $$x_t = a_t\,x_{t-1} + b_t, \qquad a_t = e^{\Delta_t A_{d,n}}, \quad b_t = \Delta_t B_{t,n}\, u_{t}, \quad
+# x_{-1} = 0 .$$
+#
+# Step $t$ is the affine map $x \mapsto a_t x + b_t$, written as the pair $(a_t, b_t)$. Applying $(a, b)$ and then
+# $(a', b')$ gives $a'(a x + b) + b' = (a a')\,x + (a' b + b')$, a map of the same kind. So define
+#
+# $$(a, b) \circ (a', b') = (a\,a',\; a'\,b + b') ,$$
+#
+# and $x_t$ is the second half of $(a_0, b_0) \circ (a_1, b_1) \circ \dots \circ (a_t, b_t)$ (the map of the first
+# $t + 1$ steps applied to $x_{-1} = 0$; a state carried in from an earlier piece is folded into $b_0 + a_0 x_{-1}$).
+#
+# **Why it is associative.** It is the composition of functions, which is always associative; written out,
+#
+# $$\big((a, b) \circ (a', b')\big) \circ (a'', b'') = (a a' a'',\; a''(a' b + b') + b'')
+#   = (a a' a'',\; a'' a' b + a'' b' + b'') ,$$
+# $$(a, b) \circ \big((a', b') \circ (a'', b'')\big) = (a\,(a' a''),\; (a' a'')\, b + (a'' b' + b'')) ,$$
+#
+# the same pair. It is not commutative: $(a', b') \circ (a, b) = (a a', a b' + b)$, the steps in the other order.
+# Checked on random numbers:
+
+# %%
+def combine(first, second):
+    # (a, b) o (a', b') = (a a', a' b + b'): first the step(s) of `first`, then those of `second`.
+    (a1, b1), (a2, b2) = first, second
+    return a1 * a2, a2 * b1 + b2
+
+pair_rng = np.random.default_rng(1)        # its own generator: the later sections keep their inputs
+p1, p2, p3 = ((pair_rng.standard_normal(5), pair_rng.standard_normal(5)) for _ in range(3))   # (a, b) pairs
+
+# %% tags=["nbval-check-output"]
+check("(p1 o p2) o p3 vs p1 o (p2 o p3)", combine(combine(p1, p2), p3), combine(p1, combine(p2, p3)),
+      REFERENCE_BUDGET)
+print("p1 o p2 differs from p2 o p1:", rel_rms(combine(p1, p2)[1], combine(p2, p1)[1]) > 0.01)
+
+# %% [markdown]
+# Associativity is what lets the work be regrouped. Hillis and Steele's scan runs $\lceil \log_2 T \rceil$ rounds;
+# in the round with offset $s = 1, 2, 4, \dots$ every position $t \ge s$ at once combines the pair $s$ positions
+# back into its own,
+#
+# $$P_t \leftarrow P_{t-s} \circ P_t ,$$
+#
+# so that after the round $P_t$ covers the steps $t - 2s + 1$ to $t$ (or from 0). After the last round $P_t$ covers
+# steps 0 to $t$ and its second half is $x_t$. Each round is one vectorized operation over all positions (on a GPU,
+# all positions in parallel): $\log_2 T$ dependent steps instead of $T$, for about $T \log_2 T$ combines instead of
+# $T$. (Blelloch's version, an up-sweep and a down-sweep over a tree, does $O(T)$ combines in $2 \log_2 T$ steps.)
+# The same selective-scan inputs as above, every batch element, channel and state index at once, against the
+# sequential loop `selective_scan`:
+
+# %%
+def hillis_steele_scan(a, b):
+    # Inclusive scan of the pairs (a_t, b_t) along the last axis; returns x_t for every t (x_{-1} = 0).
+    a, b = a.copy(), b.copy()
+    s, rounds = 1, 0
+    while s < a.shape[-1]:
+        # all t >= s at once; the right side is computed from the old values before either is overwritten
+        a[..., s:], b[..., s:] = combine((a[..., :-s], b[..., :-s]), (a[..., s:], b[..., s:]))
+        s, rounds = 2 * s, rounds + 1
+    return b, rounds
+
+a_pairs = np.exp(delta_s[:, :, None, :] * A_s[None, :, :, None])      # (batch, D, N, T): e^{delta_t A}
+b_pairs = (delta_s * u_s)[:, :, None, :] * B_s[:, None, :, :]         # (batch, D, N, T): delta_t B_t u_t
+x_parallel, rounds = hillis_steele_scan(a_pairs, b_pairs)
+y_parallel = (x_parallel * C_s[:, None, :, :]).sum(axis=2)            # y_t = C_t . x_t: (batch, D, T)
+
+# %% tags=["nbval-check-output"]
+check(f"Hillis-Steele scan ({rounds} rounds) vs the sequential loop ({T_seq} steps)", y_parallel, y_mamba,
+      REFERENCE_BUDGET)
+
+# %% [markdown]
+# So "scan" names the prefix computation (the name comes from the parallel-computing primitive, of which the
+# cumulative sum, $a_t = 1$, is the simplest case), not a sequential loop; a selective SSM trains in parallel over
+# time because its $\circ$ is associative. Real kernels mix the two: Mamba's paper runs a work-efficient parallel
+# scan inside its fused GPU kernel, and the project's torch backend (`kernels/ssm.py`) is the same operator at the
+# level of chunks: it computes each chunk's pair (the chunk's whole decay $\prod a_t$, and its exit state from zero)
+# for all chunks at once, combines the chunks' pairs in order, then recomputes the states inside every chunk at once
+# from its true entering state.
+#
+# **The matrix analogue.** RWKV-7's state update $S_t = S_{t-1} G_t + v_t k_t^\top$, with the transition
+# $G_t = \mathrm{diag}(w_t) + a_t b_t^\top$, has the same form with matrices: pairs $(G, V)$ combine as
+# $(G, V) \circ (G', V') = (G G', V G' + V')$, associative for the same reason. But each combine multiplies
+# $N \times N$ matrices, so instead of a tree of such products the chunked WY form of
+# [notebook 04](04_rwkv7_delta_rule.ipynb), section 6, keeps a chunk's product of transitions in factored (WY) form
+# and passes the state from chunk to chunk, exactly as the chunked scan above does with its scalars.
+#
+# Sources: Hillis and Steele, "Data parallel algorithms" (1986), https://doi.org/10.1145/7902.7903; Blelloch,
+# "Prefix sums and their applications" (1990), https://www.cs.cmu.edu/~guyb/papers/Ble93.pdf; Martin and Cundy,
+# linear recurrences by parallel scan, arXiv:1709.04057, https://arxiv.org/abs/1709.04057; Mamba, arXiv:2312.00752,
+# section 3.3.
 
 # %% [markdown]
 # ## 7. The Mamba block (Algorithm 2)
@@ -942,7 +1039,10 @@ print("time-invariant: less than 1e-9 of it is left after 20 fillers:",
 #   largest steps here).
 # - A time-invariant SSM is a convolution with $\bar K = (C\bar B, C\bar A\bar B, \dots)$ (with the state named
 #   after the input that entered it, $x_k = \bar A x_{k-1} + \bar B u_k$); Mamba's input-dependent $\Delta, B, C$
-#   make it a scan, with $\bar A = e^{\Delta A}$ and Euler's $\bar B = \Delta B$.
+#   make it a scan, with $\bar A = e^{\Delta A}$ and Euler's $\bar B = \Delta B$. A scan is a prefix computation,
+#   not a sequential loop: its steps combine with the associative $(a, b) \circ (a', b') = (a a', a' b + b')$, so a
+#   parallel scan computes it in $\log_2 T$ rounds (checked against the loop); notebook 04's chunked WY form is the
+#   matrix analogue.
 # - The Mamba block is RMSNorm (not a layer norm, erratum 14), `in_proj` into $x$ and $z$, a causal depthwise
 #   convolution and SiLU, Algorithm 1 ($\Delta$ through a rank-$R$ map and softplus; $B$, $C$ from the same
 #   `x_proj`; $A = -e^{A_{\log}} < 0$, erratum 15), the scan with the skip $D$, the gate $y \odot
@@ -962,17 +1062,21 @@ print("time-invariant: less than 1e-9 of it is left after 20 fillers:",
 #    the same $\Delta$). Which curve of the right-hand plot do you get, and why?
 # 3. **What the convolution remembers.** Feed the first text of section 7 through `mamba_forward` one token at a
 #    time. After token $t$, what does block 0's conv window hold? Check your answer against `x_in` of step 7.2.
+# 4. **The parallel scan, by hand.** (a) Write `combine` with the steps in the wrong order, $(a, b) \circ (a', b') =
+#    (a a', a b' + b)$, run `hillis_steele_scan` with it and watch section 6's check fail. (b) With the right
+#    `combine`, start the scan from a state $x_{-1}$ carried in from an earlier piece (fold it into the first pair)
+#    and check the result against `ref.selective_scan(..., state=x_prev)`.
 #
 # Solutions (collapsed; click to expand):
 
-# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
 # 1. |1 + delta lambda|^2 = (1 + delta alpha)^2 + (delta beta)^2 < 1  <=>  delta < -2 alpha / |lambda|^2.
 bounds = -2 * np.linalg.eigvals(A).real / np.abs(np.linalg.eigvals(A)) ** 2
 print("largest stable Euler step per mode:", np.round(np.sort(bounds), 3))
 print("the plot's steps 0.25 and 0.125 exceed the smallest bound, 0.0625 does not:",
       bool(deltas[1] > bounds.min() > deltas[2]))
 
-# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
 # 2. Without the filler weight every token gets delta = softplus(1): exactly the time-invariant system.
 def filler_demo_no_flag(values, is_filler):
     return filler_demo_scan(values, np.zeros_like(is_filler))  # the flag never reaches delta
@@ -981,7 +1085,7 @@ values, is_filler = text(8)
 check("no filler weight vs the time-invariant scan", filler_demo_no_flag(values, is_filler),
       filler_demo_scan(values, is_filler, selective=False), REFERENCE_BUDGET)
 
-# %% jupyter={"source_hidden": true} tags=["nbval-check-output"]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
 # 3. The window holds the last K - 1 inputs x (in_proj's first half, before the convolution) of block 0.
 step_state = None
 for t in range(T_tok):
@@ -989,6 +1093,30 @@ for t in range(T_tok):
     if t >= K_conv - 2:  # from then on, all real tokens
         assert np.allclose(step_state[0][0], x_in[..., t - K_conv + 2:t + 1], rtol=0, atol=1e-12)
 print("block 0's window after token t = x_in at t - 2, t - 1, t: True")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# 4. (a) The later step applied first: not the recurrence, so the scan no longer reproduces the loop.
+def combine_wrong_order(first, second):
+    (a1, b1), (a2, b2) = first, second
+    return a1 * a2, a1 * b2 + b1
+
+def scan_with(combine_fn, a, b):
+    # hillis_steele_scan with a given combine.
+    a, b, s = a.copy(), b.copy(), 1
+    while s < a.shape[-1]:
+        a[..., s:], b[..., s:] = combine_fn((a[..., :-s], b[..., :-s]), (a[..., s:], b[..., s:]))
+        s *= 2
+    return b
+
+y_wrong = (scan_with(combine_wrong_order, a_pairs, b_pairs) * C_s[:, None, :, :]).sum(axis=2)
+print("wrong order vs the loop, rel. error > 10%:", rel_rms(y_wrong, y_mamba) > 0.1)
+# (b) x_0 = a_0 x_{-1} + b_0: the carried state enters through the first pair's b.
+x_prev = pair_rng.standard_normal(u_s.shape[:2] + A_s.shape[1:])   # (batch, D, N)
+b_carried = b_pairs.copy()
+b_carried[..., 0] += a_pairs[..., 0] * x_prev
+y_carried = (scan_with(combine, a_pairs, b_carried) * C_s[:, None, :, :]).sum(axis=2)
+check("parallel scan from a carried state vs reference.selective_scan(state=...)", y_carried,
+      ref.selective_scan(u_s, delta_s, A_s, B_s, C_s, state=x_prev)[0], REFERENCE_BUDGET)
 
 # %% [markdown]
 # ## Appendix: the production path against the reference
@@ -1005,8 +1133,9 @@ print("block 0's window after token t = x_in at t - 2, t - 1, t: True")
 # on the same inputs: outputs and last states, a sequence fed in two pieces, and fp16.
 #
 # A third implementation, backend `"c"` ([`kernels/native.c`](../kernels/native.c)), is a compiled C loop that
-# walks time once: the path for inference on a CPU. It is forward only (no gradients), and `backend=None` takes it
-# on a CPU when no gradient is wanted. The forward checks below run it too, against the same reference and budgets.
+# walks time once, with a backward that walks it back ([`kernels/native.py`](../kernels/native.py)): the CPU path
+# for inference and training alike, which `backend=None` takes for CPU tensors whether or not a gradient is wanted.
+# Every check below runs it too, gradients included, against the same reference and budgets.
 
 # %%
 from seqmix.kernels.ssm import selective_scan as scan_kernel
@@ -1018,8 +1147,7 @@ A64 = -np.exp(rng.standard_normal((D_ch, N_st)))                               #
 B64, C64 = rng.standard_normal((batch, N_st, T)), rng.standard_normal((batch, N_st, T))
 D64, bias64 = rng.standard_normal(D_ch), rng.standard_normal(D_ch)             # (D,)
 inputs = dict(u=u64, delta=delta64, A=A64, B=B64, C=C64, D=D64, z=z64, delta_bias=bias64)
-BACKENDS = ("torch", "triton")
-FORWARD_BACKENDS = BACKENDS + ("c",)  # "c": the C loop, forward only
+BACKENDS = ("torch", "triton", "c")  # "c": the C loop, forward and backward
 FP32_PARAMS = ("A", "D", "delta_bias")  # kept fp32, as Mamba keeps them
 
 def run(backend, dtype=torch.float32, state=None, **arrays):
@@ -1038,7 +1166,7 @@ rest = {n: (x[..., split:] if x.ndim == 3 else x) for n, x in inputs.items()}
 rounded = {n: (x if n in FP32_PARAMS else fp16_rounded(x)) for n, x in inputs.items()}
 
 # %% tags=["nbval-check-output"]
-for backend in FORWARD_BACKENDS:
+for backend in BACKENDS:
     y, last = run(backend, **inputs)
     check(f"{backend} fp32 y", y, expected, FP32_BUDGET)
     check(f"{backend} fp32 last state", last, expected_last, FP32_BUDGET)
@@ -1051,7 +1179,7 @@ for backend in FORWARD_BACKENDS:
 
 # %% [markdown]
 # **Gradients.** The float64 truth for the gradients is autograd through a plain token-by-token torch loop of the
-# same scan (its forward is first checked against the reference). Both backends' fp32 gradients of
+# same scan (its forward is first checked against the reference). The three backends' fp32 gradients of
 # $\sum y \odot G$ with respect to all eight inputs must match it.
 
 # %%
@@ -1088,12 +1216,10 @@ for backend in BACKENDS:
 
 # %%
 # The errors themselves (this cell is not compared: the numbers depend on the machine).
-for backend in FORWARD_BACKENDS:
-    line = f"{backend:6s} fp32: y rel. RMS error {rel_rms(run(backend, **inputs)[0], expected):.1e}"
-    if backend in backend_grads:  # none for "c": forward only
-        worst = max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads))
-        line += f", worst gradient {worst:.1e}"
-    print(line)
+for backend in BACKENDS:
+    worst = max(rel_rms(g, e) for g, e in zip(backend_grads[backend], expected_grads))
+    print(f"{backend:6s} fp32: y rel. RMS error {rel_rms(run(backend, **inputs)[0], expected):.1e}, "
+          f"worst gradient {worst:.1e}")
 
 # %% [markdown]
 # ### B. The torch Mamba model
@@ -1121,7 +1247,7 @@ def flat_state(state):
     return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for pair in state for a in pair])
 
 # %% tags=["nbval-check-output"]
-for backend in FORWARD_BACKENDS:
+for backend in BACKENDS:
     with torch.no_grad():
         whole = model(torch.as_tensor(ids), backend=backend).last_hidden_state
     check(f"MambaModel, {backend} scan, fp32: output", whole, output, FP32_BUDGET)

@@ -8,8 +8,9 @@
 # (one program per batch row, head and block of rows of the state), each launched here by hand, with different block
 # sizes, against the reference. Then what the CPU run is and is not: the Triton interpreter against the compiled GPU
 # build, which `python -m seqmix.kernels.aot` produces without a GPU (registers and spills per kernel). Last, the
-# benchmarks: the stored results of `python -m seqmix.benchmarks.run` (ratios against what a user would otherwise run, time
-# per token against sequence length, the GPU cost model), and a small live timing, labelled as indicative.
+# benchmarks: the stored results of `python -m seqmix.benchmarks.run` (ratios against what a user would otherwise
+# run, time per token against sequence length, the GPU cost model, with the bytes per token counted by hand), which
+# every claim here rests on, and a small live timing, labelled as indicative. Exercises close the notebook.
 #
 # **Sources.** The Triton language and its programming model, https://triton-lang.org (program ids, blocks, the
 # interpreter); the formulas are those of notebooks 02 (RWKV-4 WKV, after the Hugging Face RWKV page,
@@ -166,20 +167,34 @@ for block_c in (launch["BLOCK_C"], 8, 64):
 # | $y_t = S_t r_t$ | `tl.sum(S * r[None, :], axis=1)` |
 #
 # Each program reloads the key-side vectors $r, w, k, a, b$ (those are shared) and its own slice of $v$. First the
-# independence of the rows, in NumPy; then the kernel's update and forward loop; then the kernel launched by hand with
-# several `BLOCK_V`, against `reference.wkv7`.
+# independence of the rows: one step computed as the kernel computes it, block of rows by block of rows, in NumPy
+# with the kernel's own expressions, against one step of `reference.wkv7` on the whole state (an independent
+# implementation, with its own $r$: a block that needed another block's rows would fail this). Then the kernel's
+# update and forward loop; then the kernel launched by hand with several `BLOCK_V`, against `reference.wkv7`.
 
 # %%
-N = 8
-S = rng.standard_normal((N, N))
-w7, a7, b7, k7_, v7 = np.exp(-np.exp(rng.standard_normal(N))), *(rng.standard_normal(N) for _ in range(4))
-whole = S @ np.diag(w7) + np.outer(S @ a7, b7) + np.outer(v7, k7_)
-row_by_row = np.array([S[i] * w7 + (S[i] @ a7) * b7 + v7[i] * k7_ for i in range(N)])
+N, BLOCK_V = 8, 4
+S = rng.standard_normal((N, N))                                   # one head's state, [value, key]
+r7, k7_, v7, a7, b7 = (rng.standard_normal(N) for _ in range(5))
+log_w7 = -np.exp(rng.standard_normal(N))                          # decays exp(log_w7) in (0, 1)
+w7 = np.exp(log_w7)
+
+def kernel_step(S_rows, v_rows):
+    # One step for a block of rows, with _step's and the output's expressions: (new rows, their y).
+    sa = (S_rows * a7[None, :]).sum(axis=1)                   # tl.sum(S * a[None, :], axis=1)
+    S_rows = S_rows * w7[None, :] + sa[:, None] * b7[None, :] + v_rows[:, None] * k7_[None, :]
+    return S_rows, (S_rows * r7[None, :]).sum(axis=1)         # tl.sum(S * r[None, :], axis=1)
+
+blocks = [kernel_step(S[i:i + BLOCK_V], v7[i:i + BLOCK_V]) for i in range(0, N, BLOCK_V)]
+S_blocks, y_blocks = np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks])
+one_step = [x[None, None, None] for x in (r7, log_w7, k7_, v7, a7, b7)]   # each (1, 1, 1, N)
+y_ref, S_ref = ref7.wkv7(*one_step, state=S[None, None])
 
 # %% tags=["nbval-check-output"]
-for what, actual, expected in (("the update computed row by row vs on the whole matrix", row_by_row, whole),
-                               ("y = S r row by row vs the matrix product", [row @ w7 for row in whole], whole @ w7)):
-    check(what, actual, expected, REFERENCE_BUDGET)
+check(f"one step in blocks of {BLOCK_V} rows vs reference.wkv7: state", S_blocks, S_ref[0, 0],
+      REFERENCE_BUDGET)
+check(f"one step in blocks of {BLOCK_V} rows vs reference.wkv7: y = S r", y_blocks, y_ref[0, 0, 0],
+      REFERENCE_BUDGET)
 
 # %%
 print(inspect.getsource(k7._step.fn))
@@ -281,24 +296,32 @@ for c in results["checks"]:
 # `kernels/native.c` ("seqmix c"), which walks time once like the Triton kernels do on a GPU. The chunked torch
 # backend ("seqmix torch", the one that also differentiates) is measured beside it: in eager torch the chunked forms
 # are about twenty passes over memory each, and the benchmarks' README explains in numbers why no rearrangement of
-# them reached the targets. The time per token against $T$, drawn from the stored samples:
+# them reached the targets. The time per token against $T$, drawn from the stored samples (one colour per
+# implementation in every panel; in the attention panel "seqmix torch" *is* torch's SDPA, so the two lines
+# coincide):
 
 # %%
-OPS = {"wkv4": "RWKV-4 WKV", "wkv7": "RWKV-7 WKV", "ssm": "selective scan", "rerope": "ReRoPE prefill",
-       "attention": "causal attention"}
-fig, axes = plt.subplots(1, len(OPS), figsize=(17, 3.8), constrained_layout=True)
-for ax, (op, title) in zip(axes, OPS.items()):
+OPS = {"wkv4": "RWKV-4 WKV", "wkv7": "RWKV-7 WKV", "ssm": "selective scan",
+       "rerope": "ReRoPE prefill", "attention": "causal attention (seqmix torch = SDPA)"}
+# One colour per implementation in every panel; every other implementation is the op's peer, in C2.
+STYLE = {"seqmix c": ("C0", "o-"), "seqmix torch": ("C1", "o-"), "one streaming pass": ("k", ":"),
+         "two-pass (source)": ("C3", "s--")}
+# Two rows of three at 10 inches: the figure stays under 1250 px wide (the project's limit) with readable labels.
+fig, axes = plt.subplots(2, 3, figsize=(10, 6.4), constrained_layout=True)
+lines = {}                                          # label -> a line, for one shared legend
+for ax, (op, title) in zip(axes.flat, OPS.items()):
     rows = [r for r in results["rows"] if r["op"] == op and r["status"] == "ok"]
     for impl in dict.fromkeys(r["impl"] for r in rows):
         points = sorted((r["T"], r["median_s"] / r["T"]) for r in rows if r["impl"] == impl)
-        style = "o-" if impl.startswith("seqmix") else ("k:" if impl == "one streaming pass" else "s--")
-        ax.loglog(*zip(*points), style, ms=4, label=impl)
-    ax.set_title(f"{title} ({rows[0]['shape']})", fontsize=9)
+        colour, style = STYLE.get(impl, ("C2", "s--"))
+        lines[impl], = ax.loglog(*zip(*points), style, color=colour, ms=4)
+    ax.set_title(f"{title}\n{rows[0]['shape']}", fontsize=10)
     ax.set_xlabel("sequence length T")
     ax.set_ylabel("median time per token (s)")
-    ax.legend(fontsize=6.5)
-fig.suptitle("stored results of python -m seqmix.benchmarks.run (CPU, fp32): a flat line is linear in T "
-             "(attention and ReRoPE are quadratic)")
+key = axes.flat[-1]
+key.axis("off")
+key.legend(lines.values(), lines.keys(), loc="center", fontsize=8.5,
+           title="stored results (CPU, fp32)\nflat = linear in T;\nattention, ReRoPE: quadratic")
 plt.show()
 
 # %% [markdown]
@@ -309,8 +332,15 @@ plt.show()
 #
 # **The GPU cost model.** With no GPU to time the Triton kernels, `benchmarks/cost_model.py` counts, from each
 # kernel's own loops, the bytes it moves and the operations it does per token, and predicts an H100 time as the larger
-# of memory time (bytes / 3.35 TB/s) and compute time; registers and spills come from the AOT build of section 4. The
-# forward kernels:
+# of memory time (bytes / 3.35 TB/s) and compute time, for the whole shape; registers and spills come from the
+# AOT build of section 4.
+# For the WKV-4 forward the count can be done by hand: per token and channel the program reads $k_t$ and $v_t$ and
+# writes $y_t$, 4 bytes each in fp32, while the state stays in registers,
+#
+# $$\text{bytes per token} \approx 3 \cdot 4\,C = 12\,C = 9216 \ \text{ for } C = 768 ,$$
+#
+# plus the parameters and the state, read and written once per sequence (exercise 2 accounts for them). The forward
+# kernels:
 
 # %%
 print(f"{'kernel':30s} {'shape':28s} {'bytes/token':>11s} {'FLOP/byte':>9s} {'predicted':>10s} {'bound':>24s} "
@@ -448,7 +478,8 @@ for group in groups:
 #
 # - A Triton kernel describes one program of a grid; the formula decides what a program owns. WKV-4: a batch row and
 #   a block of channels, its three state numbers per channel in registers, a loop over time. WKV-7: a batch row, a head
-#   and a block of rows of the $N \times N$ state, because rows of the state evolve independently.
+#   and a block of rows of the $N \times N$ state, because rows of the state evolve independently (checked
+#   against one step of `reference.wkv7`).
 # - Launched by hand with other block sizes, both kernels still agree with the float64 reference: the block size deals
 #   out the work, it does not change what is computed.
 # - The interpreter checks the arithmetic and indexing of a kernel on a CPU; the AOT build (`python -m seqmix.kernels.aot`)
@@ -457,8 +488,83 @@ for group in groups:
 #   (`kernels/native.c`) that walk time once, as the Triton kernels do on a GPU, and meet the speed targets that the
 #   torch backend's chunked forms (eager torch, many passes over memory) miss, for reasons the benchmarks' README
 #   gives in numbers; the cost model predicts each Triton kernel's H100 time from its
-#   bytes and operations, a floor for the recurrent kernels, which at small batch are limited by how few programs walk
-#   time in parallel.
+#   bytes and operations (for the WKV-4 forward, $12\,C$ bytes per token, counted by hand), a floor for the recurrent
+#   kernels, which at small batch are limited by how few programs walk time in parallel.
 # - Whole models: decoding a token on a CPU is one C call at the speed of one read of the weights; a prompt is within
 #   1.3x of its matrix products for the RWKV models in fp32, and further from them where the matrix products get
 #   faster (bf16) or the recurrence is heavy (Mamba's scan).
+#
+# ## Exercises
+#
+# Each solution is in the collapsed cell below its question (click the three dots to open it, source and output);
+# it runs with the notebook, so it is checked too.
+#
+# **1. Programs and masked lanes.** How many programs does the WKV-4 forward launch for $B = 4$, $C = 768$ (the
+# benchmark's shape), and for $B = 1$, $C = 100$? How many lanes are masked in each case? Compare the first with
+# the cost model's `programs`.
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+stored = next(m for m in results["cost_model"] if m["kernel"] == "wkv4_fwd C=768 fp32")
+for B_, C_ in ((4, 768), (1, 100)):
+    block_c = k4._launch_config(C_)["BLOCK_C"]                   # channels per program
+    blocks_ = triton.cdiv(C_, block_c)
+    print(f"B = {B_}, C = {C_}: {B_ * blocks_} programs of {block_c} lanes, "
+          f"{B_ * (blocks_ * block_c - C_)} masked")
+print("the cost model's programs for B = 4, C = 768:", stored["programs"])
+assert 4 * triton.cdiv(768, k4._launch_config(768)["BLOCK_C"]) == stored["programs"]
+
+# %% [markdown]
+# **2. Bytes per token, to the byte.** The cost model gives 9228 bytes per token for the WKV-4 forward at
+# $B = 4$, $T = 2048$, $C = 768$, fp32, 12 more than $12\,C$. Account for the 12: what else does each program read or
+# write, once per sequence?
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Once per sequence and channel: w and u read, the state (num, den, max) read and written:
+# 8 numbers of 4 bytes, spread over the T tokens of the sequence.
+B_, T_, C_ = 4, 2048, 768
+per_token = 3 * 4 * C_ + 8 * 4 * C_ / T_
+print(f"12 C + 32 C / T = {12 * C_} + {8 * 4 * C_ / T_:g} = {per_token:g} bytes per token")
+check("bytes per token by hand vs the stored cost model", per_token, stored["bytes_per_token"],
+      REFERENCE_BUDGET)
+
+# %% [markdown]
+# **3. Registers for the state tile.** The WKV-7 forward holds a (BLOCK_V, N) fp32 tile of $S$ over `num_warps`
+# warps of 32 threads. For $B = 1$, $H = 12$, $N = 64$ (the benchmark's shape), the dispatcher's forward launch is
+# `k7._launch_config(64, heads=12)`. How many registers per thread does the tile take with it, and with BLOCK_V = 32
+# on 4 warps? How many programs does it launch? Compare with the cost model's `programs × steps` for
+# `wkv7_fwd B*H=12 N=64 fp32`.
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+launch7 = k7._launch_config(64, heads=1 * 12)
+for rows_, warps_ in ((launch7["BLOCK_V"], launch7.num_warps), (32, 4)):
+    registers = rows_ * 64 // (32 * warps_)
+    print(f"BLOCK_V = {rows_}, {warps_} warp(s), N = 64: {registers} registers a thread for S")
+stored7 = next(m for m in results["cost_model"] if m["kernel"] == "wkv7_fwd B*H=12 N=64 fp32")
+programs7 = 1 * 12 * 64 // launch7["BLOCK_V"]
+print(f"programs: B H N / BLOCK_V = {programs7}; stored: {stored7['programs']} "
+      f"x {stored7['serial_steps']} steps (T = 2048)")
+assert programs7 == stored7["programs"]
+
+# %% [markdown]
+# **4. Columns are not rows.** Section 3 split the state by rows. Change `kernel_step` so that each block owns
+# `BLOCK_V` *columns* (key channels) of $S$ instead, every row, with the same expressions, and run the section's
+# check on it: it fails. Which term needs the columns the block does not have? What would a column split have to
+# exchange between programs at every step?
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# A block of columns j: S[:, j] w_j + (S a) b_j + v k_j. The row sum S a runs over every column, so a block that
+# sums only its own columns gets a partial S a: the check fails. Programs would have to add their partial sums
+# (a reduction across programs) before every step, which is why the kernel splits by rows.
+def column_step(S_cols, cols):
+    sa = (S_cols * a7[None, cols]).sum(axis=1)                # only this block's columns: partial S a
+    return S_cols * w7[None, cols] + sa[:, None] * b7[None, cols] + v7[:, None] * k7_[None, cols]
+
+S_columns = np.concatenate([column_step(S[:, j:j + BLOCK_V], slice(j, j + BLOCK_V))
+                            for j in range(0, N, BLOCK_V)], axis=1)
+print("blocks of columns, each with its own partial S a: rel. error vs reference.wkv7 > 1%:",
+      rel_rms(S_columns, S_ref[0, 0]) > 0.01)
+full_sa = S @ a7                                              # the exchange: every column's contribution
+S_fixed = np.concatenate([S[:, j:j + BLOCK_V] * w7[None, j:j + BLOCK_V]
+                          + full_sa[:, None] * b7[None, j:j + BLOCK_V] + v7[:, None] * k7_[None, j:j + BLOCK_V]
+                          for j in range(0, N, BLOCK_V)], axis=1)
+check("blocks of columns with the full S a vs reference.wkv7", S_fixed, S_ref[0, 0], REFERENCE_BUDGET)

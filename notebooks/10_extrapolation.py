@@ -31,7 +31,7 @@ import time
 
 import matplotlib.pyplot as plt
 import numpy as np
-from IPython.display import Image, Markdown, display
+from IPython.display import Markdown, display
 
 from seqmix.experiments import data, extrapolation
 from seqmix.experiments.records import RESULTS, Results
@@ -118,13 +118,44 @@ plt.show()
 # **repeated** text (a stretch of $L$ characters said again and again): past the first $L$ characters every answer
 # can be copied from $L$ back, so a model that can still attend precisely over long distances improves with
 # context, while one confused by unseen positions cannot even copy.
+#
+# The post's numbers sit beside the row with the same window as a fraction of the training length, "same w/L" in
+# the column labels: our ReRoPE-w32, w64 and w128 ($L/4$, $L/2$, $L$ of $L = 128$) beside the post's $w$ = 128, 256
+# and 512 (of 512). So the 7.09% beside ReRoPE-w128 is the post's $w = L$, its failing case, not its $w = 128$ (which
+# scored 76.11%).
 
 # %%
 display(Markdown((RESULTS / "extrapolation.md").read_text()))
 
+# %% [markdown]
+# The same numbers against the evaluation length, drawn here from the committed rows (the stored figures,
+# `extrapolation.png` and `extrapolation_log_n.png`, show the same curves, drawn wider than the notebook). Top row:
+# the model trained without log n, dashed where log n† is applied at evaluation; bottom row: the model trained with
+# log n.
+
 # %%
-display(Image(str(RESULTS / "extrapolation.png")))
-display(Image(str(RESULTS / "extrapolation_log_n.png")))
+found = Results(RESULTS, "extrapolation")          # the committed rows
+colours = {scheme.name: f"C{i}" for i, scheme in enumerate(extrapolation.schemes(setup))}
+fig, axes = plt.subplots(2, 2, figsize=(10, 6.4), sharex=True, sharey=True, constrained_layout=True)
+for row, variants in zip(axes, (("plain", "log n†"), ("log n",))):
+    for ax, kind in zip(row, extrapolation.KINDS):
+        for scheme in extrapolation.schemes(setup):
+            for variant in variants:
+                accuracy = [found.find(phase="eval", scheme=scheme.name, variant=variant, kind=kind,
+                                       factor=f)["accuracy"] for f in setup.factors]
+                ax.plot(setup.factors, accuracy, marker="o", ms=3, color=colours[scheme.name],
+                        ls="--" if variant == "log n†" else "-",
+                        label=scheme.name if variant != "log n†" else None)
+        ax.set(xscale="log", title=f"{kind} text, " + ("trained with log n" if variants == ("log n",)
+                                                         else "trained without (dashed: log n†)"))
+        ax.set_xticks(setup.factors, [f"{f}x" for f in setup.factors])
+        ax.minorticks_off()
+for ax in axes[:, 0]:
+    ax.set_ylabel("next-character accuracy")
+for ax in axes[1]:
+    ax.set_xlabel("evaluation length (x training length)")
+axes[0, 1].legend(fontsize=8, loc="lower left")
+plt.show()
 
 # %% [markdown]
 # ## 4. The committed weights, evaluated live
@@ -137,7 +168,6 @@ display(Image(str(RESULTS / "extrapolation_log_n.png")))
 corpus = data.stdlib_corpus()
 same_corpus = corpus.manifest()["files"] == manifest["files"]
 print("this Python's standard library is the corpus of the committed run:", same_corpus)
-found = Results(RESULTS, "extrapolation")          # the committed rows
 model = extrapolation.load_model(setup, "plain", RESULTS)
 start = time.perf_counter()
 for scheme in (extrapolation.schemes(setup)[0], extrapolation.schemes(setup)[4]):
@@ -196,3 +226,54 @@ print(f"({time.perf_counter() - start:.0f} s)")
 # The run is small enough to repeat: `python -m seqmix.experiments.extrapolation` (resumable), or `--quick` in under
 # a minute. Back to [notebook 09](09_recall_and_selection.ipynb) (recall and selection) or
 # [notebook 07](07_rerope.ipynb) (the derivations).
+#
+# ## Exercises
+#
+# Each solution is in the collapsed cell below its question (click the three dots to open it, source and output);
+# it runs with the notebook, so it is checked too.
+#
+# **1. Leaky ReRoPE at 16x.** Section 2 found $k \ge 10.3$ for $w = L/4$ at 8x. What is the smallest integer $k$
+# that keeps every distance of a $16L$-character text inside the trained range (largest rel $< L$), for $w = L/4$ and
+# for $w = L/2$? Derive it, then check with `rectify` that $k$ works and $k - 1$ does not.
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# w + (16 L - 1 - w) / k < L  <=>  k > (16 L - 1 - w) / (L - w)
+far = np.arange(16 * L)
+for w in (L // 4, L // 2):
+    k_min = int(np.floor((16 * L - 1 - w) / (L - w))) + 1
+    inside = {k_: bool(rectify(far, w, leaky_k=float(k_)).max() < L) for k_ in (k_min - 1, k_min)}
+    print(f"w = {w}: smallest k = {k_min}; inside the trained range at k - 1, k: {inside}")
+    assert inside == {k_min - 1: False, k_min: True}
+
+# %% [markdown]
+# **2. Your own map, and where it breaks.** Write Leaky ReRoPE's map from section 2's table as a function
+# `leaky_map(x, w, k)` and check it against `rectify` at 8x for $w = L/2$, $k = 16$. Then take $k = 8$ and run the
+# section's "inside the trained range" test: which $k$ does the condition of section 2 ask for, and what is the
+# largest rel with $k = 8$?
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+from seqmix.kernels.testing import REFERENCE_BUDGET, check
+
+def leaky_map(x, w, k):
+    # x below the window, then w plus the rest squeezed by 1/k
+    return np.where(x < w, x, w + (x - w) / k)
+
+w = L // 2
+check("leaky_map vs rectify, w = L/2, k = 16, at 8x", leaky_map(x, w, 16.0), rectify(x, w, leaky_k=16.0),
+      REFERENCE_BUDGET)
+print(f"k = 8: largest rel {leaky_map(x, w, 8.0).max():.1f}, inside (< {L}): {leaky_map(x, w, 8.0).max() < L}; "
+      f"the condition asks k >= {(8 * L - w) / (L - w):g}")
+
+# %% [markdown]
+# **3. How many pairs see the unseen position.** With ReRoPE at $w = L$, every distance $x \ge L$ becomes $L$, a
+# position training never produced (it saw $0$ to $L - 1$). In one causal text of $n = 8L$ characters, what fraction
+# of the $n(n+1)/2$ pairs $(i, j \le i)$ get it? Derive a closed form, then count with `rectify`.
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Distance x occurs n - x times, so the pairs at x >= L number sum_{x=L}^{n-1} (n - x) = (n - L)(n - L + 1) / 2.
+n = 8 * L
+closed_form = (n - L) * (n - L + 1) / (n * (n + 1))
+i, j = np.tril_indices(n)                                  # every causal pair
+counted = np.mean(rectify(i - j, L) == L)
+print(f"fraction of pairs at the unseen position L: {closed_form:.4f}")
+check("closed form vs counted with rectify", counted, closed_form, REFERENCE_BUDGET)

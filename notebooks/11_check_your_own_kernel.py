@@ -268,3 +268,43 @@ Path("my_wkv4.py").unlink()
 # gradient), which is most of the way to the fix. And read a verdict with its grade: a kernel that fails only
 # `--strict`, on rows the default grade marks as conditioned, computes the formula; it is less precise than it could
 # be where the inputs make fp32 hard.
+#
+# ## Exercises
+#
+# Each solution is in the collapsed cell below its question (click the three dots to open it, source and output);
+# it runs with the notebook, so it is checked too.
+#
+# **1. A bug the battery names.** A common slip: the current token enters the output without its bonus, weighted
+# $e^{k_t}$ instead of $e^{u + k_t}$. Make that change to the fourth attempt, run the battery in fp32 without
+# gradients (`Options(dtypes=("fp32",), grad=False)`), and read the verdict: which quantities fail, which pass, and
+# what does that tell you about where the bug is?
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# The bonus only weighs the current token in the output; the update never uses it. So y fails and every state
+# quantity passes: the bug is in the output step, not in the recurrence.
+def wkv4_no_bonus(w, u, k, v, state=None):
+    return wkv4_attempt4(w, torch.zeros_like(u), k, v, state)
+
+report_bug = run("wkv4", wkv4_no_bonus, Options(dtypes=("fp32",), grad=False))
+verdict(report_bug)
+failing = {r.what for r in report_bug.rows if not r.passed}
+print("failing quantities:", sorted(failing))
+assert failing == {"y"}
+
+# %% [markdown]
+# **2. The T = 1 state, by hand.** The second attempt started from max $= 0$. For one token with $k_0 = -3$ and
+# $w = -0.5$, which max does it keep after the token, and which does the reference keep? Derive both from the
+# update $\max \leftarrow \max(\max + w, k_t)$, then check them with `max_tracked` and `reference.wkv4`.
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# From 0: max(0 + w, k_0) = max(-0.5, -3) = -0.5. From -1e38 (HF's start): max(-1e38 - 0.5, -3) = k_0 = -3.
+import numpy as np
+
+from seqmix.reference import wkv4 as ref4
+
+w1, u1, k1, v1 = np.array([-0.5]), np.array([0.3]), np.array([[[-3.0]]]), np.array([[[1.0]]])
+as_tensors = [torch.tensor(a, dtype=torch.float32) for a in (w1, u1, k1, v1)]
+started_at_zero = max_tracked(*as_tensors, initial_max=0.0)[1][2].item()
+reference_max = ref4.wkv4(w1, u1, k1, v1)[1][2].item()
+print(f"max after one token: started at 0 -> {started_at_zero}; reference -> {reference_max}")
+assert (started_at_zero, reference_max) == (-0.5, -3.0)

@@ -2,6 +2,7 @@
 the executed .ipynb beside it is what nbval runs and JupyterLab opens. The two must hold the same cells.
 
 After editing a .py source: `python3 dev.py notebooks NN_name` syncs the pair and executes the notebook."""
+import json
 from pathlib import Path
 
 import jupytext
@@ -36,3 +37,14 @@ def test_checked_cells_are_tagged_not_commented(path):
     notebook = jupytext.read(path)
     assert not [c for c in notebook.cells if "NBVAL" in c.source]
     assert any("nbval-check-output" in c.metadata.get("tags", ()) for c in notebook.cells)
+
+
+@pytest.mark.parametrize("path", IPYNB, ids=lambda p: p.stem)
+def test_solution_cells_hide_their_output_too(path):
+    """A solution cell (source collapsed) collapses its output as well, or the answer prints in plain sight; both
+    the executed notebook and its .py source must say so."""
+    for notebook in (json.loads(path.read_text()), jupytext.read(path.with_suffix(".py"))):
+        for i, cell in enumerate(notebook["cells"]):
+            hidden = cell["metadata"].get("jupyter", {})
+            if hidden.get("source_hidden"):
+                assert hidden.get("outputs_hidden"), f"{path.stem} cell {i}: a solution cell shows its output"
