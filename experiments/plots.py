@@ -39,7 +39,7 @@ def recall(results, archs, widths: dict, path) -> None:
         ax.set_xticks(panel, [str(w) for w in panel])
         ax.minorticks_off()
     axes[0][0].set_ylabel("test accuracy")
-    axes[0][-1].legend(fontsize=8)
+    axes[0][0].legend(fontsize=8)
     _save(fig, path)
 
 
@@ -48,7 +48,7 @@ def extrapolation(curves, lengths, path, title) -> None:
 
     curves: {kind: {label: [accuracy per length]}}; a label ending in "-log n†" is drawn dashed, in the colour of
     the same scheme without it."""
-    fig = Figure(figsize=(6 * len(curves), 4.2))
+    fig = Figure(figsize=(5.6 * len(curves), 4.2))
     axes = fig.subplots(1, len(curves), squeeze=False)
     colours = {}
     for ax, (kind, lines) in zip(axes[0], curves.items()):
@@ -99,12 +99,14 @@ def state_tracking(results, setup, path, bin_size: int = 16) -> None:
     _save(fig, path)
 
 
-def recall_mechanism(attention: dict | None, readout, path) -> None:
+def recall_mechanism(attention: dict | None, readouts: list | None, path) -> None:
     """Left: the trained attention's last layer from one sequence (the head with the most weight on the queried
-    pair's value). Middle: per head, the mean weight a query puts on its pair's key, its value and the other values.
-    Right: RWKV-7's readout, cos(S r at the query of pair i, v written at pair j)."""
-    panels = (attention is not None) * 2 + (readout is not None)
-    fig = Figure(figsize=(3.9 * panels, 3.5))
+    pair's value). Next: per head, the mean weight a query puts on its pair's key, its value and the other values.
+    Then, per RWKV-7 layer, its readout: cos(S r at the query of pair i, v written at pair j); an associative
+    memory gives a diagonal apart from the rest (its sign is free: the layer's output projection can flip it)."""
+    readouts = readouts or []
+    panels = (attention is not None) * 2 + len(readouts)
+    fig = Figure(figsize=(2.8 * panels, 3.2))
     axes = list(fig.subplots(1, panels, squeeze=False)[0])
     if attention is not None:
         ax = axes.pop(0)
@@ -120,11 +122,14 @@ def recall_mechanism(attention: dict | None, readout, path) -> None:
         ax.set(title="weight from a query to ...", xlabel="head of the last layer", ylim=(0, 1))
         ax.set_xticks(heads)
         ax.legend(fontsize=7)
-    if readout is not None:
+    for layer, readout in enumerate(readouts):
         ax = axes.pop(0)
-        image = ax.imshow(readout, cmap="RdBu_r", vmin=-1, vmax=1)
+        image = ax.imshow(readout, cmap="RdBu_r", vmin=-0.5, vmax=0.5)
+        ax.set_xticks(range(len(readout)))
+        ax.set_yticks(range(len(readout)))
+        ax.set(title=f"RWKV-7 layer {layer}: cos(S r, v)", xlabel="value of pair j", ylabel="query of pair i")
+    if readouts:
         fig.colorbar(image, ax=ax, fraction=0.046)
-        ax.set(title="RWKV-7: cos(S r at query i, v of pair j)", xlabel="pair j", ylabel="query of pair i")
     _save(fig, path)
 
 

@@ -230,7 +230,7 @@ def _cell_text(results: Results, arch: str, width: int, pairs: int) -> str:
     sweep = results.find(phase="sweep", arch=arch, width=width, pairs=pairs)
     if not acc:
         return "-"
-    spread = f" ({fmt(min(acc), 0)} - {fmt(max(acc), 0)}, {len(acc)} seeds)" if len(acc) > 1 else ""
+    spread = f" ({fmt(min(acc))} - {fmt(max(acc))}, {len(acc)} seeds)" if len(acc) > 1 else ""
     return f"{fmt(np.mean(acc))}{spread} lr {sweep['chosen_lr']:.2g}"
 
 
@@ -302,7 +302,8 @@ def mechanism_figure(setup: Setup, out, sequences: int = 200) -> None:
         return
     inputs, targets = _held_out(setup, TEST, c.pairs, sequences)
     plots.recall_mechanism(None if attention is None else mechanism.recall_attention(attention, inputs, targets),
-                           None if rwkv7 is None else mechanism.rwkv7_readout(rwkv7, inputs, targets),
+                           None if rwkv7 is None else [mechanism.rwkv7_readout(rwkv7, inputs, targets, layer)
+                                                       for layer in range(len(rwkv7.blocks))],
                            out / f"{NAME}_mechanism.png")
 
 

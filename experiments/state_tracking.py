@@ -167,7 +167,7 @@ def _mean(rows, field) -> str:
     values = [r[field] for r in rows if field in r]
     if not values:
         return "-"
-    spread = f" ({fmt(min(values), 0)} - {fmt(max(values), 0)})" if len(values) > 1 else ""
+    spread = f" ({fmt(min(values))} - {fmt(max(values))})" if len(values) > 1 else ""
     return fmt(np.mean(values)) + spread
 
 
