@@ -35,7 +35,7 @@ import numpy as np
 
 from seqmix.experiments import data, mechanism, plots, zoo
 from seqmix.experiments.data import TEST, VALID
-from seqmix.experiments.records import Results, command_line, environment, fmt, markdown_table
+from seqmix.experiments.records import Results, command_line, control_verdict, environment, fmt, markdown_table
 from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                                          sweep_then_seeds)
 from seqmix.models.io import load_state_dict
@@ -244,8 +244,7 @@ def report(results: Results, setup: Setup, out) -> str:
     """recall.md and recall.png from the rows."""
     holds = control_holds(results, setup)
     c = setup.control
-    verdict = {None: "has not finished yet: the other rows are not to be read", True: "holds",
-               False: f"FAILS (below {fmt(setup.control_accuracy, 0)}): the other rows are not to be read"}[holds]
+    verdict = control_verdict(holds, f"FAILS (below {fmt(setup.control_accuracy, 0)})")
     lines = [f"# Multi-query associative recall (MQAR)\n\nTest accuracy on {setup.test_size} held-out sequences "
              f"per cell (vocabulary {setup.vocab_size}, 2 layers, {setup.spacing.replace('_', '-')} query spacing; "
              f"sequence length {', '.join(f'{t} at N = {n}' for n, t in setup.seq_len.items())}): mean over seeds "

@@ -22,7 +22,8 @@ import torch
 
 import seqmix
 
-__all__ = ["RESULTS", "Results", "environment", "markdown_table", "parse_args", "output_dir", "command_line", "fmt"]
+__all__ = ["RESULTS", "Results", "environment", "markdown_table", "parse_args", "output_dir", "command_line", "fmt",
+           "control_verdict"]
 
 RESULTS = Path(__file__).resolve().parent / "results"      # committed; RESULTS / "quick" is git-ignored
 
@@ -85,6 +86,13 @@ def environment(threads: int) -> dict:
 def fmt(x, digits: int = 1) -> str:
     """A fraction as a percentage with ``digits`` decimals ("-" for None)."""
     return "-" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def control_verdict(holds, failure: str = "FAILS") -> str:
+    """What a results file says of its positive control: holds, fails (then the other rows are not to be read), or
+    not finished (``holds`` None)."""
+    return {None: "has not finished yet: the other rows are not to be read", True: "holds",
+            False: f"{failure}: the other rows are not to be read"}[holds]
 
 
 def markdown_table(header, rows) -> str:

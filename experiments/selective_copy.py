@@ -25,7 +25,7 @@ import torch
 
 from seqmix.experiments import data, mechanism, plots, zoo
 from seqmix.experiments.data import TEST, VALID
-from seqmix.experiments.records import Results, command_line, environment, fmt, markdown_table
+from seqmix.experiments.records import Results, command_line, control_verdict, environment, fmt, markdown_table
 from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                                          sweep_then_seeds)
 from seqmix.models.io import load_state_dict
@@ -138,7 +138,7 @@ PAPER = {"mamba_lti": "S4 18.3% (no gate), H3 57.0% (gated)", "mamba": "S6 97.0%
 
 def report(results: Results, setup: Setup, out) -> str:
     holds = control_holds(results, setup)
-    verdict = {None: "has not finished yet", True: "holds", False: "FAILS: the other rows are not to be read"}[holds]
+    verdict = control_verdict(holds)
     text = (f"# Selective copying: a time-invariant SSM vs Mamba's selective scan\n\nPer-symbol accuracy on "
             f"{setup.test_size} held-out sequences; 2 layers, width {setup.width}, N = 16, both models gated "
             f"(Mamba's block); the rate chosen from {', '.join(f'{lr:.2g}' for lr in setup.lrs)} (full-length runs, "

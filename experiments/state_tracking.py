@@ -34,7 +34,7 @@ import torch
 
 from seqmix.experiments import data, mechanism, plots, zoo
 from seqmix.experiments.data import TEST, VALID
-from seqmix.experiments.records import Results, command_line, environment, fmt, markdown_table
+from seqmix.experiments.records import Results, command_line, control_verdict, environment, fmt, markdown_table
 from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                                          sweep_then_seeds)
 from seqmix.models.io import load_state_dict
@@ -173,7 +173,7 @@ def _mean(rows, field) -> str:
 
 def report(results: Results, setup: Setup, out) -> str:
     holds = control_holds(results, setup)
-    verdict = {None: "has not finished yet", True: "holds", False: "FAILS: the other rows are not to be read"}[holds]
+    verdict = control_verdict(holds)
     text = (f"# State tracking: can the transition count?\n\nTokens uniform in [0, m), the target at every position "
             f"the running sum mod m. {setup.layers} layer{'s' * (setup.layers > 1)} of width {setup.width}; trained on sequences of "
             f"{setup.train_len} for {setup.budget.steps} steps of {setup.budget.batch_size}; rate chosen on a "

@@ -12,32 +12,17 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
+from markdown_links import markdown_targets
+
 ROOT = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 150
 # The front door, the docs pages, and the folders' own READMEs that the pages link into and that link back.
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
          ROOT / "conformance" / "README.md", ROOT / "benchmarks" / "README.md"]
 
-_HTML_TARGET = re.compile(r"""<(img|a)\b[^>]*?\b(src|href)\s*=\s*["']([^"']+)["']""", re.IGNORECASE)
-
-
 def targets(text):
-    """(kind, target) of every link ("link") and image ("image") in markdown text, HTML tags included."""
-    found = []
-
-    def walk(tokens):
-        for token in tokens:
-            if token.type == "link_open":
-                found.append(("link", token.attrGet("href")))
-            elif token.type == "image":
-                found.append(("image", token.attrGet("src")))
-            elif token.type in ("html_inline", "html_block"):
-                found.extend(("image" if tag.lower() == "img" else "link", target)
-                             for tag, _, target in _HTML_TARGET.findall(token.content))
-            walk(token.children or ())
-
-    walk(MarkdownIt("commonmark").enable("table").parse(text))
-    return found
+    """(kind, target) of every link and image of a page, tables included."""
+    return markdown_targets(text, tables=True)
 
 
 def slug(heading):

@@ -14,7 +14,6 @@ is missing these tests skip and say so; in CI (CI set) they fail instead, so tha
 import json
 import os
 import posixpath
-import re
 import secrets
 import shutil
 import signal
@@ -29,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from markdown_it import MarkdownIt
+
+from markdown_links import markdown_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -51,26 +51,8 @@ SETTINGS = {
 
 # ---------------------------------------------------------------- the links a notebook holds
 
-_HTML_TARGET = re.compile(r"""<(img|a)\b[^>]*?\b(src|href)\s*=\s*["']([^"']+)["']""", re.IGNORECASE)
-
-
 def _markdown_targets(text):
-    """(kind, target) of every link ("link") and image ("image") in markdown text, HTML tags included."""
-    found = []
-
-    def walk(tokens):
-        for token in tokens:
-            if token.type == "link_open":
-                found.append(("link", token.attrGet("href")))
-            elif token.type == "image":
-                found.append(("image", token.attrGet("src")))
-            elif token.type in ("html_inline", "html_block"):
-                found.extend(("image" if tag.lower() == "img" else "link", target)
-                             for tag, _, target in _HTML_TARGET.findall(token.content))
-            walk(token.children or ())
-
-    walk(MarkdownIt("commonmark").parse(text))
-    return found
+    return markdown_targets(text)
 
 
 def local_targets(path):
