@@ -5,10 +5,8 @@ One --quick run (tiny models, 150 steps each) trains into a temporary folder; th
 Peers, where installed: transformers' RwkvForCausalLM and MambaForCausalLM, flash-linear-attention's
 RWKV7ForCausalLM (on its CPU reference ops, tests/fla_peer.py), BlinkDL's `rwkv` package for the .pth.
 """
-import importlib
 import json
 import math
-import os
 import struct
 import subprocess
 import sys
@@ -17,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+import blinkdl_peer
 import fla_peer
 from seqmix.experiments import language_model as lm
 from seqmix.experiments.records import Results
@@ -31,8 +30,6 @@ from seqmix.models.text import load_tokenizer
 
 IDS = torch.tensor([list(b"def __init__(self, name):\n        self.name = name\n")])
 CLASSES = {"rwkv4": RwkvForCausalLM, "mamba": MambaForCausalLM, "rwkv7": Rwkv7}
-# BlinkDL's runtime reads these when it is imported (as in tests/test_models_rwkv7.py).
-PEER_ENV = {"RWKV_V7_ON": "1", "RWKV_JIT_ON": "0", "RWKV_CUDA_ON": "0"}
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
 
@@ -219,19 +216,7 @@ def test_fla_reads_the_shipped_directory(weights):
 
 
 def test_blinkdl_runtime_reads_the_shipped_pth(weights):
-    saved = {k: os.environ.get(k) for k in PEER_ENV}
-    os.environ.update(PEER_ENV)
-    try:
-        peer_model = pytest.importorskip("rwkv.model")
-        if not hasattr(peer_model, "RWKV_x070"):
-            peer_model = importlib.reload(peer_model)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k)
-            else:
-                os.environ[k] = v
-    peer = peer_model.RWKV_x070(model=str(weights / "rwkv7.pth")[:-len(".pth")], strategy="cpu fp32")
+    peer = blinkdl_peer.rwkv7_class()(model=str(weights / "rwkv7.pth")[:-len(".pth")], strategy="cpu fp32")
     theirs, _ = peer.forward(IDS[0].tolist(), None, full_output=True)
     ours = Rwkv7.from_checkpoint(weights / "rwkv7.pth", dtype="float32")
     with torch.no_grad():

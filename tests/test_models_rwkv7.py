@@ -6,15 +6,14 @@ checkpoint. Sizes are tiny and all different (C = 48, 3 heads of 16, F = 112, Lo
 a transposed or swapped tensor cannot go unnoticed.
 """
 import copy
-import importlib
 import json
-import os
 from functools import partial
 
 import numpy as np
 import pytest
 import torch
 
+import blinkdl_peer
 import fla_peer
 import hf_peer
 from seqmix.models.io import save_state_dict
@@ -27,8 +26,6 @@ LORA = dict(D_w=8, D_a=12, D_v=6, D_g=10)
 CONFIG = Rwkv7Config(vocab_size=V, n_embd=C, n_layer=L, head_size=N, dim_ffn=F_FFN, decay_lora=LORA["D_w"],
                      a_lora=LORA["D_a"], v_lora=LORA["D_v"], gate_lora=LORA["D_g"])
 STATE_NAMES = ("att_x_prev", "att_kv", "ffn_x_prev")
-# rwkv.model reads these when it is imported: RWKV-7 on, no CUDA kernel, no TorchScript for the v4 code.
-PEER_ENV = {"RWKV_V7_ON": "1", "RWKV_JIT_ON": "0", "RWKV_CUDA_ON": "0"}
 # The peer scripts its RWKV-7 functions with torch.jit.script, which torch now flags as deprecated.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
@@ -80,22 +77,7 @@ def model(checkpoint):
 
 @pytest.fixture(scope="module")
 def peer_class():
-    # rwkv.model decides at import time, from environment variables, whether RWKV-7 exists and how it runs, so
-    # the variables are set first and the import happens here, not at the top of the file. A copy imported
-    # earlier without them (another test module) is re-executed. The variables are restored afterwards.
-    saved = {k: os.environ.get(k) for k in PEER_ENV}
-    os.environ.update(PEER_ENV)
-    try:
-        peer_model = importlib.import_module("rwkv.model")   # a test dependency (pyproject's test extra)
-        if not hasattr(peer_model, "RWKV_x070"):
-            peer_model = importlib.reload(peer_model)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k)
-            else:
-                os.environ[k] = v
-    return peer_model.RWKV_x070
+    return blinkdl_peer.rwkv7_class()
 
 
 def load_peer(peer_class, path):
