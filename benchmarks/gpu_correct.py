@@ -10,6 +10,7 @@ import time
 import numpy as np
 import torch
 
+from seqmix.conformance.cases import rwkv7_inputs
 from seqmix.benchmarks.gpu_timing import COST_KERNELS, backward, describe, inputs_at, op_function, seqmix_call
 
 __all__ = ["BATTERY", "HEAD_SIZES", "OPS", "TF32X3", "check_limits", "check_op", "compile_item", "correct_item",
@@ -39,8 +40,9 @@ def _inputs(op: str, rng, T: int, width: int):
     if op == "wkv4":
         return [_decays(rng, width), rng.normal(size=width), *rng.normal(size=(2, 2, T, width))], {}
     if op in ("wkv7", "wkv7 chunked"):
-        x = list(rng.normal(size=(6, 2, T, 2, width)) * 0.5)
-        x[1] = _decays(rng, x[1].shape)
+        # as RWKV-7 makes them (a = -kk, b = kk * rate, kk unit-norm): a random a b^T grows the state without bound,
+        # to inf within these 300 steps in float64 too
+        x, _ = rwkv7_inputs(rng, 2, T, 2, width, state=False)
         return x, {"chunked": op == "wkv7 chunked"}
     if op == "selective_scan":
         return [*rng.normal(size=(2, 2, width, T)), _decays(rng, (width, 16)), *rng.normal(size=(2, 2, 16, T))], \
@@ -95,14 +97,19 @@ def check_op(op: str, dtype=torch.float32, device="cuda", T: int = 300, width: i
             "deterministic": same, "ok": bool(np.isfinite(error) and error <= budget and same)}
 
 
-def _same_tail(fn, tensors, channel_dims, out_dim, tail, **options) -> bool:
+def _same_tail(fn, tensors, channel_dims, out_dim, tail, **options) -> dict:
     """fn on the big tensors, and on their last ``tail`` channels alone (``channel_dims``: each tensor's channel
-    dimension, None for one without channels): the same bits on those channels of the output."""
+    dimension, None for one without channels): an offset that wraps past 2^31 reads or writes the wrong channels,
+    which the relative RMS difference of those channels of the output shows (ok within the bf16 budget, 2e-2).
+    Bit-equality is recorded too but not required: the launch configuration may differ with the channel count."""
+    from seqmix.kernels.testing import rel_rms
     full = fn(*tensors, **options)[0]
     last = lambda t, dim: t.narrow(dim, t.shape[dim] - tail, tail)  # noqa: E731
     alone = fn(*(t if dim is None else last(t, dim).contiguous() for t, dim in zip(tensors, channel_dims)),
                **options)[0]
-    return torch.equal(last(full, out_dim), alone)
+    mine = last(full, out_dim)
+    error = rel_rms(mine.double().cpu(), alone.double().cpu())
+    return {"ok": bool(np.isfinite(error) and error <= 2e-2), "rel_rms": error, "bit_equal": torch.equal(mine, alone)}
 
 
 def check_limits(device="cuda", small=False):
@@ -115,8 +122,8 @@ def check_limits(device="cuda", small=False):
     rand = lambda *shape, dtype=torch.bfloat16: torch.randn(*shape, generator=g, device=device, dtype=dtype)  # noqa
     B, H, T4, C, D, Ts = (2, 2, 5, 64, 32, 5) if small else (2048, 32, 524_289, 4096, 8192, 262_145)
     cases = {
-        f"rerope decode, B = {B}, H = {H} (B H = {B * H:,})": lambda: bool(rerope_decode(
-            rand(B, H, 1, 64), rand(B, H, 64, 64), rand(B, H, 64, 64), 16, backend="triton").isfinite().all()),
+        f"rerope decode, B = {B}, H = {H} (B H = {B * H:,})": lambda: {"ok": bool(rerope_decode(
+            rand(B, H, 1, 64), rand(B, H, 64, 64), rand(B, H, 64, 64), 16, backend="triton").isfinite().all())},
         f"wkv4, T = {T4:,}, C = {C} (T C {'>' if T4 * C > 2**31 else '<'} 2^31), bf16": lambda: _same_tail(
             wkv4, [-rand(C).exp(), rand(C), rand(1, T4, C), rand(1, T4, C)], (0, 0, 2, 2), 2, 32, backend="triton"),
         f"selective scan, D = {D}, T = {Ts:,} (D T {'>' if D * Ts > 2**31 else '<'} 2^31), bf16": lambda: _same_tail(
@@ -125,7 +132,7 @@ def check_limits(device="cuda", small=False):
     }
     for what, run in cases.items():
         try:
-            yield {"what": what, "ok": run()}
+            yield {"what": what, **run()}
         except Exception as e:  # a crash is the finding to report
             yield {"what": what, "ok": False, "error": f"{type(e).__name__}: {str(e)[:200]}"}
         if device == "cuda":

@@ -189,7 +189,9 @@ def _timing_cases(run):
                 impls += [(sdpa + " + RoPE", flash(lambda x: peers.sdpa_rope(**x))),
                           ("two-pass ReRoPE (source)", lambda x: peers.rerope_two_pass(**x, window=w))]
             if op == "wkv7":
-                impls += [(f"fla {name}", fla and fla[name]) for name in ("chunk_rwkv7", "fused_recurrent_rwkv7")]
+                # the adapters take seqmix's arguments positionally or by name; the timer passes them by name
+                impls += [(f"fla {name}", fla and (lambda x, f=fla[name]: f(**x)))
+                          for name in ("chunk_rwkv7", "fused_recurrent_rwkv7")]
             for impl, call in impls:
                 if impl == "seqmix torch" and call is None:
                     continue                    # the torch backend has no chunked form: it is the "wkv7" row

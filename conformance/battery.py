@@ -269,11 +269,11 @@ def _compare(check: Check, what: str, actual, expected, grade: _Grade, note: str
 
 def _loss(op: Op, y, state, cotangents):
     """<y, gy> + <terms(state), gs>, in float64 (the state's terms only where there is a state)."""
-    gy, gs = cotangents
-    loss = (y.double() * gy).sum()
+    gy, gs = cotangents                                # on the CPU: moved to the output's device (a GPU run)
+    loss = (y.double() * gy.to(y.device)).sum()
     if state is not None:
         terms = op.loss_terms(_leaves(state)) if op.loss_terms else _leaves(state)
-        loss = loss + sum((t.double() * g).sum() for t, g in zip(terms, gs))
+        loss = loss + sum((t.double() * g.to(t.device)).sum() for t, g in zip(terms, gs))
     return loss
 
 

@@ -423,3 +423,16 @@ def test_the_cli_grades_and_says_which_rows_passed_only_conditioned(tmp_path, ca
         jsonschema.validate(doc, schema)
         assert doc["summary"]["ok"] is ok and doc["summary"]["conditioned_rows"] > 0
         assert doc["options"]["strict"] is (name == "strict.json")
+
+
+def test_gradient_loss_takes_the_outputs_device():
+    """The cotangents are drawn on the CPU; a kernel's output on another device (a GPU: the first H200 run failed
+    every gradient check with "Expected all tensors to be on the same device") must get them on its own. The meta
+    device stands in for the GPU here."""
+    from seqmix.conformance.battery import _loss
+    from seqmix.conformance.ops import OPS
+    y = torch.zeros(2, 3, device="meta")
+    state = (torch.zeros(2, device="meta"), torch.zeros(2, device="meta"), torch.zeros(2, device="meta"))
+    cotangents = (torch.ones(2, 3, dtype=torch.float64), [torch.ones(2, dtype=torch.float64)] * 3)
+    assert _loss(OPS["attention"], y, None, cotangents).device.type == "meta"
+    assert _loss(OPS["wkv4"], y, state, cotangents).device.type == "meta"
