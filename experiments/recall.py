@@ -9,8 +9,8 @@ its value. Claims tested: attention solves recall at small width; the recurrent 
 with the number of pairs; RWKV-7's delta rule stores more per state entry than RWKV-4's decayed sum.
 
 Positive control: attention at N = 4, width 64, which Zoology's figure shows solving the task. It runs first, with
-three seeds, and the other rows are read only once it reaches 98% test accuracy with each (the table says whether
-it did).
+three seeds, and the other rows are read only once it reaches 98% test accuracy with each, within the budget or,
+for a seed that misses, with 4x the steps (long_runs); the table says which seeds needed the longer run.
 
 Protocol (budgets from measured runs, not guesses: see the docstring of FULL). Every model has 2 layers. The rate
 grid is Zoology's, 1e-4 to 1e-2 in four log steps, each rate trained to the end with the first seed at width 64
@@ -219,10 +219,28 @@ def test_accuracies(results: Results, **setting) -> list:
 
 
 def control_holds(results: Results, setup: Setup) -> bool | None:
-    """Whether the positive control reached setup.control_accuracy with every seed (None: not run yet)."""
+    """Whether the positive control reached setup.control_accuracy with every seed, within the budget or with
+    long_factor times the steps (long_runs) (None: not run yet)."""
     c = setup.control
-    acc = test_accuracies(results, arch=c.arch, width=c.width, pairs=c.pairs)
-    return None if len(acc) < c.seeds else min(acc) >= setup.control_accuracy
+    rows = results.select(phase="test", arch=c.arch, width=c.width, pairs=c.pairs)
+    if len(rows) < c.seeds:
+        return None
+    return all(max(_long_accuracy(results, r), r["test_accuracy"]) >= setup.control_accuracy for r in rows)
+
+
+def _long_accuracy(results: Results, row: dict) -> float:
+    long = results.find(phase="long", arch=row["arch"], width=row["width"], pairs=row["pairs"], seed=row["seed"])
+    return -1.0 if long is None else long["test_accuracy"]
+
+
+def _control_note(results: Results, setup: Setup) -> str:
+    """Which seeds met the control only with the longer run, or missed it both ways."""
+    c = setup.control
+    notes = [f"seed {r['seed']} {'only' if _long_accuracy(results, r) >= setup.control_accuracy else 'not even'} "
+             f"with {setup.long_factor}x the steps ({fmt(r['test_accuracy'])} at {setup.budget.steps})"
+             for r in results.select(phase="test", arch=c.arch, width=c.width, pairs=c.pairs)
+             if r["test_accuracy"] < setup.control_accuracy]
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _cell_text(results: Results, arch: str, width: int, pairs: int) -> str:
@@ -244,7 +262,8 @@ def report(results: Results, setup: Setup, out) -> str:
     """recall.md and recall.png from the rows."""
     holds = control_holds(results, setup)
     c = setup.control
-    verdict = control_verdict(holds, f"FAILS (below {fmt(setup.control_accuracy, 0)})")
+    verdict = (control_verdict(holds, f"FAILS (below {fmt(setup.control_accuracy, 0)})")
+               + (_control_note(results, setup) if holds is not None else ""))
     lines = [f"# Multi-query associative recall (MQAR)\n\nTest accuracy on {setup.test_size} held-out sequences "
              f"per cell (vocabulary {setup.vocab_size}, 2 layers, {setup.spacing.replace('_', '-')} query spacing; "
              f"sequence length {', '.join(f'{t} at N = {n}' for n, t in setup.seq_len.items())}): mean over seeds "

@@ -312,3 +312,33 @@ def test_results_file_appends_and_reloads(tmp_path):
     again = Results(tmp_path, "x")
     assert again.find(a=2) == {"a": 2, "b": 3} and again.find(a=3) is None and len(again.select(b=2)) == 1
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_control_seed_that_needs_the_long_run_is_named():
+    """The controls hold when every seed meets them within the budget or with the longer run, and the results
+    say which seed needed it; a seed that misses both ways fails the control."""
+    setup = recall.FULL
+    c = setup.control
+    key = dict(arch=c.arch, width=c.width, pairs=c.pairs)
+    results = Results.__new__(Results)
+    results.rows = [{**key, "phase": "test", "seed": s, "test_accuracy": a} for s, a in enumerate([0.99, 0.995, 0.26])]
+    assert recall.control_holds(results, setup) is False                  # no long run yet
+    results.rows.append({**key, "phase": "long", "seed": 2, "test_accuracy": 0.997})
+    assert recall.control_holds(results, setup) is True
+    assert "seed 2 only with 4x the steps" in recall._control_note(results, setup)
+    results.rows[-1]["test_accuracy"] = 0.5
+    assert recall.control_holds(results, setup) is False
+    assert "seed 2 not even with 4x" in recall._control_note(results, setup)
+
+    setup = state_tracking.FULL
+    task = setup.tasks[0].name
+    n = 4 * setup.train_len
+
+    def row(phase, seed, inside, past):
+        return {"phase": phase, "arch": "rwkv7_wide", "task": task, "seed": seed, "test_accuracy": inside,
+                f"accuracy_past_train_at_{n}": past}
+    results.rows = [row("test", 0, 1.0, 0.97), row("test", 1, 1.0, 0.99), row("test", 2, 1.0, 0.83)]
+    assert state_tracking.control_holds(results, setup) is False
+    results.rows.append(row("long", 2, 1.0, 0.95))
+    assert state_tracking.control_holds(results, setup) is True
+    assert "seed 2 only with 4x" in state_tracking._control_note(results, setup)
