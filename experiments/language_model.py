@@ -1,11 +1,15 @@
 """The project's own small language models: four byte-level models of about one million parameters each, trained
 alike on the standard library's sources, against a bigram control.
 
-    python -m seqmix.experiments.language_model            the full run (resumable: rerun it to continue)
-    python -m seqmix.experiments.language_model --quick    tiny models, under a minute, into experiments/results/quick
+    python -m seqmix.experiments.language_model            the full run, about two core-hours (FULL; resumable:
+                                                           rerun it to continue), into experiments/results
+    python -m seqmix.experiments.language_model --quick    tiny models, about 20 CPU seconds (a minute or more of
+                                                           wall clock on a busy machine), into experiments/results/quick
+    (--seed, --threads, --out, --no-progress: experiments.records.parse_args)
 
-The models (experiments.zoo, vocabulary 256: the bytes), widths and depths chosen so that the parameter counts agree
-within 10% (printed, and recorded as the "size" rows):
+The models (experiments.zoo, vocabulary 256: the bytes), widths and depths chosen so that the full run's parameter
+counts agree within 10% (0.92M to 0.98M; the quick run's tiny models do not: its RWKV-7, at head size 64, has
+162k parameters against 41k to 48k); printed, and recorded as the "size" rows:
     rwkv4      models.rwkv4.RwkvForCausalLM (transformers' names)
     rwkv7      models.rwkv7.Rwkv7 (BlinkDL's names, BlinkDL's training init; head size 64, BlinkDL's and fla's)
     mamba      models.mamba.MambaForCausalLM (transformers' names, Mamba's training init; twice the layers, as
@@ -27,21 +31,26 @@ language_model.json and are skipped on a rerun.
 
 The control: a bigram model of the train split's bytes with add-one smoothing,
 P(b | a) = (n(a, b) + 1) / (n(a) + 256); its bits per byte on a split are computed exactly (every predicted byte).
-Every model must beat it.
+Every model of the full run is meant to beat it; the report's "beats bigram" column says whether it did (in the
+quick run the tiny transformer does not).
 
 Glossary: bpb, bits per byte = cross-entropy in nats / ln 2 (a byte-level model predicts one byte per token);
 tokens seen = steps * batch_size * seq_len; CPU tokens/s = tokens / time.process_time() of the training steps (the
-machine is shared, so wall-clock speeds vary; CPU time does not).
+machine is shared, so wall-clock speeds vary; CPU time does not), on --threads threads (default 1).
 
-The shipped weights (results/weights/language_model/), fp16 with the decays kept fp32 as the peers keep them
-(KEEP_FP32), every number of the report measured on exactly these stored values:
+Written into the output folder: language_model.json (a row per finished phase: bigram, size, speed, pilot, final),
+language_model.md (the table, greedy samples, the comparison with the papers), language_model.png (validation bits
+per byte against tokens seen), stdlib_corpus.json, and the shipped weights (weights/language_model/), fp16 with the
+decays kept fp32 as the peers keep them (KEEP_FP32, the models' keep_in_fp32, which their loaders keep fp32), every
+number of the report measured on exactly these stored values:
     rwkv4/           a transformers RwkvForCausalLM directory (config.json, model.safetensors, tokenizer.json)
     mamba/           a transformers MambaForCausalLM directory
     rwkv7/           a flash-linear-attention RWKV7ForCausalLM directory
     rwkv7.pth        the same RWKV-7 as a BlinkDL checkpoint; tokenizer.json beside it
 tokenizer.json (the `tokenizers` library): a byte-level BPE without merges whose ids are the 256 byte values; no
 special tokens (the configs' bos/eos/pad id 0 is the NUL byte, which no .py file of the corpus contains).
-Try one: python -m seqmix.generate experiments/results/weights/language_model/rwkv7 --prompt "def "
+Try one (the full run's results are not committed yet: after a run; --quick writes under results/quick/):
+python -m seqmix.generate experiments/results/weights/language_model/rwkv7 --prompt "def "
 """
 from __future__ import annotations
 
@@ -59,7 +68,11 @@ import torch
 from seqmix.experiments import data, plots, zoo
 from seqmix.experiments.records import Results, command_line, environment, markdown_table
 from seqmix.experiments.training import Budget, Run, decay_groups, evaluate, extend_to_interior, torch_settings
+from seqmix.models.base import kept_name
 from seqmix.models.cli import load_model
+from seqmix.models.mamba import MambaForCausalLM
+from seqmix.models.rwkv4 import RwkvForCausalLM
+from seqmix.models.rwkv7 import Rwkv7
 
 __all__ = ["Setup", "FULL", "QUICK", "ARCHS", "KEEP_FP32", "BigramModel", "byte_tokenizer", "build", "bpb",
            "keeps_fp32", "as_stored", "round_as_stored", "ship", "consecutive_windows", "measure_speed",
@@ -70,10 +83,11 @@ ARCHS = ("rwkv4", "rwkv7", "mamba", "attention")
 SHIPPED = ("rwkv4", "rwkv7", "mamba")
 VOCAB = 256
 LN2 = math.log(2)
-# Parameters stored fp32 beside the fp16 rest, as the peers keep them: RWKV-4's decay and bonus, Mamba's A_log, D
-# and delta's bias, RWKV-7's decay (w0 and its LoRA w1, w2). Matched as the last parts of a state-dict name.
-KEEP_FP32 = {"rwkv4": ("time_decay", "time_first"), "mamba": ("A_log", "D", "dt_proj.bias"),
-             "rwkv7": ("w0", "w1", "w2"), "attention": ()}
+# Parameters stored fp32 beside the fp16 rest, as the peers keep them: each model's own keep_in_fp32 (RWKV-4's decay
+# and bonus, Mamba's A_log, D and delta's bias, RWKV-7's decay: w0 and its LoRA w1, w2), the parameters its
+# loaders keep fp32. Matched as the last parts of a state-dict name (models.base.kept_name).
+KEEP_FP32 = {"rwkv4": RwkvForCausalLM.keep_in_fp32, "mamba": MambaForCausalLM.keep_in_fp32,
+             "rwkv7": Rwkv7.keep_in_fp32, "attention": ()}
 STORED_DTYPE = torch.float16
 
 
@@ -176,7 +190,7 @@ def bpb(nats: float) -> float:
 
 def keeps_fp32(arch: str, name: str) -> bool:
     """Whether parameter ``name`` (the model's own state-dict name) is shipped fp32 (KEEP_FP32)."""
-    return any(name == k or name.endswith("." + k) for k in KEEP_FP32[arch])
+    return kept_name(name, KEEP_FP32[arch])
 
 
 @torch.no_grad()
@@ -254,10 +268,10 @@ def consecutive_windows(split: np.ndarray, length: int, limit: int | None = None
 
 @torch.no_grad()
 def generation_speed(model, arch: str, prompt: str, tokens: int) -> dict:
-    """Greedy decoding speed (tokens/s, wall clock, one thread). A shipped model is read back from its directory
-    in fp32 (models.cli.load_model, with its tokenizer.json) and decodes through generate_text, its state carried
-    from token to token; the transformer, which has no KV cache here, reruns the whole prefix for every new token
-    (its row says so). ``model``: the shipped directory, or the transformer itself."""
+    """Greedy decoding speed (tokens/s, wall clock, on the run's threads: one by default). A shipped model is read
+    back from its directory in fp32 (models.cli.load_model, with its tokenizer.json) and decodes through
+    generate_text, its state carried from token to token; the transformer, which has no KV cache here, reruns the
+    whole prefix for every new token (its row says so). ``model``: the shipped directory, or the transformer itself."""
     if arch != "attention":
         loaded = load_model(model, "float32")
         stream = loaded.generate_text(prompt, loaded.tokenizer, max_new_tokens=tokens, temperature=0.0)
@@ -419,14 +433,19 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
     b = setup.budget
     span = "the whole split" if setup.eval_bytes is None else f"the first {setup.eval_bytes:,} bytes of each split"
     extended = "" if setup.extend is None else ", the grid extended past an edge winner"
+    counts = [r["parameters"] for r in sizes.values()]
+    size = ("of about equal size" if counts and max(counts) <= 1.1 * min(counts) else
+            "of unequal sizes (see the parameters column)")
+    threads = sorted({r["env"]["threads"] for r in [*speeds.values(), *finals.values()] if "env" in r}) or [1]
+    thread_text = "one thread" if threads == [1] else f"{'/'.join(map(str, threads))} threads"
     text = (f"# Small byte-level language models on the standard library's sources\n\n"
-            f"Four models of about equal size, vocabulary 256 (bytes), trained alike: {b.steps} steps of "
+            f"Four models {size}, vocabulary 256 (bytes), trained alike: {b.steps} steps of "
             f"{b.batch_size} windows of {setup.seq_len} bytes ({b.steps * tps:,} tokens), AdamW, warmup then cosine; "
             f"each at the rate its pilot chose on validation loss ({setup.pilot_steps} steps per rate{extended}). "
             f"Bits per byte over {span} (every byte after the first predicted once), measured on the shipped "
             f"weights (fp16, decays fp32). The control is a bigram model of the train split with add-one "
-            f"smoothing, computed exactly. CPU tokens/s: tokens per second of process CPU time, one thread (the "
-            f"machine is shared; wall clock varies). Generation: greedy, one thread, wall clock. {setup.note}\n\n")
+            f"smoothing, computed exactly. CPU tokens/s: tokens per second of process CPU time, {thread_text} (the "
+            f"machine is shared; wall clock varies). Generation: greedy, {thread_text}, wall clock. {setup.note}\n\n")
     text += markdown_table(["model", "parameters", "speed probe (tokens/CPU s)", "pilot rates", "chosen rate",
                             "tokens", "training tokens/CPU s", "validation bpb", "test bpb", "beats bigram",
                             "generation tokens/s"], rows)

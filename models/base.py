@@ -5,7 +5,8 @@ them from_pretrained / save_pretrained / generate / generate_text.
     config_from_dict(cls, d), config_to_dict(config)   dataclass configs <-> config.json dicts
     check_positive_ints, check_positive_floats, check_bools   ValueError naming a config field that is nonsense
     check_token_ids(input_ids, vocab_size), check_state_dtype(dtype), causal_lm_loss(logits, labels)
-    resolve_dtype(dtype, state_dict)       the dtype a model is built in (None: the checkpoint's own)
+    resolve_dtype(dtype, state_dict, kept) the dtype a model is built in (None: the checkpoint's own)
+    kept_name(name, kept), kept_dtype      the parameters a half-precision model keeps fp32 (decays), and their dtype
     PretrainedMixin                        from_pretrained / save_pretrained / load_checkpoint (weights: models/io.py)
     GenerateMixin                          generate (models/generation.py) and generate_text (models/text.py)
     CausalLMMixin                          PretrainedMixin and GenerateMixin, with forward over a base model
@@ -25,7 +26,8 @@ from seqmix.models.layers import Linear
 
 __all__ = ["ModelOutput", "CausalLMOutput", "config_from_dict", "config_to_dict", "check_positive_ints",
            "check_positive_floats", "check_bools", "check_token_ids", "check_state_dtype", "check_logits_to_keep",
-           "causal_lm_loss", "resolve_dtype", "PretrainedMixin", "GenerateMixin", "CausalLMMixin"]
+           "causal_lm_loss", "kept_name", "resolve_dtype", "kept_dtype", "PretrainedMixin", "GenerateMixin",
+           "CausalLMMixin"]
 
 # The dtypes a model can be built in; from_pretrained also takes their names ("bfloat16", ...).
 MODEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -165,22 +167,33 @@ def causal_lm_loss(logits: torch.Tensor, labels) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].float().reshape(-1, V), labels[:, 1:].reshape(-1).long(), ignore_index=-100)
 
 
-def resolve_dtype(dtype, state_dict: dict[str, torch.Tensor]) -> torch.dtype:
+def kept_name(name: str, kept) -> bool:
+    """Whether the parameter ``name`` is one of ``kept``, names matched as the last parts of a state-dict name
+    ("time_decay" matches "rwkv.blocks.0.attention.time_decay", "dt_proj.bias" matches "...mixer.dt_proj.bias")."""
+    return any(name == k or name.endswith("." + k) for k in kept)
+
+
+def resolve_dtype(dtype, state_dict: dict[str, torch.Tensor], kept=()) -> torch.dtype:
     """The dtype a model is built in.
 
     Args:
-        dtype: None or "auto" (the checkpoint's own: the floating dtype holding most of its elements), a floating
-            torch.dtype, or its name ("float32", "float16", "bfloat16", "float64").
+        dtype: None or "auto" (the checkpoint's own: the floating dtype holding most of its elements, the kept
+            parameters not counted), a floating torch.dtype, or its name ("float32", "float16", "bfloat16",
+            "float64").
         state_dict: the checkpoint's tensors.
+        kept: the model's keep_in_fp32 names (kept_name): parameters a half-precision checkpoint stores fp32
+            beside its weights, which would otherwise outvote them in a small model.
 
     Returns:
         a torch.dtype of MODEL_DTYPES.
     """
     if dtype is None or dtype == "auto":
         sizes: dict[torch.dtype, int] = {}
-        for t in state_dict.values():
-            if t.dtype in MODEL_DTYPES:
+        for name, t in state_dict.items():
+            if t.dtype in MODEL_DTYPES and not kept_name(name, kept):
                 sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
+        if not sizes:           # nothing but kept parameters: their dtype
+            sizes = {t.dtype: t.numel() for t in state_dict.values() if t.dtype in MODEL_DTYPES}
         return max(sizes, key=sizes.get) if sizes else torch.float32
     named = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
     if named not in MODEL_DTYPES:
@@ -189,18 +202,34 @@ def resolve_dtype(dtype, state_dict: dict[str, torch.Tensor]) -> torch.dtype:
     return named
 
 
+def kept_dtype(stored: torch.dtype, model_dtype: torch.dtype, as_stored: bool) -> torch.dtype:
+    """The dtype of a kept (keep_in_fp32) parameter in a model of ``model_dtype``: its accumulation dtype (fp32 for
+    fp16/bf16, as the peers keep decays; the model's own for fp32 and float64), or, loading as stored
+    (``as_stored``), the stored dtype where it is one of those two (a bf16 checkpoint's bf16 decays stay bf16)."""
+    wide = torch.float64 if model_dtype == torch.float64 else torch.float32
+    return stored if as_stored and stored in (model_dtype, wide) else wide
+
+
 class PretrainedMixin:
     """from_pretrained / save_pretrained / load_checkpoint for an nn.Module built as cls(config).
 
     Class attributes: config_class, a dataclass with a model_type class variable; base_model_prefix, the base
     model's attribute in the causal LM ("rwkv", "backbone"), so that a base model reads a causal-LM checkpoint;
     tied_weights, the names that share the embedding when config.tie_word_embeddings (transformers leaves them out
-    of saved checkpoints, and so do we). A model whose files use other names or another config (RWKV-7 in
-    flash-linear-attention's layout) overrides the four _..._file hooks.
+    of saved checkpoints, and so do we); keep_in_fp32, the names (last parts, kept_name) of the parameters a
+    half-precision model keeps fp32, as the peers keep them (transformers' _keep_in_fp32_modules): the decays, which
+    the ops take fp32 beside fp16/bf16 inputs (design.md's dtype rule). A model whose files use other names or
+    another config (RWKV-7 in flash-linear-attention's layout) overrides the four _..._file hooks.
+
+    Dtypes on loading (from_pretrained, from_checkpoint): the model's dtype is the one asked for, or the stored
+    weights' majority (the kept parameters not counted); every parameter takes it except the kept ones, which stay
+    as stored when that is the model's dtype or fp32 (a bf16 checkpoint with fp32 decays loads as it is), and are
+    fp32 in an fp16/bf16 model otherwise (asked for bf16, a model keeps its decays fp32).
     """
     config_class: type
     base_model_prefix: str = ""
     tied_weights: tuple = ()
+    keep_in_fp32: tuple = ()
     tokenizer = None                  # set by from_pretrained when the directory ships one (models/text.py)
 
     @classmethod
@@ -225,11 +254,17 @@ class PretrainedMixin:
         return model
 
     @classmethod
+    def keeps_fp32(cls, name: str) -> bool:
+        """Whether the parameter ``name`` (a state-dict name) is one that a half-precision model keeps fp32."""
+        return kept_name(name, cls.keep_in_fp32)
+
+    @classmethod
     def _from_state_dict(cls, config, state_dict: dict, dtype):
-        dtype = resolve_dtype(dtype, state_dict)
+        as_stored = dtype is None or dtype == "auto"
+        dtype = resolve_dtype(dtype, state_dict, cls.keep_in_fp32)
         with torch.device("meta"):
             model = cls(config)
-        model.load_checkpoint(state_dict, assign_dtype=dtype)
+        model.load_checkpoint(state_dict, assign_dtype=dtype, as_stored=as_stored)
         return model.eval()
 
     def save_pretrained(self, local_dir) -> None:
@@ -263,7 +298,8 @@ class PretrainedMixin:
     def _tie_weights(self) -> None:
         """Make the tied parameters one tensor again (after load_state_dict(assign=True) replaced one of them)."""
 
-    def load_checkpoint(self, state_dict: dict, assign_dtype: torch.dtype | None = None) -> None:
+    def load_checkpoint(self, state_dict: dict, assign_dtype: torch.dtype | None = None,
+                        as_stored: bool = False) -> None:
         """Load a state dict after checking every name and shape.
 
         Args:
@@ -271,7 +307,10 @@ class PretrainedMixin:
                 model; tied names are ignored).
             assign_dtype: None: copy into the existing parameters (converting dtypes). A dtype: the tensors,
                 converted to it where they differ, become the parameters themselves (no copy when the dtype is the
-                stored one), as from_pretrained does for a model built on the meta device.
+                stored one), as from_pretrained does for a model built on the meta device; the kept parameters
+                (keep_in_fp32) take kept_dtype: fp32 in an fp16/bf16 model.
+            as_stored: with assign_dtype, whether the dtype is the checkpoint's own (dtype None): then a kept
+                parameter stored in assign_dtype stays in it (kept_dtype).
 
         Raises:
             KeyError / ValueError naming a missing, unexpected or misshapen tensor.
@@ -287,7 +326,8 @@ class PretrainedMixin:
         if assign_dtype is None:
             self.load_state_dict(state_dict, strict=False)   # strict checking done above; tied names are absent
             return
-        self.load_state_dict({k: v.to(assign_dtype) for k, v in state_dict.items()}, strict=False, assign=True)
+        self.load_state_dict({k: v.to(kept_dtype(v.dtype, assign_dtype, as_stored) if self.keeps_fp32(k) else
+                                      assign_dtype) for k, v in state_dict.items()}, strict=False, assign=True)
         self._tie_weights()
 
 

@@ -149,6 +149,9 @@ class MambaModel(PretrainedMixin, nn.Module):
     """Embeddings, blocks (layers.i.norm, layers.i.mixer.*), norm_f; transformers' MambaModel names."""
     config_class = MambaConfig
     base_model_prefix = "backbone"
+    # fp32 beside fp16/bf16 weights, as mamba_ssm and transformers compute with them: A = -exp(A_log), the skip D
+    # and delta's bias (the scan's inputs that may stay fp32)
+    keep_in_fp32 = ("A_log", "D", "dt_proj.bias")
 
     def __init__(self, config: MambaConfig):
         super().__init__()
@@ -239,3 +242,4 @@ class MambaForCausalLM(CausalLMMixin, nn.Module):
     base_model_class = MambaModel
     base_model_prefix = "backbone"
     head_name = "lm_head"
+    keep_in_fp32 = MambaModel.keep_in_fp32

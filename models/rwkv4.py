@@ -152,6 +152,9 @@ class RwkvModel(PretrainedMixin, nn.Module):
     """Embeddings, blocks, ln_out; transformers' RwkvModel names (embeddings.weight, blocks.i...., ln_out.*)."""
     config_class = RwkvConfig
     base_model_prefix = "rwkv"
+    # fp32 beside fp16/bf16 weights, as transformers keeps them (_keep_in_fp32_modules): -exp(time_decay) overflows
+    # fp16 from 11.09, and bf16's 8 bits would move each channel's half-life
+    keep_in_fp32 = ("time_decay", "time_first")
 
     def __init__(self, config: RwkvConfig):
         super().__init__()
@@ -250,3 +253,4 @@ class RwkvForCausalLM(CausalLMMixin, nn.Module):
     base_model_class = RwkvModel
     base_model_prefix = "rwkv"
     head_name = "head"
+    keep_in_fp32 = RwkvModel.keep_in_fp32

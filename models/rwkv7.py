@@ -128,6 +128,13 @@ def _channel_vector(C: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(1, 1, C))
 
 
+def _lora(x, m1, m2, act=None):
+    """(act(x m1)) m2, each matrix cast to the activations' dtype where it is stored in another (w1, w2 kept fp32
+    beside bf16 weights: Rwkv7.keep_in_fp32), as the reference implementations' products run under autocast."""
+    h = x @ m1.to(x.dtype)
+    return (h if act is None else act(h)) @ m2.to(x.dtype)
+
+
 class TimeMix(nn.Module):
     """RWKV_Tmix_x070: the six token-shift mixes, r, w, k, v, a, g, the WKV-7 op, GroupNorm per head, bonus."""
 
@@ -157,10 +164,10 @@ class TimeMix(nn.Module):
         mixes = torch.stack((self.x_r, self.x_w, self.x_k, self.x_v, self.x_a, self.x_g))
         xr, xw, xk, xv, xa, xg = torch.lerp(x, token_shift(x, x_prev), mixes).unbind(0)
         r, k, v = self.receptance(xr), self.key(xk), self.value(xv)
-        wl = torch.tanh(xw @ self.w1) @ self.w2                                  # the LoRA products
-        al = (xa @ self.a1) @ self.a2
-        vl = None if v_first is None else (xv @ self.v1) @ self.v2
-        g = torch.sigmoid(xg @ self.g1) @ self.g2
+        wl = _lora(xw, self.w1, self.w2, torch.tanh)                            # the LoRA products
+        al = _lora(xa, self.a1, self.a2)
+        vl = None if v_first is None else _lora(xv, self.v1, self.v2)
+        g = _lora(xg, self.g1, self.g2, torch.sigmoid)
         # on a CPU without gradients: the rest in one C pass (every tensor it reads counts, the state's kv included);
         # not with the wide in-context rate, which the C pass does not compute
         if not self.wide_in_context_rate and decode.runs_in_c(self, backend, r, k, v, v_first, wl, al, vl, g, kv,
@@ -184,7 +191,7 @@ class TimeMix(nn.Module):
             v = v + (v_first - v) * torch.sigmoid(self.v0 + vl)
         a = torch.sigmoid(self.a0 + al)                                       # in-context learning rate
         if self.wide_in_context_rate:                                         # (0, 1 + w): eigenvalues to -1
-            a = a * (1 + torch.exp(log_w))
+            a = a * (1 + torch.exp(log_w)).to(a.dtype)                        # log_w fp32 beside bf16 a: a's dtype
         kk = F.normalize(heads(k * self.k_k), dim=-1)                            # (B, T, H, N), unit per head
         k = k * (1 + (a - 1) * self.k_a)
         y, kv = wkv7(heads(r), heads(log_w), heads(k), heads(v), -kk, kk * heads(a), state=kv, backend=backend)
@@ -233,6 +240,10 @@ class Rwkv7(GenerateMixin, PretrainedMixin, nn.Module):
     """The RWKV-7 language model; `state_dict()` keys and shapes are those of a BlinkDL RWKV-7 `.pth`. See the
     module docstring for where it differs from the other two models."""
     config_class = Rwkv7Config
+    # fp32 beside fp16/bf16 weights: the decay w0 and its LoRA w1, w2, whose sum the log decay log_w is made of
+    # (the WKV-7 op takes log_w fp32 beside half-precision r, k, v); the time mix casts w1, w2 to the activations'
+    # dtype for their matrix products, and adds w0 in fp32
+    keep_in_fp32 = ("w0", "w1", "w2")
 
     def __init__(self, config: Rwkv7Config):
         super().__init__()

@@ -338,17 +338,14 @@ def test_nonfinite_inputs_give_nan_where_the_torch_ops_do(kind, where, count_ste
         assert torch.isnan(a)[torch.isnan(b)].all()                           # channel NaN (kernels/native.c)
 
 
-KEPT_FP32 = {"rwkv4": ("time_decay", "time_first"), "mamba": ("A_log", "D"), "rwkv7": ("w0",)}
-
-
 def mixed(kind):
-    """The model in bf16 with its decays kept fp32, as transformers keeps RWKV-4's time_decay and time_first
-    (_keep_in_fp32_modules) and Mamba's A_log and D, and fla RWKV-7's w0."""
+    """The model in bf16 with the parameters it keeps fp32 (keep_in_fp32: RWKV-4's time_decay and time_first, as
+    transformers keeps them; Mamba's A_log, D and dt_proj.bias; RWKV-7's w0, w1, w2) in fp32, as from_pretrained
+    loads such a checkpoint."""
     model = make(kind, torch.bfloat16)
-    for module in model.modules():
-        for name in KEPT_FP32[kind]:
-            if name in module._parameters:
-                module._parameters[name].data = module._parameters[name].data.float()
+    for name, p in model.named_parameters():
+        if model.keeps_fp32(name):
+            p.data = p.data.float()
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16, torch.float32}
     return model
 
@@ -371,7 +368,7 @@ def test_parameters_of_mixed_dtypes(kind, count_steps):
     assert_close(logits.double(), torch_ops.double(), BF16_BUDGET, f"{kind} logits against the torch path")
 
 
-def test_rwkv7_prompt_time_mix_with_w0_fp32():
+def test_rwkv7_prompt_time_mix_with_decays_fp32():
     """The prompt's C time mix reads each of its per-channel parameters with its own dtype (it read all with r_k's)."""
     model = mixed("rwkv7")
     ids = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(7))

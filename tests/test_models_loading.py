@@ -1,6 +1,7 @@
 """Loading and saving weights through from_pretrained / from_checkpoint / save_pretrained (models/io.py, base.py):
 sharded directories, memory-mapped tensors taken as parameters, dtypes, atomic saves, and every damaged or
 hostile file of the bad-input review (C7, C8, C9, C10, I7, I9, I10, D7) getting an error that names the file."""
+import copy
 import json
 import struct
 import warnings
@@ -9,9 +10,9 @@ import pytest
 import torch
 import transformers
 
-from seqmix.kernels.testing import FP32_BUDGET, assert_close
+from seqmix.kernels.testing import BF16_BUDGET, FP32_BUDGET, assert_close
 from seqmix.models import io
-from seqmix.models.mamba import MambaConfig, MambaForCausalLM
+from seqmix.models.mamba import MambaConfig, MambaForCausalLM, MambaModel
 from seqmix.models.rwkv4 import RwkvConfig, RwkvForCausalLM, RwkvModel
 from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
 
@@ -209,11 +210,14 @@ def test_tied_head_is_the_embedding_after_loading(tmp_path):
     (torch.float16, "float32", torch.float32), (torch.float32, "bfloat16", torch.bfloat16),
     (torch.float32, torch.float64, torch.float64)])
 def test_dtype_as_stored_or_as_asked(tmp_path, stored, asked, expected):
-    """C8: a dtype name is accepted; None keeps the stored dtype (no fp32 detour)."""
+    """C8: a dtype name is accepted; None keeps the stored dtype (no fp32 detour). The decays (time_decay,
+    time_first) of a model asked for in bf16 stay fp32; stored bf16 and loaded as stored, they stay bf16."""
     ours = rwkv4().to(stored)
     ours.save_pretrained(tmp_path)
     loaded = RwkvForCausalLM.from_pretrained(tmp_path, dtype=asked)
-    assert {p.dtype for p in loaded.parameters()} == {expected}
+    decays = torch.float32 if asked not in (None, "auto") and expected in (torch.bfloat16, torch.float16) else expected
+    assert {p.dtype for n, p in loaded.named_parameters() if not loaded.keeps_fp32(n)} == {expected}
+    assert {p.dtype for n, p in loaded.named_parameters() if loaded.keeps_fp32(n)} == {decays}
     assert torch.equal(loaded.head.weight, ours.head.weight.to(expected))
 
 
@@ -432,3 +436,163 @@ def test_fla_hidden_ratio_null_is_fla_default(ratio, width):
             config_from_fla(config)
     else:
         assert config_from_fla(config)["dim_ffn"] == width
+
+
+# ------------------------------------------------------------ decays kept fp32 beside half-precision weights
+
+# What real checkpoints keep fp32 beside bf16/fp16 weights (transformers' RWKV-4 _keep_in_fp32_modules; Mamba's
+# A_log, D and delta's bias, which mamba_ssm and transformers compute with in fp32; RWKV-7's decay w0 and its LoRA
+# w1, w2), spelled out here so that the test pins the models' declarations (keep_in_fp32).
+KEPT = {"rwkv4": ("time_decay", "time_first"), "mamba": ("A_log", "D", "dt_proj.bias"), "rwkv7": ("w0", "w1", "w2")}
+# Every family the loaders handle, each in its own file format: (family, how it is saved and loaded).
+LAYOUTS = ["rwkv4 causal lm", "rwkv4 base model", "mamba causal lm", "mamba base model", "rwkv7 pth",
+           "rwkv7 safetensors", "rwkv7 fla directory"]
+
+
+def kept(family: str, name: str) -> bool:
+    return any(name == k or name.endswith("." + k) for k in KEPT[family])
+
+
+def fp32_model(layout: str):
+    """A small fp32 model of the layout's family, its initialization spread by noise so that no weight is a
+    constant, in eval mode."""
+    torch.manual_seed(3)
+    family = layout.split()[0]
+    if family == "rwkv4":
+        model = (RwkvModel if "base" in layout else RwkvForCausalLM)(RwkvConfig(**SMALL))
+    elif family == "mamba":
+        config = MambaConfig(vocab_size=67, hidden_size=16, state_size=4, num_hidden_layers=2, time_step_rank=3)
+        model = (MambaModel if "base" in layout else MambaForCausalLM)(config)
+    else:
+        # head size 64: BlinkDL's group-norm eps (a .pth does not record it) is fla's head_size * 1e-5
+        model = Rwkv7(Rwkv7Config(vocab_size=67, n_embd=64, n_layer=2, head_size=64, decay_lora=8, a_lora=8,
+                                  v_lora=8, gate_lora=8))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def as_checkpoint(model, layout: str, half=torch.bfloat16):
+    """The model as a real checkpoint stores it: the decays fp32, every other tensor in ``half``."""
+    family = layout.split()[0]
+    stored = copy.deepcopy(model)
+    for name, p in stored.named_parameters():
+        p.data = p.data.float() if kept(family, name) else p.data.to(half)
+    return stored
+
+
+def save(model, layout: str, path):
+    """Write ``model`` in the layout's format; returns the loader's argument."""
+    if layout in ("rwkv7 pth", "rwkv7 safetensors"):
+        file = path / ("rwkv7.pth" if layout == "rwkv7 pth" else "rwkv7.safetensors")
+        sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+        torch.save(sd, file) if layout == "rwkv7 pth" else io.save_state_dict(sd, file)
+        return file
+    model.save_pretrained(path)
+    return path
+
+
+def load(layout: str, where, dtype=None):
+    if layout in ("rwkv7 pth", "rwkv7 safetensors"):
+        return Rwkv7.from_checkpoint(where, dtype)
+    return type(fp32_model(layout)).from_pretrained(where, dtype)
+
+
+def forward(model, ids=IDS):
+    """Logits (hidden states for a base model) of the torch backend on the CPU."""
+    with torch.no_grad():
+        out = model(ids, backend="torch")
+    if isinstance(out, tuple):
+        return out[0]
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def dtypes(model, layout: str) -> tuple[set, set]:
+    """(the dtypes of the kept parameters, the dtypes of the others)."""
+    family = layout.split()[0]
+    named = dict(model.named_parameters())
+    return ({p.dtype for n, p in named.items() if kept(family, n)},
+            {p.dtype for n, p in named.items() if not kept(family, n)})
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_models_declare_the_parameters_they_keep_fp32(layout):
+    family = layout.split()[0]
+    model = fp32_model(layout)
+    assert set(model.keep_in_fp32) == set(KEPT[family])
+    names = [n for n, _ in model.named_parameters()]
+    assert [n for n in names if model.keeps_fp32(n)] == [n for n in names if kept(family, n)]
+    assert all(any(kept(family, n) and n.endswith(k) for n in names) for k in KEPT[family])
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_decays_stored_fp32_load_fp32(tmp_path, layout, half):
+    """A checkpoint with fp32 decays beside half-precision weights loads as stored: the decays fp32 (the loaders
+    cast every tensor to the majority dtype), the rest in the half dtype, every value exactly the stored one."""
+    stored = as_checkpoint(fp32_model(layout), layout, half)
+    loaded = load(layout, save(stored, layout, tmp_path))
+    assert dtypes(loaded, layout) == ({torch.float32}, {half})
+    assert_same_weights(loaded, stored)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_forward_with_fp32_decays_agrees_with_fp32(tmp_path, layout):
+    """Each model's forward (torch backend, CPU) runs with fp32 decays beside bf16 weights (RWKV-7's decay LoRA
+    w1, w2 met bf16 activations in a matmul: a dtype mismatch), in memory and loaded from its file, and agrees
+    with the all-fp32 model of the same (rounded) weights within the bf16 budget."""
+    stored = as_checkpoint(fp32_model(layout), layout)
+    expected = forward(copy.deepcopy(stored).float())
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8, 1, 8]])
+    expected2 = forward(copy.deepcopy(stored).float(), ids)
+    loaded = load(layout, save(stored, layout, tmp_path))
+    for model in (stored, loaded):
+        assert dtypes(model, layout) == ({torch.float32}, {torch.bfloat16})
+        assert_close(forward(model).double(), expected.double(), BF16_BUDGET, f"{layout} output")
+        assert_close(forward(model, ids).double(), expected2.double(), BF16_BUDGET, f"{layout} output, batch 2")
+
+
+@pytest.mark.parametrize("layout", ["rwkv4 causal lm", "mamba causal lm", "rwkv7 pth"])
+def test_decoding_with_fp32_decays(tmp_path, layout):
+    """Token by token (the C step where it runs, backend None) from a checkpoint with fp32 decays beside bf16
+    weights: the logits of the all-fp32 model within the bf16 budget, and generate runs."""
+    stored = as_checkpoint(fp32_model(layout), layout)
+    loaded = load(layout, save(stored, layout, tmp_path))
+    expected = forward(copy.deepcopy(stored).float())
+    steps, state = [], None
+    with torch.no_grad():
+        for t in range(IDS.shape[1]):
+            out = loaded(IDS[:, t:t + 1], state=state)
+            logits, state = out if isinstance(out, tuple) else (out.logits, out.state)
+            steps.append(logits)
+        tokens, _ = loaded.generate(IDS[:, :3], max_new_tokens=5)
+    assert_close(torch.cat(steps, 1).double(), expected.double(), BF16_BUDGET, f"{layout} decoded logits")
+    assert tokens.shape == (1, 8)
+
+
+@pytest.mark.parametrize("asked,half", [("bfloat16", True), (torch.float16, True), ("float32", False),
+                                        (torch.float64, False)])
+@pytest.mark.parametrize("layout", ["rwkv4 causal lm", "mamba base model", "rwkv7 pth", "rwkv7 fla directory"])
+def test_asked_half_dtype_keeps_the_decays_fp32(tmp_path, layout, asked, half):
+    """Asked for fp16 or bf16, a model keeps its decays fp32, as the peers build theirs (transformers'
+    _keep_in_fp32_modules); asked for fp32 or float64, every parameter takes it. From an fp32 checkpoint and from
+    one with fp32 decays beside bf16 weights."""
+    want = getattr(torch, asked) if isinstance(asked, str) else asked
+    for i, stored in enumerate((fp32_model(layout), as_checkpoint(fp32_model(layout), layout))):
+        path = tmp_path / str(i)
+        path.mkdir()
+        loaded = load(layout, save(stored, layout, path), asked)
+        assert dtypes(loaded, layout) == ({torch.float32 if half else want}, {want})
+        assert_close(forward(loaded).double(), forward(copy.deepcopy(stored).float()).double(),
+                     BF16_BUDGET if half else FP32_BUDGET, f"{layout} output")
+
+
+def test_majority_dtype_leaves_the_kept_parameters_out():
+    """The dtype a checkpoint's model is built in is its weights' majority, the decays not counted: a small
+    model's fp32 decays can outnumber its bf16 weights."""
+    from seqmix.models.base import resolve_dtype
+    sd = {"blocks.0.att.w1": torch.zeros(64, 64), "blocks.0.att.key.weight": torch.zeros(8, 8, dtype=torch.bfloat16)}
+    assert resolve_dtype(None, sd) == torch.float32
+    assert resolve_dtype(None, sd, Rwkv7.keep_in_fp32) == torch.bfloat16
+    assert resolve_dtype("auto", {"blocks.0.att.w1": torch.zeros(3)}, Rwkv7.keep_in_fp32) == torch.float32
