@@ -17,10 +17,10 @@ tests/test_models_decode.py checks each model's step against its torch forward, 
 
 The C side is written once, here: ENTRIES holds the entry points' prototypes as models/native/decode.h declares them
 (a test checks the two agree), from which their ctypes types come and by which the calls pass arguments by name;
-LAYOUTS and TIME_MIX list each model's weights in the order the C code reads them, from which ``weights_header``
-generates the enums the C code reads (weights.h, written beside the build) and ``Layout.pack`` the pointers it is
-passed. SOURCES hands models/native/ (with kernels/native.c, whose loops the steps run) to the kernels' builder
-(kernels/native.py), which builds them into a library of their own.
+LAYOUTS and TIME_MIX list each model's sizes and weights in the order the C code reads them, from which
+``weights_header`` generates the enums the C code reads (weights.h, written beside the build), and ``Layout.sizes``
+and ``Layout.pack`` the arrays it is passed. SOURCES hands models/native/ (with kernels/native.c, whose loops the
+steps run) to the kernels' builder (kernels/native.py), which builds them into a library of their own.
 
 Threads: torch's own OpenMP threads (models/native/decode.c says why). Like torch's parallel ops, the step cannot use
 more than one thread in a child forked after the parent has used them (libgomp's threads do not survive a fork: a
@@ -90,15 +90,22 @@ class Weight:
 
 @dataclass(frozen=True)
 class Layout:
-    """A model's weights in the order its C step reads them: ``head`` (paths from the model) before the blocks,
-    ``block`` (paths from each of the model's ``blocks``), ``tail`` after; ``prefix`` names their enums in
-    weights.h: <prefix>_HEAD_<name> .. <prefix>_HEAD, <prefix>_<name> .. <prefix>_WEIGHTS, <prefix>_TAIL_<name> ..
-    <prefix>_TAIL."""
+    """A model's step as its C code reads it: its sizes (``dims``, the dims array's order), its weights in order:
+    ``head`` (paths from the model) before the blocks, ``block`` (paths from each of the model's ``blocks``), ``tail``
+    after; ``prefix`` names their enums in weights.h: <prefix>_DIM_<name> .. <prefix>_DIMS, <prefix>_HEAD_<name> ..
+    <prefix>_HEAD, <prefix>_<name> .. <prefix>_WEIGHTS, <prefix>_TAIL_<name> .. <prefix>_TAIL."""
     prefix: str
     blocks: str
+    dims: tuple[str, ...]
     head: tuple[Weight, ...]
     block: tuple[Weight, ...]
     tail: tuple[Weight, ...]
+
+    def sizes(self, **named: int) -> list[int]:
+        """The dims array from the sizes by name (each of ``dims``, no other)."""
+        if set(named) != set(self.dims):
+            raise TypeError(f"{self.prefix} dims: expected {list(self.dims)}, got {sorted(named)}")
+        return [int(named[name]) for name in self.dims]
 
     def pack(self, model: torch.nn.Module) -> list:
         """The model's weights in this order (None: NULL)."""
@@ -106,16 +113,17 @@ class Layout:
                 *(w.of(model) for w in self.tail)]
 
     def enums(self) -> list[str]:
-        """The three enums of weights.h for this layout."""
-        return [_enum(f"{self.prefix}_HEAD_", self.head, f"{self.prefix}_HEAD"),
-                _enum(f"{self.prefix}_", self.block, f"{self.prefix}_WEIGHTS"),
-                _enum(f"{self.prefix}_TAIL_", self.tail, f"{self.prefix}_TAIL")]
+        """The four enums of weights.h for this layout."""
+        return [_enum(f"{self.prefix}_DIM_", self.dims, f"{self.prefix}_DIMS"),
+                _enum(f"{self.prefix}_HEAD_", [w.name for w in self.head], f"{self.prefix}_HEAD"),
+                _enum(f"{self.prefix}_", [w.name for w in self.block], f"{self.prefix}_WEIGHTS"),
+                _enum(f"{self.prefix}_TAIL_", [w.name for w in self.tail], f"{self.prefix}_TAIL")]
 
 
-def _enum(prefix: str, weights, count: str) -> str:
+def _enum(prefix: str, names, count: str) -> str:
     """enum { <prefix><name>, ..., <count> }; wrapped at 120 columns."""
     lines, line = [], "enum {"
-    for name in [prefix + w.name for w in weights] + [count]:
+    for name in [prefix + name for name in names] + [count]:
         item = f" {name}," if name != count else f" {name} }};"
         if len(line) + len(item) > 120:
             lines.append(line)
@@ -134,10 +142,11 @@ TIME_MIX = (_w("W0", "w0", contiguous=True), _w("A0", "a0", contiguous=True),
             _w("K_A", "k_a", contiguous=True), _w("R_K", "r_k", contiguous=True),
             _w("LN_X_W", "ln_x.weight", contiguous=True), _w("LN_X_B", "ln_x.bias", contiguous=True))
 
-# Each model's weights in the order its step reads them (transformers' names for RWKV-4 and Mamba, BlinkDL's for
-# RWKV-7); a 2-D tensor the C code reads by element (Mamba's conv weight and A_log; RWKV-7's r_k) is contiguous
+# Each model's step: its sizes (BF16: the embedding's dtype, the activations' and RWKV-7's x_prev states'), and its
+# weights in the order the step reads them (transformers' names for RWKV-4 and Mamba, BlinkDL's for RWKV-7); a 2-D
+# tensor the C code reads by element (Mamba's conv weight and A_log; RWKV-7's r_k) is contiguous
 LAYOUTS = {
-    "rwkv4": Layout("R4", "blocks",
+    "rwkv4": Layout("R4", "blocks", dims=("C", "A", "F", "L", "RESCALE_EVERY", "BF16"),
                     head=(_w("PRE_LN_W", "blocks.0.pre_ln.weight"), _w("PRE_LN_B", "blocks.0.pre_ln.bias")),
                     block=(_w("LN1_W", "ln1.weight"), _w("LN1_B", "ln1.bias"), _w("LN2_W", "ln2.weight"),
                            _w("LN2_B", "ln2.bias"), _w("DECAY", "attention.time_decay"),
@@ -151,7 +160,7 @@ LAYOUTS = {
                            _w("FFN_RECEPTANCE", "feed_forward.receptance.weight"),
                            _w("FFN_VALUE", "feed_forward.value.weight")),
                     tail=(_w("LN_OUT_W", "ln_out.weight"), _w("LN_OUT_B", "ln_out.bias"))),
-    "rwkv7": Layout("R7", "blocks",
+    "rwkv7": Layout("R7", "blocks", dims=("C", "H", "N", "F", "L", "DW", "DA", "DV", "DG", "BF16"),
                     head=(_w("LN0_W", "blocks.0.ln0.weight"), _w("LN0_B", "blocks.0.ln0.bias")),
                     block=(_w("LN1_W", "ln1.weight"), _w("LN1_B", "ln1.bias"), _w("LN2_W", "ln2.weight"),
                            _w("LN2_B", "ln2.bias"), _w("X_R", "att.x_r"), _w("X_W", "att.x_w"),
@@ -168,7 +177,7 @@ LAYOUTS = {
                            _w("FFN_X_K", "ffn.x_k"), _w("FFN_KEY", "ffn.key.weight"),
                            _w("FFN_VALUE", "ffn.value.weight")),
                     tail=(_w("LN_OUT_W", "ln_out.weight"), _w("LN_OUT_B", "ln_out.bias"))),
-    "mamba": Layout("M", "layers", head=(),
+    "mamba": Layout("M", "layers", dims=("C", "D", "N", "K", "R", "L", "BF16"), head=(),
                     block=(_w("NORM", "norm.weight"), _w("IN_PROJ", "mixer.in_proj.weight"),
                            _w("IN_PROJ_B", "mixer.in_proj.bias"),
                            _w("CONV", "mixer.conv1d.weight", contiguous=True), _w("CONV_B", "mixer.conv1d.bias"),
@@ -182,7 +191,8 @@ LAYOUTS = {
 
 def weights_header() -> str:
     """weights.h, which models/native/ includes: the enums of LAYOUTS and TIME_MIX (MIX_*), generated from them."""
-    enums = [_enum("MIX_", TIME_MIX, "MIX_PARAMS")] + [e for layout in LAYOUTS.values() for e in layout.enums()]
+    enums = [_enum("MIX_", [w.name for w in TIME_MIX], "MIX_PARAMS")]
+    enums += [e for layout in LAYOUTS.values() for e in layout.enums()]
     return ("/* Generated by models/decode.py (weights_header) from its tables LAYOUTS and TIME_MIX: each model's\n"
             " * weights in the order its step is passed them. Not a file of the repository: written beside each\n"
             " * build. */\n"
@@ -270,7 +280,7 @@ def _matrices(tensors) -> tuple[ctypes.Array, ctypes.Array, ctypes.Array]:
             (ctypes.c_int64 * len(flags))(*flags), _bf16_flags(tensors))
 
 
-def _call(entry: str, dims: tuple, eps: dict, weights: list, embedding: torch.Tensor, state: list,
+def _call(entry: str, dims: list, eps: dict, weights: list, embedding: torch.Tensor, state: list,
           new_state: list) -> torch.Tensor:
     """models/native/decode.c's ``entry`` on one token (``eps``: its eps arguments by name): the final norm's output
     (1, 1, C) in the model's dtype."""
@@ -305,8 +315,8 @@ def rwkv4_step(model, token: torch.Tensor, state: list[torch.Tensor] | None, res
     state = model.initial_state(1) if state is None else state
     weights = LAYOUTS["rwkv4"].pack(model)
     embedding = model.embeddings.weight[token.reshape(())].contiguous()
-    dims = (cfg.hidden_size, cfg.attention_hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
-            rescale_every, DTYPES[embedding.dtype])
+    dims = LAYOUTS["rwkv4"].sizes(C=cfg.hidden_size, A=cfg.attention_hidden_size, F=cfg.intermediate_size,
+                                  L=cfg.num_hidden_layers, RESCALE_EVERY=rescale_every, BF16=DTYPES[embedding.dtype])
     state, new_state = _states(state, [torch.float32] * len(state))
     hidden = _call("rwkv4_decode", dims, dict(eps=cfg.layer_norm_epsilon), weights, embedding, state, new_state)
     return hidden, new_state
@@ -349,8 +359,9 @@ def rwkv7_step(model, token: torch.Tensor, state: list | None) -> tuple[torch.Te
     state = model.initial_state(1) if state is None else state
     weights = LAYOUTS["rwkv7"].pack(model)
     embedding = model.emb.weight[token.reshape(())].contiguous()
-    dims = (cfg.n_embd, cfg.n_head, cfg.head_size, cfg.dim_ffn, cfg.n_layer, cfg.decay_lora, cfg.a_lora,
-            cfg.v_lora, cfg.gate_lora, DTYPES[embedding.dtype])
+    dims = LAYOUTS["rwkv7"].sizes(C=cfg.n_embd, H=cfg.n_head, N=cfg.head_size, F=cfg.dim_ffn, L=cfg.n_layer,
+                                  DW=cfg.decay_lora, DA=cfg.a_lora, DV=cfg.v_lora, DG=cfg.gate_lora,
+                                  BF16=DTYPES[embedding.dtype])
     # att_x_prev, ffn_x_prev in the activations' dtype (the embedding's), att_kv fp32
     state, new_state = _states([s for layer in state for s in layer],
                                [embedding.dtype, torch.float32, embedding.dtype] * len(state))
@@ -373,8 +384,8 @@ def mamba_step(model, token: torch.Tensor, state: list | None) -> tuple[torch.Te
     state = model.initial_state(1) if state is None else state
     weights = LAYOUTS["mamba"].pack(model)
     embedding = model.embeddings.weight[token.reshape(())].contiguous()
-    dims = (cfg.hidden_size, cfg.intermediate_size, cfg.state_size, cfg.conv_kernel, cfg.time_step_rank,
-            cfg.num_hidden_layers, DTYPES[embedding.dtype])
+    dims = LAYOUTS["mamba"].sizes(C=cfg.hidden_size, D=cfg.intermediate_size, N=cfg.state_size, K=cfg.conv_kernel,
+                                  R=cfg.time_step_rank, L=cfg.num_hidden_layers, BF16=DTYPES[embedding.dtype])
     state, new_state = _states([s for layer in state for s in layer], [torch.float32] * 2 * len(state))
     hidden = _call("mamba_decode", dims, dict(eps=cfg.layer_norm_epsilon), weights, embedding, state, new_state)
     return hidden, [tuple(new_state[i:i + 2]) for i in range(0, len(new_state), 2)]

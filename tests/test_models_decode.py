@@ -1,8 +1,8 @@
 """models/decode.py and models/native/ (decode.c, rwkv7_time_mix.c): a decoding step of a whole model as one C call,
-against the models' own torch forward in float64 (an independent computation: torch ops, the float64 backends of the ops), on awkward sizes
-(widths that are no multiple of a vector, an odd number of heads, a head padded inside the WKV-7 loop, RWKV-4's
-attention size != hidden size with rescaling, Mamba with every bias and a channel count that is no multiple of the
-scan's lanes), from the initial state and from states the torch path made, with 1 and 2 threads."""
+against the models' own torch forward in float64 (an independent computation: torch ops, the float64 backends of the
+ops), on awkward sizes (widths that are no multiple of a vector, an odd number of heads, a head padded inside the
+WKV-7 loop, RWKV-4's attention size != hidden size with rescaling, Mamba with every bias and a channel count that is
+no multiple of the scan's lanes), from the initial state and from states the torch path made, with 1 and 2 threads."""
 from __future__ import annotations
 
 import contextlib
@@ -472,3 +472,15 @@ def test_weights_h_is_generated_from_the_layouts():
     r7 = [(w.name, w.path) for w in decode.LAYOUTS["rwkv7"].block]
     start = r7.index(("W0", "att.w0"))
     assert r7[start:start + len(decode.TIME_MIX)] == [(w.name, "att." + w.path) for w in decode.TIME_MIX]
+
+
+def test_the_sizes_are_passed_by_name():
+    """A step's dims array is built from its sizes by name (Layout.sizes, in the order of weights.h's *_DIM_ enums);
+    a size left out or unknown is an error, not a shifted array."""
+    layout = decode.LAYOUTS["mamba"]
+    sizes = dict(C=1, D=2, N=3, K=4, R=5, L=6, BF16=0)
+    assert layout.sizes(**sizes) == [1, 2, 3, 4, 5, 6, 0]
+    enum = "enum { M_DIM_C, M_DIM_D, M_DIM_N, M_DIM_K, M_DIM_R, M_DIM_L, M_DIM_BF16, M_DIMS };"
+    assert enum in decode.weights_header()
+    with pytest.raises(TypeError, match="M dims: expected"):
+        layout.sizes(**{**sizes, "E": 1})

@@ -349,15 +349,16 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
         layer_norm(C, x, wt[lw], j->weight_bf16[lw], wt[lb], j->weight_bf16[lb], 1e-5f, j->hidden);
 }
 
-/* dims: C, A (attention size), F (feed-forward size), L, rescale_every, bf16 (the embedding's dtype); eps: the
- * blocks' layer norm eps (ln_out's is 1e-5, as in transformers). Returns a status. */
+/* dims (weights.h's R4_DIM_*): C, A (attention size), F (feed-forward size), L, rescale_every, bf16 (the embedding's
+ * dtype); eps: the blocks' layer norm eps (ln_out's is 1e-5, as in transformers). Returns a status. */
 int rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
                  const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
                  const float *const *state_in, float *const *state_out, float *hidden)
 {
-    struct rwkv4_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], (float)eps, weights, transposed,
+    struct rwkv4_job job = {dims[R4_DIM_C], dims[R4_DIM_A], dims[R4_DIM_F], dims[R4_DIM_L], dims[R4_DIM_RESCALE_EVERY],
+                            dims[R4_DIM_BF16], (float)eps, weights, transposed,
                             weight_bf16, embedding, state_in, state_out, hidden, {0}};
-    if (!scratch_alloc(&job.s, 3 * dims[0] + 4 * dims[1] + dims[2], 4 * dims[0] + 10 * dims[1], threads))
+    if (!scratch_alloc(&job.s, 3 * job.C + 4 * job.A + job.F, 4 * job.C + 10 * job.A, threads))
         return STATUS_NO_MEMORY;
     run_team(threads, rwkv4_run, &job);
     free(job.s.shared);
@@ -472,18 +473,19 @@ static void rwkv7_run(void *arg, int64_t id, int64_t threads)
         layer_norm(C, x, wt[lw], j->weight_bf16[lw], wt[lb], j->weight_bf16[lb], j->eps, j->hidden);
 }
 
-/* dims: C, H, N, F, L, the LoRA widths Dw, Da, Dv, Dg, bf16 (the embedding's dtype, the activations' and the
- * x_prev states'); eps, group_eps: the layer norms' and the per-head group
+/* dims (weights.h's R7_DIM_*): C, H, N, F, L, the LoRA widths Dw, Da, Dv, Dg, bf16 (the embedding's dtype, the
+ * activations' and the x_prev states'); eps, group_eps: the layer norms' and the per-head group
  * norm's. Returns a status. */
 int rwkv7_decode(int64_t threads, const int64_t *dims, double eps, double group_eps, const void *const *weights,
                  const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
                  const void *const *state_in, void *const *state_out, float *hidden)
 {
-    struct rwkv7_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9],
+    struct rwkv7_job job = {dims[R7_DIM_C], dims[R7_DIM_H], dims[R7_DIM_N], dims[R7_DIM_F], dims[R7_DIM_L],
+                            dims[R7_DIM_DW], dims[R7_DIM_DA], dims[R7_DIM_DV], dims[R7_DIM_DG], dims[R7_DIM_BF16],
                             (float)eps, (float)group_eps, weights, transposed, weight_bf16, embedding, state_in,
                             state_out, hidden, {0}};
-    const int64_t C = dims[0], loras = dims[5] + dims[6] + dims[7] + dims[8];
-    if (!scratch_alloc(&job.s, 11 * C + dims[3] + loras, 7 * C, threads))
+    const int64_t C = job.C, loras = job.Dw + job.Da + job.Dv + job.Dg;
+    if (!scratch_alloc(&job.s, 11 * C + job.F + loras, 7 * C, threads))
         return STATUS_NO_MEMORY;
     run_team(threads, rwkv7_run, &job);
     free(job.s.shared);
@@ -567,16 +569,17 @@ static void mamba_run(void *arg, int64_t id, int64_t threads)
         rms_norm(C, x, j->weights[norm_f], j->weight_bf16[norm_f], j->eps, j->hidden);
 }
 
-/* dims: C, D (intermediate size), N (state size), K (conv kernel), R (time-step rank), L, bf16 (the embedding's
- * dtype); eps: the RMS norms'.
+/* dims (weights.h's M_DIM_*): C, D (intermediate size), N (state size), K (conv kernel), R (time-step rank), L,
+ * bf16 (the embedding's dtype); eps: the RMS norms'.
  * Returns a status. */
 int mamba_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
                  const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
                  const float *const *state_in, float *const *state_out, float *hidden)
 {
-    struct mamba_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], (float)eps, weights,
+    struct mamba_job job = {dims[M_DIM_C], dims[M_DIM_D], dims[M_DIM_N], dims[M_DIM_K], dims[M_DIM_R], dims[M_DIM_L],
+                            dims[M_DIM_BF16], (float)eps, weights,
                             transposed, weight_bf16, embedding, state_in, state_out, hidden, {0}};
-    const int64_t C = dims[0], D = dims[1], N = dims[2], R = dims[4];
+    const int64_t C = job.C, D = job.D, N = job.N, R = job.R;
     if (!scratch_alloc(&job.s, 2 * C + 7 * D + R + 2 * N + D * N, C, threads))
         return STATUS_NO_MEMORY;
     run_team(threads, mamba_run, &job);
