@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -357,6 +358,8 @@ print(native.library()._name)
 """
 
 
+@pytest.mark.skipif(not shutil.which((shlex.split(os.environ.get("CC", "")) or ["cc"])[0]),
+                    reason="no C compiler ($CC, else cc) to build the C loops with")
 def test_the_wheel_ships_the_c_sources_and_runs_a_c_op(tmp_path):
     """A wheel (not an editable install) holds every C source the builder compiles (kernels/native.c and .h; the
     models' steps, models/native/), and installed into a fresh venv it builds the C loops from its own copies, into
