@@ -19,8 +19,14 @@ gradients' sums over batch rows) run afterwards in a fixed order (``sum_rows``),
 any number of threads. ``SEQMIX_NATIVE=0`` turns the path off. Every function takes CPU tensors of any float dtype
 and layout and hands the loops contiguous fp32 copies where needed; outputs, states and gradients are fp32.
 
-The same library holds kernels/decode.c, a decoding step of a whole model in one call (models/decode.py), which
-runs these loops at T = 1 between its matrix products, on OpenMP threads (-fopenmp: torch's own, see decode.c).
+The ABI is written once: ENTRIES holds each entry point's prototype as native.h declares it (c_abi.table; a test
+checks the two agree), from which the library's argtypes and restype are set and by which the wrappers pass their
+arguments by name; every entry point returns a status (native.h's enum status, mirrored by STATUS).
+
+The builder takes other sources too (``Sources``, ``load``): the models' decoding steps (models/native/, declared
+by models/decode.py), a whole model's step in one call that runs these loops at T = 1 between its matrix products,
+on OpenMP threads (-fopenmp: torch's own, see models/native/decode.c), are built with native.c into a library of
+their own.
 
 Flags: -O3 -march=native; -fno-math-errno and -fno-trapping-math (exp never sets errno, nothing traps);
 -ffinite-math-only and -fno-signed-zeros, which GCC needs to turn the loops' comparisons into vector min/max and
@@ -28,7 +34,7 @@ blends (without them no loop with a clamp vectorizes). No -ffast-math: no reasso
 exact) and no flush-to-zero. Under -ffinite-math-only a NaN no longer carries through comparisons, so the loops test
 the bits of the inputs that meet one (the exponents' clamps, WKV-4's running maximum): from a non-finite one on,
 what it reaches (a channel, a head) comes out NaN. Inputs that enter by products and sums only carry a NaN
-themselves. Elsewhere a comparison keeps a NaN by the same bit test (native.h: relu, sigmoid, silu; decode.c's e^ of
+themselves. Elsewhere a comparison keeps a NaN by the same bit test (native.h: relu, sigmoid, silu; the steps' e^ of
 a weight and its key norm's clamp), or it would turn NaN into finite logits (`k > 0 ? k : 0` is 0 for a NaN, in IEEE
 arithmetic too); tests/test_models_decode.py puts NaN in the decoding step's states and weights.
 tests/test_kernels_native.py puts a NaN in each input of each op.
@@ -44,23 +50,63 @@ import subprocess
 import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from seqmix.kernels import c_abi
 from seqmix.kernels._common import new_output
 
 __all__ = ["wkv4_forward", "wkv7_forward", "selective_scan_forward", "exp", "softplus", "available",
-           "unavailable_reason", "library", "NativeUnavailable"]
+           "unavailable_reason", "library", "load", "Sources", "KERNELS", "ENTRIES", "STATUS", "check_status",
+           "pointers", "initial_state", "NativeUnavailable"]
 
 SOURCE = Path(__file__).with_name("native.c")
-# built into one library: the recurrences, what they share with the decoding steps, and the decoding steps
-SOURCES = (SOURCE, SOURCE.with_name("native.h"), SOURCE.with_name("decode.c"))
+HEADER = SOURCE.with_name("native.h")
+# native.c's entry points, each written once as native.h declares it (tests/test_kernels_native.py checks that the
+# header says the same): ctypes' argtypes and restype come from here, and the wrappers below pass arguments by name
+ENTRIES = c_abi.table("""
+int exp_array(int64_t n, const float *x, float *out);
+int softplus_array(int64_t n, const float *x, float *out);
+int sum_rows(int64_t first, int64_t last, int64_t rows, int64_t cols, const float *in, float *out);
+int wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
+                 const float *w, const float *u, const float *k, const float *v, float *y,
+                 const float *num0, const float *den0, const float *max0, float *num_out, float *den_out,
+                 float *max_out, float *lag_out, int32_t *bad_out, float *vy_save, float *d_save, float *z_save);
+int wkv4_backward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
+                  const float *w, const float *u, const float *k, const float *v,
+                  const float *vy_save, const float *d_save, const float *z_save, const float *gy,
+                  const float *num0, const float *den0, const float *max0, const float *num, const float *den,
+                  const float *lag_in, const int32_t *bad, const float *gnum, const float *gden, const float *gmax,
+                  float *gk, float *gv, float *gw_out, float *gu_out, float *gnum0, float *gden0, float *gmax0);
+int64_t selective_scan_lanes(void);
+int selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
+                           const float *u, const float *delta, const float *delta_bias, const float *A,
+                           const float *Bt, const float *Ct, const float *Dskip, const float *z, float *y,
+                           float *state, int64_t ck, float *ckpt, int32_t *bad_out);
+int selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
+                            int64_t per_group, const float *u, const float *delta, const float *delta_bias,
+                            const float *A, const float *Bt, const float *Ct, const float *Dskip, const float *z,
+                            int64_t ck, const float *ckpt, const int32_t *bad_in, const float *dy,
+                            const float *dlast, float *du, float *ddelta, float *dz, float *dA_part,
+                            float *dB_part, float *dC_part, float *dD_part, float *dbias_part, float *dstate);
+int64_t wkv7_padded_size(int64_t N);
+int64_t wkv7_max_head_size(void);
+int wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
+                 const float *r, const float *log_w, const float *k, const float *v, const float *a,
+                 const float *b, float *y, float *state, int64_t ck, float *ckpt, int32_t *bad_out);
+int wkv7_backward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
+                  const float *r, const float *log_w, const float *k, const float *v, const float *a,
+                  const float *b, const float *dy, const float *dstate, int64_t ck, const float *ckpt,
+                  const int32_t *bad, float *dr, float *dlog_w, float *dk, float *dv, float *da, float *db,
+                  float *dstate0);
+""")
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",
          "-fno-signed-zeros", "-shared", "-fPIC")
-# -fopenmp for decode.c's threads (torch's libgomp, see decode.c); a compiler without OpenMP (Apple's clang) builds
-# with -fopenmp-simd, the `omp simd` loops alone, and decoding steps run on one thread
+# -fopenmp for the models' steps' threads (torch's libgomp, see models/native/decode.c); a compiler without OpenMP
+# (Apple's clang) builds with -fopenmp-simd, the `omp simd` loops alone, and decoding steps run on one thread
 OPENMP = ("-fopenmp", "-fopenmp-simd")
 SERIAL_WORK = 1 << 15    # below this many elements per call, one thread: starting threads would cost more
 ALIGN = 16               # WKV-4 channel blocks are multiples of this (whole vectors)
@@ -114,19 +160,36 @@ def _intact(library_path: Path, checksum: Path) -> bool:
         raise NativeUnavailable(f"cannot read the cached C library {library_path} ({e.strerror})") from None
 
 
-def _build(command: list[str]) -> Path:
-    """Compile native.c and decode.c once per (sources, flags, compiler, CPU) and return the shared library's path.
-    The build goes to a temporary file in the cache directory, renamed into place with its checksum: processes that build at once
-    (pytest beside a notebook kernel) each see a whole library or none, and a damaged one is built again."""
+@dataclass(frozen=True)
+class Sources:
+    """A C library to build: ``name`` (its cached file's stem), the ``files`` it compiles (.c) and includes
+    (headers; each file's folder is on the include path), headers ``generated`` from Python tables ((file name,
+    text) pairs, written beside the build), and its entry points' signature table (c_abi.table), from which the
+    loaded library's argtypes and restype are set. KERNELS is native.c's; models/decode.py declares the models'
+    steps, whose library holds native.c too (the steps run its loops)."""
+    name: str
+    files: tuple[Path, ...]
+    entries: tuple[c_abi.Entry, ...]
+    generated: tuple[tuple[str, str], ...] = ()
+
+
+KERNELS = Sources("native", (SOURCE, HEADER), tuple(ENTRIES.values()))
+
+
+def _build(command: list[str], sources: Sources = KERNELS) -> Path:
+    """Compile ``sources`` once per (sources, flags, compiler, CPU) and return the shared library's path. The build
+    goes to a temporary file in the cache directory, renamed into place with its checksum: processes that build at
+    once (pytest beside a notebook kernel) each see a whole library or none, and a damaged one is built again."""
     name = shlex.join(command)
     try:
         version = subprocess.run([*command, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         raise NativeUnavailable(f"no working C compiler {name!r} ({e}); install gcc or set CC") from None
-    sources = [s.read_text() for s in SOURCES]
-    key = hashlib.sha256("\0".join([*sources, *FLAGS, *OPENMP, version, _cpu_identity()]).encode()).hexdigest()
+    texts = [f"{path.name}\0{path.read_text()}" for path in sources.files]
+    texts += [f"{file}\0{text}" for file, text in sources.generated]
+    key = hashlib.sha256("\0".join([*texts, *FLAGS, *OPENMP, version, _cpu_identity()]).encode()).hexdigest()
     cache = Path(os.environ.get("SEQMIX_CACHE", Path.home() / ".cache" / "seqmix"))
-    target = cache / f"native-{key[:16]}.so"
+    target = cache / f"{sources.name}-{key[:16]}.so"
     checksum = target.with_name(target.name + ".sha256")
     if _intact(target, checksum):
         return target
@@ -134,10 +197,13 @@ def _build(command: list[str]) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             built, built_checksum = Path(tmp, target.name), Path(tmp, checksum.name)
-            compiled = [str(s) for s in SOURCES if s.suffix == ".c"]
+            for file, text in sources.generated:
+                Path(tmp, file).write_text(text)
+            compiled = [str(s) for s in sources.files if s.suffix == ".c"]
+            includes = [f"-I{folder}" for folder in dict.fromkeys([*(s.parent for s in sources.files), tmp])]
             for openmp in OPENMP:
-                done = subprocess.run([*command, *FLAGS, openmp, *compiled, "-o", str(built)], capture_output=True,
-                                      text=True)
+                done = subprocess.run([*command, *FLAGS, openmp, *includes, *compiled, "-o", str(built)],
+                                      capture_output=True, text=True)
                 if done.returncode == 0:
                     break
             if done.returncode != 0:
@@ -156,35 +222,25 @@ def _build(command: list[str]) -> Path:
 
 
 @lru_cache(maxsize=None)
-def library() -> ctypes.CDLL:
-    """The loaded library, built on first use; raises NativeUnavailable with the reason when it cannot be had."""
+def load(sources: Sources) -> ctypes.CDLL:
+    """The library of ``sources``, built on first use, its entry points typed from their table; raises
+    NativeUnavailable with the reason when it cannot be had."""
     if os.environ.get("SEQMIX_NATIVE", "1") == "0":
         raise NativeUnavailable("the C loops are turned off by SEQMIX_NATIVE=0")
     if platform.system() == "Windows":
         raise NativeUnavailable("the C loops are built with a Unix C compiler; not on Windows")
-    path = _build(compiler())
+    path = _build(compiler(), sources)
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as e:
         raise NativeUnavailable(f"cannot load the C library {path}: {e}") from None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    # every entry point returns a status (int, ctypes' default restype); the sizes' queries return int64
-    lib.wkv4_forward.argtypes = [i64] * 5 + [ptr] * 16
-    lib.wkv4_backward.argtypes = [i64] * 5 + [ptr] * 25
-    lib.selective_scan_forward.argtypes = [i64] * 6 + [ptr] * 10 + [i64] + [ptr] * 2
-    lib.selective_scan_backward.argtypes = [i64] * 7 + [ptr] * 8 + [i64] + [ptr] * 13
-    lib.wkv7_forward.argtypes = [i64] * 5 + [ptr] * 8 + [i64] + [ptr] * 2
-    lib.wkv7_backward.argtypes = [i64] * 5 + [ptr] * 8 + [i64] + [ptr] * 9
-    lib.wkv7_padded_size.argtypes, lib.wkv7_padded_size.restype = [i64], i64
-    lib.wkv7_max_head_size.restype = i64
-    lib.sum_rows.argtypes = [i64] * 4 + [ptr] * 2
-    lib.exp_array.argtypes = lib.softplus_array.argtypes = [i64, ptr, ptr]
-    lib.selective_scan_lanes.restype = i64
-    lib.rwkv4_decode.argtypes = [i64, ptr, ctypes.c_double] + [ptr] * 7
-    lib.rwkv7_decode.argtypes = [i64, ptr, ctypes.c_double, ctypes.c_double] + [ptr] * 7
-    lib.mamba_decode.argtypes = [i64, ptr, ctypes.c_double] + [ptr] * 7
-    lib.rwkv7_time_mix.argtypes = [i64] * 6 + [ptr] * 10 + [ctypes.c_float] + [ptr] * 2
-    return lib
+    return c_abi.bind(lib, {entry.name: entry for entry in sources.entries})
+
+
+def library() -> ctypes.CDLL:
+    """native.c's library (KERNELS), built on first use; raises NativeUnavailable with the reason when it cannot be
+    had."""
+    return load(KERNELS)
 
 
 @lru_cache(maxsize=None)
@@ -232,7 +288,12 @@ def _run(fn, items: int, work: int, *args, inputs: str = "") -> None:
     check_status(max(statuses), fn.__name__, inputs)
 
 
-def _pointers(*tensors):
+def _call(entry: str, items: int, work: int, inputs: str = "", **named) -> None:
+    """_run of the entry point ``entry``, its arguments after (first, last) given by their names in ENTRIES."""
+    _run(getattr(library(), entry), items, work, *ENTRIES[entry].arguments(named, skip=2), inputs=inputs)
+
+
+def pointers(*tensors):
     """The tensors' data as C pointers; None stays None (NULL: an optional input left out)."""
     return [None if x is None else ctypes.c_void_p(x.data_ptr()) for x in tensors]
 
@@ -242,7 +303,7 @@ def fp32(x):
     return None if x is None else x.float().contiguous()
 
 
-def _initial_state(state, shape):
+def initial_state(state, shape):
     """The state the loop overwrites: a contiguous fp32 copy of ``state``, or zeros."""
     return torch.zeros(shape) if state is None else state.float().clone(memory_format=torch.contiguous_format)
 
@@ -250,14 +311,15 @@ def _initial_state(state, shape):
 def exp(x):
     """The loops' e^x (exp_clamped in native.c) on a contiguous fp32 tensor: x clamped to [-87, 88], within 1 ulp."""
     out = torch.empty_like(x)
-    check_status(library().exp_array(x.numel(), *_pointers(x, out)), "exp_array")
+    check_status(library().exp_array(*ENTRIES["exp_array"].arguments(dict(n=x.numel(), x=x, out=out))), "exp_array")
     return out
 
 
 def softplus(x):
     """The scan's softplus (native.c) on a contiguous fp32 tensor."""
     out = torch.empty_like(x)
-    check_status(library().softplus_array(x.numel(), *_pointers(x, out)), "softplus_array")
+    check_status(library().softplus_array(*ENTRIES["softplus_array"].arguments(dict(n=x.numel(), x=x, out=out))),
+                 "softplus_array")
     return out
 
 
@@ -267,7 +329,7 @@ def sum_rows(x):
     x = x.contiguous()
     out = torch.empty(x.shape[1:])
     cols = out.numel()
-    _run(library().sum_rows, cols, x.numel(), x.shape[0], cols, *_pointers(x, out))
+    _call("sum_rows", cols, x.numel(), rows=x.shape[0], cols=cols, out=out, **{"in": x})
     return out
 
 
@@ -293,8 +355,9 @@ def wkv4_forward(w, u, k, v, num0, den0, max0, save=False):
     num, den, mx, lag = (_floats(B, C) for _ in range(4))
     bad = torch.empty(B, C, dtype=torch.int32)
     per_token = [_floats(B, T, C) for _ in range(3)] if save else [None] * 3
-    _run(library().wkv4_forward, B * -(-C // block), k.numel(), T, C, block,
-         *_pointers(w, u, k, v, y, num0, den0, max0, num, den, mx, lag, bad, *per_token))
+    _call("wkv4_forward", B * -(-C // block), k.numel(), T=T, C=C, block=block, w=w, u=u, k=k, v=v, y=y, num0=num0,
+         den0=den0, max0=max0, num_out=num, den_out=den, max_out=mx, lag_out=lag, bad_out=bad,
+         **dict(zip(("vy_save", "d_save", "z_save"), per_token)))
     return y, (num, den, mx), ((*per_token, lag, bad) if save else None)
 
 
@@ -307,9 +370,11 @@ def wkv4_backward(w, u, k, v, num0, den0, max0, num, den, saved, gy, g_num, g_de
     block = _wkv4_block(B, C)
     gk, gv = _floats(B, T, C), _floats(B, T, C)
     gw, gu, g_num0, g_den0, g_max0 = (_floats(B, C) for _ in range(5))
-    _run(library().wkv4_backward, B * -(-C // block), k.numel(), T, C, block,
-         *_pointers(w, u, k, v, *saved[:3], gy, num0, den0, max0, num, den, *saved[3:], g_num, g_den, g_max,
-                    gk, gv, gw, gu, g_num0, g_den0, g_max0))
+    vy, d, z, lag, bad = saved
+    _call("wkv4_backward", B * -(-C // block), k.numel(), T=T, C=C, block=block, w=w, u=u, k=k, v=v, vy_save=vy,
+         d_save=d, z_save=z, gy=gy, num0=num0, den0=den0, max0=max0, num=num, den=den, lag_in=lag, bad=bad,
+         gnum=g_num, gden=g_den, gmax=g_max, gk=gk, gv=gv, gw_out=gw, gu_out=gu, gnum0=g_num0, gden0=g_den0,
+         gmax0=g_max0)
     return sum_rows(gw), sum_rows(gu), gk, gv, g_num0, g_den0, g_max0
 
 
@@ -331,14 +396,15 @@ def selective_scan_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, 
     batch, dim, T = u.shape
     N = A.shape[1]
     y = _floats(batch, dim, T)
-    last = _initial_state(state, (batch, dim, N))
+    last = initial_state(state, (batch, dim, N))
     Bt, Ct = (x.float().transpose(1, 2).contiguous() for x in (B, C))       # (batch, T, N): a token's N adjacent
     lanes = library().selective_scan_lanes()                                  # channels per work item
     items = batch * -(-dim // lanes)
     ckpt, bad = ((_floats(items, -(-T // CHECKPOINT), N, lanes), torch.empty(items, lanes, dtype=torch.int32))
                  if save else (None, None))
-    _run(library().selective_scan_forward, items, batch * dim * T * N, dim, T, N, int(delta_softplus),
-         *_pointers(u, delta, delta_bias, A, Bt, Ct, D, z, y, last), CHECKPOINT, *_pointers(ckpt, bad))
+    _call("selective_scan_forward", items, batch * dim * T * N, D=dim, T=T, N=N, delta_softplus=int(delta_softplus),
+         u=u, delta=delta, delta_bias=delta_bias, A=A, Bt=Bt, Ct=Ct, Dskip=D, z=z, y=y, state=last, ck=CHECKPOINT,
+         ckpt=ckpt, bad_out=bad)
     return y, last, ((Bt, Ct, ckpt, bad) if save else None)
 
 
@@ -359,9 +425,10 @@ def selective_scan_backward(u, delta, A, D, z, delta_bias, delta_softplus, saved
     dA, dstate = _floats(batch, dim, N), _floats(batch, dim, N)
     dD, dbias = _floats(batch, dim), _floats(batch, dim)
     dB, dC = _floats(batch, groups, T, N), _floats(batch, groups, T, N)        # each group's channels' share
-    _run(library().selective_scan_backward, batch * groups, batch * dim * T * N, dim, T, N, int(delta_softplus),
-         per_group, *_pointers(u, delta, delta_bias, A, Bt, Ct, D, z), CHECKPOINT,
-         *_pointers(ckpt, bad, dy, dlast, du, ddelta, dz, dA, dB, dC, dD, dbias, dstate))
+    _call("selective_scan_backward", batch * groups, batch * dim * T * N, D=dim, T=T, N=N,
+         delta_softplus=int(delta_softplus), per_group=per_group, u=u, delta=delta, delta_bias=delta_bias, A=A,
+         Bt=Bt, Ct=Ct, Dskip=D, z=z, ck=CHECKPOINT, ckpt=ckpt, bad_in=bad, dy=dy, dlast=dlast, du=du,
+         ddelta=ddelta, dz=dz, dA_part=dA, dB_part=dB, dC_part=dC, dD_part=dD, dbias_part=dbias, dstate=dstate)
     dB, dC = ((x[:, 0] if groups == 1 else sum_rows(x.transpose(0, 1))).transpose(1, 2) for x in (dB, dC))
     return (du, ddelta, sum_rows(dA), dB, dC, None if D is None else sum_rows(dD), dz,
             None if delta_bias is None else sum_rows(dbias), dstate)
@@ -374,13 +441,12 @@ def wkv7_forward(r, log_w, k, v, a, b, state, save=False):
     r, log_w, k, v, a, b = map(fp32, (r, log_w, k, v, a, b))
     B, T, H, N = r.shape
     y = _floats(B, T, H, N)
-    last = _initial_state(state, (B, H, N, N))
+    last = initial_state(state, (B, H, N, N))
     NP = library().wkv7_padded_size(N)         # the head size padded to whole vectors, as the loop keeps its state
     ckpt, bad = ((_floats(B * H, -(-T // CHECKPOINT), NP, NP), torch.empty(B * H, dtype=torch.int32)) if save
                  else (None, None))
-    _run(library().wkv7_forward, B * H, B * T * H * N * N, T, H, N,
-         *_pointers(r, log_w, k, v, a, b, y, last), CHECKPOINT, *_pointers(ckpt, bad),
-         inputs=f"r of shape {(B, T, H, N)}")
+    _call("wkv7_forward", B * H, B * T * H * N * N, f"r of shape {(B, T, H, N)}", T=T, H=H, N=N, r=r, log_w=log_w,
+         k=k, v=v, a=a, b=b, y=y, state=last, ck=CHECKPOINT, ckpt=ckpt, bad_out=bad)
     return y, last, ((ckpt, bad) if save else None)
 
 
@@ -390,9 +456,8 @@ def wkv7_backward(r, log_w, k, v, a, b, saved, dy, dstate):
     ckpt, bad = saved
     dy, dstate = fp32(dy), fp32(dstate)
     B, T, H, N = r.shape
-    grads = [_floats(B, T, H, N) for _ in range(6)]
+    grads = {name: _floats(B, T, H, N) for name in ("dr", "dlog_w", "dk", "dv", "da", "db")}
     dstate0 = _floats(B, H, N, N)
-    _run(library().wkv7_backward, B * H, B * T * H * N * N, T, H, N,
-         *_pointers(r, log_w, k, v, a, b, dy, dstate), CHECKPOINT, *_pointers(ckpt, bad, *grads, dstate0),
-         inputs=f"r of shape {(B, T, H, N)}")
-    return (*grads, dstate0)
+    _call("wkv7_backward", B * H, B * T * H * N * N, f"r of shape {(B, T, H, N)}", T=T, H=H, N=N, r=r, log_w=log_w,
+         k=k, v=v, a=a, b=b, dy=dy, dstate=dstate, ck=CHECKPOINT, ckpt=ckpt, bad=bad, dstate0=dstate0, **grads)
+    return (*grads.values(), dstate0)

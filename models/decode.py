@@ -1,10 +1,10 @@
-"""A decoding step of a whole model in one call to the C library (kernels/decode.c): the models' forward takes it for
-one token of one sequence on a CPU. Also RWKV-7's time mix after its matrix products in C (rwkv7_time_mix), which
-its TimeMix takes for prompts on a CPU without gradients (``runs_in_c``).
+"""A decoding step of a whole model in one call to the C library (models/native/decode.c): the models' forward takes
+it for one token of one sequence on a CPU. Also RWKV-7's time mix after its matrix products in C
+(models/native/rwkv7_time_mix.c), which its TimeMix takes for prompts on a CPU without gradients (``runs_in_c``).
 
 Why: decoding reads every weight once per token. Written as torch ops, a step adds to that read about a thousand
 small ops (layer norms, token-shift mixes, gates, the recurrence's step), each some microseconds of dispatch, which
-cost 30-60% more than the read itself (benchmarks/results/models.md). kernels/decode.c does the step's matrix
+cost 30-60% more than the read itself (benchmarks/results/models.md). models/native/decode.c does the step's matrix
 products at the memory's speed and the rest in a few microseconds per layer, on torch's thread count.
 
 When: ``fused(model, input_ids, state, backend)`` says whether a forward call takes this path: input_ids of shape
@@ -15,7 +15,14 @@ requires one). Every other call runs the torch ops. Both compute the same functi
 weights as stored (a bf16 model's torch ops round to bf16 after each op, so its logits differ by bf16's rounding);
 tests/test_models_decode.py checks each model's step against its torch forward, float64 included.
 
-Threads: torch's own OpenMP threads (kernels/decode.c says why). Like torch's parallel ops, the step cannot use
+The C side is written once, here: ENTRIES holds the entry points' prototypes as models/native/decode.h declares them
+(a test checks the two agree), from which their ctypes types come and by which the calls pass arguments by name;
+LAYOUTS and TIME_MIX list each model's sizes and weights in the order the C code reads them, from which
+``weights_header`` generates the enums the C code reads (weights.h, written beside the build), and ``Layout.sizes``
+and ``Layout.pack`` the arrays it is passed. SOURCES hands models/native/ (with kernels/native.c, whose loops the
+steps run) to the kernels' builder (kernels/native.py), which builds them into a library of their own.
+
+Threads: torch's own OpenMP threads (models/native/decode.c says why). Like torch's parallel ops, the step cannot use
 more than one thread in a child forked after the parent has used them (libgomp's threads do not survive a fork: a
 torch matmul hangs there too); with one thread, as DataLoader workers have, it runs.
 
@@ -26,15 +33,188 @@ written to new ones (the state passed in is never modified, as in the torch path
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from seqmix.kernels import native
+from seqmix.kernels import c_abi, native
 from seqmix.kernels._common import needs_grad, new_output
 
-__all__ = ["runs_in_c", "fused", "rwkv4_step", "rwkv7_step", "mamba_step", "rwkv7_time_mix"]
+__all__ = ["runs_in_c", "fused", "rwkv4_step", "rwkv7_step", "mamba_step", "rwkv7_time_mix", "ENTRIES", "LAYOUTS",
+           "TIME_MIX", "SOURCES", "Weight", "Layout", "weights_header", "library"]
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}        # the weights' dtypes the C step reads (value: its bf16 flag)
+
+NATIVE = Path(__file__).with_name("native")
+# The entry points of models/native/, each written once as decode.h declares it
+ENTRIES = c_abi.table("""
+int rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
+                 const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
+                 const float *const *state_in, float *const *state_out, float *hidden);
+int rwkv7_decode(int64_t threads, const int64_t *dims, double eps, double group_eps, const void *const *weights,
+                 const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
+                 const void *const *state_in, void *const *state_out, float *hidden);
+int mamba_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
+                 const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
+                 const float *const *state_in, float *const *state_out, float *hidden);
+int rwkv7_time_mix(int64_t threads, int64_t B, int64_t T, int64_t H, int64_t N, int64_t act_bf16,
+                   const void *r, const void *k, const void *v, const void *v_first, const void *wl,
+                   const void *al, const void *vl, const void *g, const void *const *params,
+                   const int64_t *params_bf16, float group_eps, float *state, void *out);
+""")
+
+
+@dataclass(frozen=True)
+class Weight:
+    """A weight a C step reads: ``name`` (its enum in weights.h, after the layout's prefix) and ``path`` (attributes
+    from the model, or from a block). ``optional``: absent (block 0's v0, v1, v2) gives NULL, as None does (a bias
+    left out); ``transposed``: passed as its transpose (RWKV-7's LoRA products x @ m as m^T x); ``contiguous``: read
+    by element, so passed as a contiguous copy where it is not one."""
+    name: str
+    path: str
+    optional: bool = False
+    transposed: bool = False
+    contiguous: bool = False
+
+    def of(self, module: torch.nn.Module):
+        """This weight of ``module`` as the C code takes it (None: NULL)."""
+        value = module
+        for part in self.path.split("."):
+            value = getattr(value, part, None) if self.optional else getattr(value, part)
+            if value is None:
+                return None
+        value = value.T if self.transposed else value
+        return value.contiguous() if self.contiguous else value
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A model's step as its C code reads it: its sizes (``dims``, the dims array's order), its weights in order:
+    ``head`` (paths from the model) before the blocks, ``block`` (paths from each of the model's ``blocks``), ``tail``
+    after; ``prefix`` names their enums in weights.h: <prefix>_DIM_<name> .. <prefix>_DIMS, <prefix>_HEAD_<name> ..
+    <prefix>_HEAD, <prefix>_<name> .. <prefix>_WEIGHTS, <prefix>_TAIL_<name> .. <prefix>_TAIL."""
+    prefix: str
+    blocks: str
+    dims: tuple[str, ...]
+    head: tuple[Weight, ...]
+    block: tuple[Weight, ...]
+    tail: tuple[Weight, ...]
+
+    def sizes(self, **named: int) -> list[int]:
+        """The dims array from the sizes by name (each of ``dims``, no other)."""
+        if set(named) != set(self.dims):
+            raise TypeError(f"{self.prefix} dims: expected {list(self.dims)}, got {sorted(named)}")
+        return [int(named[name]) for name in self.dims]
+
+    def pack(self, model: torch.nn.Module) -> list:
+        """The model's weights in this order (None: NULL)."""
+        return [*(w.of(model) for w in self.head), *(w.of(b) for b in getattr(model, self.blocks) for w in self.block),
+                *(w.of(model) for w in self.tail)]
+
+    def enums(self) -> list[str]:
+        """The four enums of weights.h for this layout."""
+        return [_enum(f"{self.prefix}_DIM_", self.dims, f"{self.prefix}_DIMS"),
+                _enum(f"{self.prefix}_HEAD_", [w.name for w in self.head], f"{self.prefix}_HEAD"),
+                _enum(f"{self.prefix}_", [w.name for w in self.block], f"{self.prefix}_WEIGHTS"),
+                _enum(f"{self.prefix}_TAIL_", [w.name for w in self.tail], f"{self.prefix}_TAIL")]
+
+
+def _enum(prefix: str, names, count: str) -> str:
+    """enum { <prefix><name>, ..., <count> }; wrapped at 120 columns."""
+    lines, line = [], "enum {"
+    for name in [prefix + name for name in names] + [count]:
+        item = f" {name}," if name != count else f" {name} }};"
+        if len(line) + len(item) > 120:
+            lines.append(line)
+            line = "      "
+        line += item
+    return "\n".join([*lines, line])
+
+
+def _w(name: str, path: str, **how) -> Weight:
+    return Weight(name, path, **how)
+
+
+# RWKV-7's time mix's per-channel parameters (paths from a TimeMix), in the order rwkv7_time_mix reads them
+TIME_MIX = (_w("W0", "w0", contiguous=True), _w("A0", "a0", contiguous=True),
+            _w("V0", "v0", optional=True, contiguous=True), _w("K_K", "k_k", contiguous=True),
+            _w("K_A", "k_a", contiguous=True), _w("R_K", "r_k", contiguous=True),
+            _w("LN_X_W", "ln_x.weight", contiguous=True), _w("LN_X_B", "ln_x.bias", contiguous=True))
+
+# Each model's step: its sizes (BF16: the embedding's dtype, the activations' and RWKV-7's x_prev states'), and its
+# weights in the order the step reads them (transformers' names for RWKV-4 and Mamba, BlinkDL's for RWKV-7); a 2-D
+# tensor the C code reads by element (Mamba's conv weight and A_log; RWKV-7's r_k) is contiguous
+LAYOUTS = {
+    "rwkv4": Layout("R4", "blocks", dims=("C", "A", "F", "L", "RESCALE_EVERY", "BF16"),
+                    head=(_w("PRE_LN_W", "blocks.0.pre_ln.weight"), _w("PRE_LN_B", "blocks.0.pre_ln.bias")),
+                    block=(_w("LN1_W", "ln1.weight"), _w("LN1_B", "ln1.bias"), _w("LN2_W", "ln2.weight"),
+                           _w("LN2_B", "ln2.bias"), _w("DECAY", "attention.time_decay"),
+                           _w("FIRST", "attention.time_first"), _w("MIX_K", "attention.time_mix_key"),
+                           _w("MIX_V", "attention.time_mix_value"), _w("MIX_R", "attention.time_mix_receptance"),
+                           _w("KEY", "attention.key.weight"), _w("VALUE", "attention.value.weight"),
+                           _w("RECEPTANCE", "attention.receptance.weight"), _w("OUTPUT", "attention.output.weight"),
+                           _w("FFN_MIX_K", "feed_forward.time_mix_key"),
+                           _w("FFN_MIX_R", "feed_forward.time_mix_receptance"),
+                           _w("FFN_KEY", "feed_forward.key.weight"),
+                           _w("FFN_RECEPTANCE", "feed_forward.receptance.weight"),
+                           _w("FFN_VALUE", "feed_forward.value.weight")),
+                    tail=(_w("LN_OUT_W", "ln_out.weight"), _w("LN_OUT_B", "ln_out.bias"))),
+    "rwkv7": Layout("R7", "blocks", dims=("C", "H", "N", "F", "L", "DW", "DA", "DV", "DG", "BF16"),
+                    head=(_w("LN0_W", "blocks.0.ln0.weight"), _w("LN0_B", "blocks.0.ln0.bias")),
+                    block=(_w("LN1_W", "ln1.weight"), _w("LN1_B", "ln1.bias"), _w("LN2_W", "ln2.weight"),
+                           _w("LN2_B", "ln2.bias"), _w("X_R", "att.x_r"), _w("X_W", "att.x_w"),
+                           _w("X_K", "att.x_k"), _w("X_V", "att.x_v"), _w("X_A", "att.x_a"), _w("X_G", "att.x_g"),
+                           *(Weight(w.name, "att." + w.path, w.optional, w.transposed, w.contiguous)
+                             for w in TIME_MIX),
+                           _w("W1", "att.w1", transposed=True), _w("W2", "att.w2", transposed=True),
+                           _w("A1", "att.a1", transposed=True), _w("A2", "att.a2", transposed=True),
+                           _w("V1", "att.v1", optional=True, transposed=True),
+                           _w("V2", "att.v2", optional=True, transposed=True),
+                           _w("G1", "att.g1", transposed=True), _w("G2", "att.g2", transposed=True),
+                           _w("RECEPTANCE", "att.receptance.weight"), _w("KEY", "att.key.weight"),
+                           _w("VALUE", "att.value.weight"), _w("OUTPUT", "att.output.weight"),
+                           _w("FFN_X_K", "ffn.x_k"), _w("FFN_KEY", "ffn.key.weight"),
+                           _w("FFN_VALUE", "ffn.value.weight")),
+                    tail=(_w("LN_OUT_W", "ln_out.weight"), _w("LN_OUT_B", "ln_out.bias"))),
+    "mamba": Layout("M", "layers", dims=("C", "D", "N", "K", "R", "L", "BF16"), head=(),
+                    block=(_w("NORM", "norm.weight"), _w("IN_PROJ", "mixer.in_proj.weight"),
+                           _w("IN_PROJ_B", "mixer.in_proj.bias"),
+                           _w("CONV", "mixer.conv1d.weight", contiguous=True), _w("CONV_B", "mixer.conv1d.bias"),
+                           _w("X_PROJ", "mixer.x_proj.weight"), _w("DT_PROJ", "mixer.dt_proj.weight"),
+                           _w("DT_PROJ_B", "mixer.dt_proj.bias"), _w("A_LOG", "mixer.A_log", contiguous=True),
+                           _w("D", "mixer.D"), _w("OUT_PROJ", "mixer.out_proj.weight"),
+                           _w("OUT_PROJ_B", "mixer.out_proj.bias")),
+                    tail=(_w("NORM_F_W", "norm_f.weight"),)),
+}
+
+
+def weights_header() -> str:
+    """weights.h, which models/native/ includes: the enums of LAYOUTS and TIME_MIX (MIX_*), generated from them."""
+    enums = [_enum("MIX_", [w.name for w in TIME_MIX], "MIX_PARAMS")]
+    enums += [e for layout in LAYOUTS.values() for e in layout.enums()]
+    return ("/* Generated by models/decode.py (weights_header) from its tables LAYOUTS and TIME_MIX: each model's\n"
+            " * weights in the order its step is passed them. Not a file of the repository: written beside each\n"
+            " * build. */\n"
+            "#ifndef SEQMIX_MODELS_WEIGHTS_H\n#define SEQMIX_MODELS_WEIGHTS_H\n\n" + "\n".join(enums) + "\n\n#endif\n")
+
+
+# The library of the steps: models/native/ with kernels/native.c (the loops the steps run), by the kernels' builder
+SOURCES = native.Sources("decode", (*native.KERNELS.files, *(NATIVE / name for name in
+                                                              ("steps.h", "decode.h", "decode.c", "rwkv7_time_mix.c"))),
+                         tuple(ENTRIES.values()), generated=(("weights.h", weights_header()),))
+
+
+def library() -> ctypes.CDLL:
+    """The steps' library (SOURCES), built on first use; raises native.NativeUnavailable when it cannot be had."""
+    return native.load(SOURCES)
+
+
+def _invoke(entry: str, inputs: str = "", **named) -> None:
+    """The entry point ``entry`` with the arguments ``named`` (by their names in ENTRIES); raises what a non-zero
+    status means, ``inputs`` naming the call's."""
+    status = getattr(library(), entry)(*ENTRIES[entry].arguments(named))
+    native.check_status(status, entry, inputs)
 
 
 def _bf16_flags(tensors) -> ctypes.Array:
@@ -87,27 +267,28 @@ def _pointers(tensors) -> ctypes.Array:
             raise ValueError(f"the C decoding step needs contiguous parameters (or, for a matrix, its transpose "
                              f"contiguous), got one of shape {tuple(t.shape)} and strides {t.stride()}; call "
                              f".contiguous() on it, or pass backend='torch'")
-    return (ctypes.c_void_p * len(tensors))(*native._pointers(*tensors))
+    return (ctypes.c_void_p * len(tensors))(*native.pointers(*tensors))
 
 
 def _matrices(tensors) -> tuple[ctypes.Array, ctypes.Array, ctypes.Array]:
     """The weights' addresses as a C array of pointers (None: NULL), per weight whether it is stored as its
-    transpose (a 2-D view whose .t() is contiguous: fla's RWKV-7 LoRA matrices, kernels/decode.c's matvec), and per
-    weight its dtype flag. The callers pass the 2-D tensors the C code reads by element (Mamba's A_log, RWKV-7's r_k)
-    contiguous."""
+    transpose (a 2-D view whose .t() is contiguous: fla's RWKV-7 LoRA matrices, models/native/decode.c's matvec), and
+    per weight its dtype flag. The 2-D tensors the C code reads by element (Mamba's A_log, RWKV-7's r_k) come
+    contiguous (LAYOUTS says so)."""
     flags = [int(t is not None and not t.is_contiguous() and t.dim() == 2 and t.t().is_contiguous()) for t in tensors]
     return (_pointers([t.t() if flag else t for t, flag in zip(tensors, flags)]),
             (ctypes.c_int64 * len(flags))(*flags), _bf16_flags(tensors))
 
 
-def _call(entry: str, dims: tuple, eps: tuple, weights: list, embedding: torch.Tensor, state: list,
+def _call(entry: str, dims: list, eps: dict, weights: list, embedding: torch.Tensor, state: list,
           new_state: list) -> torch.Tensor:
-    """kernels/decode.c's ``entry`` on one token: the final norm's output (1, 1, C) in the model's dtype."""
+    """models/native/decode.c's ``entry`` on one token (``eps``: its eps arguments by name): the final norm's output
+    (1, 1, C) in the model's dtype."""
     hidden = new_output((embedding.numel(),), torch.float32, embedding.device)
-    status = getattr(native.library(), entry)(torch.get_num_threads(), (ctypes.c_int64 * len(dims))(*dims), *eps,
-                                              *_matrices(weights), embedding.data_ptr(), _pointers(state),
-                                              _pointers(new_state), hidden.data_ptr())
-    native.check_status(status, entry)
+    pointers, transposed, weight_bf16 = _matrices(weights)
+    _invoke(entry, threads=torch.get_num_threads(), dims=(ctypes.c_int64 * len(dims))(*dims), **eps,
+            weights=pointers, transposed=transposed, weight_bf16=weight_bf16, embedding=embedding,
+            state_in=_pointers(state), state_out=_pointers(new_state), hidden=hidden)
     return hidden.to(embedding.dtype).view(1, 1, -1)
 
 
@@ -130,28 +311,15 @@ def rwkv4_step(model, token: torch.Tensor, state: list[torch.Tensor] | None, res
     Returns:
         (ln_out's output (1, 1, C) in the model's dtype, the new state: five new tensors).
     """
-    cfg, blocks = model.config, model.blocks
+    cfg = model.config
     state = model.initial_state(1) if state is None else state
-    weights = [blocks[0].pre_ln.weight, blocks[0].pre_ln.bias]
-    for block in blocks:
-        att, ffn = block.attention, block.feed_forward
-        weights += [block.ln1.weight, block.ln1.bias, block.ln2.weight, block.ln2.bias, att.time_decay,
-                    att.time_first, att.time_mix_key, att.time_mix_value, att.time_mix_receptance, att.key.weight,
-                    att.value.weight, att.receptance.weight, att.output.weight, ffn.time_mix_key,
-                    ffn.time_mix_receptance, ffn.key.weight, ffn.receptance.weight, ffn.value.weight]
-    weights += [model.ln_out.weight, model.ln_out.bias]
+    weights = LAYOUTS["rwkv4"].pack(model)
     embedding = model.embeddings.weight[token.reshape(())].contiguous()
-    dims = (cfg.hidden_size, cfg.attention_hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
-            rescale_every, DTYPES[embedding.dtype])
+    dims = LAYOUTS["rwkv4"].sizes(C=cfg.hidden_size, A=cfg.attention_hidden_size, F=cfg.intermediate_size,
+                                  L=cfg.num_hidden_layers, RESCALE_EVERY=rescale_every, BF16=DTYPES[embedding.dtype])
     state, new_state = _states(state, [torch.float32] * len(state))
-    return _call("rwkv4_decode", dims, (cfg.layer_norm_epsilon,), weights, embedding, state, new_state), new_state
-
-
-def _time_mix_params(att) -> list:
-    """The per-channel parameters kernels/decode.c's rwkv7_time_mix reads, in its order (v0: None in block 0),
-    contiguous (a copy of a few numbers where one is not)."""
-    params = [att.w0, att.a0, getattr(att, "v0", None), att.k_k, att.k_a, att.r_k, att.ln_x.weight, att.ln_x.bias]
-    return [None if p is None else p.contiguous() for p in params]
+    hidden = _call("rwkv4_decode", dims, dict(eps=cfg.layer_norm_epsilon), weights, embedding, state, new_state)
+    return hidden, new_state
 
 
 def rwkv7_time_mix(att, r, k, v, v_first, wl, al, vl, g, state) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,12 +336,12 @@ def rwkv7_time_mix(att, r, k, v, v_first, wl, al, vl, g, state) -> tuple[torch.T
     B, T, C = r.shape
     H, N = att.r_k.shape
     acts = [None if t is None else t.to(r.dtype).contiguous() for t in (r, k, v, v_first, wl, al, vl, g)]
-    new_state = native._initial_state(state, state.shape)
-    out, params = new_output(r.shape, r.dtype, r.device), _time_mix_params(att)   # params: held for the call
-    status = native.library().rwkv7_time_mix(torch.get_num_threads(), B, T, H, N, DTYPES[r.dtype],
-                                             *native._pointers(*acts), _pointers(params), _bf16_flags(params),
-                                             ctypes.c_float(att.ln_x.eps), *native._pointers(new_state, out))
-    native.check_status(status, "rwkv7_time_mix", f"r_k of shape {tuple(att.r_k.shape)}")
+    new_state = native.initial_state(state, state.shape)
+    out, params = new_output(r.shape, r.dtype, r.device), [w.of(att) for w in TIME_MIX]   # params: held for the call
+    _invoke("rwkv7_time_mix", f"r_k of shape {tuple(att.r_k.shape)}", threads=torch.get_num_threads(), B=B, T=T, H=H,
+            N=N, act_bf16=DTYPES[r.dtype], **dict(zip(("r", "k", "v", "v_first", "wl", "al", "vl", "g"), acts)),
+            params=_pointers(params), params_bf16=_bf16_flags(params), group_eps=att.ln_x.eps, state=new_state,
+            out=out)
     return out, new_state
 
 
@@ -189,24 +357,16 @@ def rwkv7_step(model, token: torch.Tensor, state: list | None) -> tuple[torch.Te
     """
     cfg = model.config
     state = model.initial_state(1) if state is None else state
-    weights = [model.blocks[0].ln0.weight, model.blocks[0].ln0.bias]
-    for block in model.blocks:
-        att, ffn = block.att, block.ffn
-        # the LoRA products x @ m as matrix-vector products m^T x (block 0 has no v1, v2)
-        lora = [att.w1, att.w2, att.a1, att.a2, getattr(att, "v1", None), getattr(att, "v2", None), att.g1, att.g2]
-        weights += [block.ln1.weight, block.ln1.bias, block.ln2.weight, block.ln2.bias, att.x_r, att.x_w, att.x_k,
-                    att.x_v, att.x_a, att.x_g, *_time_mix_params(att), *(None if m is None else m.T for m in lora),
-                    att.receptance.weight, att.key.weight, att.value.weight, att.output.weight, ffn.x_k,
-                    ffn.key.weight, ffn.value.weight]
-    weights += [model.ln_out.weight, model.ln_out.bias]
+    weights = LAYOUTS["rwkv7"].pack(model)
     embedding = model.emb.weight[token.reshape(())].contiguous()
-    dims = (cfg.n_embd, cfg.n_head, cfg.head_size, cfg.dim_ffn, cfg.n_layer, cfg.decay_lora, cfg.a_lora,
-            cfg.v_lora, cfg.gate_lora, DTYPES[embedding.dtype])
+    dims = LAYOUTS["rwkv7"].sizes(C=cfg.n_embd, H=cfg.n_head, N=cfg.head_size, F=cfg.dim_ffn, L=cfg.n_layer,
+                                  DW=cfg.decay_lora, DA=cfg.a_lora, DV=cfg.v_lora, DG=cfg.gate_lora,
+                                  BF16=DTYPES[embedding.dtype])
     # att_x_prev, ffn_x_prev in the activations' dtype (the embedding's), att_kv fp32
     state, new_state = _states([s for layer in state for s in layer],
                                [embedding.dtype, torch.float32, embedding.dtype] * len(state))
-    hidden = _call("rwkv7_decode", dims, (cfg.layer_norm_epsilon, cfg.group_norm_epsilon), weights, embedding,
-                   state, new_state)
+    hidden = _call("rwkv7_decode", dims, dict(eps=cfg.layer_norm_epsilon, group_eps=cfg.group_norm_epsilon), weights,
+                   embedding, state, new_state)
     return hidden, [tuple(new_state[i:i + 3]) for i in range(0, len(new_state), 3)]
 
 
@@ -222,16 +382,10 @@ def mamba_step(model, token: torch.Tensor, state: list | None) -> tuple[torch.Te
     """
     cfg = model.config
     state = model.initial_state(1) if state is None else state
-    weights = []
-    for layer in model.layers:
-        m = layer.mixer
-        weights += [layer.norm.weight, m.in_proj.weight, m.in_proj.bias, m.conv1d.weight.contiguous(),
-                    m.conv1d.bias, m.x_proj.weight, m.dt_proj.weight, m.dt_proj.bias, m.A_log.contiguous(), m.D,
-                    m.out_proj.weight, m.out_proj.bias]             # (read by element: contiguous, a copy if need be)
-    weights.append(model.norm_f.weight)
+    weights = LAYOUTS["mamba"].pack(model)
     embedding = model.embeddings.weight[token.reshape(())].contiguous()
-    dims = (cfg.hidden_size, cfg.intermediate_size, cfg.state_size, cfg.conv_kernel, cfg.time_step_rank,
-            cfg.num_hidden_layers, DTYPES[embedding.dtype])
+    dims = LAYOUTS["mamba"].sizes(C=cfg.hidden_size, D=cfg.intermediate_size, N=cfg.state_size, K=cfg.conv_kernel,
+                                  R=cfg.time_step_rank, L=cfg.num_hidden_layers, BF16=DTYPES[embedding.dtype])
     state, new_state = _states([s for layer in state for s in layer], [torch.float32] * 2 * len(state))
-    hidden = _call("mamba_decode", dims, (cfg.layer_norm_epsilon,), weights, embedding, state, new_state)
+    hidden = _call("mamba_decode", dims, dict(eps=cfg.layer_norm_epsilon), weights, embedding, state, new_state)
     return hidden, [tuple(new_state[i:i + 2]) for i in range(0, len(new_state), 2)]

@@ -10,7 +10,7 @@ structure follows transformers' modeling_mamba.py and the Mamba part of the RWKV
             default)
 
 Decoding: on a CPU, a call with one token of one sequence and no gradients runs as one C step (models/decode.py,
-kernels/decode.c); any other call runs the torch ops below.
+models/native/decode.c); any other call runs the torch ops below.
 
 State: a list with one (conv window (B, D, K - 1), h (B, D, N)) per block, fp32 (float64 for a float64 model):
 the last K - 1 inputs of the causal convolution and the SSM state. transformers keeps K inputs in its conv cache

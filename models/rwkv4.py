@@ -9,7 +9,7 @@ transformers' modeling_rwkv.py:
     model:    ln_out(blocks(embeddings[input_ids]));  causal LM: logits = head(...)
 
 Decoding: on a CPU, a call with one token of one sequence and no gradients runs as one C step (models/decode.py,
-kernels/decode.c); any other call runs the torch ops below.
+models/native/decode.c); any other call runs the torch ops below.
 
 State: five tensors of shape (B, C, L), transformers' order: ffn_x_prev, att_x_prev, att_num, att_den, att_max
 (att_* are (B, attention_hidden_size, L)); fp32 (float64 for a float64 model). Unlike transformers, the state

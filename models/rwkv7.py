@@ -12,7 +12,7 @@
 
 GPT mode: a call with T tokens runs the whole sequence through the WKV-7 op (kernels/wkv7.py) in each layer.
 RNN mode: calls with one token each, the returned state passed back in; both give the same logits. On a CPU, a call
-with one token of one sequence and no gradients runs as one C step (models/decode.py, kernels/decode.c).
+with one token of one sequence and no gradients runs as one C step (models/decode.py, models/native/).
 State: a list of L tuples (att_x_prev (B, C), att_kv (B, H, N, N) fp32 indexed [value, key], ffn_x_prev (B, C)).
 
 Where Rwkv7 differs from RwkvForCausalLM and MambaForCausalLM, on purpose: forward returns the pair (logits, state)

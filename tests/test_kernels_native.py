@@ -2,6 +2,7 @@
 and every gradient, over the chain's awkward cases: T = 1, odd sizes, initial states, sequences fed in pieces, extreme
 inputs, fp16 and bf16 inputs, work split over 1 and 3 threads (the same bits); NaN in, NaN out; how backend=None
 chooses them; the build and its cache; and issue 13's edge cases of the C loops."""
+import ctypes
 import multiprocessing
 import os
 import shutil
@@ -17,7 +18,7 @@ from torch.utils._pytree import tree_leaves
 
 from kernel_cases import RECURRENCE_BACKENDS
 from seqmix.conformance.cases import in_pieces, rwkv7_inputs, scan_inputs, split_bounds
-from seqmix.kernels import native, ssm
+from seqmix.kernels import c_abi, native, ssm
 from seqmix.kernels.testing import HAS_TRITON
 from seqmix.kernels.attention import attention
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_all_close, assert_close, fp32
@@ -526,6 +527,46 @@ def test_status_codes_mirror_native_h():
              (item.split("=") for item in enum.removeprefix("enum status {").split(","))}
     assert codes == {0: "STATUS_OK", 1: "STATUS_NO_MEMORY", 2: "STATUS_HEAD_SIZE"}
     assert set(native.STATUS) == set(codes) - {0}
+
+
+# ------------------------------------------------------------------------------- one signature table (issue 27)
+
+def test_the_signature_table_is_the_header():
+    """native.ENTRIES, from which the ctypes types come and by which the wrappers pass their arguments, declares the
+    very prototypes of native.h (names, argument names and types, return types): neither can change alone."""
+    declared = c_abi.prototypes(native.HEADER.read_text())
+    assert {name: str(e) for name, e in declared.items()} == {name: str(e) for name, e in native.ENTRIES.items()}
+
+
+def test_every_entry_point_of_native_c_is_in_the_table():
+    """Every function native.c exports (a definition that is not static) is in the table, and so in native.h, against
+    which the compiler checks its definition."""
+    defined = c_abi.prototypes(native.SOURCE.read_text())
+    assert set(defined) == set(native.ENTRIES)
+    assert all(str(defined[name]) == str(entry) for name, entry in native.ENTRIES.items())
+
+
+def test_a_drift_between_table_and_header_is_seen():
+    """The parser sees a changed type, a renamed argument and a dropped one."""
+    text = native.HEADER.read_text()
+    for old, new in (("int64_t cols, const float *in", "int64_t cols, const double *in"),
+                     ("int64_t cols, const float *in", "int64_t columns, const float *in"),
+                     ("int64_t rows, int64_t cols,", "int64_t rows,")):
+        assert c_abi.prototypes(text.replace(old, new))["sum_rows"] != native.ENTRIES["sum_rows"], new
+
+
+def test_the_library_is_typed_from_the_table():
+    lib = native.library()
+    for entry in native.ENTRIES.values():
+        fn = getattr(lib, entry.name)
+        assert fn.argtypes == entry.argtypes and fn.restype is c_abi.CTYPES[entry.restype], entry.name
+    assert native.ENTRIES["wkv7_padded_size"].argtypes == [ctypes.c_int64]
+    assert native.ENTRIES["exp_array"].argtypes == [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+
+
+def test_a_call_by_name_says_what_is_missing_or_unknown():
+    with pytest.raises(TypeError, match=r"sum_rows: missing arguments \['out'\], unknown arguments \['outs'\]"):
+        native.ENTRIES["sum_rows"].arguments({"rows": 1, "cols": 1, "in": None, "outs": None}, skip=2)
 
 
 @pytest.mark.parametrize("entry", ["wkv7_forward", "wkv7_backward"])

@@ -1,8 +1,8 @@
-"""models/decode.py and kernels/decode.c: a decoding step of a whole model as one C call, against the models' own
-torch forward in float64 (an independent computation: torch ops, the float64 backends of the ops), on awkward sizes
-(widths that are no multiple of a vector, an odd number of heads, a head padded inside the WKV-7 loop, RWKV-4's
-attention size != hidden size with rescaling, Mamba with every bias and a channel count that is no multiple of the
-scan's lanes), from the initial state and from states the torch path made, with 1 and 2 threads."""
+"""models/decode.py and models/native/ (decode.c, rwkv7_time_mix.c): a decoding step of a whole model as one C call,
+against the models' own torch forward in float64 (an independent computation: torch ops, the float64 backends of the
+ops), on awkward sizes (widths that are no multiple of a vector, an odd number of heads, a head padded inside the
+WKV-7 loop, RWKV-4's attention size != hidden size with rescaling, Mamba with every bias and a channel count that is
+no multiple of the scan's lanes), from the initial state and from states the torch path made, with 1 and 2 threads."""
 from __future__ import annotations
 
 import contextlib
@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_leaves
 
-from seqmix.kernels import native
+from seqmix.kernels import c_abi, native
 from seqmix.kernels.testing import BF16_BUDGET, FP32_BUDGET, assert_close, rel_rms
 from seqmix.models import decode
 from seqmix.models.mamba import MambaConfig, MambaForCausalLM
@@ -259,7 +259,7 @@ def test_a_compiler_without_openmp_builds_a_library_that_decodes_alike(tmp_path)
     script = """
 import json, sys, torch
 sys.path.insert(0, "tests")
-from seqmix.kernels import native
+from seqmix.kernels import c_abi, native
 native.OPENMP = ("-fno-such-flag-seqmix",) + native.OPENMP[1:]
 from test_models_decode import make, pieces
 torch.set_num_threads(2)
@@ -324,7 +324,7 @@ NONFINITE_CASES = [  # kind, (where, which, value): each where a comparison or c
 
 @pytest.mark.parametrize("kind, where", NONFINITE_CASES, ids=[f"{k}-{w[0]}-{w[1]}-{w[2]}" for k, w in NONFINITE_CASES])
 def test_nonfinite_inputs_give_nan_where_the_torch_ops_do(kind, where, count_steps):
-    """The design's rule, NaN at the same places on every backend, for the C step: decode.c is built with
+    """The design's rule, NaN at the same places on every backend, for the C step: models/native/ is built with
     -ffinite-math-only, under which a ReLU written as `k > 0 ? k k : 0` or a clamp before e^x turned NaN and +inf
     into finite logits."""
     model, state = _poisoned(kind, where)
@@ -419,3 +419,65 @@ def test_a_step_with_another_layer_norm_eps(kind, count_steps):
         expected, _ = run(copy.deepcopy(model).double(), ids)
     assert count_steps == [f"{kind}_decode"]
     assert_close(fused.double(), expected, FP32_BUDGET, f"{kind} logits at eps 0.1")
+
+
+# ------------------------------------------------------------------------------- one signature table (issue 27)
+
+def test_the_signature_table_is_the_header():
+    """decode.ENTRIES, from which the ctypes types come and by which the calls pass their arguments, declares the
+    very prototypes of models/native/decode.h; and every function models/native/ exports is declared there (or,
+    the time mix's items, which only decode.c calls, in steps.h)."""
+    declared = c_abi.prototypes((decode.NATIVE / "decode.h").read_text())
+    assert {name: str(e) for name, e in declared.items()} == {name: str(e) for name, e in decode.ENTRIES.items()}
+    defined = {name: str(e) for source in decode.NATIVE.glob("*.c")
+               for name, e in c_abi.prototypes(source.read_text()).items()}
+    assert set(defined) == set(decode.ENTRIES) | {"time_mix_items"}
+    assert all(defined[name] == str(entry) for name, entry in decode.ENTRIES.items())
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_the_weights_passed_are_the_layouts(kind):
+    """Layout.pack passes each weight its table names, in the table's order (the order of the enums weights.h
+    generates from it): head, then each block's, then tail."""
+    model = make(kind)
+    base = model.rwkv if kind == "rwkv4" else model.backbone if kind == "mamba" else model
+    layout = decode.LAYOUTS[kind]
+    packed = layout.pack(base)
+    blocks = getattr(base, layout.blocks)
+    assert len(packed) == len(layout.head) + len(blocks) * len(layout.block) + len(layout.tail)
+    expected = [(base, w) for w in layout.head] + [(b, w) for b in blocks for w in layout.block] + \
+               [(base, w) for w in layout.tail]
+    for tensor, (module, weight) in zip(packed, expected):
+        try:
+            named = module.get_parameter(weight.path)
+        except AttributeError:
+            named = None
+        assert (tensor is None) == (named is None), weight.path
+        if named is not None:
+            assert torch.equal(tensor, named.T if weight.transposed else named), weight.path
+
+
+def test_weights_h_is_generated_from_the_layouts():
+    """Every weight of the tables has its enum in weights.h, in the table's order, and the time mix's params are a
+    block's (the C code's _Static_assert relies on it)."""
+    header = decode.weights_header()
+    for layout in decode.LAYOUTS.values():
+        for prefix, weights in ((f"{layout.prefix}_HEAD_", layout.head), (f"{layout.prefix}_", layout.block),
+                                (f"{layout.prefix}_TAIL_", layout.tail)):
+            places = [header.index(f" {prefix}{w.name},") for w in weights]
+            assert places == sorted(places), prefix
+    r7 = [(w.name, w.path) for w in decode.LAYOUTS["rwkv7"].block]
+    start = r7.index(("W0", "att.w0"))
+    assert r7[start:start + len(decode.TIME_MIX)] == [(w.name, "att." + w.path) for w in decode.TIME_MIX]
+
+
+def test_the_sizes_are_passed_by_name():
+    """A step's dims array is built from its sizes by name (Layout.sizes, in the order of weights.h's *_DIM_ enums);
+    a size left out or unknown is an error, not a shifted array."""
+    layout = decode.LAYOUTS["mamba"]
+    sizes = dict(C=1, D=2, N=3, K=4, R=5, L=6, BF16=0)
+    assert layout.sizes(**sizes) == [1, 2, 3, 4, 5, 6, 0]
+    enum = "enum { M_DIM_C, M_DIM_D, M_DIM_N, M_DIM_K, M_DIM_R, M_DIM_L, M_DIM_BF16, M_DIMS };"
+    assert enum in decode.weights_header()
+    with pytest.raises(TypeError, match="M dims: expected"):
+        layout.sizes(**{**sizes, "E": 1})

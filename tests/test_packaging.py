@@ -8,11 +8,13 @@ import importlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import sysconfig
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -342,6 +344,48 @@ def test_install_beside_another_kernels_package(tmp_path, editable):
     assert after.stdout.strip() == "stand-in", after.stderr
     gone = subprocess.run([str(python), "-c", "import seqmix.kernels"], cwd=tmp_path, capture_output=True, text=True)
     assert gone.returncode != 0
+
+
+WHEEL_RUNS_A_C_OP = """
+import sys, torch
+from seqmix.kernels import native
+from seqmix.models import decode
+sources = [*native.KERNELS.files, *decode.SOURCES.files]
+assert all(f.is_file() and f.is_relative_to(sys.prefix) for f in sources), sources   # the wheel's own copies
+x = torch.linspace(-5.0, 5.0, 11)
+assert torch.allclose(native.exp(x), torch.exp(x), rtol=1e-6)
+print(native.library()._name)
+"""
+
+
+@pytest.mark.skipif(not shutil.which((shlex.split(os.environ.get("CC", "")) or ["cc"])[0]),
+                    reason="no C compiler ($CC, else cc) to build the C loops with")
+def test_the_wheel_ships_the_c_sources_and_runs_a_c_op(tmp_path):
+    """A wheel (not an editable install) holds every C source the builder compiles (kernels/native.c and .h; the
+    models' steps, models/native/), and installed into a fresh venv it builds the C loops from its own copies, into
+    an empty cache, and runs one."""
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__",
+                                                                 "notebooks", "tests"))
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel = _wheel(source, wheels, False)
+    with zipfile.ZipFile(wheel) as z:
+        shipped = set(z.namelist())
+    c_sources = [f for f in [*(ROOT / "kernels").iterdir(), *(ROOT / "models").rglob("*")] if f.suffix in (".c", ".h")]
+    missing = [str(f.relative_to(ROOT)) for f in c_sources
+               if f"seqmix/{f.relative_to(ROOT).as_posix()}" not in shipped]
+    assert c_sources and not missing, f"C sources left out of the wheel: {missing}"
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    _pip(venv / "bin" / "python", "install", "--no-deps", str(wheel))
+    env = {k: v for k, v in os.environ.items() if k != "SEQMIX_NATIVE"}
+    # numpy and torch from this environment, behind the scratch venv's own site-packages
+    env.update(PYTHONPATH=sysconfig.get_paths()["purelib"], SEQMIX_CACHE=str(tmp_path / "cache"))
+    run = subprocess.run([str(venv / "bin" / "python"), "-c", WHEEL_RUNS_A_C_OP], cwd=tmp_path, capture_output=True,
+                         text=True, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert Path(run.stdout.strip()).parent == tmp_path / "cache"
 
 
 def test_version_is_one_string():

@@ -1,5 +1,5 @@
-/* One decoding step of a whole model (one token of one sequence) in one call, and RWKV-7's time mix after its matrix
- * products for prompts (rwkv7_time_mix, which the step uses too): the CPU paths of models/decode.py.
+/* One decoding step of a whole model (one token of one sequence) in one call: the CPU path of models/decode.py's
+ * steps. RWKV-7's time mix after its matrix products, which its step runs too, is rwkv7_time_mix.c.
  *
  * Why: decoding reads every weight once per token, and a step written as torch ops spends 30-60% on top of that read
  * in the thousand-odd small ops between the matrix products (layer norms, token-shift mixes, gates, the
@@ -10,6 +10,11 @@
  * recurrences are native.c's own loops (wkv4_forward, wkv7_forward, selective_scan_forward) run for T = 1, so there
  * is one copy of each. Everything is computed in fp32 from the weights as stored (fp32 or bf16, widened as read);
  * the states are those of the models' forward, read from one set of tensors and written to another.
+ *
+ * Weights: each step takes one array of pointers, in the order of models/decode.py's tables (LAYOUTS: the weights
+ * before the blocks, each block's, and those after), from which models/decode.py generates weights.h, whose enums
+ * the code below reads (R4_*, R7_*, M_*: a weight's place in a block; *_HEAD: the weights before the first block;
+ * *_TAIL_*: a weight's place after the last), and packs the pointers: one list, read by both.
  *
  * Threads: a step runs on `threads` threads (models/decode.py passes torch.get_num_threads()) that split each
  * matrix product by output rows and the recurrences by channels (whole heads, whole blocks), and meet at a barrier
@@ -22,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "native.h"
+#include "steps.h"
 
 /* ------------------------------------------------------------------------------------------------ threads */
 
@@ -48,46 +53,6 @@ static void run_team(int64_t threads, void (*run)(void *, int64_t, int64_t), voi
     (void)threads;
     run(job, 0, 1);
 #endif
-}
-
-/* Thread id's share [*lo, *hi) of n things, cut at multiples of unit */
-static void share(int64_t n, int64_t unit, int64_t id, int64_t threads, int64_t *lo, int64_t *hi)
-{
-    const int64_t units = (n + unit - 1) / unit;
-    *lo = units * id / threads * unit;
-    *hi = units * (id + 1) / threads * unit;
-    *lo = *lo < n ? *lo : n;
-    *hi = *hi < n ? *hi : n;
-}
-
-/* ----------------------------------------------------------------------------------------- weights as stored */
-
-/* The weights are fp32 or bf16, each tensor its own (a bf16 model may keep its decays fp32, as transformers and fla
- * do): every weight comes with its own flag (weight_bf16 beside the pointers). bf16 is fp32's upper half. */
-static inline float widen(uint16_t h)
-{
-    const uint32_t bits = (uint32_t)h << 16;
-    float x;
-    memcpy(&x, &bits, sizeof x);
-    return x;
-}
-
-static inline float at(const void *p, int64_t i, int64_t bf16)
-{
-    return bf16 ? widen(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
-/* x rounded to the model's dtype (bf16: to nearest even; NaN stays NaN), into p[i] */
-static inline void put(void *p, int64_t i, float x, int64_t bf16)
-{
-    if (!bf16) {
-        ((float *)p)[i] = x;
-        return;
-    }
-    uint32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    ((uint16_t *)p)[i] = (bits & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((bits >> 16) | 0x40)
-                                                            : (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1)) >> 16);
 }
 
 typedef uint32_t vuint __attribute__((vector_size(VEC * sizeof(uint32_t))));
@@ -285,14 +250,14 @@ static int scratch_alloc(struct scratch *s, int64_t shared, int64_t own, int64_t
 
 /* ----------------------------------------------------------------------------------------------- RWKV-4 */
 
-/* Weights of a block, in this order (transformers' RwkvForCausalLM names, blocks.i. left out) */
-enum { R4_LN1_W, R4_LN1_B, R4_LN2_W, R4_LN2_B, R4_DECAY, R4_FIRST, R4_MIX_K, R4_MIX_V, R4_MIX_R, R4_KEY, R4_VALUE,
-       R4_RECEPTANCE, R4_OUTPUT, R4_FFN_MIX_K, R4_FFN_MIX_R, R4_FFN_KEY, R4_FFN_RECEPTANCE, R4_FFN_VALUE, R4_WEIGHTS };
+/* Weights (weights.h): pre_ln's (R4_HEAD), then R4_WEIGHTS per block (transformers' RwkvForCausalLM names), then
+ * ln_out's */
+_Static_assert(R4_HEAD_PRE_LN_W == 0 && R4_HEAD_PRE_LN_B == 1, "embed_normed reads pre_ln as weights 0 and 1");
 
 struct rwkv4_job {
     int64_t C, A, F, L, rescale_every, bf16;
     float eps;
-    const void *const *weights;      /* pre_ln weight, bias, then R4_WEIGHTS per block, then ln_out weight, bias */
+    const void *const *weights;      /* R4_HEAD (pre_ln), R4_WEIGHTS per block, then the tail (ln_out) */
     const int64_t *transposed;       /* per weight: stored as its transpose (see matvec) */
     const int64_t *weight_bf16;      /* per weight: bf16 (else fp32) */
     const void *embedding;           /* the token's row */
@@ -321,8 +286,9 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
         embed_normed(C, j->embedding, bf16, wt, j->weight_bf16, j->eps, xn, x);
     BARRIER();
     for (int64_t layer = 0; layer < L; layer++) {
-        const void *const *p = wt + 2 + layer * R4_WEIGHTS;
-        const int64_t *t = j->transposed + 2 + layer * R4_WEIGHTS, *f = j->weight_bf16 + 2 + layer * R4_WEIGHTS;
+        const int64_t first = R4_HEAD + layer * R4_WEIGHTS;
+        const void *const *p = wt + first;
+        const int64_t *t = j->transposed + first, *f = j->weight_bf16 + first;
         const float scale = j->rescale_every > 0 ? ldexpf(1.0f, (int)-(layer / j->rescale_every)) : 1.0f;
         /* time mix: r, k, v from lerp(x_{t-1}, x_t, mu); WKV-4 over this thread's channels */
         layer_norm(C, x, p[R4_LN1_W], f[R4_LN1_W], p[R4_LN1_B], f[R4_LN1_B], j->eps, xn);
@@ -378,20 +344,21 @@ static void rwkv4_run(void *arg, int64_t id, int64_t threads)
         }
         BARRIER();
     }
+    const int64_t tail = R4_HEAD + L * R4_WEIGHTS, lw = tail + R4_TAIL_LN_OUT_W, lb = tail + R4_TAIL_LN_OUT_B;
     if (id == 0)
-        layer_norm(C, x, wt[2 + L * R4_WEIGHTS], j->weight_bf16[2 + L * R4_WEIGHTS], wt[3 + L * R4_WEIGHTS],
-                   j->weight_bf16[3 + L * R4_WEIGHTS], 1e-5f, j->hidden);
+        layer_norm(C, x, wt[lw], j->weight_bf16[lw], wt[lb], j->weight_bf16[lb], 1e-5f, j->hidden);
 }
 
-/* dims: C, A (attention size), F (feed-forward size), L, rescale_every, bf16 (the embedding's dtype); eps: the
- * blocks' layer norm eps (ln_out's is 1e-5, as in transformers). Returns a status. */
+/* dims (weights.h's R4_DIM_*): C, A (attention size), F (feed-forward size), L, rescale_every, bf16 (the embedding's
+ * dtype); eps: the blocks' layer norm eps (ln_out's is 1e-5, as in transformers). Returns a status. */
 int rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
                  const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
                  const float *const *state_in, float *const *state_out, float *hidden)
 {
-    struct rwkv4_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], (float)eps, weights, transposed,
+    struct rwkv4_job job = {dims[R4_DIM_C], dims[R4_DIM_A], dims[R4_DIM_F], dims[R4_DIM_L], dims[R4_DIM_RESCALE_EVERY],
+                            dims[R4_DIM_BF16], (float)eps, weights, transposed,
                             weight_bf16, embedding, state_in, state_out, hidden, {0}};
-    if (!scratch_alloc(&job.s, 3 * dims[0] + 4 * dims[1] + dims[2], 4 * dims[0] + 10 * dims[1], threads))
+    if (!scratch_alloc(&job.s, 3 * job.C + 4 * job.A + job.F, 4 * job.C + 10 * job.A, threads))
         return STATUS_NO_MEMORY;
     run_team(threads, rwkv4_run, &job);
     free(job.s.shared);
@@ -400,153 +367,15 @@ int rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const void *c
 
 /* ----------------------------------------------------------------------------------------------- RWKV-7 */
 
-/* RWKV-7's time mix between its matrix products, models/rwkv7.py's TimeMix from r, k, v and the LoRA outputs on:
- *     log_w = -e^-0.5 sigmoid(w0 + wl),  v += (v_first - v) sigmoid(v0 + vl) (blocks 1 ...),  a = sigmoid(a0 + al),
- *     kk = normalize(k k_k) per head,  k *= 1 + (a - 1) k_a,  y, state = WKV-7(r, log_w, k, v, -kk, kk a, state),
- *     out = (GroupNorm(y) + (r . k r_k per head) v) g
- * for work items (batch row b, head h) in [first, last), each walking its T tokens (native.c's wkv7_forward for the
- * recurrence). r, k, v, v_first, wl, al, vl, g (B, T, H N) in the activations' dtype (ACT_BF16), v_first and vl
- * NULL in block 0; params: w0, a0, v0, k_k, k_a, r_k (H, N), ln_x weight, bias, each in its own dtype (params_bf16);
- * state (B, H, N, N) fp32, in and out; out (B, T, H N) in the activations' dtype. Returns a status. The prefill
- * calls it (models/decode.py) with the (B, T) of a prompt, the decoding step for its thread's heads. */
-enum { MIX_W0, MIX_A0, MIX_V0, MIX_K_K, MIX_K_A, MIX_R_K, MIX_LN_X_W, MIX_LN_X_B, MIX_PARAMS };
-
-#define MIX_CHUNK 128      /* tokens at a time: a chunk's 7 arrays of a head stay in the cache */
-
-/* Tokens in the longest chunk of T: the scratch's arrays hold that many steps (a decoding step: one) */
-static inline int64_t mix_chunk(int64_t T)
-{
-    return T < MIX_CHUNK ? T : MIX_CHUNK;
-}
-
-/* One (batch row, head) item of rwkv7_time_mix, MIX_CHUNK tokens at a time (the state carried from one to the next in
- * place), ACT_BF16 a constant in each copy so that the loops over the head's N numbers vectorize; q: the head's
- * params as fp32, [MIX_PARAMS][N]; scratch: 7 mix_chunk(T) N floats. */
-static inline __attribute__((always_inline)) int time_mix_item(
-    int64_t b, int64_t h, int64_t T, int64_t H, int64_t N, const int64_t act_bf16, const void *r, const void *k,
-    const void *v, const void *v_first, const void *wl, const void *al, const void *vl, const void *g, const float *q,
-    float group_eps, float *scratch, float *state, void *out)
-{
-    const int64_t C = H * N, S = mix_chunk(T) * N;
-    float *R = scratch, *LW = R + S, *K = LW + S, *V = K + S, *AA = V + S, *BB = AA + S, *Y = BB + S;
-    const float *w0 = q + MIX_W0 * N, *a0 = q + MIX_A0 * N, *v0 = q + MIX_V0 * N, *k_k = q + MIX_K_K * N;
-    const float *k_a = q + MIX_K_A * N, *r_k = q + MIX_R_K * N, *lw = q + MIX_LN_X_W * N, *lb = q + MIX_LN_X_B * N;
-    for (int64_t t0 = 0; t0 < T; t0 += MIX_CHUNK) {
-        const int64_t steps = T - t0 < MIX_CHUNK ? T - t0 : MIX_CHUNK;
-        for (int64_t t = 0; t < steps; t++) {
-            const int64_t in = (b * T + t0 + t) * C + h * N, s = t * N;     /* (B, T, C) and the chunk's (t, N) */
-            float norm = 0.0f;
-            #pragma omp simd reduction(+:norm)
-            for (int64_t i = 0; i < N; i++) {
-                const float a = sigmoid(a0[i] + at(al, in + i, act_bf16)), kv = at(k, in + i, act_bf16);
-                const float kk = kv * k_k[i];
-                R[s + i] = at(r, in + i, act_bf16);
-                LW[s + i] = -0.60653066f * sigmoid(w0[i] + at(wl, in + i, act_bf16));
-                V[s + i] = at(v, in + i, act_bf16);
-                K[s + i] = kv * (1.0f + (a - 1.0f) * k_a[i]);
-                AA[s + i] = kk;                                             /* kk and a, before the norm */
-                BB[s + i] = a;
-                norm += kk * kk;
-            }
-            if (vl) {                                                       /* the value residual, blocks 1 ... */
-                #pragma omp simd
-                for (int64_t i = 0; i < N; i++)
-                    V[s + i] += (at(v_first, in + i, act_bf16) - V[s + i]) * sigmoid(v0[i] + at(vl, in + i, act_bf16));
-            }
-            norm = sqrtf(norm);
-            const float inv = poison(1.0f / (norm > 1e-12f ? norm : 1e-12f), is_nan(norm));   /* F.normalize's eps */
-            #pragma omp simd
-            for (int64_t i = s; i < s + N; i++) {
-                BB[i] *= AA[i] * inv;                                       /* kk a */
-                AA[i] *= -inv;                                              /* -kk */
-            }
-        }
-        /* the chunk as a sequence of one head (B = H = 1), from and into this head's state */
-        const int status = wkv7_forward(0, 1, steps, 1, N, R, LW, K, V, AA, BB, Y, state + (b * H + h) * N * N, 1,
-                                        NULL, NULL);
-        if (status)
-            return status;
-        for (int64_t t = 0; t < steps; t++) {
-            const int64_t o = (b * T + t0 + t) * C + h * N, s = t * N;
-            float mean = 0.0f, var = 0.0f, bonus = 0.0f;
-            #pragma omp simd reduction(+:mean, bonus)
-            for (int64_t i = 0; i < N; i++) {
-                mean += Y[s + i];
-                bonus += R[s + i] * K[s + i] * r_k[i];
-            }
-            mean /= (float)N;
-            #pragma omp simd reduction(+:var)
-            for (int64_t i = 0; i < N; i++)
-                var += (Y[s + i] - mean) * (Y[s + i] - mean);
-            const float inv = 1.0f / sqrtf(var / (float)N + group_eps);
-            #pragma omp simd
-            for (int64_t i = 0; i < N; i++)
-                put(out, o + i, ((Y[s + i] - mean) * inv * lw[i] + lb[i] + bonus * V[s + i]) * at(g, o + i, act_bf16),
-                    act_bf16);
-        }
-    }
-    return STATUS_OK;
-}
-
-/* Items [first, last) of rwkv7_time_mix on one thread; returns a status */
-static int time_mix_items(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N, int64_t act_bf16,
-                              const void *r, const void *k, const void *v, const void *v_first,
-                              const void *wl, const void *al, const void *vl, const void *g,
-                              const void *const *params, const int64_t *params_bf16, float group_eps, float *state,
-                              void *out)
-{
-    float q[MIX_PARAMS * N], *scratch = malloc(7 * mix_chunk(T) * N * sizeof(float));
-    int status = scratch ? STATUS_OK : STATUS_NO_MEMORY;
-    for (int64_t item = first; item < last && !status; item++) {
-        const int64_t b = item / H, h = item % H;
-        for (int64_t p = 0; p < MIX_PARAMS; p++)
-            for (int64_t i = 0; i < N; i++)
-                q[p * N + i] = params[p] ? at(params[p], h * N + i, params_bf16[p]) : 0.0f;   /* v0: NULL in block 0 */
-        if (act_bf16)
-            status = time_mix_item(b, h, T, H, N, 1, r, k, v, v_first, wl, al, vl, g, q, group_eps, scratch, state,
-                                   out);
-        else
-            status = time_mix_item(b, h, T, H, N, 0, r, k, v, v_first, wl, al, vl, g, q, group_eps, scratch, state,
-                                   out);
-    }
-    free(scratch);
-    return status;
-}
-
-/* The items (batch rows x heads) split over `threads` OpenMP threads (torch's, as for the decoding steps) */
-int rwkv7_time_mix(int64_t threads, int64_t B, int64_t T, int64_t H, int64_t N, int64_t act_bf16,
-                   const void *r, const void *k, const void *v, const void *v_first, const void *wl,
-                   const void *al, const void *vl, const void *g, const void *const *params,
-                   const int64_t *params_bf16, float group_eps, float *state, void *out)
-{
-    int status = STATUS_OK;     /* the threads' largest: any failure */
-#ifdef _OPENMP
-    #pragma omp parallel num_threads(threads) reduction(max:status)
-    {
-        int64_t first, last;
-        share(B * H, 1, omp_get_thread_num(), omp_get_num_threads(), &first, &last);
-        status = time_mix_items(first, last, T, H, N, act_bf16, r, k, v, v_first, wl, al, vl, g, params,
-                                 params_bf16, group_eps, state, out);
-    }
-#else
-    (void)threads;
-    status = time_mix_items(0, B * H, T, H, N, act_bf16, r, k, v, v_first, wl, al, vl, g, params, params_bf16,
-                            group_eps, state, out);
-#endif
-    return status;
-}
-
-/* Weights of a block, in this order (BlinkDL's names, blocks.i. left out; W0 .. LN_X_B are rwkv7_time_mix's params);
- * V0, V1, V2 are NULL in block 0 */
-enum { R7_LN1_W, R7_LN1_B, R7_LN2_W, R7_LN2_B, R7_X_R, R7_X_W, R7_X_K, R7_X_V, R7_X_A, R7_X_G, R7_W0, R7_A0, R7_V0,
-       R7_K_K, R7_K_A, R7_R_K, R7_LN_X_W, R7_LN_X_B, R7_W1, R7_W2, R7_A1, R7_A2, R7_V1, R7_V2, R7_G1, R7_G2,
-       R7_RECEPTANCE, R7_KEY, R7_VALUE, R7_OUTPUT, R7_FFN_X_K, R7_FFN_KEY, R7_FFN_VALUE, R7_WEIGHTS };
+/* Weights (weights.h): ln0's (R7_HEAD), then R7_WEIGHTS per block (BlinkDL's names; W0 .. LN_X_B are
+ * rwkv7_time_mix's params; V0, V1, V2 are NULL in block 0), then ln_out's */
 _Static_assert(R7_LN_X_B - R7_W0 == MIX_PARAMS - 1, "rwkv7_time_mix reads W0 .. LN_X_B as its params");
+_Static_assert(R7_HEAD_LN0_W == 0 && R7_HEAD_LN0_B == 1, "embed_normed reads ln0 as weights 0 and 1");
 
 struct rwkv7_job {
     int64_t C, H, N, F, L, Dw, Da, Dv, Dg, bf16;
     float eps, group_eps;
-    const void *const *weights;      /* ln0 weight, bias, then R7_WEIGHTS per block, then ln_out weight, bias */
+    const void *const *weights;      /* R7_HEAD (ln0), R7_WEIGHTS per block, then the tail (ln_out) */
     const int64_t *transposed;       /* per weight: stored as its transpose (see matvec) */
     const int64_t *weight_bf16;      /* per weight: bf16 (else fp32) */
     const void *embedding;           /* the token's row */
@@ -579,8 +408,9 @@ static void rwkv7_run(void *arg, int64_t id, int64_t threads)
         embed_normed(C, j->embedding, bf16, wt, j->weight_bf16, j->eps, xn, x);
     BARRIER();
     for (int64_t layer = 0; layer < j->L; layer++) {
-        const void *const *p = wt + 2 + layer * R7_WEIGHTS;
-        const int64_t *t = j->transposed + 2 + layer * R7_WEIGHTS, *f = j->weight_bf16 + 2 + layer * R7_WEIGHTS;
+        const int64_t first = R7_HEAD + layer * R7_WEIGHTS;
+        const void *const *p = wt + first;
+        const int64_t *t = j->transposed + first, *f = j->weight_bf16 + first;
         const void *prev = j->state_in[3 * layer], *ffn_prev = j->state_in[3 * layer + 2];
         /* time mix: x + (x_{t-1} - x) mu for the six mixes; r, k, v for this thread's heads; LoRA inner products */
         layer_norm(C, x, p[R7_LN1_W], f[R7_LN1_W], p[R7_LN1_B], f[R7_LN1_B], j->eps, xn);
@@ -638,23 +468,24 @@ static void rwkv7_run(void *arg, int64_t id, int64_t threads)
         add_matvec(p[R7_FFN_VALUE], t[R7_FFN_VALUE], f[R7_FFN_VALUE], NULL, 0, C, F, kf, o, x, c0, c1);
         BARRIER();
     }
+    const int64_t tail = R7_HEAD + j->L * R7_WEIGHTS, lw = tail + R7_TAIL_LN_OUT_W, lb = tail + R7_TAIL_LN_OUT_B;
     if (id == 0)
-        layer_norm(C, x, wt[2 + j->L * R7_WEIGHTS], j->weight_bf16[2 + j->L * R7_WEIGHTS], wt[3 + j->L * R7_WEIGHTS],
-                   j->weight_bf16[3 + j->L * R7_WEIGHTS], j->eps, j->hidden);
+        layer_norm(C, x, wt[lw], j->weight_bf16[lw], wt[lb], j->weight_bf16[lb], j->eps, j->hidden);
 }
 
-/* dims: C, H, N, F, L, the LoRA widths Dw, Da, Dv, Dg, bf16 (the embedding's dtype, the activations' and the
- * x_prev states'); eps, group_eps: the layer norms' and the per-head group
+/* dims (weights.h's R7_DIM_*): C, H, N, F, L, the LoRA widths Dw, Da, Dv, Dg, bf16 (the embedding's dtype, the
+ * activations' and the x_prev states'); eps, group_eps: the layer norms' and the per-head group
  * norm's. Returns a status. */
 int rwkv7_decode(int64_t threads, const int64_t *dims, double eps, double group_eps, const void *const *weights,
                  const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
                  const void *const *state_in, void *const *state_out, float *hidden)
 {
-    struct rwkv7_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9],
+    struct rwkv7_job job = {dims[R7_DIM_C], dims[R7_DIM_H], dims[R7_DIM_N], dims[R7_DIM_F], dims[R7_DIM_L],
+                            dims[R7_DIM_DW], dims[R7_DIM_DA], dims[R7_DIM_DV], dims[R7_DIM_DG], dims[R7_DIM_BF16],
                             (float)eps, (float)group_eps, weights, transposed, weight_bf16, embedding, state_in,
                             state_out, hidden, {0}};
-    const int64_t C = dims[0], loras = dims[5] + dims[6] + dims[7] + dims[8];
-    if (!scratch_alloc(&job.s, 11 * C + dims[3] + loras, 7 * C, threads))
+    const int64_t C = job.C, loras = job.Dw + job.Da + job.Dv + job.Dg;
+    if (!scratch_alloc(&job.s, 11 * C + job.F + loras, 7 * C, threads))
         return STATUS_NO_MEMORY;
     run_team(threads, rwkv7_run, &job);
     free(job.s.shared);
@@ -663,14 +494,12 @@ int rwkv7_decode(int64_t threads, const int64_t *dims, double eps, double group_
 
 /* ----------------------------------------------------------------------------------------------- Mamba */
 
-/* Weights of a block, in this order (transformers' names, layers.i. left out); the biases may be NULL */
-enum { M_NORM, M_IN_PROJ, M_IN_PROJ_B, M_CONV, M_CONV_B, M_X_PROJ, M_DT_PROJ, M_DT_PROJ_B, M_A_LOG, M_D, M_OUT_PROJ,
-       M_OUT_PROJ_B, M_WEIGHTS };
+/* Weights (weights.h): M_WEIGHTS per block (transformers' names; the biases may be NULL), then norm_f's */
 
 struct mamba_job {
     int64_t C, D, N, K, R, L, bf16;
     float eps;
-    const void *const *weights;      /* M_WEIGHTS per block, then norm_f's weight */
+    const void *const *weights;      /* M_HEAD (none), M_WEIGHTS per block, then the tail (norm_f) */
     const int64_t *transposed;       /* per weight: stored as its transpose (see matvec) */
     const int64_t *weight_bf16;      /* per weight: bf16 (else fp32) */
     const void *embedding;
@@ -695,8 +524,9 @@ static void mamba_run(void *arg, int64_t id, int64_t threads)
         x[i] = at(j->embedding, i, bf16);
     BARRIER();
     for (int64_t layer = 0; layer < j->L; layer++) {
-        const void *const *p = j->weights + layer * M_WEIGHTS;
-        const int64_t *t = j->transposed + layer * M_WEIGHTS, *f = j->weight_bf16 + layer * M_WEIGHTS;
+        const int64_t first = M_HEAD + layer * M_WEIGHTS;
+        const void *const *p = j->weights + first;
+        const int64_t *t = j->transposed + first, *f = j->weight_bf16 + first;
         const float *window = j->state_in[2 * layer];
         float *window_out = j->state_out[2 * layer], *h = j->state_out[2 * layer + 1];
         /* x_in, z = in_proj(RMSNorm(x)); u = SiLU(the causal convolution over the window and x_in) */
@@ -734,20 +564,22 @@ static void mamba_run(void *arg, int64_t id, int64_t threads)
                    c1);
         BARRIER();
     }
+    const int64_t norm_f = M_HEAD + j->L * M_WEIGHTS + M_TAIL_NORM_F_W;
     if (id == 0)
-        rms_norm(C, x, j->weights[j->L * M_WEIGHTS], j->weight_bf16[j->L * M_WEIGHTS], j->eps, j->hidden);
+        rms_norm(C, x, j->weights[norm_f], j->weight_bf16[norm_f], j->eps, j->hidden);
 }
 
-/* dims: C, D (intermediate size), N (state size), K (conv kernel), R (time-step rank), L, bf16 (the embedding's
- * dtype); eps: the RMS norms'.
+/* dims (weights.h's M_DIM_*): C, D (intermediate size), N (state size), K (conv kernel), R (time-step rank), L,
+ * bf16 (the embedding's dtype); eps: the RMS norms'.
  * Returns a status. */
 int mamba_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
                  const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
                  const float *const *state_in, float *const *state_out, float *hidden)
 {
-    struct mamba_job job = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], (float)eps, weights,
+    struct mamba_job job = {dims[M_DIM_C], dims[M_DIM_D], dims[M_DIM_N], dims[M_DIM_K], dims[M_DIM_R], dims[M_DIM_L],
+                            dims[M_DIM_BF16], (float)eps, weights,
                             transposed, weight_bf16, embedding, state_in, state_out, hidden, {0}};
-    const int64_t C = dims[0], D = dims[1], N = dims[2], R = dims[4];
+    const int64_t C = job.C, D = job.D, N = job.N, R = job.R;
     if (!scratch_alloc(&job.s, 2 * C + 7 * D + R + 2 * N + D * N, C, threads))
         return STATUS_NO_MEMORY;
     run_team(threads, mamba_run, &job);
