@@ -48,3 +48,15 @@ def test_solution_cells_hide_their_output_too(path):
             hidden = cell["metadata"].get("jupyter", {})
             if hidden.get("source_hidden"):
                 assert hidden.get("outputs_hidden"), f"{path.stem} cell {i}: a solution cell shows its output"
+
+
+@pytest.mark.parametrize("path", IPYNB, ids=lambda p: p.stem)
+def test_every_notebook_has_exercises_with_solutions(path):
+    """README says every notebook ends with exercises whose solutions are collapsed cells: a "## Exercises" section
+    with at least two solution cells (source hidden, and output: the test above) after its heading."""
+    notebook = jupytext.read(path.with_suffix(".py"))
+    headings = [i for i, c in enumerate(notebook.cells)
+                if c.cell_type == "markdown" and "## Exercises" in (line.strip() for line in c.source.splitlines())]
+    assert headings, f"{path.stem} has no '## Exercises' section"
+    solutions = [c for c in notebook.cells[headings[0]:] if c.metadata.get("jupyter", {}).get("source_hidden")]
+    assert len(solutions) >= 2, f"{path.stem}: {len(solutions)} solution cell(s) after '## Exercises', fewer than 2"
