@@ -223,7 +223,7 @@ def _bf16_flags(tensors) -> ctypes.Array:
 
 
 def runs_in_c(module: torch.nn.Module, backend, *inputs: torch.Tensor, head_size: int = 0) -> bool:
-    """Whether ``module``'s inference can run in kernels/decode.c: its weights fp32 or bf16 (each) on a CPU, backend
+    """Whether ``module``'s inference can run in models/native/decode.c: its weights fp32 or bf16 (each) on a CPU, backend
     None or "c", the C library available, and no gradient asked for (grad mode off, or neither a parameter nor an
     input that requires one: the C code has no backward, so every tensor that enters it, a state included, counts).
 
