@@ -99,8 +99,8 @@ def _kernel(module: str, function: str):
 
 
 def _backends(function: str) -> tuple:
-    """The backend that backend=None picks here (Triton with a GPU, the C loops on a CPU for the ops that have them),
-    then the torch backend beside it when that is another one."""
+    """The backend that backend=None picks here (kernels/backends.py's dispatcher), then the torch backend beside it
+    when that is another one."""
     default = default_backend(function, DEVICE)
     return (default, "torch") if default != "torch" else ("torch",)
 
