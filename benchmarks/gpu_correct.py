@@ -43,7 +43,7 @@ def _inputs(op: str, rng, T: int, width: int):
         # as RWKV-7 makes them (a = -kk, b = kk * rate, kk unit-norm): a random a b^T grows the state without bound,
         # to inf within these 300 steps in float64 too
         x, _ = rwkv7_inputs(rng, 2, T, 2, width, state=False)
-        return x, {"chunked": op == "wkv7 chunked"}
+        return x, {}
     if op == "selective_scan":
         return [*rng.normal(size=(2, 2, width, T)), _decays(rng, (width, 16)), *rng.normal(size=(2, 2, 16, T))], \
             {"delta_softplus": True}
@@ -62,8 +62,12 @@ def _function(op: str):
 
 def _triton_function(name: str):
     """The seqmix op of a BATTERY name on the Triton backend, as the battery calls it."""
-    chunked = {"chunked": True} if name == "wkv7 chunked" else {}
-    return functools.partial(op_function(name), backend="triton", **chunked)
+    return functools.partial(op_function(name), backend=_triton_backend(name))
+
+
+def _triton_backend(op: str) -> str:
+    """WKV-7's chunked form is a backend of its own."""
+    return "triton_chunked" if op == "wkv7 chunked" else "triton"
 
 
 def _run(op, arrays, options, backend, dtype, device):
@@ -86,9 +90,9 @@ def check_op(op: str, dtype=torch.float32, device="cuda", T: int = 300, width: i
     over the output and the gradients, the budget, and whether a second run gave the same bits."""
     from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, rel_rms
     arrays, options = _inputs(op.removesuffix(TF32X3), np.random.default_rng(0), T, width)
-    got = _run(op, arrays, options, "triton", dtype, device)
-    again = _run(op, arrays, options, "triton", dtype, device)
-    want = _run(op, arrays, {k: v for k, v in options.items() if k != "chunked"}, "torch", torch.float64, "cpu")
+    got = _run(op, arrays, options, _triton_backend(op), dtype, device)
+    again = _run(op, arrays, options, _triton_backend(op), dtype, device)
+    want = _run(op, arrays, options, "torch", torch.float64, "cpu")
     budget = (2e-2 if dtype == torch.bfloat16 else FP16_BUDGET if dtype == torch.float16
               else FP32_CHUNKED_WKV7_BUDGET if op == "wkv7 chunked" else FP32_BUDGET)
     error = max(rel_rms(g.cpu(), w) for g, w in zip(got, want))

@@ -116,7 +116,7 @@ def _aot_mma(run, cost_model) -> dict:
 
 
 def op_function(op: str):
-    """The public seqmix function of an op of COST_KERNELS (WKV-7's chunked form is wkv7 with chunked=True)."""
+    """The public seqmix function of an op of COST_KERNELS (WKV-7's chunked form: wkv7, backend="triton_chunked")."""
     from seqmix.kernels.attention import attention
     from seqmix.kernels.rerope import rerope_attention, rerope_decode
     from seqmix.kernels.ssm import selective_scan
@@ -160,9 +160,11 @@ def inputs_at(run, op: str, dtype: str):
 
 
 def seqmix_call(run, op: str, backend: str):
-    """x -> the seqmix op on ``backend``, called as benchmarks/run.py calls it."""
+    """x -> the seqmix op on ``backend``, called as benchmarks/run.py calls it ("wkv7 chunked" on "triton" is the
+    backend "triton_chunked")."""
     fn = op_function(op)
-    options = {"wkv7 chunked": {"chunked": True}, "selective_scan": {"delta_softplus": True},
+    backend = "triton_chunked" if op == "wkv7 chunked" and backend == "triton" else backend
+    options = {"selective_scan": {"delta_softplus": True},
                "rerope_attention": {"window": run.shapes["rerope"]["w"]},
                "rerope_decode": {"window": run.shapes["rerope"]["w"]}}.get(op, {})
     return lambda x: fn(**x, **options, backend=backend)

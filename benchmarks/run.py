@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from seqmix.benchmarks import cost_model, peers
-from seqmix.kernels.testing import resolve_backend
+from seqmix.kernels.testing import default_backend
 from seqmix.models.mamba import MambaConfig, MambaForCausalLM
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -99,9 +99,9 @@ def _kernel(module: str, function: str):
 
 
 def _backends(function: str) -> tuple:
-    """The backend that backend=None picks here (Triton with a GPU, the C loops on a CPU for the ops that have them),
-    then the torch backend beside it when that is another one."""
-    default = resolve_backend(None, DEVICE, function)
+    """The backend that backend=None picks here (kernels/backends.py's dispatcher), then the torch backend beside it
+    when that is another one."""
+    default = default_backend(function, DEVICE)
     return (default, "torch") if default != "torch" else ("torch",)
 
 

@@ -1,8 +1,9 @@
 """Production path: torch + Triton implementations of the sequence-mixing ops.
 
 One module per op (``attention``, ``rerope``, ``wkv4``, ``wkv7``, ``ssm``); each exposes one public function
-with a ``backend`` argument (None: Triton for CUDA tensors; on CPU tensors the C loops of ``native`` for the
-recurrences, forward and backward, torch otherwise). Triton is optional: without it the torch backend works.
+with a ``backend`` argument, and ``backends`` is the one dispatcher that says which runs (None: the first backend in
+the op's order that takes the call; a backend named that cannot raises with its reason). Triton is optional:
+without it the torch backend works.
 To run the Triton kernels on CPU tensors, set ``TRITON_INTERPRET=1`` before anything imports triton.
 """
 

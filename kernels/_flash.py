@@ -9,14 +9,8 @@ import torch
 
 from seqmix.kernels._common import Launch, new_output, tl, triton
 
+# The flash kernels hold a (tile, d) block per operand: 16 <= d <= 128 (kernels/backends.py refuses the others).
 MIN_TRITON_HEAD_DIM, MAX_TRITON_HEAD_DIM = 16, 128
-
-
-def check_triton_head_dim(d: int) -> None:
-    """The flash kernels hold a (tile, d) block per operand: 16 <= d <= 128."""
-    if not MIN_TRITON_HEAD_DIM <= d <= MAX_TRITON_HEAD_DIM:
-        raise ValueError(f"backend='triton' takes head dims d in [{MIN_TRITON_HEAD_DIM}, {MAX_TRITON_HEAD_DIM}], "
-                         f"got d = {d}")
 
 
 def positive_scale(q, scale: float):

@@ -29,12 +29,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, all_finite, check_devices, check_same_dtype,
                                     check_tensor, first_order_only, new_output, tl, triton)
-from seqmix.kernels._flash import (block_d, check_triton_head_dim, dot_precision, flash_delta, flash_grid,
+from seqmix.kernels._flash import (block_d, dot_precision, flash_delta, flash_grid,
                                    flash_head, flash_launch, load_row_stats, load_tile, online_softmax_step,
                                    positive_scale, set_fp32_dot_precision, softmax_tile_grad, store_tile)
+from seqmix.kernels.backends import Call, dispatch
 
 __all__ = ["attention", "set_fp32_dot_precision"]
 
@@ -255,8 +255,10 @@ def attention(q, k, v, *, causal=True, scale=None, backend=None):
         causal (bool): mask the keys after each query. Default: True.
         scale (float or None): multiplies every score. Default: 1/sqrt(d).
         backend (str or None): "torch" (torch.nn.functional.scaled_dot_product_attention, any d), "triton" (the
-            flash kernels above, 16 <= d <= 128; on CPU tensors under TRITON_INTERPRET=1) or None (Triton for CUDA
-            tensors, torch otherwise). Default: None.
+            flash kernels above, 16 <= d <= 128; on CPU tensors under TRITON_INTERPRET=1) or None. None runs the
+            first that takes the call, in this order: "triton" (CUDA tensors, 16 <= d <= 128), "torch" (any other
+            call). A backend named here that cannot take the call raises with its reason (kernels/backends.py).
+            Default: None.
     Returns:
         torch.Tensor: O, (B, H, T, d), in the input dtype; differentiable on both backends.
 
@@ -267,8 +269,7 @@ def attention(q, k, v, *, causal=True, scale=None, backend=None):
     check_tensor("k", k, (B, H, T, d))
     check_tensor("v", v, (B, H, T, d))
     dtype = check_same_dtype(q=q, k=k, v=v)
-    backend = resolve_backend(backend, check_devices(q=q, k=k, v=v))
-    check_backend_dtype(backend, dtype)
+    backend = dispatch(Call("attention", check_devices(q=q, k=k, v=v), dtype, {"d": d}), backend)
     if T < 1 or d < 1:
         raise ValueError(f"q must have T >= 1 and d >= 1, got shape {tuple(q.shape)}")
     if not isinstance(causal, bool):
@@ -281,7 +282,6 @@ def attention(q, k, v, *, causal=True, scale=None, backend=None):
             return _attention_written_out(q, k, v, causal, scale)
         q, scale = positive_scale(q, scale)
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-    check_triton_head_dim(d)
     return AttentionFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale)
 
 

@@ -48,10 +48,10 @@ import torch
 import torch.nn.functional as F
 
 from seqmix.kernels import _native_autograd as native_autograd
-from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
                                     check_tensor, check_values, finite_log_decay, first_order_only, needs_grad,
                                     new_output, rows_per_program, tl, triton)
+from seqmix.kernels.backends import Call, dispatch
 
 __all__ = ["selective_scan"]
 
@@ -424,8 +424,10 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_
         state (torch.Tensor or None): (batch, D, N), the x before the first token, fp32 (float64 for float64
             inputs). Default: zeros.
         backend (str or None): "torch", "triton" (on CPU tensors the Triton interpreter, TRITON_INTERPRET=1), "c"
-            (kernels/native.c, CPU) or None (Triton for CUDA tensors; on CPU the C loop where it builds, torch
-            otherwise). Default: None.
+            (kernels/native.c, CPU) or None. None runs the first that takes the call, in this order: "triton" (CUDA
+            tensors), "c" (CPU tensors in fp32, fp16 or bf16 where the C loops build), "torch" (any other call). A
+            backend named here that cannot take the call raises with its reason (kernels/backends.py).
+            Default: None.
     Returns:
         (y (batch, D, T) in the input dtype, last_state (batch, D, N) fp32, float64 for float64 inputs): feed
         last_state back as state to continue the sequence.
@@ -453,8 +455,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_
     device = check_devices(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias, state=state)
     dtype = check_same_dtype(u=u, delta=delta, B=B, C=C, z=z)
     grad = needs_grad(u, delta, A, B, C, D, z, delta_bias, state)
-    backend = resolve_backend(backend, device, "selective_scan", dtype)
-    check_backend_dtype(backend, dtype)
+    backend = dispatch(Call("selective_scan", device, dtype, grad=grad), backend)
     compute = accumulation_dtype(dtype)
     for name, x in (("A", A), ("D", D), ("delta_bias", delta_bias)):
         check_decay_dtype(name, x, dtype)

@@ -5,9 +5,10 @@ The design's measure: relative RMS error ||a - b|| / ||b|| against the reference
 Accepts NumPy arrays and torch tensors (compared in float64).
 
 Also here, from the private modules, so that nothing outside kernels/ imports those: ``HAS_TRITON`` (whether triton
-imports), ``accumulation_dtype`` (the dtype states take for inputs of a dtype), ``resolve_backend`` (the backend a
-call runs on) and ``poisoned_outputs`` (NaN-filled output buffers). The first three are looked up on first use, so
-that importing this module does not import triton (``seqmix.use_interpreter_without_gpu()`` must come first).
+imports), ``accumulation_dtype`` (the dtype states take for inputs of a dtype), ``default_backend`` (the one
+backend=None picks, kernels/backends.py) and ``poisoned_outputs`` (NaN-filled output buffers). The first three are
+looked up on first use, so that importing this module does not import triton
+(``seqmix.use_interpreter_without_gpu()`` must come first).
 """
 from __future__ import annotations
 
@@ -19,14 +20,14 @@ import torch
 __all__ = ["fp32", "f64", "rel_rms", "max_abs", "assert_close", "assert_all_close", "check", "REFERENCE_BUDGET",
            "FP32_BUDGET", "FP32_CHUNKED_WKV7_BUDGET", "FP16_BUDGET", "poisoned_outputs", "gpu_like_math",
            "values_as_on_a_gpu",
-           "HAS_TRITON", "accumulation_dtype", "resolve_backend"]   # noqa: F822  (the last three: __getattr__ below)
+           "HAS_TRITON", "accumulation_dtype", "default_backend"]   # noqa: F822  (the last three: __getattr__ below)
 
 _FROM_KERNELS = {"HAS_TRITON": "seqmix.kernels._common", "accumulation_dtype": "seqmix.kernels._common",
-                 "resolve_backend": "seqmix.kernels._backend"}
+                 "default_backend": "seqmix.kernels.backends"}
 
 
 def __getattr__(name: str):
-    """HAS_TRITON, accumulation_dtype and resolve_backend, imported when first asked for (they import triton)."""
+    """HAS_TRITON, accumulation_dtype and default_backend, imported when first asked for (they import triton)."""
     if name in _FROM_KERNELS:
         import importlib
         return getattr(importlib.import_module(_FROM_KERNELS[name]), name)

@@ -59,10 +59,10 @@ from __future__ import annotations
 import torch
 
 from seqmix.kernels import _native_autograd as native_autograd
-from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
                                     check_tensor, check_values, first_order_only, needs_grad, new_output,
                                     plus_inf_as_nan, tl, triton)
+from seqmix.kernels.backends import Call, dispatch
 
 __all__ = ["wkv4", "INITIAL_MAX"]
 
@@ -484,8 +484,10 @@ def wkv4(w, u, k, v, state=None, *, backend=None):
             k, v), and w = -inf (a decay of exactly 0) is defined.
         state (tuple or None): (num, den, max), each (B, C), fp32 (float64 for float64 inputs), in Hugging Face's
             layout. Default: (0, 0, INITIAL_MAX = -1e38).
-        backend (str or None): "torch", "triton", "c" (kernels/native.c, CPU) or None (Triton for CUDA
-            tensors; on CPU the C loop where it builds, torch otherwise). Default: None.
+        backend (str or None): "torch", "triton", "c" (kernels/native.c, CPU) or None. None runs the first that
+            takes the call, in this order: "triton" (CUDA tensors), "c" (CPU tensors in fp32, fp16 or bf16 where the
+            C loops build), "torch" (any other call). A backend named here that cannot take the call raises with its
+            reason (kernels/backends.py). Default: None.
     Returns:
         (wkv (B, T, C) in the input dtype, (num, den, max)): feed the state back to continue the sequence.
 
@@ -508,8 +510,7 @@ def wkv4(w, u, k, v, state=None, *, backend=None):
                       for i, (name, s) in enumerate(zip(("num", "den", "max"), state)))
     device = check_devices(w=w, u=u, k=k, v=v, **({} if state is None else dict(zip(("num", "den", "max"), state))))
     grad = needs_grad(w, u, k, v, *(state or ()))
-    backend = resolve_backend(backend, device, "wkv4", dtype)
-    check_backend_dtype(backend, dtype)
+    backend = dispatch(Call("wkv4", device, dtype, grad=grad), backend)
     check_values(lambda: (w <= 0).all(),    # False for NaN too
                  "w is the per-step log decay, w = -exp(time_decay): every entry must be <= 0 and not NaN",
                  lambda: f"; got max {w.max().item()} and {int(torch.isnan(w).sum())} NaN")

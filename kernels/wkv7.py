@@ -53,31 +53,32 @@ make the gradients the same bit for bit in every run, for N / BLOCK_V (4 at N = 
 of the five gradients while the backward runs. T need not be a multiple of anything: steps past T read log_w = 0 and
 zeros elsewhere, which leaves the state unchanged.
 
-Chunked Triton path (wkv7(..., chunked=True), kernels/wkv7_chunked.py, whose docstring derives the backward): the
-torch path's factored WY form, one program per (batch, head, 16 value rows), walking chunks of 16 steps: T / 16
-serial steps instead of T, each a few dozen (16, 16) tile products, about 2.4x the arithmetic of the sequential
-kernel at N = 64. The state lives in the output buffer rather than in registers, so that every product is of
-(16, 16) tiles (fp32 products keep whole operand rows in each thread: (16, N) tiles need 168-255 registers and a
+Chunked Triton path (wkv7(..., backend="triton_chunked"), kernels/wkv7_chunked.py, whose docstring derives the
+backward): the torch path's factored WY form, one program per (batch, head, 16 value rows), walking chunks of 16
+steps: T / 16 serial steps instead of T, each a few dozen (16, 16) tile products, about 2.4x the arithmetic of the
+sequential kernel at N = 64. The state lives in the output buffer rather than in registers, so that every product is
+of (16, 16) tiles (fp32 products keep whole operand rows in each thread: (16, N) tiles need 168-255 registers and a
 stack). With a gradient wanted, the forward saves the state entering each chunk, and the chunked backward reads
-them. That backward carries dL/dS back chunk by chunk in one serial pass, then takes every
-chunk's gradients at once, in matmul form. With fp16/bf16 inputs the products run on the tensor cores. It takes
-head sizes from 16 (the sequential kernels run smaller heads). Each chunk picks its form on the device: within
-_factors_in_range's DECAY_RANGE and finite (RWKV-7's decays always are), the factored form; otherwise its 16 steps
-one at a time. The wrappers read no values (no host sync: CUDA graphs can capture them).
+them. That backward carries dL/dS back chunk by chunk in one serial pass, then takes every chunk's gradients at
+once, in matmul form. With fp16/bf16 inputs the products run on the tensor cores. It takes head sizes from 16 and
+refuses smaller ones (backend="triton", the sequential kernels, runs them). Each chunk picks its form on the device:
+within _factors_in_range's DECAY_RANGE and finite (RWKV-7's decays always are), the factored form; otherwise its 16
+steps one at a time. The wrappers read no values (no host sync: CUDA graphs can capture them).
 """
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn.functional as F
 
 from seqmix.kernels import _native_autograd as native_autograd
-from seqmix.kernels import native
-from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import (Launch, accumulation_dtype, all_finite, check_decay_dtype, check_devices,
                                     check_same_dtype, check_tensor, finite_log_decay, first_order_only, needs_grad,
                                     new_output, rows_per_program, tl, triton)
 from seqmix.kernels._wkv7_common import _checkpoint, _head_offsets, _step
-from seqmix.kernels.wkv7_chunked import (CHUNK as TRITON_CHUNK, CHUNKED_BLOCK_K, _chunked_bwd, _chunked_fwd, _chunked_launch_config,
+from seqmix.kernels.backends import Call, deprecated_chunked, dispatch
+from seqmix.kernels.wkv7_chunked import (CHUNK as TRITON_CHUNK, _chunked_bwd, _chunked_fwd, _chunked_launch_config,
                                          wkv7_chunked_bwd_kernel, wkv7_chunked_dstate_kernel, wkv7_chunked_fwd_kernel)
 
 __all__ = ["wkv7"]
@@ -383,20 +384,15 @@ def _max_spread(dtype):
     return FP16_DECAY_RANGE if dtype == torch.float16 else DECAY_RANGE
 
 
-def _use_chunked_forward(N):
-    """Whether the chunked kernels (forward and backward, kernels/wkv7_chunked.py) take head size N: from 16, tl.dot's
-    smallest tile. They decide each chunk's form on the device (decays out of range take steps one at a time), so
-    nothing of the inputs is read here."""
-    return N >= CHUNKED_BLOCK_K
-
-
 def wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
-    """Runs the sequential or (where it applies) the chunked forward kernel; returns y, the final state and the
-    checkpoints (the state itself, unwritten, without ``save_checkpoints``)."""
+    """Runs the sequential or the chunked forward kernel (``chunked``: the "triton_chunked" backend, which
+    kernels/backends.py gives heads N >= 16 only; the chunked kernels decide each chunk's form on the device, decays
+    out of range taking their steps one at a time); returns y, the final state and the checkpoints (the state
+    itself, unwritten, without ``save_checkpoints``)."""
     B, T, H, N = r.shape
     y = new_output((B, T, H, N), r.dtype, r.device)
     state = new_output((B, H, N, N), torch.float32, r.device)
-    if chunked and _use_chunked_forward(N):
+    if chunked:
         return y, state, _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, save_checkpoints, _max_spread(r.dtype))
     ckpt = (new_output((B * H, triton.cdiv(T, CHECKPOINT), N, N), torch.float32, r.device) if save_checkpoints
             else state)                              # not written without SAVE_CKPT
@@ -447,7 +443,7 @@ class Wkv7Function(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         y, state, ckpt = wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints=True, chunked=chunked)
         ctx.save_for_backward(r, log_w, k, v, a, b, ckpt)
-        ctx.chunked = chunked and _use_chunked_forward(r.shape[-1])
+        ctx.chunked = chunked
         return y, state
 
     @staticmethod
@@ -481,20 +477,24 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
             that dtype or fp32.
         state (torch.Tensor or None): (B, H, N, N) indexed [value, key], fp32 (float64 with float64 inputs).
             Default: zeros.
-        backend (str or None): "torch" (the chunked WY form), "triton" (N a power of two >= 4; on CPU tensors it
-            needs TRITON_INTERPRET=1 before triton is imported), "c" (kernels/native.c, CPU, N <= 256) or None
-            (Triton for CUDA tensors; on CPU the C loop where it builds and N <= 256, torch otherwise).
-            Default: None.
-        chunked (bool): on the Triton backend, run the chunked WY form, T / 16 serial steps of (16, 16) tile
-            products instead of T steps (about 2.4x the arithmetic at N = 64), for N >= 16 (the sequential kernels
-            run smaller heads); the backward is chunked too (a serial pass over chunks, then every chunk at once);
-            fp16/bf16 products on the tensor cores. A chunk whose log decays spread beyond DECAY_RANGE (never with
-            RWKV-7's) or that holds inf or NaN takes its 16 steps one at a time, decided on the device.
+        backend (str or None): "torch" (the chunked WY form), "triton" (the recurrence step by step, N a power of
+            two >= 4; on CPU tensors it needs TRITON_INTERPRET=1 before triton is imported), "triton_chunked" (the
+            chunked WY form on Triton, T / 16 serial steps of (16, 16) tile products instead of T steps, about 2.4x
+            the arithmetic at N = 64, for N a power of two >= 16; the backward is chunked too, a serial pass over
+            chunks, then every chunk at once; fp16/bf16 products on the tensor cores; a chunk whose log decays
+            spread beyond DECAY_RANGE, never with RWKV-7's, or that holds inf or NaN takes its 16 steps one at a
+            time, decided on the device), "c" (kernels/native.c, CPU, N <= 256) or None. None runs the first that
+            takes the call, in this order: "triton" (CUDA tensors, N a power of two >= 4), "triton_chunked" (CUDA
+            tensors, N a power of two >= 16), "c" (CPU tensors in fp32, fp16 or bf16, N <= 256, where the C loops
+            build), "torch" (any other call). A backend named here that cannot take the call raises with its
+            reason (kernels/backends.py). Default: None.
+        chunked (bool): deprecated, to be removed in the next version: use backend="triton_chunked". True turns
+            a "triton" choice into "triton_chunked" where that takes the call (N >= 16), as it always did.
             Default: False.
     Returns:
         (y (B, T, H, N) in the input dtype, state (B, H, N, N) after the last step, fp32 or float64).
 
-    Notes: chunked is not timed on a GPU here: which is faster depends on the GPU, the batch and T.
+    Notes: "triton_chunked" is not timed on a GPU here: which is faster depends on the GPU, the batch and T.
     Source: the RWKV-7 post https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 and arXiv:2503.14456.
     """
     check_tensor("r", r, (None, None, None, None))
@@ -507,12 +507,15 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
     check_decay_dtype("log_w", log_w, dtype)
     device = check_devices(r=r, log_w=log_w, k=k, v=v, a=a, b=b, state=state)
     grad = needs_grad(r, log_w, k, v, a, b, state)
-    # the C loop keeps a row of the state in registers: heads of WKV7_MAX_HEAD at most
-    too_large = f"takes head sizes N <= {native.WKV7_MAX_HEAD}, got N = {N}" if N > native.WKV7_MAX_HEAD else ""
-    backend = resolve_backend(backend, device, "wkv7", dtype, c_refuses=too_large)
     if not isinstance(chunked, bool):
         raise TypeError(f"chunked must be True or False, got {chunked!r}")
-    check_backend_dtype(backend, dtype)
+    call = Call("wkv7", device, dtype, {"N": N}, grad)
+    backend = dispatch(call, backend)
+    if chunked:
+        # stacklevel 1: a notebook (its cells are __main__) would show it as output; tests and -W show it
+        warnings.warn('wkv7(chunked=True) is deprecated and goes in the next version: pass backend="triton_chunked"',
+                      DeprecationWarning, stacklevel=1)
+        backend = deprecated_chunked(call, backend)
     state_dtype = accumulation_dtype(dtype)
     if state is not None:
         check_tensor("state", state, (B, H, N, N), dtypes=(state_dtype,))
@@ -524,9 +527,8 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
             state = torch.zeros((B, H, N, N), dtype=state_dtype, device=device)
         y, state = _wkv7_torch(*(x.to(state_dtype) for x in (r, log_w, k, v, a, b)), state)
         return y.to(dtype), state
-    if N < 4 or N & (N - 1):
-        raise ValueError(f"backend='triton' needs a head size N that is a power of two >= 4, got N = {N}")
     args = (*(x.contiguous() for x in (r, log_w, k, v, a, b)), None if state is None else state.contiguous())
+    chunked = backend == "triton_chunked"
     if grad:
         return Wkv7Function.apply(*args, chunked)
     y, state, _ = wkv7_fwd(*args, save_checkpoints=False, chunked=chunked)   # inference: no checkpoints

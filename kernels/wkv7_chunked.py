@@ -1,5 +1,5 @@
 """RWKV-7's WKV in chunks, on Triton: the forward and the backward of the chunked WY form (kernels/wkv7.py's
-``wkv7(..., chunked=True)``), beside the recurrent (sequential) kernels of kernels/wkv7.py, as fla keeps
+``wkv7(..., backend="triton_chunked")``), beside the recurrent (sequential) kernels of kernels/wkv7.py, as fla keeps
 fused_recurrent beside chunk. Private: kernels/wkv7.py dispatches here.
 
 Glossary (kernels/wkv7.py's module docstring derives the forward): a chunk is L = CHUNK = 16 steps; S_0 its entering
@@ -67,7 +67,7 @@ import torch
 from seqmix.kernels._common import Launch, new_output, tl, triton
 from seqmix.kernels._wkv7_common import _checkpoint, _head_offsets, _step
 
-__all__ = []   # private: the op is kernels/wkv7.py's wkv7 (chunked=True)
+__all__ = []   # private: the op is kernels/wkv7.py's wkv7 (backend="triton_chunked")
 
 CHUNK = 16                # steps per chunk; the forward saves each chunk's entering state for the backward
 CHUNKED_BLOCK_K = 16      # keys per step of the loops over keys

@@ -355,7 +355,7 @@ class GenerateMixin:
             stop_sequences: a list of token-id lists (e.g. [[187, 187]], "\\n\\n" in the GPT-NeoX tokenizer); a row
                 ends right after producing one (it is kept) and is padded with its last token while others go on.
             generator: a torch.Generator for reproducible sampling.
-            backend: the ops' backend (None: the default for the device).
+            backend: the ops' backend (None: the first that takes the call, kernels/backends.py).
 
         Returns:
             (tokens (B, T + n) int64, the state after the last token).
@@ -370,7 +370,7 @@ class GenerateMixin:
             prompt: the text to continue.
             tokenizer: a tokenizer of models/text.py (load_tokenizer("world"), a tokenizer.json, ...); default
                 the one from_pretrained found beside the weights.
-            backend: the ops' backend (None: the default for the device).
+            backend: the ops' backend (None: the first that takes the call, kernels/backends.py).
             **kwargs: max_new_tokens, temperature, top_p, stop (a string matched on the decoded text), state,
                 generator: as for models.text.TextStream.
 
@@ -436,7 +436,7 @@ class CausalLMMixin(GenerateMixin, PretrainedMixin):
             use_cache: whether to return the state (default config.use_cache).
             output_hidden_states: whether to return every block's output.
             logits_to_keep: 0 for the logits of every position, n > 0 for the last n only (generation).
-            backend: the ops' backend (None: the default for the device).
+            backend: the ops' backend (None: the first that takes the call, kernels/backends.py).
 
         Returns:
             CausalLMOutput(logits (B, T or logits_to_keep, V), loss, state, hidden_states).

@@ -1,19 +1,23 @@
 """A decoding step of a whole model in one call to the C library (models/native/decode.c): the models' forward takes
 it for one token of one sequence on a CPU. Also RWKV-7's time mix after its matrix products in C
-(models/native/rwkv7_time_mix.c), which its TimeMix takes for prompts on a CPU without gradients (``runs_in_c``).
+(models/native/rwkv7_time_mix.c), which its TimeMix takes for prompts on a CPU without gradients (``time_mix_path``).
 
 Why: decoding reads every weight once per token. Written as torch ops, a step adds to that read about a thousand
 small ops (layer norms, token-shift mixes, gates, the recurrence's step), each some microseconds of dispatch, which
 cost 30-60% more than the read itself (benchmarks/results/models.md). models/native/decode.c does the step's matrix
 products at the memory's speed and the rest in a few microseconds per layer, on torch's thread count.
 
-When: ``fused(model, input_ids, state, backend)`` says whether a forward call takes this path: input_ids of shape
-(1, 1) on a CPU, fp32 or bf16 weights (each tensor its own: a bf16 model may keep its decays fp32, as transformers
-and fla do, and each weight reaches the C code with its own dtype flag), the state (if given) fp32 or bf16, backend
-None or "c", the C library available, and no gradient asked for (grad mode off, or no parameter or state that
-requires one). Every other call runs the torch ops. Both compute the same function: the step here in fp32 from the
-weights as stored (a bf16 model's torch ops round to bf16 after each op, so its logits differ by bf16's rounding);
-tests/test_models_decode.py checks each model's step against its torch forward, float64 included.
+When: the dispatcher of kernels/backends.py decides, between two backends of the same kind as the ops' ("c", this
+path, and "ops", the model's torch modules with each op on the forward's backend): ``step_path(model, input_ids,
+state, backend)`` for a forward call, ``time_mix_path`` for RWKV-7's time mix. "c" takes input_ids of shape (1, 1)
+(the step; the time mix any) on a CPU, fp32 or bf16 weights (each tensor its own: a bf16 model may keep its decays
+fp32, as transformers and fla do, and each weight reaches the C code with its own dtype flag), the state (if given)
+fp32 or bf16, backend None or "c", the C library available, no gradient asked for (grad mode off, or no parameter or
+state that requires one), the published RWKV-7 (not wide_in_context_rate) and no hidden states asked for. Every other
+call runs the torch ops (``CStep.verify`` says why, ``backends.refusals`` lists it). Both compute the same function:
+the step here in fp32 from the weights as stored (a bf16 model's torch ops round to bf16 after each op, so its logits
+differ by bf16's rounding); tests/test_models_decode.py checks each model's step against its torch forward, float64
+included.
 
 The C side is written once, here: ENTRIES holds the entry points' prototypes as models/native/decode.h declares them
 (a test checks the two agree), from which their ctypes types come and by which the calls pass arguments by name;
@@ -39,10 +43,12 @@ from pathlib import Path
 import torch
 
 from seqmix.kernels import c_abi, native
-from seqmix.kernels._common import needs_grad, new_output
+from seqmix.kernels._common import TORCH_DTYPES, needs_grad, new_output
+from seqmix.kernels.backends import Backend, Call, Refusal, Unavailable, describe, dispatch
 
-__all__ = ["runs_in_c", "fused", "rwkv4_step", "rwkv7_step", "mamba_step", "rwkv7_time_mix", "ENTRIES", "LAYOUTS",
-           "TIME_MIX", "SOURCES", "Weight", "Layout", "weights_header", "library"]
+__all__ = ["CStep", "TorchOps", "STEP", "TIME_MIX_PATH", "step_path", "time_mix_path", "rwkv4_step", "rwkv7_step",
+           "mamba_step", "rwkv7_time_mix", "ENTRIES", "LAYOUTS", "TIME_MIX", "SOURCES", "Weight", "Layout",
+           "weights_header", "library"]
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}        # the weights' dtypes the C step reads (value: its bf16 flag)
 
@@ -222,42 +228,105 @@ def _bf16_flags(tensors) -> ctypes.Array:
     return (ctypes.c_int64 * len(tensors))(*(0 if t is None else DTYPES[t.dtype] for t in tensors))
 
 
-def runs_in_c(module: torch.nn.Module, backend, *inputs: torch.Tensor, head_size: int = 0) -> bool:
-    """Whether ``module``'s inference can run in models/native/decode.c: its weights fp32 or bf16 (each) on a CPU, backend
-    None or "c", the C library available, and no gradient asked for (grad mode off, or neither a parameter nor an
-    input that requires one: the C code has no backward, so every tensor that enters it, a state included, counts).
+class CStep(Backend):
+    """models/native/decode.c: a whole model's decoding step (``step=True``: one token of one sequence), or RWKV-7's time
+    mix after its matrix products; inference on a CPU. Verifies a Call of ``step_path`` or ``time_mix_path``."""
+    name = "c"
 
-    Args:
-        module: a model or a layer of one. backend: the forward's backend argument. inputs: every tensor the C
-            code would read besides the parameters (None skipped).
-        head_size: RWKV-7's (the C loop takes heads up to native.WKV7_MAX_HEAD).
+    def __init__(self, step: bool):
+        super().__init__(when="one token of one sequence on a CPU, fp32 or bf16 weights and state, no gradient, "
+                              "backend None or \"c\"" if step else
+                              "a CPU, fp32 or bf16 weights, no gradient, backend None or \"c\"")
+        self.step = step
 
-    Returns:
-        True when the C code can take the call.
-    """
-    if backend not in (None, "c") or any(p.device.type != "cpu" or p.dtype not in DTYPES for p in module.parameters()):
-        return False
-    if head_size > native.WKV7_MAX_HEAD or not native.available():
-        return False
-    return not needs_grad(*inputs, *module.parameters())
+    def verify(self, call):
+        f = call.facts
+        if f.get("wide_in_context_rate"):
+            return Refusal("computes the published RWKV-7 only, not wide_in_context_rate")
+        if f.get("output_hidden_states"):
+            return Refusal("returns no hidden states")
+        if self.step and f["tokens"] != (1, 1):
+            return Refusal(f"takes one token of one sequence, input_ids of shape (1, 1), got {f['tokens']}")
+        if call.asked not in (None, "c"):
+            return Refusal(f"runs for backend None or 'c' only, got {call.asked!r}")
+        if call.device.type != "cpu" or not f["weight_dtypes"] <= set(DTYPES):
+            return Refusal(f"takes CPU weights in fp32 or bf16, got {call.device} and "
+                           f"{sorted(str(d) for d in f['weight_dtypes'])}")
+        if f.get("head_size", 0) > native.WKV7_MAX_HEAD:
+            return Refusal(f"takes head sizes N <= {native.WKV7_MAX_HEAD}, got N = {f['head_size']}")
+        if not native.available():       # says once why not (a RuntimeWarning)
+            return Unavailable(f"is not available here: {native.unavailable_reason()}")
+        if call.grad:   # the C code has no backward: every tensor that enters it, a state included, counts
+            return Refusal("has no backward, and a gradient is wanted")
+        if not f.get("state_dtypes", set()) <= set(DTYPES):
+            return Refusal(f"takes a state in fp32 or bf16, got {sorted(str(d) for d in f['state_dtypes'])}")
+        return None
 
 
-def fused(model: torch.nn.Module, input_ids: torch.Tensor, state, backend) -> bool:
-    """Whether a forward call of ``model`` on ``input_ids`` from ``state`` runs as one C step.
+class TorchOps(Backend):
+    """The model's torch modules, each op on the forward's own backend (kernels/backends.py decides each)."""
+    name = "ops"
+    dtypes = TORCH_DTYPES
+    when = "any other call: the torch modules, each op on its own backend"
+
+    def verify(self, call):
+        return None
+
+
+LEAD = "A call takes the first path that takes it"   # describe()'s opening for these paths (no backend argument)
+STEP = (CStep(step=True), TorchOps())          # a model's forward call
+TIME_MIX_PATH = (CStep(step=False), TorchOps())   # RWKV-7's time mix after its matrix products
+
+
+def _path_call(op: str, module: torch.nn.Module, backend, tensors, **facts) -> Call:
+    """The Call CStep verifies: the module's weights (device, dtypes), whether a gradient is wanted of them or of
+    ``tensors``, the forward's backend argument, and ``facts``."""
+    params = list(module.parameters())
+    off_cpu = next((p.device for p in params if p.device.type != "cpu"), torch.device("cpu"))
+    return Call(op, off_cpu, params[0].dtype if params else torch.float32,
+                {"weight_dtypes": {p.dtype for p in params}, **facts}, needs_grad(*tensors, *params), backend)
+
+
+def step_path(model: torch.nn.Module, input_ids: torch.Tensor, state, backend, *,
+              output_hidden_states: bool = False) -> str:
+    """Which path a forward call of ``model`` on ``input_ids`` from ``state`` takes: "c" (one C call, rwkv4_step,
+    rwkv7_step or mamba_step) or "ops" (the torch modules). {STEP}
 
     Args:
         model: RwkvModel, Rwkv7 or MambaModel. input_ids: the checked token ids (B, T). state: the checked state,
-            or None. backend: the forward's backend argument.
+            or None. backend: the forward's backend argument. output_hidden_states: whether they are asked for.
 
     Returns:
-        True for one token of one sequence whose state (if any) is fp32 or bf16, when runs_in_c.
+        "c" or "ops".
     """
     states = [] if state is None else torch.utils._pytree.tree_leaves(state)
+    config = model.config
     # the state among the inputs: a trainable state with frozen weights ("state tuning") needs the torch path
-    if input_ids.shape != (1, 1) or not runs_in_c(model, backend, *states,
-                                                  head_size=getattr(model.config, "head_size", 0)):
-        return False
-    return all(s.dtype in DTYPES for s in states)
+    call = _path_call("decode_step", model, backend, states, tokens=tuple(input_ids.shape),
+                      state_dtypes={s.dtype for s in states}, head_size=getattr(config, "head_size", 0),
+                      wide_in_context_rate=getattr(config, "wide_in_context_rate", False),
+                      output_hidden_states=output_hidden_states)
+    return dispatch(call, None, STEP)
+
+
+def time_mix_path(att: torch.nn.Module, backend, *inputs: torch.Tensor) -> str:
+    """Which path RWKV-7's time mix ``att`` takes after its matrix products: "c" (rwkv7_time_mix) or "ops". {TIME_MIX_PATH}
+
+    Args:
+        att: the TimeMix. backend: the forward's backend argument. inputs: every tensor the C code would read besides
+            the parameters (None skipped), the state's kv included.
+
+    Returns:
+        "c" or "ops".
+    """
+    call = _path_call("rwkv7_time_mix", att, backend, inputs, head_size=att.r_k.shape[1],
+                      wide_in_context_rate=att.wide_in_context_rate)
+    return dispatch(call, None, TIME_MIX_PATH)
+
+
+if step_path.__doc__:   # (python -OO drops docstrings) the order, in the dispatcher's words
+    step_path.__doc__ = step_path.__doc__.replace("{STEP}", describe("decode_step", STEP, LEAD))
+    time_mix_path.__doc__ = time_mix_path.__doc__.replace("{TIME_MIX_PATH}", describe("rwkv7_time_mix", TIME_MIX_PATH, LEAD))
 
 
 def _pointers(tensors) -> ctypes.Array:

@@ -210,7 +210,10 @@ class MambaModel(PretrainedMixin, nn.Module):
                 float64); never modified.
             use_cache: whether to return the state (default config.use_cache).
             output_hidden_states: whether to return each block's output, then norm_f's output.
-            backend: the scan's backend (None: the default for the device).
+            backend: the scan's backend, which kernels/backends.py dispatches (None: the first that takes the call).
+                The forward itself: A call takes the first path that takes it, in this order: "c" (one token of one
+                sequence on a CPU, fp32 or bf16 weights and state, no gradient, backend None or "c"), "ops" (any other
+                call: the torch modules, each op on its own backend). The step_path of models/decode.py decides.
 
         Returns:
             ModelOutput(last_hidden_state (B, T, C), state or None, hidden_states or None).
@@ -219,7 +222,7 @@ class MambaModel(PretrainedMixin, nn.Module):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         B, state_dtype = input_ids.shape[0], accumulation_dtype(self.embeddings.weight.dtype)
         state = None if state is None else self._check_state(state, B)
-        if not output_hidden_states and decode.fused(self, input_ids, state, backend):   # one token: one C call
+        if decode.step_path(self, input_ids, state, backend, output_hidden_states=output_hidden_states) == "c":
             x, state = decode.mamba_step(self, input_ids, state)
             return ModelOutput(x, state if use_cache else None, None)
         x = self.embeddings(input_ids)

@@ -216,7 +216,10 @@ class RwkvModel(PretrainedMixin, nn.Module):
                 modified.
             use_cache: whether to return the state (default config.use_cache).
             output_hidden_states: whether to return each block's output (after rescaling), then ln_out's output.
-            backend: the WKV op's backend (None: the default for the device).
+            backend: the WKV op's backend, which kernels/backends.py dispatches (None: the first that takes the call).
+                The forward itself: A call takes the first path that takes it, in this order: "c" (one token of one
+                sequence on a CPU, fp32 or bf16 weights and state, no gradient, backend None or "c"), "ops" (any other
+                call: the torch modules, each op on its own backend). The step_path of models/decode.py decides.
 
         Returns:
             ModelOutput(last_hidden_state (B, T, C), state or None, hidden_states or None).
@@ -226,7 +229,7 @@ class RwkvModel(PretrainedMixin, nn.Module):
         B, state_dtype = input_ids.shape[0], accumulation_dtype(self.embeddings.weight.dtype)
         state = None if state is None else self._check_state(state, B)
         every = self.config.rescale_every if not self.training else 0
-        if not output_hidden_states and decode.fused(self, input_ids, state, backend):   # one token: one C call
+        if decode.step_path(self, input_ids, state, backend, output_hidden_states=output_hidden_states) == "c":
             x, state = decode.rwkv4_step(self, input_ids, state, every)
             return ModelOutput(x, state if use_cache else None, None)
         x = self.embeddings(input_ids)

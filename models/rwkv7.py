@@ -169,9 +169,8 @@ class TimeMix(nn.Module):
         vl = None if v_first is None else _lora(xv, self.v1, self.v2)
         g = _lora(xg, self.g1, self.g2, torch.sigmoid)
         # on a CPU without gradients: the rest in one C pass (every tensor it reads counts, the state's kv included);
-        # not with the wide in-context rate, which the C pass does not compute
-        if not self.wide_in_context_rate and decode.runs_in_c(self, backend, r, k, v, v_first, wl, al, vl, g, kv,
-                                                              head_size=self.r_k.shape[1]):
+        # not with the wide in-context rate, which the C pass does not compute (decode.CStep says so)
+        if decode.time_mix_path(self, backend, r, k, v, v_first, wl, al, vl, g, kv) == "c":
             y, kv = decode.rwkv7_time_mix(self, r, k, v, v_first, wl, al, vl, g, kv)
         else:
             y, kv = self._mix(r, k, v, v_first, wl, al, vl, g, kv, backend)
@@ -354,8 +353,11 @@ class Rwkv7(GenerateMixin, PretrainedMixin, nn.Module):
             state: as returned by a previous call (never modified), or None for initial_state.
             logits_to_keep: 0 for the logits of every position, n > 0 for the last n only (generation: the head
                 is the largest matrix).
-            backend: the WKV-7 op's backend (None: Triton on CUDA; on CPU the C loop without gradients, torch
-                with them).
+            backend: the WKV-7 op's backend, which kernels/backends.py dispatches (None: Triton on CUDA; on CPU the C
+                loop, with or without gradients, where it takes the call). The forward itself: A call takes the first
+                path that takes it, in this order: "c" (one token of one sequence on a CPU, fp32 or bf16 weights and
+                state, no gradient, backend None or "c"), "ops" (any other call: the torch modules, each op on its own
+                backend). The step_path of models/decode.py decides.
 
         Returns:
             (logits (B, T or logits_to_keep, V) in the model's dtype, state after the last token).
@@ -364,7 +366,7 @@ class Rwkv7(GenerateMixin, PretrainedMixin, nn.Module):
         check_logits_to_keep(logits_to_keep)
         B = input_ids.shape[0]
         state = None if state is None else self._check_state(state, B)
-        if not self.config.wide_in_context_rate and decode.fused(self, input_ids, state, backend):   # one C call
+        if decode.step_path(self, input_ids, state, backend) == "c":   # one token: one C call
             x, state = decode.rwkv7_step(self, input_ids, state)
             return self.head(x), state
         state = self.initial_state(B, dtype=self.kv_dtype) if state is None else state

@@ -132,10 +132,11 @@ def test_torch_split_sequence_equals_whole(T, cuts, seed):
 @pytest.fixture(params=[False, True], ids=["sequential", "chunked"])
 def chunked(request, monkeypatch):
     """Run a Triton test on both forward kernels: the sequential one (the default) and the chunked one (it takes
-    every case it is used on: head sizes >= 16, RWKV-7's decays). The backward kernel is the same for both."""
-    answers = spy(monkeypatch, kw, "_use_chunked_forward")
+    every case it is used on: head sizes >= 16, RWKV-7's decays), the latter through the deprecated chunked=True
+    (tests/test_backends.py runs backend="triton_chunked" itself). The backward kernel is the same for both."""
+    launches = spy(monkeypatch, kw, "_chunked_fwd")
     yield request.param
-    assert answers == [True] * len(answers) and bool(answers) == request.param
+    assert bool(launches) == request.param
 
 
 @pytest.mark.parametrize("shape, decay, with_state", [
@@ -184,9 +185,9 @@ def test_triton_chunked_forward_takes_any_decay(rng, monkeypatch, decay, N, chun
     """With chunked=True: decays down to exp(-1e4) (the factored couplings would need e^{-c} = inf) run on the
     chunked kernel, whose chunks out of range take their steps one at a time; head sizes below tl.dot's 16 run on
     the sequential kernel."""
-    answers = spy(monkeypatch, kw, "_use_chunked_forward")
+    launches = spy(monkeypatch, kw, "_chunked_fwd")
     check_against_truth(rng, (1, 40, 2, N), decay, True, torch.float32, "triton", FP32_BUDGET, chunked=True)
-    assert answers and all(a == chunked_kernel for a in answers)
+    assert bool(launches) == chunked_kernel
 
 
 @needs_triton

@@ -34,9 +34,9 @@ import numbers
 
 import torch
 
-from seqmix.kernels._backend import check_backend_dtype, resolve_backend
 from seqmix.kernels._common import accumulation_dtype, check_devices, check_same_dtype, check_tensor
-from seqmix.kernels._flash import check_triton_head_dim, positive_scale, set_fp32_dot_precision
+from seqmix.kernels._flash import positive_scale, set_fp32_dot_precision
+from seqmix.kernels.backends import Call, dispatch
 from seqmix.kernels.rerope.fused import rerope_triton
 from seqmix.kernels.rerope.piecewise import rerope_decode_torch, rerope_torch
 from seqmix.kernels.rerope.rotation import cos_sin, log_n, rotate
@@ -61,17 +61,15 @@ def _check_options(window, leaky_k, scale, train_length, base, d):
     return float(scale)
 
 
-def _checked_run(torch_path, q, k, v, window, leaky_k, scale, train_length, base, backend):
-    """What prefill and decode share, once their shapes are checked: dtype, device, backend, an even head dim, the
-    options; then ``torch_path`` or the fused kernels."""
+def _checked_run(op, torch_path, q, k, v, window, leaky_k, scale, train_length, base, backend):
+    """What prefill and decode share, once their shapes are checked: dtype, device, an even head dim, the backend,
+    the options; then ``torch_path`` or the fused kernels."""
     dtype = check_same_dtype(q=q, k=k, v=v)
-    backend = resolve_backend(backend, check_devices(q=q, k=k, v=v))
-    check_backend_dtype(backend, dtype)
+    device = check_devices(q=q, k=k, v=v)
     d = q.shape[-1]
     if d % 2 or d < 2:
         raise ValueError(f"RoPE needs an even head dim d >= 2, got q {tuple(q.shape)} with d = {d}")
-    if backend == "triton":
-        check_triton_head_dim(d)
+    backend = dispatch(Call(op, device, dtype, {"d": d}), backend)
     scale = _check_options(window, leaky_k, scale, train_length, base, d)
     if backend == "triton":
         return rerope_triton(q, k, v, int(window), leaky_k, scale, train_length, base)
@@ -95,7 +93,9 @@ def rerope_attention(q, k, v, window, *, leaky_k=None, scale=None, train_length=
         train_length (float or None): L >= 2 turns on log-n scaling. Default: None.
         base (float): RoPE's base, inv_freq = base^(-2f/d). Default: 10000.0.
         backend (str or None): "torch" (exact flash-attention pieces merged by log-sum-exp), "triton" (one fused
-            kernel, 16 <= d <= 128) or None (Triton for CUDA tensors, torch otherwise). Default: None.
+            kernel, 16 <= d <= 128) or None. None runs the first that takes the call, in this order: "triton" (CUDA
+            tensors, 16 <= d <= 128), "torch" (any other call). A backend named here that cannot take the call
+            raises with its reason (kernels/backends.py). Default: None.
     Returns:
         torch.Tensor: (B, H, T, d), in the input dtype.
 
@@ -107,7 +107,7 @@ def rerope_attention(q, k, v, window, *, leaky_k=None, scale=None, train_length=
     check_tensor("v", v, (B, H, T, d))
     if T < 1:
         raise ValueError(f"q must hold at least one position, got shape {tuple(q.shape)}")
-    return _checked_run(rerope_torch, q, k, v, window, leaky_k, scale, train_length, base, backend)
+    return _checked_run("rerope_attention", rerope_torch, q, k, v, window, leaky_k, scale, train_length, base, backend)
 
 
 def rerope_decode(q, k_cache, v_cache, window, *, leaky_k=None, scale=None, train_length=None, base=10000.0,
@@ -123,8 +123,10 @@ def rerope_decode(q, k_cache, v_cache, window, *, leaky_k=None, scale=None, trai
             query's own key.
         window, leaky_k, scale, train_length, base: as in ``rerope_attention``.
         backend (str or None): "torch" (the cache rotated piecewise.DECODE_CHUNK keys at a time, no rotated copy of
-            the whole cache), "triton" (the fused kernel with one query row, keys rotated in registers) or None
-            (Triton for CUDA tensors, torch otherwise). Default: None.
+            the whole cache), "triton" (the fused kernel with one query row, keys rotated in registers, 16 <= d <=
+            128) or None. None runs the first that takes the call, in this order: "triton" (CUDA tensors, 16 <= d <=
+            128), "torch" (any other call). A backend named here that cannot take the call raises with its reason
+            (kernels/backends.py). Default: None.
     Returns:
         torch.Tensor: (B, H, 1, d), in the input dtype.
 
@@ -137,7 +139,8 @@ def rerope_decode(q, k_cache, v_cache, window, *, leaky_k=None, scale=None, trai
     check_tensor("v_cache", v_cache, (B, H, T, d))
     if T < 1:
         raise ValueError(f"k_cache must hold at least the query's own key (T >= 1), got shape {tuple(k_cache.shape)}")
-    return _checked_run(rerope_decode_torch, q, k_cache, v_cache, window, leaky_k, scale, train_length, base, backend)
+    return _checked_run("rerope_decode", rerope_decode_torch, q, k_cache, v_cache, window, leaky_k, scale, train_length,
+                        base, backend)
 
 
 def _check_rows(name, x):
