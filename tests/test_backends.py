@@ -200,7 +200,8 @@ def _sources():
     for folder in ("kernels", "models", "conformance", "benchmarks", "src", "experiments", "tests"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel.startswith("benchmarks/results/") or rel == "tests/test_backends.py":
+            if (rel.startswith("benchmarks/results/") or rel == "tests/test_backends.py"
+                    or any(part.startswith(".") for part in path.relative_to(ROOT).parts)):  # .ipynb_checkpoints
                 continue
             yield rel, path.read_text()
 
