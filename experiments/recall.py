@@ -240,7 +240,7 @@ def _control_note(results: Results, setup: Setup) -> str:
              f"with {setup.long_factor}x the steps ({fmt(r['test_accuracy'])} at {setup.budget.steps})"
              for r in results.select(phase="test", arch=c.arch, width=c.width, pairs=c.pairs)
              if r["test_accuracy"] < setup.control_accuracy]
-    return f" ({'; '.join(notes)})" if notes else ""
+    return ", " + "; ".join(notes) if notes else ""
 
 
 def _cell_text(results: Results, arch: str, width: int, pairs: int) -> str:

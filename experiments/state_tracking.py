@@ -204,7 +204,7 @@ def _control_note(results: Results, setup: Setup) -> str:
     notes = [f"seed {r['seed']} {'only' if long and _control_passes(setup, long) else 'not even'} with "
              f"{LONG_FACTOR}x the steps" for r, long in _control_rows(results, setup) or []
              if not _control_passes(setup, r)]
-    return f" ({'; '.join(notes)})" if notes else ""
+    return ", " + "; ".join(notes) if notes else ""
 
 
 def _mean(rows, field) -> str:
@@ -244,10 +244,10 @@ def report(results: Results, setup: Setup, out) -> str:
     if long:
         n = 4 * setup.train_len
         text += (f"\n## Is it the budget? The control's missed seeds with {LONG_FACTOR}x the steps\n\n" + markdown_table(
-            ["model", "task", "seed", "rate", "steps", f"1-{setup.train_len}", f"past {setup.train_len}, at {n}",
-             f"at {setup.budget.steps} steps"],
+            ["model", "task", "seed", "rate", "steps", f"1-{setup.train_len}",
+             *(f"past {setup.train_len}, at {m}" for m in setup.test_lens), f"at {n} after {setup.budget.steps} steps"],
             [[r["arch"], r["task"], r["seed"], f"{r['lr']:.2g}", r["steps"], fmt(r["test_accuracy"]),
-              fmt(r[f"accuracy_past_train_at_{n}"]),
+              *(fmt(r[f"accuracy_past_train_at_{m}"]) for m in setup.test_lens),
               fmt(results.find(phase="test", arch=r["arch"], task=r["task"], seed=r["seed"])[
                   f"accuracy_past_train_at_{n}"])] for r in long]))
     text += ("\nChance is 1/m. Published: diagonal transitions in [0, 1] (Mamba; RWKV-4's decay) fail parity, "
