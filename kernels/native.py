@@ -65,44 +65,10 @@ __all__ = ["wkv4_forward", "wkv7_forward", "selective_scan_forward", "exp", "sof
 
 SOURCE = Path(__file__).with_name("native.c")
 HEADER = SOURCE.with_name("native.h")
-# native.c's entry points, each written once as native.h declares it (tests/test_kernels_native.py checks that the
-# header says the same): ctypes' argtypes and restype come from here, and the wrappers below pass arguments by name
-ENTRIES = c_abi.table("""
-int exp_array(int64_t n, const float *x, float *out);
-int softplus_array(int64_t n, const float *x, float *out);
-int sum_rows(int64_t first, int64_t last, int64_t rows, int64_t cols, const float *in, float *out);
-int wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
-                 const float *w, const float *u, const float *k, const float *v, float *y,
-                 const float *num0, const float *den0, const float *max0, float *num_out, float *den_out,
-                 float *max_out, float *lag_out, int32_t *bad_out, float *vy_save, float *d_save, float *z_save);
-int wkv4_backward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
-                  const float *w, const float *u, const float *k, const float *v,
-                  const float *vy_save, const float *d_save, const float *z_save, const float *gy,
-                  const float *num0, const float *den0, const float *max0, const float *num, const float *den,
-                  const float *lag_in, const int32_t *bad, const float *gnum, const float *gden, const float *gmax,
-                  float *gk, float *gv, float *gw_out, float *gu_out, float *gnum0, float *gden0, float *gmax0);
-int64_t selective_scan_lanes(void);
-int selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
-                           const float *u, const float *delta, const float *delta_bias, const float *A,
-                           const float *Bt, const float *Ct, const float *Dskip, const float *z, float *y,
-                           float *state, int64_t ck, float *ckpt, int32_t *bad_out);
-int selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
-                            int64_t per_group, const float *u, const float *delta, const float *delta_bias,
-                            const float *A, const float *Bt, const float *Ct, const float *Dskip, const float *z,
-                            int64_t ck, const float *ckpt, const int32_t *bad_in, const float *dy,
-                            const float *dlast, float *du, float *ddelta, float *dz, float *dA_part,
-                            float *dB_part, float *dC_part, float *dD_part, float *dbias_part, float *dstate);
-int64_t wkv7_padded_size(int64_t N);
-int64_t wkv7_max_head_size(void);
-int wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
-                 const float *r, const float *log_w, const float *k, const float *v, const float *a,
-                 const float *b, float *y, float *state, int64_t ck, float *ckpt, int32_t *bad_out);
-int wkv7_backward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
-                  const float *r, const float *log_w, const float *k, const float *v, const float *a,
-                  const float *b, const float *dy, const float *dstate, int64_t ck, const float *ckpt,
-                  const int32_t *bad, float *dr, float *dlog_w, float *dk, float *dv, float *da, float *db,
-                  float *dstate0);
-""")
+# native.c's entry points: native.h is the one signature table (the compiler checks native.c's definitions against
+# it, tests/test_kernels_native.py that every function native.c exports is declared there); ctypes' argtypes and
+# restype come from its prototypes, and the wrappers below pass arguments by name through them
+ENTRIES = c_abi.table(HEADER.read_text())
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",
          "-fno-signed-zeros", "-shared", "-fPIC")
 # -fopenmp for the models' steps' threads (torch's libgomp, see models/native/decode.c); a compiler without OpenMP

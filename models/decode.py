@@ -53,22 +53,8 @@ __all__ = ["CStep", "TorchOps", "STEP", "TIME_MIX_PATH", "step_path", "time_mix_
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}        # the weights' dtypes the C step reads (value: its bf16 flag)
 
 NATIVE = Path(__file__).with_name("native")
-# The entry points of models/native/, each written once as decode.h declares it
-ENTRIES = c_abi.table("""
-int rwkv4_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
-                 const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
-                 const float *const *state_in, float *const *state_out, float *hidden);
-int rwkv7_decode(int64_t threads, const int64_t *dims, double eps, double group_eps, const void *const *weights,
-                 const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
-                 const void *const *state_in, void *const *state_out, float *hidden);
-int mamba_decode(int64_t threads, const int64_t *dims, double eps, const void *const *weights,
-                 const int64_t *transposed, const int64_t *weight_bf16, const void *embedding,
-                 const float *const *state_in, float *const *state_out, float *hidden);
-int rwkv7_time_mix(int64_t threads, int64_t B, int64_t T, int64_t H, int64_t N, int64_t act_bf16,
-                   const void *r, const void *k, const void *v, const void *v_first, const void *wl,
-                   const void *al, const void *vl, const void *g, const void *const *params,
-                   const int64_t *params_bf16, float group_eps, float *state, void *out);
-""")
+# The entry points of models/native/: decode.h is their one signature table (as native.h is the kernels')
+ENTRIES = c_abi.table((NATIVE / "decode.h").read_text())
 
 
 @dataclass(frozen=True)
