@@ -19,8 +19,8 @@ the step here in fp32 from the weights as stored (a bf16 model's torch ops round
 differ by bf16's rounding); tests/test_models_decode.py checks each model's step against its torch forward, float64
 included.
 
-The C side is written once, here: ENTRIES holds the entry points' prototypes as models/native/decode.h declares them
-(a test checks the two agree), from which their ctypes types come and by which the calls pass arguments by name;
+The C side is written once: ENTRIES is parsed from models/native/decode.h, the entry points' one signature table,
+from which their ctypes types come and by which the calls pass arguments by name;
 LAYOUTS and TIME_MIX list each model's sizes and weights in the order the C code reads them, from which
 ``weights_header`` generates the enums the C code reads (weights.h, written beside the build), and ``Layout.sizes``
 and ``Layout.pack`` the arrays it is passed. SOURCES hands models/native/ (with kernels/native.c, whose loops the
