@@ -40,7 +40,7 @@ import torch
 from seqmix.kernels._common import GPU_SMS, Launch, first_order_only, new_output, tl, triton
 from seqmix.kernels._flash import (block_d, dot_precision, flash_delta, flash_grid, flash_head, flash_launch,
                                    load_row_stats, load_tile, online_softmax_step, softmax_tile_grad, store_tile)
-from seqmix.kernels.rerope.rotation import FAR_K, FAR_Q, NEAR, cached_rotation_table, log_n, rotate
+from seqmix.kernels.rerope.rotation import FAR_K, FAR_Q, NEAR, cached_rotation_table
 
 __all__ = ["ReropeFunction", "rerope_triton", "aot_kernels"]
 
@@ -379,6 +379,38 @@ def rerope_fwd_kernel(
 
 
 @triton.jit
+def rerope_operands_kernel(
+    q_ptr,                      # (B*H, T_q, d) contiguous, input dtype, before RoPE
+    k_ptr,                      # (B*H, T_k, d) contiguous, input dtype, before RoPE
+    q_near_ptr, q_far_ptr,      # (B*H, T_q, d) out, input dtype: the queries times sigma_i * scale, rotated per path
+    k_near_ptr, k_far_ptr,      # (B*H, T_k, d) out, input dtype: the keys rotated per path (k_far written if LEAKY)
+    rot_ptr, T_q, T_k, rot_len, inv_log_len, scale,  # as in rerope_fwd_kernel
+    HEAD_DIM: tl.constexpr,     # d
+    BLOCK_F: tl.constexpr,      # d/2 rounded up to a power of two >= 16
+    BLOCK: tl.constexpr,        # rows per program (of the queries and of the keys)
+    LEAKY: tl.constexpr,        # Leaky ReRoPE: the far key is rotated (path FAR_K)
+):
+    """The backward's operands, rotated and scaled by the forward's own functions (_rotated_queries, _rotated_keys):
+    the scores the backward recomputes are then the forward's to the bit, so P = e^{S - LSE} keeps the forward's
+    normalization. Computed apart (in torch: sigma in float64, then q * sigma * scale), they differed by an ulp,
+    which at scores near 500 moved P by 3e-5 relative and d/dv out of the fp32 budget."""
+    seq_q, _, seq_k = _head_offsets(T_q, T_k, HEAD_DIM)
+    start = tl.program_id(1) * BLOCK
+    rows = start + tl.arange(0, BLOCK)
+    freqs = tl.arange(0, BLOCK_F)
+    if start < T_q:
+        q1n, q2n, q1f, q2f = _rotated_queries(q_ptr + seq_q, rot_ptr, rows, T_q, T_k, rot_len, freqs, inv_log_len,
+                                              scale, HEAD_DIM)
+        _store_halves(q_near_ptr + seq_q, q1n, q2n, rows, T_q, freqs, HEAD_DIM)
+        _store_halves(q_far_ptr + seq_q, q1f, q2f, rows, T_q, freqs, HEAD_DIM)
+    if start < T_k:
+        k1n, k2n, k1f, k2f = _rotated_keys(k_ptr + seq_k, rot_ptr, rows, T_k, rot_len, freqs, HEAD_DIM, 3, LEAKY)
+        _store_halves(k_near_ptr + seq_k, k1n, k2n, rows, T_k, freqs, HEAD_DIM)
+        if LEAKY:
+            _store_halves(k_far_ptr + seq_k, k1f, k2f, rows, T_k, freqs, HEAD_DIM)
+
+
+@triton.jit
 def rerope_bwd_dq_kernel(
     q_near_ptr, q_far_ptr,      # (B*H, T_q, d) input dtype: the queries times sigma_i * scale, rotated per path
     k_near_ptr, k_far_ptr,      # (B*H, T_k, d) input dtype: the keys rotated per path (ReRoPE's k_far is k)
@@ -551,11 +583,14 @@ def rerope_bwd(q, k, v, o, lse, rot, do, window, leaky, train_length, scale):
     T_k = k.shape[2]
     do = do.contiguous()
     delta = flash_delta(o, do)                               # D_i = sum_c dO_ic O_ic, (B, H, T_q) fp32
-    # The rotated operands of both paths, as the forward built them in registers (fp32, then the input dtype).
-    q_scaled = log_n(q.float(), T_k - T_q, train_length) * scale
-    q_near, q_far = (rotate(q_scaled, *rot[path, :, T_k - T_q:T_k]).to(q.dtype) for path in (NEAR, FAR_Q))
-    k_near = rotate(k.float(), *rot[NEAR, :, :T_k]).to(k.dtype)
-    k_far = rotate(k.float(), *rot[FAR_K, :, :T_k]).to(k.dtype) if leaky else k
+    # The rotated operands of both paths, built by the forward's own functions (rerope_operands_kernel says why).
+    q_near, q_far = (new_output(q.shape, q.dtype, q.device) for _ in range(2))
+    k_near = new_output(k.shape, k.dtype, k.device)
+    k_far = new_output(k.shape, k.dtype, k.device) if leaky else k
+    block = 64
+    rerope_operands_kernel[flash_grid(max(T_q, T_k), block, B * H)](
+        q, k, q_near, q_far, k_near, k_far, rot, T_q, T_k, rot.shape[2], _inv_log_len(train_length), scale,
+        HEAD_DIM=d, BLOCK_F=block_d(d // 2), BLOCK=block, LEAKY=leaky)
     dq = new_output(q.shape, q.dtype, q.device)
     dk = new_output(k.shape, k.dtype, k.device)
     dv = new_output(v.shape, v.dtype, v.device)
