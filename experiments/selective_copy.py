@@ -69,9 +69,12 @@ FULL = Setup(archs=("mamba_lti", "mamba"), width=64, lrs=(1e-3, 10 ** -2.5, 1e-2
                              Budget(steps=4000, batch_size=32, eval_every=100, target=0.995)),
                       Regime("256 positions, 16 tokens", 256, 16, 16,
                              Budget(steps=4000, batch_size=32, eval_every=100, target=0.995), seeds=1)))
-QUICK = Setup(archs=("mamba_lti", "mamba"), width=32, lrs=(1e-2,), extend=None,
+# The quick setting's control, measured (two seeds each, lr 3e-3): Mamba passes 99% validation accuracy by step 500-650,
+# the time-invariant model stays at 88-91% through 1500 steps; at 60 steps of 16 (the first quick setting) both sat
+# at chance, and at lr 1e-2 or 32 positions neither separated within 600 steps.
+QUICK = Setup(archs=("mamba_lti", "mamba"), width=32, lrs=(3e-3,), extend=None,
               regimes=(Regime("16 positions, 4 tokens", 16, 4, 4,
-                              Budget(steps=60, batch_size=16, eval_every=20, target=0.99), seeds=1),),
+                              Budget(steps=800, batch_size=32, eval_every=50, target=0.99), seeds=1),),
               valid_size=64, test_size=128)
 
 
