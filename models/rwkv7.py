@@ -379,6 +379,6 @@ class Rwkv7(GenerateMixin, PretrainedMixin, nn.Module):
             x = x[:, -logits_to_keep:]
         return self.head(self.ln_out(x)), new_state
 
-    def _step(self, input_ids, state, backend):
+    def step(self, input_ids, state, backend):
         logits, state = self(input_ids, state, logits_to_keep=1, backend=backend)
         return logits[:, -1], state
