@@ -40,8 +40,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from seqmix.kernels._flash import block_d
 from seqmix.kernels.aot import AOT_DTYPES
+from seqmix.kernels.shared import block_d
 
 H100 = {"name": "H100 SXM", "bandwidth": 3.35e12,
         "fp32": 67e12,                   # FLOP/s, an FMA counted as 2: 132 SMs x 128 lanes x 2 x 1.98 GHz
@@ -183,8 +183,9 @@ def wkv4_bwd(B, T, C, dtype):
 
 
 def wkv4_models(B=4, T=2048, C=768):
-    from seqmix.kernels.wkv4 import _grid, _launch_config
-    programs = math.prod(_grid(B, C, _launch_config(C)))
+    from seqmix.kernels.wkv4 import triton_launch
+    launch, grid = triton_launch(B, C)
+    programs = math.prod(grid)
     shape = f"B={B} T={T} C={C}"
     out = []
     for dtype in ("fp32", "bf16"):
@@ -198,7 +199,7 @@ def wkv4_models(B=4, T=2048, C=768):
             # chain: each channel's is as long in a warp of 32 as alone.
             step = Step(round_trips=1, sfu=5 if "bwd" in label else 4, prefetch=1)
             out.append(Model("wkv4", label, shape, B * T, dtype, cost, programs, T, forward, cost.bytes, step=step,
-                             num_warps=_launch_config(C).num_warps))
+                             num_warps=launch.num_warps))
     return out
 
 
@@ -292,14 +293,15 @@ def wkv7_chunked_bwd(B, T, H, N, dtype, block_v, block_k, programs, ck):
 
 
 def wkv7_models(B=1, T=2048, H=12, N=64):
-    from seqmix.kernels.wkv7 import CHECKPOINT, _grid, _launch_config
-    from seqmix.kernels.wkv7_chunked import _chunked_launch_config
-    cfg, chunked_cfg, fwd_cfg = _launch_config(N), _chunked_launch_config(N), _launch_config(N, B * H)
+    from seqmix.kernels.wkv7 import CHECKPOINT, triton_launch
+    cfg, grid = triton_launch(B, H, N, "bwd")
+    chunked_cfg, chunked_grid = triton_launch(B, H, N, "chunked")
+    fwd_cfg, fwd_grid = triton_launch(B, H, N, "fwd")
     block_v, chunked_v, fwd_v = cfg["BLOCK_V"], chunked_cfg["BLOCK_V"], fwd_cfg["BLOCK_V"]
     chunked_k = chunked_cfg["BLOCK_K"]
-    programs, fwd_programs = math.prod(_grid(B, H, N, cfg)), math.prod(_grid(B, H, N, fwd_cfg))
+    programs, fwd_programs = math.prod(grid), math.prod(fwd_grid)
     fwd_label = "wkv7_fwd" if fwd_cfg == cfg else f"wkv7_fwd B*H={B * H}"   # kernels/wkv7.py aot_kernels
-    chunked_programs = math.prod(_grid(B, H, N, chunked_cfg))
+    chunked_programs = math.prod(chunked_grid)
     shape = f"B={B} T={T} H={H} N={N}"
     n_chunks = _cdiv(T, CHECKPOINT)
     out = []
@@ -385,9 +387,10 @@ def ssm_bwd(B, T, D, N, dtype, block_d, block_n, programs, checkpoint):
 
 
 def ssm_models(B=1, T=2048, D=1536, N=16):
-    from seqmix.kernels.ssm import _checkpoint_interval, _grid, _launch_config
-    cfg, fwd_cfg, checkpoint = _launch_config(N), _launch_config(N, B * D), _checkpoint_interval(T)
-    programs, fwd_programs = math.prod(_grid(B, D, cfg)), math.prod(_grid(B, D, fwd_cfg))
+    from seqmix.kernels.ssm import checkpoint_interval, triton_launch
+    (cfg, grid), (fwd_cfg, fwd_grid) = triton_launch(B, D, N, "bwd"), triton_launch(B, D, N, "fwd")
+    checkpoint = checkpoint_interval(T)
+    programs, fwd_programs = math.prod(grid), math.prod(fwd_grid)
     shape = f"B={B} T={T} D={D} N={N}"
     args = (B, T, D, N)
     fwd_args = (fwd_cfg["BLOCK_D"], fwd_programs, checkpoint)
@@ -490,7 +493,7 @@ def _flash_configs(op, d, dtype):
         from seqmix.kernels.rerope import fused as module
     else:
         from seqmix.kernels import attention as module
-    return tuple(module._launch_config(kernel, d, torch_dtype) for kernel in module.KERNELS)
+    return tuple(module.launch_config(kernel, d, torch_dtype) for kernel in module.KERNELS)
 
 
 def _flash_models(op, shape, B, H, T, d, dtype, cfgs, table_bytes, costs):
@@ -639,9 +642,9 @@ def _rerope_decode_model(B, H, T, d, dtype, w):
     """Decode of one token against a cache of T keys (ReRoPE): flash-decoding's programs, beside the unsplit
     kernel's prediction (one program per head, as before: B H of the 132 SMs). DRAM: K and V once, the table rows
     the near band and the query read (NEAR for about w keys, FAR_Q), the splits' partial results."""
-    from seqmix.kernels.rerope.fused import _decode_splits, _launch_config
-    cfg = _launch_config("decode", d, AOT_DTYPES[dtype])
-    per_split, splits = _decode_splits(T, B * H, cfg["BLOCK_N"])
+    from seqmix.kernels.rerope.fused import decode_splits, launch_config
+    cfg = launch_config("decode", d, AOT_DTYPES[dtype])
+    per_split, splits = decode_splits(T, B * H, cfg["BLOCK_N"])
     s = DTYPE_BYTES[dtype]
     dram = B * H * (2 * T * d * s + splits * (d + 1) * 4) + 2 * 2 * (w + cfg["BLOCK_N"]) * (d // 2) * 4
     cost = rerope_decode(B * H, T, d, dtype, cfg["BLOCK_M"], cfg["BLOCK_N"], w, per_split)

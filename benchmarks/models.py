@@ -98,8 +98,8 @@ def _random_model(shape: Shape, dtype: torch.dtype, seed: int = 0):
                 p.fill_(1.0 if name.endswith("weight") else 0.0)
             else:
                 p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(0.02).to(dtype))
-    if hasattr(model, "_tie_weights"):
-        model._tie_weights()
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
     return model.eval()
 
 
@@ -218,10 +218,10 @@ def _peers(kind: str, ours, dtype: torch.dtype, tmp: Path) -> dict:
 
 def _ours(model) -> tuple:
     def prefill(ids):
-        return model._step(ids, None, None)[1]
+        return model.step(ids, None, None)[1]
 
     def step(tok, state):
-        logits, state = model._step(torch.tensor([[tok]]), state, None)
+        logits, state = model.step(torch.tensor([[tok]]), state, None)
         logits.argmax()
         return state
     return prefill, step

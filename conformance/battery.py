@@ -25,7 +25,7 @@ import torch
 
 from seqmix.conformance.cases import in_pieces, split_bounds
 from seqmix.conformance.ops import OPS, Case, Op, call
-from seqmix.kernels._common import accumulation_dtype
+from seqmix.kernels.shared import accumulation_dtype
 from seqmix.kernels.testing import BF16_BUDGET, FP16_BUDGET, REFERENCE_BUDGET, f64, max_abs, rel_rms
 
 __all__ = ["DTYPES", "PARTS", "Options", "Check", "Row", "Report", "budget", "plan", "run_check", "run"]

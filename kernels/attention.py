@@ -36,7 +36,7 @@ from seqmix.kernels._flash import (block_d, dot_precision, flash_delta, flash_gr
                                    positive_scale, set_fp32_dot_precision, softmax_tile_grad, store_tile)
 from seqmix.kernels.backends import Call, dispatch
 
-__all__ = ["attention", "set_fp32_dot_precision"]
+__all__ = ["attention", "set_fp32_dot_precision", "launch_config"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -61,6 +61,19 @@ def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
     if kernel == "dkdv" and head_dim <= 64:
         return flash_launch(64, 32, 4, 2)
     return flash_launch(64, 64, 8, 2)
+
+
+def launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
+    """The tiles and compiler options of one Triton kernel, as its launcher picks them; the cost model
+    (benchmarks/cost_model.py) reads them.
+
+    Args:
+        kernel: one of KERNELS ("fwd", "dq", "dkdv"). head_dim: d. dtype: the inputs' dtype.
+
+    Returns:
+        The Launch (tile sizes by constexpr name, num_warps, num_stages).
+    """
+    return _launch_config(kernel, head_dim, dtype)
 
 
 @triton.jit

@@ -53,7 +53,7 @@ from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtyp
                                     new_output, rows_per_program, tl, triton)
 from seqmix.kernels.backends import Call, dispatch
 
-__all__ = ["selective_scan"]
+__all__ = ["selective_scan", "triton_launch", "checkpoint_interval"]
 
 CHUNK = 16                 # torch backend: tokens per chunk (the length of the in-chunk loop)
 BLOCK_ELEMENTS = 1 << 21   # torch backend: a block holds as many chunks as keep (tokens, batch, D, N) under this
@@ -340,6 +340,35 @@ def _checkpoint_interval(T: int) -> int:
 def _grid(batch, dim, cfg: Launch):
     """One program per (batch, block of BLOCK_D channels)."""
     return (batch, triton.cdiv(dim, cfg["BLOCK_D"]))
+
+
+def triton_launch(batch: int, dim: int, N: int, kernel: str) -> tuple[Launch, tuple[int, int]]:
+    """A Triton kernel's launch for ``batch`` rows of ``dim`` channels with states of size N, as the launchers make
+    it; the cost model (benchmarks/cost_model.py) reads it.
+
+    Args:
+        batch: B. dim: D, the channels. N: the state size.
+        kernel: "fwd" (fewer channels a program when the grid is small) or "bwd".
+
+    Returns:
+        (launch, grid): the tile sizes and compiler options, and the programs per grid axis.
+    """
+    if kernel not in ("fwd", "bwd"):
+        raise ValueError(f'kernel must be "fwd" or "bwd", got {kernel!r}')
+    cfg = _launch_config(N, batch * dim) if kernel == "fwd" else _launch_config(N)
+    return cfg, _grid(batch, dim, cfg)
+
+
+def checkpoint_interval(T: int) -> int:
+    """Tokens between the states the Triton forward saves for the backward (about sqrt(T), 8 to 256).
+
+    Args:
+        T: the sequence length.
+
+    Returns:
+        The interval, a power of two.
+    """
+    return _checkpoint_interval(T)
 
 
 def selective_scan_fwd(u, delta, A, B, C, state):

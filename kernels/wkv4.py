@@ -64,7 +64,7 @@ from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtyp
                                     plus_inf_as_nan, tl, triton)
 from seqmix.kernels.backends import Call, dispatch
 
-__all__ = ["wkv4", "INITIAL_MAX"]
+__all__ = ["wkv4", "INITIAL_MAX", "triton_launch"]
 
 # The state's maximum before any token: HF's CPU loop and CUDA kernel start from this finite "minus infinity"
 # (e^{max - q} = 0 without inf - inf); keeping it makes states interchangeable with transformers'.
@@ -416,6 +416,20 @@ def wkv4_bwd_kernel(
 def _grid(B, C, cfg: Launch):
     """One program per (batch row, block of BLOCK_C channels)."""
     return (B, triton.cdiv(C, cfg["BLOCK_C"]))
+
+
+def triton_launch(B: int, C: int) -> tuple[Launch, tuple[int, int]]:
+    """The Triton kernels' launch (forward and backward alike) for B rows of C channels, as the launchers make it;
+    the cost model (benchmarks/cost_model.py) reads it.
+
+    Args:
+        B: batch rows. C: channels.
+
+    Returns:
+        (launch, grid): the tile sizes and compiler options, and the programs per grid axis.
+    """
+    cfg = _launch_config(C)
+    return cfg, _grid(B, C, cfg)
 
 
 def wkv4_fwd(w, u, k, v, num0, den0, max0, save: bool):

@@ -81,7 +81,7 @@ from seqmix.kernels.backends import Call, deprecated_chunked, dispatch
 from seqmix.kernels.wkv7_chunked import (CHUNK as TRITON_CHUNK, _chunked_bwd, _chunked_fwd, _chunked_launch_config,
                                          wkv7_chunked_bwd_kernel, wkv7_chunked_dstate_kernel, wkv7_chunked_fwd_kernel)
 
-__all__ = ["wkv7"]
+__all__ = ["wkv7", "triton_launch"]
 
 CHUNK = 16          # torch path: steps per chunk (a power of two, for the halving in _block_couplings)
 DECAY_RANGE = 20.0  # the widest spread of log decay inside a chunk that the factored couplings take (torch, Triton)
@@ -377,6 +377,29 @@ def _launch_config(N, heads=None) -> Launch:
 def _grid(B, H, N, cfg: Launch):
     """One program per (batch, head) and block of BLOCK_V value rows."""
     return (B * H, N // cfg["BLOCK_V"])
+
+
+def triton_launch(B: int, H: int, N: int, kernel: str) -> tuple[Launch, tuple[int, int]]:
+    """A Triton kernel's launch for B H heads of size N, as the launchers make it; the cost model
+    (benchmarks/cost_model.py) reads it.
+
+    Args:
+        B: batch. H: heads. N: head size.
+        kernel: "fwd" (the sequential forward, fewer rows a program when the grid is small), "bwd" (its backward)
+            or "chunked" (the "triton_chunked" backend's kernels).
+
+    Returns:
+        (launch, grid): the tile sizes and compiler options, and the programs per grid axis.
+    """
+    if kernel == "fwd":
+        cfg = _launch_config(N, B * H)
+    elif kernel == "bwd":
+        cfg = _launch_config(N)
+    elif kernel == "chunked":
+        cfg = _chunked_launch_config(N)
+    else:
+        raise ValueError(f'kernel must be "fwd", "bwd" or "chunked", got {kernel!r}')
+    return cfg, _grid(B, H, N, cfg)
 
 
 def _max_spread(dtype):

@@ -295,7 +295,7 @@ class PretrainedMixin:
     def _tied_names(self) -> set:
         return set(self.tied_weights) if getattr(self.config, "tie_word_embeddings", False) else set()
 
-    def _tie_weights(self) -> None:
+    def tie_weights(self) -> None:
         """Make the tied parameters one tensor again (after load_state_dict(assign=True) replaced one of them)."""
 
     def load_checkpoint(self, state_dict: dict, assign_dtype: torch.dtype | None = None,
@@ -328,15 +328,16 @@ class PretrainedMixin:
             return
         self.load_state_dict({k: v.to(kept_dtype(v.dtype, assign_dtype, as_stored) if self.keeps_fp32(k) else
                                       assign_dtype) for k, v in state_dict.items()}, strict=False, assign=True)
-        self._tie_weights()
+        self.tie_weights()
 
 
 class GenerateMixin:
-    """generate and generate_text for a model with a method _step(input_ids (B, t), state, backend) -> (logits of
+    """generate and generate_text for a model with a method step(input_ids (B, t), state, backend) -> (logits of
     the last position (B, V), state after the last token)."""
     tokenizer = None
 
-    def _step(self, input_ids, state, backend):
+    def step(self, input_ids, state, backend):
+        """One step of generation: (logits of the last position (B, V), state after input_ids (B, t))."""
         raise NotImplementedError
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, state=None, temperature: float = 0.0,
@@ -385,7 +386,7 @@ class GenerateMixin:
 
     def _bound_step(self, backend):
         def step(input_ids, state):
-            return self._step(input_ids, state, backend)
+            return self.step(input_ids, state, backend)
         return step
 
 
@@ -403,13 +404,13 @@ class CausalLMMixin(GenerateMixin, PretrainedMixin):
         self.config = config
         setattr(self, self.base_model_prefix, self.base_model_class(config))
         setattr(self, self.head_name, Linear(config.hidden_size, config.vocab_size, bias=False))
-        self._tie_weights()
+        self.tie_weights()
 
     @property
     def tied_weights(self) -> tuple:
         return (self.head_name + ".weight",)
 
-    def _tie_weights(self) -> None:
+    def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             getattr(self, self.head_name).weight = getattr(self, self.base_model_prefix).embeddings.weight
 
@@ -450,6 +451,6 @@ class CausalLMMixin(GenerateMixin, PretrainedMixin):
         loss = causal_lm_loss(logits, labels) if labels is not None else None
         return CausalLMOutput(logits, loss, out.state, out.hidden_states)
 
-    def _step(self, input_ids, state, backend):
+    def step(self, input_ids, state, backend):
         out = self(input_ids, state=state, use_cache=True, logits_to_keep=1, backend=backend)
         return out.logits[:, -1], out.state

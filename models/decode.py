@@ -43,8 +43,8 @@ from pathlib import Path
 import torch
 
 from seqmix.kernels import c_abi, native
-from seqmix.kernels._common import TORCH_DTYPES, needs_grad, new_output
 from seqmix.kernels.backends import Backend, Call, Refusal, Unavailable, describe, dispatch
+from seqmix.kernels.shared import TORCH_DTYPES, needs_grad, new_output
 
 __all__ = ["CStep", "TorchOps", "STEP", "TIME_MIX_PATH", "step_path", "time_mix_path", "rwkv4_step", "rwkv7_step",
            "mamba_step", "rwkv7_time_mix", "ENTRIES", "LAYOUTS", "TIME_MIX", "SOURCES", "Weight", "Layout",

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqmix.kernels._common import accumulation_dtype, check_tensor
+from seqmix.kernels.shared import accumulation_dtype, check_tensor
 from seqmix.kernels.ssm import selective_scan
 from seqmix.models.base import (STATE_DTYPES, CausalLMMixin, ModelOutput, PretrainedMixin, check_bools,
                                 check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)

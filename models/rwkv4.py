@@ -29,7 +29,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from seqmix.kernels._common import accumulation_dtype, check_tensor
+from seqmix.kernels.shared import accumulation_dtype, check_tensor
 from seqmix.kernels.wkv4 import INITIAL_MAX, wkv4
 from seqmix.models.base import (STATE_DTYPES, CausalLMMixin, ModelOutput, PretrainedMixin, check_bools,
                                 check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)

@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from seqmix.kernels._common import accumulation_dtype, check_devices, check_tensor
+from seqmix.kernels.shared import accumulation_dtype, check_devices, check_tensor
 from seqmix.kernels.wkv7 import wkv7
 from seqmix.models import decode, rwkv7_fla
 from seqmix.models.base import (STATE_DTYPES, GenerateMixin, PretrainedMixin, check_logits_to_keep,
@@ -379,6 +379,6 @@ class Rwkv7(GenerateMixin, PretrainedMixin, nn.Module):
             x = x[:, -logits_to_keep:]
         return self.head(self.ln_out(x)), new_state
 
-    def _step(self, input_ids, state, backend):
+    def step(self, input_ids, state, backend):
         logits, state = self(input_ids, state, logits_to_keep=1, backend=backend)
         return logits[:, -1], state

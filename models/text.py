@@ -173,7 +173,7 @@ class TextStream:
     before it (the state has read the tokens that produced it).
 
     Args:
-        step: step(input_ids (1, t), state) -> (logits (1, V), state), e.g. a model's bound _step.
+        step: step(input_ids (1, t), state) -> (logits (1, V), state), e.g. a model's bound step.
         tokenizer: a tokenizer of load_tokenizer.
         prompt: the text to continue; it must encode to one token at least (the model predicts from the last one,
             also when it continues a saved state).

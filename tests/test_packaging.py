@@ -150,10 +150,10 @@ PRIVATE_KERNELS = re.compile(r"^\s*(?:from seqmix\.kernels(?:\.\w+)* import .*\b
 
 
 def test_tests_and_benchmarks_use_the_public_testing_module():
-    """HAS_TRITON, the state dtype, the backend choice and poisoned outputs come from seqmix.kernels.testing; only
-    the cost model, which models the kernels' tiles, reads a private module."""
+    """HAS_TRITON, the state dtype, the backend choice and poisoned outputs come from seqmix.kernels.testing (and
+    what models and benchmarks share with the kernels from seqmix.kernels.shared), never from a private module."""
     files = [*(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]
-    hits = [f"{f.relative_to(ROOT)}: {m.group(0).strip()}" for f in files if f.name != "cost_model.py"
+    hits = [f"{f.relative_to(ROOT)}: {m.group(0).strip()}" for f in files
             for m in PRIVATE_KERNELS.finditer(f.read_text())]
     assert not hits, hits
 
@@ -162,6 +162,147 @@ def test_private_import_check_catches_one():
     assert PRIVATE_KERNELS.search("from seqmix.kernels._common import HAS_TRITON\n")
     assert PRIVATE_KERNELS.search("from seqmix.kernels import _common  # noqa\n")
     assert not PRIVATE_KERNELS.search("from seqmix.kernels.testing import HAS_TRITON\n")
+
+
+# No private (_) name crosses a package: what seqmix.models needs of seqmix.kernels is public there (in __all__), or
+# the owner answers the question (kernels/<op>.py's triton_launch for the cost model). Within a package, and in tests
+# (which may reach into the module they test), private access is fine.
+
+def owning_package(name: str) -> str:
+    """The package (seqmix.kernels, seqmix.models, ..., or seqmix itself) that a dotted name lies in."""
+    return max((p for p in package_dirs() if name == p or name.startswith(p + ".")), key=len)
+
+
+def private_part(dotted: str) -> str | None:
+    """The first _-prefixed (not dunder) part of a dotted name below its package: seqmix.kernels._common.x ->
+    _common, seqmix.kernels.wkv4._grid -> _grid, seqmix.kernels.wkv4.wkv4 -> None."""
+    below = dotted[len(owning_package(dotted)):].split(".")
+    return next((p for p in below if p.startswith("_") and not p.startswith("__")), None)
+
+
+def private_definitions() -> dict[str, set[str]]:
+    """Each _-prefixed name defined in the package's code (def, class, assignment, attribute store, import alias) ->
+    the packages that define it."""
+    defined = {}
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.name] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else
+                     [node.id] if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) else
+                     [node.attr] if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) else
+                     [node.asname or node.name.split(".")[0]] if isinstance(node, ast.alias) else [])
+            for n in names:
+                if n.startswith("_") and not n.startswith("__"):
+                    defined.setdefault(n, set()).add(owning_package(name))
+    return defined
+
+
+def private_accesses(source: str, name: str, defined: dict[str, set[str]], is_package: bool = False) -> list[str]:
+    """What module ``name`` (its code: ``source``) uses of another package's private names:
+
+    - an import of a private module or name (``from seqmix.kernels._common import x``, ``... wkv4 import _grid``);
+    - an attribute, or getattr/hasattr/setattr with a constant name, on a module or object imported from another
+      package (``wkv4._grid``, ``seqmix.kernels.wkv4._grid``, ``getattr(native, "_pointers")``);
+    - a string naming one (``importlib.import_module("seqmix.kernels._common")``);
+    - ``x._name`` where the check cannot know what x is (``model._step``, ``module._launch_config`` in a loop): when
+      ``_name`` is defined (``defined``: private_definitions()) in another package and nowhere in this one.
+    Each hit reads "line N: what".
+    """
+    here = owning_package(name)
+    tree = ast.parse(source)
+    bound, hits = {}, []
+
+    def crosses(dotted):
+        return dotted.startswith("seqmix") and owning_package(dotted) != here and private_part(dotted)
+
+    def unknown(attr, line):
+        if attr.startswith("_") and not attr.startswith("__") and defined.get(attr, {here}) - {here} and \
+                here not in defined.get(attr, set()):
+            hits.append(f"line {line}: ?.{attr} ({attr} is private to {', '.join(sorted(defined[attr]))})")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+                hits += [f"line {node.lineno}: import {a.name}"] if crosses(a.name) else []
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:   # as imports_of resolves them
+                package = name if is_package else name.rpartition(".")[0]
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            for a in node.names:
+                bound[a.asname or a.name] = f"{base}.{a.name}"
+                hits += [f"line {node.lineno}: from {base} import {a.name}"] if crosses(f"{base}.{a.name}") else []
+
+    def dotted(e):
+        if isinstance(e, ast.Name):
+            return bound.get(e.id)
+        if isinstance(e, ast.Attribute):
+            d = dotted(e.value)
+            return d and f"{d}.{e.attr}"
+        return None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            d = dotted(node)
+            if d:
+                hits += [f"line {node.lineno}: {d}"] if crosses(d) else []
+            elif not (isinstance(node.value, ast.Name) and node.value.id in bound):
+                unknown(node.attr, node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr", "setattr", "delattr") and len(node.args) > 1
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            d = dotted(node.args[0])
+            if d:
+                full = f"{d}.{node.args[1].value}"
+                hits += [f"line {node.lineno}: {node.func.id}({d}, {node.args[1].value!r})"] if crosses(full) else []
+            else:
+                unknown(node.args[1].value, node.lineno)
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and re.fullmatch(r"seqmix(?:\.\w+)+", node.value) and crosses(node.value)):
+            hits.append(f"line {node.lineno}: {node.value!r}")
+    return sorted(set(hits), key=lambda h: int(h.split()[1].rstrip(":")))
+
+
+def test_no_private_name_crosses_a_package():
+    defined = private_definitions()
+    hits = [f"{name}, {hit}" for name, path in sorted(modules().items())
+            for hit in private_accesses(path.read_text(), name, defined, path.name == "__init__.py")]
+    assert not hits, hits
+
+
+def test_private_access_check_catches_one():
+    defined = {"_launch_config": {"seqmix.kernels"}, "_step": {"seqmix.models", "seqmix.reference"},
+               "_own": {"seqmix.benchmarks", "seqmix.kernels"}}
+    crossing = {
+        "from seqmix.kernels._common import check_tensor\n": "from seqmix.kernels._common import check_tensor",
+        "from seqmix.kernels import _flash\n": "from seqmix.kernels import _flash",
+        "from seqmix.kernels.wkv4 import _grid\n": "from seqmix.kernels.wkv4 import _grid",
+        "import seqmix.kernels.wkv4 as k\nk._grid(1, 2, None)\n": "seqmix.kernels.wkv4._grid",
+        "import seqmix.kernels.wkv4\nseqmix.kernels.wkv4._grid(1, 2, None)\n": "seqmix.kernels.wkv4._grid",
+        "from seqmix.kernels import wkv4\ncfg = wkv4._launch_config(64)\n": "seqmix.kernels.wkv4._launch_config",
+        "from seqmix.models import rwkv7\nrwkv7.Rwkv7._step\n": "seqmix.models.rwkv7.Rwkv7._step",
+        "from seqmix.kernels import wkv4\nf = getattr(wkv4, '_grid')\n": "getattr(seqmix.kernels.wkv4, '_grid')",
+        "import importlib\nimportlib.import_module('seqmix.kernels._common')\n": "'seqmix.kernels._common'",
+        "def f(modules):\n    return [m._launch_config(64) for m in modules]\n": "?._launch_config",
+        "def f(model):\n    return model._step(None, None, None)\n": "?._step",
+        "from ..kernels import _common\n": "from seqmix.kernels import _common",   # relative, from seqmix.benchmarks
+    }
+    for source, what in crossing.items():
+        hits = private_accesses(source, "seqmix.benchmarks.cost_model", defined)
+        assert len(hits) == 1 and what in hits[0], (source, hits)
+    fine = [
+        "from seqmix.kernels.shared import check_tensor\nfrom seqmix.kernels import wkv4\nwkv4.triton_launch(1, 64)\n",
+        "import os\nos._exit(0)\n",                            # not a seqmix name
+        "def f(pool):\n    return pool._processes\n",          # not defined in any package
+        "def f(x):\n    return x._own\n",                      # defined in this package too
+        "from seqmix.kernels import wkv4\nwkv4.__name__\n",    # dunder
+    ]
+    for source in fine:
+        assert not private_accesses(source, "seqmix.benchmarks.cost_model", defined), source
+    # the same access from inside the owning package is fine
+    assert not private_accesses("from seqmix.kernels._common import check_tensor\n", "seqmix.kernels.wkv4", defined)
+    assert not private_accesses("def f(m):\n    return m._launch_config(64)\n", "seqmix.kernels.aot", defined)
 
 
 def test_every_public_module_of_kernels_and_reference_declares_its_names():

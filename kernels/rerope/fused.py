@@ -42,7 +42,7 @@ from seqmix.kernels._flash import (block_d, dot_precision, flash_delta, flash_gr
                                    load_row_stats, load_tile, online_softmax_step, softmax_tile_grad, store_tile)
 from seqmix.kernels.rerope.rotation import FAR_K, FAR_Q, NEAR, cached_rotation_table
 
-__all__ = ["ReropeFunction", "rerope_triton", "aot_kernels"]
+__all__ = ["ReropeFunction", "rerope_triton", "aot_kernels", "launch_config", "decode_splits"]
 
 KERNELS = ("fwd", "dq", "dkdv")   # the three kernels, each with its own launch configuration
 
@@ -66,6 +66,19 @@ def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
     if head_dim <= 64:
         return flash_launch(64, 32, 8, 2) if kernel == "dq" else flash_launch(32, 32, 4, 2)
     return flash_launch(16, 16, 8, 2)
+
+
+def launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
+    """The tiles and compiler options of one Triton kernel, as its launcher picks them; the cost model
+    (benchmarks/cost_model.py) reads them.
+
+    Args:
+        kernel: one of KERNELS ("fwd", "dq", "dkdv") or "decode". head_dim: d. dtype: the inputs' dtype.
+
+    Returns:
+        The Launch (tile sizes by constexpr name, num_warps, num_stages).
+    """
+    return _launch_config(kernel, head_dim, dtype)
 
 
 def _constexpr(value):
@@ -548,6 +561,18 @@ def _decode_splits(T_k: int, batch_heads: int, block_n: int) -> tuple[int, int]:
     splits = max(1, min(triton.cdiv(2 * GPU_SMS, batch_heads), triton.cdiv(T_k, block_n)))
     per_split = triton.cdiv(triton.cdiv(T_k, splits), block_n) * block_n
     return per_split, triton.cdiv(T_k, per_split)
+
+
+def decode_splits(T_k: int, batch_heads: int, block_n: int) -> tuple[int, int]:
+    """How the decode kernel splits a cache of T_k keys (flash-decoding); the cost model reads it.
+
+    Args:
+        T_k: keys in the cache. batch_heads: B H. block_n: the key tile (the decode launch's BLOCK_N).
+
+    Returns:
+        (keys per program, splits).
+    """
+    return _decode_splits(T_k, batch_heads, block_n)
 
 
 def _merge_splits(o, lse):
