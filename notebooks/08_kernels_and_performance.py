@@ -363,6 +363,13 @@ for m in results["cost_model"]:
 # prediction is a floor that a latency-bound kernel will not reach, and the chunked forms (more arithmetic, fewer
 # sequential steps) are the way past it.
 #
+# **Measured on a GPU since** (one H200, 2026-11-27: the records in `benchmarks/results/gpu/`, read in
+# [benchmarks/README.md](../benchmarks/README.md)): measured over predicted was 1.3-1.5 for the scan (fp32 forward
+# 0.78 ms against 0.60), 1.9-2.2 for WKV-4 (1.12 ms against 0.55), 1.5-3.5 for WKV-7's sequential kernels, 5.5-7 for
+# the chunked WKV-7 (1.98 ms against 0.35: 48 programs on 132 SMs) and the bf16 flash kernels. Those under about
+# 0.3 ms sat on a floor of that machine's timing (bf16 attention and SDPA's flash backend alike), so their ratios say
+# more of the floor than of the model; an empty kernel timed the same way is the next thing to measure.
+#
 # **A live timing (indicative).** Measured now on this machine, one thread, small shapes and growing $T$: RWKV-7's WKV
 # on the torch path (chunked) and in the C loop (`backend="c"`), against the recurrence one token at a time in torch.
 # Absolute numbers depend on the machine and its load; the shape of the curves is the point: all three are linear in
