@@ -887,29 +887,25 @@ static inline __attribute__((always_inline)) void wkv7_add_output(int64_t V, vfl
     *gvi = gv;
 }
 
-static inline __attribute__((always_inline)) void wkv7_backward_item(
+/* The backward's start, at the last token: G = dstate (padded with zeros), then that token's G += dy r^T and its
+ * q = G b, gv = G k. x: filled with the last token's inputs. */
+static inline __attribute__((always_inline)) void wkv7_backward_start(
     int64_t item, int64_t T, int64_t H, int64_t N, int64_t NP, const float *r, const float *log_w, const float *k,
-    const float *v, const float *a, const float *b, const float *dy, const float *dstate, int64_t ck,
-    const float *ckpt, const int32_t *bad_in, float *dr, float *dlog_w, float *dk, float *dv, float *da, float *db,
-    float *dstate0, float *G, float *history, float *sas, float *pad)
+    const float *v, const float *a, const float *b, const float *dy, const float *dstate, float *G, float *pad,
+    struct wkv7_token *x, float *q, float *gv, vfloat *q_rows, vfloat *gv_rows)
 {
-    const int64_t bi = item / H, h = item % H, n_ckpt = (T + ck - 1) / ck, V = NP / VEC;
-    const int32_t bad = bad_in[item];
-    float q[MAX_V * VEC], gv[MAX_V * VEC];
-    vfloat q_rows[16], gv_rows[16], sa_rows[16];           /* 16 rows' partial sums, for sum_lanes */
-    struct wkv7_token x = {0}, before = {0};                                /* step t's inputs, and step t - 1's */
-    float *pad_before = pad + WKV7_PAD_BUFFERS * NP;
+    const int64_t bi = item / H, h = item % H, V = NP / VEC;
     memset(G, 0, NP * NP * sizeof(float));
     for (int64_t i = 0; i < N; i++)
         memcpy(G + i * NP, dstate + (item * N + i) * N, N * sizeof(float));
     const int64_t last = ((bi * T + T - 1) * H + h) * N;
-    wkv7_load(N, NP, last, r, log_w, k, v, a, b, pad, &x);
+    wkv7_load(N, NP, last, r, log_w, k, v, a, b, pad, x);
     const float *dy_t = padded(dy + last, N, NP, 0.0f, pad + 5 * NP);
     for (int64_t i = 0; i < NP; i++) {
         vfloat g[MAX_V];
         for (int64_t c = 0; c < V; c++)
             g[c] = LOADV(G + i * NP + c * VEC);
-        wkv7_add_output(V, g, dy_t[i], &x, q_rows + bit_reversed[i % 16], gv_rows + bit_reversed[i % 16]);
+        wkv7_add_output(V, g, dy_t[i], x, q_rows + bit_reversed[i % 16], gv_rows + bit_reversed[i % 16]);
         for (int64_t c = 0; c < V; c++)
             STOREV(G + i * NP + c * VEC, g[c]);
         if (i % 16 == 15) {
@@ -917,98 +913,152 @@ static inline __attribute__((always_inline)) void wkv7_backward_item(
             STOREV(gv + i - 15, sum_lanes(gv_rows));
         }
     }
-    for (int64_t chunk = n_ckpt - 1; chunk >= 0; chunk--) {
-        const int64_t t0 = chunk * ck, L = T - t0 < ck ? T - t0 : ck;
-        const float *St = ckpt + (item * n_ckpt + chunk) * NP * NP;       /* the forward's layout, [key][value] */
-        for (int64_t i = 0; i < NP; i++)
-            for (int64_t j = 0; j < NP; j++)
-                history[i * NP + j] = St[j * NP + i];
-        for (int64_t l = 0; l < L; l++) {        /* history[l] = S_{t-1}, sas[l] = S_{t-1} a_t, t = t0 + l */
-            const float *S = history + l * NP * NP;
-            float *next = history + (l + 1) * NP * NP;
-            wkv7_load(N, NP, ((bi * T + t0 + l) * H + h) * N, r, log_w, k, v, a, b, pad, &x);
-            float *sa = sas + l * NP;
-            for (int64_t i = 0; i < NP; i++) {
-                vfloat dot = {0};
-                #pragma GCC unroll 16
-                for (int64_t c = 0; c < V; c++)
-                    dot += LOADV(S + i * NP + c * VEC) * LOADV(x.a + c * VEC);
-                sa_rows[bit_reversed[i % 16]] = dot;
-                if (i % 16 == 15)
-                    STOREV(sa + i - 15, sum_lanes(sa_rows));
-            }
-            if (l + 1 < L)
-                for (int64_t i = 0; i < NP; i++)
-                    #pragma GCC unroll 16
-                    for (int64_t c = 0; c < V; c++)
-                        STOREV(next + i * NP + c * VEC, LOADV(x.w + c * VEC) * LOADV(S + i * NP + c * VEC)
-                               + sa[i] * LOADV(x.b + c * VEC) + x.v[i] * LOADV(x.k + c * VEC));
-        }
-        for (int64_t l = L - 1; l >= 0; l--) {
-            const int64_t t = t0 + l, off = ((bi * T + t) * H + h) * N;
-            const float *S = history + l * NP * NP, *sa = sas + l * NP;
-            wkv7_load(N, NP, off, r, log_w, k, v, a, b, pad, &x);
-            dy_t = padded(dy + off, N, NP, 0.0f, pad + 5 * NP);
-            if (t > 0)
-                wkv7_load(N, NP, off - H * N, r, log_w, k, v, a, b, pad_before, &before);
-            const float *dy_before = t > 0 ? padded(dy + off - H * N, N, NP, 0.0f, pad_before + 5 * NP) : NULL;
-            float sa_dy = 0.0f, v_dy = 0.0f;
-            for (int64_t i = 0; i < N; i++) {
-                sa_dy += sa[i] * dy_t[i];
-                v_dy += x.v[i] * dy_t[i];
-                dv[off + i] = poison(gv[i], bad);
-            }
-            vfloat gs[MAX_V], g_v[MAX_V], g_sa[MAX_V], s_q[MAX_V], s_dy[MAX_V];
+}
+
+/* A chunk of L steps from t0 re-run forward from its checkpoint St (the forward's layout, [key][value]): history[l]
+ * = S_{t-1} ([value][key]) and sas[l] = S_{t-1} a_t, t = t0 + l (history[0] is the checkpoint transposed). */
+static inline __attribute__((always_inline)) void wkv7_chunk_rerun(
+    int64_t item, int64_t T, int64_t H, int64_t N, int64_t NP, int64_t t0, int64_t L, const float *St,
+    const float *r, const float *log_w, const float *k, const float *v, const float *a, const float *b, float *pad,
+    struct wkv7_token *x, float *history, float *sas)
+{
+    const int64_t bi = item / H, h = item % H, V = NP / VEC;
+    vfloat sa_rows[16];                                    /* 16 rows' partial sums, for sum_lanes */
+    for (int64_t i = 0; i < NP; i++)
+        for (int64_t j = 0; j < NP; j++)
+            history[i * NP + j] = St[j * NP + i];
+    for (int64_t l = 0; l < L; l++) {        /* history[l] = S_{t-1}, sas[l] = S_{t-1} a_t, t = t0 + l */
+        const float *S = history + l * NP * NP;
+        float *next = history + (l + 1) * NP * NP;
+        wkv7_load(N, NP, ((bi * T + t0 + l) * H + h) * N, r, log_w, k, v, a, b, pad, x);
+        float *sa = sas + l * NP;
+        for (int64_t i = 0; i < NP; i++) {
+            vfloat dot = {0};
             #pragma GCC unroll 16
             for (int64_t c = 0; c < V; c++)
-                gs[c] = g_v[c] = g_sa[c] = s_q[c] = s_dy[c] = (vfloat){0};
-            for (int64_t i = 0; i < NP; i++) {
-                const float qi = q[i], vi = x.v[i], sai = sa[i], dyi = dy_t[i];
-                vfloat g[MAX_V];
-                #pragma GCC unroll 16
-                for (int64_t c = 0; c < V; c++) {
-                    const vfloat Si = LOADV(S + i * NP + c * VEC);
-                    g[c] = LOADV(G + i * NP + c * VEC);
-                    gs[c] += g[c] * Si;
-                    g_v[c] += g[c] * vi;
-                    g_sa[c] += g[c] * sai;
-                    s_q[c] += Si * qi;
-                    s_dy[c] += Si * dyi;
-                    g[c] = LOADV(x.w + c * VEC) * g[c] + qi * LOADV(x.a + c * VEC);
-                }
+                dot += LOADV(S + i * NP + c * VEC) * LOADV(x->a + c * VEC);
+            sa_rows[bit_reversed[i % 16]] = dot;
+            if (i % 16 == 15)
+                STOREV(sa + i - 15, sum_lanes(sa_rows));
+        }
+        if (l + 1 < L)
+            for (int64_t i = 0; i < NP; i++)
                 #pragma GCC unroll 16
                 for (int64_t c = 0; c < V; c++)
-                    STOREV(G + i * NP + c * VEC, g[c]);
-                if (t == 0)
-                    continue;
-                /* the step before's G += dy r^T, q = G b, gv = G k, while the row is at hand */
-                wkv7_add_output(V, g, dy_before[i], &before, q_rows + bit_reversed[i % 16],
-                                gv_rows + bit_reversed[i % 16]);
-                #pragma GCC unroll 16
-                for (int64_t c = 0; c < V; c++)
-                    STOREV(G + i * NP + c * VEC, g[c]);
-                if (i % 16 == 15) {
-                    STOREV(q + i - 15, sum_lanes(q_rows));
-                    STOREV(gv + i - 15, sum_lanes(gv_rows));
-                }
-            }
-            float out[5][MAX_V * VEC];
-            #pragma GCC unroll 16
-            for (int64_t c = 0; c < V; c++) {
-                const vfloat w = LOADV(x.w + c * VEC);
-                STOREV(out[0] + c * VEC, w * s_dy[c] + sa_dy * LOADV(x.b + c * VEC) + v_dy * LOADV(x.k + c * VEC));
-                STOREV(out[1] + c * VEC, w * gs[c]);
-                STOREV(out[2] + c * VEC, g_v[c]);
-                STOREV(out[3] + c * VEC, s_q[c]);
-                STOREV(out[4] + c * VEC, g_sa[c]);
-            }
-            for (int64_t j = 0; j < N; j++) {
-                dr[off + j] = poison(out[0][j], bad);
-                dlog_w[off + j] = poison(out[1][j], bad);
-                dk[off + j] = poison(out[2][j], bad);
-                da[off + j] = poison(out[3][j], bad);
-                db[off + j] = poison(out[4][j], bad);
-            }
+                    STOREV(next + i * NP + c * VEC, LOADV(x->w + c * VEC) * LOADV(S + i * NP + c * VEC)
+                           + sa[i] * LOADV(x->b + c * VEC) + x->v[i] * LOADV(x->k + c * VEC));
+    }
+}
+
+/* Step t's pass over the rows of G and S = S_{t-1}: the vector sums gs = colsum(G * S), g_v = G^T v,
+ * g_sa = G^T sa, s_q = S^T q, s_dy = S^T dy (zeroed here), G <- G diag(w_t) + q a_t^T; and for t > 0, while the
+ * row is at hand, the step before's G += dy r^T and its q = G b, gv = G k (x: step t's inputs, before: step
+ * t - 1's). */
+static inline __attribute__((always_inline)) void wkv7_backward_rows(
+    int64_t t, int64_t NP, const float *S, const float *sa, const float *dy_t, const float *dy_before,
+    const struct wkv7_token *x, const struct wkv7_token *before, float *G, float *q, float *gv, vfloat *q_rows,
+    vfloat *gv_rows, vfloat *gs, vfloat *g_v, vfloat *g_sa, vfloat *s_q, vfloat *s_dy)
+{
+    const int64_t V = NP / VEC;
+    #pragma GCC unroll 16
+    for (int64_t c = 0; c < V; c++)
+        gs[c] = g_v[c] = g_sa[c] = s_q[c] = s_dy[c] = (vfloat){0};
+    for (int64_t i = 0; i < NP; i++) {
+        const float qi = q[i], vi = x->v[i], sai = sa[i], dyi = dy_t[i];
+        vfloat g[MAX_V];
+        #pragma GCC unroll 16
+        for (int64_t c = 0; c < V; c++) {
+            const vfloat Si = LOADV(S + i * NP + c * VEC);
+            g[c] = LOADV(G + i * NP + c * VEC);
+            gs[c] += g[c] * Si;
+            g_v[c] += g[c] * vi;
+            g_sa[c] += g[c] * sai;
+            s_q[c] += Si * qi;
+            s_dy[c] += Si * dyi;
+            g[c] = LOADV(x->w + c * VEC) * g[c] + qi * LOADV(x->a + c * VEC);
+        }
+        #pragma GCC unroll 16
+        for (int64_t c = 0; c < V; c++)
+            STOREV(G + i * NP + c * VEC, g[c]);
+        if (t == 0)
+            continue;
+        /* the step before's G += dy r^T, q = G b, gv = G k, while the row is at hand */
+        wkv7_add_output(V, g, dy_before[i], before, q_rows + bit_reversed[i % 16], gv_rows + bit_reversed[i % 16]);
+        #pragma GCC unroll 16
+        for (int64_t c = 0; c < V; c++)
+            STOREV(G + i * NP + c * VEC, g[c]);
+        if (i % 16 == 15) {
+            STOREV(q + i - 15, sum_lanes(q_rows));
+            STOREV(gv + i - 15, sum_lanes(gv_rows));
+        }
+    }
+}
+
+/* One step back, token t at offset off: dv_t = gv (the previous pass's G k), the rows' pass, then dr_t (expanded
+ * as above), dlog_w_t, dk_t, da_t, db_t, NaN for a head that met a non-finite input (bad). */
+static inline __attribute__((always_inline)) void wkv7_backward_token(
+    int64_t t, int64_t off, int64_t H, int64_t N, int64_t NP, int32_t bad, const float *r, const float *log_w,
+    const float *k, const float *v, const float *a, const float *b, const float *dy, const float *S,
+    const float *sa, float *pad, float *pad_before, struct wkv7_token *x, struct wkv7_token *before, float *G,
+    float *q, float *gv, vfloat *q_rows, vfloat *gv_rows, float *dr, float *dlog_w, float *dk, float *dv,
+    float *da, float *db)
+{
+    const int64_t V = NP / VEC;
+    wkv7_load(N, NP, off, r, log_w, k, v, a, b, pad, x);
+    const float *dy_t = padded(dy + off, N, NP, 0.0f, pad + 5 * NP);
+    if (t > 0)
+        wkv7_load(N, NP, off - H * N, r, log_w, k, v, a, b, pad_before, before);
+    const float *dy_before = t > 0 ? padded(dy + off - H * N, N, NP, 0.0f, pad_before + 5 * NP) : NULL;
+    float sa_dy = 0.0f, v_dy = 0.0f;
+    for (int64_t i = 0; i < N; i++) {
+        sa_dy += sa[i] * dy_t[i];
+        v_dy += x->v[i] * dy_t[i];
+        dv[off + i] = poison(gv[i], bad);
+    }
+    vfloat gs[MAX_V], g_v[MAX_V], g_sa[MAX_V], s_q[MAX_V], s_dy[MAX_V];
+    wkv7_backward_rows(t, NP, S, sa, dy_t, dy_before, x, before, G, q, gv, q_rows, gv_rows, gs, g_v, g_sa, s_q,
+                       s_dy);
+    float out[5][MAX_V * VEC];
+    #pragma GCC unroll 16
+    for (int64_t c = 0; c < V; c++) {
+        const vfloat w = LOADV(x->w + c * VEC);
+        STOREV(out[0] + c * VEC, w * s_dy[c] + sa_dy * LOADV(x->b + c * VEC) + v_dy * LOADV(x->k + c * VEC));
+        STOREV(out[1] + c * VEC, w * gs[c]);
+        STOREV(out[2] + c * VEC, g_v[c]);
+        STOREV(out[3] + c * VEC, s_q[c]);
+        STOREV(out[4] + c * VEC, g_sa[c]);
+    }
+    for (int64_t j = 0; j < N; j++) {
+        dr[off + j] = poison(out[0][j], bad);
+        dlog_w[off + j] = poison(out[1][j], bad);
+        dk[off + j] = poison(out[2][j], bad);
+        da[off + j] = poison(out[3][j], bad);
+        db[off + j] = poison(out[4][j], bad);
+    }
+}
+
+static inline __attribute__((always_inline)) void wkv7_backward_item(
+    int64_t item, int64_t T, int64_t H, int64_t N, int64_t NP, const float *r, const float *log_w, const float *k,
+    const float *v, const float *a, const float *b, const float *dy, const float *dstate, int64_t ck,
+    const float *ckpt, const int32_t *bad_in, float *dr, float *dlog_w, float *dk, float *dv, float *da, float *db,
+    float *dstate0, float *G, float *history, float *sas, float *pad)
+{
+    const int64_t bi = item / H, h = item % H, n_ckpt = (T + ck - 1) / ck;
+    const int32_t bad = bad_in[item];
+    float q[MAX_V * VEC], gv[MAX_V * VEC];
+    vfloat q_rows[16], gv_rows[16];                        /* 16 rows' partial sums, for sum_lanes */
+    struct wkv7_token x = {0}, before = {0};                                /* step t's inputs, and step t - 1's */
+    float *pad_before = pad + WKV7_PAD_BUFFERS * NP;
+    wkv7_backward_start(item, T, H, N, NP, r, log_w, k, v, a, b, dy, dstate, G, pad, &x, q, gv, q_rows, gv_rows);
+    for (int64_t chunk = n_ckpt - 1; chunk >= 0; chunk--) {
+        const int64_t t0 = chunk * ck, L = T - t0 < ck ? T - t0 : ck;
+        wkv7_chunk_rerun(item, T, H, N, NP, t0, L, ckpt + (item * n_ckpt + chunk) * NP * NP, r, log_w, k, v, a, b,
+                         pad, &x, history, sas);
+        for (int64_t l = L - 1; l >= 0; l--) {
+            const int64_t t = t0 + l;
+            wkv7_backward_token(t, ((bi * T + t) * H + h) * N, H, N, NP, bad, r, log_w, k, v, a, b, dy,
+                                history + l * NP * NP, sas + l * NP, pad, pad_before, &x, &before, G, q, gv, q_rows,
+                                gv_rows, dr, dlog_w, dk, dv, da, db);
         }
     }
     for (int64_t i = 0; i < N; i++)

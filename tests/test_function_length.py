@@ -16,7 +16,6 @@ C_FILES = ("kernels/native.c", "models/native/*.c")
 
 # "path:function" -> why it stays whole.
 ALLOWED = {
-    "kernels/native.c:wkv7_backward_item": "not split yet (issue 27)",
     "kernels/wkv7_chunked.py:wkv7_chunked_bwd_kernel": "not split yet (issue 27)",
     "benchmarks/run.py:main": "not split yet (issue 27)",
     "models/native/decode.c:rwkv7_run": "not split yet (issue 27)",
