@@ -18,9 +18,6 @@ C_FILES = ("kernels/native.c", "models/native/*.c")
 ALLOWED = {
     "kernels/wkv7_chunked.py:wkv7_chunked_bwd_kernel": "not split yet (issue 27)",
     "benchmarks/run.py:main": "not split yet (issue 27)",
-    "models/native/decode.c:rwkv7_run": "not split yet (issue 27)",
-    "kernels/ssm.py:selective_scan": "not split yet (issue 27)",
-    "models/native/decode.c:rwkv4_run": "not split yet (issue 27)",
 }
 
 
