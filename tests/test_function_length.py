@@ -17,7 +17,6 @@ C_FILES = ("kernels/native.c", "models/native/*.c")
 # "path:function" -> why it stays whole.
 ALLOWED = {
     "kernels/wkv7_chunked.py:wkv7_chunked_bwd_kernel": "not split yet (issue 27)",
-    "benchmarks/run.py:main": "not split yet (issue 27)",
 }
 
 
