@@ -670,6 +670,64 @@ def machine(threads: int) -> str:
             f"transformers {tf}, Python {platform.python_version()}")
 
 
+def measure_ops(ops: list[Op], Ts, quick: bool, threads: int | None) -> list[dict]:
+    """Every case of ``ops`` (a sweep op at each T of ``Ts``, another at its headline T, its implementations
+    interleaved), each printed as it finishes: the rows of results.json."""
+    rows = []
+    for op in ops:
+        for T in (Ts if op.sweep else (op.headline_T,)):
+            shared = {} if op.sweep else interleaved_times(op, T, quick, threads)
+            for impl in op.impls:
+                rows.append(run_case(op, impl, T, quick, threads, shared.get(impl.label)))
+                r = rows[-1]
+                print(f"{op.name:<10} T={T:<6} {impl.label:<42} "
+                      + (f"{_fmt_time(r['median_s']):>10} ±{r['spread']:.0%}  {_fmt_bytes(r['peak_bytes'])}"
+                         if _ok(r) else r["status"]), flush=True)
+    return rows
+
+
+def write_report(out: Path, ops: list[Op], rows: list[dict], run_info: dict, Ts, quick: bool,
+                 from_json: bool) -> None:
+    """results.md (the tables, the targets missed, the cost model), results.json and, with forward ops, scaling.png
+    in ``out``, from the measured ``rows``; then prints where they went and the targets missed."""
+    forward, training = [op for op in ops if op.sweep], [op for op in ops if not op.sweep]
+    table, checks = headline(forward, rows)
+    training_table, training_checks = headline(training, rows)
+    growth, growth_checks = per_token_growth(forward, rows, Ts)
+    checks += training_checks + growth_checks
+    # the cost model is of the Triton kernels the forward ops run: a run of training ops alone leaves it out
+    costs = (cost_model.report(compile_aot=not quick, measured=rows if DEVICE.type == "cuda" else None)
+             if forward else {"markdown": "", "rows": []})
+    missed = [c for c in checks if c["met"] is False]
+    sections = {
+        "Headline": [table] if forward else [],
+        "Training: forward + backward": [training_table] if training else [],
+        "Linear ops: time per token as T grows": [growth] if forward else [],
+        "Targets missed": ["\n".join(f"- {c['op']} vs {c['vs']} at T={c['T']}: {c['metric']} ratio "
+                                     f"{_ratio(c['ratio'])}, target {c['target']}" for c in missed) or "None."],
+        "Time and memory against T": ["![scaling](scaling.png)", scaling_tables(forward, rows, Ts)] if forward else [],
+        "GPU cost model of the Triton kernels": [costs["markdown"]] if forward else [],
+    }
+    md = [f"# Benchmarks\n\n`{run_info['command']}` on {run_info['machine']}, {run_info['date']}; "
+          f"{run_info['seconds']} s." + (f" Report rewritten from results.json on {time.strftime('%Y-%m-%d %H:%M')}."
+                                        if from_json else ""),
+          "Median of n runs after one warm-up; spread = (max - min) / median; peak memory = resident memory "
+          "(CPU) or allocated memory (CUDA) above the inputs during one call; fp32; torch.no_grad() but for the "
+          "training table (forward + backward; a training step). "
+          "Ratios are the other implementation's figure over seqmix's: above 1, seqmix is faster or smaller."
+          + (" **Quick mode: tiny shapes, not the targets' shapes; the target checks below mean nothing.**"
+             if quick else ""),
+          *(part for title, parts in sections.items() if parts for part in (f"## {title}", *parts))]
+    (out / "results.md").write_text("\n\n".join(md) + "\n")
+    (out / "results.json").write_text(json.dumps({"run": run_info, "rows": rows, "checks": checks,
+                                                  "cost_model": costs["rows"]}, indent=1))
+    if forward:
+        plot(forward, rows, out / "scaling.png", run_info["machine"])
+    print(f"\nwrote {out / 'results.md'}, {out / 'results.json'}" + (f", {out / 'scaling.png'}" if forward else ""))
+    print("\n".join(f"MISSED: {c['op']} vs {c['vs']}: {c['metric']} {_ratio(c['ratio'])}, target {c['target']}"
+                    for c in missed))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes (T = 64, 128): a smoke test, no AOT build")
@@ -698,62 +756,18 @@ def main(argv=None) -> int:
         ops = [op for op in ops if op.name in wanted]
 
     started = time.perf_counter()
-    rows = []
     if args.from_json:       # re-report earlier measurements, e.g. with a cost model updated for changed kernels
         stored = json.loads((out / "results.json").read_text())
         names = {o.name for o in ops}
         rows = [r for r in stored["rows"] if r["op"] in names]
         run_info = stored["run"]
     else:
-        for op in ops:
-            for T in (Ts if op.sweep else (op.headline_T,)):
-                shared = {} if op.sweep else interleaved_times(op, T, args.quick, threads)
-                for impl in op.impls:
-                    rows.append(run_case(op, impl, T, args.quick, threads, shared.get(impl.label)))
-                    r = rows[-1]
-                    print(f"{op.name:<10} T={T:<6} {impl.label:<42} "
-                          + (f"{_fmt_time(r['median_s']):>10} ±{r['spread']:.0%}  {_fmt_bytes(r['peak_bytes'])}"
-                             if _ok(r) else r["status"]), flush=True)
+        rows = measure_ops(ops, Ts, args.quick, threads)
         arguments = argv if argv is not None else sys.argv[1:]
         run_info = {"command": " ".join(["python -m seqmix.benchmarks.run", *arguments]),
                     "machine": machine(threads or torch.get_num_threads()), "date": time.strftime("%Y-%m-%d"),
                     "seconds": round(time.perf_counter() - started)}
-    forward, training = [op for op in ops if op.sweep], [op for op in ops if not op.sweep]
-    table, checks = headline(forward, rows)
-    training_table, training_checks = headline(training, rows)
-    growth, growth_checks = per_token_growth(forward, rows, Ts)
-    checks += training_checks + growth_checks
-    # the cost model is of the Triton kernels the forward ops run: a run of training ops alone leaves it out
-    costs = (cost_model.report(compile_aot=not args.quick, measured=rows if DEVICE.type == "cuda" else None)
-             if forward else {"markdown": "", "rows": []})
-    missed = [c for c in checks if c["met"] is False]
-    sections = {
-        "Headline": [table] if forward else [],
-        "Training: forward + backward": [training_table] if training else [],
-        "Linear ops: time per token as T grows": [growth] if forward else [],
-        "Targets missed": ["\n".join(f"- {c['op']} vs {c['vs']} at T={c['T']}: {c['metric']} ratio "
-                                     f"{_ratio(c['ratio'])}, target {c['target']}" for c in missed) or "None."],
-        "Time and memory against T": ["![scaling](scaling.png)", scaling_tables(forward, rows, Ts)] if forward else [],
-        "GPU cost model of the Triton kernels": [costs["markdown"]] if forward else [],
-    }
-    md = [f"# Benchmarks\n\n`{run_info['command']}` on {run_info['machine']}, {run_info['date']}; "
-          f"{run_info['seconds']} s." + (f" Report rewritten from results.json on {time.strftime('%Y-%m-%d %H:%M')}."
-                                        if args.from_json else ""),
-          "Median of n runs after one warm-up; spread = (max - min) / median; peak memory = resident memory "
-          "(CPU) or allocated memory (CUDA) above the inputs during one call; fp32; torch.no_grad() but for the "
-          "training table (forward + backward; a training step). "
-          "Ratios are the other implementation's figure over seqmix's: above 1, seqmix is faster or smaller."
-          + (" **Quick mode: tiny shapes, not the targets' shapes; the target checks below mean nothing.**"
-             if args.quick else ""),
-          *(part for title, parts in sections.items() if parts for part in (f"## {title}", *parts))]
-    (out / "results.md").write_text("\n\n".join(md) + "\n")
-    (out / "results.json").write_text(json.dumps({"run": run_info, "rows": rows, "checks": checks,
-                                                  "cost_model": costs["rows"]}, indent=1))
-    if forward:
-        plot(forward, rows, out / "scaling.png", run_info["machine"])
-    print(f"\nwrote {out / 'results.md'}, {out / 'results.json'}" + (f", {out / 'scaling.png'}" if forward else ""))
-    print("\n".join(f"MISSED: {c['op']} vs {c['vs']}: {c['metric']} {_ratio(c['ratio'])}, target {c['target']}"
-                    for c in missed))
+    write_report(out, ops, rows, run_info, Ts, args.quick, args.from_json)
     return 0
 
 

@@ -372,6 +372,199 @@ int selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, in
  * rows of u, dy, z, delta (and the outputs du, ddelta, dz) pass through [token][lane] tiles, so that the per-token
  * work over a block's lanes is a vector too. Spare lanes see dy = 0 and a zero dlast, so they add exact zeros. A
  * lane that met a non-finite input has NaN gradients, and so have dB, dC of its batch row's group. */
+/* The backward's helpers below are always inlined, so that the loops compile as they did in one function. */
+
+/* A group's start: nu = dlast for its real lanes, zero for the spare ones (so they add exact zeros); its sums dA,
+ * dD, dbias zeroed. Returns whether any of the group's lanes met a non-finite input in the forward. */
+static inline __attribute__((always_inline)) int32_t scan_group_start(
+    int64_t b, int64_t blk0, int64_t n_blk, int64_t blocks, int64_t D, int64_t N, const int32_t *bad_in,
+    const float *dlast, float *nus, float *dAs, float *dDs, float *dbiases)
+{
+    const int64_t state = N * LANES;
+    int32_t group_bad = 0;
+    for (int64_t bk = 0; bk < n_blk; bk++)
+        for (int64_t j = 0; j < LANES && (blk0 + bk) * LANES + j < D; j++) {
+            const int64_t d = (blk0 + bk) * LANES + j;
+            group_bad |= bad_in[(b * blocks + blk0 + bk) * LANES + j];
+            for (int64_t n = 0; n < N; n++)
+                nus[bk * state + n * LANES + j] = dlast[(b * D + d) * N + n];
+        }
+    for (int64_t bk = 0; bk < n_blk; bk++)       /* spare lanes: zero nu, so zero everything */
+        for (int64_t j = 0; j < LANES; j++) {
+            if ((blk0 + bk) * LANES + j >= D)
+                for (int64_t n = 0; n < N; n++)
+                    nus[bk * state + n * LANES + j] = 0.0f;
+            dDs[bk * LANES + j] = dbiases[bk * LANES + j] = 0.0f;
+            for (int64_t n = 0; n < N; n++)
+                dAs[bk * state + n * LANES + j] = 0.0f;
+        }
+    return group_bad;
+}
+
+/* A block's rows of chunk c (tokens t0 .. t0 + L - 1) as [token][lane] tiles: the steps delta + bias (softplus'd
+ * when asked, with softplus's slope, else a slope of 1), u, dy (zero in spare lanes) and z (zero without); per lane
+ * the skip D and whether it met a non-finite input (bad_block: the forward's flags of this block). Asks for the
+ * previous chunk's rows meanwhile, which this block reads next. */
+static inline __attribute__((always_inline)) void scan_chunk_tiles(
+    int64_t b, int64_t d0, int64_t D, int64_t T, int64_t c, int64_t ck, int64_t L, int64_t delta_softplus,
+    const int64_t *channel, const float *bias, const float *u, const float *delta, const float *Dskip,
+    const float *z, const float *dy, const int32_t *bad_block, float *skip, int32_t *bad, float *step,
+    float *slope, float *ut, float *gt, float *zt)
+{
+    const int64_t t0 = c * ck;
+    for (int64_t j = 0; j < LANES; j++) {
+        const int64_t row = (b * D + channel[j]) * T + t0;
+        const float live = d0 + j < D ? 1.0f : 0.0f;
+        skip[j] = Dskip ? Dskip[channel[j]] : 0.0f;
+        bad[j] = bad_block[j];
+        if (c > 0) {             /* the previous chunk's rows, which this block reads next time */
+            __builtin_prefetch(delta + row - ck);
+            __builtin_prefetch(u + row - ck);
+            __builtin_prefetch(dy + row - ck);
+            if (z)
+                __builtin_prefetch(z + row - ck);
+        }
+        for (int64_t l = 0; l < L; l++) {                 /* the chunk's rows, as [token][lane] tiles */
+            step[l * LANES + j] = delta[row + l] + bias[j];
+            ut[l * LANES + j] = u[row + l];
+            gt[l * LANES + j] = live * dy[row + l];
+            zt[l * LANES + j] = z ? z[row + l] : 0.0f;
+        }
+    }
+    if (delta_softplus) {
+        #pragma omp simd
+        for (int64_t i = 0; i < L * LANES; i++) {     /* softplus and its slope, sigmoid */
+            slope[i] = sigmoid(step[i]);
+            step[i] = softplus(step[i]);
+        }
+    } else {
+        for (int64_t i = 0; i < L * LANES; i++)
+            slope[i] = 1.0f;
+    }
+}
+
+/* The chunk forward again from its checkpoint x0 (N x LANES): xs[l + 1] = x_t and alphas[l] = alpha_t for its
+ * tokens t0 + l, l < L (xs[0] = x0). */
+static inline __attribute__((always_inline)) void scan_chunk_forward(
+    int64_t b, int64_t T, int64_t N, int64_t t0, int64_t L, const float *x0, const float *Bt, const float *a,
+    const float *step, const float *ut, float *xs, float *alphas)
+{
+    memcpy(xs, x0, N * LANES * sizeof(float));
+    for (int64_t l = 0; l < L; l++) {
+        const float *Bn = Bt + (b * T + t0 + l) * N, *sl = step + l * LANES, *ul = ut + l * LANES;
+        for (int64_t n = 0; n < N; n++) {
+            const float *xp = xs + (l * N + n) * LANES, *an = a + n * LANES, bn = Bn[n];
+            float *xn = xs + ((l + 1) * N + n) * LANES, *al = alphas + (l * N + n) * LANES;
+            #pragma omp simd
+            for (int64_t j = 0; j < LANES; j++) {
+                /* exactly 0 below the clamp (A = -inf, a decay of 0, or delta A < -87): e^-87 would
+                 * meet A again in gA = ga A, up to FLT_MAX, an O(1) term of d/ddelta */
+                const float e = sl[j] * an[j];
+                al[j] = e < -87.0f ? 0.0f : exp_clamped(e);
+                xn[j] = al[j] * xp[j] + sl[j] * ul[j] * bn;
+            }
+        }
+    }
+}
+
+/* The chunk walked back, token t0 + L - 1 to t0, for one block: the formulas above, from the tiles, the re-run
+ * xs and alphas, and the block's nu (carried in and out) and sums dA, dD, dbias (added to); the lanes' shares of
+ * dB_t, dC_t are added into shareB, shareC, and du, ddelta, dz go to the tiles du_t, dd_t, dz_t. z: the op's
+ * (NULL: no gate). */
+static inline __attribute__((always_inline)) void scan_chunk_backward(
+    int64_t b, int64_t T, int64_t N, int64_t t0, int64_t L, const float *Bt, const float *Ct, const float *z,
+    const float *a, const float *skip, const float *xs, const float *alphas, const float *step, const float *slope,
+    const float *ut, const float *gt, const float *zt, float *nu, float *dA, float *dDacc, float *dbias,
+    float *shareB, float *shareC, float *du_t, float *dd_t, float *dz_t)
+{
+    const int64_t state = N * LANES;
+    float pre[LANES], dpre[LANES], lamB[LANES], gA[LANES];
+    for (int64_t l = L - 1; l >= 0; l--) {
+        const int64_t t = t0 + l;
+        const float *Bn = Bt + (b * T + t) * N, *Cn = Ct + (b * T + t) * N, *xt = xs + (l + 1) * state;
+        const float *sl = step + l * LANES, *ul = ut + l * LANES, *gl = gt + l * LANES;
+        const float *zl = zt + l * LANES;
+        #pragma omp simd
+        for (int64_t j = 0; j < LANES; j++)
+            pre[j] = skip[j] * ul[j];
+        for (int64_t n = 0; n < N; n++)                                  /* + C_t . x_t */
+            #pragma omp simd
+            for (int64_t j = 0; j < LANES; j++)
+                pre[j] += Cn[n] * xt[n * LANES + j];
+        #pragma omp simd
+        for (int64_t j = 0; j < LANES; j++) {
+            /* silu(z) = z sigmoid(z), silu'(z) = sigmoid(z) (1 + z (1 - sigmoid(z))) */
+            const float sg = sigmoid(zl[j]);
+            dpre[j] = z ? gl[j] * zl[j] * sg : gl[j];
+            dz_t[l * LANES + j] = gl[j] * pre[j] * sg * (1.0f + zl[j] * (1.0f - sg));
+            dDacc[j] += dpre[j] * ul[j];
+            lamB[j] = gA[j] = 0.0f;
+        }
+        for (int64_t n = 0; n < N; n++) {
+            const float *xp = xs + (l * N + n) * LANES, *xn = xt + n * LANES;
+            const float *al = alphas + (l * N + n) * LANES, *an = a + n * LANES, bn = Bn[n], cn = Cn[n];
+            float *nun = nu + n * LANES, *dAn = dA + n * LANES;
+            float *sB = shareB + (l * N + n) * LANES, *sC = shareC + (l * N + n) * LANES;
+            #pragma omp simd
+            for (int64_t j = 0; j < LANES; j++) {
+                const float lam = nun[j] + dpre[j] * cn;                  /* dL/dx_t */
+                const float ga = lam * al[j] * xp[j];                     /* dL/d(delta_t A) */
+                sC[j] += dpre[j] * xn[j];
+                sB[j] += lam * sl[j] * ul[j];
+                lamB[j] += lam * bn;
+                dAn[j] += ga * sl[j];
+                gA[j] += ga * an[j];
+                nun[j] = al[j] * lam;
+            }
+        }
+        #pragma omp simd
+        for (int64_t j = 0; j < LANES; j++) {
+            const float dd = (gA[j] + lamB[j] * ul[j]) * slope[l * LANES + j];
+            dbias[j] += dd;
+            du_t[l * LANES + j] = lamB[j] * sl[j] + dpre[j] * skip[j];
+            dd_t[l * LANES + j] = dd;
+        }
+    }
+}
+
+/* The tiles du_t, dd_t, dz_t of a block's chunk back into the rows of du, ddelta, dz (dz only with a gate z), each
+ * real lane's (NaN where it met a non-finite input). */
+static inline __attribute__((always_inline)) void scan_store_tiles(
+    int64_t b, int64_t d0, int64_t D, int64_t T, int64_t t0, int64_t L, const int64_t *channel, const int32_t *bad,
+    const float *z, const float *du_t, const float *dd_t, const float *dz_t, float *du, float *ddelta, float *dz)
+{
+    for (int64_t j = 0; j < LANES && d0 + j < D; j++) {
+        const int64_t row = (b * D + channel[j]) * T + t0;
+        for (int64_t l = 0; l < L; l++) {
+            du[row + l] = poison(du_t[l * LANES + j], bad[j]);
+            ddelta[row + l] = poison(dd_t[l * LANES + j], bad[j]);
+            if (z)
+                dz[row + l] = poison(dz_t[l * LANES + j], bad[j]);
+        }
+    }
+}
+
+/* A group's end: its blocks' nu (dL/dx_0, the initial state's gradient), dA, dD and dbias, each real lane's, into
+ * the batch row's outputs (NaN for a lane that met a non-finite input). */
+static inline __attribute__((always_inline)) void scan_group_store(
+    int64_t b, int64_t blk0, int64_t n_blk, int64_t blocks, int64_t D, int64_t N, const int32_t *bad_in,
+    const float *nus, const float *dAs, const float *dDs, const float *dbiases, float *dstate, float *dA_part,
+    float *dD_part, float *dbias_part)
+{
+    const int64_t state = N * LANES;
+    for (int64_t bk = 0; bk < n_blk; bk++)
+        for (int64_t j = 0; j < LANES && (blk0 + bk) * LANES + j < D; j++) {
+            const int64_t d = (blk0 + bk) * LANES + j, at = b * D + d;
+            const int32_t poisoned = bad_in[(b * blocks + blk0 + bk) * LANES + j];
+            for (int64_t n = 0; n < N; n++) {
+                dstate[at * N + n] = poison(nus[bk * state + n * LANES + j], poisoned);
+                dA_part[at * N + n] = poison(dAs[bk * state + n * LANES + j], poisoned);
+            }
+            dD_part[at] = poison(dDs[bk * LANES + j], poisoned);
+            dbias_part[at] = poison(dbiases[bk * LANES + j], poisoned);
+        }
+}
+
 int selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
                             int64_t per_group, const float *u, const float *delta, const float *delta_bias,
                             const float *A, const float *Bt, const float *Ct, const float *Dskip, const float *z,
@@ -394,134 +587,25 @@ int selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, i
     for (int64_t item = first; item < last; item++) {
         const int64_t b = item / groups, g = item % groups, blk0 = g * per_group;
         const int64_t n_blk = blocks - blk0 < per_group ? blocks - blk0 : per_group;
-        int32_t group_bad = 0;
-        for (int64_t bk = 0; bk < n_blk; bk++)
-            for (int64_t j = 0; j < LANES && (blk0 + bk) * LANES + j < D; j++) {
-                const int64_t d = (blk0 + bk) * LANES + j;
-                group_bad |= bad_in[(b * blocks + blk0 + bk) * LANES + j];
-                for (int64_t n = 0; n < N; n++)
-                    nus[bk * state + n * LANES + j] = dlast[(b * D + d) * N + n];
-            }
-        for (int64_t bk = 0; bk < n_blk; bk++)       /* spare lanes: zero nu, so zero everything */
-            for (int64_t j = 0; j < LANES; j++) {
-                if ((blk0 + bk) * LANES + j >= D)
-                    for (int64_t n = 0; n < N; n++)
-                        nus[bk * state + n * LANES + j] = 0.0f;
-                dDs[bk * LANES + j] = dbiases[bk * LANES + j] = 0.0f;
-                for (int64_t n = 0; n < N; n++)
-                    dAs[bk * state + n * LANES + j] = 0.0f;
-            }
+        const int32_t group_bad = scan_group_start(b, blk0, n_blk, blocks, D, N, bad_in, dlast, nus, dAs, dDs,
+                                                   dbiases);
         for (int64_t c = n_ckpt - 1; c >= 0; c--) {
             const int64_t t0 = c * ck, L = T - t0 < ck ? T - t0 : ck;
             memset(shareB, 0, 2 * ck * state * sizeof(float));
             for (int64_t bk = 0; bk < n_blk; bk++) {
                 const int64_t blk = blk0 + bk, d0 = blk * LANES, fwd_item = b * blocks + blk;
                 int64_t channel[LANES];
-                float a[N * LANES], bias[LANES], skip[LANES], pre[LANES], dpre[LANES], lamB[LANES], gA[LANES];
-                float *nu = nus + bk * state, *dA = dAs + bk * state, *dDacc = dDs + bk * LANES;
-                float *dbias = dbiases + bk * LANES;
+                float a[N * LANES], bias[LANES], skip[LANES];
                 int32_t bad[LANES];
                 scan_lanes(d0, D, N, delta_bias, A, channel, bias, a, bad);
-                for (int64_t j = 0; j < LANES; j++) {
-                    const int64_t row = (b * D + channel[j]) * T + t0;
-                    const float live = d0 + j < D ? 1.0f : 0.0f;
-                    skip[j] = Dskip ? Dskip[channel[j]] : 0.0f;
-                    bad[j] = bad_in[fwd_item * LANES + j];
-                    if (c > 0) {             /* the previous chunk's rows, which this block reads next time */
-                        __builtin_prefetch(delta + row - ck);
-                        __builtin_prefetch(u + row - ck);
-                        __builtin_prefetch(dy + row - ck);
-                        if (z)
-                            __builtin_prefetch(z + row - ck);
-                    }
-                    for (int64_t l = 0; l < L; l++) {                 /* the chunk's rows, as [token][lane] tiles */
-                        step[l * LANES + j] = delta[row + l] + bias[j];
-                        ut[l * LANES + j] = u[row + l];
-                        gt[l * LANES + j] = live * dy[row + l];
-                        zt[l * LANES + j] = z ? z[row + l] : 0.0f;
-                    }
-                }
-                if (delta_softplus) {
-                    #pragma omp simd
-                    for (int64_t i = 0; i < L * LANES; i++) {     /* softplus and its slope, sigmoid */
-                        slope[i] = sigmoid(step[i]);
-                        step[i] = softplus(step[i]);
-                    }
-                } else {
-                    for (int64_t i = 0; i < L * LANES; i++)
-                        slope[i] = 1.0f;
-                }
-                memcpy(xs, ckpt + (fwd_item * n_ckpt + c) * state, state * sizeof(float));
-                for (int64_t l = 0; l < L; l++) {          /* the chunk forward again: x_t and alpha_t */
-                    const float *Bn = Bt + (b * T + t0 + l) * N, *sl = step + l * LANES, *ul = ut + l * LANES;
-                    for (int64_t n = 0; n < N; n++) {
-                        const float *xp = xs + (l * N + n) * LANES, *an = a + n * LANES, bn = Bn[n];
-                        float *xn = xs + ((l + 1) * N + n) * LANES, *al = alphas + (l * N + n) * LANES;
-                        #pragma omp simd
-                        for (int64_t j = 0; j < LANES; j++) {
-                            /* exactly 0 below the clamp (A = -inf, a decay of 0, or delta A < -87): e^-87 would
-                             * meet A again in gA = ga A, up to FLT_MAX, an O(1) term of d/ddelta */
-                            const float e = sl[j] * an[j];
-                            al[j] = e < -87.0f ? 0.0f : exp_clamped(e);
-                            xn[j] = al[j] * xp[j] + sl[j] * ul[j] * bn;
-                        }
-                    }
-                }
-                for (int64_t l = L - 1; l >= 0; l--) {     /* and back */
-                    const int64_t t = t0 + l;
-                    const float *Bn = Bt + (b * T + t) * N, *Cn = Ct + (b * T + t) * N, *xt = xs + (l + 1) * state;
-                    const float *sl = step + l * LANES, *ul = ut + l * LANES, *gl = gt + l * LANES;
-                    const float *zl = zt + l * LANES;
-                    #pragma omp simd
-                    for (int64_t j = 0; j < LANES; j++)
-                        pre[j] = skip[j] * ul[j];
-                    for (int64_t n = 0; n < N; n++)                                  /* + C_t . x_t */
-                        #pragma omp simd
-                        for (int64_t j = 0; j < LANES; j++)
-                            pre[j] += Cn[n] * xt[n * LANES + j];
-                    #pragma omp simd
-                    for (int64_t j = 0; j < LANES; j++) {
-                        /* silu(z) = z sigmoid(z), silu'(z) = sigmoid(z) (1 + z (1 - sigmoid(z))) */
-                        const float sg = sigmoid(zl[j]);
-                        dpre[j] = z ? gl[j] * zl[j] * sg : gl[j];
-                        dz_t[l * LANES + j] = gl[j] * pre[j] * sg * (1.0f + zl[j] * (1.0f - sg));
-                        dDacc[j] += dpre[j] * ul[j];
-                        lamB[j] = gA[j] = 0.0f;
-                    }
-                    for (int64_t n = 0; n < N; n++) {
-                        const float *xp = xs + (l * N + n) * LANES, *xn = xt + n * LANES;
-                        const float *al = alphas + (l * N + n) * LANES, *an = a + n * LANES, bn = Bn[n], cn = Cn[n];
-                        float *nun = nu + n * LANES, *dAn = dA + n * LANES;
-                        float *sB = shareB + (l * N + n) * LANES, *sC = shareC + (l * N + n) * LANES;
-                        #pragma omp simd
-                        for (int64_t j = 0; j < LANES; j++) {
-                            const float lam = nun[j] + dpre[j] * cn;                  /* dL/dx_t */
-                            const float ga = lam * al[j] * xp[j];                     /* dL/d(delta_t A) */
-                            sC[j] += dpre[j] * xn[j];
-                            sB[j] += lam * sl[j] * ul[j];
-                            lamB[j] += lam * bn;
-                            dAn[j] += ga * sl[j];
-                            gA[j] += ga * an[j];
-                            nun[j] = al[j] * lam;
-                        }
-                    }
-                    #pragma omp simd
-                    for (int64_t j = 0; j < LANES; j++) {
-                        const float dd = (gA[j] + lamB[j] * ul[j]) * slope[l * LANES + j];
-                        dbias[j] += dd;
-                        du_t[l * LANES + j] = lamB[j] * sl[j] + dpre[j] * skip[j];
-                        dd_t[l * LANES + j] = dd;
-                    }
-                }
-                for (int64_t j = 0; j < LANES && d0 + j < D; j++) {   /* the tiles back into the rows */
-                    const int64_t row = (b * D + channel[j]) * T + t0;
-                    for (int64_t l = 0; l < L; l++) {
-                        du[row + l] = poison(du_t[l * LANES + j], bad[j]);
-                        ddelta[row + l] = poison(dd_t[l * LANES + j], bad[j]);
-                        if (z)
-                            dz[row + l] = poison(dz_t[l * LANES + j], bad[j]);
-                    }
-                }
+                scan_chunk_tiles(b, d0, D, T, c, ck, L, delta_softplus, channel, bias, u, delta, Dskip, z, dy,
+                                 bad_in + fwd_item * LANES, skip, bad, step, slope, ut, gt, zt);
+                scan_chunk_forward(b, T, N, t0, L, ckpt + (fwd_item * n_ckpt + c) * state, Bt, a, step, ut, xs,
+                                   alphas);
+                scan_chunk_backward(b, T, N, t0, L, Bt, Ct, z, a, skip, xs, alphas, step, slope, ut, gt, zt,
+                                    nus + bk * state, dAs + bk * state, dDs + bk * LANES, dbiases + bk * LANES,
+                                    shareB, shareC, du_t, dd_t, dz_t);
+                scan_store_tiles(b, d0, D, T, t0, L, channel, bad, z, du_t, dd_t, dz_t, du, ddelta, dz);
             }
             for (int64_t l = 0; l < L; l++)            /* dB_t, dC_t: the lanes' shares added across the lanes */
                 for (int64_t n = 0; n < N; n++) {
@@ -530,17 +614,8 @@ int selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, i
                     dC_part[at] = poison(sum8(shareC + (l * N + n) * LANES), group_bad);
                 }
         }
-        for (int64_t bk = 0; bk < n_blk; bk++)
-            for (int64_t j = 0; j < LANES && (blk0 + bk) * LANES + j < D; j++) {
-                const int64_t d = (blk0 + bk) * LANES + j, at = b * D + d;
-                const int32_t poisoned = bad_in[(b * blocks + blk0 + bk) * LANES + j];
-                for (int64_t n = 0; n < N; n++) {
-                    dstate[at * N + n] = poison(nus[bk * state + n * LANES + j], poisoned);
-                    dA_part[at * N + n] = poison(dAs[bk * state + n * LANES + j], poisoned);
-                }
-                dD_part[at] = poison(dDs[bk * LANES + j], poisoned);
-                dbias_part[at] = poison(dbiases[bk * LANES + j], poisoned);
-            }
+        scan_group_store(b, blk0, n_blk, blocks, D, N, bad_in, nus, dAs, dDs, dbiases, dstate, dA_part, dD_part,
+                         dbias_part);
     }
     free(xs);
     return STATUS_OK;
@@ -812,29 +887,25 @@ static inline __attribute__((always_inline)) void wkv7_add_output(int64_t V, vfl
     *gvi = gv;
 }
 
-static inline __attribute__((always_inline)) void wkv7_backward_item(
+/* The backward's start, at the last token: G = dstate (padded with zeros), then that token's G += dy r^T and its
+ * q = G b, gv = G k. x: filled with the last token's inputs. */
+static inline __attribute__((always_inline)) void wkv7_backward_start(
     int64_t item, int64_t T, int64_t H, int64_t N, int64_t NP, const float *r, const float *log_w, const float *k,
-    const float *v, const float *a, const float *b, const float *dy, const float *dstate, int64_t ck,
-    const float *ckpt, const int32_t *bad_in, float *dr, float *dlog_w, float *dk, float *dv, float *da, float *db,
-    float *dstate0, float *G, float *history, float *sas, float *pad)
+    const float *v, const float *a, const float *b, const float *dy, const float *dstate, float *G, float *pad,
+    struct wkv7_token *x, float *q, float *gv, vfloat *q_rows, vfloat *gv_rows)
 {
-    const int64_t bi = item / H, h = item % H, n_ckpt = (T + ck - 1) / ck, V = NP / VEC;
-    const int32_t bad = bad_in[item];
-    float q[MAX_V * VEC], gv[MAX_V * VEC];
-    vfloat q_rows[16], gv_rows[16], sa_rows[16];           /* 16 rows' partial sums, for sum_lanes */
-    struct wkv7_token x = {0}, before = {0};                                /* step t's inputs, and step t - 1's */
-    float *pad_before = pad + WKV7_PAD_BUFFERS * NP;
+    const int64_t bi = item / H, h = item % H, V = NP / VEC;
     memset(G, 0, NP * NP * sizeof(float));
     for (int64_t i = 0; i < N; i++)
         memcpy(G + i * NP, dstate + (item * N + i) * N, N * sizeof(float));
     const int64_t last = ((bi * T + T - 1) * H + h) * N;
-    wkv7_load(N, NP, last, r, log_w, k, v, a, b, pad, &x);
+    wkv7_load(N, NP, last, r, log_w, k, v, a, b, pad, x);
     const float *dy_t = padded(dy + last, N, NP, 0.0f, pad + 5 * NP);
     for (int64_t i = 0; i < NP; i++) {
         vfloat g[MAX_V];
         for (int64_t c = 0; c < V; c++)
             g[c] = LOADV(G + i * NP + c * VEC);
-        wkv7_add_output(V, g, dy_t[i], &x, q_rows + bit_reversed[i % 16], gv_rows + bit_reversed[i % 16]);
+        wkv7_add_output(V, g, dy_t[i], x, q_rows + bit_reversed[i % 16], gv_rows + bit_reversed[i % 16]);
         for (int64_t c = 0; c < V; c++)
             STOREV(G + i * NP + c * VEC, g[c]);
         if (i % 16 == 15) {
@@ -842,98 +913,152 @@ static inline __attribute__((always_inline)) void wkv7_backward_item(
             STOREV(gv + i - 15, sum_lanes(gv_rows));
         }
     }
-    for (int64_t chunk = n_ckpt - 1; chunk >= 0; chunk--) {
-        const int64_t t0 = chunk * ck, L = T - t0 < ck ? T - t0 : ck;
-        const float *St = ckpt + (item * n_ckpt + chunk) * NP * NP;       /* the forward's layout, [key][value] */
-        for (int64_t i = 0; i < NP; i++)
-            for (int64_t j = 0; j < NP; j++)
-                history[i * NP + j] = St[j * NP + i];
-        for (int64_t l = 0; l < L; l++) {        /* history[l] = S_{t-1}, sas[l] = S_{t-1} a_t, t = t0 + l */
-            const float *S = history + l * NP * NP;
-            float *next = history + (l + 1) * NP * NP;
-            wkv7_load(N, NP, ((bi * T + t0 + l) * H + h) * N, r, log_w, k, v, a, b, pad, &x);
-            float *sa = sas + l * NP;
-            for (int64_t i = 0; i < NP; i++) {
-                vfloat dot = {0};
-                #pragma GCC unroll 16
-                for (int64_t c = 0; c < V; c++)
-                    dot += LOADV(S + i * NP + c * VEC) * LOADV(x.a + c * VEC);
-                sa_rows[bit_reversed[i % 16]] = dot;
-                if (i % 16 == 15)
-                    STOREV(sa + i - 15, sum_lanes(sa_rows));
-            }
-            if (l + 1 < L)
-                for (int64_t i = 0; i < NP; i++)
-                    #pragma GCC unroll 16
-                    for (int64_t c = 0; c < V; c++)
-                        STOREV(next + i * NP + c * VEC, LOADV(x.w + c * VEC) * LOADV(S + i * NP + c * VEC)
-                               + sa[i] * LOADV(x.b + c * VEC) + x.v[i] * LOADV(x.k + c * VEC));
-        }
-        for (int64_t l = L - 1; l >= 0; l--) {
-            const int64_t t = t0 + l, off = ((bi * T + t) * H + h) * N;
-            const float *S = history + l * NP * NP, *sa = sas + l * NP;
-            wkv7_load(N, NP, off, r, log_w, k, v, a, b, pad, &x);
-            dy_t = padded(dy + off, N, NP, 0.0f, pad + 5 * NP);
-            if (t > 0)
-                wkv7_load(N, NP, off - H * N, r, log_w, k, v, a, b, pad_before, &before);
-            const float *dy_before = t > 0 ? padded(dy + off - H * N, N, NP, 0.0f, pad_before + 5 * NP) : NULL;
-            float sa_dy = 0.0f, v_dy = 0.0f;
-            for (int64_t i = 0; i < N; i++) {
-                sa_dy += sa[i] * dy_t[i];
-                v_dy += x.v[i] * dy_t[i];
-                dv[off + i] = poison(gv[i], bad);
-            }
-            vfloat gs[MAX_V], g_v[MAX_V], g_sa[MAX_V], s_q[MAX_V], s_dy[MAX_V];
+}
+
+/* A chunk of L steps from t0 re-run forward from its checkpoint St (the forward's layout, [key][value]): history[l]
+ * = S_{t-1} ([value][key]) and sas[l] = S_{t-1} a_t, t = t0 + l (history[0] is the checkpoint transposed). */
+static inline __attribute__((always_inline)) void wkv7_chunk_rerun(
+    int64_t item, int64_t T, int64_t H, int64_t N, int64_t NP, int64_t t0, int64_t L, const float *St,
+    const float *r, const float *log_w, const float *k, const float *v, const float *a, const float *b, float *pad,
+    struct wkv7_token *x, float *history, float *sas)
+{
+    const int64_t bi = item / H, h = item % H, V = NP / VEC;
+    vfloat sa_rows[16];                                    /* 16 rows' partial sums, for sum_lanes */
+    for (int64_t i = 0; i < NP; i++)
+        for (int64_t j = 0; j < NP; j++)
+            history[i * NP + j] = St[j * NP + i];
+    for (int64_t l = 0; l < L; l++) {        /* history[l] = S_{t-1}, sas[l] = S_{t-1} a_t, t = t0 + l */
+        const float *S = history + l * NP * NP;
+        float *next = history + (l + 1) * NP * NP;
+        wkv7_load(N, NP, ((bi * T + t0 + l) * H + h) * N, r, log_w, k, v, a, b, pad, x);
+        float *sa = sas + l * NP;
+        for (int64_t i = 0; i < NP; i++) {
+            vfloat dot = {0};
             #pragma GCC unroll 16
             for (int64_t c = 0; c < V; c++)
-                gs[c] = g_v[c] = g_sa[c] = s_q[c] = s_dy[c] = (vfloat){0};
-            for (int64_t i = 0; i < NP; i++) {
-                const float qi = q[i], vi = x.v[i], sai = sa[i], dyi = dy_t[i];
-                vfloat g[MAX_V];
-                #pragma GCC unroll 16
-                for (int64_t c = 0; c < V; c++) {
-                    const vfloat Si = LOADV(S + i * NP + c * VEC);
-                    g[c] = LOADV(G + i * NP + c * VEC);
-                    gs[c] += g[c] * Si;
-                    g_v[c] += g[c] * vi;
-                    g_sa[c] += g[c] * sai;
-                    s_q[c] += Si * qi;
-                    s_dy[c] += Si * dyi;
-                    g[c] = LOADV(x.w + c * VEC) * g[c] + qi * LOADV(x.a + c * VEC);
-                }
+                dot += LOADV(S + i * NP + c * VEC) * LOADV(x->a + c * VEC);
+            sa_rows[bit_reversed[i % 16]] = dot;
+            if (i % 16 == 15)
+                STOREV(sa + i - 15, sum_lanes(sa_rows));
+        }
+        if (l + 1 < L)
+            for (int64_t i = 0; i < NP; i++)
                 #pragma GCC unroll 16
                 for (int64_t c = 0; c < V; c++)
-                    STOREV(G + i * NP + c * VEC, g[c]);
-                if (t == 0)
-                    continue;
-                /* the step before's G += dy r^T, q = G b, gv = G k, while the row is at hand */
-                wkv7_add_output(V, g, dy_before[i], &before, q_rows + bit_reversed[i % 16],
-                                gv_rows + bit_reversed[i % 16]);
-                #pragma GCC unroll 16
-                for (int64_t c = 0; c < V; c++)
-                    STOREV(G + i * NP + c * VEC, g[c]);
-                if (i % 16 == 15) {
-                    STOREV(q + i - 15, sum_lanes(q_rows));
-                    STOREV(gv + i - 15, sum_lanes(gv_rows));
-                }
-            }
-            float out[5][MAX_V * VEC];
-            #pragma GCC unroll 16
-            for (int64_t c = 0; c < V; c++) {
-                const vfloat w = LOADV(x.w + c * VEC);
-                STOREV(out[0] + c * VEC, w * s_dy[c] + sa_dy * LOADV(x.b + c * VEC) + v_dy * LOADV(x.k + c * VEC));
-                STOREV(out[1] + c * VEC, w * gs[c]);
-                STOREV(out[2] + c * VEC, g_v[c]);
-                STOREV(out[3] + c * VEC, s_q[c]);
-                STOREV(out[4] + c * VEC, g_sa[c]);
-            }
-            for (int64_t j = 0; j < N; j++) {
-                dr[off + j] = poison(out[0][j], bad);
-                dlog_w[off + j] = poison(out[1][j], bad);
-                dk[off + j] = poison(out[2][j], bad);
-                da[off + j] = poison(out[3][j], bad);
-                db[off + j] = poison(out[4][j], bad);
-            }
+                    STOREV(next + i * NP + c * VEC, LOADV(x->w + c * VEC) * LOADV(S + i * NP + c * VEC)
+                           + sa[i] * LOADV(x->b + c * VEC) + x->v[i] * LOADV(x->k + c * VEC));
+    }
+}
+
+/* Step t's pass over the rows of G and S = S_{t-1}: the vector sums gs = colsum(G * S), g_v = G^T v,
+ * g_sa = G^T sa, s_q = S^T q, s_dy = S^T dy (zeroed here), G <- G diag(w_t) + q a_t^T; and for t > 0, while the
+ * row is at hand, the step before's G += dy r^T and its q = G b, gv = G k (x: step t's inputs, before: step
+ * t - 1's). */
+static inline __attribute__((always_inline)) void wkv7_backward_rows(
+    int64_t t, int64_t NP, const float *S, const float *sa, const float *dy_t, const float *dy_before,
+    const struct wkv7_token *x, const struct wkv7_token *before, float *G, float *q, float *gv, vfloat *q_rows,
+    vfloat *gv_rows, vfloat *gs, vfloat *g_v, vfloat *g_sa, vfloat *s_q, vfloat *s_dy)
+{
+    const int64_t V = NP / VEC;
+    #pragma GCC unroll 16
+    for (int64_t c = 0; c < V; c++)
+        gs[c] = g_v[c] = g_sa[c] = s_q[c] = s_dy[c] = (vfloat){0};
+    for (int64_t i = 0; i < NP; i++) {
+        const float qi = q[i], vi = x->v[i], sai = sa[i], dyi = dy_t[i];
+        vfloat g[MAX_V];
+        #pragma GCC unroll 16
+        for (int64_t c = 0; c < V; c++) {
+            const vfloat Si = LOADV(S + i * NP + c * VEC);
+            g[c] = LOADV(G + i * NP + c * VEC);
+            gs[c] += g[c] * Si;
+            g_v[c] += g[c] * vi;
+            g_sa[c] += g[c] * sai;
+            s_q[c] += Si * qi;
+            s_dy[c] += Si * dyi;
+            g[c] = LOADV(x->w + c * VEC) * g[c] + qi * LOADV(x->a + c * VEC);
+        }
+        #pragma GCC unroll 16
+        for (int64_t c = 0; c < V; c++)
+            STOREV(G + i * NP + c * VEC, g[c]);
+        if (t == 0)
+            continue;
+        /* the step before's G += dy r^T, q = G b, gv = G k, while the row is at hand */
+        wkv7_add_output(V, g, dy_before[i], before, q_rows + bit_reversed[i % 16], gv_rows + bit_reversed[i % 16]);
+        #pragma GCC unroll 16
+        for (int64_t c = 0; c < V; c++)
+            STOREV(G + i * NP + c * VEC, g[c]);
+        if (i % 16 == 15) {
+            STOREV(q + i - 15, sum_lanes(q_rows));
+            STOREV(gv + i - 15, sum_lanes(gv_rows));
+        }
+    }
+}
+
+/* One step back, token t at offset off: dv_t = gv (the previous pass's G k), the rows' pass, then dr_t (expanded
+ * as above), dlog_w_t, dk_t, da_t, db_t, NaN for a head that met a non-finite input (bad). */
+static inline __attribute__((always_inline)) void wkv7_backward_token(
+    int64_t t, int64_t off, int64_t H, int64_t N, int64_t NP, int32_t bad, const float *r, const float *log_w,
+    const float *k, const float *v, const float *a, const float *b, const float *dy, const float *S,
+    const float *sa, float *pad, float *pad_before, struct wkv7_token *x, struct wkv7_token *before, float *G,
+    float *q, float *gv, vfloat *q_rows, vfloat *gv_rows, float *dr, float *dlog_w, float *dk, float *dv,
+    float *da, float *db)
+{
+    const int64_t V = NP / VEC;
+    wkv7_load(N, NP, off, r, log_w, k, v, a, b, pad, x);
+    const float *dy_t = padded(dy + off, N, NP, 0.0f, pad + 5 * NP);
+    if (t > 0)
+        wkv7_load(N, NP, off - H * N, r, log_w, k, v, a, b, pad_before, before);
+    const float *dy_before = t > 0 ? padded(dy + off - H * N, N, NP, 0.0f, pad_before + 5 * NP) : NULL;
+    float sa_dy = 0.0f, v_dy = 0.0f;
+    for (int64_t i = 0; i < N; i++) {
+        sa_dy += sa[i] * dy_t[i];
+        v_dy += x->v[i] * dy_t[i];
+        dv[off + i] = poison(gv[i], bad);
+    }
+    vfloat gs[MAX_V], g_v[MAX_V], g_sa[MAX_V], s_q[MAX_V], s_dy[MAX_V];
+    wkv7_backward_rows(t, NP, S, sa, dy_t, dy_before, x, before, G, q, gv, q_rows, gv_rows, gs, g_v, g_sa, s_q,
+                       s_dy);
+    float out[5][MAX_V * VEC];
+    #pragma GCC unroll 16
+    for (int64_t c = 0; c < V; c++) {
+        const vfloat w = LOADV(x->w + c * VEC);
+        STOREV(out[0] + c * VEC, w * s_dy[c] + sa_dy * LOADV(x->b + c * VEC) + v_dy * LOADV(x->k + c * VEC));
+        STOREV(out[1] + c * VEC, w * gs[c]);
+        STOREV(out[2] + c * VEC, g_v[c]);
+        STOREV(out[3] + c * VEC, s_q[c]);
+        STOREV(out[4] + c * VEC, g_sa[c]);
+    }
+    for (int64_t j = 0; j < N; j++) {
+        dr[off + j] = poison(out[0][j], bad);
+        dlog_w[off + j] = poison(out[1][j], bad);
+        dk[off + j] = poison(out[2][j], bad);
+        da[off + j] = poison(out[3][j], bad);
+        db[off + j] = poison(out[4][j], bad);
+    }
+}
+
+static inline __attribute__((always_inline)) void wkv7_backward_item(
+    int64_t item, int64_t T, int64_t H, int64_t N, int64_t NP, const float *r, const float *log_w, const float *k,
+    const float *v, const float *a, const float *b, const float *dy, const float *dstate, int64_t ck,
+    const float *ckpt, const int32_t *bad_in, float *dr, float *dlog_w, float *dk, float *dv, float *da, float *db,
+    float *dstate0, float *G, float *history, float *sas, float *pad)
+{
+    const int64_t bi = item / H, h = item % H, n_ckpt = (T + ck - 1) / ck;
+    const int32_t bad = bad_in[item];
+    float q[MAX_V * VEC], gv[MAX_V * VEC];
+    vfloat q_rows[16], gv_rows[16];                        /* 16 rows' partial sums, for sum_lanes */
+    struct wkv7_token x = {0}, before = {0};                                /* step t's inputs, and step t - 1's */
+    float *pad_before = pad + WKV7_PAD_BUFFERS * NP;
+    wkv7_backward_start(item, T, H, N, NP, r, log_w, k, v, a, b, dy, dstate, G, pad, &x, q, gv, q_rows, gv_rows);
+    for (int64_t chunk = n_ckpt - 1; chunk >= 0; chunk--) {
+        const int64_t t0 = chunk * ck, L = T - t0 < ck ? T - t0 : ck;
+        wkv7_chunk_rerun(item, T, H, N, NP, t0, L, ckpt + (item * n_ckpt + chunk) * NP * NP, r, log_w, k, v, a, b,
+                         pad, &x, history, sas);
+        for (int64_t l = L - 1; l >= 0; l--) {
+            const int64_t t = t0 + l;
+            wkv7_backward_token(t, ((bi * T + t) * H + h) * N, H, N, NP, bad, r, log_w, k, v, a, b, dy,
+                                history + l * NP * NP, sas + l * NP, pad, pad_before, &x, &before, G, q, gv, q_rows,
+                                gv_rows, dr, dlog_w, dk, dv, da, db);
         }
     }
     for (int64_t i = 0; i < N; i++)

@@ -434,6 +434,50 @@ class SelectiveScanFunction(torch.autograd.Function):
 # Public op
 # ----------------------------------------------------------------------------------------------------------------
 
+def _check_scan_shapes(u, delta, A, B, C, D, z, delta_bias, state, delta_softplus):
+    """What selective_scan takes: u (batch, D, T) and A (D, N) with every size >= 1, the other tensors' shapes to
+    match (the optional ones where given), and a bool delta_softplus; raises ValueError or TypeError."""
+    check_tensor("u", u, (None, None, None))
+    batch, dim, T = u.shape
+    if min(batch, dim, T) < 1:
+        raise ValueError(f"u must have shape (batch, D, T) with every size >= 1, got {tuple(u.shape)}")
+    check_tensor("delta", delta, (batch, dim, T))
+    check_tensor("A", A, (dim, None))
+    N = A.shape[1]
+    if N < 1:
+        raise ValueError(f"A must have shape ({dim}, N) with N >= 1, got {tuple(A.shape)}")
+    check_tensor("B", B, (batch, N, T))
+    check_tensor("C", C, (batch, N, T))
+    optional = {"D": (D, (dim,)), "z": (z, (batch, dim, T)), "delta_bias": (delta_bias, (dim,)),
+                "state": (state, (batch, dim, N))}
+    for name, (x, shape) in optional.items():
+        if x is not None:
+            check_tensor(name, x, shape)
+    if not isinstance(delta_softplus, bool):
+        raise TypeError(f"delta_softplus must be a bool, got {type(delta_softplus).__name__}")
+
+
+def _check_nonnegative_steps(delta, delta_bias, compute):
+    """Without softplus, the steps delta (+ delta_bias) must be >= 0, as the reference requires; a NaN step passes on,
+    as the reference carries it."""
+    step = delta if delta_bias is None else delta.to(compute) + delta_bias.to(compute)[:, None]
+    check_values(lambda: ~(step < 0).any(),
+                 "delta must be >= 0 (a step size) after delta_bias (delta_softplus=False)",
+                 lambda: f", got min {step.min().item()}")
+
+
+def _scan_steps(delta, delta_bias, delta_softplus, compute):
+    """The steps the torch and Triton paths scan with: delta + delta_bias, softplus'd when asked, in ``compute``."""
+    dt = delta.to(compute)
+    if delta_bias is not None:
+        dt = dt + delta_bias.to(compute)[:, None]
+    if delta_softplus:
+        # Above the threshold softplus(x) is taken as x; at torch's default, 20, that is off by e^-20 = 2e-9, which
+        # float64 sees. At 40 it is off by 4e-18, and exp(40) is still far from overflowing fp32.
+        dt = F.softplus(dt, threshold=40.0)
+    return dt
+
+
 def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_softplus=False, state=None,
                    backend=None):
     """Mamba's selective scan: x_t = exp(delta_t A) x_{t-1} + delta_t B_t u_t, y_t = C_t . x_t + D u_t, times
@@ -463,24 +507,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_
 
     Source: Mamba (arXiv:2312.00752), Algorithm 2.
     """
-    check_tensor("u", u, (None, None, None))
-    batch, dim, T = u.shape
-    if min(batch, dim, T) < 1:
-        raise ValueError(f"u must have shape (batch, D, T) with every size >= 1, got {tuple(u.shape)}")
-    check_tensor("delta", delta, (batch, dim, T))
-    check_tensor("A", A, (dim, None))
-    N = A.shape[1]
-    if N < 1:
-        raise ValueError(f"A must have shape ({dim}, N) with N >= 1, got {tuple(A.shape)}")
-    check_tensor("B", B, (batch, N, T))
-    check_tensor("C", C, (batch, N, T))
-    optional = {"D": (D, (dim,)), "z": (z, (batch, dim, T)), "delta_bias": (delta_bias, (dim,)),
-                "state": (state, (batch, dim, N))}
-    for name, (x, shape) in optional.items():
-        if x is not None:
-            check_tensor(name, x, shape)
-    if not isinstance(delta_softplus, bool):
-        raise TypeError(f"delta_softplus must be a bool, got {type(delta_softplus).__name__}")
+    _check_scan_shapes(u, delta, A, B, C, D, z, delta_bias, state, delta_softplus)
     device = check_devices(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias, state=state)
     dtype = check_same_dtype(u=u, delta=delta, B=B, C=C, z=z)
     grad = needs_grad(u, delta, A, B, C, D, z, delta_bias, state)
@@ -493,22 +520,13 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_
                         f"got {state.dtype}")
 
     if not delta_softplus:   # softplus makes every step >= 0; without it, refuse what the reference refuses
-        step = delta if delta_bias is None else delta.to(compute) + delta_bias.to(compute)[:, None]
-        check_values(lambda: ~(step < 0).any(),   # a NaN step passes on, as the reference carries it
-                     "delta must be >= 0 (a step size) after delta_bias (delta_softplus=False)",
-                     lambda: f", got min {step.min().item()}")
+        _check_nonnegative_steps(delta, delta_bias, compute)
     if backend == "c":   # the whole op in the loop: bias, softplus, scan, skip and gate; A = -inf too
         return native_autograd.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state, grad)
     # A = -inf, a decay of exactly 0 (the reference takes finite A only): e^{delta A} = 0 whatever the step, also
     # at delta = 0 (the torch path's padding), where 0 * -inf would be NaN
     A = finite_log_decay(A)
-    dt = delta.to(compute)
-    if delta_bias is not None:
-        dt = dt + delta_bias.to(compute)[:, None]
-    if delta_softplus:
-        # Above the threshold softplus(x) is taken as x; at torch's default, 20, that is off by e^-20 = 2e-9, which
-        # float64 sees. At 40 it is off by 4e-18, and exp(40) is still far from overflowing fp32.
-        dt = F.softplus(dt, threshold=40.0)
+    dt = _scan_steps(delta, delta_bias, delta_softplus, compute)
     y, last = SelectiveScanFunction.apply(u.contiguous(), dt.contiguous(), A.to(compute).contiguous(), B.contiguous(),
                                    C.contiguous(), None if state is None else state.contiguous(), backend)
     if D is not None:

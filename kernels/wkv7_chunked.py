@@ -421,6 +421,75 @@ def _stepwise_gradients(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr, dk
 
 
 @triton.jit
+def _chunk_sums(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, state0, dstate, seq, t0, T, stride_t, rows, N: tl.constexpr,
+                BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, DT: tl.constexpr):
+    """wkv7_chunked_bwd_kernel's first loop over key blocks: the couplings A_ab, A_ak, Q_rb, Q_rk (CHUNK, CHUNK);
+    a~ S_0^T, B^ G^T and K^ G^T (CHUNK, BLOCK_V) for this program's rows (state0, dstate: the chunk's entering state
+    and the gradient of its final state); and the spread of c (c_hi, c_lo, total) that decides the factored form."""
+    A_ab = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+    A_ak = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+    Q_rb = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+    Q_rk = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+    aS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # a~ S_0^T
+    BG = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # B^ G^T
+    KG = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # K^ G^T
+    c_hi = 0.0
+    c_lo = 0.0
+    total = 0.0
+    for k0 in range(0, N, BLOCK_K):
+        keys = k0 + tl.arange(0, BLOCK_K)
+        tile = rows[:, None] * N + keys[None, :]
+        r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t, keys,
+                                                   CHUNK)
+        c_hi, c_lo, total = _spread(c_hi, c_lo, total, c, r + k + a + b)
+        A_ab, A_ak, Q_rb, Q_rk = _add_couplings(A_ab, A_ak, Q_rb, Q_rk, r, k, a, b, c, c_prev, c_end, DT)
+        G_T = tl.trans(tl.load(dstate + tile))                          # (BLOCK_K, BLOCK_V)
+        to_end = tl.exp(c_end - c)                                       # e^{c_L - c_j}
+        aS += _dot(a * tl.exp(c_prev), tl.trans(tl.load(state0 + tile)), DT)
+        BG += _dot(b * to_end, G_T, DT)
+        KG += _dot(k * to_end, G_T, DT)
+    return A_ab, A_ak, Q_rb, Q_rk, aS, BG, KG, c_hi, c_lo, total
+
+
+@triton.jit
+def _factored_key_gradients(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, dkeys_ptr, state0, dstate, numel, seq, t0, T,
+                            stride_t, rows, U, v, dy, dZ, dA_ab, dA_ak, dQ_rb, dQ_rk, N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, DT: tl.constexpr):
+    """wkv7_chunked_bwd_kernel's second loop over key blocks, in the factored form: from U, v, dy, dZ and the
+    couplings' gradients, this program's rows' share of dr, dlog_w, dk, da, db, stored into dkeys_ptr."""
+    for k0 in range(0, N, BLOCK_K):
+        keys = k0 + tl.arange(0, BLOCK_K)
+        tile = rows[:, None] * N + keys[None, :]
+        r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t,
+                                                   keys, CHUNK)
+        a_c, r_c, b_c, k_c = _centred(r, k, a, b, c, c_prev, c_end)
+        m = 0.5 * c_end
+        S0 = tl.load(state0 + tile)                                       # (BLOCK_V, BLOCK_K)
+        G = tl.load(dstate + tile)
+        to_end = tl.exp(c_end - c)
+        da = (_dot(dZ, S0, DT) * tl.exp(c_prev)
+              + (_dot(dA_ab, tl.trans(b_c), DT) + _dot(dA_ak, tl.trans(k_c), DT)) * tl.exp(c_prev - m))
+        dr = (_dot(dy, S0, DT) * tl.exp(c)
+              + (_dot(dQ_rb, tl.trans(b_c), DT) + _dot(dQ_rk, tl.trans(k_c), DT)) * tl.exp(c - m))
+        up = tl.exp(m - c)
+        db_cpl = (_dot(tl.trans(dA_ab), a_c, DT) + _dot(tl.trans(dQ_rb), r_c, DT)) * up
+        dk_cpl = (_dot(tl.trans(dA_ak), a_c, DT) + _dot(tl.trans(dQ_rk), r_c, DT)) * up
+        db_end = _dot(U, G, DT) * to_end
+        dk_end = _dot(v, G, DT) * to_end
+        # dlog_w_t = sum_{i>=t} (dr r - db_cpl b - dk_cpl k)_i + sum_{i>t} (da a)_i
+        #            + sum_{j<t} (db_end b + dk_end k)_j + dd d,   dd = colsum(G * S_0)
+        after = da * a
+        before = db_end * b + dk_end * k
+        dlog_w = (tl.cumsum(dr * r - db_cpl * b - dk_cpl * k + after, axis=0, reverse=True) - after
+                  + tl.cumsum(before, axis=0) - before + (tl.sum(G * S0, axis=0)[None, :] * tl.exp(c_end)))
+        _store_chunk(dkeys_ptr, dr, seq, t0, T, stride_t, keys, CHUNK)
+        _store_chunk(dkeys_ptr + numel, dlog_w, seq, t0, T, stride_t, keys, CHUNK)
+        _store_chunk(dkeys_ptr + 2 * numel, dk_cpl + dk_end, seq, t0, T, stride_t, keys, CHUNK)
+        _store_chunk(dkeys_ptr + 3 * numel, da, seq, t0, T, stride_t, keys, CHUNK)
+        _store_chunk(dkeys_ptr + 4 * numel, db_cpl + db_end, seq, t0, T, stride_t, keys, CHUNK)
+
+
+@triton.jit
 def wkv7_chunked_bwd_kernel(
     r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs of the forward, contiguous
     dy_ptr,              # (B, T, H, N) gradient of y, contiguous, input dtype
@@ -453,28 +522,9 @@ def wkv7_chunked_bwd_kernel(
     state0 = _checkpoint(ckpt_ptr, pid_bh, n_chunks, chunk, N)
     dstate = _checkpoint(dstates_ptr, pid_bh, n_chunks, chunk, N)
     i = tl.arange(0, CHUNK)
-    A_ab = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-    A_ak = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-    Q_rb = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-    Q_rk = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-    aS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # a~ S_0^T
-    BG = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # B^ G^T
-    KG = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # K^ G^T
-    c_hi = 0.0
-    c_lo = 0.0
-    total = 0.0
-    for k0 in range(0, N, BLOCK_K):
-        keys = k0 + tl.arange(0, BLOCK_K)
-        tile = rows[:, None] * N + keys[None, :]
-        r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t, keys,
-                                                   CHUNK)
-        c_hi, c_lo, total = _spread(c_hi, c_lo, total, c, r + k + a + b)
-        A_ab, A_ak, Q_rb, Q_rk = _add_couplings(A_ab, A_ak, Q_rb, Q_rk, r, k, a, b, c, c_prev, c_end, DT)
-        G_T = tl.trans(tl.load(dstate + tile))                          # (BLOCK_K, BLOCK_V)
-        to_end = tl.exp(c_end - c)                                       # e^{c_L - c_j}
-        aS += _dot(a * tl.exp(c_prev), tl.trans(tl.load(state0 + tile)), DT)
-        BG += _dot(b * to_end, G_T, DT)
-        KG += _dot(k * to_end, G_T, DT)
+    A_ab, A_ak, Q_rb, Q_rk, aS, BG, KG, c_hi, c_lo, total = _chunk_sums(
+        r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, state0, dstate, seq, t0, T, stride_t, rows, N, BLOCK_V, BLOCK_K, CHUNK,
+        DT)
     v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CHUNK)              # (CHUNK, BLOCK_V)
     dy = _load_chunk(dy_ptr, seq, t0, T, stride_t, rows, CHUNK)
     if _factored(c_hi, c_lo, total + tl.sum(tl.sum(v, axis=1), axis=0), MAX_SPREAD):
@@ -491,36 +541,8 @@ def wkv7_chunked_bwd_kernel(
         dA_ak = _lower(_dot(dZ, tl.trans(v), DT), i, True)
         dQ_rb = _lower(_dot(dy, tl.trans(U), DT), i, False)
         dQ_rk = _lower(_dot(dy, tl.trans(v), DT), i, False)
-        for k0 in range(0, N, BLOCK_K):
-            keys = k0 + tl.arange(0, BLOCK_K)
-            tile = rows[:, None] * N + keys[None, :]
-            r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t,
-                                                       keys, CHUNK)
-            a_c, r_c, b_c, k_c = _centred(r, k, a, b, c, c_prev, c_end)
-            m = 0.5 * c_end
-            S0 = tl.load(state0 + tile)                                       # (BLOCK_V, BLOCK_K)
-            G = tl.load(dstate + tile)
-            to_end = tl.exp(c_end - c)
-            da = (_dot(dZ, S0, DT) * tl.exp(c_prev)
-                  + (_dot(dA_ab, tl.trans(b_c), DT) + _dot(dA_ak, tl.trans(k_c), DT)) * tl.exp(c_prev - m))
-            dr = (_dot(dy, S0, DT) * tl.exp(c)
-                  + (_dot(dQ_rb, tl.trans(b_c), DT) + _dot(dQ_rk, tl.trans(k_c), DT)) * tl.exp(c - m))
-            up = tl.exp(m - c)
-            db_cpl = (_dot(tl.trans(dA_ab), a_c, DT) + _dot(tl.trans(dQ_rb), r_c, DT)) * up
-            dk_cpl = (_dot(tl.trans(dA_ak), a_c, DT) + _dot(tl.trans(dQ_rk), r_c, DT)) * up
-            db_end = _dot(U, G, DT) * to_end
-            dk_end = _dot(v, G, DT) * to_end
-            # dlog_w_t = sum_{i>=t} (dr r - db_cpl b - dk_cpl k)_i + sum_{i>t} (da a)_i
-            #            + sum_{j<t} (db_end b + dk_end k)_j + dd d,   dd = colsum(G * S_0)
-            after = da * a
-            before = db_end * b + dk_end * k
-            dlog_w = (tl.cumsum(dr * r - db_cpl * b - dk_cpl * k + after, axis=0, reverse=True) - after
-                      + tl.cumsum(before, axis=0) - before + (tl.sum(G * S0, axis=0)[None, :] * tl.exp(c_end)))
-            _store_chunk(dkeys_ptr, dr, seq, t0, T, stride_t, keys, CHUNK)
-            _store_chunk(dkeys_ptr + numel, dlog_w, seq, t0, T, stride_t, keys, CHUNK)
-            _store_chunk(dkeys_ptr + 2 * numel, dk_cpl + dk_end, seq, t0, T, stride_t, keys, CHUNK)
-            _store_chunk(dkeys_ptr + 3 * numel, da, seq, t0, T, stride_t, keys, CHUNK)
-            _store_chunk(dkeys_ptr + 4 * numel, db_cpl + db_end, seq, t0, T, stride_t, keys, CHUNK)
+        _factored_key_gradients(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, dkeys_ptr, state0, dstate, numel, seq, t0, T,
+                                stride_t, rows, U, v, dy, dZ, dA_ab, dA_ak, dQ_rb, dQ_rk, N, BLOCK_K, CHUNK, DT)
     else:
         keys = tl.arange(0, N)
         tile = rows[:, None] * N + keys[None, :]

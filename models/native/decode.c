@@ -267,86 +267,122 @@ struct rwkv4_job {
     struct scratch s;
 };
 
+/* A thread's view of an RWKV-4 step's scratch: the vectors all threads share (the residual stream x, the
+ * projections, the WKV output, the products' outputs) and its own (the normed input, the mixes, the WKV loop's
+ * inputs and state), and its share of the channels (c0 .. c1), of the attention channels (a0 .. a1: whole blocks of
+ * the WKV loop) and of the feed-forward rows (f0 .. f1). */
+struct rwkv4_thread {
+    float *x, *k, *v, *r, *wkv, *kf, *rf, *o;
+    float *xn, *xk, *xv, *xr, *w, *u, *num0, *den0, *max0, *num, *den, *mx, *lag;
+    int32_t *bad;
+    int64_t c0, c1, a0, a1, f0, f1;
+};
+
+static struct rwkv4_thread rwkv4_thread_scratch(const struct rwkv4_job *j, int64_t id, int64_t threads)
+{
+    const int64_t C = j->C, A = j->A, F = j->F;
+    struct rwkv4_thread b;
+    b.x = j->s.shared, b.k = b.x + C, b.v = b.k + A, b.r = b.v + A, b.wkv = b.r + A, b.kf = b.wkv + A;
+    b.rf = b.kf + F, b.o = b.rf + C;
+    b.xn = j->s.own + id * j->s.own_size, b.xk = b.xn + C, b.xv = b.xk + C, b.xr = b.xv + C;
+    b.w = b.xr + C, b.u = b.w + A, b.num0 = b.u + A, b.den0 = b.num0 + A, b.max0 = b.den0 + A, b.num = b.max0 + A;
+    b.den = b.num + A, b.mx = b.den + A, b.lag = b.mx + A;
+    b.bad = (int32_t *)(b.lag + A);
+    share(C, 1, id, threads, &b.c0, &b.c1);
+    share(A, 16, id, threads, &b.a0, &b.a1);       /* whole blocks of the WKV loop */
+    share(F, 1, id, threads, &b.f0, &b.f1);
+    return b;
+}
+
+/* A block's time mix: r, k, v from lerp(x_{t-1}, x_t, mu); WKV-4 over this thread's channels; x += W_o (sigmoid(r)
+ * wkv). p, t, f: the block's weights, whether each is stored transposed, whether each is bf16; scale: the rescaling
+ * of this block's outputs (2^-(layer / rescale_every)). */
+static void rwkv4_step_time_mix(const struct rwkv4_job *j, const struct rwkv4_thread *b, int64_t layer,
+                                const void *const *p, const int64_t *t, const int64_t *f, float scale)
+{
+    const int64_t C = j->C, A = j->A, L = j->L, c0 = b->c0, c1 = b->c1, a0 = b->a0, a1 = b->a1;
+    float *x = b->x, *xn = b->xn, *xk = b->xk, *xv = b->xv, *xr = b->xr, *wkv = b->wkv;
+    layer_norm(C, x, p[R4_LN1_W], f[R4_LN1_W], p[R4_LN1_B], f[R4_LN1_B], j->eps, xn);
+    for (int64_t i = 0; i < C; i++) {
+        const float prev = j->state_in[1][i * L + layer], d = xn[i] - prev;
+        xk[i] = prev + at(p[R4_MIX_K], i, f[R4_MIX_K]) * d;
+        xv[i] = prev + at(p[R4_MIX_V], i, f[R4_MIX_V]) * d;
+        xr[i] = prev + at(p[R4_MIX_R], i, f[R4_MIX_R]) * d;
+    }
+    for (int64_t i = c0; i < c1; i++)
+        j->state_out[1][i * L + layer] = xn[i];
+    matvec(p[R4_KEY], t[R4_KEY], f[R4_KEY], NULL, 0, A, C, xk, 1.0f, b->k, a0, a1);
+    matvec(p[R4_VALUE], t[R4_VALUE], f[R4_VALUE], NULL, 0, A, C, xv, 1.0f, b->v, a0, a1);
+    matvec(p[R4_RECEPTANCE], t[R4_RECEPTANCE], f[R4_RECEPTANCE], NULL, 0, A, C, xr, 1.0f, b->r, a0, a1);
+    for (int64_t i = a0; i < a1; i++) {
+        b->w[i] = -exp_nan(at(p[R4_DECAY], i, f[R4_DECAY]));
+        b->u[i] = at(p[R4_FIRST], i, f[R4_FIRST]);
+        b->num0[i] = j->state_in[2][i * L + layer];
+        b->den0[i] = j->state_in[3][i * L + layer];
+        b->max0[i] = j->state_in[4][i * L + layer];
+    }
+    /* (wkv4_forward and selective_scan_forward allocate nothing and take any size: their status is STATUS_OK) */
+    wkv4_forward(a0 / 16, (a1 + 15) / 16, 1, A, 16, b->w, b->u, b->k, b->v, wkv, b->num0, b->den0, b->max0, b->num,
+                 b->den, b->mx, b->lag, b->bad, NULL, NULL, NULL);
+    for (int64_t i = a0; i < a1; i++) {
+        j->state_out[2][i * L + layer] = b->num[i];
+        j->state_out[3][i * L + layer] = b->den[i];
+        j->state_out[4][i * L + layer] = b->mx[i];
+        wkv[i] *= sigmoid(b->r[i]) * scale;
+    }
+    BARRIER();
+    add_matvec(p[R4_OUTPUT], t[R4_OUTPUT], f[R4_OUTPUT], NULL, 0, C, A, wkv, b->o, x, c0, c1);
+    BARRIER();
+}
+
+/* A block's channel mix: x += sigmoid(r) * W_v relu(k)^2 (r, k from lerp(x_{t-1}, x_t, mu)), halved after every
+ * rescale_every-th block; the arguments as rwkv4_step_time_mix's. */
+static void rwkv4_step_channel_mix(const struct rwkv4_job *j, const struct rwkv4_thread *b, int64_t layer,
+                                   const void *const *p, const int64_t *t, const int64_t *f, float scale)
+{
+    const int64_t C = j->C, F = j->F, L = j->L, c0 = b->c0, c1 = b->c1, f0 = b->f0, f1 = b->f1;
+    float *x = b->x, *xn = b->xn, *xk = b->xk, *xr = b->xr, *kf = b->kf, *rf = b->rf, *o = b->o;
+    layer_norm(C, x, p[R4_LN2_W], f[R4_LN2_W], p[R4_LN2_B], f[R4_LN2_B], j->eps, xn);
+    for (int64_t i = 0; i < C; i++) {
+        const float prev = j->state_in[0][i * L + layer], d = xn[i] - prev;
+        xk[i] = prev + at(p[R4_FFN_MIX_K], i, f[R4_FFN_MIX_K]) * d;
+        xr[i] = prev + at(p[R4_FFN_MIX_R], i, f[R4_FFN_MIX_R]) * d;
+    }
+    for (int64_t i = c0; i < c1; i++)
+        j->state_out[0][i * L + layer] = xn[i];
+    matvec(p[R4_FFN_KEY], t[R4_FFN_KEY], f[R4_FFN_KEY], NULL, 0, F, C, xk, 1.0f, kf, f0, f1);
+    for (int64_t i = f0; i < f1; i++)
+        kf[i] = relu(kf[i]) * kf[i] * scale;
+    matvec(p[R4_FFN_RECEPTANCE], t[R4_FFN_RECEPTANCE], f[R4_FFN_RECEPTANCE], NULL, 0, C, C, xr, 1.0f, rf, c0, c1);
+    BARRIER();
+    matvec(p[R4_FFN_VALUE], t[R4_FFN_VALUE], f[R4_FFN_VALUE], NULL, 0, C, F, kf, 1.0f, o, c0, c1);
+    const int halve = j->rescale_every > 0 && (layer + 1) % j->rescale_every == 0;
+    for (int64_t i = c0; i < c1; i++) {
+        x[i] += sigmoid(rf[i]) * o[i];
+        x[i] = halve ? x[i] * 0.5f : x[i];
+    }
+    BARRIER();
+}
+
 static void rwkv4_run(void *arg, int64_t id, int64_t threads)
 {
     struct rwkv4_job *j = arg;
-    const int64_t C = j->C, A = j->A, F = j->F, L = j->L, bf16 = j->bf16;
-    float *x = j->s.shared, *k = x + C, *v = k + A, *r = v + A, *wkv = r + A, *kf = wkv + A, *rf = kf + F;
-    float *o = rf + C;
-    float *xn = j->s.own + id * j->s.own_size, *xk = xn + C, *xv = xk + C, *xr = xv + C;
-    float *w = xr + C, *u = w + A, *num0 = u + A, *den0 = num0 + A, *max0 = den0 + A, *num = max0 + A;
-    float *den = num + A, *mx = den + A, *lag = mx + A;
-    int32_t *bad = (int32_t *)(lag + A);
-    int64_t c0, c1, a0, a1, f0, f1;
-    share(C, 1, id, threads, &c0, &c1);
-    share(A, 16, id, threads, &a0, &a1);       /* whole blocks of the WKV loop */
-    share(F, 1, id, threads, &f0, &f1);
+    const struct rwkv4_thread b = rwkv4_thread_scratch(j, id, threads);
     const void *const *wt = j->weights;
     if (id == 0)
-        embed_normed(C, j->embedding, bf16, wt, j->weight_bf16, j->eps, xn, x);
+        embed_normed(j->C, j->embedding, j->bf16, wt, j->weight_bf16, j->eps, b.xn, b.x);
     BARRIER();
-    for (int64_t layer = 0; layer < L; layer++) {
+    for (int64_t layer = 0; layer < j->L; layer++) {
         const int64_t first = R4_HEAD + layer * R4_WEIGHTS;
         const void *const *p = wt + first;
         const int64_t *t = j->transposed + first, *f = j->weight_bf16 + first;
         const float scale = j->rescale_every > 0 ? ldexpf(1.0f, (int)-(layer / j->rescale_every)) : 1.0f;
-        /* time mix: r, k, v from lerp(x_{t-1}, x_t, mu); WKV-4 over this thread's channels */
-        layer_norm(C, x, p[R4_LN1_W], f[R4_LN1_W], p[R4_LN1_B], f[R4_LN1_B], j->eps, xn);
-        for (int64_t i = 0; i < C; i++) {
-            const float prev = j->state_in[1][i * L + layer], d = xn[i] - prev;
-            xk[i] = prev + at(p[R4_MIX_K], i, f[R4_MIX_K]) * d;
-            xv[i] = prev + at(p[R4_MIX_V], i, f[R4_MIX_V]) * d;
-            xr[i] = prev + at(p[R4_MIX_R], i, f[R4_MIX_R]) * d;
-        }
-        for (int64_t i = c0; i < c1; i++)
-            j->state_out[1][i * L + layer] = xn[i];
-        matvec(p[R4_KEY], t[R4_KEY], f[R4_KEY], NULL, 0, A, C, xk, 1.0f, k, a0, a1);
-        matvec(p[R4_VALUE], t[R4_VALUE], f[R4_VALUE], NULL, 0, A, C, xv, 1.0f, v, a0, a1);
-        matvec(p[R4_RECEPTANCE], t[R4_RECEPTANCE], f[R4_RECEPTANCE], NULL, 0, A, C, xr, 1.0f, r, a0, a1);
-        for (int64_t i = a0; i < a1; i++) {
-            w[i] = -exp_nan(at(p[R4_DECAY], i, f[R4_DECAY]));
-            u[i] = at(p[R4_FIRST], i, f[R4_FIRST]);
-            num0[i] = j->state_in[2][i * L + layer];
-            den0[i] = j->state_in[3][i * L + layer];
-            max0[i] = j->state_in[4][i * L + layer];
-        }
-        /* (wkv4_forward and selective_scan_forward allocate nothing and take any size: their status is STATUS_OK) */
-        wkv4_forward(a0 / 16, (a1 + 15) / 16, 1, A, 16, w, u, k, v, wkv, num0, den0, max0, num, den, mx, lag, bad,
-                     NULL, NULL, NULL);
-        for (int64_t i = a0; i < a1; i++) {
-            j->state_out[2][i * L + layer] = num[i];
-            j->state_out[3][i * L + layer] = den[i];
-            j->state_out[4][i * L + layer] = mx[i];
-            wkv[i] *= sigmoid(r[i]) * scale;
-        }
-        BARRIER();
-        add_matvec(p[R4_OUTPUT], t[R4_OUTPUT], f[R4_OUTPUT], NULL, 0, C, A, wkv, o, x, c0, c1);
-        BARRIER();
-        /* channel mix: sigmoid(r) * W_v relu(k)^2 */
-        layer_norm(C, x, p[R4_LN2_W], f[R4_LN2_W], p[R4_LN2_B], f[R4_LN2_B], j->eps, xn);
-        for (int64_t i = 0; i < C; i++) {
-            const float prev = j->state_in[0][i * L + layer], d = xn[i] - prev;
-            xk[i] = prev + at(p[R4_FFN_MIX_K], i, f[R4_FFN_MIX_K]) * d;
-            xr[i] = prev + at(p[R4_FFN_MIX_R], i, f[R4_FFN_MIX_R]) * d;
-        }
-        for (int64_t i = c0; i < c1; i++)
-            j->state_out[0][i * L + layer] = xn[i];
-        matvec(p[R4_FFN_KEY], t[R4_FFN_KEY], f[R4_FFN_KEY], NULL, 0, F, C, xk, 1.0f, kf, f0, f1);
-        for (int64_t i = f0; i < f1; i++)
-            kf[i] = relu(kf[i]) * kf[i] * scale;
-        matvec(p[R4_FFN_RECEPTANCE], t[R4_FFN_RECEPTANCE], f[R4_FFN_RECEPTANCE], NULL, 0, C, C, xr, 1.0f, rf, c0, c1);
-        BARRIER();
-        matvec(p[R4_FFN_VALUE], t[R4_FFN_VALUE], f[R4_FFN_VALUE], NULL, 0, C, F, kf, 1.0f, o, c0, c1);
-        const int halve = j->rescale_every > 0 && (layer + 1) % j->rescale_every == 0;
-        for (int64_t i = c0; i < c1; i++) {
-            x[i] += sigmoid(rf[i]) * o[i];
-            x[i] = halve ? x[i] * 0.5f : x[i];
-        }
-        BARRIER();
+        rwkv4_step_time_mix(j, &b, layer, p, t, f, scale);
+        rwkv4_step_channel_mix(j, &b, layer, p, t, f, scale);
     }
-    const int64_t tail = R4_HEAD + L * R4_WEIGHTS, lw = tail + R4_TAIL_LN_OUT_W, lb = tail + R4_TAIL_LN_OUT_B;
+    const int64_t tail = R4_HEAD + j->L * R4_WEIGHTS, lw = tail + R4_TAIL_LN_OUT_W, lb = tail + R4_TAIL_LN_OUT_B;
     if (id == 0)
-        layer_norm(C, x, wt[lw], j->weight_bf16[lw], wt[lb], j->weight_bf16[lb], 1e-5f, j->hidden);
+        layer_norm(j->C, b.x, wt[lw], j->weight_bf16[lw], wt[lb], j->weight_bf16[lb], 1e-5f, j->hidden);
 }
 
 /* dims (weights.h's R4_DIM_*): C, A (attention size), F (feed-forward size), L, rescale_every, bf16 (the embedding's
@@ -387,90 +423,126 @@ struct rwkv7_job {
     int status;                      /* a thread's time mix's, where it failed */
 };
 
+/* A thread's view of an RWKV-7 step's scratch: the vectors all threads share (the residual stream x; r, k, v; the
+ * LoRAs' outputs wl, al, vl, g and inner vectors hw, ha, hv, hg; the time mix's output y; v_first; the products'
+ * outputs o, kf) and its own (the normed input, the six mixes), and its share of the heads (h0 .. h1, whole heads:
+ * the per-head norms and the WKV loop), so of the channels (c0 .. c1), of the feed-forward rows (f0 .. f1) and of
+ * each LoRA's inner rows (range: w, a, v, g). */
+struct rwkv7_thread {
+    float *x, *r, *k, *v, *wl, *al, *vl, *g, *y, *v_first, *o, *kf, *hw, *ha, *hv, *hg;
+    float *xn, *xr, *xw, *xk, *xv, *xa, *xg;
+    int64_t h0, h1, c0, c1, f0, f1, range[4][2];
+};
+
+static struct rwkv7_thread rwkv7_thread_scratch(const struct rwkv7_job *j, int64_t id, int64_t threads)
+{
+    const int64_t C = j->C, N = j->N, F = j->F;
+    struct rwkv7_thread b;
+    b.x = j->s.shared, b.r = b.x + C, b.k = b.r + C, b.v = b.k + C, b.wl = b.v + C, b.al = b.wl + C;
+    b.vl = b.al + C, b.g = b.vl + C, b.y = b.g + C, b.v_first = b.y + C, b.o = b.v_first + C, b.kf = b.o + C;
+    b.hw = b.kf + F, b.ha = b.hw + j->Dw, b.hv = b.ha + j->Da, b.hg = b.hv + j->Dv;
+    b.xn = j->s.own + id * j->s.own_size, b.xr = b.xn + C, b.xw = b.xr + C, b.xk = b.xw + C, b.xv = b.xk + C;
+    b.xa = b.xv + C, b.xg = b.xa + C;
+    share(j->H, 1, id, threads, &b.h0, &b.h1);                 /* whole heads: the per-head norms and the WKV loop */
+    b.c0 = b.h0 * N, b.c1 = b.h1 * N;
+    share(F, 1, id, threads, &b.f0, &b.f1);
+    const int64_t widths[4] = {j->Dw, j->Da, j->Dv, j->Dg};
+    for (int64_t i = 0; i < 4; i++)
+        share(widths[i], 1, id, threads, &b.range[i][0], &b.range[i][1]);
+    return b;
+}
+
+/* A block's time mix: x + (x_{t-1} - x) mu for the six mixes; r, k, v for this thread's heads and the LoRAs'
+ * inner products; then (after a barrier) this thread's heads: the LoRAs' outer products and rwkv7_time_mix's
+ * loop; x += W_o y. p, t, f: the block's weights, whether each is stored transposed, whether each is bf16. */
+static void rwkv7_step_time_mix(struct rwkv7_job *j, const struct rwkv7_thread *b, int64_t layer,
+                                const void *const *p, const int64_t *t, const int64_t *f)
+{
+    const int64_t C = j->C, N = j->N, bf16 = j->bf16, c0 = b->c0, c1 = b->c1;
+    const void *prev = j->state_in[3 * layer];
+    float *xn = b->xn, *xv = b->xv, *hw = b->hw, *hg = b->hg, *v_first = b->v_first, *v = b->v;
+    layer_norm(C, b->x, p[R7_LN1_W], f[R7_LN1_W], p[R7_LN1_B], f[R7_LN1_B], j->eps, xn);
+    for (int64_t i = 0; i < C; i++) {
+        const float d = at(prev, i, bf16) - xn[i];
+        b->xr[i] = xn[i] + d * at(p[R7_X_R], i, f[R7_X_R]);
+        b->xw[i] = xn[i] + d * at(p[R7_X_W], i, f[R7_X_W]);
+        b->xk[i] = xn[i] + d * at(p[R7_X_K], i, f[R7_X_K]);
+        xv[i] = xn[i] + d * at(p[R7_X_V], i, f[R7_X_V]);
+        b->xa[i] = xn[i] + d * at(p[R7_X_A], i, f[R7_X_A]);
+        b->xg[i] = xn[i] + d * at(p[R7_X_G], i, f[R7_X_G]);
+    }
+    for (int64_t i = c0; i < c1; i++)
+        put(j->state_out[3 * layer], i, xn[i], bf16);
+    matvec(p[R7_RECEPTANCE], t[R7_RECEPTANCE], f[R7_RECEPTANCE], NULL, 0, C, C, b->xr, 1.0f, b->r, c0, c1);
+    matvec(p[R7_KEY], t[R7_KEY], f[R7_KEY], NULL, 0, C, C, b->xk, 1.0f, b->k, c0, c1);
+    matvec(p[R7_VALUE], t[R7_VALUE], f[R7_VALUE], NULL, 0, C, C, xv, 1.0f, v, c0, c1);
+    matvec(p[R7_W1], t[R7_W1], f[R7_W1], NULL, 0, j->Dw, C, b->xw, 1.0f, hw, b->range[0][0], b->range[0][1]);
+    for (int64_t i = b->range[0][0]; i < b->range[0][1]; i++)
+        hw[i] = 2.0f * sigmoid(2.0f * hw[i]) - 1.0f;                       /* tanh */
+    matvec(p[R7_A1], t[R7_A1], f[R7_A1], NULL, 0, j->Da, C, b->xa, 1.0f, b->ha, b->range[1][0], b->range[1][1]);
+    if (layer > 0)
+        matvec(p[R7_V1], t[R7_V1], f[R7_V1], NULL, 0, j->Dv, C, xv, 1.0f, b->hv, b->range[2][0], b->range[2][1]);
+    matvec(p[R7_G1], t[R7_G1], f[R7_G1], NULL, 0, j->Dg, C, b->xg, 1.0f, hg, b->range[3][0], b->range[3][1]);
+    for (int64_t i = b->range[3][0]; i < b->range[3][1]; i++)
+        hg[i] = sigmoid(hg[i]);
+    BARRIER();
+    /* this thread's heads: the LoRA outer products, then rwkv7_time_mix */
+    matvec(p[R7_W2], t[R7_W2], f[R7_W2], NULL, 0, C, j->Dw, hw, 1.0f, b->wl, c0, c1);
+    matvec(p[R7_A2], t[R7_A2], f[R7_A2], NULL, 0, C, j->Da, b->ha, 1.0f, b->al, c0, c1);
+    matvec(p[R7_G2], t[R7_G2], f[R7_G2], NULL, 0, C, j->Dg, hg, 1.0f, b->g, c0, c1);
+    if (layer == 0)
+        memcpy(v_first + c0, v + c0, (c1 - c0) * sizeof(float));
+    else
+        matvec(p[R7_V2], t[R7_V2], f[R7_V2], NULL, 0, C, j->Dv, b->hv, 1.0f, b->vl, c0, c1);
+    float *kv = j->state_out[3 * layer + 1];
+    memcpy(kv + c0 * N, (const float *)j->state_in[3 * layer + 1] + c0 * N, (c1 - c0) * N * sizeof(float));
+    const int status = time_mix_items(b->h0, b->h1, 1, j->H, N, 0, b->r, b->k, v, layer ? v_first : NULL, b->wl,
+                                      b->al, layer ? b->vl : NULL, b->g, p + R7_W0, f + R7_W0, j->group_eps, kv, b->y);
+    if (status)
+        __atomic_store_n(&j->status, status, __ATOMIC_RELAXED);
+    BARRIER();
+    add_matvec(p[R7_OUTPUT], t[R7_OUTPUT], f[R7_OUTPUT], NULL, 0, C, C, b->y, b->o, b->x, c0, c1);
+    BARRIER();
+}
+
+/* A block's channel mix: x += W_v relu(W_k (x + (x_{t-1} - x) mu))^2; the arguments as rwkv7_step_time_mix's. */
+static void rwkv7_step_channel_mix(const struct rwkv7_job *j, const struct rwkv7_thread *b, int64_t layer,
+                                   const void *const *p, const int64_t *t, const int64_t *f)
+{
+    const int64_t C = j->C, F = j->F, bf16 = j->bf16;
+    const void *ffn_prev = j->state_in[3 * layer + 2];
+    float *xn = b->xn, *xk = b->xk, *kf = b->kf;
+    layer_norm(C, b->x, p[R7_LN2_W], f[R7_LN2_W], p[R7_LN2_B], f[R7_LN2_B], j->eps, xn);
+    for (int64_t i = 0; i < C; i++)
+        xk[i] = xn[i] + (at(ffn_prev, i, bf16) - xn[i]) * at(p[R7_FFN_X_K], i, f[R7_FFN_X_K]);
+    for (int64_t i = b->c0; i < b->c1; i++)
+        put(j->state_out[3 * layer + 2], i, xn[i], bf16);
+    matvec(p[R7_FFN_KEY], t[R7_FFN_KEY], f[R7_FFN_KEY], NULL, 0, F, C, xk, 1.0f, kf, b->f0, b->f1);
+    for (int64_t i = b->f0; i < b->f1; i++)
+        kf[i] = relu(kf[i]) * kf[i];
+    BARRIER();
+    add_matvec(p[R7_FFN_VALUE], t[R7_FFN_VALUE], f[R7_FFN_VALUE], NULL, 0, C, F, kf, b->o, b->x, b->c0, b->c1);
+    BARRIER();
+}
+
 static void rwkv7_run(void *arg, int64_t id, int64_t threads)
 {
     struct rwkv7_job *j = arg;
-    const int64_t C = j->C, N = j->N, F = j->F, bf16 = j->bf16;
-    float *x = j->s.shared, *r = x + C, *k = r + C, *v = k + C, *wl = v + C, *al = wl + C, *vl = al + C, *g = vl + C;
-    float *y = g + C, *v_first = y + C, *o = v_first + C, *kf = o + C;
-    float *hw = kf + F, *ha = hw + j->Dw, *hv = ha + j->Da, *hg = hv + j->Dv;
-    float *xn = j->s.own + id * j->s.own_size, *xr = xn + C, *xw = xr + C, *xk = xw + C, *xv = xk + C;
-    float *xa = xv + C, *xg = xa + C;
-    int64_t h0, h1, c0, c1, f0, f1, range[4][2];
-    share(j->H, 1, id, threads, &h0, &h1);                 /* whole heads: the per-head norms and the WKV loop */
-    c0 = h0 * N, c1 = h1 * N;
-    share(F, 1, id, threads, &f0, &f1);
-    const int64_t widths[4] = {j->Dw, j->Da, j->Dv, j->Dg};
-    for (int64_t i = 0; i < 4; i++)
-        share(widths[i], 1, id, threads, &range[i][0], &range[i][1]);
+    const struct rwkv7_thread b = rwkv7_thread_scratch(j, id, threads);
     const void *const *wt = j->weights;
     if (id == 0)
-        embed_normed(C, j->embedding, bf16, wt, j->weight_bf16, j->eps, xn, x);
+        embed_normed(j->C, j->embedding, j->bf16, wt, j->weight_bf16, j->eps, b.xn, b.x);
     BARRIER();
     for (int64_t layer = 0; layer < j->L; layer++) {
         const int64_t first = R7_HEAD + layer * R7_WEIGHTS;
         const void *const *p = wt + first;
         const int64_t *t = j->transposed + first, *f = j->weight_bf16 + first;
-        const void *prev = j->state_in[3 * layer], *ffn_prev = j->state_in[3 * layer + 2];
-        /* time mix: x + (x_{t-1} - x) mu for the six mixes; r, k, v for this thread's heads; LoRA inner products */
-        layer_norm(C, x, p[R7_LN1_W], f[R7_LN1_W], p[R7_LN1_B], f[R7_LN1_B], j->eps, xn);
-        for (int64_t i = 0; i < C; i++) {
-            const float d = at(prev, i, bf16) - xn[i];
-            xr[i] = xn[i] + d * at(p[R7_X_R], i, f[R7_X_R]);
-            xw[i] = xn[i] + d * at(p[R7_X_W], i, f[R7_X_W]);
-            xk[i] = xn[i] + d * at(p[R7_X_K], i, f[R7_X_K]);
-            xv[i] = xn[i] + d * at(p[R7_X_V], i, f[R7_X_V]);
-            xa[i] = xn[i] + d * at(p[R7_X_A], i, f[R7_X_A]);
-            xg[i] = xn[i] + d * at(p[R7_X_G], i, f[R7_X_G]);
-        }
-        for (int64_t i = c0; i < c1; i++)
-            put(j->state_out[3 * layer], i, xn[i], bf16);
-        matvec(p[R7_RECEPTANCE], t[R7_RECEPTANCE], f[R7_RECEPTANCE], NULL, 0, C, C, xr, 1.0f, r, c0, c1);
-        matvec(p[R7_KEY], t[R7_KEY], f[R7_KEY], NULL, 0, C, C, xk, 1.0f, k, c0, c1);
-        matvec(p[R7_VALUE], t[R7_VALUE], f[R7_VALUE], NULL, 0, C, C, xv, 1.0f, v, c0, c1);
-        matvec(p[R7_W1], t[R7_W1], f[R7_W1], NULL, 0, j->Dw, C, xw, 1.0f, hw, range[0][0], range[0][1]);
-        for (int64_t i = range[0][0]; i < range[0][1]; i++)
-            hw[i] = 2.0f * sigmoid(2.0f * hw[i]) - 1.0f;                       /* tanh */
-        matvec(p[R7_A1], t[R7_A1], f[R7_A1], NULL, 0, j->Da, C, xa, 1.0f, ha, range[1][0], range[1][1]);
-        if (layer > 0)
-            matvec(p[R7_V1], t[R7_V1], f[R7_V1], NULL, 0, j->Dv, C, xv, 1.0f, hv, range[2][0], range[2][1]);
-        matvec(p[R7_G1], t[R7_G1], f[R7_G1], NULL, 0, j->Dg, C, xg, 1.0f, hg, range[3][0], range[3][1]);
-        for (int64_t i = range[3][0]; i < range[3][1]; i++)
-            hg[i] = sigmoid(hg[i]);
-        BARRIER();
-        /* this thread's heads: the LoRA outer products, then rwkv7_time_mix */
-        matvec(p[R7_W2], t[R7_W2], f[R7_W2], NULL, 0, C, j->Dw, hw, 1.0f, wl, c0, c1);
-        matvec(p[R7_A2], t[R7_A2], f[R7_A2], NULL, 0, C, j->Da, ha, 1.0f, al, c0, c1);
-        matvec(p[R7_G2], t[R7_G2], f[R7_G2], NULL, 0, C, j->Dg, hg, 1.0f, g, c0, c1);
-        if (layer == 0)
-            memcpy(v_first + c0, v + c0, (c1 - c0) * sizeof(float));
-        else
-            matvec(p[R7_V2], t[R7_V2], f[R7_V2], NULL, 0, C, j->Dv, hv, 1.0f, vl, c0, c1);
-        float *kv = j->state_out[3 * layer + 1];
-        memcpy(kv + c0 * N, (const float *)j->state_in[3 * layer + 1] + c0 * N, (c1 - c0) * N * sizeof(float));
-        const int status = time_mix_items(h0, h1, 1, j->H, N, 0, r, k, v, layer ? v_first : NULL, wl, al,
-                                          layer ? vl : NULL, g, p + R7_W0, f + R7_W0, j->group_eps, kv, y);
-        if (status)
-            __atomic_store_n(&j->status, status, __ATOMIC_RELAXED);
-        BARRIER();
-        add_matvec(p[R7_OUTPUT], t[R7_OUTPUT], f[R7_OUTPUT], NULL, 0, C, C, y, o, x, c0, c1);
-        BARRIER();
-        /* channel mix: W_v relu(W_k (x + (x_{t-1} - x) mu))^2 */
-        layer_norm(C, x, p[R7_LN2_W], f[R7_LN2_W], p[R7_LN2_B], f[R7_LN2_B], j->eps, xn);
-        for (int64_t i = 0; i < C; i++)
-            xk[i] = xn[i] + (at(ffn_prev, i, bf16) - xn[i]) * at(p[R7_FFN_X_K], i, f[R7_FFN_X_K]);
-        for (int64_t i = c0; i < c1; i++)
-            put(j->state_out[3 * layer + 2], i, xn[i], bf16);
-        matvec(p[R7_FFN_KEY], t[R7_FFN_KEY], f[R7_FFN_KEY], NULL, 0, F, C, xk, 1.0f, kf, f0, f1);
-        for (int64_t i = f0; i < f1; i++)
-            kf[i] = relu(kf[i]) * kf[i];
-        BARRIER();
-        add_matvec(p[R7_FFN_VALUE], t[R7_FFN_VALUE], f[R7_FFN_VALUE], NULL, 0, C, F, kf, o, x, c0, c1);
-        BARRIER();
+        rwkv7_step_time_mix(j, &b, layer, p, t, f);
+        rwkv7_step_channel_mix(j, &b, layer, p, t, f);
     }
     const int64_t tail = R7_HEAD + j->L * R7_WEIGHTS, lw = tail + R7_TAIL_LN_OUT_W, lb = tail + R7_TAIL_LN_OUT_B;
     if (id == 0)
-        layer_norm(C, x, wt[lw], j->weight_bf16[lw], wt[lb], j->weight_bf16[lb], j->eps, j->hidden);
+        layer_norm(j->C, b.x, wt[lw], j->weight_bf16[lw], wt[lb], j->weight_bf16[lb], j->eps, j->hidden);
 }
 
 /* dims (weights.h's R7_DIM_*): C, H, N, F, L, the LoRA widths Dw, Da, Dv, Dg, bf16 (the embedding's dtype, the
