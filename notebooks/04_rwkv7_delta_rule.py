@@ -893,8 +893,8 @@ for name, rate in (("wide limit, alpha = 1 + w", 1 + W_FLIP), ("published ceilin
 # in fp32, with its own budget, 1e-4, for the longer chains of fp32 products); backend `"triton"` runs the recurrence
 # in a kernel, one program per (batch and head, block of value rows), the rows of the state in registers (notebook 08
 # takes the kernel apart). Both run on the inputs of section 2 ($T = 24$: one chunk and a half), from the same initial
-# state: outputs and final states, the sequence fed in two pieces, and fp16. With `chunked=True` the Triton backend
-# runs the chunked WY form as well, in a kernel that walks chunks of 16 steps with products of (16, 16) tiles
+# state: outputs and final states, the sequence fed in two pieces, and fp16. Backend `"triton_chunked"` runs the
+# chunked WY form on Triton as well, in a kernel that walks chunks of 16 steps with products of (16, 16) tiles
 # ($T/16$ serial steps instead of $T$), and a chunked backward ([`kernels/wkv7_chunked.py`](../kernels/wkv7_chunked.py)
 # derives it: one serial pass carries $\partial L / \partial S$ back chunk by chunk, then every chunk's gradients come
 # at once, in matrix products); it takes head sizes from 16, so it is checked on inputs of its own after these.
@@ -945,11 +945,10 @@ for backend, budget in BACKENDS.items():
 x_wide, S0_wide = rwkv7_inputs(1, T, 1, 16), rng.standard_normal((1, 1, 16, 16))
 S0_wide_fp32 = S0_wide.astype(np.float32).astype(np.float64)  # the state the kernel is given
 y_wide_ref, S_wide_ref = ref.wkv7(*(x_wide[n] for n in ARGS), state=S0_wide_fp32)
-for chunked in (False, True):
+for backend in ("triton", "triton_chunked"):
     y_wide, S_wide = wkv7_kernel(*(torch.tensor(x_wide[n], dtype=torch.float32) for n in ARGS),
-                                 state=torch.tensor(S0_wide, dtype=torch.float32), backend="triton",
-                                 chunked=chunked)
-    name = "chunked" if chunked else "sequential"
+                                 state=torch.tensor(S0_wide, dtype=torch.float32), backend=backend)
+    name = "chunked" if backend == "triton_chunked" else "sequential"
     check(f"triton {name} N = 16 y", y_wide, y_wide_ref, FP32_BUDGET)
     check(f"triton {name} N = 16 final state", S_wide, S_wide_ref, FP32_BUDGET)
 
@@ -1002,7 +1001,7 @@ rng_wide = np.random.default_rng(16)
 cotangents_wide = rng_wide.standard_normal(y_wide_ref.shape), rng_wide.standard_normal(S_wide_ref.shape)
 wide = dict(inputs=x_wide, state=S0_wide_fp32, cotangents=cotangents_wide)
 expected_wide = gradients(recurrence_torch, torch.float64, **wide)
-chunked_wide = gradients(lambda *z: wkv7_kernel(*z[:6], state=z[6], backend="triton", chunked=True), torch.float32,
+chunked_wide = gradients(lambda *z: wkv7_kernel(*z[:6], state=z[6], backend="triton_chunked"), torch.float32,
                          **wide)
 for name, got, want in zip([f"d{n}" for n in ARGS] + ["dstate"], chunked_wide, expected_wide):
     check(f"triton chunked N = 16 fp32 {name}", got, want, FP32_CHUNKED_WKV7_BUDGET)
