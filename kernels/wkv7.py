@@ -535,9 +535,10 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
     call = Call("wkv7", device, dtype, {"N": N}, grad)
     backend = dispatch(call, backend)
     if chunked:
-        # stacklevel 1: a notebook (its cells are __main__) would show it as output; tests and -W show it
+        # attributed to the caller, as deprecations are (notebook 04, whose cell output it would have joined, now
+        # names the backend)
         warnings.warn('wkv7(chunked=True) is deprecated and goes in the next version: pass backend="triton_chunked"',
-                      DeprecationWarning, stacklevel=1)
+                      DeprecationWarning, stacklevel=2)
         backend = deprecated_chunked(call, backend)
     state_dtype = accumulation_dtype(dtype)
     if state is not None:
