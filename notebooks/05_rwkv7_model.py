@@ -883,12 +883,12 @@ for i, (over_tokens, over_channels) in enumerate(spread):
           f"mean over channels), by {over_channels:.3f} from channel to channel")
 
 # %% [markdown]
-# RWKV-4's decay (notebook 03) is one number per channel, the same at every token; here the decay and the rate are
-# made from the layer's input at the token and the one before (the token shift; above layer 0 that input already
-# carries what earlier layers read), so the heatmaps can vary along the text as well as across the channels. Read them column by column: a column of low decays is a token at which
-# the layer clears part of its state; a column of high rates is one at which it overwrites what it stored under
-# that key rather than adding to it. The last lines above say how much of the variation is across tokens and how
-# much across channels, and at which characters each layer forgets most.
+# RWKV-4's decay (notebook 03) is one number per channel, the same at every token; here the decay and the rate are made
+# from the layer's input at the token and the one before (the token shift; above layer 0 that input already carries what
+# earlier layers read), so the heatmaps can vary along the text as well as across the channels. Read them column by
+# column: a column of low decays is a token at which the layer clears part of its state; a column of high rates is one
+# at which it overwrites what it stored under that key rather than adding to it. The last lines above say how much of
+# the variation is across tokens and how much across channels, and at which characters each layer forgets most.
 #
 # Last, the trained model continues a prompt through its state (RNN mode, section 8), greedily, up to the end of the
 # line. From a shell: `python -m seqmix.generate experiments/results/weights/language_model/rwkv7 --prompt "def "`
