@@ -9,7 +9,9 @@
 # Face page's example: feeding a sequence whole, or in two pieces with the returned state, gives the same output
 # (and without the state it does not). Then the page's configuration and API, field by field, with the places where
 # the page and transformers' code disagree (errata 4 to 8), and the independent evidence: transformers' own
-# `RwkvForCausalLM` run on the same weights. Last, generation through the state, and the page's stop on `"\n\n"`.
+# `RwkvForCausalLM` run on the same weights. Then generation through the state, and the page's stop on `"\n\n"`.
+# Last, the project's own trained RWKV-4: the half-lives its decays learned, against where training started, and a
+# line of text it writes.
 # Exercises close the notebook; an appendix runs the production path (the torch model with the WKV on its torch path
 # and on the Triton kernel) against the float64 reference: hidden states, logits, states, pieces and gradients.
 #
@@ -843,6 +845,114 @@ print("row 0 equals the single-row run, then is padded with 187:",
       and bool((rows[0, n_stopped:] == 187).all()))
 
 # %% [markdown]
+# ## 10. What a trained model learned
+#
+# Every weight above was drawn at random. The project also trains an RWKV-4 of its own: a byte-level language model
+# (vocabulary 256, one token per byte) trained on the Python standard library's `.py` sources by
+# `python -m seqmix.experiments.language_model` (its docstring gives the sizes and the protocol; its report,
+# `experiments/results/language_model.md`, the losses). It ships as transformers writes an `RwkvForCausalLM`: a
+# directory with `config.json`, `model.safetensors` (fp16, the decays kept fp32) and a `tokenizer.json` whose ids
+# are the byte values. [`RwkvForCausalLM.from_pretrained`](../models/rwkv4.py) reads it without transformers; the
+# tokenizer found beside the weights becomes `model.tokenizer`.
+#
+# What the WKV of notebook 02 learns is one decay per channel and layer: the past is weighed by $e^{(t-1-i)w}$ with
+# $w = -e^{\tau}$, $\tau$ the checkpoint's `time_decay`. A channel's *half-life* is the number of tokens after which
+# an old token's weight has halved: $e^{n w} = \tfrac12$ at
+#
+# $$n_{1/2} = \frac{\ln 2}{e^{\tau}}\ \text{tokens}.$$
+#
+# Training starts from `RwkvModel.reset_parameters`, which is not random here: $\tau$ spreads evenly from $-5$
+# (a half-life of about 100 tokens) to $3$ (a small fraction of a token) across the channels, the same in every
+# layer. A model built fresh with the trained model's configuration (seed fixed) shows that start. The loaded model
+# is checked first against the float64 reference of this notebook, on the same stored values.
+
+# %%
+from pathlib import Path
+
+REPO = Path(seqmix.kernels.__file__).resolve().parents[1]
+LM_WEIGHTS = REPO / "experiments" / "results" / "weights" / "language_model"
+
+trained = RwkvForCausalLM.from_pretrained(LM_WEIGHTS / "rwkv4", dtype=torch.float32).eval()
+torch.manual_seed(0)
+untrained = RwkvForCausalLM(trained.config).eval()         # where training started
+tc = trained.config
+print(f"trained RWKV-4: C = {tc.hidden_size}, L = {tc.num_hidden_layers}, V = {tc.vocab_size}, "
+      f"{sum(p.numel() for p in trained.parameters()):,} parameters; tokenizer: {trained.tokenizer is not None}")
+
+source_line = "def area(width, height):\n    return width * height\n"
+source_ids = np.array([trained.tokenizer.encode(source_line)])          # (1, T): the bytes
+trained_weights = {name: p.detach().double().numpy() for name, p in trained.state_dict().items()}
+trained_ref_hidden = ref.forward(base_params(trained_weights), source_ids, rescale_every=tc.rescale_every,
+                                 eps=tc.layer_norm_epsilon)[0]
+with torch.no_grad():
+    trained_logits = trained(torch.as_tensor(source_ids)).logits
+
+def half_lives(m):
+    # (L, C): ln 2 / e^tau, in tokens, per layer and channel.
+    return np.stack([np.log(2) / np.exp(b.attention.time_decay.detach().double().numpy())
+                     for b in m.rwkv.blocks])
+
+learned_half, initial_half = half_lives(trained), half_lives(untrained)
+
+# %% tags=["nbval-check-output"]
+check("trained model (torch, fp32) vs the float64 reference on its stored weights: logits", trained_logits,
+      ref.logits(trained_weights["head.weight"], trained_ref_hidden), FP32_BUDGET)
+log_decays = np.stack([-np.exp(b.attention.time_decay.detach().double().numpy()) for b in trained.rwkv.blocks])
+print("one half-life per layer and channel, (L, C):",
+      learned_half.shape == initial_half.shape == (tc.num_hidden_layers, tc.attention_hidden_size))
+print("every log decay w = -e^tau is negative and finite, so every decay e^w lies in (0, 1):",
+      bool(np.isfinite(log_decays).all() and (log_decays < 0).all()))
+print("every half-life is positive and finite:", bool(np.isfinite(learned_half).all() and (learned_half > 0).all()))
+print("the start is the same in every layer:", bool((initial_half == initial_half[0]).all()))
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
+channels = np.arange(learned_half.shape[1])
+for i, row in enumerate(learned_half):
+    axes[0].semilogy(channels, row, ".", ms=4, label=f"layer {i}, trained")
+    axes[1].semilogy(np.sort(row)[::-1], label=f"layer {i}, trained")
+for ax in axes:
+    ax.semilogy(channels, initial_half[0] if ax is axes[0] else np.sort(initial_half[0])[::-1], "k--", lw=1,
+                label="start (every layer)")
+    ax.axhline(1.0, color="grey", lw=0.6)
+    ax.set_ylabel("half-life (tokens)")
+    ax.legend(fontsize=7)
+axes[0].set_xlabel("channel")
+axes[0].set_title(r"half-life $\ln 2 / e^{\tau}$ of each channel")
+axes[1].set_xlabel("rank within the layer (longest first)")
+axes[1].set_title("the same, sorted per layer")
+plt.show()
+
+# %%
+# The numbers behind the plot (not compared: they are the trained model's).
+for i, (row, start) in enumerate(zip(learned_half, initial_half)):
+    moved = np.abs(np.log(row / start))
+    print(f"layer {i}: half-lives {row.min():.3g} to {row.max():.3g} tokens (median {np.median(row):.3g}; "
+          f"start {start.min():.3g} to {start.max():.3g}); "
+          f"{(row > 1).mean():.0%} of channels remember past one token; "
+          f"median change {np.exp(np.median(moved)):.2f}x")
+
+# %% [markdown]
+# A half-life below one token means the channel's WKV is almost the current token alone (its bonus $u$ against a
+# past that fades within a step); a half-life of tens or hundreds of tokens is a running average over the line or
+# the function so far. Read the plot for how training moved the evenly spread start: which layers kept long
+# memories, which became short, and how far each channel moved from its starting value (the numbers above).
+#
+# Last, the trained model continues a prompt through its state (section 9's `generate`, here as
+# `generate_text`, which encodes the prompt with the tokenizer and decodes the bytes as they arrive), greedily, up to
+# the end of the line. The same from a shell: `python -m seqmix.generate
+# experiments/results/weights/language_model/rwkv4 --prompt "def "`.
+
+# %%
+prompt_text = "def "
+stream = trained.generate_text(prompt_text, max_new_tokens=80, stop="\n")
+print(repr(prompt_text + "".join(stream)))
+
+# %% tags=["nbval-check-output"]
+print("the continuation is text, one line at most:", isinstance(stream.text, str) and "\n" not in stream.text)
+print("tokens generated, within the limit:", 0 < len(stream.tokens) <= 80)
+
+# %% [markdown]
 # ## Summary
 #
 # - An RNN carries a fixed state but trains step by step; attention trains in parallel but its memory grows as
@@ -866,6 +976,10 @@ print("row 0 equals the single-row run, then is padded with 187:",
 #   `attentions` are each block's time-mix output $(B, T, C)$, not attention weights (erratum 26). The torch model, with the WKV on its torch path or on the Triton kernel, matches it too
 #   (the appendix). Generation through the state picks the tokens that re-reading the whole text picks, and stops
 #   at `[187, 187]` (`"\n\n"`), row by row.
+# - The project's own trained RWKV-4 (a byte-level model of the standard library's sources) loads with
+#   `from_pretrained`, matches the float64 reference on its stored weights, and shows what the decays learned: a
+#   half-life $\ln 2 / e^{\tau}$ per channel and layer, moved by training from the evenly spread start; it writes a
+#   line of Python-looking text from `"def "`.
 #
 # Next: [04 · RWKV-7's delta rule](04_rwkv7_delta_rule.ipynb) replaces RWKV-4's two numbers per channel by a
 # matrix per head.

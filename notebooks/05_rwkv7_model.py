@@ -10,9 +10,10 @@
 # out in NumPy under its formula and checked against `reference/rwkv7.py`. Then the post's two ways of running the
 # model: GPT mode (the whole sequence through each layer) and RNN mode, written here as its own program (one token at
 # a time, vector operations and a state), which give the same logits; BlinkDL's own runtime as independent evidence;
-# the state over time (its size, its rank); and, to close, the study notes' reflection that RWKV is a Transformer and
-# an RNN at once, set against what the notebooks showed. An appendix checks the torch model, with the op on its torch
-# path and on the Triton kernel, against the reference.
+# the state over time (its size, its rank); the study notes' reflection that RWKV is a Transformer and an RNN at
+# once, set against what the notebooks showed; and, to close, the project's own trained RWKV-7: its decays and
+# in-context rates on real Python, and a line of text it writes. An appendix checks the torch model, with the op on
+# its torch path and on the Triton kernel, against the reference.
 #
 # **Sources.** The RWKV-7 architecture post, https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 (the time-mix and
 # channel-mix code walk-through, GPT and RNN mode: the order followed here; errata 17, 18, 19 and 20 of
@@ -763,6 +764,146 @@ print(f"numbers in one layer's state after 1 token and after {T}:", list(state_s
       f"= 2C + H N^2 = {2 * C + H * N * N}")
 
 # %% [markdown]
+# ## 11. What a trained model learned
+#
+# Every weight above was drawn at random. The project also trains an RWKV-7 of its own: a byte-level language model
+# (vocabulary 256, one token per byte; BlinkDL's head size 64) trained on the Python standard library's `.py` sources
+# by `python -m seqmix.experiments.language_model` (its docstring gives the sizes and the protocol; its report,
+# `experiments/results/language_model.md`, the losses). It ships twice: as a flash-linear-attention
+# `RWKV7ForCausalLM` directory (`config.json`, `model.safetensors`, `tokenizer.json` whose ids are the byte values),
+# which `Rwkv7.from_pretrained` reads, and as a BlinkDL `.pth`, which `Rwkv7.from_checkpoint` reads. Both are
+# loaded here; they must give the same logits, and the same as the float64 reference on the stored values.
+#
+# Then the model reads a few lines of real Python, and each layer's inputs are caught on their way into the time
+# mix (a forward pre-hook on `blocks[i].att`: the layer-normed $x$ and the state's $x_{t-1}$). From them, sections 1,
+# 2 and 4 give what the op receives at every token and channel: the decay $w_t = e^{-e^{\omega_t}}$, in
+# $(0.545, 1)$, and the in-context learning rate $\alpha_t = \sigma(a_0 + x^a_t A_1 A_2)$, in $(0, 1)$. A decay near
+# 1 keeps what the state holds in that channel; near 0.545 it loses almost half of it at that token. A rate near 1
+# replaces what the state returns for the removal key $\hat\kappa_t$; near 0 it only adds.
+
+# %%
+from pathlib import Path
+
+from seqmix.models.rwkv7 import Rwkv7
+
+REPO = Path(seqmix.kernels.__file__).resolve().parents[1]
+LM_WEIGHTS = REPO / "experiments" / "results" / "weights" / "language_model"
+
+trained = Rwkv7.from_pretrained(LM_WEIGHTS / "rwkv7", dtype=torch.float32).eval()
+trained_pth = Rwkv7.from_checkpoint(LM_WEIGHTS / "rwkv7.pth", dtype=torch.float32).eval()
+tc = trained.config
+print(f"trained RWKV-7: C = {tc.n_embd} (H = {tc.n_head}, N = {tc.head_size}), L = {tc.n_layer}, "
+      f"V = {tc.vocab_size}, {sum(p.numel() for p in trained.parameters()):,} parameters")
+
+lm_source = "import os\n\ndef read(path):\n    with open(path) as f:\n        return f.read()\n"
+lm_ids = np.array([trained.tokenizer.encode(lm_source)])                  # (1, T): the bytes
+caught = {}                                                                # layer -> (x, x_prev)
+
+def catch(layer):
+    def hook(module, args):
+        caught[layer] = tuple(a.detach().double().numpy() for a in args[:2])
+    return hook
+
+hooks = [b.att.register_forward_pre_hook(catch(i)) for i, b in enumerate(trained.blocks)]
+with torch.no_grad():
+    lm_logits, _ = trained(torch.as_tensor(lm_ids), backend="torch")
+    pth_logits, _ = trained_pth(torch.as_tensor(lm_ids), backend="torch")
+for h in hooks:
+    h.remove()
+trained_params = {name: p.detach().double().numpy() for name, p in trained.state_dict().items()}
+lm_ref_logits = ref.forward(trained_params, lm_ids)[0]
+
+def decays_and_rates(layer):
+    # w_t = e^(log w_t) and alpha_t, each (T, C), of one layer on the prompt (sections 1, 2 and 4).
+    p = {name[len(f"blocks.{layer}.att."):]: a for name, a in trained_params.items()
+         if name.startswith(f"blocks.{layer}.att.")}
+    x_l, x_prev_l = caught[layer]
+    mixes_l = token_shift_mixes(p, x_l, x_prev_l)
+    log_w_l = receptance_decay_key_value(p, mixes_l)[1]
+    z_a = p["a0"] + mixes_l["a"] @ p["a1"] @ p["a2"]
+    return {"log_w": log_w_l, "w": np.exp(log_w_l)[0], "alpha": sigmoid(z_a)[0], "z_a": z_a,
+            "ref_log_w": ref.log_decay(mixes_l["w"], p["w0"], p["w1"], p["w2"])}
+
+learned = [decays_and_rates(i) for i in range(tc.n_layer)]
+
+# %% tags=["nbval-check-output"]
+check("trained RWKV-7: the BlinkDL .pth (from_checkpoint) vs the fla directory (from_pretrained): logits",
+      pth_logits, lm_logits, FP32_BUDGET)
+check("trained RWKV-7 (torch, fp32) vs the float64 reference on its stored weights: logits", lm_logits,
+      lm_ref_logits, FP32_BUDGET)
+for i, got in enumerate(learned):
+    check(f"layer {i}: log w written out (section 2) vs reference.log_decay", got["log_w"], got["ref_log_w"],
+          REFERENCE_BUDGET)
+    check(f"layer {i}: alpha written out (section 4) vs reference.in_context_rate", got["alpha"],
+          ref.in_context_rate(got["z_a"], got["log_w"])[0], REFERENCE_BUDGET)
+w_all = np.stack([got["w"] for got in learned])                           # (L, T, C)
+alpha_all = np.stack([got["alpha"] for got in learned])
+print("one decay and one rate per layer, token and channel:",
+      w_all.shape == alpha_all.shape == (tc.n_layer, lm_ids.shape[1], tc.n_embd))
+print("every decay within [0.545, 1]:", bool(((w_all >= np.exp(-np.exp(-0.5))) & (w_all <= 1)).all()))
+print("every in-context rate within [0, 1]:", bool(((alpha_all >= 0) & (alpha_all <= 1)).all()))
+
+# %%
+def char_labels(text):
+    # One label per byte-token: the character, with the invisible ones made visible.
+    return [{"\n": "\u23ce", " ": "\u2423"}.get(ch, ch) for ch in text]
+
+labels = char_labels(lm_source)
+show_layer = tc.n_layer - 1
+fig, axes = plt.subplots(3, 1, figsize=(12, 9.5), constrained_layout=True)
+for ax, (name, values, cmap) in zip(axes[:2], (
+        (fr"decay $w_t$ (layer {show_layer})", learned[show_layer]["w"], "viridis"),
+        (fr"in-context learning rate $\alpha_t$ (layer {show_layer})", learned[show_layer]["alpha"], "magma"))):
+    image = ax.imshow(values.T, aspect="auto", cmap=cmap, interpolation="nearest")
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylabel("channel")
+    ax.set_title(name, fontsize=10)
+    fig.colorbar(image, ax=ax, pad=0.01)
+for i in range(tc.n_layer):
+    axes[2].plot(w_all[i].mean(-1), marker=".", label=f"layer {i}: mean decay")
+    axes[2].plot(alpha_all[i].mean(-1), ls="--", color=f"C{i}", lw=0.9, label=f"layer {i}: mean rate")
+axes[2].set_xticks(range(len(labels)), labels, fontsize=7)
+axes[2].set_xlim(-0.5, len(labels) - 0.5)
+axes[2].set_ylabel("mean over channels")
+axes[2].set_title("every layer: channel-mean decay (solid) and in-context rate (dashed) per token", fontsize=10)
+axes[2].legend(fontsize=7, ncol=tc.n_layer, loc="lower right")
+plt.show()
+
+# %%
+# The numbers behind the plot (not compared: they are the trained model's).
+for i in range(tc.n_layer):
+    mean_w, mean_a = w_all[i].mean(-1), alpha_all[i].mean(-1)
+    forget, replace = np.argsort(mean_w)[:3], np.argsort(mean_a)[::-1][:3]
+    print(f"layer {i}: decays {w_all[i].min():.3f} to {w_all[i].max():.4f} (mean {w_all[i].mean():.3f}), "
+          f"rates {alpha_all[i].min():.2f} to {alpha_all[i].max():.2f} (mean {alpha_all[i].mean():.2f}); "
+          f"most forgetting at {[labels[t] for t in forget]}, highest rate at {[labels[t] for t in replace]}")
+spread = np.stack([w_all.std(axis=1).mean(-1), w_all.std(axis=2).mean(-1)], axis=1)   # (L, 2)
+for i, (over_tokens, over_channels) in enumerate(spread):
+    print(f"layer {i}: the decay varies by {over_tokens:.3f} from token to token (std over tokens, "
+          f"mean over channels), by {over_channels:.3f} from channel to channel")
+
+# %% [markdown]
+# RWKV-4's decay (notebook 03) is one number per channel, the same at every token; here the decay and the rate are made
+# from the layer's input at the token and the one before (the token shift; above layer 0 that input already carries what
+# earlier layers read), so the heatmaps can vary along the text as well as across the channels. Read them column by
+# column: a column of low decays is a token at which the layer clears part of its state; a column of high rates is one
+# at which it overwrites what it stored under that key rather than adding to it. The last lines above say how much of
+# the variation is across tokens and how much across channels, and at which characters each layer forgets most.
+#
+# Last, the trained model continues a prompt through its state (RNN mode, section 8), greedily, up to the end of the
+# line. From a shell: `python -m seqmix.generate experiments/results/weights/language_model/rwkv7 --prompt "def "`
+# (or the `.pth`, with `--tokenizer experiments/results/weights/language_model/tokenizer.json`).
+
+# %%
+lm_prompt = "def "
+lm_stream = trained.generate_text(lm_prompt, max_new_tokens=80, stop="\n")
+print(repr(lm_prompt + "".join(lm_stream)))
+
+# %% tags=["nbval-check-output"]
+print("the continuation is text, one line at most:", isinstance(lm_stream.text, str) and "\n" not in lm_stream.text)
+print("tokens generated, within the limit:", 0 < len(lm_stream.tokens) <= 80)
+
+# %% [markdown]
 # ## Summary
 #
 # - RWKV-7's time mix makes six token-shifted mixes, and from them $r$, a decay soft-clamped into $(0.545, 1)$ (the
@@ -783,6 +924,10 @@ print(f"numbers in one layer's state after 1 token and after {T}:", list(state_s
 #   in the state (checked: the op is affine in its initial state).
 # - The state is a full-rank $N \times N$ matrix per head after $N$ tokens ("low-rank" only before that); in this
 #   run it stays the size of a few dozen writes.
+# - The project's own trained RWKV-7 (a byte-level model of the standard library's sources) loads from both of its
+#   files, the fla directory and the BlinkDL `.pth`, with the same logits as each other and as the float64 reference.
+#   On real Python its decays $w_t \in (0.545, 1)$ and in-context rates $\alpha_t \in (0, 1)$ change from token to
+#   token and channel to channel (section 11 plots them); it writes a line of Python-looking text from `"def "`.
 #
 # Next: notebook 06 turns to state space models and Mamba.
 #

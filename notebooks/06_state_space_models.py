@@ -9,8 +9,9 @@
 # token and whose $\bar B$ is Euler's, not ZOH's; and the Mamba block of the notes' Algorithm 2 (RMSNorm, the two
 # input projections, the causal convolution, the parameters function of Algorithm 1, the scan, the gate, the output
 # projection and the residual), stacked into a model whose state is carried from one piece of a sequence to the
-# next, and selection at work on real inputs. An appendix checks the production path (the torch, Triton and C scans,
-# and the torch Mamba model) against the float64 reference.
+# next, and selection at work on real inputs; last, the project's own trained Mamba: where its step size opens and
+# closes on real Python, and a line of text it writes. An appendix checks the production path (the torch, Triton
+# and C scans, and the torch Mamba model) against the float64 reference.
 #
 # **Sources.** The Mamba/SSM part of the RWKV/Mamba study notes in the source material (the order followed here;
 # errata 11 to 15 of [`reference/ERRATA.md`](../reference/ERRATA.md) are about it); Mamba, arXiv:2312.00752,
@@ -1027,6 +1028,147 @@ print("time-invariant: less than 1e-9 of it is left after 20 fillers:",
       bool(abs(memory["time-invariant"][-1] / memory["time-invariant"][0]) < 1e-9))
 
 # %% [markdown]
+# ## 9. What a trained Mamba learned
+#
+# Every weight above was drawn or set by hand. The project also trains a Mamba of its own: a byte-level language
+# model (vocabulary 256, one token per byte) trained on the Python standard library's `.py` sources by
+# `python -m seqmix.experiments.language_model` (its docstring gives the sizes and the protocol; its report,
+# `experiments/results/language_model.md`, the losses). It ships as transformers writes a `MambaForCausalLM`: a
+# directory with `config.json`, `model.safetensors` (fp16, with $A_{\log}$, $D$ and $\Delta$'s bias kept fp32) and a
+# `tokenizer.json` whose ids are the byte values. [`MambaForCausalLM.from_pretrained`](../models/mamba.py) reads it
+# without transformers; it is checked first against `reference.mamba.forward` on the same stored values.
+#
+# Section 8 showed what a step size can do: $\Delta_t$ large *opens* a channel (the state is mostly replaced by the
+# token, $e^{\Delta_t A} \to 0$, $\Delta_t B_t$ large), $\Delta_t$ small *closes* it (the token is skipped, the state
+# kept). Here the trained model reads a few lines of real Python; each block's input is caught on its way into the
+# mixer (a forward pre-hook on `layers[i].mixer`: the RMS-normed $x$), and section 7.4's parameters function, from
+# the empty state, gives $\Delta_t = \mathrm{softplus}(W_\Delta\, \delta^{\text{low}}_t + b_\Delta)$ for every
+# token and channel. The check cell also runs the block's scan with exactly these $\Delta_t$ and finds the
+# reference's mixer output, so the $\Delta$ plotted is the one the block uses.
+
+# %%
+from pathlib import Path
+
+from matplotlib.colors import LogNorm
+
+from seqmix.models.mamba import MambaForCausalLM
+
+REPO = Path(seqmix.kernels.__file__).resolve().parents[1]
+LM_WEIGHTS = REPO / "experiments" / "results" / "weights" / "language_model"
+
+lm_mamba = MambaForCausalLM.from_pretrained(LM_WEIGHTS / "mamba", dtype=torch.float32).eval()
+lm_config = lm_mamba.config
+print(f"trained Mamba: C = {lm_config.hidden_size}, D = {lm_config.intermediate_size}, N = {lm_config.state_size}, "
+      f"{lm_config.num_hidden_layers} blocks, V = {lm_config.vocab_size}, "
+      f"{sum(p.numel() for p in lm_mamba.parameters()):,} parameters")
+
+lm_source = "import os\n\ndef read(path):\n    with open(path) as f:\n        return f.read()\n"
+lm_ids = np.array([lm_mamba.tokenizer.encode(lm_source)])                 # (1, T): the bytes
+mixer_inputs = {}                                                          # block -> x (1, T, C), normed
+
+def catch(block):
+    def hook(module, args):
+        mixer_inputs[block] = args[0].detach().double().numpy()
+    return hook
+
+hooks = [layer.mixer.register_forward_pre_hook(catch(i)) for i, layer in enumerate(lm_mamba.backbone.layers)]
+with torch.no_grad():
+    lm_hidden = lm_mamba.backbone(torch.as_tensor(lm_ids), backend="torch").last_hidden_state
+for h in hooks:
+    h.remove()
+lm_params = {name[len("backbone."):]: p.detach().double().numpy()
+             for name, p in lm_mamba.state_dict().items() if name.startswith("backbone.")}
+lm_ref_hidden = ref_mamba.forward(lm_params, lm_ids, eps=lm_config.layer_norm_epsilon)[0]
+
+def selection(block):
+    # Section 7's steps 7.2 to 7.4 on a trained block's mixer input, from the empty state:
+    # u = x' (B, D, T), z (B, D, T), Delta (B, D, T), A (D, N), B and C (B, N, T).
+    p = {n[len(f"layers.{block}.mixer."):]: a for n, a in lm_params.items() if n.startswith(f"layers.{block}.mixer.")}
+    D_, N_ = p["A_log"].shape
+    R_ = p["dt_proj.weight"].shape[1]
+    xz = (mixer_inputs[block] @ p["in_proj.weight"].T).transpose(0, 2, 1)  # (B, 2D, T)
+    empty = np.zeros((xz.shape[0], D_, p["conv1d.weight"].shape[-1] - 1))
+    u = silu(ref_mamba.causal_conv1d(xz[:, :D_], p["conv1d.weight"], p.get("conv1d.bias"), empty)[0])
+    dt_low, B_t, C_t = np.split(u.transpose(0, 2, 1) @ p["x_proj.weight"].T, [R_, R_ + N_], axis=-1)
+    delta = softplus(dt_low @ p["dt_proj.weight"].T + p["dt_proj.bias"])   # (B, T, D)
+    return dict(p=p, u=u, z=xz[:, D_:], delta=delta.transpose(0, 2, 1), A=-np.exp(p["A_log"]),
+                B=B_t.transpose(0, 2, 1), C=C_t.transpose(0, 2, 1))
+
+lm_selection = [selection(i) for i in range(lm_config.num_hidden_layers)]
+lm_delta = np.stack([s["delta"][0] for s in lm_selection])                # (layers, D, T)
+
+# %% tags=["nbval-check-output"]
+check("trained Mamba (torch, fp32) vs reference.mamba.forward on its stored weights: hidden states", lm_hidden,
+      lm_ref_hidden, FP32_BUDGET)
+for i, s in enumerate(lm_selection):
+    y_s = ref.selective_scan(s["u"], s["delta"], s["A"], s["B"], s["C"], D=s["p"]["D"], z=s["z"])[0]
+    zero_block_state = (np.zeros((1,) + s["u"].shape[1:2] + (s["p"]["conv1d.weight"].shape[-1] - 1,)),
+                        np.zeros((1,) + s["A"].shape))
+    check(f"block {i}: the scan with the Delta plotted vs reference.mamba.mixer",
+          y_s.transpose(0, 2, 1) @ s["p"]["out_proj.weight"].T,
+          ref_mamba.mixer(s["p"], mixer_inputs[i], zero_block_state)[0], REFERENCE_BUDGET)
+print("one step per block, channel and token:",
+      lm_delta.shape == (lm_config.num_hidden_layers, lm_config.intermediate_size, lm_ids.shape[1]))
+print("every step Delta > 0 and finite:", bool(np.isfinite(lm_delta).all() and (lm_delta > 0).all()))
+print("every A < 0, so every e^(Delta A) is a decay within [0, 1]:",
+      all(bool((s["A"] < 0).all()) for s in lm_selection))
+
+# %%
+lm_labels = [{"\n": "\u23ce", " ": "\u2423"}.get(ch, ch) for ch in lm_source]   # one label per byte-token
+show_block = lm_config.num_hidden_layers - 1
+fig, axes = plt.subplots(2, 1, figsize=(12, 7.5), constrained_layout=True)
+for i, block_delta in enumerate(lm_delta):
+    axes[0].semilogy(block_delta.mean(0), marker=".", ms=4, lw=1, color=plt.cm.viridis(i / len(lm_delta)),
+                     label=f"block {i}")
+axes[0].set_ylabel(r"mean of $\Delta_t$ over the $D$ channels")
+axes[0].set_title(r"step size per token, every block: high = the channels open (write the token), "
+                  r"low = they close (keep the state)", fontsize=10)
+axes[0].legend(fontsize=7, ncol=min(8, len(lm_delta)))
+image = axes[1].imshow(lm_delta[show_block], aspect="auto", cmap="viridis", interpolation="nearest",
+                       norm=LogNorm())
+axes[1].set_ylabel("channel $d$")
+axes[1].set_title(fr"$\Delta_t$ per channel, block {show_block} (log colour scale)", fontsize=10)
+fig.colorbar(image, ax=axes[1], pad=0.01)
+for ax in axes:
+    ax.set_xticks(range(len(lm_labels)), lm_labels, fontsize=7)
+    ax.set_xlim(-0.5, len(lm_labels) - 0.5)
+plt.show()
+
+# %%
+# The numbers behind the plot (not compared: they are the trained model's).
+kinds = {"letters and digits": str.isalnum, "spaces": lambda ch: ch == " ", "newlines": lambda ch: ch == "\n",
+         "punctuation": lambda ch: not ch.isalnum() and not ch.isspace()}
+kind_of = {name: np.array([is_kind(ch) for ch in lm_source]) for name, is_kind in kinds.items()}
+for i, block_delta in enumerate(lm_delta):
+    mean_delta = block_delta.mean(0)                                         # (T,)
+    by_kind = ", ".join(f"{name} {mean_delta[where].mean():.3g}" for name, where in kind_of.items())
+    opened, closed = np.argsort(mean_delta)[::-1][:3], np.argsort(mean_delta)[:3]
+    print(f"block {i}: Delta {block_delta.min():.2g} to {block_delta.max():.2g}; channel-mean by kind: {by_kind}; "
+          f"most open at {[lm_labels[t] for t in opened]}, most closed at {[lm_labels[t] for t in closed]}")
+
+# %% [markdown]
+# Read the plot token by token: where a block's mean step rises, its channels take in that character and let the
+# older state go; where it falls, they carry their state across the character as if it were not there (section 8's
+# filler). The heatmap shows it channel by channel. Each channel has a time scale of its own: Mamba's start draws
+# the biases $b_\Delta$ so that the steps spread log-uniformly from 0.001 to 0.1 across the channels (rows), and
+# training moves them; the token then moves each channel's step up or down (columns). The printed lines say, per
+# block, how the mean step differs between letters, spaces, newlines and punctuation, and at which characters the
+# block opens and closes most.
+#
+# Last, the trained model continues a prompt through its state (section 7.8: the prompt is read once, then one token
+# at a time), greedily, up to the end of the line. From a shell: `python -m seqmix.generate
+# experiments/results/weights/language_model/mamba --prompt "def "`.
+
+# %%
+lm_prompt = "def "
+lm_stream = lm_mamba.generate_text(lm_prompt, max_new_tokens=80, stop="\n")
+print(repr(lm_prompt + "".join(lm_stream)))
+
+# %% tags=["nbval-check-output"]
+print("the continuation is text, one line at most:", isinstance(lm_stream.text, str) and "\n" not in lm_stream.text)
+print("tokens generated, within the limit:", 0 < len(lm_stream.tokens) <= 80)
+
+# %% [markdown]
 # ## Summary
 #
 # - ZOH solves the system exactly for a held input: $\bar A = e^{\Delta A}$, $\bar B = \int_0^\Delta e^{As}ds\,B$,
@@ -1050,6 +1192,10 @@ print("time-invariant: less than 1e-9 of it is left after 20 fillers:",
 #   transformers' `MambaModel`; stacked, with the (conv window, $h$) state, a text in pieces gives the whole.
 # - Selection: $\Delta$, $B$, $C$ depend on the token and the $K - 1$ before it; a small $\Delta$ lets the state
 #   skip a token entirely, which no time-invariant SSM can do.
+# - The project's own trained Mamba (a byte-level model of the standard library's sources) loads with
+#   `from_pretrained` and matches `reference.mamba.forward` on its stored weights. On real Python its step sizes
+#   $\Delta_t > 0$ open and close from character to character and differ from channel to channel (section 9 plots
+#   them, with the scan checked to run on exactly those steps); it writes a line of Python-looking text from `"def "`.
 #
 # Next: notebook 07 turns to attention's positions, RoPE and ReRoPE.
 #

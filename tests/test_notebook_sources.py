@@ -60,3 +60,25 @@ def test_every_notebook_has_exercises_with_solutions(path):
     assert headings, f"{path.stem} has no '## Exercises' section"
     solutions = [c for c in notebook.cells[headings[0]:] if c.metadata.get("jupyter", {}).get("source_hidden")]
     assert len(solutions) >= 2, f"{path.stem}: {len(solutions)} solution cell(s) after '## Exercises', fewer than 2"
+
+
+# Notebooks that show the project's trained language models (issue 28), and the files each reads
+SHOWS_TRAINED = {"03_rwkv4_model": ("rwkv4",), "05_rwkv7_model": ("rwkv7", "rwkv7.pth"),
+                 "06_state_space_models": ("mamba",)}
+
+
+@pytest.mark.parametrize("stem", sorted(SHOWS_TRAINED))
+def test_trained_model_sections_read_what_the_experiment_ships(stem, tmp_path):
+    """Notebooks 03, 05 and 06 load the trained language models from experiments/results/weights/language_model/:
+    the names they read are the names experiments.language_model.ship writes (shipped here for tiny models)."""
+    lm = pytest.importorskip("seqmix.experiments.language_model")
+    import torch
+
+    source = (NOTEBOOKS / f"{stem}.py").read_text()
+    assert f'LM_WEIGHTS = REPO / "experiments" / "results" / "weights" / "{lm.NAME}"' in source
+    for name in SHOWS_TRAINED[stem]:
+        arch = name.split(".")[0]
+        torch.manual_seed(0)
+        written = lm.ship(lm.build(arch, 64, 1, 64, 16), arch, tmp_path)     # head size 64: fla's layout
+        assert tmp_path / name in written, f"ship({arch!r}) wrote {written}, not {name}"
+        assert f'LM_WEIGHTS / "{name}"' in source, f"{stem} does not read {name}"
