@@ -1,0 +1,135 @@
+"""The ops of seqmix, declared once: ``REGISTRY`` is the only list of ops, and every harness iterates it.
+
+Each op has one ``OpSpec``: its name and title, its public function, its float64 reference, its naive torch form,
+its battery declaration (inputs, cases, budgets: ``seqmix.conformance.ops``), its backends in the order
+``backend=None`` tries them (``kernels/backends.py``), the kernel modules that hold its Triton kernels (the AOT
+build), and its C entry points. The lazy facade (``seqmix.wkv7``), the AOT build, the cross-check, the conformance
+battery and its command line, the edge cases, gpu_check, the benchmarks, the cost model and the tests read it.
+
+What a spec points at is named as ``"module:attribute"`` and imported on first use (``OpSpec.get``), so that
+importing the registry imports neither torch nor triton: ``import seqmix`` reads it. A test may give the objects
+themselves instead (tests/test_registry.py registers a made-up op with ``registered``).
+
+Subsets are properties of a spec, never lists of names: ``family`` ("attention": the flash-kernel ops; "recurrence":
+the stateful scans), ``c_entries`` (empty: no C loop), ``module`` (the kernel module, whose stem, "rerope" for both
+ReRoPE ops, keys the benchmarks' shapes and the cost model).
+"""
+from __future__ import annotations
+
+import importlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+__all__ = ["OpSpec", "REGISTRY", "register", "unregister", "registered", "spec", "names", "load"]
+
+
+def load(where):
+    """The object named by ``"module:attribute"`` (imported now), or ``where`` itself when it is not a string."""
+    if not isinstance(where, str):
+        return where
+    module, _, attribute = where.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op. Fields that name code hold ``"module:attribute"`` (or, in tests, the object); ``get(field)`` loads it.
+
+    name: the public function's name, and the op's everywhere (``backend`` errors, conformance's command line);
+    title: what a report's row calls the formula; module: the kernel module that defines ``name``;
+    reference: the float64 NumPy form; naive: the float64 torch form (autograd's yardstick for gradients);
+    battery: the conformance declaration (a ``seqmix.conformance.ops.Op``); backends: the tuple of backend objects
+    in the order backend=None tries them; family: "attention" or "recurrence"; aot_modules: the modules whose
+    ``aot_kernels()`` build this op's Triton kernels (the AOT build); c_entries: its C entry points in native.h.
+    """
+    name: str
+    title: str
+    module: str
+    reference: object
+    naive: object
+    battery: object
+    backends: object
+    family: str
+    aot_modules: tuple = ()
+    c_entries: tuple = ()
+
+    def get(self, field: str):
+        """The object a field names, imported on first use: ``spec("wkv4").get("reference")``."""
+        return load(getattr(self, field))
+
+    @property
+    def function(self):
+        """The public op (imports its module, and so torch)."""
+        return load(self.module if callable(self.module) else f"{self.module}:{self.name}")
+
+    @property
+    def stem(self) -> str:
+        """The kernel module's name below seqmix.kernels: "wkv4", "rerope" (both ReRoPE ops), "ssm"; the key of the
+        benchmarks' shapes and the cost model's builders."""
+        return self.name if callable(self.module) else self.module.split(".")[2]
+
+    @property
+    def stateful(self) -> bool:
+        return self.family == "recurrence"
+
+
+_RECURRENCES = "seqmix.kernels.backends:RECURRENCES"
+_FLASH = "seqmix.kernels.backends:FLASH"
+_BATTERY = "seqmix.conformance.ops:"
+_NAIVE = "seqmix.conformance.definitions:"
+
+REGISTRY: list[OpSpec] = [
+    OpSpec("attention", "softmax attention", "seqmix.kernels.attention",
+           "seqmix.reference.attention:softmax_attention", _NAIVE + "explicit_attention", _BATTERY + "ATTENTION",
+           _FLASH, "attention", aot_modules=("seqmix.kernels.attention",)),
+    OpSpec("rerope_attention", "ReRoPE prefill", "seqmix.kernels.rerope", "seqmix.reference.rope:rerope_attention",
+           _NAIVE + "rerope_attention", _BATTERY + "REROPE_ATTENTION", _FLASH, "attention",
+           aot_modules=("seqmix.kernels.rerope.fused",)),
+    OpSpec("rerope_decode", "ReRoPE decode", "seqmix.kernels.rerope", "seqmix.reference.rope:rerope_decode",
+           _NAIVE + "rerope_decode", _BATTERY + "REROPE_DECODE", _FLASH, "attention",
+           aot_modules=("seqmix.kernels.rerope.fused",)),
+    OpSpec("wkv4", "RWKV-4 WKV", "seqmix.kernels.wkv4", "seqmix.reference.wkv4:wkv4", _NAIVE + "wkv4",
+           _BATTERY + "WKV4", _RECURRENCES, "recurrence", aot_modules=("seqmix.kernels.wkv4",),
+           c_entries=("wkv4_forward", "wkv4_backward")),
+    OpSpec("wkv7", "RWKV-7 WKV", "seqmix.kernels.wkv7", "seqmix.reference.wkv7:wkv7", _NAIVE + "wkv7",
+           _BATTERY + "WKV7", "seqmix.kernels.backends:WKV7", "recurrence", aot_modules=("seqmix.kernels.wkv7",),
+           c_entries=("wkv7_forward", "wkv7_backward")),
+    OpSpec("selective_scan", "Mamba selective scan", "seqmix.kernels.ssm", "seqmix.reference.ssm:selective_scan",
+           _NAIVE + "selective_scan", _BATTERY + "SELECTIVE_SCAN", _RECURRENCES, "recurrence",
+           aot_modules=("seqmix.kernels.ssm",), c_entries=("selective_scan_forward", "selective_scan_backward")),
+]
+
+
+def names() -> list[str]:
+    """The ops' names, in the registry's order."""
+    return [s.name for s in REGISTRY]
+
+
+def spec(name: str) -> OpSpec:
+    """The op called ``name``; a KeyError that lists the ops when there is none."""
+    for s in REGISTRY:
+        if s.name == name:
+            return s
+    raise KeyError(f"no op {name!r} in the registry: {names()}")
+
+
+def register(new: OpSpec) -> OpSpec:
+    """Adds ``new`` at the end of REGISTRY (its name must be new)."""
+    if new.name in names():
+        raise ValueError(f"op {new.name!r} is already registered")
+    REGISTRY.append(new)
+    return new
+
+
+def unregister(name: str) -> None:
+    REGISTRY.remove(spec(name))
+
+
+@contextmanager
+def registered(new: OpSpec):
+    """``with registered(OpSpec(...)):`` the op is in REGISTRY, and out again afterwards (for tests)."""
+    register(new)
+    try:
+        yield new
+    finally:
+        unregister(new.name)
