@@ -1,5 +1,7 @@
-"""What the battery knows about each op: its inputs, how to make them, its float64 reference and torch definition,
-how to compare and weigh its state, and the cases it is checked on.
+"""What the battery knows about each op: its inputs, how to make them, how to compare and weigh its state, and the
+cases it is checked on. Each Op is the battery part of one op's declaration in the registry (kernels/registry.py,
+``OpSpec.battery``), which also names its float64 reference and torch definition (``Op.reference`` and
+``Op.definition`` read them from there).
 
 A function under test is called as the op in seqmix.kernels is: the positional tensors in the op's order, every
 other tensor and option by keyword, ``state=`` only when a case has an initial state; a stateful op returns
@@ -15,13 +17,8 @@ import numpy as np
 import torch
 
 import seqmix.conformance.cases as make
-import seqmix.conformance.definitions as definitions
+from seqmix.kernels import registry
 from seqmix.kernels.testing import FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET
-from seqmix.reference import attention as ref_attention
-from seqmix.reference import rope as ref_rope
-from seqmix.reference import ssm as ref_ssm
-from seqmix.reference import wkv4 as ref_wkv4
-from seqmix.reference import wkv7 as ref_wkv7
 
 __all__ = ["Case", "Inputs", "Op", "OPS", "call"]
 
@@ -70,12 +67,11 @@ class Op:
     unit roundoff of its arithmetic (2^-24 in fp32); the default grade judges the check at max(the design's budget,
     that error), --strict at the design's; fp32_params: tensors kept fp32 beside fp16/bf16 inputs; state_names:
     the state's tensors; compare_state / loss_terms: what of a state is compared and weighed in the gradients' loss
-    (default: the tensors themselves)."""
+    (default: the tensors themselves); interpreter: the Options (max_len, parts) that keep a run of the Triton
+    kernels under the interpreter short (the tests' tiny shapes)."""
     name: str
     positional: tuple
     make: Callable
-    reference: Callable
-    definition: Callable
     cases: tuple
     head: str
     conditioning: Callable | None
@@ -87,10 +83,21 @@ class Op:
     split: Case | None = None
     compare_state: Callable = None
     loss_terms: Callable = None
+    interpreter: dict = field(default_factory=dict)
 
     @property
     def stateful(self) -> bool:
         return bool(self.time_axes)
+
+    @property
+    def reference(self) -> Callable:
+        """The float64 NumPy form, as the registry names it for this op (declared there once)."""
+        return registry.spec(self.name).get("reference")
+
+    @property
+    def definition(self) -> Callable:
+        """The float64 torch form (the registry's ``naive``), autograd's yardstick for the gradients."""
+        return registry.spec(self.name).get("naive")
 
 
 def call(op: Op, fn, tensors: dict, options: dict, state=None):
@@ -118,8 +125,7 @@ def _attention_inputs(rng, B, H, T, d, causal=None, scale=None, spread=1.0):
 
 
 ATTENTION = Op(
-    "attention", ("q", "k", "v"), _attention_inputs, ref_attention.softmax_attention,
-    definitions.explicit_attention, head="d", conditioning=None, cases=(
+    "attention", ("q", "k", "v"), _attention_inputs, head="d", conditioning=None, interpreter=dict(max_len=7), cases=(
         Case(dict(B=1, H=1, T=1, d=16)),
         Case(dict(B=1, H=2, T=7, d=16), low_precision=True),
         Case(dict(B=2, H=1, T=37, d=16), low_precision=True),
@@ -161,11 +167,9 @@ def _rerope_cases(decode):
             case(B=1, H=1, T=30, d=16, window=6, train_length=4, spread=12.0, label="scores~200", **_SATURATED))
 
 
-_REROPE_COMMON = dict(make=_rerope_inputs, head="d", conditioning=None)
-REROPE_ATTENTION = Op("rerope_attention", ("q", "k", "v"), reference=ref_rope.rerope_attention,
-                      definition=definitions.rerope_attention, cases=_rerope_cases(False), **_REROPE_COMMON)
-REROPE_DECODE = Op("rerope_decode", ("q", "k_cache", "v_cache"), reference=ref_rope.rerope_decode,
-                   definition=definitions.rerope_decode, cases=_rerope_cases(True), **_REROPE_COMMON)
+_REROPE_COMMON = dict(make=_rerope_inputs, head="d", conditioning=None, interpreter=dict(max_len=7))
+REROPE_ATTENTION = Op("rerope_attention", ("q", "k", "v"), cases=_rerope_cases(False), **_REROPE_COMMON)
+REROPE_DECODE = Op("rerope_decode", ("q", "k_cache", "v_cache"), cases=_rerope_cases(True), **_REROPE_COMMON)
 
 
 # ------------------------------------------------------------------------------------------------------- RWKV-4
@@ -221,10 +225,10 @@ def _wkv4_loss_terms(state):
 # formed from O(1) terms that cancel): they are not compared there, and are on every other case.
 _LARGE_KEYS = dict(group="extreme", ungraded=("num0", "den0", "max0"))
 WKV4 = Op(
-    "wkv4", ("w", "u", "k", "v"), _wkv4_inputs, ref_wkv4.wkv4, definitions.wkv4, head="C",
+    "wkv4", ("w", "u", "k", "v"), _wkv4_inputs, head="C",
     conditioning=_wkv4_conditioning,
     time_axes=dict(k=1, v=1), state_names=("num", "den", "max"),
-    compare_state=_wkv4_state_rows, loss_terms=_wkv4_loss_terms, cases=(
+    compare_state=_wkv4_state_rows, loss_terms=_wkv4_loss_terms, interpreter=dict(max_len=16), cases=(
         Case(dict(B=1, T=1, C=3)),
         Case(dict(B=2, T=7, C=5, state=True), low_precision=True),
         Case(dict(B=1, T=16, C=4)),
@@ -250,9 +254,10 @@ def _wkv7_inputs(rng, B, T, H, N, decay="mixed", state=False):
 # chunked forms; log_w of -1e4 is a decay of 0 in any arithmetic. rwkv7-hf's and a BlinkDL-style fp32 loop pass it
 # (tests/test_conformance_peers.py).
 WKV7 = Op(
-    "wkv7", ("r", "log_w", "k", "v", "a", "b"), _wkv7_inputs, ref_wkv7.wkv7, definitions.wkv7, head="N",
+    "wkv7", ("r", "log_w", "k", "v", "a", "b"), _wkv7_inputs, head="N",
     conditioning=None,
-    fp32_budget=FP32_CHUNKED_WKV7_BUDGET, time_axes=dict(r=1, log_w=1, k=1, v=1, a=1, b=1), cases=(
+    fp32_budget=FP32_CHUNKED_WKV7_BUDGET, time_axes=dict(r=1, log_w=1, k=1, v=1, a=1, b=1),
+    interpreter=dict(max_len=7, parts=("shapes",)), cases=(
         Case(dict(B=1, T=1, H=1, N=16, decay="strong")),
         Case(dict(B=2, T=7, H=2, N=4, state=True), low_precision=True),
         Case(dict(B=2, T=37, H=2, N=16, state=True), low_precision=True),
@@ -276,9 +281,8 @@ def _scan_inputs(rng, B, D, N, T, extras=(), softplus=None, delta_scale=1.0):
 # design's budget at every case (tests/test_conformance_peers.py).
 _ALL_EXTRAS = ("D", "z", "delta_bias", "state")
 SELECTIVE_SCAN = Op(
-    "selective_scan", ("u", "delta", "A", "B", "C"), _scan_inputs, ref_ssm.selective_scan,
-    definitions.selective_scan, head="N", conditioning=None, time_axes=dict(u=2, delta=2, B=2, C=2, z=2),
-    y_time_axis=2,
+    "selective_scan", ("u", "delta", "A", "B", "C"), _scan_inputs, head="N", conditioning=None, time_axes=dict(u=2, delta=2, B=2, C=2, z=2),
+    y_time_axis=2, interpreter=dict(max_len=19),
     fp32_params=("A", "D", "delta_bias"), cases=(
         Case(dict(B=1, D=3, N=16, T=1, extras=("D", "z"))),
         Case(dict(B=1, D=4, N=16, T=19)),
@@ -290,4 +294,6 @@ SELECTIVE_SCAN = Op(
         Case(dict(B=1, D=4, N=16, T=40, extras=("D", "state"), delta_scale=1e-4), "delta~1e-4", "extreme"),
     ), split=Case(dict(B=2, D=3, N=16, T=37, extras=_ALL_EXTRAS, softplus=True), group="split"))
 
-OPS = {op.name: op for op in (ATTENTION, REROPE_ATTENTION, REROPE_DECODE, WKV4, WKV7, SELECTIVE_SCAN)}
+# op name -> its Op, read from the registry (kernels/registry.py, OpSpec.battery) at each look-up, so that an op
+# registered there (a test's made-up one) is in the battery too.
+OPS = registry.view("battery")

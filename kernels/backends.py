@@ -199,23 +199,7 @@ WKV7 = (Triton(_wkv7_triton_heads, "CUDA tensors, N a power of two >= 4"),
         _TORCH)
 
 
-class _ByOp(Mapping):
-    """op name -> its backends, read from the registry at each look-up (an op registered later, a test's, is in it)."""
-
-    def __getitem__(self, op):
-        try:
-            return registry.spec(op).get("backends")
-        except KeyError:
-            raise KeyError(op) from None
-
-    def __iter__(self):
-        return iter(registry.names())
-
-    def __len__(self):
-        return len(registry.REGISTRY)
-
-
-BACKENDS: Mapping[str, tuple[Backend, ...]] = _ByOp()
+BACKENDS: Mapping[str, tuple[Backend, ...]] = registry.view("backends")
 NAMES = ("torch", "triton", "triton_chunked", "c")
 
 

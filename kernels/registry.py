@@ -17,10 +17,11 @@ ReRoPE ops, keys the benchmarks' shapes and the cost model).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-__all__ = ["OpSpec", "REGISTRY", "register", "unregister", "registered", "spec", "names", "load"]
+__all__ = ["OpSpec", "REGISTRY", "register", "unregister", "registered", "spec", "names", "load", "view"]
 
 
 def load(where):
@@ -98,6 +99,32 @@ REGISTRY: list[OpSpec] = [
            _NAIVE + "selective_scan", _BATTERY + "SELECTIVE_SCAN", _RECURRENCES, "recurrence",
            aot_modules=("seqmix.kernels.ssm",), c_entries=("selective_scan_forward", "selective_scan_backward")),
 ]
+
+
+class _View(Mapping):
+    """op name -> a field of its spec, loaded; read from REGISTRY at each look-up (see ``view``)."""
+
+    def __init__(self, field: str):
+        self.field = field
+
+    def __getitem__(self, name):
+        try:
+            found = spec(name)
+        except KeyError:
+            raise KeyError(name) from None
+        return found.get(self.field)
+
+    def __iter__(self):
+        return iter(names())
+
+    def __len__(self):
+        return len(REGISTRY)
+
+
+def view(field: str) -> Mapping:
+    """A live mapping of every op's ``field`` (loaded on look-up): an op registered later is in it. The dispatcher's
+    ``BACKENDS`` is ``view("backends")``, conformance's ``OPS`` is ``view("battery")``."""
+    return _View(field)
 
 
 def names() -> list[str]:
