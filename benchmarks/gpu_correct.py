@@ -10,7 +10,7 @@ import time
 import numpy as np
 import torch
 
-from seqmix.conformance.cases import rwkv7_inputs
+from seqmix.kernels.inputs import rwkv7_inputs
 from seqmix.benchmarks.gpu_timing import COST_KERNELS, backward, describe, inputs_at, op_function, seqmix_call
 
 __all__ = ["BATTERY", "HEAD_SIZES", "OPS", "TF32X3", "check_limits", "check_op", "compile_item", "correct_item",

@@ -1,7 +1,7 @@
 """The ops of seqmix, declared once: ``REGISTRY`` is the only list of ops, and every harness iterates it.
 
 Each op has one ``OpSpec``: its name and title, its public function, its float64 reference, its naive torch form,
-its battery declaration (inputs, cases, budgets: ``seqmix.conformance.ops``), its backends in the order
+its battery declaration (inputs, cases, budgets: ``kernels/declarations.py``), its backends in the order
 ``backend=None`` tries them (``kernels/backends.py``), the kernel modules that hold its Triton kernels (the AOT
 build), and its C entry points. The lazy facade (``seqmix.wkv7``), the AOT build, the cross-check, the conformance
 battery and its command line, the edge cases, gpu_check, the benchmarks, the cost model and the tests read it.
@@ -39,7 +39,7 @@ class OpSpec:
     name: the public function's name, and the op's everywhere (``backend`` errors, conformance's command line);
     title: what a report's row calls the formula; module: the kernel module that defines ``name``;
     reference: the float64 NumPy form; naive: the float64 torch form (autograd's yardstick for gradients);
-    battery: the conformance declaration (a ``seqmix.conformance.ops.Op``); backends: the tuple of backend objects
+    battery: the battery declaration (a ``seqmix.kernels.declarations.Op``); backends: the tuple of backend objects
     in the order backend=None tries them; family: "attention" or "recurrence"; aot_modules: the modules whose
     ``aot_kernels()`` build this op's Triton kernels (the AOT build); c_entries: its C entry points in native.h.
     """
@@ -76,8 +76,8 @@ class OpSpec:
 
 _RECURRENCES = "seqmix.kernels.backends:RECURRENCES"
 _FLASH = "seqmix.kernels.backends:FLASH"
-_BATTERY = "seqmix.conformance.ops:"
-_NAIVE = "seqmix.conformance.definitions:"
+_BATTERY = "seqmix.kernels.declarations:"
+_NAIVE = "seqmix.kernels.naive:"
 
 REGISTRY: list[OpSpec] = [
     OpSpec("attention", "softmax attention", "seqmix.kernels.attention",
