@@ -21,7 +21,8 @@ import seqmix.kernels.inputs as make
 from seqmix.kernels import registry
 from seqmix.kernels.testing import FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET
 
-__all__ = ["Case", "Inputs", "Op", "OPS", "call"]
+__all__ = ["Case", "Inputs", "Op", "OPS", "call", "ATTENTION", "REROPE_ATTENTION", "REROPE_DECODE", "WKV4", "WKV7",
+           "SELECTIVE_SCAN"]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernel_cases import HAS_TRITON
-from seqmix.conformance.cases import qkv_inputs, rwkv7_inputs, scan_inputs, wkv4_inputs
+from seqmix.kernels.inputs import qkv_inputs, rwkv7_inputs, scan_inputs, wkv4_inputs
 from seqmix.kernels import ssm
 from seqmix.kernels.attention import attention
 from seqmix.kernels.rerope import rerope_attention, rerope_decode

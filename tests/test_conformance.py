@@ -16,7 +16,7 @@ import torch
 from kernel_cases import needs_triton
 from seqmix.conformance import PARTS, Check, Options, plan, pytest_cases, run, run_check
 from seqmix.conformance.__main__ import main as cli_main
-from seqmix.conformance.ops import OPS, Case
+from seqmix.kernels.declarations import OPS, Case
 from seqmix.conformance.report import progress
 from seqmix.kernels import native
 from seqmix.kernels.attention import attention
@@ -443,7 +443,7 @@ def test_gradient_loss_takes_the_outputs_device():
     every gradient check with "Expected all tensors to be on the same device") must get them on its own. The meta
     device stands in for the GPU here."""
     from seqmix.conformance.battery import _loss
-    from seqmix.conformance.ops import OPS
+    from seqmix.kernels.declarations import OPS
     y = torch.zeros(2, 3, device="meta")
     state = (torch.zeros(2, device="meta"), torch.zeros(2, device="meta"), torch.zeros(2, device="meta"))
     cotangents = (torch.ones(2, 3, dtype=torch.float64), [torch.ones(2, dtype=torch.float64)] * 3)

@@ -51,7 +51,7 @@ def test_d1_scan_decay_of_zero(rng, backend):
     """A = -inf in some entries is a decay of exactly 0, as A = -1e30 gives it in the reference (which takes finite A
     only): e^{delta A} = 0 for a step delta > 0, and 1 for a step of 0 (where 0 * -inf would be NaN). The C loop
     takes the -inf itself (a bit test: it is compiled for finite math; passed on unread, the steps of 0 gave NaN)."""
-    from seqmix.conformance.cases import scan_inputs
+    from seqmix.kernels.inputs import scan_inputs
     x = {n: a.astype(np.float32) for n, a in scan_inputs(rng, 2, 5, 4, 9, extras=("D", "state")).items()}
     x["A"][1, 2] = x["A"][4, 0] = -np.inf
     x["delta"][:, 1, 3] = x["delta"][1, 4, 2] = 0.0
@@ -61,7 +61,7 @@ def test_d1_scan_decay_of_zero(rng, backend):
 
 
 def rwkv7_case(rng):
-    from seqmix.conformance.cases import rwkv7_inputs
+    from seqmix.kernels.inputs import rwkv7_inputs
     x, S = rwkv7_inputs(rng, 2, 7, 2, 4)
     return [a.astype(np.float32) for a in x], S.astype(np.float32)
 
@@ -304,7 +304,7 @@ def test_c14_scan_dtype_message():
 @needs_triton
 def test_d2_chunked_triton_wkv7_nan_stays_in_its_steps(rng):
     """I5 on the chunked Triton form: a NaN key at step 9 of a 16-step chunk leaves steps 0-8 as without it."""
-    from seqmix.conformance.cases import rwkv7_inputs
+    from seqmix.kernels.inputs import rwkv7_inputs
     x, S = rwkv7_inputs(rng, 1, 20, 1, 16)
     x = [torch.tensor(a, dtype=torch.float32) for a in x]
     clean = wkv7(*x, state=torch.tensor(S, dtype=torch.float32), backend="triton", chunked=True)[0]

@@ -17,7 +17,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from kernel_cases import RECURRENCE_BACKENDS
-from seqmix.conformance.cases import in_pieces, rwkv7_inputs, scan_inputs, split_bounds
+from seqmix.kernels.inputs import in_pieces, rwkv7_inputs, scan_inputs, split_bounds
 from seqmix.kernels import c_abi, native, ssm
 from seqmix.kernels.testing import HAS_TRITON
 from seqmix.kernels.attention import attention
