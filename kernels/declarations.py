@@ -70,7 +70,8 @@ class Op:
     that error), --strict at the design's; fp32_params: tensors kept fp32 beside fp16/bf16 inputs; state_names:
     the state's tensors; compare_state / loss_terms: what of a state is compared and weighed in the gradients' loss
     (default: the tensors themselves); interpreter: the Options (max_len, parts) that keep a run of the Triton
-    kernels under the interpreter short (the tests' tiny shapes)."""
+    kernels under the interpreter short (the tests' tiny shapes); tiny: the maker's arguments but T of the smallest
+    inputs, with an initial state where the op has one, that the edge-case tests (tests/edge_ops.py) perturb."""
     name: str
     positional: tuple
     make: Callable
@@ -86,6 +87,7 @@ class Op:
     compare_state: Callable = None
     loss_terms: Callable = None
     interpreter: dict = field(default_factory=dict)
+    tiny: dict = field(default_factory=dict)
 
     @property
     def stateful(self) -> bool:
@@ -127,7 +129,8 @@ def _attention_inputs(rng, B, H, T, d, causal=None, scale=None, spread=1.0):
 
 
 ATTENTION = Op(
-    "attention", ("q", "k", "v"), _attention_inputs, head="d", conditioning=None, interpreter=dict(max_len=7), cases=(
+    "attention", ("q", "k", "v"), _attention_inputs, head="d", conditioning=None, interpreter=dict(max_len=7),
+    tiny=dict(B=1, H=1, d=16), cases=(
         Case(dict(B=1, H=1, T=1, d=16)),
         Case(dict(B=1, H=2, T=7, d=16), low_precision=True),
         Case(dict(B=2, H=1, T=37, d=16), low_precision=True),
@@ -170,8 +173,11 @@ def _rerope_cases(decode):
 
 
 _REROPE_COMMON = dict(make=_rerope_inputs, head="d", conditioning=None, interpreter=dict(max_len=7))
-REROPE_ATTENTION = Op("rerope_attention", ("q", "k", "v"), cases=_rerope_cases(False), **_REROPE_COMMON)
-REROPE_DECODE = Op("rerope_decode", ("q", "k_cache", "v_cache"), cases=_rerope_cases(True), **_REROPE_COMMON)
+# tiny: a window shorter than T, so that both the near and the far pieces are used
+REROPE_ATTENTION = Op("rerope_attention", ("q", "k", "v"), cases=_rerope_cases(False),
+                      tiny=dict(B=1, H=1, d=16, window=3), **_REROPE_COMMON)
+REROPE_DECODE = Op("rerope_decode", ("q", "k_cache", "v_cache"), cases=_rerope_cases(True),
+                   tiny=dict(B=1, H=1, d=16, window=3, decode=True), **_REROPE_COMMON)
 
 
 # ------------------------------------------------------------------------------------------------------- RWKV-4
@@ -230,7 +236,8 @@ WKV4 = Op(
     "wkv4", ("w", "u", "k", "v"), _wkv4_inputs, head="C",
     conditioning=_wkv4_conditioning,
     time_axes=dict(k=1, v=1), state_names=("num", "den", "max"),
-    compare_state=_wkv4_state_rows, loss_terms=_wkv4_loss_terms, interpreter=dict(max_len=16), cases=(
+    compare_state=_wkv4_state_rows, loss_terms=_wkv4_loss_terms, interpreter=dict(max_len=16),
+    tiny=dict(B=1, C=3, state=True), cases=(
         Case(dict(B=1, T=1, C=3)),
         Case(dict(B=2, T=7, C=5, state=True), low_precision=True),
         Case(dict(B=1, T=16, C=4)),
@@ -259,7 +266,7 @@ WKV7 = Op(
     "wkv7", ("r", "log_w", "k", "v", "a", "b"), _wkv7_inputs, head="N",
     conditioning=None,
     fp32_budget=FP32_CHUNKED_WKV7_BUDGET, time_axes=dict(r=1, log_w=1, k=1, v=1, a=1, b=1),
-    interpreter=dict(max_len=7, parts=("shapes",)), cases=(
+    interpreter=dict(max_len=7, parts=("shapes",)), tiny=dict(B=1, H=1, N=4, state=True), cases=(
         Case(dict(B=1, T=1, H=1, N=16, decay="strong")),
         Case(dict(B=2, T=7, H=2, N=4, state=True), low_precision=True),
         Case(dict(B=2, T=37, H=2, N=16, state=True), low_precision=True),
@@ -283,8 +290,9 @@ def _scan_inputs(rng, B, D, N, T, extras=(), softplus=None, delta_scale=1.0):
 # design's budget at every case (tests/test_conformance_peers.py).
 _ALL_EXTRAS = ("D", "z", "delta_bias", "state")
 SELECTIVE_SCAN = Op(
-    "selective_scan", ("u", "delta", "A", "B", "C"), _scan_inputs, head="N", conditioning=None, time_axes=dict(u=2, delta=2, B=2, C=2, z=2),
-    y_time_axis=2, interpreter=dict(max_len=19),
+    "selective_scan", ("u", "delta", "A", "B", "C"), _scan_inputs, head="N", conditioning=None,
+    time_axes=dict(u=2, delta=2, B=2, C=2, z=2), y_time_axis=2, interpreter=dict(max_len=19),
+    tiny=dict(B=1, D=3, N=4, extras=("D", "z", "delta_bias", "state"), softplus=True),
     fp32_params=("A", "D", "delta_bias"), cases=(
         Case(dict(B=1, D=3, N=16, T=1, extras=("D", "z"))),
         Case(dict(B=1, D=4, N=16, T=19)),
