@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-__all__ = ["OpSpec", "REGISTRY", "register", "unregister", "registered", "spec", "names", "load", "view"]
+__all__ = ["Benchmark", "OpSpec", "REGISTRY", "register", "unregister", "registered", "spec", "names", "load", "view", "benchmarked"]
 
 
 def load(where):
@@ -33,6 +33,19 @@ def load(where):
 
 
 @dataclass(frozen=True)
+class Benchmark:
+    """What the GPU benchmarks (benchmarks/gpu_timing.py, gpu_correct.py, gpu_check) and the cost model read of an
+    op. builder: the cost model's function (in benchmarks/cost_model.py) that models the op module's kernels;
+    shape / dry_shape: the benchmark's sizes and gpu_check --dry-run's (both keyed by the module's stem, so the two
+    ReRoPE ops share theirs); kernels: per Triton backend, the AOT labels' prefixes of its forward kernel and of its
+    training kernels (forward and backward), as the cost model names them."""
+    builder: str
+    shape: dict
+    dry_shape: dict
+    kernels: dict
+
+
+@dataclass(frozen=True)
 class OpSpec:
     """One op. Fields that name code hold ``"module:attribute"`` (or, in tests, the object); ``get(field)`` loads it.
 
@@ -41,7 +54,8 @@ class OpSpec:
     reference: the float64 NumPy form; naive: the float64 torch form (autograd's yardstick for gradients);
     battery: the battery declaration (a ``seqmix.kernels.declarations.Op``); backends: the tuple of backend objects
     in the order backend=None tries them; family: "attention" or "recurrence"; aot_modules: the modules whose
-    ``aot_kernels()`` build this op's Triton kernels (the AOT build); c_entries: its C entry points in native.h.
+    ``aot_kernels()`` build this op's Triton kernels (the AOT build); c_entries: its C entry points in native.h;
+    benchmark: what the GPU benchmarks read (None: the op is not benchmarked).
     """
     name: str
     title: str
@@ -53,6 +67,7 @@ class OpSpec:
     family: str
     aot_modules: tuple = ()
     c_entries: tuple = ()
+    benchmark: Benchmark | None = None
 
     def get(self, field: str):
         """The object a field names, imported on first use: ``spec("wkv4").get("reference")``."""
@@ -79,25 +94,41 @@ _FLASH = "seqmix.kernels.backends:FLASH"
 _BATTERY = "seqmix.kernels.declarations:"
 _NAIVE = "seqmix.kernels.naive:"
 
+# The benchmark shapes (benchmarks/README.md, the cost model's defaults), and tiny ones for gpu_check --dry-run.
+_REROPE_SHAPES = dict(shape=dict(B=1, H=4, T=8192, d=64, w=512), dry_shape=dict(B=1, H=2, T=32, d=16, w=8))
+_SCAN_SHAPES = dict(shape=dict(B=1, T=2048, D=1536, N=16), dry_shape=dict(B=1, T=16, D=16, N=4))
+
 REGISTRY: list[OpSpec] = [
     OpSpec("attention", "softmax attention", "seqmix.kernels.attention",
            "seqmix.reference.attention:softmax_attention", _NAIVE + "explicit_attention", _BATTERY + "ATTENTION",
-           _FLASH, "attention", aot_modules=("seqmix.kernels.attention",)),
+           _FLASH, "attention", aot_modules=("seqmix.kernels.attention",),
+           benchmark=Benchmark("attention_models", dict(B=1, H=4, T=8192, d=64), dict(B=1, H=2, T=32, d=16),
+                               {"triton": ("attention_fwd", ("attention_",))})),
     OpSpec("rerope_attention", "ReRoPE prefill", "seqmix.kernels.rerope", "seqmix.reference.rope:rerope_attention",
            _NAIVE + "rerope_attention", _BATTERY + "REROPE_ATTENTION", _FLASH, "attention",
-           aot_modules=("seqmix.kernels.rerope.fused",)),
+           aot_modules=("seqmix.kernels.rerope.fused",),
+           benchmark=Benchmark("rerope_models", **_REROPE_SHAPES,
+                               kernels={"triton": ("rerope_fwd", ("rerope_fwd", "rerope_bwd"))})),
     OpSpec("rerope_decode", "ReRoPE decode", "seqmix.kernels.rerope", "seqmix.reference.rope:rerope_decode",
            _NAIVE + "rerope_decode", _BATTERY + "REROPE_DECODE", _FLASH, "attention",
-           aot_modules=("seqmix.kernels.rerope.fused",)),
+           aot_modules=("seqmix.kernels.rerope.fused",),
+           benchmark=Benchmark("rerope_models", **_REROPE_SHAPES, kernels={"triton": ("rerope_decode", ())})),
     OpSpec("wkv4", "RWKV-4 WKV", "seqmix.kernels.wkv4", "seqmix.reference.wkv4:wkv4", _NAIVE + "wkv4",
            _BATTERY + "WKV4", _RECURRENCES, "recurrence", aot_modules=("seqmix.kernels.wkv4",),
-           c_entries=("wkv4_forward", "wkv4_backward")),
+           c_entries=("wkv4_forward", "wkv4_backward"),
+           benchmark=Benchmark("wkv4_models", dict(B=4, T=2048, C=768), dict(B=1, T=16, C=16),
+                               {"triton": ("wkv4_fwd ", ("wkv4_fwd_save", "wkv4_bwd"))})),
     OpSpec("wkv7", "RWKV-7 WKV", "seqmix.kernels.wkv7", "seqmix.reference.wkv7:wkv7", _NAIVE + "wkv7",
            _BATTERY + "WKV7", "seqmix.kernels.backends:WKV7", "recurrence", aot_modules=("seqmix.kernels.wkv7",),
-           c_entries=("wkv7_forward", "wkv7_backward")),
+           c_entries=("wkv7_forward", "wkv7_backward"),
+           benchmark=Benchmark("wkv7_models", dict(B=1, T=2048, H=12, N=64), dict(B=1, T=16, H=2, N=16),
+                               {"triton": ("wkv7_fwd ", ("wkv7_fwd ", "wkv7_bwd")),
+                                "triton_chunked": ("wkv7_chunked_fwd", ("wkv7_chunked_",))})),
     OpSpec("selective_scan", "Mamba selective scan", "seqmix.kernels.ssm", "seqmix.reference.ssm:selective_scan",
            _NAIVE + "selective_scan", _BATTERY + "SELECTIVE_SCAN", _RECURRENCES, "recurrence",
-           aot_modules=("seqmix.kernels.ssm",), c_entries=("selective_scan_forward", "selective_scan_backward")),
+           aot_modules=("seqmix.kernels.ssm",), c_entries=("selective_scan_forward", "selective_scan_backward"),
+           benchmark=Benchmark("ssm_models", **_SCAN_SHAPES,
+                               kernels={"triton": ("selective_scan_fwd", ("selective_scan_",))})),
 ]
 
 
@@ -123,13 +154,19 @@ class _View(Mapping):
 
 def view(field: str) -> Mapping:
     """A live mapping of every op's ``field`` (loaded on look-up): an op registered later is in it. The dispatcher's
-    ``BACKENDS`` is ``view("backends")``, conformance's ``OPS`` is ``view("battery")``."""
+    ``BACKENDS`` is ``view("backends")``, the battery's ``OPS`` is ``view("battery")``."""
     return _View(field)
 
 
 def names() -> list[str]:
     """The ops' names, in the registry's order."""
     return [s.name for s in REGISTRY]
+
+
+def benchmarked() -> list[OpSpec]:
+    """The ops the GPU benchmarks run (those with a ``benchmark``), the recurrences first: gpu_check's parts run
+    their most important rows first, so that a run cut short keeps them."""
+    return sorted((op for op in REGISTRY if op.benchmark is not None), key=lambda op: op.family != "recurrence")
 
 
 def spec(name: str) -> OpSpec:
