@@ -14,8 +14,15 @@ ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("kernels", "conformance", "benchmarks", "src", "tests")
 # The registry, the declarations it names, and this file (whose planted example spells ops on purpose).
 EXEMPT = {"kernels/registry.py", "kernels/declarations.py", "tests/test_op_lists.py"}
-# Lists that stay, each with its reason (docs/architecture.md, "Adding an op").
-ALLOWED: dict[str, str] = {}
+# Tables that stay, each with its reason (docs/architecture.md, "Adding an op"): per-op test content that no
+# property of a spec gives, which a new op may add a row to but does not need to.
+ALLOWED: dict[str, str] = {
+    "tests/test_kernels_gpu_limits.py:72": "BIG: per kernel, the shape that pushes its own grid axis past 65,535",
+    "tests/test_second_order.py:21": "OPS: raw, unconstrained inputs per op (and WKV-7 at two head sizes) for "
+                                     "gradgradcheck",
+    "tests/test_second_order.py:60": "FIRST_ORDER: which (op, backend) pairs have a first-order-only backward, "
+                                     "case by case",
+}
 
 
 def op_words() -> set[str]:
