@@ -9,9 +9,10 @@ the state's dtype. Every compared quantity becomes one Row: its relative RMS err
 error, the budget it was judged at, and whether it passed. A check whose call raises gives one failed row.
 
 Two grades. The default asks "is this a correct implementation of the formula?": a check is judged at the design's
-budget for its dtype, or, where the op has a conditioning rule (kernels/declarations.py) and the check's inputs force a larger error
-on any implementation in its arithmetic, at that error. ``strict`` judges every check at the design's budget. A row
-over the design's budget and within the conditioned one is marked ``conditioned``: it passes the default grade only.
+budget for its dtype, or, where the op has a conditioning rule (kernels/declarations.py) and the check's inputs force
+a larger error on any implementation in its arithmetic, at that error. ``strict`` judges every check at the design's
+budget. A row over the design's budget and within the conditioned one is marked ``conditioned``: it passes the
+default grade only.
 """
 from __future__ import annotations
 

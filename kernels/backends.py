@@ -30,7 +30,8 @@ from seqmix.kernels._flash import MAX_TRITON_HEAD_DIM, MIN_TRITON_HEAD_DIM
 from seqmix.kernels.wkv7_chunked import CHUNKED_BLOCK_K
 
 __all__ = ["Call", "Refusal", "WrongDtype", "Unavailable", "Backend", "Torch", "Triton", "CLoops", "FLASH",
-           "RECURRENCES", "WKV7", "BACKENDS", "NAMES", "dispatch", "default_backend", "deprecated_chunked", "describe", "refusals"]
+           "RECURRENCES", "WKV7", "BACKENDS", "NAMES", "dispatch", "default_backend", "deprecated_chunked", "describe",
+           "refusals"]
 
 
 @dataclass(frozen=True)

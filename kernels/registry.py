@@ -3,8 +3,9 @@
 Each op has one ``OpSpec``: its name and title, its public function, its float64 reference, its naive torch form,
 its battery declaration (inputs, cases, budgets: ``kernels/declarations.py``), its backends in the order
 ``backend=None`` tries them (``kernels/backends.py``), the kernel modules that hold its Triton kernels (the AOT
-build), and its C entry points. The lazy facade (``seqmix.wkv7``), the AOT build, the cross-check, the conformance
-battery and its command line, the edge cases, gpu_check, the benchmarks, the cost model and the tests read it.
+build), its C entry points, and what the GPU benchmarks read of it. The lazy facade (``seqmix.wkv7``), the AOT
+build, the cross-check, the conformance battery and its command line, the edge cases, gpu_check, the benchmarks,
+the cost model and the tests read it.
 
 What a spec points at is named as ``"module:attribute"`` and imported on first use (``OpSpec.get``), so that
 importing the registry imports neither torch nor triton: ``import seqmix`` reads it. A test may give the objects
@@ -21,7 +22,8 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-__all__ = ["Benchmark", "OpSpec", "REGISTRY", "register", "unregister", "registered", "spec", "names", "load", "view", "benchmarked"]
+__all__ = ["Benchmark", "OpSpec", "REGISTRY", "register", "unregister", "registered", "spec", "names", "load", "view",
+           "benchmarked"]
 
 
 def load(where):
@@ -50,7 +52,8 @@ class OpSpec:
     """One op. Fields that name code hold ``"module:attribute"`` (or, in tests, the object); ``get(field)`` loads it.
 
     name: the public function's name, and the op's everywhere (``backend`` errors, conformance's command line);
-    title: what a report's row calls the formula; module: the kernel module that defines ``name``;
+    title: what a report's row calls the formula; module: the kernel module that defines ``name`` (in a test, the
+    function itself);
     reference: the float64 NumPy form; naive: the float64 torch form (autograd's yardstick for gradients);
     battery: the battery declaration (a ``seqmix.kernels.declarations.Op``); backends: the tuple of backend objects
     in the order backend=None tries them; family: "attention" or "recurrence"; aot_modules: the modules whose
