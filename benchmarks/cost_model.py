@@ -41,6 +41,7 @@ import sys
 from dataclasses import dataclass
 
 from seqmix.kernels.aot import AOT_DTYPES
+from seqmix.kernels.registry import benchmarked
 from seqmix.kernels.shared import block_d
 
 H100 = {"name": "H100 SXM", "bandwidth": 3.35e12,
@@ -659,8 +660,8 @@ def _rerope_decode_model(B, H, T, d, dtype, w):
 # Collecting, compiling, reporting
 # ----------------------------------------------------------------------------------------------------------------
 
-MODEL_BUILDERS = {"wkv4": wkv4_models, "wkv7": wkv7_models, "ssm": ssm_models, "attention": attention_models,
-                  "rerope": rerope_models}
+# Each op module's builder (by its stem, "rerope" for both ReRoPE ops), as the registry names it.
+MODEL_BUILDERS = {op.stem: globals()[op.benchmark.builder] for op in benchmarked()}
 
 
 def models() -> tuple[list[Model], list[str]]:

@@ -10,8 +10,9 @@ import time
 import numpy as np
 import torch
 
-from seqmix.conformance.cases import rwkv7_inputs
-from seqmix.benchmarks.gpu_timing import COST_KERNELS, backward, describe, inputs_at, op_function, seqmix_call
+from seqmix.kernels.inputs import rwkv7_inputs
+from seqmix.benchmarks.gpu_timing import COST_KERNELS, ENTRIES, backward, describe, inputs_at, op_function, \
+    seqmix_call
 
 __all__ = ["BATTERY", "HEAD_SIZES", "OPS", "TF32X3", "check_limits", "check_op", "compile_item", "correct_item",
            "determinism_item", "part_compile", "part_correct", "part_determinism", "part_limits"]
@@ -19,12 +20,10 @@ __all__ = ["BATTERY", "HEAD_SIZES", "OPS", "TF32X3", "check_limits", "check_op",
 TF32X3 = " tf32x3"   # an op name's suffix: fp32 dots as set_fp32_dot_precision("tf32x3") makes them
 
 # check_op's ops: the names of COST_KERNELS and BATTERY, and the flash ops again with tf32x3 dots.
-OPS = ("wkv4", "wkv7", "wkv7 chunked", "selective_scan", "attention", "rerope_attention", "rerope_decode",
-       "attention" + TF32X3, "rerope_attention" + TF32X3, "rerope_decode" + TF32X3)
+OPS = (*ENTRIES, *(name + TF32X3 for name, (op, _) in ENTRIES.items() if op.family == "attention"))
 
 # The battery's op of each Triton function checked (WKV-7's chunked form is a backend of its own).
-BATTERY = {"attention": "attention", "rerope_attention": "rerope_attention", "rerope_decode": "rerope_decode",
-           "wkv4": "wkv4", "wkv7": "wkv7", "wkv7 chunked": "wkv7", "selective_scan": "selective_scan"}
+BATTERY = {name: op.name for name, (op, _) in ENTRIES.items()}
 
 # Head sizes the Triton kernels take, where an op's cases have others: WKV-7's power of two >= 4 (the battery's N = 5
 # becomes 4); the chunked kernels' from 16 (smaller heads run the sequential ones, checked in the "wkv7" rows).
@@ -66,8 +65,8 @@ def _triton_function(name: str):
 
 
 def _triton_backend(op: str) -> str:
-    """WKV-7's chunked form is a backend of its own."""
-    return "triton_chunked" if op == "wkv7 chunked" else "triton"
+    """The Triton backend of a check_op op (WKV-7's chunked form is a backend of its own)."""
+    return ENTRIES[op.removesuffix(TF32X3)][1]
 
 
 def _run(op, arrays, options, backend, dtype, device):

@@ -9,24 +9,23 @@ import time
 
 import torch
 
-__all__ = ["COST_KERNELS", "DRY_SHAPES", "SHAPES", "backward", "describe", "inputs_at", "op_function",
+from seqmix.kernels.registry import benchmarked
+
+__all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "SHAPES", "backward", "describe", "inputs_at", "op_function",
            "part_cost_model", "part_peers", "part_timing", "seqmix_call", "time_step"]
 
-# The benchmark shapes (benchmarks/README.md, the cost model's defaults), and tiny ones for --dry-run.
-SHAPES = {"wkv4": dict(B=4, T=2048, C=768), "wkv7": dict(B=1, T=2048, H=12, N=64),
-          "ssm": dict(B=1, T=2048, D=1536, N=16), "attention": dict(B=1, H=4, T=8192, d=64),
-          "rerope": dict(B=1, H=4, T=8192, d=64, w=512)}
+# Each benchmarked op on each of its Triton backends, by the name the rows carry: the op's name on "triton", else the
+# op's name and the backend's algorithm ("wkv7 chunked" on "triton_chunked"); recurrences first (registry.benchmarked).
+ENTRIES = {(op.name if backend == "triton" else f"{op.name} {backend.removeprefix('triton_')}"): (op, backend)
+           for op in benchmarked() for backend in op.benchmark.kernels}
 
-DRY_SHAPES = {"wkv4": dict(B=1, T=16, C=16), "wkv7": dict(B=1, T=16, H=2, N=16), "ssm": dict(B=1, T=16, D=16, N=4),
-              "attention": dict(B=1, H=2, T=32, d=16), "rerope": dict(B=1, H=2, T=32, d=16, w=8)}
+# The benchmark shapes (benchmarks/README.md, the cost model's defaults), and tiny ones for --dry-run, by the op
+# module's stem ("rerope" for both ReRoPE ops), as the registry declares them.
+SHAPES = {op.stem: op.benchmark.shape for op in benchmarked()}
+DRY_SHAPES = {op.stem: op.benchmark.dry_shape for op in benchmarked()}
 
-# The cost model's kernels of each op: (the forward's label prefix, the training kernels' prefixes).
-COST_KERNELS = {"wkv4": ("wkv4_fwd ", ("wkv4_fwd_save", "wkv4_bwd")), "wkv7": ("wkv7_fwd ", ("wkv7_fwd ", "wkv7_bwd")),
-                "wkv7 chunked": ("wkv7_chunked_fwd", ("wkv7_chunked_",)),
-                "selective_scan": ("selective_scan_fwd", ("selective_scan_",)),
-                "attention": ("attention_fwd", ("attention_",)),
-                "rerope_attention": ("rerope_fwd", ("rerope_fwd", "rerope_bwd")),
-                "rerope_decode": ("rerope_decode", ())}
+# The cost model's kernels of each entry: (the forward's label prefix, the training kernels' prefixes).
+COST_KERNELS = {name: op.benchmark.kernels[backend] for name, (op, backend) in ENTRIES.items()}
 
 
 def part_timing(run, emit):
@@ -117,18 +116,11 @@ def _aot_mma(run, cost_model) -> dict:
 
 def op_function(op: str):
     """The public seqmix function of an op of COST_KERNELS (WKV-7's chunked form: wkv7, backend="triton_chunked")."""
-    from seqmix.kernels.attention import attention
-    from seqmix.kernels.rerope import rerope_attention, rerope_decode
-    from seqmix.kernels.ssm import selective_scan
-    from seqmix.kernels.wkv4 import wkv4
-    from seqmix.kernels.wkv7 import wkv7
-    return {"wkv4": wkv4, "wkv7": wkv7, "wkv7 chunked": wkv7, "selective_scan": selective_scan,
-            "attention": attention, "rerope_attention": rerope_attention, "rerope_decode": rerope_decode}[op]
+    return ENTRIES[op][0].function
 
 
 def _model_op(op: str) -> str:
-    return {"wkv7 chunked": "wkv7", "selective_scan": "ssm", "rerope_attention": "rerope",
-            "rerope_decode": "rerope"}.get(op, op)
+    return ENTRIES[op][0].stem
 
 
 def _shape_text(run, op: str) -> str:
@@ -162,12 +154,13 @@ def inputs_at(run, op: str, dtype: str):
 def seqmix_call(run, op: str, backend: str):
     """x -> the seqmix op on ``backend``, called as benchmarks/run.py calls it ("wkv7 chunked" on "triton" is the
     backend "triton_chunked")."""
-    fn = op_function(op)
-    backend = "triton_chunked" if op == "wkv7 chunked" and backend == "triton" else backend
-    options = {"selective_scan": {"delta_softplus": True},
-               "rerope_attention": {"window": run.shapes["rerope"]["w"]},
-               "rerope_decode": {"window": run.shapes["rerope"]["w"]}}.get(op, {})
-    return lambda x: fn(**x, **options, backend=backend)
+    spec, triton_backend = ENTRIES[op]
+    backend = triton_backend if backend == "triton" else backend
+    shape = run.shapes[spec.stem]
+    # the options the models use: Mamba's softplus of delta; ReRoPE's window from the shape (its w)
+    options = ({"delta_softplus": True} if spec.name == "selective_scan" else
+               {"window": shape["w"]} if "w" in shape else {})
+    return lambda x: spec.function(**x, **options, backend=backend)
 
 
 def _timing_cases(run):

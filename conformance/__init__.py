@@ -18,7 +18,7 @@ import importlib
 # on Triton's interpreter (on a machine without a GPU) before anything imports triton.
 _LAZY = {**{name: "seqmix.conformance.battery" for name in
             ("DTYPES", "PARTS", "Check", "Options", "Report", "Row", "plan", "run", "run_check")},
-         "OPS": "seqmix.conformance.ops", "ADAPTERS": "seqmix.conformance.adapters"}
+         "OPS": "seqmix.kernels.declarations", "ADAPTERS": "seqmix.conformance.adapters"}
 
 __all__ = [*_LAZY, "pytest_cases"]
 

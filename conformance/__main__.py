@@ -26,7 +26,7 @@ seqmix.use_interpreter_without_gpu()   # a Triton kernel on CPU tensors needs it
 
 from seqmix.conformance.adapters import ADAPTERS  # noqa: E402
 from seqmix.conformance.battery import DTYPES, PARTS, Options, run  # noqa: E402
-from seqmix.conformance.ops import OPS  # noqa: E402
+from seqmix.kernels.declarations import OPS  # noqa: E402
 from seqmix.conformance.report import HEADER, as_json, format_row, progress, summary  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOTHING_RAN = 0, 1, 2, 3

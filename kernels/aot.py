@@ -32,11 +32,14 @@ from pathlib import Path
 
 import torch
 
+from seqmix.kernels.registry import REGISTRY
+
 __all__ = ["AotKernel", "collect", "compile_one", "main", "mma_kind", "narrow_offsets", "loads_used_in_their_step",
            "fp32_dot_variants",
            "AOT_DTYPES", "FLASH_ARG_TYPES", "RUNTIME_HINTS", "TARGETS"]
 
-MODULES = tuple(f"seqmix.kernels.{op}" for op in ("attention", "rerope.fused", "wkv4", "wkv7", "ssm"))
+# The modules that build the ops' Triton kernels, as the registry names them (once each: both ReRoPE ops share one).
+MODULES = tuple(dict.fromkeys(module for op in REGISTRY for module in op.aot_modules))
 TARGETS = (80, 90)
 # The input dtypes of the flash kernels' builds (the recurrences' take fp32 and bf16), by their Triton names.
 AOT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

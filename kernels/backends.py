@@ -2,7 +2,8 @@
 
 A backend is an object that says whether it can take a call: ``verify(call)`` returns None, or the reason it
 cannot (a ``Refusal``, worded to follow ``backend='name' ``), as flash-linear-attention's ``BaseBackend.verify``
-does. Each op has an ordered tuple of backends (``BACKENDS``); ``dispatch`` is the only place that chooses:
+does. Each op has an ordered tuple of backends (``BACKENDS``, which reads each op's from kernels/registry.py);
+``dispatch`` is the only place that chooses:
 
 * ``backend=None``: the first backend, in the op's order, whose ``verify_auto`` accepts the call. ``verify_auto``
   is ``verify`` plus what backend=None does not pick on its own: the Triton kernels run on CPU tensors only under
@@ -18,17 +19,19 @@ one-call C paths (models/decode.py) are backends of the same kind, chosen by the
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 
-from seqmix.kernels import native
+from seqmix.kernels import native, registry
 from seqmix.kernels._common import FLOAT_DTYPES, HAS_TRITON, TORCH_DTYPES
 from seqmix.kernels._flash import MAX_TRITON_HEAD_DIM, MIN_TRITON_HEAD_DIM
 from seqmix.kernels.wkv7_chunked import CHUNKED_BLOCK_K
 
-__all__ = ["Call", "Refusal", "WrongDtype", "Unavailable", "Backend", "Torch", "Triton", "CLoops", "BACKENDS",
-           "NAMES", "dispatch", "default_backend", "deprecated_chunked", "describe", "refusals"]
+__all__ = ["Call", "Refusal", "WrongDtype", "Unavailable", "Backend", "Torch", "Triton", "CLoops", "FLASH",
+           "RECURRENCES", "WKV7", "BACKENDS", "NAMES", "dispatch", "default_backend", "deprecated_chunked", "describe",
+           "refusals"]
 
 
 @dataclass(frozen=True)
@@ -185,21 +188,19 @@ def _wkv7_c_heads(call):
 _TORCH, _TRITON, _C = Torch(), Triton(), CLoops()
 _FLASH = Triton(_flash_head_dim, f"CUDA tensors, {MIN_TRITON_HEAD_DIM} <= d <= {MAX_TRITON_HEAD_DIM}")
 
-# Each op's backends in the order backend=None tries them; the first that takes the call runs it.
-BACKENDS: dict[str, tuple[Backend, ...]] = {
-    "attention": (_FLASH, _TORCH),
-    "rerope_attention": (_FLASH, _TORCH),
-    "rerope_decode": (_FLASH, _TORCH),
-    "wkv4": (_TRITON, _C, _TORCH),
-    "wkv7": (Triton(_wkv7_triton_heads, "CUDA tensors, N a power of two >= 4"),
-             # after "triton", whose heads include its own: None picks it only where "triton" refuses
-             Triton(_wkv7_chunked_heads, f"CUDA tensors, N a power of two >= {CHUNKED_BLOCK_K}",
-                    name="triton_chunked"),
-             CLoops(_wkv7_c_heads, f"CPU tensors in fp32, fp16 or bf16, N <= {native.WKV7_MAX_HEAD}, where the C "
-                                   f"loops build"),
-             _TORCH),
-    "selective_scan": (_TRITON, _C, _TORCH),
-}
+# The backends of each family of ops, in the order backend=None tries them; the first that takes the call runs it.
+# kernels/registry.py names each op's tuple (OpSpec.backends), and BACKENDS reads them from there.
+FLASH = (_FLASH, _TORCH)
+RECURRENCES = (_TRITON, _C, _TORCH)
+WKV7 = (Triton(_wkv7_triton_heads, "CUDA tensors, N a power of two >= 4"),
+        # after "triton", whose heads include its own: None picks it only where "triton" refuses
+        Triton(_wkv7_chunked_heads, f"CUDA tensors, N a power of two >= {CHUNKED_BLOCK_K}", name="triton_chunked"),
+        CLoops(_wkv7_c_heads, f"CPU tensors in fp32, fp16 or bf16, N <= {native.WKV7_MAX_HEAD}, where the C loops "
+                              f"build"),
+        _TORCH)
+
+
+BACKENDS: Mapping[str, tuple[Backend, ...]] = registry.view("backends")
 NAMES = ("torch", "triton", "triton_chunked", "c")
 
 

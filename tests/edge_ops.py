@@ -1,6 +1,8 @@
-"""Every op of kernels/ as the edge tests call it: tiny inputs (float64 NumPy), the reference's answer and a backend's
-answer, both as a flat list of output arrays (output first, then the state's parts), so that a test can compare
-where NaN appears, op by op, input by input, backend by backend."""
+"""Every op of the registry as the edge tests call it: tiny inputs (float64 NumPy, the op's battery declaration at
+its ``tiny`` sizes), the reference's answer and a backend's answer, both as a flat list of output arrays (output
+first, then the state's parts), so that a test can compare where NaN appears, op by op, input by input, backend by
+backend. An op registered later (tests/test_registry.py's) is covered as well: everything here reads the registry
+when called."""
 from __future__ import annotations
 
 import re
@@ -9,97 +11,86 @@ import numpy as np
 import pytest
 import torch
 
-from kernel_cases import HAS_TRITON
-from seqmix.conformance.cases import qkv_inputs, rwkv7_inputs, scan_inputs, wkv4_inputs
-from seqmix.kernels import ssm
-from seqmix.kernels.attention import attention
-from seqmix.kernels.rerope import rerope_attention, rerope_decode
-from seqmix.kernels.wkv4 import wkv4
-from seqmix.kernels.wkv7 import wkv7
-from seqmix.reference import attention as ref_attention, rope as ref_rope, ssm as ref_ssm, wkv4 as ref_wkv4
-from seqmix.reference import wkv7 as ref_wkv7
-
-TRITON = ["triton"] if HAS_TRITON else []
-ATTENTION_OPS = ("attention", "rerope_attention", "rerope_decode")
-WINDOW = 3   # ReRoPE's window: shorter than T, so that both the near and the far pieces are used
+from seqmix.kernels.backends import Call
+from seqmix.kernels.declarations import call
+from seqmix.kernels.registry import REGISTRY, spec
 
 
-def _wkv4(rng, T):
-    x, state = wkv4_inputs(rng, 1, T, 3, state=True)
-    return {**x, "num": state[0], "den": state[1], "max": state[2]}
+def names() -> list[str]:
+    """The ops, in the registry's order."""
+    return [op.name for op in REGISTRY]
 
 
-def _wkv7(rng, T):
-    x, S = rwkv7_inputs(rng, 1, T, 1, 4)
-    return {**dict(zip(("r", "log_w", "k", "v", "a", "b"), x)), "state": S}
-
-
-def _scan(rng, T):
-    return scan_inputs(rng, 1, 3, 4, T, extras=("D", "z", "delta_bias", "state"))
-
-
-def _qkv(rng, T):
-    return dict(zip("qkv", qkv_inputs(rng, (1, 1, T, 16))))
-
-
-def _decode(rng, T):
-    q, k, v = qkv_inputs(rng, (1, 1, T, 16))
-    return {"q": q[:, :, -1:], "k_cache": k, "v_cache": v}
-
-
-# op -> (input maker, reference(x) -> outputs, kernel(x as tensors, backend) -> outputs, backends)
-OPS = {
-    "wkv4": (_wkv4,
-             lambda x: (lambda y, s: [y, *s])(*ref_wkv4.wkv4(x["w"], x["u"], x["k"], x["v"],
-                                                            [x["num"], x["den"], x["max"]])),
-             lambda x, backend: (lambda y, s: [y, *s])(*wkv4(x["w"], x["u"], x["k"], x["v"],
-                                                            (x["num"], x["den"], x["max"]), backend=backend)),
-             ["torch", "c", *TRITON]),
-    "wkv7": (_wkv7,
-             lambda x: list(ref_wkv7.wkv7(**x)),
-             lambda x, backend: list(wkv7(**x, backend=backend)),
-             ["torch", "c", *TRITON]),
-    "wkv7 chunked": (_wkv7,
-                     lambda x: list(ref_wkv7.wkv7(**x)),
-                     lambda x, backend: list(wkv7(**x, backend=backend, chunked=True)),
-                     TRITON),
-    "selective_scan": (_scan,
-                       lambda x: list(ref_ssm.selective_scan(**x, delta_softplus=True)),
-                       lambda x, backend: list(ssm.selective_scan(**x, delta_softplus=True, backend=backend)),
-                       ["torch", "c", *TRITON]),
-    "attention": (_qkv,
-                  lambda x: [ref_attention.softmax_attention(x["q"], x["k"], x["v"])],
-                  lambda x, backend: [attention(x["q"], x["k"], x["v"], backend=backend)],
-                  ["torch", *TRITON]),
-    "rerope_attention": (_qkv,
-                         lambda x: [ref_rope.rerope_attention(x["q"], x["k"], x["v"], WINDOW)],
-                         lambda x, backend: [rerope_attention(x["q"], x["k"], x["v"], WINDOW, backend=backend)],
-                         ["torch", *TRITON]),
-    "rerope_decode": (_decode,
-                      lambda x: [ref_rope.rerope_decode(x["q"], x["k_cache"], x["v_cache"], WINDOW)],
-                      lambda x, backend: [rerope_decode(x["q"], x["k_cache"], x["v_cache"], WINDOW,
-                                                        backend=backend)],
-                      ["torch", *TRITON]),
-}
+def _tiny(op):
+    battery = spec(op).get("battery")
+    return battery, battery.tiny
 
 
 def inputs(op, rng, T=5):
-    """The op's inputs, float64 NumPy, by name."""
-    return OPS[op][0](rng, T)
+    """The op's inputs, float64 NumPy, by name: its tensors, then its initial state's parts by their state names
+    (WKV-4's num, den, max; "state" for the others)."""
+    battery, tiny = _tiny(op)
+    x = battery.make(rng, T=T, **tiny)
+    return {**x.tensors, **_state_parts(battery, x.state)}
+
+
+def _state_parts(battery, state) -> dict:
+    if state is None:
+        return {}
+    return dict(zip(battery.state_names, state if isinstance(state, (tuple, list)) else (state,)))
+
+
+def _options(battery, tiny) -> dict:
+    """The tiny case's options (ReRoPE's window, the scan's softplus): they do not depend on the inputs' values."""
+    return battery.make(np.random.default_rng(0), T=2, **tiny).options
+
+
+def _split(battery, x):
+    """x -> (tensors, state): the state's parts back into the op's state (a tuple, one tensor, or None)."""
+    tensors = {n: a for n, a in x.items() if n not in battery.state_names}
+    parts = [x[n] for n in battery.state_names if n in x]
+    state = None if not parts else tuple(parts) if len(battery.state_names) > 1 else parts[0]
+    return tensors, state
+
+
+def _flat(battery, out) -> list:
+    if not battery.stateful:
+        return [out]
+    y, state = out
+    return [y, *(state if isinstance(state, (tuple, list)) else (state,))]
+
+
+def call_kernel(op, x, backend):
+    """The op on ``backend`` with the tensors of ``x`` as given; its outputs, flat."""
+    battery, tiny = _tiny(op)
+    tensors, state = _split(battery, x)
+    return _flat(battery, call(battery, spec(op).function, tensors, {**_options(battery, tiny), "backend": backend},
+                               state))
+
+
+def backends(op) -> list[str]:
+    """The op's backends that take its tiny inputs here (fp32 CPU tensors; Triton under the interpreter where it is
+    installed, the C loops where they build), by name."""
+    battery, tiny = _tiny(op)
+    probe = Call(op, torch.device("cpu"), torch.float32, {battery.head: tiny.get(battery.head)})
+    return [b.name for b in spec(op).get("backends") if b.verify(probe) is None]
 
 
 def run_reference(op, x):
     """The reference's outputs as float64 arrays; None where the reference refuses the input (ValueError)."""
+    battery, tiny = _tiny(op)
+    tensors, state = _split(battery, x)
     try:
-        return [np.asarray(y, dtype=np.float64) for y in OPS[op][1](x)]
+        out = call(battery, spec(op).get("reference"), tensors, _options(battery, tiny), state)
     except ValueError:
         return None
+    return [np.asarray(y, dtype=np.float64) for y in _flat(battery, out)]
 
 
 def run_kernel(op, x, backend):
     """The op on ``backend`` with fp32 tensors of ``x``; its outputs as float64 arrays."""
-    return [y.double().numpy() for y in OPS[op][2]({n: torch.tensor(a, dtype=torch.float32) for n, a in x.items()},
-                                                  backend)]
+    return [y.double().numpy() for y in call_kernel(op, {n: torch.tensor(a, dtype=torch.float32)
+                                                         for n, a in x.items()}, backend)]
 
 
 NONFINITE = {"NaN": np.nan, "+inf": np.inf, "-inf": -np.inf}
@@ -150,7 +141,8 @@ def check_nan_placement(op, x, entries, backend):
     if backend == "c":
         for name, index in entries:
             lanes = [a | b for a, b in zip(lanes, _lane(op, name, index, [y.shape for y in got]))]
-    if op in ATTENTION_OPS and any(name in ("v", "v_cache") or not np.isnan(x[name][index]) for name, index in entries):
+    if spec(op).family == "attention" and any(name in ("v", "v_cache") or not np.isnan(x[name][index])
+                                              for name, index in entries):
         return   # a non-finite value, or an infinite query or key component: whether a weighted sum or a score meets
         # 0 * NaN, 0 * inf or inf - inf depends on the formulation (the reference's p @ v and the flash kernels' tile
         # products multiply the masked zero weights of earlier rows by the later values; the sums and rotations

@@ -1,5 +1,5 @@
 """What the kernel and reference test files share: the optional-Triton mark and backend list, and a spy on a module's
-function. The input makers and the feeding of a sequence in pieces live in seqmix.conformance.cases (the
+function. The input makers and the feeding of a sequence in pieces live in seqmix.kernels.inputs (the
 conformance battery uses them too)."""
 import pytest
 

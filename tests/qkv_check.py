@@ -1,8 +1,8 @@
 """The check the attention and ReRoPE kernel tests share: an op's output and its gradients with respect to q, k and v
-against autograd through a float64 definition (seqmix.conformance.definitions)."""
+against autograd through a float64 definition (seqmix.kernels.naive)."""
 import torch
 
-from seqmix.conformance import cases
+from seqmix.kernels import inputs as cases
 from seqmix.kernels.testing import assert_all_close, assert_close
 
 

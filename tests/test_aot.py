@@ -164,3 +164,20 @@ def test_mma_kind_names_the_matrix_instruction():
     assert mma_kind("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {...}") == "wgmma"
     assert mma_kind("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {...}") == "mma.sync"
     assert mma_kind("fma.rn.f32 %r1, %r2, %r3, %r4;") == "none"
+
+
+@needs_build
+def test_every_triton_kernel_of_the_registry_is_built():
+    """Each module the registry names for the AOT build (OpSpec.aot_modules) builds every @triton.jit ``*_kernel``
+    it defines or imports: a kernel added to an op (rerope_operands_kernel, say) cannot be left out of the build."""
+    import importlib
+
+    import triton
+
+    from seqmix.kernels.aot import MODULES
+
+    built = {kernel.fn for kernel in collect()}
+    missing = [f"{module}.{name}" for module in MODULES
+               for name, fn in vars(importlib.import_module(module)).items()
+               if isinstance(fn, triton.runtime.JITFunction) and name.endswith("_kernel") and fn not in built]
+    assert not missing, f"not in any aot_kernels(): {missing}"

@@ -11,9 +11,7 @@ import torch
 import seqmix.kernels.wkv7 as kw
 from kernel_cases import needs_triton, spy
 from seqmix.kernels import backends, native
-from seqmix.kernels.attention import attention
-from seqmix.kernels.rerope import rerope_attention, rerope_decode
-from seqmix.kernels.ssm import selective_scan
+from seqmix.kernels.registry import REGISTRY
 from seqmix.kernels.testing import FP32_BUDGET, HAS_TRITON, assert_close
 from seqmix.kernels.wkv4 import wkv4
 from seqmix.models import decode
@@ -24,8 +22,7 @@ from seqmix.models.rwkv7 import Rwkv7
 ROOT = Path(__file__).resolve().parents[1]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 C_HERE = not native.unavailable_reason()
-OPS = {"attention": attention, "rerope_attention": rerope_attention, "rerope_decode": rerope_decode, "wkv4": wkv4,
-       "wkv7": kw.wkv7, "selective_scan": selective_scan}
+OPS = {op.name: op.function for op in REGISTRY}
 
 
 def wkv7_inputs(N, T=3, dtype=torch.float32):
@@ -42,12 +39,14 @@ def names(op):
 # ------------------------------------------------------------------------------------------------ the order
 
 def test_every_op_has_its_order():
-    assert set(backends.BACKENDS) == set(OPS)
+    assert list(backends.BACKENDS) == list(OPS)
     assert names("wkv7") == ["triton", "triton_chunked", "c", "torch"]
-    for op in ("wkv4", "selective_scan"):
-        assert names(op) == ["triton", "c", "torch"]
-    for op in ("attention", "rerope_attention", "rerope_decode"):
-        assert names(op) == ["triton", "torch"]
+    for op in REGISTRY:
+        if op.family == "attention":
+            assert names(op.name) == ["triton", "torch"]
+        elif op.name != "wkv7":
+            assert names(op.name) == ["triton", "c", "torch"]
+        assert ("c" in names(op.name)) == bool(op.c_entries)   # a C backend exactly where the op has C entry points
     assert all(names(op)[-1] == "torch" for op in OPS)   # the torch backend takes every call: None always finds one
 
 
@@ -215,7 +214,8 @@ def test_no_backend_is_decided_outside_the_dispatcher():
     assert not found, "a backend decided outside kernels/backends.py's dispatch: " + ", ".join(found)
 
 
-@pytest.mark.parametrize("module", ["attention", "rerope/__init__", "wkv4", "wkv7", "ssm"])
+@pytest.mark.parametrize("module", sorted({op.module for op in REGISTRY}))
 def test_each_op_asks_the_dispatcher_once(module):
-    text = (ROOT / "kernels" / f"{module}.py").read_text()
+    path = ROOT / "kernels" / module.removeprefix("seqmix.kernels.")
+    text = (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text()
     assert len(re.findall(r"\bdispatch\(", text)) == 1 and "Call(" in text

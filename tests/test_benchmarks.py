@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from seqmix.benchmarks import cost_model, peers, run
-from seqmix.conformance.cases import rwkv7_inputs
+from seqmix.kernels.inputs import rwkv7_inputs
 from seqmix.kernels import attention
 from seqmix.kernels.testing import FP32_BUDGET, assert_close, fp32
 from seqmix.reference import attention as ref_attention

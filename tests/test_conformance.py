@@ -14,22 +14,24 @@ import pytest
 import torch
 
 from kernel_cases import needs_triton
-from seqmix.conformance import PARTS, Check, Options, definitions, plan, pytest_cases, run, run_check
+from seqmix.conformance import PARTS, Check, Options, plan, pytest_cases, run, run_check
 from seqmix.conformance.__main__ import main as cli_main
-from seqmix.conformance.ops import OPS, Case
+from seqmix.kernels.declarations import OPS, Case
 from seqmix.conformance.report import progress
 from seqmix.kernels import native
 from seqmix.kernels.attention import attention
-from seqmix.kernels.rerope import rerope_attention, rerope_decode
+from seqmix.kernels.registry import REGISTRY
+from seqmix.kernels.rerope import rerope_attention
 from seqmix.kernels.ssm import selective_scan
 from seqmix.kernels.wkv4 import wkv4
 from seqmix.kernels.wkv7 import wkv7
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = dict(attention=attention, rerope_attention=rerope_attention, rerope_decode=rerope_decode, wkv4=wkv4,
-            wkv7=wkv7, selective_scan=selective_scan)
-DEFINITIONS = {op: getattr(definitions, "explicit_attention" if op == "attention" else op) for op in OURS}
-RECURRENCES = ("wkv4", "wkv7", "selective_scan")
+OURS = {op.name: op.function for op in REGISTRY}
+DEFINITIONS = {op.name: op.get("naive") for op in REGISTRY}
+WITH_C_LOOPS = [op.name for op in REGISTRY if op.c_entries]
+WITH_TRITON = [op.name for op in REGISTRY if any(b.name == "triton" for b in op.get("backends"))]
+FLASH_OPS = [op.name for op in REGISTRY if op.family == "attention"]
 
 
 def failures(report) -> dict:
@@ -58,28 +60,25 @@ def test_torch_backend_conforms(op):
 
 
 @pytest.mark.skipif(bool(native.unavailable_reason()), reason="the C loops did not build here")
-@pytest.mark.parametrize("op", RECURRENCES)
+@pytest.mark.parametrize("op", WITH_C_LOOPS)
 def test_c_loops_conform(op):
     """Every check at fp32, fp16 and bf16, with gradients (the C loops have a backward)."""
     assert_ok(run(op, partial(OURS[op], backend="c"), Options(strict=True)))
 
 
-# The Triton interpreter runs a program step by step: tiny shapes only, head size 16 (its kernels' smallest tile).
-TRITON_OPTIONS = dict(attention=dict(max_len=7), rerope_attention=dict(max_len=7), rerope_decode=dict(max_len=7),
-                      wkv4=dict(max_len=16), selective_scan=dict(max_len=19), wkv7=dict(max_len=7, parts=("shapes",)))
-
-
+# The Triton interpreter runs a program step by step: tiny shapes only (each op's Op.interpreter), head size 16 (its
+# kernels' smallest tile).
 @needs_triton
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", WITH_TRITON)
 def test_triton_backend_conforms_on_tiny_shapes(op):
-    options = Options(dtypes=("fp32", "fp16"), head_sizes=(16,), strict=True, **TRITON_OPTIONS[op])
+    options = Options(dtypes=("fp32", "fp16"), head_sizes=(16,), strict=True, **OPS[op].interpreter)
     report = run(op, partial(OURS[op], backend="triton"), options)
     assert len(report.checks) >= 3
     assert_ok(report)
 
 
 @needs_triton
-@pytest.mark.parametrize("op", ["attention", "rerope_attention", "rerope_decode"])
+@pytest.mark.parametrize("op", FLASH_OPS)
 def test_triton_flash_kernels_conform_at_saturated_scores(op):
     """The battery's scores~200 case (T = 23 or 30), past the tiny shapes above, in fp32. The first GPU run found the
     ReRoPE kernels' d/dv 4-6e-5 there (the design's budget 1e-5), the interpreter the same: their backward rebuilt the
@@ -444,7 +443,7 @@ def test_gradient_loss_takes_the_outputs_device():
     every gradient check with "Expected all tensors to be on the same device") must get them on its own. The meta
     device stands in for the GPU here."""
     from seqmix.conformance.battery import _loss
-    from seqmix.conformance.ops import OPS
+    from seqmix.kernels.declarations import OPS
     y = torch.zeros(2, 3, device="meta")
     state = (torch.zeros(2, device="meta"), torch.zeros(2, device="meta"), torch.zeros(2, device="meta"))
     cotangents = (torch.ones(2, 3, dtype=torch.float64), [torch.ones(2, dtype=torch.float64)] * 3)

@@ -7,16 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from edge_ops import NONFINITE, OPS, check_nan_placement, inputs
+from edge_ops import NONFINITE, backends, call_kernel, check_nan_placement, inputs, names
+from seqmix.kernels.declarations import call
+from seqmix.kernels.registry import REGISTRY, spec
 from kernel_cases import BACKENDS, RECURRENCE_BACKENDS, needs_triton
 from seqmix.kernels import ssm
-from seqmix.kernels.attention import attention
 from seqmix.kernels.rerope import rerope_attention, rerope_decode
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_all_close, assert_close
 from seqmix.kernels.wkv4 import wkv4
 from seqmix.kernels.wkv7 import wkv7
 from seqmix.models.rwkv4 import RwkvConfig, RwkvForCausalLM
-from seqmix.reference import attention as ref_attention, rope as ref_rope, ssm as ref_ssm, wkv7 as ref_wkv7
+from seqmix.reference import ssm as ref_ssm, wkv7 as ref_wkv7
 from test_kernels_wkv4 import (GRAD_NAMES, assert_state_close, check_forward, loss_weights, make_inputs, run_dense,
                                run_reference as wkv4_reference, with_grads)
 
@@ -51,7 +52,7 @@ def test_d1_scan_decay_of_zero(rng, backend):
     """A = -inf in some entries is a decay of exactly 0, as A = -1e30 gives it in the reference (which takes finite A
     only): e^{delta A} = 0 for a step delta > 0, and 1 for a step of 0 (where 0 * -inf would be NaN). The C loop
     takes the -inf itself (a bit test: it is compiled for finite math; passed on unread, the steps of 0 gave NaN)."""
-    from seqmix.conformance.cases import scan_inputs
+    from seqmix.kernels.inputs import scan_inputs
     x = {n: a.astype(np.float32) for n, a in scan_inputs(rng, 2, 5, 4, 9, extras=("D", "state")).items()}
     x["A"][1, 2] = x["A"][4, 0] = -np.inf
     x["delta"][:, 1, 3] = x["delta"][1, 4, 2] = 0.0
@@ -61,15 +62,15 @@ def test_d1_scan_decay_of_zero(rng, backend):
 
 
 def rwkv7_case(rng):
-    from seqmix.conformance.cases import rwkv7_inputs
+    from seqmix.kernels.inputs import rwkv7_inputs
     x, S = rwkv7_inputs(rng, 2, 7, 2, 4)
     return [a.astype(np.float32) for a in x], S.astype(np.float32)
 
 
 # ------------------------------------------------------------------------- D2, I4, I5, mutant 31: non-finite inputs
 
-CASES = [(op, name, value, backend) for op in OPS for name in inputs(op, np.random.default_rng(0))
-         for value in NONFINITE for backend in OPS[op][3]]
+CASES = [(op, name, value, backend) for op in names() for name in inputs(op, np.random.default_rng(0))
+         for value in NONFINITE for backend in backends(op)]
 
 
 @pytest.mark.parametrize("op,name,value,backend", CASES, ids=["-".join(c) for c in CASES])
@@ -103,26 +104,20 @@ def test_d2_wkv4_nan_key_or_bonus_reaches_the_output(rng, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("scale", [0.0, -0.5])
-@pytest.mark.parametrize("op", ["attention", "rerope_attention", "rerope_decode"])
+@pytest.mark.parametrize("op", [op.name for op in REGISTRY if op.family == "attention"])
 def test_d3_scale_not_positive(rng, op, scale, backend):
     """Causal attention and ReRoPE with scale 0 (uniform weights) or < 0 (anti-aligned): the reference's answer, and
     gradients that agree with Triton's. Before: NaN rows on the torch backend (aten scales after masking with -inf)."""
-    q, k, v = (torch.tensor(rng.standard_normal((1, 2, 9, 16)), dtype=torch.float32) for _ in range(3))
-    run, truth = {
-        "attention": (lambda *a: attention(*a, scale=scale, backend=backend),
-                      lambda *a: ref_attention.softmax_attention(*a, scale=scale)),
-        "rerope_attention": (lambda *a: rerope_attention(*a, 3, scale=scale, backend=backend),
-                             lambda *a: ref_rope.rerope_attention(*a, 3, scale=scale)),
-        "rerope_decode": (lambda q, k, v: rerope_decode(q[:, :, -1:], k, v, 3, scale=scale, backend=backend),
-                          lambda q, k, v: ref_rope.rerope_decode(q[:, :, -1:], k, v, 3, scale=scale)),
-    }[op]
-    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    y = run(*leaves)
-    assert_close(y, truth(*(x.double().numpy() for x in (q, k, v))), FP32_BUDGET, "y")
-    dense = [x.double().requires_grad_() for x in (q, k, v)]
-    scores = dense[0] @ dense[1].mT * scale + torch.full((9, 9), -torch.inf, dtype=torch.float64).triu(1)
+    battery = spec(op).get("battery")
+    x = battery.make(rng, T=9, **{**battery.tiny, "H": 2})
+    options = {**x.options, "scale": scale}
+    leaves = {n: torch.tensor(a, dtype=torch.float32).requires_grad_() for n, a in x.tensors.items()}
+    y = call(battery, spec(op).function, leaves, {**options, "backend": backend})
+    assert_close(y, call(battery, spec(op).get("reference"), x.tensors, options), FP32_BUDGET, "y")
     if op == "attention":   # gradients against float64 autograd of the definition
-        grads = torch.autograd.grad(y.double().sum(), leaves)
+        dense = [leaves[n].detach().double().requires_grad_() for n in "qkv"]
+        scores = dense[0] @ dense[1].mT * scale + torch.full((9, 9), -torch.inf, dtype=torch.float64).triu(1)
+        grads = torch.autograd.grad(y.double().sum(), [leaves[n] for n in "qkv"])
         expected = torch.autograd.grad((scores.softmax(-1) @ dense[2]).sum(), dense)
         assert_all_close(("dq", "dk", "dv"), grads, expected, FP32_BUDGET)
 
@@ -168,16 +163,16 @@ def test_d5_fp16_rwkv4_model_with_large_time_decay(backend):
 
 # ----------------------------------------------------------------------------------------- D6: state dtypes
 
-@pytest.mark.parametrize("op", ["wkv4", "wkv7", "selective_scan"])
+@pytest.mark.parametrize("op", [op.name for op in REGISTRY if op.stateful])
 def test_d6_states_of_another_dtype_are_refused(op):
     """States are fp32 (float64 beside float64 inputs): an fp16 state (in which RWKV-4's -1e38 is -inf) gets a
     TypeError naming it, on every backend."""
     x = inputs(op, np.random.default_rng(0))
-    for backend in OPS[op][3]:
+    state_names = spec(op).get("battery").state_names
+    for backend in backends(op):
         with pytest.raises(TypeError, match=r"state.*must have dtype"):
-            t = {n: torch.tensor(a, dtype=torch.float16 if n in ("num", "den", "max", "state") else torch.float32)
-                 for n, a in x.items()}
-            OPS[op][2](t, backend)
+            t = {n: torch.tensor(a, dtype=torch.float16 if n in state_names else torch.float32) for n, a in x.items()}
+            call_kernel(op, t, backend)
 
 
 # ----------------------------------------------------------------------------------------------------- D4, D9
@@ -281,13 +276,13 @@ def test_c5_rerope_head_dim_zero(backend):
         rerope_decode(q[:, :, :1], q, q, 2, backend=backend)
 
 
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", names())
 def test_c6_meta_tensors(op):
     """Tensors on the meta device (shapes without data): a ValueError that says so. Before: 'Tensor.item() cannot
     be called on meta tensors'."""
     x = {n: torch.tensor(a, dtype=torch.float32).to("meta") for n, a in inputs(op, np.random.default_rng(0)).items()}
     with pytest.raises(ValueError, match="meta device"):
-        OPS[op][2](x, "torch")
+        call_kernel(op, x, "torch")
 
 
 def test_c14_scan_dtype_message():
@@ -304,7 +299,7 @@ def test_c14_scan_dtype_message():
 @needs_triton
 def test_d2_chunked_triton_wkv7_nan_stays_in_its_steps(rng):
     """I5 on the chunked Triton form: a NaN key at step 9 of a 16-step chunk leaves steps 0-8 as without it."""
-    from seqmix.conformance.cases import rwkv7_inputs
+    from seqmix.kernels.inputs import rwkv7_inputs
     x, S = rwkv7_inputs(rng, 1, 20, 1, 16)
     x = [torch.tensor(a, dtype=torch.float32) for a in x]
     clean = wkv7(*x, state=torch.tensor(S, dtype=torch.float32), backend="triton", chunked=True)[0]

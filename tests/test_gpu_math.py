@@ -8,10 +8,10 @@ import torch
 
 from kernel_cases import needs_triton
 from seqmix.kernels import crosscheck
-from seqmix.kernels.ssm import selective_scan
+from seqmix.kernels.declarations import call
+from seqmix.kernels.registry import REGISTRY
 from seqmix.kernels.testing import FP32_BUDGET, assert_close, gpu_like_math, rel_rms
 from seqmix.kernels.wkv4 import wkv4
-from seqmix.kernels.wkv7 import wkv7
 
 pytestmark = needs_triton
 
@@ -28,12 +28,11 @@ def test_gpu_like_math_changes_exp_and_division(rng):
     assert_close(approx, exact, FP32_BUDGET, "wkv4 with GPU-like exp and division")
 
 
-@pytest.mark.parametrize("rows", [crosscheck.attention_rows, crosscheck.rope_rows, crosscheck.wkv4_rows,
-                                  crosscheck.wkv7_rows, crosscheck.ssm_rows], ids=lambda f: f.__name__)
-def test_cross_check_holds_with_gpu_like_math(rows):
+@pytest.mark.parametrize("op", REGISTRY, ids=lambda op: op.name)
+def test_cross_check_holds_with_gpu_like_math(op):
     checked = 0
     with gpu_like_math():
-        for formula, what, actual, expected, budget in rows(np.random.default_rng(0)):
+        for formula, what, actual, expected, budget in crosscheck.kernel_rows(op, np.random.default_rng(0)):
             if "triton" in what.lower():
                 checked += 1
                 err = rel_rms(actual, expected)
@@ -41,38 +40,26 @@ def test_cross_check_holds_with_gpu_like_math(rows):
     assert checked, "no Triton row: the cross-check's labels changed"
 
 
-def _wkv4_args(rng):
-    return [-np.exp(rng.normal(size=8)), rng.normal(size=8), *rng.normal(size=(2, 2, 9, 8))]
+# Each recurrence's Triton backends (WKV-7's chunked form is a backend of its own), from the registry.
+TRITON_BACKWARDS = [pytest.param(op, backend.name, id=f"{op.name}-{backend.name}") for op in REGISTRY
+                    if op.family == "recurrence" for backend in op.get("backends") if backend.name.startswith("triton")]
 
 
-def _wkv7_args(rng):
-    x = list(rng.normal(size=(6, 1, 19, 2, 16)))
-    x[1] = -np.exp(x[1] - 1.0)                       # log decays <= 0
-    return [z * 0.5 for z in x]
-
-
-def _scan_args(rng):
-    u, delta = rng.normal(size=(2, 1, 16, 11))
-    return [u, delta, -np.exp(rng.normal(size=(16, 4))), *rng.normal(size=(2, 1, 4, 11))]
-
-GRADIENT_OPS = {"wkv4": (wkv4, _wkv4_args, {}), "wkv7": (wkv7, _wkv7_args, {}),
-                "wkv7 chunked": (wkv7, _wkv7_args, {"chunked": True}),
-                "selective_scan": (selective_scan, _scan_args, {"delta_softplus": True})}
-
-
-@pytest.mark.parametrize("op", GRADIENT_OPS)
-def test_gradients_hold_with_gpu_like_math(rng, op):
-    """The Triton backward (fp32, GPU-like exp and division) against the torch backend in float64."""
-    fn, make, options = GRADIENT_OPS[op]
-    arrays = make(rng)
+@pytest.mark.parametrize("op, backend", TRITON_BACKWARDS)
+def test_gradients_hold_with_gpu_like_math(op, backend):
+    """The Triton backward (fp32, GPU-like exp and division) against the torch backend in float64, on the
+    cross-check's case of the op's battery (its initial state included, not differentiated)."""
+    battery = op.get("battery")
+    x = battery.make(np.random.default_rng(0), **crosscheck.crosscheck_case(battery).params)
     grads = {}
-    for backend, dtype in (("triton", torch.float32), ("torch", torch.float64)):
-        x = [torch.tensor(a, dtype=dtype, requires_grad=True) for a in arrays]
+    for name, dtype in ((backend, torch.float32), ("torch", torch.float64)):
+        tensors = {n: torch.tensor(a, dtype=dtype, requires_grad=True) for n, a in x.tensors.items()}
+        state = crosscheck.state_tensors(x.state, dtype)     # fp32 beside fp32 inputs, float64 beside float64
         with gpu_like_math():
-            y = fn(*x, backend=backend, **options)[0]
+            y = call(battery, op.function, tensors, {**x.options, "backend": name}, state)[0]
         cotangent = torch.tensor(np.random.default_rng(1).normal(size=tuple(y.shape)), dtype=dtype)
         with gpu_like_math():
             (y * cotangent).sum().backward()
-        grads[backend] = [z.grad for z in x]
-    for i, (got, want) in enumerate(zip(grads["triton"], grads["torch"])):
-        assert_close(got, want, FP32_BUDGET, f"{op} gradient {i}")
+        grads[name] = {n: t.grad for n, t in tensors.items()}
+    for n, got in grads[backend].items():
+        assert_close(got, grads["torch"][n], FP32_BUDGET, f"{op.name} on {backend}: d/d{n}")

@@ -16,17 +16,30 @@ from seqmix.kernels.rerope import rerope_attention, rerope_decode
 from seqmix.kernels.ssm import selective_scan
 from seqmix.kernels.wkv4 import wkv4
 from seqmix.kernels.wkv7 import wkv7
+from seqmix.kernels.crosscheck import state_tensors
+from seqmix.kernels.declarations import call
+from seqmix.kernels.registry import REGISTRY
 from seqmix.kernels.testing import HAS_TRITON, values_as_on_a_gpu
 
 pytestmark = needs_triton
 
 GRID_AXIS_LIMITS = (2**31 - 1, 65535, 65535)   # CUDA's maximum grid size per axis
-MODULES = ("attention", "rerope.fused", "wkv4", "wkv7", "wkv7_chunked", "ssm")
 
 
 def _kernel_modules():
+    """The modules that hold the ops' Triton kernels: those the registry names for the AOT build, and the modules
+    their kernels come from (wkv7_chunked's, launched from its own module)."""
     import importlib
-    return [importlib.import_module(f"seqmix.kernels.{name}") for name in MODULES]
+    import sys
+    found = {}
+    for name in (m for op in REGISTRY for m in op.aot_modules):
+        module = importlib.import_module(name)
+        found[name] = module
+        for attr in dir(module):
+            kernel = getattr(module, attr)
+            if attr.endswith("_kernel") and hasattr(kernel, "fn"):
+                found.setdefault(kernel.fn.__module__, sys.modules[kernel.fn.__module__])
+    return list(found.values())
 
 
 @pytest.fixture
@@ -57,9 +70,6 @@ def _inputs(*shapes):
 
 # Each op at a shape whose batch * heads (or batch) passes 65,535: decode at B = 2048, H = 32 is the review's case.
 BIG = {
-    "selective_scan": lambda: selective_scan(*_small((1, 16, 3)), torch.rand(1, 16, 3).requires_grad_(),   # delta >= 0
-                                             -torch.rand(16, 4).requires_grad_(), *_small((1, 4, 3), (1, 4, 3)),
-                                             backend="triton")[0],
     "attention": lambda: attention(*_inputs(*[(2048, 32, 1, 16)] * 3), backend="triton"),
     "rerope_attention": lambda: rerope_attention(*_inputs(*[(2048, 32, 1, 16)] * 3), 4, backend="triton"),
     "rerope_decode": lambda: rerope_decode(*_inputs((2048, 32, 1, 16), (2048, 32, 3, 16), (2048, 32, 3, 16)), 2,
@@ -173,20 +183,18 @@ def _small(*shapes):
     return [(torch.rand(shape) - 0.5).requires_grad_() for shape in shapes]
 
 
-NO_SYNC_CALLS = {
-    "wkv4": lambda: wkv4((-torch.rand(4)).requires_grad_(), *_small((4,), (1, 3, 4), (1, 3, 4)), backend="triton")[0],
-    "wkv7": lambda: wkv7(*_small(*[(1, 3, 1, 16)] * 6), backend="triton")[0],
-    "wkv7 chunked": lambda: wkv7(*_small(*[(1, 3, 1, 16)] * 6), backend="triton", chunked=True)[0],
-    "selective_scan": lambda: selective_scan(*_small((1, 16, 3)), torch.rand(1, 16, 3).requires_grad_(),   # delta >= 0
-                                             -torch.rand(16, 4).requires_grad_(), *_small((1, 4, 3), (1, 4, 3)),
-                                             backend="triton")[0],
-    "attention": lambda: attention(*_small(*[(1, 1, 3, 16)] * 3), backend="triton"),
-    "rerope": lambda: rerope_attention(*_small(*[(1, 1, 3, 16)] * 3), 2, backend="triton"),
-}
+# Every op on each of its Triton backends, at its battery's tiny sizes with head size 16 (the chunked kernels' least).
+NO_SYNC_CALLS = [pytest.param(op, backend.name, id=f"{op.name}-{backend.name}") for op in REGISTRY
+                 for backend in op.get("backends") if backend.name.startswith("triton")]
 
 
-@pytest.mark.parametrize("op", NO_SYNC_CALLS)
-def test_wrappers_do_not_wait_on_the_device(no_host_syncs, op):
+@pytest.mark.parametrize("op, backend", NO_SYNC_CALLS)
+def test_wrappers_do_not_wait_on_the_device(no_host_syncs, op, backend):
     """Forward and backward: no .item(), .cpu(), bool(tensor), ... in the wrappers (wkv4's decay check is a
     device-side assert on a GPU; wkv7's chunked forward picks each chunk's form in the kernel)."""
-    NO_SYNC_CALLS[op]().sum().backward()
+    battery = op.get("battery")
+    x = battery.make(np.random.default_rng(1), T=3, **{**battery.tiny, battery.head: 16})
+    tensors = {n: torch.tensor(a, dtype=torch.float32).requires_grad_() for n, a in x.tensors.items()}
+    out = call(battery, op.function, tensors, {**x.options, "backend": backend},
+               state_tensors(x.state, torch.float32))
+    (out[0] if battery.stateful else out).sum().backward()

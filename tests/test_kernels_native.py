@@ -17,8 +17,10 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from kernel_cases import RECURRENCE_BACKENDS
-from seqmix.conformance.cases import in_pieces, rwkv7_inputs, scan_inputs, split_bounds
-from seqmix.kernels import c_abi, native, ssm
+from seqmix.kernels.inputs import in_pieces, rwkv7_inputs, scan_inputs, split_bounds
+from seqmix.kernels import c_abi, crosscheck, native, ssm
+from seqmix.kernels.declarations import call as call_op
+from seqmix.kernels.registry import spec
 from seqmix.kernels.testing import HAS_TRITON
 from seqmix.kernels.attention import attention
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_all_close, assert_close, fp32
@@ -371,9 +373,10 @@ def nan_cases():
     """(op, input, index of the NaN put in, index of an output that must then be NaN)."""
     return [("wkv4", "k", (0, 2, 1), (0, 2, 1)), ("wkv4", "v", (0, 2, 1), (0, 2, 1)), ("wkv4", "u", (1,), (0, 0, 1)),
             *[("wkv7", name, (0, 2, 0, 1), (0, 2, 0)) for name in ("r", "log_w", "k", "v", "a", "b")],
-            *[("ssm", name, (0, 1, 3), (0, 1, 3)) for name in ("u", "delta", "z")], ("ssm", "A", (1, 2), (0, 1, 0)),
-            *[("ssm", name, (1,), (0, 1, 0)) for name in ("D", "delta_bias")],
-            *[("ssm", name, (0, 2, 3), (0, slice(None), 3)) for name in ("B", "C")]]
+            *[("selective_scan", name, (0, 1, 3), (0, 1, 3)) for name in ("u", "delta", "z")],
+            ("selective_scan", "A", (1, 2), (0, 1, 0)),
+            *[("selective_scan", name, (1,), (0, 1, 0)) for name in ("D", "delta_bias")],
+            *[("selective_scan", name, (0, 2, 3), (0, slice(None), 3)) for name in ("B", "C")]]
 
 
 @pytest.mark.usefixtures("threads")
@@ -382,16 +385,14 @@ def test_nan_in_the_input_comes_out(rng, op, name, where, reaches):
     """The loops are built assuming finite numbers (-ffinite-math-only, see kernels/native.py), under which a NaN
     does not pass through comparisons and clamps; a NaN in any input must still reach the outputs it feeds, and the
     gradients."""
-    w, u, k, v, _ = wkv4_inputs(rng, 1, 6, 3)
-    names7 = ("r", "log_w", "k", "v", "a", "b")
-    x7 = dict(zip(names7, fp32(*rwkv7_inputs(rng, 1, 5, 1, 4)[0])))
-    xs = {k: torch.tensor(a, dtype=torch.float32)
-          for k, a in scan_inputs(rng, 1, 3, 4, 6, extras=("D", "z", "delta_bias")).items()}
-    inputs = {"wkv4": dict(w=w, u=u, k=k, v=v), "wkv7": x7, "ssm": dict(xs, delta_softplus=True)}[op]
-    inputs[name][where] = float("nan")
-    leaves = [x.requires_grad_() for x in inputs.values() if isinstance(x, torch.Tensor)]
-    run = {"wkv4": wkv4, "wkv7": wkv7, "ssm": ssm.selective_scan}[op]
-    y = run(**inputs, backend="c")[0]
+    op = spec(op)                        # its battery's tiny inputs (an initial state included) at T = 6
+    battery = op.get("battery")
+    x = battery.make(rng, T=6, **battery.tiny)
+    tensors = {n: torch.tensor(a, dtype=torch.float32) for n, a in x.tensors.items()}
+    tensors[name][where] = float("nan")
+    leaves = [t.requires_grad_() for t in tensors.values()]
+    state = crosscheck.state_tensors(x.state, torch.float32)
+    y = call_op(battery, op.function, tensors, {**x.options, "backend": "c"}, state)[0]
     assert torch.isnan(y[reaches]).any()
     assert any(torch.isnan(g).any() for g in torch.autograd.grad(y.sum(), leaves))
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from seqmix.conformance.cases import in_pieces, rwkv7_inputs, split_bounds
+from seqmix.kernels.inputs import in_pieces, rwkv7_inputs, split_bounds
 from seqmix.kernels.testing import REFERENCE_BUDGET, assert_close
 from seqmix.reference.wkv7 import wkv7, wkv7_chunked, wkv7_transition_product
 

@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernel_cases import needs_triton, spy
 from qkv_check import qkv_inputs
-from seqmix.conformance import definitions
+from seqmix.kernels import naive as definitions
 from seqmix.kernels import attention, rerope
 from seqmix.kernels.rerope import fused
 from seqmix.kernels.testing import FP32_BUDGET, assert_close, rel_rms

@@ -602,6 +602,13 @@ def rerope_fwd(q, k, v, rot, window, leaky, train_length, scale):
     return o.to(q.dtype), lse
 
 
+OPERANDS_BLOCK = 64   # rows of the queries and of the keys per program of rerope_operands_kernel
+
+
+def _operands_constexprs(head_dim: int, leaky: bool) -> dict:
+    return dict(HEAD_DIM=head_dim, BLOCK_F=block_d(head_dim // 2), BLOCK=OPERANDS_BLOCK, LEAKY=leaky)
+
+
 def rerope_bwd(q, k, v, o, lse, rot, do, window, leaky, train_length, scale):
     """Runs the two backward kernels on the forward's inputs and outputs; returns dq, dk, dv."""
     B, H, T_q, d = q.shape
@@ -612,10 +619,9 @@ def rerope_bwd(q, k, v, o, lse, rot, do, window, leaky, train_length, scale):
     q_near, q_far = (new_output(q.shape, q.dtype, q.device) for _ in range(2))
     k_near = new_output(k.shape, k.dtype, k.device)
     k_far = new_output(k.shape, k.dtype, k.device) if leaky else k
-    block = 64
-    rerope_operands_kernel[flash_grid(max(T_q, T_k), block, B * H)](
+    rerope_operands_kernel[flash_grid(max(T_q, T_k), OPERANDS_BLOCK, B * H)](
         q, k, q_near, q_far, k_near, k_far, rot, T_q, T_k, rot.shape[2], _inv_log_len(train_length), scale,
-        HEAD_DIM=d, BLOCK_F=block_d(d // 2), BLOCK=block, LEAKY=leaky)
+        **_operands_constexprs(d, leaky))
     dq = new_output(q.shape, q.dtype, q.device)
     dk = new_output(k.shape, k.dtype, k.device)
     dv = new_output(v.shape, v.dtype, v.device)
@@ -661,8 +667,9 @@ def rerope_triton(q, k, v, window, leaky_k, scale, train_length, base):
 # ----------------------------------------------------------------------------------------------------------------
 
 def aot_kernels():
-    """The three kernels, ReRoPE and Leaky, at head size 64 and 128 in fp32, fp16 and bf16; and decode: the forward
-    at its launch configuration, writing its split's fp32 partial output. The fp32 forward also with tf32x3 dots."""
+    """The three kernels, ReRoPE and Leaky, at head size 64 and 128 in fp32, fp16 and bf16; decode: the forward at
+    its launch configuration, writing its split's fp32 partial output; and the backward's rotated operands
+    (rerope_operands_kernel, at the default launch options). The fp32 forward also with tf32x3 dots."""
     from seqmix.kernels.aot import AOT_DTYPES, FLASH_ARG_TYPES, AotKernel, fp32_dot_variants
     variants = [(kernel, fn, fn.__name__.removesuffix("_kernel"))
                 for kernel, fn in zip(KERNELS, (rerope_fwd_kernel, rerope_bwd_dq_kernel, rerope_bwd_dkdv_kernel))]
@@ -679,4 +686,7 @@ def aot_kernels():
                                           {**constexprs, **dot}, types, "*" + dtype, cfg.num_warps, cfg.num_stages,
                                           wide_offsets=False)
                                 for suffix, dot in fp32_dot_variants(kernel, dtype, d <= TF32X3_HEAD_DIM)]
+                kernels.append(AotKernel(f"rerope_operands d={d} {dtype}{' leaky' if leaky else ''}",
+                                         rerope_operands_kernel, _operands_constexprs(d, leaky), FLASH_ARG_TYPES,
+                                         "*" + dtype, wide_offsets=False))
     return kernels

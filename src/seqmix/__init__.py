@@ -13,18 +13,13 @@ nor triton: ``seqmix.wkv7(...)`` is ``seqmix.kernels.wkv7.wkv7(...)``.
 """
 import importlib
 
+from seqmix.kernels.registry import REGISTRY
+
 __version__ = "0.2.0"
 
-# name -> the module that defines it
-_LAZY = {
-    "attention": "seqmix.kernels.attention",
-    "rerope_attention": "seqmix.kernels.rerope",
-    "rerope_decode": "seqmix.kernels.rerope",
-    "wkv4": "seqmix.kernels.wkv4",
-    "wkv7": "seqmix.kernels.wkv7",
-    "selective_scan": "seqmix.kernels.ssm",
-    "use_interpreter_without_gpu": "seqmix.kernels",
-}
+# name -> the module that defines it: each op of the registry (kernels/registry.py, which imports nothing heavy), and
+# the interpreter switch
+_LAZY = {**{op.name: op.module for op in REGISTRY}, "use_interpreter_without_gpu": "seqmix.kernels"}
 
 __all__ = ["__version__", *_LAZY]
 

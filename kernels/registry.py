@@ -1,0 +1,202 @@
+"""The ops of seqmix, declared once: ``REGISTRY`` is the only list of ops, and every harness iterates it.
+
+Each op has one ``OpSpec``: its name and title, its public function, its float64 reference, its naive torch form,
+its battery declaration (inputs, cases, budgets: ``kernels/declarations.py``), its backends in the order
+``backend=None`` tries them (``kernels/backends.py``), the kernel modules that hold its Triton kernels (the AOT
+build), its C entry points, and what the GPU benchmarks read of it. The lazy facade (``seqmix.wkv7``), the AOT
+build, the cross-check, the conformance battery and its command line, the edge cases, gpu_check, the benchmarks,
+the cost model and the tests read it.
+
+What a spec points at is named as ``"module:attribute"`` and imported on first use (``OpSpec.get``), so that
+importing the registry imports neither torch nor triton: ``import seqmix`` reads it. A test may give the objects
+themselves instead (tests/test_registry.py registers a made-up op with ``registered``).
+
+Subsets are properties of a spec, never lists of names: ``family`` ("attention": the flash-kernel ops; "recurrence":
+the stateful scans), ``c_entries`` (empty: no C loop), ``module`` (the kernel module, whose stem, "rerope" for both
+ReRoPE ops, keys the benchmarks' shapes and the cost model).
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+__all__ = ["Benchmark", "OpSpec", "REGISTRY", "register", "unregister", "registered", "spec", "names", "load", "view",
+           "benchmarked"]
+
+
+def load(where):
+    """The object named by ``"module:attribute"`` (imported now), or ``where`` itself when it is not a string."""
+    if not isinstance(where, str):
+        return where
+    module, _, attribute = where.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """What the GPU benchmarks (benchmarks/gpu_timing.py, gpu_correct.py, gpu_check) and the cost model read of an
+    op. builder: the cost model's function (in benchmarks/cost_model.py) that models the op module's kernels;
+    shape / dry_shape: the benchmark's sizes and gpu_check --dry-run's (both keyed by the module's stem, so the two
+    ReRoPE ops share theirs); kernels: per Triton backend, the AOT labels' prefixes of its forward kernel and of its
+    training kernels (forward and backward), as the cost model names them."""
+    builder: str
+    shape: dict
+    dry_shape: dict
+    kernels: dict
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op. Fields that name code hold ``"module:attribute"`` (or, in tests, the object); ``get(field)`` loads it.
+
+    name: the public function's name, and the op's everywhere (``backend`` errors, conformance's command line);
+    title: what a report's row calls the formula; module: the kernel module that defines ``name`` (in a test, the
+    function itself);
+    reference: the float64 NumPy form; naive: the float64 torch form (autograd's yardstick for gradients);
+    battery: the battery declaration (a ``seqmix.kernels.declarations.Op``); backends: the tuple of backend objects
+    in the order backend=None tries them; family: "attention" or "recurrence"; aot_modules: the modules whose
+    ``aot_kernels()`` build this op's Triton kernels (the AOT build); c_entries: its C entry points in native.h;
+    benchmark: what the GPU benchmarks read (None: the op is not benchmarked).
+    """
+    name: str
+    title: str
+    module: str
+    reference: object
+    naive: object
+    battery: object
+    backends: object
+    family: str
+    aot_modules: tuple = ()
+    c_entries: tuple = ()
+    benchmark: Benchmark | None = None
+
+    def get(self, field: str):
+        """The object a field names, imported on first use: ``spec("wkv4").get("reference")``."""
+        return load(getattr(self, field))
+
+    @property
+    def function(self):
+        """The public op (imports its module, and so torch)."""
+        return load(self.module if callable(self.module) else f"{self.module}:{self.name}")
+
+    @property
+    def stem(self) -> str:
+        """The kernel module's name below seqmix.kernels: "wkv4", "rerope" (both ReRoPE ops), "ssm"; the key of the
+        benchmarks' shapes and the cost model's builders."""
+        return self.name if callable(self.module) else self.module.split(".")[2]
+
+    @property
+    def stateful(self) -> bool:
+        return self.family == "recurrence"
+
+
+_RECURRENCES = "seqmix.kernels.backends:RECURRENCES"
+_FLASH = "seqmix.kernels.backends:FLASH"
+_BATTERY = "seqmix.kernels.declarations:"
+_NAIVE = "seqmix.kernels.naive:"
+
+# The benchmark shapes (benchmarks/README.md, the cost model's defaults), and tiny ones for gpu_check --dry-run.
+_REROPE_SHAPES = dict(shape=dict(B=1, H=4, T=8192, d=64, w=512), dry_shape=dict(B=1, H=2, T=32, d=16, w=8))
+_SCAN_SHAPES = dict(shape=dict(B=1, T=2048, D=1536, N=16), dry_shape=dict(B=1, T=16, D=16, N=4))
+
+REGISTRY: list[OpSpec] = [
+    OpSpec("attention", "softmax attention", "seqmix.kernels.attention",
+           "seqmix.reference.attention:softmax_attention", _NAIVE + "explicit_attention", _BATTERY + "ATTENTION",
+           _FLASH, "attention", aot_modules=("seqmix.kernels.attention",),
+           benchmark=Benchmark("attention_models", dict(B=1, H=4, T=8192, d=64), dict(B=1, H=2, T=32, d=16),
+                               {"triton": ("attention_fwd", ("attention_",))})),
+    OpSpec("rerope_attention", "ReRoPE prefill", "seqmix.kernels.rerope", "seqmix.reference.rope:rerope_attention",
+           _NAIVE + "rerope_attention", _BATTERY + "REROPE_ATTENTION", _FLASH, "attention",
+           aot_modules=("seqmix.kernels.rerope.fused",),
+           benchmark=Benchmark("rerope_models", **_REROPE_SHAPES,
+                               kernels={"triton": ("rerope_fwd", ("rerope_fwd", "rerope_bwd"))})),
+    OpSpec("rerope_decode", "ReRoPE decode", "seqmix.kernels.rerope", "seqmix.reference.rope:rerope_decode",
+           _NAIVE + "rerope_decode", _BATTERY + "REROPE_DECODE", _FLASH, "attention",
+           aot_modules=("seqmix.kernels.rerope.fused",),
+           benchmark=Benchmark("rerope_models", **_REROPE_SHAPES, kernels={"triton": ("rerope_decode", ())})),
+    OpSpec("wkv4", "RWKV-4 WKV", "seqmix.kernels.wkv4", "seqmix.reference.wkv4:wkv4", _NAIVE + "wkv4",
+           _BATTERY + "WKV4", _RECURRENCES, "recurrence", aot_modules=("seqmix.kernels.wkv4",),
+           c_entries=("wkv4_forward", "wkv4_backward"),
+           benchmark=Benchmark("wkv4_models", dict(B=4, T=2048, C=768), dict(B=1, T=16, C=16),
+                               {"triton": ("wkv4_fwd ", ("wkv4_fwd_save", "wkv4_bwd"))})),
+    OpSpec("wkv7", "RWKV-7 WKV", "seqmix.kernels.wkv7", "seqmix.reference.wkv7:wkv7", _NAIVE + "wkv7",
+           _BATTERY + "WKV7", "seqmix.kernels.backends:WKV7", "recurrence", aot_modules=("seqmix.kernels.wkv7",),
+           c_entries=("wkv7_forward", "wkv7_backward"),
+           benchmark=Benchmark("wkv7_models", dict(B=1, T=2048, H=12, N=64), dict(B=1, T=16, H=2, N=16),
+                               {"triton": ("wkv7_fwd ", ("wkv7_fwd ", "wkv7_bwd")),
+                                "triton_chunked": ("wkv7_chunked_fwd", ("wkv7_chunked_",))})),
+    OpSpec("selective_scan", "Mamba selective scan", "seqmix.kernels.ssm", "seqmix.reference.ssm:selective_scan",
+           _NAIVE + "selective_scan", _BATTERY + "SELECTIVE_SCAN", _RECURRENCES, "recurrence",
+           aot_modules=("seqmix.kernels.ssm",), c_entries=("selective_scan_forward", "selective_scan_backward"),
+           benchmark=Benchmark("ssm_models", **_SCAN_SHAPES,
+                               kernels={"triton": ("selective_scan_fwd", ("selective_scan_",))})),
+]
+
+
+class _View(Mapping):
+    """op name -> a field of its spec, loaded; read from REGISTRY at each look-up (see ``view``)."""
+
+    def __init__(self, field: str):
+        self.field = field
+
+    def __getitem__(self, name):
+        try:
+            found = spec(name)
+        except KeyError:
+            raise KeyError(name) from None
+        return found.get(self.field)
+
+    def __iter__(self):
+        return iter(names())
+
+    def __len__(self):
+        return len(REGISTRY)
+
+
+def view(field: str) -> Mapping:
+    """A live mapping of every op's ``field`` (loaded on look-up): an op registered later is in it. The dispatcher's
+    ``BACKENDS`` is ``view("backends")``, the battery's ``OPS`` is ``view("battery")``."""
+    return _View(field)
+
+
+def names() -> list[str]:
+    """The ops' names, in the registry's order."""
+    return [s.name for s in REGISTRY]
+
+
+def benchmarked() -> list[OpSpec]:
+    """The ops the GPU benchmarks run (those with a ``benchmark``), the recurrences first: gpu_check's parts run
+    their most important rows first, so that a run cut short keeps them."""
+    return sorted((op for op in REGISTRY if op.benchmark is not None), key=lambda op: op.family != "recurrence")
+
+
+def spec(name: str) -> OpSpec:
+    """The op called ``name``; a KeyError that lists the ops when there is none."""
+    for s in REGISTRY:
+        if s.name == name:
+            return s
+    raise KeyError(f"no op {name!r} in the registry: {names()}")
+
+
+def register(new: OpSpec) -> OpSpec:
+    """Adds ``new`` at the end of REGISTRY (its name must be new)."""
+    if new.name in names():
+        raise ValueError(f"op {new.name!r} is already registered")
+    REGISTRY.append(new)
+    return new
+
+
+def unregister(name: str) -> None:
+    REGISTRY.remove(spec(name))
+
+
+@contextmanager
+def registered(new: OpSpec):
+    """``with registered(OpSpec(...)):`` the op is in REGISTRY, and out again afterwards (for tests)."""
+    register(new)
+    try:
+        yield new
+    finally:
+        unregister(new.name)
