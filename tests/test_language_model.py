@@ -1,7 +1,9 @@
 """The language-model experiment (experiments/language_model.py): its --quick run, the bigram control, the byte
 tokenizer, and the shipped weights, read back by the project's loaders and by each format's own peer.
 
-One --quick run (tiny models, 150 steps each) trains into a temporary folder; the other tests read what it wrote.
+One --quick run (tiny models, 150 steps each) trains into a temporary folder; the tests of the shipped weights read
+what it wrote and, a second time, the full run's committed models (experiments/results/weights/language_model/):
+the loaders' first test on trained weights.
 Peers, where installed: transformers' RwkvForCausalLM and MambaForCausalLM, flash-linear-attention's
 RWKV7ForCausalLM (on its CPU reference ops, tests/fla_peer.py), BlinkDL's `rwkv` package for the .pth.
 """
@@ -18,7 +20,7 @@ import torch
 import blinkdl_peer
 import fla_peer
 from seqmix.experiments import language_model as lm
-from seqmix.experiments.records import Results
+from seqmix.experiments.records import RESULTS, Results
 from seqmix.kernels.testing import FP32_BUDGET, REFERENCE_BUDGET, assert_close
 from seqmix.models import cli
 from seqmix.models.io import load_pretrained_dir, load_state_dict
@@ -40,9 +42,16 @@ def quick(tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module")
-def weights(quick):
-    return quick / "weights" / lm.NAME
+COMMITTED = RESULTS / "weights" / lm.NAME
+
+
+@pytest.fixture(scope="module", params=["quick", "committed"])
+def weights(request):
+    """The shipped files: the quick run's tiny models, and the full run's trained ones as committed."""
+    if request.param == "committed":
+        assert COMMITTED.is_dir(), f"the full run's models are not committed in {COMMITTED}"
+        return COMMITTED
+    return request.getfixturevalue("quick") / "weights" / lm.NAME
 
 
 def rows(out, **key):
