@@ -4,6 +4,7 @@ calls at those shapes that gpu_check's compile part uses too. ``run`` is gpu_che
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -51,21 +52,17 @@ def _floor(run, emit):
         emit(row)
 
 
-_EMPTY = []
-
-
+@functools.cache
 def _empty_kernel():
     """A Triton kernel that stores 1.0 into its argument's first element: no work but its launch (built on first use,
     so that importing this module does not import triton)."""
-    if not _EMPTY:
-        import triton
-        import triton.language as tl
+    import triton
+    import triton.language as tl
 
-        @triton.jit
-        def empty_kernel(x_ptr):              # x_ptr: one fp32 element, written so the launch cannot be elided
-            tl.store(x_ptr, 1.0)
-        _EMPTY.append(empty_kernel)
-    return _EMPTY[0]
+    @triton.jit
+    def empty_kernel(x_ptr):              # x_ptr: one fp32 element, written so the launch cannot be elided
+        tl.store(x_ptr, 1.0)
+    return empty_kernel
 
 
 def part_peers(run, emit):

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seqmix.kernels.declarations import OPS, Case, Op, call
+from seqmix.kernels.declarations import OPS, Case, Op, call, state_tensors
 from seqmix.kernels.inputs import in_pieces, split_bounds
 from seqmix.kernels.shared import accumulation_dtype
 from seqmix.kernels.testing import BF16_BUDGET, FP16_BUDGET, REFERENCE_BUDGET, f64, max_abs, rel_rms
@@ -301,8 +301,7 @@ def run_check(op_name: str, fn, check: Check, options: Options) -> list:
     x = op.make(np.random.default_rng(seed), **check.case.params)
     tensors = {n: torch.tensor(a, dtype=torch.float32 if n in op.fp32_params and dtype != torch.float64 else dtype)
                for n, a in x.tensors.items()}
-    state = None if x.state is None else _state_like([torch.tensor(s, dtype=state_dtype)
-                                                      for s in _leaves(x.state)], x.state)
+    state = state_tensors(x.state, state_dtype)
     exact = {n: t.double() for n, t in tensors.items()}
     exact_state = None if state is None else _state_like([s.double() for s in _leaves(state)], state)
     expected = call(op, op.reference, {n: t.numpy() for n, t in exact.items()}, x.options,

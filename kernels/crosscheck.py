@@ -19,7 +19,7 @@ import seqmix
 
 MODE = seqmix.use_interpreter_without_gpu()   # before anything imports triton
 
-from seqmix.kernels.declarations import call  # noqa: E402
+from seqmix.kernels.declarations import call, state_tensors  # noqa: E402
 from seqmix.kernels.registry import REGISTRY, OpSpec  # noqa: E402
 from seqmix.kernels.testing import HAS_TRITON, REFERENCE_BUDGET, max_abs, rel_rms  # noqa: E402
 from seqmix.reference import attention as ref_attention  # noqa: E402
@@ -28,7 +28,7 @@ from seqmix.reference import ssm as ref_ssm  # noqa: E402
 from seqmix.reference import wkv4 as ref_wkv4  # noqa: E402
 from seqmix.reference import wkv7 as ref_wkv7  # noqa: E402
 
-__all__ = ["main", "available_backends", "crosscheck_case", "kernel_rows", "state_tensors",
+__all__ = ["main", "available_backends", "crosscheck_case", "kernel_rows",
            "REFERENCE_FORMS"]
 
 
@@ -62,15 +62,6 @@ def kernel_rows(op: OpSpec, rng):
         actual = call(battery, op.function, tensors, {**x.options, "backend": backend}, state)
         actual = actual[0] if battery.stateful else actual
         yield op.title, f"kernel, {backend}", actual.double().numpy(), expected, battery.fp32_budget
-
-
-def state_tensors(state, dtype: torch.dtype):
-    """A battery's initial state (None, an array, or a tuple of arrays) as tensors of ``dtype``, its structure kept."""
-    if state is None:
-        return None
-    if isinstance(state, (tuple, list)):
-        return tuple(torch.tensor(s, dtype=dtype) for s in state)
-    return torch.tensor(state, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------- the reference forms, in float64

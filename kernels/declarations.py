@@ -21,7 +21,7 @@ import seqmix.kernels.inputs as make
 from seqmix.kernels import registry
 from seqmix.kernels.testing import FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET
 
-__all__ = ["Case", "Inputs", "Op", "OPS", "call", "ATTENTION", "REROPE_ATTENTION", "REROPE_DECODE", "WKV4", "WKV7",
+__all__ = ["Case", "Inputs", "Op", "OPS", "call", "state_tensors", "ATTENTION", "REROPE_ATTENTION", "REROPE_DECODE", "WKV4", "WKV7",
            "SELECTIVE_SCAN"]
 
 
@@ -102,6 +102,15 @@ class Op:
     def definition(self) -> Callable:
         """The float64 torch form (the registry's ``naive``), autograd's yardstick for the gradients."""
         return registry.spec(self.name).get("naive")
+
+
+def state_tensors(state, dtype: torch.dtype):
+    """A battery's initial state (None, an array, or a tuple of arrays) as tensors of ``dtype``, its structure kept."""
+    if state is None:
+        return None
+    if isinstance(state, (tuple, list)):
+        return tuple(torch.tensor(s, dtype=dtype) for s in state)
+    return torch.tensor(state, dtype=dtype)
 
 
 def call(op: Op, fn, tensors: dict, options: dict, state=None):

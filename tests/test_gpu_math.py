@@ -8,7 +8,7 @@ import torch
 
 from kernel_cases import needs_triton
 from seqmix.kernels import crosscheck
-from seqmix.kernels.declarations import call
+from seqmix.kernels.declarations import call, state_tensors
 from seqmix.kernels.registry import REGISTRY
 from seqmix.kernels.testing import FP32_BUDGET, assert_close, gpu_like_math, rel_rms
 from seqmix.kernels.wkv4 import wkv4
@@ -54,7 +54,7 @@ def test_gradients_hold_with_gpu_like_math(op, backend):
     grads = {}
     for name, dtype in ((backend, torch.float32), ("torch", torch.float64)):
         tensors = {n: torch.tensor(a, dtype=dtype, requires_grad=True) for n, a in x.tensors.items()}
-        state = crosscheck.state_tensors(x.state, dtype)     # fp32 beside fp32 inputs, float64 beside float64
+        state = state_tensors(x.state, dtype)     # fp32 beside fp32 inputs, float64 beside float64
         with gpu_like_math():
             y = call(battery, op.function, tensors, {**x.options, "backend": name}, state)[0]
         cotangent = torch.tensor(np.random.default_rng(1).normal(size=tuple(y.shape)), dtype=dtype)

@@ -16,7 +16,7 @@ from seqmix.kernels.rerope import rerope_attention, rerope_decode
 from seqmix.kernels.ssm import selective_scan
 from seqmix.kernels.wkv4 import wkv4
 from seqmix.kernels.wkv7 import wkv7
-from seqmix.kernels.crosscheck import state_tensors
+from seqmix.kernels.declarations import state_tensors
 from seqmix.kernels.declarations import call
 from seqmix.kernels.registry import REGISTRY
 from seqmix.kernels.testing import HAS_TRITON, values_as_on_a_gpu

@@ -18,8 +18,8 @@ from torch.utils._pytree import tree_leaves
 
 from kernel_cases import RECURRENCE_BACKENDS
 from seqmix.kernels.inputs import in_pieces, rwkv7_inputs, scan_inputs, split_bounds
-from seqmix.kernels import c_abi, crosscheck, native, ssm
-from seqmix.kernels.declarations import call as call_op
+from seqmix.kernels import c_abi, native, ssm
+from seqmix.kernels.declarations import call as call_op, state_tensors
 from seqmix.kernels.registry import spec
 from seqmix.kernels.testing import HAS_TRITON
 from seqmix.kernels.attention import attention
@@ -391,7 +391,7 @@ def test_nan_in_the_input_comes_out(rng, op, name, where, reaches):
     tensors = {n: torch.tensor(a, dtype=torch.float32) for n, a in x.tensors.items()}
     tensors[name][where] = float("nan")
     leaves = [t.requires_grad_() for t in tensors.values()]
-    state = crosscheck.state_tensors(x.state, torch.float32)
+    state = state_tensors(x.state, torch.float32)
     y = call_op(battery, op.function, tensors, {**x.options, "backend": "c"}, state)[0]
     assert torch.isnan(y[reaches]).any()
     assert any(torch.isnan(g).any() for g in torch.autograd.grad(y.sum(), leaves))
