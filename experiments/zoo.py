@@ -5,6 +5,8 @@
     "rwkv7"       models.rwkv7.Rwkv7 (BlinkDL's training start)      WKV-7: the delta rule, state C * head_size
     "mamba"       models.mamba.MambaForCausalLM (Mamba's training start) selective scan, state 2 C * state_size
     "mamba_lti"   the same Mamba with delta, B and C held constant  a time-invariant (LTI) SSM, same state
+    "mamba_ungated", "mamba_lti_ungated"   the two without the block's gate (MambaConfig.gate = False): the
+                  Mamba paper's "no gate" pair, S6 and S4 in its Table 1
 
 The time-invariant model is the project's Mamba with one change: each block's x_proj, which makes (delta, B, C)
 from the input at every step, is replaced by learned constants. The selective scan then runs the ZOH-discretized
@@ -24,7 +26,9 @@ from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
 __all__ = ["ARCHITECTURES", "TimeInvariantProjection", "time_invariant_system", "rwkv7_training_init",
            "mamba_training_init", "build", "logits", "num_parameters", "state_size"]
 
-ARCHITECTURES = ("attention", "rwkv4", "rwkv7", "mamba", "mamba_lti")
+ARCHITECTURES = ("attention", "rwkv4", "rwkv7", "mamba", "mamba_lti", "mamba_ungated", "mamba_lti_ungated")
+_MAMBAS = {"mamba": (True, True), "mamba_lti": (False, True), "mamba_ungated": (True, False),
+           "mamba_lti_ungated": (False, False)}    # arch -> (selective, gated)
 
 
 class TimeInvariantProjection(nn.Module):
@@ -118,10 +122,12 @@ def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size:
     if arch == "rwkv7":
         return rwkv7_training_init(Rwkv7(Rwkv7Config(vocab_size=vocab_size, n_embd=width, n_layer=layers,
                                                      head_size=head_size)))
-    if arch in ("mamba", "mamba_lti"):
+    if arch in _MAMBAS:
+        selective, gated = _MAMBAS[arch]
         model = mamba_training_init(MambaForCausalLM(MambaConfig(vocab_size=vocab_size, hidden_size=width,
-                                                                 num_hidden_layers=layers, state_size=state_size)))
-        if arch == "mamba_lti":
+                                                                 num_hidden_layers=layers, state_size=state_size,
+                                                                 gate=gated)))
+        if not selective:
             for layer in model.backbone.layers:
                 layer.mixer.x_proj = TimeInvariantProjection(layer.mixer.time_step_rank, state_size)
         return model
@@ -130,7 +136,8 @@ def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size:
 
 @torch.no_grad()
 def time_invariant_system(mixer) -> tuple:
-    """(delta (D,), A (D, N), B (N,), C (N,)): the constants the scan of a "mamba_lti" block runs with,
+    """(delta (D,), A (D, N), B (N,), C (N,)): the constants the scan of a "mamba_lti" (or "mamba_lti_ungated")
+    block runs with,
     delta = softplus(dt_proj(dt_low) + bias) and A = -exp(A_log), so that A_bar = exp(delta A), B_bar = delta B."""
     if not isinstance(mixer.x_proj, TimeInvariantProjection):
         raise TypeError(f"mixer must be a block of a 'mamba_lti' model, got x_proj {type(mixer.x_proj).__name__}")
@@ -157,7 +164,7 @@ def state_size(arch: str, *, width: int, head_size: int = 16, state_size: int = 
     (2 C T at length T), WKV-4's numerator and denominator (2 C), WKV-7's matrices (C * head_size), Mamba's SSM
     state (2 C * N; the conv window adds 2 C * 3)."""
     sizes = {"attention": 2 * width * seq_len, "rwkv4": 2 * width, "rwkv7": width * head_size,
-             "mamba": 2 * width * state_size, "mamba_lti": 2 * width * state_size}
+             **{arch: 2 * width * state_size for arch in _MAMBAS}}
     if arch not in sizes:
         raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
     return sizes[arch]

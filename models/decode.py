@@ -229,6 +229,8 @@ class CStep(Backend):
         f = call.facts
         if f.get("wide_in_context_rate"):
             return Refusal("computes the published RWKV-7 only, not wide_in_context_rate")
+        if f.get("gate") is False:
+            return Refusal("computes Mamba's gated block only, not gate=False")
         if f.get("output_hidden_states"):
             return Refusal("returns no hidden states")
         if self.step and f["tokens"] != (1, 1):
@@ -291,6 +293,7 @@ def step_path(model: torch.nn.Module, input_ids: torch.Tensor, state, backend, *
     call = _path_call("decode_step", model, backend, states, tokens=tuple(input_ids.shape),
                       state_dtypes={s.dtype for s in states}, head_size=getattr(config, "head_size", 0),
                       wide_in_context_rate=getattr(config, "wide_in_context_rate", False),
+                      gate=getattr(config, "gate", True),
                       output_hidden_states=output_hidden_states)
     return dispatch(call, None, STEP)
 

@@ -42,7 +42,11 @@ class MambaConfig:
     """The inference fields of transformers' MambaConfig, same names, meanings and defaults. intermediate_size
     (D) is expand * hidden_size; time_step_rank "auto" means ceil(hidden_size / 16). time_step_min/max/floor only
     shape the initial dt_proj bias. residual_in_fp32: the residual stream of an fp16/bf16 model stays in fp32.
-    Only hidden_act = "silu" (every Mamba checkpoint's) is supported."""
+    Only hidden_act = "silu" (every Mamba checkpoint's) is supported.
+
+    gate, not a field of transformers' config (off the published model when False): False drops the block's gate,
+    y = out_proj(selective_scan(u, ...)) without the SiLU(z) factor, and in_proj makes x_in alone; the "no gate" rows
+    of the Mamba paper's Table 1, which the selective-copying experiment trains. The C decoding step refuses it."""
     model_type: ClassVar[str] = "mamba"
 
     vocab_size: int = 50280
@@ -65,6 +69,7 @@ class MambaConfig:
     time_step_floor: float = 1e-4
     use_cache: bool = True
     tie_word_embeddings: bool = True
+    gate: bool = True
     intermediate_size: int = dataclasses.field(init=False)
 
     def __post_init__(self):
@@ -74,7 +79,8 @@ class MambaConfig:
         check_positive_ints(self, ("vocab_size", "hidden_size", "state_size", "num_hidden_layers",
                                    "intermediate_size", "conv_kernel", "time_step_rank"))
         check_positive_floats(self, ("layer_norm_epsilon", "time_step_min", "time_step_max", "time_step_floor"))
-        check_bools(self, ("use_bias", "use_conv_bias", "residual_in_fp32", "use_cache", "tie_word_embeddings"))
+        check_bools(self, ("use_bias", "use_conv_bias", "residual_in_fp32", "use_cache", "tie_word_embeddings",
+                           "gate"))
         if self.hidden_act != "silu":
             raise ValueError(f"MambaConfig.hidden_act: only 'silu' is supported, got {self.hidden_act!r}")
 
@@ -97,7 +103,8 @@ class MambaMixer(nn.Module):
         super().__init__()
         C, D, N, K = config.hidden_size, config.intermediate_size, config.state_size, config.conv_kernel
         self.time_step_rank = config.time_step_rank
-        self.in_proj = Linear(C, 2 * D, bias=config.use_bias)
+        self.gate = config.gate
+        self.in_proj = Linear(C, 2 * D if self.gate else D, bias=config.use_bias)     # (x_in, z) or x_in alone
         # Depthwise (groups = D); transformers' padding K - 1 is replaced by the conv window of the state.
         self.conv1d = nn.Conv1d(D, D, K, groups=D, bias=config.use_conv_bias)
         self.x_proj = Linear(D, self.time_step_rank + 2 * N, bias=False)
@@ -110,7 +117,8 @@ class MambaMixer(nn.Module):
         """x: (B, T, C) after the norm; layer_state: (conv window (B, D, K - 1), h (B, D, N))."""
         window, h = layer_state
         N = self.A_log.shape[1]
-        x_in, z = self.in_proj(x).transpose(1, 2).chunk(2, dim=1)                 # (B, D, T) each
+        xz = self.in_proj(x).transpose(1, 2)                                      # (B, 2D or D, T)
+        x_in, z = xz.chunk(2, dim=1) if self.gate else (xz, None)                 # (B, D, T) each
         padded = torch.cat([window.to(x_in.dtype), x_in], dim=-1)                 # (B, D, K - 1 + T)
         u = F.silu(self._causal_conv(padded))                                    # (B, D, T)
         window = padded[..., padded.shape[-1] - window.shape[-1]:]                # the last K - 1 inputs

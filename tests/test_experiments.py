@@ -10,7 +10,7 @@ import torch
 
 from seqmix.experiments import extrapolation, recall, selective_copy, state_tracking, zoo
 from seqmix.experiments.data import mqar
-from seqmix.experiments.records import Results
+from seqmix.experiments.records import RESULTS, Results
 from seqmix.experiments.training import Budget, Run, decay_groups, extend_to_interior, successive_halving
 
 
@@ -170,6 +170,27 @@ def test_selective_copy_control_verdict():
         results, found = rows(mamba, lti)
         results.rows = found
         assert selective_copy.control_holds(results, setup) is verdict
+
+
+def test_selective_copy_trains_the_gate_less_pair_in_the_first_regime_only(tmp_path, monkeypatch):
+    trained = []
+    monkeypatch.setattr(selective_copy, "sweep_then_seeds", lambda results, key, *a, **kw: trained.append(
+        (key["regime"], key["arch"])))
+    monkeypatch.setattr(selective_copy, "report", lambda *a: None)
+    selective_copy.run(selective_copy.FULL, tmp_path, progress=False)
+    first, second = (r.name for r in selective_copy.FULL.regimes)
+    assert trained == [(first, "mamba_lti"), (first, "mamba"), (first, "mamba_lti_ungated"), (first, "mamba_ungated"),
+                       (second, "mamba_lti"), (second, "mamba")]
+
+
+@pytest.mark.parametrize("experiment", [recall, selective_copy, state_tracking])
+def test_the_committed_results_hold_their_positive_controls(experiment):
+    """The full runs' results in experiments/results/ are read only because their controls hold: each
+    experiment's control_holds on the committed rows (every seed present), and the report says so."""
+    results = Results(RESULTS, experiment.NAME)
+    assert results.rows, f"no committed rows in {RESULTS / experiment.NAME}.json"
+    assert experiment.control_holds(results, experiment.FULL) is True
+    assert "**Positive control**" in (RESULTS / f"{experiment.NAME}.md").read_text()
 
 
 @pytest.fixture(scope="module")

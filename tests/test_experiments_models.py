@@ -154,3 +154,35 @@ def test_state_sizes_and_bad_arch():
     assert zoo.state_size("rwkv4", width=64) == 128
     with pytest.raises(ValueError, match="arch must be one of"):
         zoo.build("lstm", vocab_size=10, width=8)
+
+
+@pytest.mark.parametrize("arch, selective", [("mamba_ungated", True), ("mamba_lti_ungated", False)])
+def test_the_gate_less_pair_runs_the_scan_without_a_gate(monkeypatch, arch, selective):
+    """The Mamba paper's "no gate" rows: in_proj makes x_in alone and the scan gets no z; the gated models give it
+    z. The selective one keeps its input-dependent x_proj, the time-invariant one the constants."""
+    torch.manual_seed(0)
+    gated = zoo.build(arch.removesuffix("_ungated"), vocab_size=10, width=8, layers=1, state_size=4)
+    ungated = zoo.build(arch, vocab_size=10, width=8, layers=1, state_size=4)
+    D = gated.backbone.layers[0].mixer.D.numel()
+    assert gated.backbone.layers[0].mixer.in_proj.weight.shape[0] == 2 * D
+    assert ungated.backbone.layers[0].mixer.in_proj.weight.shape[0] == D
+    assert isinstance(ungated.backbone.layers[0].mixer.x_proj, zoo.TimeInvariantProjection) is not selective
+    seen, original = [], mamba.selective_scan
+    monkeypatch.setattr(mamba, "selective_scan", lambda *a, **kw: seen.append(kw["z"]) or original(*a, **kw))
+    for model in (gated, ungated):
+        model(torch.randint(0, 10, (2, 7)))
+    assert seen[0] is not None and seen[0].shape == (2, D, 7) and seen[1] is None
+
+
+def test_the_c_decoding_step_refuses_a_gate_less_mamba():
+    """The C step computes the gated block only: a gate-less model's one-token call takes the torch ops, a gated
+    one's the C step where the C library builds."""
+    from seqmix.kernels import native
+    from seqmix.models import decode
+    torch.manual_seed(0)
+    ungated = zoo.build("mamba_ungated", vocab_size=10, width=8, layers=1, state_size=4).eval()
+    token = torch.tensor([[3]])
+    gated = zoo.build("mamba", vocab_size=10, width=8, layers=1, state_size=4).eval()
+    with torch.no_grad():
+        assert decode.step_path(ungated.backbone, token, None, None) == "ops"
+        assert decode.step_path(gated.backbone, token, None, None) == ("c" if native.available() else "ops")
