@@ -12,7 +12,7 @@ import torch
 
 from seqmix.kernels.registry import benchmarked
 
-__all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "SHAPES", "backward", "describe", "inputs_at", "op_function",
+__all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "SHAPES", "VARIANTS", "backward", "describe", "inputs_at", "op_function",
            "part_cost_model", "part_peers", "part_timing", "seqmix_call", "time_step"]
 
 
@@ -25,17 +25,20 @@ def _entries():
     for op in benchmarked():
         for backend in op.benchmark.kernels:
             name = op.name if backend == "triton" else f"{op.name} {backend.removeprefix('triton_')}"
-            yield name, op, backend, op.benchmark.shape, op.benchmark.dry_shape
+            yield name, op, backend, op.benchmark.shape, op.benchmark.dry_shape, False
             for variant, (sizes, dry_sizes) in op.benchmark.variants.items():
                 yield (f"{name} {variant}", op, backend, {**op.benchmark.shape, **sizes},
-                       {**op.benchmark.dry_shape, **dry_sizes})
+                       {**op.benchmark.dry_shape, **dry_sizes}, True)
 
 
 # Each entry's op and Triton backend; its shape (benchmarks/README.md, the cost model's defaults) and the tiny one of
 # --dry-run, as the registry declares them: one list of shapes, which every part reads by the entry's name.
-ENTRIES = {name: (op, backend) for name, op, backend, _, _ in _entries()}
-SHAPES = {name: shape for name, _, _, shape, _ in _entries()}
-DRY_SHAPES = {name: dry for name, _, _, _, dry in _entries()}
+ENTRIES = {name: (op, backend) for name, op, backend, *_ in _entries()}
+SHAPES = {name: shape for name, _, _, shape, _, _ in _entries()}
+DRY_SHAPES = {name: dry for name, _, _, _, dry, _ in _entries()}
+# The entries that are a variant's: other shapes of an entry's kernels. The correctness checks (gpu_correct) run each
+# op and backend once, on their own shapes, and leave these out.
+VARIANTS = tuple(name for name, *_, variant in _entries() if variant)
 
 # The cost model's kernels of each entry: (the forward's label prefix, the training kernels' prefixes).
 COST_KERNELS = {name: op.benchmark.kernels[backend] for name, (op, backend) in ENTRIES.items()}
