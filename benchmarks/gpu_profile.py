@@ -81,12 +81,7 @@ def profile_case(run, call, make, mode: str) -> list[dict]:
         return [{"kernel": name, "calls_per_step": len(g), **_grid(g), "cuda_s": NO_CUDA} for name, g in grids.items()]
     step()
     run.sync()
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(STEPS):
-            step()
-        torch.cuda.synchronize()
-    times = kernel_times(prof.events(), torch.autograd.DeviceType.CUDA)
+    times = _profiled(step)
     if not times:   # not a fault of the kernels: say so without failing the run
         return [{"skipped": "the profiler recorded no CUDA kernel (no CUPTI activity on this machine?)"}]
     total = sum(t for _, t in times.values())
@@ -96,6 +91,16 @@ def profile_case(run, call, make, mode: str) -> list[dict]:
     calls = sum(n for n, _ in times.values())
     return rows + [{"kernel": "(all kernels)", "calls": calls, "calls_per_step": calls / STEPS, "total_s": total,
                     "mean_s": total / calls, "per_step_s": total / STEPS, "share": 1.0}]
+
+
+def _profiled(step) -> dict:
+    """kernel_times of STEPS calls of ``step`` under torch.profiler's CUDA activity."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(STEPS):
+            step()
+        torch.cuda.synchronize()
+    return kernel_times(prof.events(), torch.autograd.DeviceType.CUDA)
 
 
 def kernel_times(events, device_type) -> dict:

@@ -222,6 +222,27 @@ def test_the_profile_part_stops_at_the_deadline_and_waits_for_fla_s_autotuning(t
     assert why(run, "fla chunk_rwkv7", "skipped: no fla", timed=False) == {"skipped": "skipped: no fla"}
 
 
+@needs_triton
+def test_a_profiled_case_gives_a_row_per_kernel_with_its_grid(monkeypatch):
+    """The rows a GPU gives, from the profiler's times (faked here: a CPU build has no CUDA activity) and the grids of
+    the launches: sorted by time, each with its share, ours with their programs, then the total."""
+    run = gpu_check.Run(None, True, None, (), {"parts": []})
+    call = gpu_timing.seqmix_call(run, "wkv7 chunked", "triton")
+    make = gpu_timing.inputs_at(run, "wkv7 chunked", "fp32")
+    fake = {"wkv7_chunked_fwd_kernel": (5, 3e-3), "void at::native::fill_kernel": (10, 1e-3)}
+    monkeypatch.setattr(gpu_profile, "_profiled", lambda step: (step(), fake)[1])
+    run.dry = False                                   # past the dry run's return: the GPU's path, on the CPU
+    monkeypatch.setattr(run, "sync", lambda: None)
+    ours, fill, total = gpu_profile.profile_case(run, call, make, "forward")
+    assert ours.pop("mean_s") == pytest.approx(6e-4)
+    assert ours == {"kernel": "wkv7_chunked_fwd_kernel", "calls": 5, "calls_per_step": 1, "total_s": 3e-3,
+                    "share": 0.75, "grid": "2x1", "programs": "2"}
+    assert fill["grid"] is None and fill["calls_per_step"] == 2 and fill["share"] == 0.25
+    assert total["kernel"] == "(all kernels)" and total["calls"] == 15 and total["per_step_s"] == pytest.approx(8e-4)
+    monkeypatch.setattr(gpu_profile, "_profiled", lambda step: {})
+    assert "no CUDA kernel" in gpu_profile.profile_case(run, call, make, "forward")[0]["skipped"]
+
+
 def test_kernel_times_sums_the_profiler_events_of_one_device():
     """Per name, the calls and total seconds of the profiler's events on one device (on a GPU: CUDA, the kernels)."""
     from torch.profiler import ProfilerActivity, profile
