@@ -21,6 +21,11 @@ On a CUDA GPU, in order (``--parts`` runs a subset; the most important first, fo
    repeats); the cost model's prediction (benchmarks/cost_model.py) beside each Triton time; then, in the same
    process, what a GPU user would otherwise run: torch SDPA (flash backend in bf16) with RoPE, the two-pass ReRoPE,
    fla's chunk_rwkv7 and fused_recurrent_rwkv7 (where fla imports; it autotunes on first use, hence last).
+   Attention is timed, modelled and set beside SDPA at head size d = 64 and d = 128 (the entry "attention d=128").
+   Last (part profile, benchmarks/gpu_profile.py), the least important: torch.profiler's CUDA activity over a few
+   forward and forward + backward calls of the chunked WKV-7 and of fla's chunk_rwkv7 at the WKV-7 benchmark shape,
+   one row per kernel (calls, total and mean CUDA time) with our kernels' launch grids beside the SM count: why the
+   chunked forward ran 1.7-1.9x fla's in the first run.
 
 Pass criteria (``CRITERIA``): every comparison of step 1 within budget and deterministic; every launch of step 2
 finishes and matches; every op's Triton forward within 2x of the cost model's prediction, or the report carries an
@@ -50,7 +55,7 @@ from pathlib import Path
 
 import torch
 
-from seqmix.benchmarks import gpu_correct, gpu_timing
+from seqmix.benchmarks import gpu_correct, gpu_profile, gpu_timing
 from seqmix.benchmarks.gpu_correct import OPS, check_limits, check_op
 
 __all__ = ["CRITERIA", "OPS", "PARTS", "check_limits", "check_op", "main"]
@@ -67,13 +72,14 @@ CRITERIA = (
 )
 
 # The parts in the order they run: the most important first, for a run cut short.
-PARTS = ("compile", "correct", "determinism", "limits", "timing", "cost_model", "peers")
+PARTS = ("compile", "correct", "determinism", "limits", "timing", "cost_model", "peers", "profile")
 STEPS = {"compile": "0", "correct": "1", "determinism": "1", "limits": "2", "timing": "3", "cost_model": "3",
-         "peers": "3"}
+         "peers": "3", "profile": "3"}
 PART_FUNCTIONS = {"compile": gpu_correct.part_compile, "correct": gpu_correct.part_correct,
                   "determinism": gpu_correct.part_determinism, "limits": gpu_correct.part_limits,
                   "timing": gpu_timing.part_timing, "cost_model": gpu_timing.part_cost_model,
-                  "peers": gpu_timing.part_peers}
+                  "peers": gpu_timing.part_peers, "profile": gpu_profile.part_profile}
+BENCHMARKS = ("timing", "cost_model", "peers", "profile")   # the parts --skip-benchmarks leaves out
 
 
 # ---------------------------------------------------------------------------------------------------- the run
@@ -373,7 +379,7 @@ def main(argv=None) -> int:
                         "the CPU count - 2, at most 12, on a GPU; 1, this process, on a dry run)")
     parser.add_argument("--explain", action="append", default=[], metavar="KERNEL=TEXT",
                         help="why an op's forward is more than 2x off its prediction (repeatable)")
-    parser.add_argument("--skip-benchmarks", action="store_true", help="leave out timing, cost_model and peers")
+    parser.add_argument("--skip-benchmarks", action="store_true", help=f"leave out {', '.join(BENCHMARKS)}")
     parser.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)   # a restart after a lost context
     args = parser.parse_args(argv)
     parts = [p for p in args.parts.split(",") if p]
@@ -381,7 +387,7 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"--parts: unknown {unknown}; choose among {', '.join(PARTS)}")
     if args.skip_benchmarks:
-        parts = [p for p in parts if p not in ("timing", "cost_model", "peers")]
+        parts = [p for p in parts if p not in BENCHMARKS]
     if args.dry_run:
         import seqmix
         seqmix.use_interpreter_without_gpu()   # before anything imports triton

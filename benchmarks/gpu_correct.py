@@ -11,19 +11,23 @@ import numpy as np
 import torch
 
 from seqmix.kernels.inputs import rwkv7_inputs
-from seqmix.benchmarks.gpu_timing import COST_KERNELS, ENTRIES, backward, describe, inputs_at, op_function, \
-    seqmix_call
+from seqmix.benchmarks.gpu_timing import COST_KERNELS, ENTRIES, VARIANTS, backward, describe, inputs_at, \
+    op_function, seqmix_call
 
-__all__ = ["BATTERY", "HEAD_SIZES", "OPS", "TF32X3", "check_limits", "check_op", "compile_item", "correct_item",
-           "determinism_item", "part_compile", "part_correct", "part_determinism", "part_limits"]
+__all__ = ["BATTERY", "CHECKED", "HEAD_SIZES", "OPS", "TF32X3", "check_limits", "check_op", "compile_item",
+           "correct_item", "determinism_item", "part_compile", "part_correct", "part_determinism", "part_limits"]
 
 TF32X3 = " tf32x3"   # an op name's suffix: fp32 dots as set_fp32_dot_precision("tf32x3") makes them
 
-# check_op's ops: the names of COST_KERNELS and BATTERY, and the flash ops again with tf32x3 dots.
-OPS = (*ENTRIES, *(name + TF32X3 for name, (op, _) in ENTRIES.items() if op.family == "attention"))
+# Each op on each Triton backend once: the entries of COST_KERNELS but the variants (other benchmark shapes of the
+# same kernels, "attention d=128"); the checks choose their own shapes.
+CHECKED = {name: entry for name, entry in ENTRIES.items() if name not in VARIANTS}
+
+# check_op's ops: the names of CHECKED and BATTERY, and the flash ops again with tf32x3 dots.
+OPS = (*CHECKED, *(name + TF32X3 for name, (op, _) in CHECKED.items() if op.family == "attention"))
 
 # The battery's op of each Triton function checked (WKV-7's chunked form is a backend of its own).
-BATTERY = {name: op.name for name, (op, _) in ENTRIES.items()}
+BATTERY = {name: op.name for name, (op, _) in CHECKED.items()}
 
 # Head sizes the Triton kernels take, where an op's cases have others: WKV-7's power of two >= 4 (the battery's N = 5
 # becomes 4); the chunked kernels' from 16 (smaller heads run the sequential ones, checked in the "wkv7" rows).

@@ -12,18 +12,33 @@ import torch
 
 from seqmix.kernels.registry import benchmarked
 
-__all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "SHAPES", "backward", "describe", "inputs_at", "op_function",
+__all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "SHAPES", "VARIANTS", "backward", "describe", "inputs_at", "op_function",
            "part_cost_model", "part_peers", "part_timing", "seqmix_call", "time_step"]
 
-# Each benchmarked op on each of its Triton backends, by the name the rows carry: the op's name on "triton", else the
-# op's name and the backend's algorithm ("wkv7 chunked" on "triton_chunked"); recurrences first (registry.benchmarked).
-ENTRIES = {(op.name if backend == "triton" else f"{op.name} {backend.removeprefix('triton_')}"): (op, backend)
-           for op in benchmarked() for backend in op.benchmark.kernels}
 
-# The benchmark shapes (benchmarks/README.md, the cost model's defaults), and tiny ones for --dry-run, by the op
-# module's stem ("rerope" for both ReRoPE ops), as the registry declares them.
-SHAPES = {op.stem: op.benchmark.shape for op in benchmarked()}
-DRY_SHAPES = {op.stem: op.benchmark.dry_shape for op in benchmarked()}
+
+def _entries():
+    """(name, op, backend, shape, dry shape) of each benchmarked op on each of its Triton backends, at its benchmark
+    shape and then at each of its variants (registry.Benchmark): the name the rows carry is the op's name on
+    "triton", else the op's name and the backend's algorithm ("wkv7 chunked" on "triton_chunked"), then the variant's
+    ("attention d=128"); recurrences first (registry.benchmarked)."""
+    for op in benchmarked():
+        for backend in op.benchmark.kernels:
+            name = op.name if backend == "triton" else f"{op.name} {backend.removeprefix('triton_')}"
+            yield name, op, backend, op.benchmark.shape, op.benchmark.dry_shape, False
+            for variant, (sizes, dry_sizes) in op.benchmark.variants.items():
+                yield (f"{name} {variant}", op, backend, {**op.benchmark.shape, **sizes},
+                       {**op.benchmark.dry_shape, **dry_sizes}, True)
+
+
+# Each entry's op and Triton backend; its shape (benchmarks/README.md, the cost model's defaults) and the tiny one of
+# --dry-run, as the registry declares them: one list of shapes, which every part reads by the entry's name.
+ENTRIES = {name: (op, backend) for name, op, backend, *_ in _entries()}
+SHAPES = {name: shape for name, _, _, shape, _, _ in _entries()}
+DRY_SHAPES = {name: dry for name, _, _, _, dry, _ in _entries()}
+# The entries that are a variant's: other shapes of an entry's kernels. The correctness checks (gpu_correct) run each
+# op and backend once, on their own shapes, and leave these out.
+VARIANTS = tuple(name for name, *_, variant in _entries() if variant)
 
 # The cost model's kernels of each entry: (the forward's label prefix, the training kernels' prefixes).
 COST_KERNELS = {name: op.benchmark.kernels[backend] for name, (op, backend) in ENTRIES.items()}
@@ -101,22 +116,26 @@ def part_cost_model(run, emit):
     mma = _aot_mma(run, cost_model)
     measured = {(r["op"], r["dtype"], r["mode"]): r["median_s"] for p in run.record["parts"]
                 if p["name"] == "timing" for r in p["rows"] if r.get("impl") == "seqmix triton" and "median_s" in r}
-    for model_op, shape in run.shapes.items():
-        models = cost_model.MODEL_BUILDERS[model_op](**shape)
-        for op, (forward, training) in COST_KERNELS.items():
-            if _model_op(op) != model_op or not run.wants(op):
-                continue
-            for dtype in ("fp32", "bf16"):
-                for mode, prefixes in (("forward", (forward,)), ("forward+backward", training)):
-                    picked = [m for m in models if m.dtype == dtype and m.aot_label.startswith(prefixes)]
-                    if not picked:
-                        continue
-                    predicted = sum(_predict(cost_model, m, mma.get(m.aot_label)) for m in picked)
-                    got = measured.get((op, dtype, mode))
-                    kernels = " + ".join(m.aot_label.split()[0] for m in picked)
-                    emit({"op": op, "dtype": dtype, "mode": mode, "kernels": kernels,
-                          "shape": picked[0].shape, "mma": ", ".join(mma.get(m.aot_label, "-") for m in picked),
-                          "predicted_s": predicted, "measured_s": got, "ratio": got / predicted if got else None})
+    for op, (forward, training) in COST_KERNELS.items():
+        if not run.wants(op):
+            continue
+        models = _models(cost_model, op, run.shapes[op])
+        for dtype in ("fp32", "bf16"):
+            for mode, prefixes in (("forward", (forward,)), ("forward+backward", training)):
+                picked = [m for m in models if m.dtype == dtype and m.aot_label.startswith(prefixes)]
+                if not picked:
+                    continue
+                predicted = sum(_predict(cost_model, m, mma.get(m.aot_label)) for m in picked)
+                got = measured.get((op, dtype, mode))
+                kernels = " + ".join(m.aot_label.split()[0] for m in picked)
+                emit({"op": op, "dtype": dtype, "mode": mode, "kernels": kernels,
+                      "shape": picked[0].shape, "mma": ", ".join(mma.get(m.aot_label, "-") for m in picked),
+                      "predicted_s": predicted, "measured_s": got, "ratio": got / predicted if got else None})
+
+
+def _models(cost_model, op: str, shape: dict) -> list:
+    """The cost model's models of the kernels of an entry's op module at ``shape``."""
+    return cost_model.MODEL_BUILDERS[_model_op(op)](**shape)
 
 
 def _predict(cost_model, m, mma: str | None) -> float:
@@ -134,9 +153,9 @@ def _aot_mma(run, cost_model) -> dict:
     left = run.seconds_left()
     if run.dry or (left is not None and left < 60):
         return {}
-    models = [m for op, shape in run.shapes.items() for m in cost_model.MODEL_BUILDERS[op](**shape)]
-    labels = [m.aot_label for m in models if m.dtype == "bf16" and m.aot_label.startswith(
-        ("attention", "rerope", "wkv7_chunked"))]
+    models = [m for op, shape in run.shapes.items() for m in _models(cost_model, op, shape)]
+    labels = list(dict.fromkeys(m.aot_label for m in models if m.dtype == "bf16" and m.aot_label.startswith(
+        ("attention", "rerope", "wkv7_chunked"))))
     figures = cost_model.aot_figures(labels)
     return {label: f["mma"] for label, f in figures.items() if isinstance(f, dict) and "mma" in f}
 
@@ -154,25 +173,26 @@ def _model_op(op: str) -> str:
 
 
 def _shape_text(run, op: str) -> str:
-    return " ".join(f"{k}={v}" for k, v in run.shapes[_model_op(op)].items())
+    return " ".join(f"{k}={v}" for k, v in run.shapes[op].items())
 
 
 def inputs_at(run, op: str, dtype: str):
     """requires_grad -> the op's inputs at its benchmark shape, as benchmarks/run.py makes them, in ``dtype`` (the
     decays and parameters the models keep in fp32 stay fp32)."""
     from seqmix.benchmarks import run as bench
-    s, dt = run.shapes[_model_op(op)], getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype])
-    keep = {"wkv4": ("w", "u"), "selective_scan": ("A", "D", "delta_bias")}.get(op, ())
-    if op == "wkv4":
+    s, dt = run.shapes[op], getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype])
+    name = ENTRIES[op][0].name
+    keep = {"wkv4": ("w", "u"), "selective_scan": ("A", "D", "delta_bias")}.get(name, ())
+    if name == "wkv4":
         base = bench.wkv4_inputs(s["B"], s["C"])(s["T"])
-    elif op.startswith("wkv7"):
+    elif name == "wkv7":
         base = bench.wkv7_inputs(s["B"], s["H"], s["N"])(s["T"])
-    elif op == "selective_scan":
+    elif name == "selective_scan":
         base = bench.ssm_inputs(s["B"], s["D"], s["N"])(s["T"])
     else:
         g = torch.Generator(run.device).manual_seed(0)
         base = {n: torch.randn(s["B"], s["H"], s["T"], s["d"], generator=g, device=run.device) for n in "qkv"}
-        if op == "rerope_decode":
+        if name == "rerope_decode":
             base = {"q": base["q"][:, :, -1:], "k_cache": base["k"], "v_cache": base["v"]}
 
     def make(requires_grad=False):
@@ -186,7 +206,7 @@ def seqmix_call(run, op: str, backend: str):
     backend "triton_chunked")."""
     spec, triton_backend = ENTRIES[op]
     backend = triton_backend if backend == "triton" else backend
-    shape = run.shapes[spec.stem]
+    shape = run.shapes[op]
     # the options the models use: Mamba's softplus of delta; ReRoPE's window from the shape (its w)
     options = ({"delta_softplus": True} if spec.name == "selective_scan" else
                {"window": shape["w"]} if "w" in shape else {})
@@ -197,8 +217,8 @@ def _timing_cases(run):
     """(op, dtype, make, call, implementation, mode): seqmix's Triton and torch backends, then the peers."""
     from seqmix.benchmarks import peers
     fla, why_not_fla = _fla()
-    w = run.shapes["rerope"]["w"]
     for op in COST_KERNELS:
+        kind, w = ENTRIES[op][0].name, run.shapes[op].get("w")   # the op's name ("attention" for "attention d=128")
         for dtype in ("fp32", "bf16"):
             if not run.wants(op):
                 continue
@@ -207,13 +227,13 @@ def _timing_cases(run):
             sdpa = "torch SDPA (flash)" if flash is _flash else "torch SDPA (default backend)"
             impls = [("seqmix triton", seqmix_call(run, op, "triton")),
                      ("seqmix torch", None if op == "wkv7 chunked" else seqmix_call(run, op, "torch"))]
-            if op == "attention":
+            if kind == "attention":
                 impls.append((sdpa, flash(lambda x: torch.nn.functional.scaled_dot_product_attention(
                     x["q"], x["k"], x["v"], is_causal=True))))
-            if op == "rerope_attention":
+            if kind == "rerope_attention":
                 impls += [(sdpa + " + RoPE", flash(lambda x: peers.sdpa_rope(**x))),
-                          ("two-pass ReRoPE (source)", lambda x: peers.rerope_two_pass(**x, window=w))]
-            if op == "wkv7":
+                          ("two-pass ReRoPE (source)", lambda x, w=w: peers.rerope_two_pass(**x, window=w))]
+            if op == "wkv7":                    # the sequential entry; "wkv7 chunked" has the same peers
                 # the adapters take seqmix's arguments positionally or by name; the timer passes them by name
                 impls += [(f"fla {name}", fla and (lambda x, f=fla[name]: f(**x)))
                           for name in ("chunk_rwkv7", "fused_recurrent_rwkv7")]
@@ -221,7 +241,7 @@ def _timing_cases(run):
                 if impl == "seqmix torch" and call is None:
                     continue                    # the torch backend has no chunked form: it is the "wkv7" row
                 for mode in ("forward", "forward+backward"):
-                    if mode != "forward" and (op == "rerope_decode" or impl.startswith("two-pass")):
+                    if mode != "forward" and (kind == "rerope_decode" or impl.startswith("two-pass")):
                         continue                # decode serves inference; the two-pass peer is a prefill
                     yield op, dtype, make, call or why_not_fla, impl, mode
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["Benchmark", "OpSpec", "REGISTRY", "register", "unregister", "registered", "spec", "names", "load", "view",
            "benchmarked"]
@@ -40,11 +40,14 @@ class Benchmark:
     op. builder: the cost model's function (in benchmarks/cost_model.py) that models the op module's kernels;
     shape / dry_shape: the benchmark's sizes and gpu_check --dry-run's (both keyed by the module's stem, so the two
     ReRoPE ops share theirs); kernels: per Triton backend, the AOT labels' prefixes of its forward kernel and of its
-    training kernels (forward and backward), as the cost model names them."""
+    training kernels (forward and backward), as the cost model names them; variants: more shapes of the same
+    kernels, each timed, compiled and modelled as an entry of its own whose name ends in the variant's ("attention
+    d=128"), by that name: the sizes it changes in shape and in dry_shape."""
     builder: str
     shape: dict
     dry_shape: dict
     kernels: dict
+    variants: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,8 @@ REGISTRY: list[OpSpec] = [
            "seqmix.reference.attention:softmax_attention", _NAIVE + "explicit_attention", _BATTERY + "ATTENTION",
            _FLASH, "attention", aot_modules=("seqmix.kernels.attention",),
            benchmark=Benchmark("attention_models", dict(B=1, H=4, T=8192, d=64), dict(B=1, H=2, T=32, d=16),
-                               {"triton": ("attention_fwd", ("attention_",))})),
+                               {"triton": ("attention_fwd", ("attention_",))},
+                               variants={"d=128": (dict(d=128), dict(d=32))})),   # the issue's goal: d = 64 and 128
     OpSpec("rerope_attention", "ReRoPE prefill", "seqmix.kernels.rerope", "seqmix.reference.rope:rerope_attention",
            _NAIVE + "rerope_attention", _BATTERY + "REROPE_ATTENTION", _FLASH, "attention",
            aot_modules=("seqmix.kernels.rerope.fused",),

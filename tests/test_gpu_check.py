@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernel_cases import needs_triton
-from seqmix.benchmarks import gpu_check, gpu_timing
+from seqmix.benchmarks import gpu_check, gpu_correct, gpu_profile, gpu_timing
 from seqmix.kernels.registry import REGISTRY
 
 
@@ -47,8 +47,8 @@ def test_dry_run_writes_every_part_in_order_with_timestamps(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     record = json.loads((tmp_path / "gpu_check.json").read_text())
     assert [p["name"] for p in record["parts"]] == list(gpu_check.PARTS)
-    for part in record["parts"]:
-        assert part["status"] == "ok" and part["rows"], part
+    for part in record["parts"]:   # the profile part is WKV-7's alone (test_the_profile_part_walks_on_a_dry_run)
+        assert part["status"] == "ok" and (part["rows"] or part["name"] == "profile"), part
         assert _timestamp(part["started"]) <= _timestamp(part["ended"])
     assert record["verdict"] == "PASS" and record["finished"]
     rows = {p["name"]: p["rows"] for p in record["parts"]}
@@ -151,3 +151,115 @@ def test_the_interpreter_counts_the_compiles_a_gpu_would_do():
 def test_unknown_parts_are_refused(tmp_path):
     with pytest.raises(SystemExit):
         _main(tmp_path, "--parts", "correct,speed")
+
+
+def test_attention_is_benchmarked_at_head_sizes_64_and_128_and_checked_once():
+    """The issue's goal names d = 64 and 128: both are entries of the one list of shapes (the second a variant of
+    the first, tiny on a dry run); the correctness checks, which choose their own shapes, run attention once."""
+    assert gpu_timing.SHAPES["attention"] == dict(B=1, H=4, T=8192, d=64)
+    assert gpu_timing.SHAPES["attention d=128"] == dict(B=1, H=4, T=8192, d=128)
+    assert gpu_timing.DRY_SHAPES["attention d=128"]["d"] == 32
+    assert gpu_timing.VARIANTS == ("attention d=128",)
+    assert "attention d=128" in gpu_timing.COST_KERNELS
+    assert not any(op.startswith("attention d=128") for op in (*gpu_correct.OPS, *gpu_correct.BATTERY))
+
+
+@needs_triton
+@pytest.mark.timeout(600)
+def test_a_dry_run_times_models_and_compares_attention_at_d_128(tmp_path):
+    """The compile, timing, cost-model and peers parts each carry rows of the entry "attention d=128", at its dry
+    shape, forward and forward + backward, fp32 and bf16."""
+    assert _main(tmp_path, "--parts", "compile,timing,cost_model,peers", "--ops", "attention d=128") == 0
+    rows = {p["name"]: p["rows"] for p in _record(tmp_path)["parts"]}
+    assert [(r["op"], r["compiles"]) for r in rows["compile"]] == [("attention d=128", 4)]
+    modes, dtypes = {"forward", "forward+backward"}, {"fp32", "bf16"}
+    timed = [r for r in rows["timing"] if r["op"] == "attention d=128"]
+    assert {(r["impl"], r["dtype"], r["mode"]) for r in timed} == {
+        (impl, dtype, mode) for impl in ("seqmix triton", "seqmix torch") for dtype in dtypes for mode in modes}
+    assert all(r["shape"] == "B=1 H=2 T=32 d=32" and r["median_s"] > 0 for r in timed)
+    assert {(r["op"], r["impl"], r["dtype"], r["mode"]) for r in rows["peers"]} == {
+        ("attention d=128", "torch SDPA (default backend)", dtype, mode) for dtype in dtypes for mode in modes}
+    assert all(r["median_s"] > 0 for r in rows["peers"])
+    assert {(r["dtype"], r["mode"]) for r in rows["cost_model"]} == {(d, m) for d in dtypes for m in modes}
+    assert all(r["op"] == "attention d=128" and r["shape"] == "B=1 H=2 T=32 d=32" and r["kernels"].startswith(
+        "attention_fwd") and r["predicted_s"] > 0 and r["measured_s"] > 0 for r in rows["cost_model"])
+
+
+@needs_triton
+@pytest.mark.timeout(600)
+def test_the_profile_part_walks_on_a_dry_run(tmp_path):
+    """Without CUDA the profile part records our chunked WKV-7 kernels' launch grids at the dry shape (one program per
+    batch, head and 16 value rows; the backward's per chunk too), says that the CUDA times need a GPU, and skips fla;
+    the launches' recorder leaves Triton as it found it."""
+    from triton.runtime.interpreter import InterpretedFunction
+    run_before = InterpretedFunction.__dict__["run"]
+    assert _main(tmp_path, "--parts", "profile", "--ops", "wkv7 chunked") == 0
+    (part,) = _record(tmp_path)["parts"]
+    assert part["name"] == "profile" and part["status"] == "ok"
+    s = gpu_timing.DRY_SHAPES["wkv7 chunked"]
+    programs = str(s["B"] * s["H"] * s["N"] // 16 * -(-s["T"] // 16))
+    ours = [r for r in part["rows"] if r["impl"] == "seqmix wkv7 chunked"]
+    assert {(r["mode"], r["kernel"]) for r in ours} == {
+        ("forward", "wkv7_chunked_fwd_kernel"), *(("forward+backward", f"wkv7_chunked_{k}_kernel")
+                                                  for k in ("fwd", "dstate", "bwd"))}
+    assert all(r["op"] == "wkv7" and r["dtype"] == "fp32" and r["calls_per_step"] == 1 and r["programs"] == programs
+               and r["grid"] and "need" in r["cuda_s"] for r in ours), ours
+    fla = [r for r in part["rows"] if r["impl"] == "fla chunk_rwkv7"]
+    assert {r["mode"] for r in fla} == {"forward", "forward+backward"} and all("GPU" in r["skipped"] for r in fla)
+    assert InterpretedFunction.__dict__["run"] is run_before
+    assert "## 3. profile" in (tmp_path / "gpu_check.md").read_text()
+
+
+@needs_triton
+def test_the_profile_part_stops_at_the_deadline_and_waits_for_fla_s_autotuning(tmp_path):
+    assert _main(tmp_path, "--parts", "profile", "--ops", "wkv7 chunked", "--budget-s", "0") == 1
+    rows = _record(tmp_path)["parts"][0]["rows"]
+    assert all(r["stopped"] == "time budget spent" for r in rows if r["impl"].startswith("seqmix")) and rows
+    run = gpu_check.Run(None, True, gpu_profile.FLA_FIRST_CALL_S - 10, (), {"parts": []})
+    why = gpu_profile._why_not                                          # fla's case, with 140 s left:
+    assert "autotunes" in why(run, "fla chunk_rwkv7", len, timed=False)["stopped"]   # its first call here
+    assert why(run, "fla chunk_rwkv7", len, timed=True) == {}                        # the peers part called it
+    assert why(run, "fla chunk_rwkv7", "skipped: no fla", timed=False) == {"skipped": "skipped: no fla"}
+
+
+@needs_triton
+def test_a_profiled_case_gives_a_row_per_kernel_with_its_grid(monkeypatch):
+    """The rows a GPU gives, from the profiler's times (faked here: a CPU build has no CUDA activity) and the grids of
+    the launches: sorted by time, each with its share, ours with their programs, then the total."""
+    run = gpu_check.Run(None, True, None, (), {"parts": []})
+    call = gpu_timing.seqmix_call(run, "wkv7 chunked", "triton")
+    make = gpu_timing.inputs_at(run, "wkv7 chunked", "fp32")
+    fake = {"wkv7_chunked_fwd_kernel": (5, 3e-3), "void at::native::fill_kernel": (10, 1e-3)}
+    monkeypatch.setattr(gpu_profile, "_profiled", lambda step: (step(), fake)[1])
+    run.dry = False                                   # past the dry run's return: the GPU's path, on the CPU
+    monkeypatch.setattr(run, "sync", lambda: None)
+    ours, fill, total = gpu_profile.profile_case(run, call, make, "forward")
+    assert ours.pop("mean_s") == pytest.approx(6e-4)
+    assert ours == {"kernel": "wkv7_chunked_fwd_kernel", "calls": 5, "calls_per_step": 1, "total_s": 3e-3,
+                    "share": 0.75, "grid": "2x1", "programs": "2"}
+    assert fill["grid"] is None and fill["calls_per_step"] == 2 and fill["share"] == 0.25
+    assert total["kernel"] == "(all kernels)" and total["calls"] == 15 and total["per_step_s"] == pytest.approx(8e-4)
+    monkeypatch.setattr(gpu_profile, "_profiled", lambda step: {})
+    assert "no CUDA kernel" in gpu_profile.profile_case(run, call, make, "forward")[0]["skipped"]
+
+
+def test_kernel_times_sums_the_profiler_events_of_one_device():
+    """Per name, the calls and total seconds of the profiler's events on one device (on a GPU: CUDA, the kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+    x = torch.ones(64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            torch.add(x, x)
+    times = gpu_profile.kernel_times(prof.events(), torch.autograd.DeviceType.CPU)
+    calls, seconds = times["aten::add"]
+    assert calls == 3 and 0 < seconds < 10
+    assert gpu_profile.kernel_times(prof.events(), torch.autograd.DeviceType.CUDA) == {}
+
+
+def test_launch_grids_are_read_as_programs():
+    assert gpu_profile._grid([(24, 4), (24, 4)]) == {"grid": "24x4", "programs": "96"}
+    assert gpu_profile._grid([(12, 4), (1536, 4)]) == {"grid": "12x4, 1536x4", "programs": "48, 6144"}
+    assert gpu_profile._grid([lambda meta: (1,)]) == {"grid": None, "programs": None}
+    grids = {"wkv7_chunked_fwd_kernel": [(12, 4)]}
+    assert gpu_profile._launched_as("wkv7_chunked_fwd_kernel", grids) == [(12, 4)]
+    assert gpu_profile._launched_as("void at::native::fill_kernel<float>", grids) == []
