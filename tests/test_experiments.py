@@ -368,3 +368,35 @@ def test_a_control_seed_that_needs_the_long_run_is_named():
     results.rows.append(row("long", 2, 1.0, 0.95))
     assert state_tracking.control_holds(results, setup) is True
     assert "seed 2 only with 4x" in state_tracking._control_note(results, setup)
+
+
+def test_failed_cells_at_the_controls_width_get_the_long_run_at_every_n(tmp_path, monkeypatch):
+    """Is it the budget? A cell below long_below at the control's width, at N = 4 or N = 8, trains again with
+    long_factor times the steps at its chosen rate; a cell at another width, or one that passed, does not."""
+    setup, trained = recall.FULL, []
+
+    class FakeRun:
+        def __init__(self, budget, arch, pairs, lr):
+            self.budget, self.arch, self.pairs, self.lr, self.model = budget, arch, pairs, lr, None
+
+        def train_to(self, steps, progress):
+            trained.append((self.arch, self.pairs, self.lr, steps))
+            return self
+
+        def summary(self):
+            return {"lr": self.lr, "steps": self.budget.steps}
+
+    monkeypatch.setattr(recall, "_make_run",
+                        lambda s, out, arch, width, pairs, seed, lr: FakeRun(s.budget, arch, pairs, lr))
+    monkeypatch.setattr(recall, "round_to_fp16", lambda model: model)
+    monkeypatch.setattr(recall, "evaluate", lambda *a: {"accuracy": 0.5, "count": 8})
+    monkeypatch.setattr(recall, "_held_out", lambda *a: ())
+    results = Results(tmp_path, "recall")
+    cells = [recall.Cell("attention", 64, 8, rate_from=(64, 4)), recall.Cell("rwkv4", 128, 4, rate_from=(64, 4)),
+             recall.Cell("rwkv7", 64, 8, rate_from=(64, 4))]
+    for cell, accuracy in zip(cells, [0.14, 0.54, 0.99]):
+        results.add({"arch": cell.arch, "width": cell.width, "pairs": cell.pairs, "phase": "test", "seed": 0,
+                     "lr": 2e-3, "test_accuracy": accuracy})
+        recall.long_runs(results, setup, tmp_path, {}, cell)
+    assert trained == [("attention", 8, 2e-3, setup.long_factor * setup.budget.steps)]
+    assert results.find(phase="long", arch="attention", pairs=8)["test_accuracy"] == 0.5
