@@ -193,7 +193,7 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
 def long_runs(results: Results, setup: Setup, out, env: dict, cell: Cell, seed: int = 0,
               progress: bool = True) -> None:
     """Is it the budget? At the control's width (at every N), a run that failed trains long_factor times longer at its
-    chosen rate (the schedule stretched to match), so that no failure is put down to budget unmeasured: every seed
+    chosen rate (_long_rate; the schedule stretched to match), so that no failure is put down to budget unmeasured: every seed
     of the control below setup.control_accuracy, and the first seed of every other cell below setup.long_below
     (attention at N = 8 included: a recurrent model's failure there says nothing while attention's is unmeasured).
     Rows of phase "long"."""
@@ -208,11 +208,23 @@ def long_runs(results: Results, setup: Setup, out, env: dict, cell: Cell, seed: 
         test = results.find(phase="test", **key)
         if test is None or test["test_accuracy"] >= threshold or results.find(phase="long", **key):
             continue
-        run = _make_run(replace(setup, budget=budget), out, cell.arch, cell.width, cell.pairs, s, test["lr"])
+        lr = _long_rate(results, cell, seed, test["lr"])
+        run = _make_run(replace(setup, budget=budget), out, cell.arch, cell.width, cell.pairs, s, lr)
         round_to_fp16(run.train_to(budget.steps, progress).model)          # as the final runs are measured
         found = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, cell.pairs, setup.test_size))
         results.add({**key, "phase": "long", **run.summary(), "test_accuracy": found["accuracy"],
                      "test_queries": found["count"], "env": env})
+
+
+def _long_rate(results: Results, cell: Cell, seed: int, chosen: float, floor: float = 0.2) -> float:
+    """The rate of a long run: the cell's chosen rate; but when no rate of its sweep got past ``floor`` validation
+    accuracy (chance is 1/N: 12.5% at N = 8), the sweep chose on noise, and the rate chosen in the cell its rates
+    came from (rate_from: the same model at N = 4) is the better guess."""
+    sweep = results.find(phase="sweep", arch=cell.arch, width=cell.width, pairs=cell.pairs, seed=seed)
+    if cell.rate_from is None or sweep is None or max(r["valid_accuracy"] for r in sweep["runs"]) >= floor:
+        return chosen
+    width, pairs = cell.rate_from
+    return results.find(phase="sweep", arch=cell.arch, width=width, pairs=pairs, seed=seed)["chosen_lr"]
 
 
 def test_accuracies(results: Results, **setting) -> list:

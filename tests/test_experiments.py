@@ -400,3 +400,13 @@ def test_failed_cells_at_the_controls_width_get_the_long_run_at_every_n(tmp_path
         recall.long_runs(results, setup, tmp_path, {}, cell)
     assert trained == [("attention", 8, 2e-3, setup.long_factor * setup.budget.steps)]
     assert results.find(phase="long", arch="attention", pairs=8)["test_accuracy"] == 0.5
+
+    # a sweep that never left chance chose on noise: the long run takes the rate chosen at N = 4 instead
+    results.add({"arch": "attention", "width": 64, "pairs": 4, "phase": "sweep", "seed": 0, "chosen_lr": 5e-4})
+    for best, lr in [(0.15, 5e-4), (0.6, 2e-3)]:
+        results.rows = [r for r in results.rows if r["phase"] == "test" or r["phase"] == "sweep" and r["pairs"] == 4]
+        results.rows.append({"arch": "attention", "width": 64, "pairs": 8, "phase": "sweep", "seed": 0,
+                             "chosen_lr": 2e-3, "runs": [{"valid_accuracy": 0.13}, {"valid_accuracy": best}]})
+        trained.clear()
+        recall.long_runs(results, setup, tmp_path, {}, cells[0])
+        assert trained == [("attention", 8, lr, setup.long_factor * setup.budget.steps)]
