@@ -193,8 +193,8 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
 def long_runs(results: Results, setup: Setup, out, env: dict, cell: Cell, seed: int = 0,
               progress: bool = True) -> None:
     """Is it the budget? At the control's width (at every N), a run that failed trains long_factor times longer at its
-    chosen rate (_long_rate; the schedule stretched to match), so that no failure is put down to budget unmeasured: every seed
-    of the control below setup.control_accuracy, and the first seed of every other cell below setup.long_below
+    chosen rate (_long_rate; the schedule stretched to match), so that no failure is put down to budget unmeasured:
+    every seed of the control below setup.control_accuracy, and the first seed of every other cell below long_below
     (attention at N = 8 included: a recurrent model's failure there says nothing while attention's is unmeasured).
     Rows of phase "long"."""
     control = setup.control
