@@ -66,14 +66,21 @@ def extrapolation(curves, lengths, path, title) -> None:
 
 
 def selective_copy(histories, path) -> None:
-    """Validation accuracy during training, a line per run. histories: {label: [[step, loss, acc, val loss]]}."""
-    fig = Figure(figsize=(6, 3.6))
-    ax = fig.subplots()
-    for label, history in histories.items():
+    """Validation accuracy during training, a panel per regime, a colour per model, a line style per seed.
+    histories: {(arch, regime, seed): [[step, loss, acc, val loss], ...]}."""
+    regimes = list(dict.fromkeys(regime for _, regime, _ in histories))
+    archs = list(dict.fromkeys(arch for arch, _, _ in histories))
+    fig = Figure(figsize=(5.5 * max(len(regimes), 1), 3.6))          # two panels: 1210 px at dpi 110
+    axes = fig.subplots(1, max(len(regimes), 1), squeeze=False)[0]
+    styles = ("-", "--", ":", "-.")
+    for (arch, regime, seed), history in histories.items():
         h = np.asarray(history, dtype=float)
-        ax.plot(h[:, 0], h[:, 2], label=label)
-    ax.set(xlabel="training step", ylabel="validation accuracy", ylim=(-0.02, 1.02), title="selective copying")
-    ax.legend(fontsize=8)
+        axes[regimes.index(regime)].plot(h[:, 0], h[:, 2], color=matplotlib.colormaps["tab10"](archs.index(arch)),
+                                         linestyle=styles[seed % len(styles)],
+                                         label=arch if seed == min(s for a, r, s in histories if a == arch) else None)
+    for ax, regime in zip(axes, regimes):
+        ax.set(xlabel="training step", ylabel="validation accuracy", ylim=(-0.02, 1.02), title=regime)
+        ax.legend(fontsize=8, title="line style: seed 0, 1, 2", title_fontsize=8)
     _save(fig, path)
 
 

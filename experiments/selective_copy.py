@@ -168,12 +168,12 @@ def report(results: Results, setup: Setup, out) -> str:
             acc = [r["test_accuracy"] for r in tests]
             rows.append([arch, fmt(np.mean(acc)), " / ".join(fmt(a) for a in acc), f"{sweep['chosen_lr']:.2g}",
                          tests[0]["parameters"], " / ".join(str(r["steps"]) for r in tests), PAPER[arch]])
-            histories.update({f"{arch}, {regime.name}, seed {r['seed']}": r["history"] for r in tests})
+            histories.update({(arch, regime.name, r["seed"]): r["history"] for r in tests})
         b = regime.budget
         text += (f"\n## {regime.name} (of {regime.num_symbols} symbols)\n\n{b.steps} steps of {b.batch_size} at most "
                  f"(early stop at {fmt(b.target)}).\n\n")
         text += markdown_table(["model", "test accuracy (mean)", "per seed", "rate", "parameters", "steps per seed",
-                                "paper, 4096 positions"], rows)
+                                "paper, 4096 positions"], rows) if rows else "No finished run yet.\n"
     (out / f"{NAME}.md").write_text(text)
     plots.selective_copy(histories, out / f"{NAME}.png")
     step_size_figure(setup, out)
