@@ -184,7 +184,7 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
             sweep_then_seeds(results, dict(arch=cell.arch, width=cell.width, pairs=cell.pairs),
                              partial(_make_run, setup, out, cell.arch, cell.width, cell.pairs), lrs, setup.budget,
                              seed=seed, seeds=cell.seeds, rungs=1, finish=partial(_finish, setup, out, seed),
-                             env=env, progress=progress, extend=setup.extend)
+                             env=env, progress=progress, extend=setup.extend, extend_floor=left_chance(cell.pairs))
             long_runs(results, setup, out, env, cell, seed, progress)
         report(results, setup, out)
         return results
@@ -216,12 +216,20 @@ def long_runs(results: Results, setup: Setup, out, env: dict, cell: Cell, seed: 
                      "test_queries": found["count"], "env": env})
 
 
-def _long_rate(results: Results, cell: Cell, seed: int, chosen: float, floor: float = 0.2) -> float:
-    """The rate of a long run: the cell's chosen rate; but when no rate of its sweep got past ``floor`` validation
-    accuracy (chance is 1/N: 12.5% at N = 8), the sweep chose on noise, and the rate chosen in the cell its rates
-    came from (rate_from: the same model at N = 4) is the better guess."""
+def left_chance(pairs: int) -> float:
+    """The validation accuracy at which a run has left chance (1/N) for sure: twice chance. A sweep whose best rate
+    stays below it chose on noise: its grid is not extended past that winner (training.extend_to_interior), and its
+    long run takes another rate (_long_rate)."""
+    return 2 / pairs
+
+
+def _long_rate(results: Results, cell: Cell, seed: int, chosen: float) -> float:
+    """The rate of a long run: the cell's chosen rate; but when no rate of its sweep left chance (left_chance), the
+    sweep chose on noise, and the rate chosen in the cell its rates came from (rate_from: the same model at N = 4)
+    is the better guess."""
     sweep = results.find(phase="sweep", arch=cell.arch, width=cell.width, pairs=cell.pairs, seed=seed)
-    if cell.rate_from is None or sweep is None or max(r["valid_accuracy"] for r in sweep["runs"]) >= floor:
+    best = max(r["valid_accuracy"] for r in sweep["runs"]) if sweep else 1.0
+    if cell.rate_from is None or best >= left_chance(cell.pairs):
         return chosen
     width, pairs = cell.rate_from
     return results.find(phase="sweep", arch=cell.arch, width=width, pairs=pairs, seed=seed)["chosen_lr"]

@@ -279,16 +279,17 @@ def successive_halving(make_run: Callable, lrs, budget: Budget, rungs: int = 3, 
 
 
 def extend_to_interior(winner, runs: list, make_run: Callable, budget: Budget, *, factor: float, bounds=(1e-5, 0.1),
-                       progress: bool = True):
+                       floor: float = -math.inf, progress: bool = True):
     """The rate grid must bracket the optimum: while the winner sits on the grid's edge (its smallest or largest
     rate), train the next rate beyond that edge (lr / factor or lr * factor, within ``bounds``) to the end and
     rank again. A winner on an edge means the best rate may lie outside the grid; this reports it rather than
-    choosing it.
+    choosing it. A winner whose validation accuracy is below ``floor`` (no rate left chance) won on noise, and
+    no edge is extended for it.
 
     Returns:
         (winner, runs): the best Run and every Run tried, the added ones last.
     """
-    while True:
+    while winner.score[0] >= floor:
         lrs = sorted(r.lr for r in runs)
         if winner.lr == lrs[0] and lrs[0] / factor >= bounds[0] * (1 - 1e-9):
             lr = lrs[0] / factor
@@ -299,10 +300,12 @@ def extend_to_interior(winner, runs: list, make_run: Callable, budget: Budget, *
         added = make_run(lr).train_to(budget.steps, progress)
         runs = [*runs, added]
         winner = max(winner, added, key=lambda r: r.score)
+    return winner, runs
 
 
 def sweep_then_seeds(results, setting: dict, make_run: Callable, lrs, budget: Budget, *, seed: int, seeds: int,
-                     rungs: int, finish: Callable, env: dict, progress: bool = True, extend: float | None = None) -> None:
+                     rungs: int, finish: Callable, env: dict, progress: bool = True, extend: float | None = None,
+                     extend_floor: float = -math.inf) -> None:
     """The protocol of the synthetic-task experiments, for one setting: the learning-rate sweep with the first seed
     (successive halving on the validation set, rungs = 1 trains every rate to the end; then, with ``extend``, the
     grid extended until its winner is interior: extend_to_interior), whose winner, trained to the end, is that
@@ -315,13 +318,14 @@ def sweep_then_seeds(results, setting: dict, make_run: Callable, lrs, budget: Bu
         finish: (run, key) -> the fields of the final run's row (its test metrics); key = setting plus the seed.
         env: records.environment(...), recorded in every row.
         extend: the factor between neighbouring rates, to extend the grid past an edge winner; None: never.
+        extend_floor: extend only for a winner at or above this validation accuracy (extend_to_interior's floor).
     """
     sweep = results.find(phase="sweep", seed=seed, **setting)
     if sweep is None:
         winner, runs = successive_halving(lambda lr: make_run(seed, lr), lrs, budget, rungs, progress)
         if extend is not None:
             winner, runs = extend_to_interior(winner, runs, lambda lr: make_run(seed, lr), budget, factor=extend,
-                                              progress=progress)
+                                              floor=extend_floor, progress=progress)
         sweep = results.add({**setting, "phase": "sweep", "seed": seed, "chosen_lr": winner.lr,
                              "runs": [r.summary() for r in runs], "env": env})
         results.add({**setting, "phase": "test", "seed": seed, **winner.summary(),

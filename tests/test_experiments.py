@@ -316,6 +316,19 @@ def test_the_rate_grid_stops_at_its_bounds(monkeypatch):
     assert winner.lr == pytest.approx(0.1) and [round(r.lr, 6) for r in runs] == [0.04, 0.05, 0.1]
 
 
+def test_the_rate_grid_is_not_extended_for_a_winner_at_chance(monkeypatch):
+    """Every rate at chance (fake accuracies 0.13 and 0.14, the winner on the upper edge): a floor above them stops
+    the extension; at a floor below them the grid is extended as before."""
+    monkeypatch.setattr(Run, "_validate", lambda self, loss: self.history.append(
+        [self.step, loss, 0.12 + self.lr, 0.0]))
+    for floor, tried in [(0.25, [0.01, 0.02]), (0.1, [0.01, 0.02, 0.04])]:
+        runs = [_tiny_run(0, lr, steps=2).train_to(2, False) for lr in (0.01, 0.02)]
+        winner, runs = extend_to_interior(runs[1], runs, lambda lr: _tiny_run(0, lr, steps=2),
+                                          Budget(steps=2, batch_size=4), factor=2.0, bounds=(1e-5, 0.04),
+                                          floor=floor, progress=False)
+        assert [round(r.lr, 6) for r in runs] == tried
+
+
 def test_successive_halving_keeps_the_better_half(monkeypatch):
     """Rates scored by a fake validation accuracy equal to the rate: 4 -> 2 -> 1, the best one to the end."""
     monkeypatch.setattr(Run, "_validate", lambda self, loss: self.history.append([self.step, loss, self.lr, 0.0]))
@@ -401,7 +414,7 @@ def test_failed_cells_at_the_controls_width_get_the_long_run_at_every_n(tmp_path
     assert trained == [("attention", 8, 2e-3, setup.long_factor * setup.budget.steps)]
     assert results.find(phase="long", arch="attention", pairs=8)["test_accuracy"] == 0.5
 
-    # a sweep that never left chance chose on noise: the long run takes the rate chosen at N = 4 instead
+    # a sweep that never left chance (2 / N = 25% at N = 8) chose on noise: the long run takes N = 4's rate instead
     results.add({"arch": "attention", "width": 64, "pairs": 4, "phase": "sweep", "seed": 0, "chosen_lr": 5e-4})
     for best, lr in [(0.15, 5e-4), (0.6, 2e-3)]:
         results.rows = [r for r in results.rows if r["phase"] == "test" or r["phase"] == "sweep" and r["pairs"] == 4]
