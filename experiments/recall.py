@@ -157,11 +157,16 @@ def _rates(setup: Setup, results: Results, cell: Cell, seed: int):
     """The rates a cell sweeps: the grid, or the chosen rate of the cell it follows and its lower neighbour."""
     if cell.rate_from is None:
         return setup.lrs
-    width, pairs = cell.rate_from
-    source = results.find(phase="sweep", arch=cell.arch, width=width, pairs=pairs, seed=seed)
-    if source is None:
+    chosen = _source_rate(results, cell, seed)
+    if chosen is None:
         return None
-    return (source["chosen_lr"] / setup.extend, source["chosen_lr"]) if setup.extend else (source["chosen_lr"],)
+    return (chosen / setup.extend, chosen) if setup.extend else (chosen,)
+
+
+def _source_rate(results: Results, cell: Cell, seed: int) -> float | None:
+    """The rate chosen in the cell ``cell.rate_from`` names (None: not swept yet)."""
+    source = results.find(phase="sweep", arch=cell.arch, width=cell.rate_from[0], pairs=cell.rate_from[1], seed=seed)
+    return None if source is None else source["chosen_lr"]
 
 
 def _skipped(results: Results, cell: Cell, seed: int) -> bool:
@@ -231,8 +236,7 @@ def _long_rate(results: Results, cell: Cell, seed: int, chosen: float) -> float:
     best = max(r["valid_accuracy"] for r in sweep["runs"]) if sweep else 1.0
     if cell.rate_from is None or best >= left_chance(cell.pairs):
         return chosen
-    width, pairs = cell.rate_from
-    return results.find(phase="sweep", arch=cell.arch, width=width, pairs=pairs, seed=seed)["chosen_lr"]
+    return _source_rate(results, cell, seed)
 
 
 def test_accuracies(results: Results, **setting) -> list:

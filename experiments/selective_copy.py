@@ -154,7 +154,8 @@ def report(results: Results, setup: Setup, out) -> str:
     verdict = control_verdict(holds)
     text = (f"# Selective copying: a time-invariant SSM vs Mamba's selective scan\n\nPer-symbol accuracy on "
             f"{setup.test_size} held-out sequences; 2 layers, width {setup.width}, N = 16, Mamba's gated block "
-            f"(\"_ungated\": without the gate, the paper's \"no gate\" rows, first regime only); the rate chosen from {', '.join(f'{lr:.2g}' for lr in setup.lrs)} (full-length runs, "
+            f"(\"_ungated\": without the gate, the paper's \"no gate\" rows, first regime only); the rate chosen "
+            f"from {', '.join(f'{lr:.2g}' for lr in setup.lrs)} (full-length runs, "
             f"the grid extended past an edge winner). **Positive control** (Mamba's worst seed above the "
             f"time-invariant model's best, {setup.regimes[0].name}): {verdict}.\n")
     histories = {}

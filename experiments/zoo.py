@@ -26,9 +26,9 @@ from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
 __all__ = ["ARCHITECTURES", "TimeInvariantProjection", "time_invariant_system", "rwkv7_training_init",
            "mamba_training_init", "build", "logits", "num_parameters", "state_size"]
 
-ARCHITECTURES = ("attention", "rwkv4", "rwkv7", "mamba", "mamba_lti", "mamba_ungated", "mamba_lti_ungated")
 _MAMBAS = {"mamba": (True, True), "mamba_lti": (False, True), "mamba_ungated": (True, False),
            "mamba_lti_ungated": (False, False)}    # arch -> (selective, gated)
+ARCHITECTURES = ("attention", "rwkv4", "rwkv7", *_MAMBAS)
 
 
 class TimeInvariantProjection(nn.Module):
