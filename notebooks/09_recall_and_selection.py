@@ -216,7 +216,7 @@ for arch, width, pairs in setup.save:
 #   100% in 100 steps, Mamba 99.2% in 550 (at chance at width 64 with this schedule), RWKV-4 54% (off the plateau,
 #   not finished; at width 64 it needed 4x the steps). A wider state gives more room, and here it also gives
 #   faster learning, which is not the same claim.
-# * **$N = 8$ needs a larger budget first.** Attention, the control of that setting, stays at chance (13-15%,
+# * **$N = 8$: the control has not learned yet.** Attention, the control of that setting, stays at chance (13-15%,
 #   chance 12.5%) at width 64 with every rate tried in 1000 steps, so no recurrent model's result at $N = 8$ can be
 #   read yet; its 4x run and the remaining cells ($N = 8$, width 256) are filled in the order of the plan as the full
 #   run proceeds. A cell marked "-" has not run yet, and no statement is made about it here.
