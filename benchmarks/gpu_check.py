@@ -194,6 +194,51 @@ class Run:
             tmp.replace(self.out / name)
 
 
+class _Warmers:
+    """fla's first calls (gpu_timing.warm_peer), each (implementation, dtype) in a spawned process started with the
+    run: fla autotunes on its first call for minutes, and keeps its choice on disk, so these processes do it while
+    the correctness parts run, and the peers and profile parts find it done. ``wait`` (before the first benchmark
+    part) waits for them until wait_s after their start and then ends the rest, so that no autotuning shares the GPU
+    with a timing; record["warm_up"] says what each did (a case ended early autotunes again in the peers part, under
+    its budget)."""
+
+    def __init__(self, run: Run, wait_s: float, calls: dict | None = None):
+        """calls: {(impl, dtype): (function, args)} to run each in a process (default: gpu_timing.warm_peer on each
+        case of gpu_timing.peer_first_calls)."""
+        import multiprocessing
+        import threading
+        if calls is None:
+            calls = {case: (gpu_timing.warm_peer, case) for case in gpu_timing.peer_first_calls(run)}
+        self.run, self.deadline, self.procs, self.ended = run, time.monotonic() + wait_s, {}, {}
+        self.started = time.monotonic()
+        for case, (function, args) in calls.items():
+            proc = multiprocessing.get_context("spawn").Process(target=function, args=args, daemon=True)
+            proc.start()
+            self.procs[case] = proc
+            # a thread per process notes when it ends (the main thread is busy with the correctness parts then)
+            threading.Thread(target=lambda c=case, p=proc: (p.join(), self.ended.setdefault(c, time.monotonic())),
+                             daemon=True).start()
+
+    def wait(self):
+        if not self.procs:
+            return
+        for proc in self.procs.values():
+            proc.join(max(0.0, self.deadline - time.monotonic()))
+        rows = []
+        for (impl, dtype), proc in self.procs.items():
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+                status = "ended at the deadline (--warm-wait-s)"
+            else:
+                status = "done" if proc.exitcode == 0 else f"failed (exit code {proc.exitcode})"
+            end = self.ended.get((impl, dtype), time.monotonic())
+            rows.append({"impl": impl, "dtype": dtype, "status": status, "seconds": round(end - self.started, 1)})
+        self.run.record["warm_up"] = rows
+        self.procs = {}
+        self.run.write()
+
+
 _WORKER: Run | None = None
 
 
@@ -304,17 +349,26 @@ def render(record: dict) -> str:
     if record.get("verdict"):
         lines += ["", f"**{record['verdict']}**"]
     lines += [f"- {op} is off its prediction because {why}" for op, why in record.get("explanations", {}).items()]
+    if record.get("warm_up"):
+        lines += ["", "## fla's first calls, in the background during steps 0-2 (seconds from their start)", "",
+                  *_table(record["warm_up"])]
     for part in record["parts"]:
         lines += ["", f"## {STEPS[part['name']]}. {part['name']}", "",
                   f"{part['status']}: started {part['started']}, ended {part['ended']}, {part['seconds']} s"]
         if part.get("error"):
             lines += ["", "```", part["error"], "```"]
-        columns = list(dict.fromkeys(k for row in part["rows"] for k in row))
-        if columns:
-            lines += ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-            lines += ["| " + " | ".join(_short(_cell(row.get(c, ""))).replace("|", "/") for c in columns) + " |"
-                      for row in part["rows"]]
+        lines += _table(part["rows"])
     return "\n".join(lines) + "\n"
+
+
+def _table(rows: list) -> list:
+    """A markdown table of dict rows, its columns the keys in order of first appearance ([] for no rows)."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    if not columns:
+        return []
+    return ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+            *["| " + " | ".join(_short(_cell(row.get(c, ""))).replace("|", "/") for c in columns) + " |"
+              for row in rows]]
 
 
 def _short(text: str, limit: int = 400) -> str:
@@ -380,6 +434,8 @@ def main(argv=None) -> int:
     parser.add_argument("--explain", action="append", default=[], metavar="KERNEL=TEXT",
                         help="why an op's forward is more than 2x off its prediction (repeatable)")
     parser.add_argument("--skip-benchmarks", action="store_true", help=f"leave out {', '.join(BENCHMARKS)}")
+    parser.add_argument("--warm-wait-s", type=float, default=240.0, help="how long after the start the first "
+                        "benchmark part waits for fla's first calls, autotuning in the background (default 240)")
     parser.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)   # a restart after a lost context
     args = parser.parse_args(argv)
     parts = [p for p in args.parts.split(",") if p]
@@ -401,7 +457,10 @@ def main(argv=None) -> int:
         "versions": _versions(), "parts": []}
     workers = args.workers or (1 if args.dry_run else max(1, min(12, (os.cpu_count() or 1) - 2)))
     run = Run(args.out, args.dry_run, args.budget_s, tuple(s for s in args.ops.split(",") if s), record, workers)
+    warmers = _Warmers(run, args.warm_wait_s) if {"peers", "profile"} & set(parts) else None
     for i, name in enumerate(parts):
+        if warmers and name in BENCHMARKS:
+            warmers.wait()              # before any timing: their autotuning must not share the GPU with it
         part = run.begin(name)
         try:
             PART_FUNCTIONS[name](run, lambda row: run.add(part, row))
@@ -410,6 +469,8 @@ def main(argv=None) -> int:
             run.end(part, "context lost", str(e))
             rest = parts[i + 1:]
             if rest:   # the remaining parts in a fresh process: this one's CUDA context fails every call now
+                if warmers:
+                    warmers.wait()
                 print(f"{e}: restarting for {', '.join(rest)}", flush=True)
                 os.execv(sys.executable, [sys.executable, "-m", "seqmix.benchmarks.gpu_check", *_without(argv),
                                           "--parts", ",".join(rest), "--resume"])

@@ -12,8 +12,9 @@ import torch
 
 from seqmix.kernels.registry import benchmarked
 
-__all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "SHAPES", "VARIANTS", "backward", "describe", "inputs_at", "op_function",
-           "part_cost_model", "part_peers", "part_timing", "seqmix_call", "time_step"]
+__all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "SHAPES", "VARIANTS", "backward", "describe", "inputs_at",
+           "op_function", "part_cost_model", "part_peers", "part_timing", "peer_first_calls", "queued_time",
+           "seqmix_call", "time_step", "warm_peer"]
 
 
 
@@ -114,7 +115,8 @@ def part_cost_model(run, emit):
     backward."""
     from seqmix.benchmarks import cost_model
     mma = _aot_mma(run, cost_model)
-    measured = {(r["op"], r["dtype"], r["mode"]): r["median_s"] for p in run.record["parts"]
+    # the GPU's own time where the timing part queued the calls (queued_time), else one call's
+    measured = {(r["op"], r["dtype"], r["mode"]): r.get("gpu_s", r["median_s"]) for p in run.record["parts"]
                 if p["name"] == "timing" for r in p["rows"] if r.get("impl") == "seqmix triton" and "median_s" in r}
     for op, (forward, training) in COST_KERNELS.items():
         if not run.wants(op):
@@ -246,6 +248,33 @@ def _timing_cases(run):
                     yield op, dtype, make, call or why_not_fla, impl, mode
 
 
+def peer_first_calls(run) -> list:
+    """(impl, dtype) of the peers whose first call autotunes for minutes (fla's: over 120 s for chunk_rwkv7's forward
+    and backward in run 3), which gpu_check warms in processes of their own while the correctness parts run."""
+    fla, _ = _fla()
+    if run.dry or not fla:
+        return []
+    return list(dict.fromkeys((impl, dtype) for _, dtype, _, _, impl, _ in _timing_cases(run)
+                              if impl.startswith("fla")))
+
+
+def warm_peer(impl: str, dtype: str) -> None:
+    """Call the peer ``impl`` once forward and once forward + backward at its benchmark shape in ``dtype``, in a
+    process of its own: fla's autotuner keeps what it chose on disk (fla-core's cache_results=True, Triton's cache
+    folder), where the peers part's process then finds it instead of autotuning again."""
+    from seqmix.benchmarks.gpu_check import Run
+    run = Run(None, False, None, (), {"parts": []})
+    for _, case_dtype, make, call, case_impl, mode in _timing_cases(run):
+        if (case_impl, case_dtype) == (impl, dtype):
+            x = make(requires_grad=mode != "forward")
+            if mode == "forward":
+                with torch.no_grad():
+                    call(x)
+            else:
+                backward(call(x), x)
+            torch.cuda.synchronize()
+
+
 def _fla():
     """fla's RWKV-7 Triton ops adapted to seqmix's signature, or None and why not (not installed, or a dry run:
     they need a GPU)."""
@@ -299,7 +328,40 @@ def time_step(step, run, budget_s: float = 0.3, min_runs: int = 5, max_runs: int
             end.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
     median = statistics.median(times)
-    return {"median_s": median, "n": len(times), "spread": (max(times) - min(times)) / median}
+    row = {"median_s": median, "n": len(times), "spread": (max(times) - min(times)) / median}
+    if not run.dry:
+        row.update(queued_time(step, median))
+    return row
+
+
+def queued_time(step, per_call_s: float, repeats: int = 5, cuda=torch.cuda) -> dict:
+    """The GPU's own seconds per call of ``step``, the host's launch latency hidden: the stream first sleeps
+    (torch.cuda._sleep) while the host queues k calls between two events, so that the GPU runs them back to back.
+
+    Why: the first GPU run timed every fast op near 0.29 ms, whatever its work (an empty kernel's launch, timed
+    alone, is the floor that median_s cannot go below); queued, a call costs what the GPU spends on it. The sleep is
+    3x what k calls took each, timed alone (at most 0.2 s); where the GPU had already passed the first event when
+    the host finished queueing (``start.query()``), the launches may have starved it: the sleep doubles and the
+    repeat counts in ``gpu_starved`` (a step that synchronizes, such as one that reads a value back, starves it
+    every time).
+    Returns: {"gpu_s": the median over repeats of the seconds per call, "gpu_calls": k, "gpu_starved": repeats
+    whose queue ran dry}."""
+    calls = max(1, min(50, round(0.005 / max(per_call_s, 1e-6))))      # about 5 ms of calls per repeat
+    sleep_s = min(0.2, 3 * calls * per_call_s + 0.002)
+    times, starved = [], 0
+    for _ in range(repeats):
+        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        cuda._sleep(int(sleep_s * 2e9))                     # cycles: at most 2 GHz, so at least sleep_s
+        start.record()
+        for _ in range(calls):
+            step()
+        end.record()
+        if start.query():                                   # the sleep ended before the queue was full
+            starved += 1
+            sleep_s = min(0.2, 2 * sleep_s)
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / calls)
+    return {"gpu_s": statistics.median(times), "gpu_calls": calls, "gpu_starved": starved}
 
 
 def describe(e: Exception) -> str:

@@ -263,3 +263,76 @@ def test_launch_grids_are_read_as_programs():
     grids = {"wkv7_chunked_fwd_kernel": [(12, 4)]}
     assert gpu_profile._launched_as("wkv7_chunked_fwd_kernel", grids) == [(12, 4)]
     assert gpu_profile._launched_as("void at::native::fill_kernel<float>", grids) == []
+
+
+class _FakeCuda:
+    """torch.cuda's Event and _sleep over a simulated GPU clock: the stream sleeps, then runs each queued call for
+    ``gpu_s``; the host queues each call in ``host_s``. An event's time is when the GPU reaches it: never before the
+    host has queued it, so a queue that runs dry shows the host's latency, as on a real GPU."""
+
+    def __init__(self, gpu_s, host_s):
+        self.gpu_s, self.host_s, self.host, self.gpu = gpu_s, host_s, 0.0, 0.0
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing):
+                self.at = None
+
+            def record(self):
+                fake.gpu = max(fake.gpu, fake.host)
+                self.at = fake.gpu
+
+            def query(self):
+                return self.at <= fake.host       # the GPU has passed it by the host's present
+
+            def synchronize(self):
+                fake.host = max(fake.host, self.at)
+
+            def elapsed_time(self, end):
+                return (end.at - self.at) * 1e3   # milliseconds, as CUDA's
+
+        self.Event = Event
+
+    def _sleep(self, cycles):
+        self.gpu = max(self.gpu, self.host) + cycles / 2e9
+
+    def step(self):
+        self.host += self.host_s
+        self.gpu = max(self.gpu, self.host) + self.gpu_s
+
+
+def test_queued_time_hides_the_launch_latency_that_a_single_call_measures():
+    """A 10 us kernel behind 290 us of launch latency: one call alone measures about 300 us (the first GPU run's
+    floor); queued behind a sleep long enough, the calls run back to back and measure 10 us each, unstarved."""
+    cuda = _FakeCuda(gpu_s=10e-6, host_s=290e-6)
+    got = gpu_timing.queued_time(cuda.step, per_call_s=300e-6, cuda=cuda)
+    assert got["gpu_s"] == pytest.approx(10e-6, rel=1e-6) and got["gpu_starved"] == 0
+    assert got["gpu_calls"] == round(0.005 / 300e-6)
+
+
+def test_queued_time_says_when_the_queue_ran_dry_and_sleeps_longer():
+    """Told a call takes 1 us when the host needs 290 us to queue it, the first sleep is too short: the GPU waits for
+    the host (the time per call is the host's) and the repeat counts as starved; the sleep doubles until it holds."""
+    cuda = _FakeCuda(gpu_s=10e-6, host_s=290e-6)
+    got = gpu_timing.queued_time(cuda.step, per_call_s=1e-6, cuda=cuda, repeats=9)
+    assert 1 <= got["gpu_starved"] < 9
+    assert got["gpu_s"] == pytest.approx(10e-6, rel=1e-6)    # the median: most repeats held after the doubling
+
+
+def test_warmers_wait_until_their_deadline_then_end_the_rest(tmp_path):
+    """gpu_check's background first calls: a quick one is done, one past the deadline is ended there, and a failing
+    one says so; the record and the report carry each, with its seconds."""
+    import time
+    run = gpu_check.Run(tmp_path, True, None, (), {"parts": [], "command": "c", "started": "s", "device": "d",
+                                                   "versions": {}})
+    calls = {("quick", "fp32"): (time.sleep, (0.1,)), ("slow", "bf16"): (time.sleep, (60,)),
+             ("bad", "fp32"): (time.sleep, ("not a number",))}
+    started = time.monotonic()
+    warmers = gpu_check._Warmers(run, 8.0, calls)
+    warmers.wait()
+    assert time.monotonic() - started < 30
+    rows = {r["impl"]: r for r in run.record["warm_up"]}
+    assert rows["quick"]["status"] == "done" and rows["quick"]["seconds"] < 8
+    assert rows["slow"]["status"].startswith("ended at the deadline") and rows["slow"]["seconds"] >= 8
+    assert rows["bad"]["status"] == "failed (exit code 1)"
+    assert "fla's first calls" in (tmp_path / "gpu_check.md").read_text()
