@@ -209,8 +209,9 @@ class _Warmers:
         import threading
         if calls is None:
             calls = {case: (gpu_timing.warm_peer, case) for case in gpu_timing.peer_first_calls(run)}
-        self.run, self.deadline, self.procs, self.ended = run, time.monotonic() + wait_s, {}, {}
+        self.run, self.procs, self.ended = run, {}, {}
         self.started = time.monotonic()
+        self.deadline = self.started + wait_s
         for case, (function, args) in calls.items():
             proc = multiprocessing.get_context("spawn").Process(target=function, args=args, daemon=True)
             proc.start()

@@ -243,8 +243,10 @@ def _timing_cases(run):
                 if impl == "seqmix torch" and call is None:
                     continue                    # the torch backend has no chunked form: it is the "wkv7" row
                 for mode in ("forward", "forward+backward"):
-                    if mode != "forward" and (kind == "rerope_decode" or impl.startswith("two-pass")):
-                        continue                # decode serves inference; the two-pass peer is a prefill
+                    if mode != "forward" and (kind == "rerope_decode" or impl.startswith("two-pass")
+                                              or impl == "fla fused_recurrent_rwkv7"):
+                        continue                # inference alone: decode; the two-pass prefill; fla's fused
+                        # recurrent form, which has no backward (NotImplementedError: "only for inference")
                     yield op, dtype, make, call or why_not_fla, impl, mode
 
 

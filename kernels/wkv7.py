@@ -449,7 +449,9 @@ def _gradients(dkeys, dv, dstate0, dtype, log_w_dtype):
     """The gradients of (r, log_w, k, v, a, b) and the initial state from a backward's buffers: the row blocks' shares
     dkeys (blocks, 5, B, T, H, N) of dr, dlog_w, dk, da, db, summed once in a fixed order; dv; dS_0."""
     keys = dkeys.sum(0)
-    dr, dk, da, db = keys[[0, 2, 3, 4]].to(dtype)
+    # keys[i] one by one: indexing with a list makes an index tensor on the host, whose copy to the GPU (from
+    # pageable memory) blocks the host until the GPU is idle, once per backward (the first GPU run measured it)
+    dr, dk, da, db = (keys[i].to(dtype) for i in (0, 2, 3, 4))
     return dr, keys[1].to(log_w_dtype), dk, dv.to(dtype), da, db, dstate0
 
 

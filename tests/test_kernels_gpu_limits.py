@@ -147,9 +147,19 @@ SYNCS = ("item", "cpu", "tolist", "numpy", "__bool__", "__int__", "__float__")  
 @pytest.fixture
 def no_host_syncs(monkeypatch):
     """The wrappers' own code (not the kernels, which the interpreter runs on the host) may not read a tensor's
-    values on the host; tensors are treated as a GPU's (kernels.testing.values_as_on_a_gpu)."""
+    values on the host; tensors are treated as a GPU's (kernels.testing.values_as_on_a_gpu). Yields a context
+    manager under which making a tensor from host data (torch.tensor(list), x[[0, 2]]: aten.lift_fresh) fails too:
+    on a GPU that tensor's copy from pageable memory waits for the device (the first GPU run found one in WKV-7's
+    backward, once per call)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
     from triton.runtime.interpreter import GridExecutor
     armed = [True]
+
+    class NoTensorsFromHost(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if armed[0] and func is torch.ops.aten.lift_fresh.default:
+                raise AssertionError("a tensor made from host data in a wrapper: a host sync on a GPU")
+            return func(*args, **(kwargs or {}))
 
     def raiser(name):
         original = getattr(torch.Tensor, name)
@@ -174,7 +184,7 @@ def no_host_syncs(monkeypatch):
     for name in SYNCS:
         monkeypatch.setattr(torch.Tensor, name, raiser(name))
     with values_as_on_a_gpu():
-        yield
+        yield NoTensorsFromHost         # with no_host_syncs(): ...
     armed[0] = False
 
 
@@ -190,11 +200,13 @@ NO_SYNC_CALLS = [pytest.param(op, backend.name, id=f"{op.name}-{backend.name}") 
 
 @pytest.mark.parametrize("op, backend", NO_SYNC_CALLS)
 def test_wrappers_do_not_wait_on_the_device(no_host_syncs, op, backend):
-    """Forward and backward: no .item(), .cpu(), bool(tensor), ... in the wrappers (wkv4's decay check is a
-    device-side assert on a GPU; wkv7's chunked forward picks each chunk's form in the kernel)."""
+    """Forward and backward: no .item(), .cpu(), bool(tensor), ..., no tensor made from host data, in the wrappers
+    (wkv4's decay check is a device-side assert on a GPU; wkv7's chunked forward picks each chunk's form in the
+    kernel)."""
     battery = op.get("battery")
     x = battery.make(np.random.default_rng(1), T=3, **{**battery.tiny, battery.head: 16})
     tensors = {n: torch.tensor(a, dtype=torch.float32).requires_grad_() for n, a in x.tensors.items()}
-    out = call(battery, op.function, tensors, {**x.options, "backend": backend},
-               state_tensors(x.state, torch.float32))
-    (out[0] if battery.stateful else out).sum().backward()
+    states = state_tensors(x.state, torch.float32)
+    with no_host_syncs():
+        out = call(battery, op.function, tensors, {**x.options, "backend": backend}, states)
+        (out[0] if battery.stateful else out).sum().backward()
