@@ -32,13 +32,14 @@ from functools import partial
 import numpy as np
 
 from seqmix.experiments import data, plots
-from seqmix.experiments.records import Results, command_line, environment, fmt, markdown_table
+from seqmix.experiments.records import Results, command_line, control_verdict, environment, fmt, markdown_table
 from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                                          successive_halving)
 from seqmix.experiments.transformer import PositionScheme, Transformer, TransformerConfig
 from seqmix.models.io import load_state_dict
 
-__all__ = ["Setup", "FULL", "QUICK", "schemes", "POST", "run", "report", "main", "load_model", "held_out_samples"]
+__all__ = ["Setup", "FULL", "QUICK", "schemes", "POST", "CONTROL_KEEPS", "control_holds", "run", "report", "main",
+           "load_model", "held_out_samples"]
 
 NAME = "extrapolation"
 MODELS = ("plain", "log n")          # trained without / with log n scaling
@@ -93,6 +94,24 @@ POST = {
     ("leaky_rerope", 1 / 4, 16.0, "log n"): (49.40, 85.15, 49.10),
     ("leaky_rerope", 1 / 2, 16.0, "log n"): (49.40, 83.59, 48.87),
 }
+
+
+# The positive control: RoPE past its training length, which the post measured falling from 49.4% at L to 23-24% at
+# 8 L (a half). Here it must keep less than this share of its accuracy at L, on both kinds of text, at the longest
+# length: a fall that a model using the positions it was trained on cannot avoid, and that an untrained or
+# position-blind model (a character-frequency guess) does not show.
+CONTROL_KEEPS = 0.75
+
+
+def control_holds(results: Results, setup: Setup, seed: int = 0) -> bool | None:
+    """Whether RoPE (the model trained without log n) keeps less than CONTROL_KEEPS of its accuracy at the training
+    length at the longest length, on repeated and non-repeated text (None: not evaluated yet)."""
+    rope, top = PositionScheme("rope"), max(setup.factors)
+    pairs = [(_accuracy(results, seed, rope, "plain", kind, 1), _accuracy(results, seed, rope, "plain", kind, top))
+             for kind in KINDS]
+    if any(a is None for pair in pairs for a in pair):
+        return None
+    return all(far < CONTROL_KEEPS * near for near, far in pairs)
 
 
 def _post(scheme: PositionScheme, variant: str, L: int):
@@ -207,6 +226,13 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
                           *([f"{x:.2f}%" for x in post] if post else ["-"] * 3)])
         all_rows.append([label, *(fmt(acc[kind, f]) for kind in KINDS for f in setup.factors)])
     train = {m: results.find(phase="train", model=m, seed=seed) for m in MODELS}
+    rope = [(kind, _accuracy(results, seed, PositionScheme("rope"), "plain", kind, f)) for kind in KINDS
+            for f in (1, top)]
+    control = (f"**Positive control** (RoPE past its training length, which the post measured falling from 49.4% at "
+               f"L to 23-24% at 8 L; it must keep less than {CONTROL_KEEPS:.0%} of its accuracy at L on both kinds "
+               f"of text at {top} L): " + ", ".join(f"{kind} {f}x {fmt(a)}" for (kind, a), f in
+                                                     zip(rope, (1, top) * len(KINDS)))
+               + f": {control_verdict(control_holds(results, setup, seed))}.\n\n")
     text = (f"# Length extrapolation (the ReRoPE post's table at toy scale)\n\nCharacter-level transformers, "
             f"{setup.num_layers} layers, width {setup.hidden_size}, trained at L = {L} on the standard library's "
             f"sources ({setup.budget.steps} steps of {setup.budget.batch_size} windows); next-character accuracy "
@@ -215,7 +241,7 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
             f"trained without log n; \"-log n†\": the same model with log n scaling at evaluation only; \"-log n\": "
             f"the model trained with it. {setup.note}Trained rates: "
             + ", ".join(f"{m} {r['lr']:g} ({r['train_cpu_seconds']:.0f} s CPU)" for m, r in train.items() if r)
-            + ".\n\n")
+            + ".\n\n" + control)
     text += markdown_table(["scheme", f"ours {L} (1x)", f"ours {top * L} repeated", f"ours {top * L} non-repeated",
                             # The post's row is matched by w/L (its w = 128 sits beside our w = 32): say so.
                             "post 512 (same w/L)", "post 4096 repeated (same w/L)",

@@ -183,7 +183,25 @@ def test_selective_copy_trains_the_gate_less_pair_in_the_first_regime_only(tmp_p
                        (second, "mamba_lti"), (second, "mamba")]
 
 
-@pytest.mark.parametrize("experiment", [recall, selective_copy, state_tracking])
+def test_extrapolation_control_is_rope_falling_past_its_training_length(tmp_path):
+    """RoPE must keep less than CONTROL_KEEPS of its accuracy at L at the longest length, on both kinds of text; a
+    model whose accuracy holds on either kind (position-blind, as the 60-step quick model is) fails it."""
+    setup = extrapolation.QUICK
+    top = max(setup.factors)
+
+    def verdict(accuracies):
+        results = Results(tmp_path, "extrapolation")
+        results.rows = [{"phase": "eval", "seed": 0, "scheme": "RoPE", "variant": "plain", "kind": kind,
+                         "factor": factor, "accuracy": acc} for (kind, factor), acc in accuracies.items()]
+        return extrapolation.control_holds(results, setup)
+    falls = {("repeated", 1): 0.6, ("repeated", top): 0.3, ("non-repeated", 1): 0.6, ("non-repeated", top): 0.33}
+    assert verdict(falls) is True
+    assert verdict({**falls, ("repeated", top): 0.6 * extrapolation.CONTROL_KEEPS}) is False   # not below the line
+    assert verdict({**falls, ("non-repeated", top): 0.59}) is False
+    assert verdict({k: v for k, v in falls.items() if k != ("repeated", top)}) is None
+
+
+@pytest.mark.parametrize("experiment", [recall, selective_copy, state_tracking, extrapolation])
 def test_the_committed_results_hold_their_positive_controls(experiment):
     """The full runs' results in experiments/results/ are read only because their controls hold: each
     experiment's control_holds on the committed rows (every seed present), and the report says so."""
