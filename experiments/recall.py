@@ -40,8 +40,8 @@ from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, s
                                          sweep_then_seeds)
 from seqmix.models.io import load_state_dict
 
-__all__ = ["Cell", "Setup", "FULL", "QUICK", "run", "long_runs", "report", "weights_path", "load_model",
-           "mechanism_figure", "control_holds", "test_accuracies", "main"]
+__all__ = ["Cell", "Setup", "FULL", "QUICK", "PROBES", "run", "long_runs", "probe", "report", "weights_path",
+           "load_model", "mechanism_figure", "control_holds", "test_accuracies", "main"]
 
 NAME = "recall"
 
@@ -71,6 +71,7 @@ class Setup:
     valid_size: int = 256
     test_size: int = 1000
     save: tuple = ()                      # (arch, width, pairs) whose first seed's weights are committed
+    head_size: int = 16                   # attention's and RWKV-7's head size (a probe may change it)
     long_factor: int = 4                  # "is it the budget?": failed cells at the control's width, this much longer
     long_below: float = 0.9               # ... when their test accuracy is below this
     control_accuracy: float = 0.98        # the test accuracy the positive control must reach, every seed
@@ -127,11 +128,14 @@ def _held_out(setup: Setup, split: int, pairs: int, size: int):
                      vocab_size=setup.vocab_size, spacing=setup.spacing)
 
 
-def _make_run(setup: Setup, out, arch: str, width: int, pairs: int, seed: int, lr: float) -> Run:
-    label = f"{arch} C={width} N={pairs} lr={lr:.3g} seed={seed}"
-    checkpoint = out / "checkpoints" / NAME / f"{arch}-C{width}-N{pairs}-lr{lr:.3g}-s{seed}-{setup.budget.steps}.pt"
+def _make_run(setup: Setup, out, arch: str, width: int, pairs: int, seed: int, lr: float, folder: str = NAME,
+              tag: str = "") -> Run:
+    label = f"{arch} C={width} N={pairs}{tag} lr={lr:.3g} seed={seed}"
+    checkpoint = (out / "checkpoints" / folder
+                  / f"{arch}-C{width}-N{pairs}{tag}-lr{lr:.3g}-s{seed}-{setup.budget.steps}.pt")
     T = setup.seq_len[pairs]
-    return Run(build=partial(zoo.build, arch, vocab_size=setup.vocab_size, width=width, train_length=T),
+    return Run(build=partial(zoo.build, arch, vocab_size=setup.vocab_size, width=width, train_length=T,
+                             head_size=setup.head_size),
                forward=zoo.logits,
                sample=partial(data.mqar, seq_len=T, num_pairs=pairs, vocab_size=setup.vocab_size,
                               spacing=setup.spacing),
@@ -219,6 +223,29 @@ def long_runs(results: Results, setup: Setup, out, env: dict, cell: Cell, seed: 
         found = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, cell.pairs, setup.test_size))
         results.add({**key, "phase": "long", **run.summary(), "test_accuracy": found["accuracy"],
                      "test_queries": found["count"], "env": env})
+
+
+PROBES = "recall_probes"
+
+
+def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_len: int, head_size: int, lr: float,
+          seed: int = 0, threads: int = 1, progress: bool = True) -> dict:
+    """Why did a cell fail? One run outside the grid: the grid's data, budget and training for (arch, width,
+    pairs), with the sequence length or the head size changed. Its row (phase "probe") goes to
+    <out>/recall_probes.json, beside the grid's file (which a running grid rewrites whole), and the report lists it;
+    a probe already there is returned, not run again (a stopped one resumes from its checkpoint)."""
+    setup = replace(setup or FULL, seq_len={**(setup or FULL).seq_len, pairs: seq_len}, head_size=head_size)
+    results = Results(out, PROBES)
+    key = dict(phase="probe", arch=arch, width=width, pairs=pairs, seq_len=seq_len, head_size=head_size, seed=seed)
+    done = results.find(**key, lr=lr)
+    if done is not None:
+        return done
+    with torch_settings(threads):
+        run = _make_run(setup, out, arch, width, pairs, seed, lr, PROBES, f"-T{seq_len}-head{head_size}")
+        round_to_fp16(run.train_to(setup.budget.steps, progress).model)        # as the grid's runs are measured
+        found = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, pairs, setup.test_size))
+        return results.add({**key, **run.summary(), "test_accuracy": found["accuracy"],
+                            "test_queries": found["count"], "env": environment(threads)})
 
 
 def left_chance(pairs: int) -> float:
@@ -315,6 +342,13 @@ def report(results: Results, setup: Setup, out) -> str:
                   markdown_table(["model", "N", "seed", "rate", "steps", "test accuracy",
                                   f"at {setup.budget.steps} steps"],
                                  rows)]
+    probes = Results(out, PROBES).select(phase="probe")
+    if probes:
+        rows = [[r["arch"], r["width"], r["pairs"], r["seq_len"], r["head_size"], f"{r['lr']:.2g}", r["steps"],
+                 fmt(r["test_accuracy"])] for r in probes]
+        lines += ["\n## Probes: one setting changed, to ask why a cell failed\n\n"
+                  f"Outside the grid (`recall.probe`; rows in {PROBES}.json): the grid's data and budget, one seed.\n\n",
+                  markdown_table(["model", "C", "N", "T", "head size", "rate", "steps", "test accuracy"], rows)]
     differences = (f"vocabulary {setup.vocab_size} (Zoology: 8192)", f"batch {setup.budget.batch_size} and at most "
                    f"{setup.budget.steps} steps (Zoology: batch 512, 64 epochs of 100k sequences, about 12.5k steps)",
                    *DIFFERENCES)
@@ -332,7 +366,8 @@ def load_model(setup: Setup, out, arch: str, width: int, pairs: int):
     path = weights_path(out, arch, width, pairs)
     if not path.exists():
         return None
-    model = zoo.build(arch, vocab_size=setup.vocab_size, width=width, train_length=setup.seq_len[pairs])
+    model = zoo.build(arch, vocab_size=setup.vocab_size, width=width, train_length=setup.seq_len[pairs],
+                      head_size=setup.head_size)
     model.load_state_dict({k: v.float() for k, v in load_state_dict(path).items()})
     return model.eval()
 

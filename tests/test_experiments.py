@@ -441,3 +441,21 @@ def test_failed_cells_at_the_controls_width_get_the_long_run_at_every_n(tmp_path
         trained.clear()
         recall.long_runs(results, setup, tmp_path, {}, cells[0])
         assert trained == [("attention", 8, lr, setup.long_factor * setup.budget.steps)]
+
+
+def test_a_recall_probe_changes_one_setting_and_the_report_lists_it(tmp_path):
+    """recall.probe: one run outside the grid, its own file (a running grid rewrites recall.json whole), found again
+    rather than rerun, listed in the report; its head size reaches the model (one that does not divide the width is
+    refused by the transformer)."""
+    kwargs = dict(arch="attention", width=32, pairs=2, seq_len=24, head_size=32, lr=3e-3, progress=False)
+    row = recall.probe(tmp_path, recall.QUICK, **kwargs)
+    assert row["phase"] == "probe" and (row["seq_len"], row["head_size"]) == (24, 32)
+    assert 0 <= row["test_accuracy"] <= 1 and 0 < row["steps"] <= recall.QUICK.budget.steps
+    before = (tmp_path / f"{recall.PROBES}.json").read_text()
+    assert recall.probe(tmp_path, recall.QUICK, **kwargs) == row
+    assert (tmp_path / f"{recall.PROBES}.json").read_text() == before
+    assert not (tmp_path / "recall.json").exists()
+    text = recall.report(Results(tmp_path, "recall"), recall.QUICK, tmp_path)
+    assert "## Probes" in text and "| attention | 32 | 2 | 24 | 32 | 0.003 |" in text
+    with pytest.raises(ValueError, match="head_size"):
+        recall.probe(tmp_path, recall.QUICK, **{**kwargs, "head_size": 12})
