@@ -85,7 +85,8 @@ class PositionScheme:
 
 @dataclass
 class TransformerConfig:
-    """vocab_size; hidden_size C; num_layers; head_size d (C / d heads); intermediate_size (default 4 C);
+    """vocab_size; hidden_size C; num_layers; head_size d (C / d heads); intermediate_size (default 4 C; 0: no
+    channel mix, attention alone in each block, as Zoology's MQAR models);
     train_length L (log n's maxlen, and the length PI and NTK scale from); log_n: trained with q_n * ln n / ln L
     (the post's "log n" rows); base: RoPE's base."""
     vocab_size: int
@@ -112,14 +113,16 @@ class _Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
         self.qkv = nn.Linear(C, 3 * C, bias=False)
         self.out = nn.Linear(C, C, bias=False)
-        self.up = nn.Linear(C, c.intermediate_size, bias=False)
-        self.down = nn.Linear(c.intermediate_size, C, bias=False)
+        self.channel_mix = c.intermediate_size > 0
+        if self.channel_mix:
+            self.up = nn.Linear(C, c.intermediate_size, bias=False)
+            self.down = nn.Linear(c.intermediate_size, C, bias=False)
 
     def forward(self, x, attend):
         B, T, C = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, -1, self.head_size).permute(2, 0, 3, 1, 4)  # (B, H, T, d)
         x = x + self.out(attend(q, k, v).transpose(1, 2).reshape(B, T, C))
-        return x + self.down(F.gelu(self.up(self.ln2(x))))
+        return x + self.down(F.gelu(self.up(self.ln2(x)))) if self.channel_mix else x
 
 
 class Transformer(nn.Module):

@@ -103,7 +103,7 @@ def mamba_training_init(model: MambaForCausalLM) -> MambaForCausalLM:
 
 
 def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size: int = 16, state_size: int = 16,
-          train_length: int = 64) -> nn.Module:
+          train_length: int = 64, channel_mix: bool = True) -> nn.Module:
     """A freshly initialized model (seed torch first for a reproducible one).
 
     Args:
@@ -112,10 +112,14 @@ def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size:
         head_size: attention's and RWKV-7's head size (C / head_size heads).
         state_size: Mamba's N.
         train_length: the transformer's training length (RoPE's log-n maxlen; unused at evaluation = training).
+        channel_mix: False leaves out the transformer's MLP (attention alone in each block, as Zoology's models);
+            attention only (the recurrent blocks keep theirs).
     """
+    if not channel_mix and arch != "attention":
+        raise ValueError(f"channel_mix=False is for attention only, got arch {arch!r}")
     if arch == "attention":
         return Transformer(TransformerConfig(vocab_size, hidden_size=width, num_layers=layers, head_size=head_size,
-                                             train_length=train_length))
+                                             train_length=train_length, intermediate_size=None if channel_mix else 0))
     if arch == "rwkv4":
         return RwkvForCausalLM(RwkvConfig(vocab_size=vocab_size, hidden_size=width, num_hidden_layers=layers,
                                           rescale_every=0, context_length=train_length))
