@@ -456,6 +456,19 @@ def test_a_recall_probe_changes_one_setting_and_the_report_lists_it(tmp_path):
     assert (tmp_path / f"{recall.PROBES}.json").read_text() == before
     assert not (tmp_path / "recall.json").exists()
     text = recall.report(Results(tmp_path, "recall"), recall.QUICK, tmp_path)
-    assert "## Probes" in text and "| attention | 32 | 2 | 24 | 32 | 0.003 |" in text
+    assert "## Probes" in text and "| attention | 32 | 2 | 24 | 32 | yes | 0.003 |" in text
     with pytest.raises(ValueError, match="head_size"):
         recall.probe(tmp_path, recall.QUICK, **{**kwargs, "head_size": 12})
+
+
+def test_attention_without_its_channel_mix_is_attention_alone():
+    """zoo.build(channel_mix=False): the transformer's blocks keep attention and drop the MLP (Zoology's MQAR
+    models), its parameters fewer by the MLP's 2 * 4C^2 per layer; the recurrent models refuse it."""
+    torch.manual_seed(0)
+    full = zoo.build("attention", vocab_size=32, width=32, train_length=16)
+    alone = zoo.build("attention", vocab_size=32, width=32, train_length=16, channel_mix=False)
+    assert zoo.num_parameters(full) - zoo.num_parameters(alone) == 2 * (2 * 4 * 32 * 32)
+    assert not any(".up." in n or ".down." in n for n, _ in alone.named_parameters())
+    assert zoo.logits(alone, torch.randint(0, 32, (2, 16))).shape == (2, 16, 32)
+    with pytest.raises(ValueError, match="channel_mix"):
+        zoo.build("rwkv7", vocab_size=32, width=32, channel_mix=False)
