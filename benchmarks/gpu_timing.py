@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -260,21 +261,26 @@ def peer_first_calls(run) -> list:
                               if impl.startswith("fla")))
 
 
-def warm_peer(impl: str, dtype: str) -> None:
-    """Call the peer ``impl`` once forward and once forward + backward at its benchmark shape in ``dtype``, in a
-    process of its own: fla's autotuner keeps what it chose on disk (fla-core's cache_results=True, Triton's cache
-    folder), where the peers part's process then finds it instead of autotuning again."""
-    from seqmix.benchmarks.gpu_check import Run
-    run = Run(None, False, None, (), {"parts": []})
+def warm_peer(impl: str, dtype: str, device: str = "cuda", shapes: dict | None = None) -> int:
+    """Call the peer ``impl`` once forward and once forward + backward at its benchmark shape (``shapes``: SHAPES)
+    in ``dtype``, in a process of its own: fla's autotuner keeps what it chose on disk (fla-core's
+    cache_results=True, Triton's cache folder), where the peers part's process then finds it instead of autotuning
+    again. Returns the number of calls made."""
+    # what _timing_cases reads of gpu_check's Run (not imported: gpu_check imports this module)
+    run = SimpleNamespace(shapes=shapes or SHAPES, device=device, dry=device == "cpu", wants=lambda op: True)
+    calls = 0
     for _, case_dtype, make, call, case_impl, mode in _timing_cases(run):
-        if (case_impl, case_dtype) == (impl, dtype):
+        if (case_impl, case_dtype) == (impl, dtype) and not isinstance(call, str):   # str: why it cannot run
             x = make(requires_grad=mode != "forward")
             if mode == "forward":
                 with torch.no_grad():
                     call(x)
             else:
                 backward(call(x), x)
-            torch.cuda.synchronize()
+            calls += 1
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return calls
 
 
 def _fla():

@@ -336,3 +336,11 @@ def test_warmers_wait_until_their_deadline_then_end_the_rest(tmp_path):
     assert rows["slow"]["status"].startswith("ended at the deadline") and rows["slow"]["seconds"] >= 8
     assert rows["bad"]["status"] == "failed (exit code 1)"
     assert "fla's first calls" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_warm_peer_calls_the_peer_forward_and_backward_at_each_of_its_shapes():
+    """gpu_check's background first call, run here on the dry shapes with a peer that runs on a CPU (SDPA beside
+    attention at d = 64 and d = 128): forward and forward + backward at each, and nothing for an unknown peer."""
+    assert gpu_timing.warm_peer("torch SDPA (default backend)", "fp32", device="cpu",
+                                shapes=gpu_timing.DRY_SHAPES) == 4
+    assert gpu_timing.warm_peer("no such peer", "fp32", device="cpu", shapes=gpu_timing.DRY_SHAPES) == 0
