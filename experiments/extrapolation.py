@@ -106,12 +106,16 @@ CONTROL_KEEPS = 0.75
 def control_holds(results: Results, setup: Setup, seed: int = 0) -> bool | None:
     """Whether RoPE (the model trained without log n) keeps less than CONTROL_KEEPS of its accuracy at the training
     length at the longest length, on repeated and non-repeated text (None: not evaluated yet)."""
-    rope, top = PositionScheme("rope"), max(setup.factors)
-    pairs = [(_accuracy(results, seed, rope, "plain", kind, 1), _accuracy(results, seed, rope, "plain", kind, top))
-             for kind in KINDS]
-    if any(a is None for pair in pairs for a in pair):
+    acc, top = _rope_at_ends(results, setup, seed), max(setup.factors)
+    if None in acc.values():
         return None
-    return all(far < CONTROL_KEEPS * near for near, far in pairs)
+    return all(acc[kind, top] < CONTROL_KEEPS * acc[kind, 1] for kind in KINDS)
+
+
+def _rope_at_ends(results: Results, setup: Setup, seed: int) -> dict:
+    """{(kind, factor): RoPE's accuracy (the model trained without log n)} at 1 L and the longest length."""
+    return {(kind, f): _accuracy(results, seed, PositionScheme("rope"), "plain", kind, f)
+            for kind in KINDS for f in (1, max(setup.factors))}
 
 
 def _post(scheme: PositionScheme, variant: str, L: int):
@@ -226,12 +230,10 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
                           *([f"{x:.2f}%" for x in post] if post else ["-"] * 3)])
         all_rows.append([label, *(fmt(acc[kind, f]) for kind in KINDS for f in setup.factors)])
     train = {m: results.find(phase="train", model=m, seed=seed) for m in MODELS}
-    rope = [(kind, _accuracy(results, seed, PositionScheme("rope"), "plain", kind, f)) for kind in KINDS
-            for f in (1, top)]
     control = (f"**Positive control** (RoPE past its training length, which the post measured falling from 49.4% at "
                f"L to 23-24% at 8 L; it must keep less than {CONTROL_KEEPS:.0%} of its accuracy at L on both kinds "
-               f"of text at {top} L): " + ", ".join(f"{kind} {f}x {fmt(a)}" for (kind, a), f in
-                                                     zip(rope, (1, top) * len(KINDS)))
+               f"of text at {top} L): " + ", ".join(f"{kind} {f}x {fmt(a)}" for (kind, f), a in
+                                                     _rope_at_ends(results, setup, seed).items())
                + f": {control_verdict(control_holds(results, setup, seed))}.\n\n")
     text = (f"# Length extrapolation (the ReRoPE post's table at toy scale)\n\nCharacter-level transformers, "
             f"{setup.num_layers} layers, width {setup.hidden_size}, trained at L = {L} on the standard library's "

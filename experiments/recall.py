@@ -374,7 +374,7 @@ def load_model(setup: Setup, out, arch: str, width: int, pairs: int):
     if not path.exists():
         return None
     model = zoo.build(arch, vocab_size=setup.vocab_size, width=width, train_length=setup.seq_len[pairs],
-                      head_size=setup.head_size)
+                      head_size=setup.head_size, channel_mix=setup.channel_mix)
     model.load_state_dict({k: v.float() for k, v in load_state_dict(path).items()})
     return model.eval()
 
