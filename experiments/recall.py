@@ -73,6 +73,7 @@ class Setup:
     save: tuple = ()                      # (arch, width, pairs) whose first seed's weights are committed
     head_size: int = 16                   # attention's and RWKV-7's head size (a probe may change it)
     channel_mix: bool = True              # attention's MLP in each block (a probe may leave it out, as Zoology)
+    conv_first: bool = False              # attention's first block a gated short convolution (a probe, as Zoology)
     long_factor: int = 4                  # "is it the budget?": failed cells at the control's width, this much longer
     long_below: float = 0.9               # ... when their test accuracy is below this
     control_accuracy: float = 0.98        # the test accuracy the positive control must reach, every seed
@@ -136,7 +137,8 @@ def _make_run(setup: Setup, out, arch: str, width: int, pairs: int, seed: int, l
                   / f"{arch}-C{width}-N{pairs}{tag}-lr{lr:.3g}-s{seed}-{setup.budget.steps}.pt")
     T = setup.seq_len[pairs]
     return Run(build=partial(zoo.build, arch, vocab_size=setup.vocab_size, width=width, train_length=T,
-                             head_size=setup.head_size, channel_mix=setup.channel_mix),
+                             head_size=setup.head_size, channel_mix=setup.channel_mix,
+                             conv_first=setup.conv_first),
                forward=zoo.logits,
                sample=partial(data.mqar, seq_len=T, num_pairs=pairs, vocab_size=setup.vocab_size,
                               spacing=setup.spacing),
@@ -230,23 +232,28 @@ PROBES = "recall_probes"
 
 
 def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_len: int, head_size: int, lr: float,
-          channel_mix: bool = True, seed: int = 0, threads: int = 1, progress: bool = True) -> dict:
+          channel_mix: bool = True, conv_first: bool = False, seed: int = 0, threads: int = 1,
+          progress: bool = True) -> dict:
     """Why did a cell fail? One run outside the grid: the grid's data, budget and training for (arch, width,
-    pairs), with the sequence length, the head size or attention's channel mix changed. Its row (phase "probe") goes to
+    pairs), with the sequence length, the head size, attention's channel mix or its first block (conv_first: a gated
+    short convolution, as Zoology's attention model) changed. Its row (phase "probe") goes to
     <out>/recall_probes.json, beside the grid's file (which a running grid rewrites whole), and the report lists it;
     a probe already there is returned, not run again (a stopped one resumes from its checkpoint)."""
     setup = replace(setup or FULL, seq_len={**(setup or FULL).seq_len, pairs: seq_len}, head_size=head_size,
-                    channel_mix=channel_mix)
+                    channel_mix=channel_mix, conv_first=conv_first)
     results = Results(out, PROBES)
     key = dict(phase="probe", arch=arch, width=width, pairs=pairs, seq_len=seq_len, head_size=head_size, seed=seed)
     if not channel_mix:                   # absent from the first probes' rows, which all kept it
         key["channel_mix"] = False
+    if conv_first:                        # likewise
+        key["conv_first"] = True
     done = results.find(**key, lr=lr)
     if done is not None:
         return done
     with torch_settings(threads):
         run = _make_run(setup, out, arch, width, pairs, seed, lr, PROBES,
-                        f"-T{seq_len}-head{head_size}" + ("" if channel_mix else "-nomix"))
+                        f"-T{seq_len}-head{head_size}" + ("" if channel_mix else "-nomix")
+                        + ("-conv" if conv_first else ""))
         round_to_fp16(run.train_to(setup.budget.steps, progress).model)        # as the grid's runs are measured
         found = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, pairs, setup.test_size))
         return results.add({**key, **run.summary(), "test_accuracy": found["accuracy"],
@@ -350,11 +357,12 @@ def report(results: Results, setup: Setup, out) -> str:
     probes = Results(out, PROBES).select(phase="probe")
     if probes:
         rows = [[r["arch"], r["width"], r["pairs"], r["seq_len"], r["head_size"],
-                 "yes" if r.get("channel_mix", True) else "no", f"{r['lr']:.2g}", r["steps"],
+                 "yes" if r.get("channel_mix", True) else "no",
+                 "short conv" if r.get("conv_first", False) else r["arch"], f"{r['lr']:.2g}", r["steps"],
                  fmt(r["test_accuracy"])] for r in probes]
         lines += ["\n## Probes: one setting changed, to ask why a cell failed\n\n"
                   f"Outside the grid (`recall.probe`; rows in {PROBES}.json): the grid's data and budget, one seed.\n\n",
-                  markdown_table(["model", "C", "N", "T", "head size", "channel mix", "rate", "steps",
+                  markdown_table(["model", "C", "N", "T", "head size", "channel mix", "block 0", "rate", "steps",
                                   "test accuracy"], rows)]
     differences = (f"vocabulary {setup.vocab_size} (Zoology: 8192)", f"batch {setup.budget.batch_size} and at most "
                    f"{setup.budget.steps} steps (Zoology: batch 512, 64 epochs of 100k sequences, about 12.5k steps)",
@@ -374,7 +382,7 @@ def load_model(setup: Setup, out, arch: str, width: int, pairs: int):
     if not path.exists():
         return None
     model = zoo.build(arch, vocab_size=setup.vocab_size, width=width, train_length=setup.seq_len[pairs],
-                      head_size=setup.head_size, channel_mix=setup.channel_mix)
+                      head_size=setup.head_size, channel_mix=setup.channel_mix, conv_first=setup.conv_first)
     model.load_state_dict({k: v.float() for k, v in load_state_dict(path).items()})
     return model.eval()
 

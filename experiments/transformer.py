@@ -3,6 +3,10 @@
     x = emb[ids];  per layer:  x += W_o attend(q, k, v);  x += W_2 gelu(W_1 LN(x));   logits = head(LN(x))
     q, k, v = heads of W_qkv LN(x)  (B, H, T, d)
 
+With conv_first (Zoology's MQAR attention, its Hybrid of BaseConv and MHA), block 0 mixes tokens with a gated
+short convolution instead of attending: h = LN(x), x += conv_3(h) * (W h + b) + h (conv_3 causal, depthwise,
+kernel 3), the previous-token half of an induction head built in.
+
 How a scheme attends (T the evaluated length, L = train_length, s = max(1, T / L), d the head size):
 
     RoPE          attention(R(p) q, R(p) k, v)                                   p = 0 .. T-1
@@ -88,7 +92,8 @@ class TransformerConfig:
     """vocab_size; hidden_size C; num_layers; head_size d (C / d heads); intermediate_size (default 4 C; 0: no
     channel mix, attention alone in each block, as Zoology's MQAR models);
     train_length L (log n's maxlen, and the length PI and NTK scale from); log_n: trained with q_n * ln n / ln L
-    (the post's "log n" rows); base: RoPE's base."""
+    (the post's "log n" rows); base: RoPE's base; conv_first: block 0 a gated short convolution instead of
+    attention (Zoology's MQAR attention model, its Hybrid of BaseConv and MHA; see the module's docstring)."""
     vocab_size: int
     hidden_size: int = 128
     num_layers: int = 2
@@ -97,6 +102,7 @@ class TransformerConfig:
     train_length: int = 128
     log_n: bool = False
     base: float = 10000.0
+    conv_first: bool = False
 
     def __post_init__(self):
         if self.intermediate_size is None:
@@ -104,25 +110,47 @@ class TransformerConfig:
         if self.hidden_size % self.head_size or self.head_size % 2:
             raise ValueError(f"hidden_size ({self.hidden_size}) must be a multiple of an even head_size "
                              f"({self.head_size})")
+        if self.conv_first and self.num_layers < 2:
+            raise ValueError(f"conv_first needs num_layers >= 2 (block 0 convolves, the rest attend), got "
+                             f"{self.num_layers}")
+
+
+class _GatedShortConv(nn.Module):
+    """Zoology's BaseConv with kernel 3 (zoology/mixers/base_conv.py): conv_3(h) * (W h + b) + h, the convolution
+    causal and depthwise (one 3-tap filter per channel)."""
+
+    def __init__(self, C: int, kernel: int = 3):
+        super().__init__()
+        self.conv = nn.Conv1d(C, C, kernel, groups=C, padding=kernel - 1)
+        self.proj = nn.Linear(C, C)
+
+    def forward(self, h):                                            # (B, T, C)
+        conv = self.conv(h.transpose(1, 2))[..., :h.shape[1]].transpose(1, 2)   # causal: the first T outputs
+        return conv * self.proj(h) + h
 
 
 class _Block(nn.Module):
-    def __init__(self, c: TransformerConfig):
+    def __init__(self, c: TransformerConfig, conv: bool = False):
         super().__init__()
         C, self.head_size = c.hidden_size, c.head_size
         self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
-        self.qkv = nn.Linear(C, 3 * C, bias=False)
-        self.out = nn.Linear(C, C, bias=False)
+        self.short_conv = _GatedShortConv(C) if conv else None
+        if not conv:
+            self.qkv = nn.Linear(C, 3 * C, bias=False)
+            self.out = nn.Linear(C, C, bias=False)
         self.channel_mix = c.intermediate_size > 0
         if self.channel_mix:
             self.up = nn.Linear(C, c.intermediate_size, bias=False)
             self.down = nn.Linear(c.intermediate_size, C, bias=False)
 
     def forward(self, x, attend):
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, -1, self.head_size).permute(2, 0, 3, 1, 4)  # (B, H, T, d)
-        x = x + self.out(attend(q, k, v).transpose(1, 2).reshape(B, T, C))
+        x = x + (self.short_conv(self.ln1(x)) if self.short_conv is not None else self._attend(self.ln1(x), attend))
         return x + self.down(F.gelu(self.up(self.ln2(x)))) if self.channel_mix else x
+
+    def _attend(self, h, attend):
+        B, T, C = h.shape
+        q, k, v = self.qkv(h).view(B, T, 3, -1, self.head_size).permute(2, 0, 3, 1, 4)            # (B, H, T, d)
+        return self.out(attend(q, k, v).transpose(1, 2).reshape(B, T, C))
 
 
 class Transformer(nn.Module):
@@ -132,7 +160,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.emb = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.blocks = nn.ModuleList(_Block(config) for _ in range(config.num_layers))
+        self.blocks = nn.ModuleList(_Block(config, conv=config.conv_first and i == 0) for i in range(config.num_layers))
         self.ln_out = nn.LayerNorm(config.hidden_size)
         self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.reset_parameters()
