@@ -456,7 +456,7 @@ def test_a_recall_probe_changes_one_setting_and_the_report_lists_it(tmp_path):
     assert (tmp_path / f"{recall.PROBES}.json").read_text() == before
     assert not (tmp_path / "recall.json").exists()
     text = recall.report(Results(tmp_path, "recall"), recall.QUICK, tmp_path)
-    assert "## Probes" in text and "| attention | 32 | 2 | 24 | 32 | yes | 0.003 |" in text
+    assert "## Probes" in text and "| attention | 32 | 2 | 24 | 32 | yes | attention | 0.003 |" in text
     with pytest.raises(ValueError, match="head_size"):
         recall.probe(tmp_path, recall.QUICK, **{**kwargs, "head_size": 12})
 
@@ -472,3 +472,32 @@ def test_attention_without_its_channel_mix_is_attention_alone():
     assert zoo.logits(alone, torch.randint(0, 32, (2, 16))).shape == (2, 16, 32)
     with pytest.raises(ValueError, match="channel_mix"):
         zoo.build("rwkv7", vocab_size=32, width=32, channel_mix=False)
+
+
+def test_conv_first_makes_block_0_zoologys_gated_short_convolution():
+    """zoo.build(conv_first=True), Zoology's MQAR attention: block 0 is conv_3(h) * (W h + b) + h with h = LN(x), the
+    convolution causal and depthwise, written out here as a sum over the three taps; the later blocks attend. The
+    model stays causal, needs a block to attend with, and the recurrent models refuse the setting."""
+    torch.manual_seed(0)
+    model = zoo.build("attention", vocab_size=32, width=8, head_size=4, train_length=16, conv_first=True).double()
+    names = [n for n, _ in model.named_parameters()]
+    assert not any(n.startswith("blocks.0.qkv") for n in names) and "blocks.1.qkv.weight" in names
+    block = model.blocks[0]
+    x = torch.randn(2, 10, 8, dtype=torch.float64)
+    h = torch.nn.functional.layer_norm(x, (8,), block.ln1.weight, block.ln1.bias)
+    w, b = block.short_conv.conv.weight[:, 0, :], block.short_conv.conv.bias              # (C, 3), (C,)
+    padded = torch.cat([torch.zeros(2, 2, 8, dtype=torch.float64), h], dim=1)          # two zeros before t = 0
+    conv = sum(w[:, j] * padded[:, j:j + 10] for j in range(3)) + b                    # taps h_{t-2}, h_{t-1}, h_t
+    gate = h @ block.short_conv.proj.weight.T + block.short_conv.proj.bias
+    mixed = x + conv * gate + h
+    expected = mixed + block.down(torch.nn.functional.gelu(block.up(block.ln2(mixed))))
+    assert torch.allclose(block(x, attend=None), expected, rtol=0, atol=1e-12)
+    ids = torch.randint(0, 32, (2, 16))
+    changed = ids.clone()
+    changed[:, 9] = (changed[:, 9] + 1) % 32
+    difference = (zoo.logits(model, ids) - zoo.logits(model, changed)).abs().amax(dim=(0, 2))
+    assert difference[:9].max() == 0 and difference[9] > 0
+    with pytest.raises(ValueError, match="conv_first needs num_layers >= 2"):
+        zoo.build("attention", vocab_size=32, width=8, head_size=4, layers=1, conv_first=True)
+    with pytest.raises(ValueError, match="conv_first=True is for attention only"):
+        zoo.build("mamba", vocab_size=32, width=8, conv_first=True)
