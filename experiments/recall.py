@@ -232,21 +232,25 @@ PROBES = "recall_probes"
 
 
 def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_len: int, head_size: int, lr: float,
-          channel_mix: bool = True, conv_first: bool = False, seed: int = 0, threads: int = 1,
-          progress: bool = True) -> dict:
+          channel_mix: bool = True, conv_first: bool = False, steps: int | None = None, seed: int = 0,
+          threads: int = 1, progress: bool = True) -> dict:
     """Why did a cell fail? One run outside the grid: the grid's data, budget and training for (arch, width,
     pairs), with the sequence length, the head size, attention's channel mix or its first block (conv_first: a gated
-    short convolution, as Zoology's attention model) changed. Its row (phase "probe") goes to
+    short convolution, as the Based paper's Zoology attention model) or the budget (steps: at most this many steps,
+    the schedule stretched to match) changed. Its row (phase "probe") goes to
     <out>/recall_probes.json, beside the grid's file (which a running grid rewrites whole), and the report lists it;
     a probe already there is returned, not run again (a stopped one resumes from its checkpoint)."""
-    setup = replace(setup or FULL, seq_len={**(setup or FULL).seq_len, pairs: seq_len}, head_size=head_size,
-                    channel_mix=channel_mix, conv_first=conv_first)
+    base = setup or FULL
+    setup = replace(base, seq_len={**base.seq_len, pairs: seq_len}, head_size=head_size, channel_mix=channel_mix,
+                    conv_first=conv_first, budget=replace(base.budget, steps=steps or base.budget.steps))
     results = Results(out, PROBES)
     key = dict(phase="probe", arch=arch, width=width, pairs=pairs, seq_len=seq_len, head_size=head_size, seed=seed)
     if not channel_mix:                   # absent from the first probes' rows, which all kept it
         key["channel_mix"] = False
     if conv_first:                        # likewise
         key["conv_first"] = True
+    if steps is not None:                 # the grid's budget otherwise
+        key["budget_steps"] = steps
     done = results.find(**key, lr=lr)
     if done is not None:
         return done

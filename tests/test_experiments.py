@@ -459,6 +459,9 @@ def test_a_recall_probe_changes_one_setting_and_the_report_lists_it(tmp_path):
     assert "## Probes" in text and "| attention | 32 | 2 | 24 | 32 | yes | attention | 0.003 |" in text
     with pytest.raises(ValueError, match="head_size"):
         recall.probe(tmp_path, recall.QUICK, **{**kwargs, "head_size": 12})
+    shorter = recall.probe(tmp_path, recall.QUICK, **kwargs, steps=20)           # another budget: another probe
+    assert shorter["budget_steps"] == 20 and shorter["steps"] == 20 and "budget_steps" not in row
+    assert len(Results(tmp_path, recall.PROBES).select(phase="probe")) == 2
 
 
 def test_attention_without_its_channel_mix_is_attention_alone():
