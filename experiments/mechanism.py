@@ -2,6 +2,7 @@
 
     attention_weights(model, input_ids)       a Transformer's attention matrices, recomputed from its q and k
     recall_attention(model, inputs, targets)  MQAR: how much each last-layer head puts on the queried key's pair
+    previous_token_attention(model, inputs)   MQAR: how much each first-layer head puts on a value's own key
     rwkv7_readout(model, inputs, targets)     MQAR: cos(S_t r_t at a query, v written at each pair's value)
     mamba_step_sizes(model, inputs)           selective copying: the first layer's mean delta_t at each position
     rwkv7_transitions(model, inputs)          state tracking: the eigenvalues of RWKV-7's transition at each step
@@ -23,15 +24,18 @@ from seqmix.experiments.data import IGNORE
 from seqmix.kernels.rerope import apply_rope
 from seqmix.models import rwkv7 as rwkv7_module
 
-__all__ = ["attention_weights", "recall_attention", "rwkv7_readout", "mamba_step_sizes", "rwkv7_transitions"]
+__all__ = ["attention_weights", "recall_attention", "previous_token_attention", "rwkv7_readout", "mamba_step_sizes",
+           "rwkv7_transitions"]
 
 
 @torch.no_grad()
 def attention_weights(model, input_ids: torch.Tensor) -> list:
-    """softmax(R(i) q_i . R(j) k_j / sqrt(d)) over j <= i, per layer: a list of (B, H, T, T) tensors of the
-    experiments' Transformer (RoPE, as trained; experiments/transformer.py), from q and k caught at each block."""
+    """softmax(R(i) q_i . R(j) k_j / sqrt(d)) over j <= i, per attention layer: a list of (B, H, T, T) tensors of
+    the experiments' Transformer (RoPE, as trained; experiments/transformer.py), from q and k caught at each block
+    that attends (a conv_first model's block 0 convolves and has none)."""
     caught = []
-    hooks = [b.qkv.register_forward_hook(lambda m, args, out: caught.append(out)) for b in model.blocks]
+    hooks = [b.qkv.register_forward_hook(lambda m, args, out: caught.append(out))
+             for b in model.blocks if b.short_conv is None]
     try:
         model(input_ids)
     finally:
@@ -75,6 +79,21 @@ def recall_attention(model, inputs: np.ndarray, targets: np.ndarray) -> dict:
     best = int(np.argmax(value))
     return {"key": key, "value": value, "other_values": all_values - value, "best_head": best,
             "example": last[0, best]}
+
+
+def previous_token_attention(model, inputs: np.ndarray, num_pairs: int) -> dict:
+    """The first half of an induction circuit: from each value in the context (position 2j + 1), the first attention
+    layer's weight on its own key (2j, the previous token), per head, averaged over pairs and sequences. A head that
+    copies the key into its value's position puts nearly all of it there; attention spread evenly over the 2j + 2
+    positions a value sees puts 1/(2j + 2) there, on average "uniform".
+
+    Returns:
+        {"weight": (H,), "uniform": mean over j < num_pairs of 1/(2j + 2)}.
+    """
+    first = attention_weights(model, torch.from_numpy(inputs))[0].numpy()      # (B, H, T, T)
+    values = np.arange(1, 2 * num_pairs, 2)
+    return {"weight": first[:, :, values, values - 1].mean(axis=(0, 2)),
+            "uniform": float(np.mean(1 / (values + 1)))}
 
 
 @contextmanager

@@ -225,7 +225,7 @@ def long_runs(results: Results, setup: Setup, out, env: dict, cell: Cell, seed: 
         round_to_fp16(run.train_to(budget.steps, progress).model)          # as the final runs are measured
         found = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, cell.pairs, setup.test_size))
         results.add({**key, "phase": "long", **run.summary(), "test_accuracy": found["accuracy"],
-                     "test_queries": found["count"], "env": env})
+                     "test_queries": found["count"], **_looks_of(setup, run.model, cell.arch, cell.pairs), "env": env})
 
 
 PROBES = "recall_probes"
@@ -261,7 +261,36 @@ def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_le
         round_to_fp16(run.train_to(setup.budget.steps, progress).model)        # as the grid's runs are measured
         found = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, pairs, setup.test_size))
         return results.add({**key, **run.summary(), "test_accuracy": found["accuracy"],
-                            "test_queries": found["count"], "env": environment(threads)})
+                            "test_queries": found["count"], **_looks_of(setup, run.model, arch, pairs),
+                            "env": environment(threads)})
+
+
+def attention_looks(setup: Setup, model, pairs: int, sequences: int = 200) -> dict:
+    """Where a trained attention model looks, on held-out test sequences (experiments.mechanism): "previous_token",
+    its first layer's best head's weight from a value on its own key (the induction circuit's first half; "uniform"
+    is what evenly spread attention puts there; None for a conv_first model, whose convolution does that part), and
+    "on_value", its last layer's best head's weight from a query on its pair's value (the second half)."""
+    inputs, targets = _held_out(setup, TEST, pairs, sequences)
+    previous = mechanism.previous_token_attention(model, inputs, pairs)
+    on_value = mechanism.recall_attention(model, inputs, targets)["value"]
+    return {"previous_token": None if model.config.conv_first else float(previous["weight"].max()),
+            "uniform": previous["uniform"], "on_value": float(on_value.max())}
+
+
+def _looks_of(setup: Setup, model, arch: str, pairs: int) -> dict:
+    """{"looks": attention_looks(...)} for an attention model, {} for the others: a row's mechanism field."""
+    return {"looks": attention_looks(setup, model, pairs)} if arch == "attention" else {}
+
+
+def _looks_text(row: dict) -> list:
+    """The two mechanism cells of a report row: the previous-token head (against even attention), the last layer on
+    the value; "-" where the row has none (a recurrent model, or a row from before the field)."""
+    looks = row.get("looks")
+    if looks is None:
+        return ["-", "-"]
+    if looks["previous_token"] is None:
+        return ["(the convolution)", fmt(looks["on_value"])]
+    return [f"{fmt(looks['previous_token'])} ({fmt(looks['uniform'])})", fmt(looks["on_value"])]
 
 
 def left_chance(pairs: int) -> float:
@@ -326,6 +355,13 @@ DIFFERENCES = ("a channel mix (MLP) in every block but Mamba's (Zoology: none)",
                "(Zoology's RWKV is its own RWKV-4-style time mixer)")
 
 
+LOOKS_COLUMNS = ("previous-token head (even)", "last layer on the value")
+LOOKS_NOTE = ("Where a trained attention model looks (`attention_looks`, 200 test sequences): its first layer's best "
+              "head's weight from each value on its own key (the previous token; in brackets what evenly spread "
+              "attention puts there) and its last layer's best head's weight from each query on its pair's value. "
+              "A model that solves recall has both near 100%.\n\n")
+
+
 def report(results: Results, setup: Setup, out) -> str:
     """recall.md and recall.png from the rows."""
     holds = control_holds(results, setup)
@@ -350,24 +386,27 @@ def report(results: Results, setup: Setup, out) -> str:
     if long:
         rows = [[r["arch"], r["pairs"], r["seed"], f"{r['lr']:.2g}", r["steps"], fmt(r["test_accuracy"]),
                  fmt(results.find(phase="test", arch=r["arch"], width=r["width"], pairs=r["pairs"],
-                                  seed=r["seed"])["test_accuracy"])] for r in long]
+                                  seed=r["seed"])["test_accuracy"]), *_looks_text(r)] for r in long]
         lines += [f"\n## Is it the budget? {setup.long_factor} times the steps at C = {c.width}\n\n"
                   f"Each failed run of the control (below {fmt(setup.control_accuracy, 0)}) and the first seed of "
                   f"each other cell at C = {c.width} below {fmt(setup.long_below, 0)}, again at its rate with up to "
                   f"{setup.long_factor * setup.budget.steps} steps (the schedule stretched to match).\n\n",
+                  LOOKS_NOTE,
                   markdown_table(["model", "N", "seed", "rate", "steps", "test accuracy",
-                                  f"at {setup.budget.steps} steps"],
+                                  f"at {setup.budget.steps} steps", *LOOKS_COLUMNS],
                                  rows)]
     probes = Results(out, PROBES).select(phase="probe")
     if probes:
         rows = [[r["arch"], r["width"], r["pairs"], r["seq_len"], r["head_size"],
                  "yes" if r.get("channel_mix", True) else "no",
                  "short conv" if r.get("conv_first", False) else r["arch"], f"{r['lr']:.2g}", r["steps"],
-                 fmt(r["test_accuracy"])] for r in probes]
+                 fmt(r["test_accuracy"]), *_looks_text(r)] for r in probes]
         lines += ["\n## Probes: one setting changed, to ask why a cell failed\n\n"
-                  f"Outside the grid (`recall.probe`; rows in {PROBES}.json): the grid's data and budget, one seed.\n\n",
+                  f"Outside the grid (`recall.probe`; rows in {PROBES}.json): the grid's data and budget (but for a "
+                  "probe of the budget), one seed.\n\n",
+                  "The last two columns as in the table above.\n\n" if long else LOOKS_NOTE,
                   markdown_table(["model", "C", "N", "T", "head size", "channel mix", "block 0", "rate", "steps",
-                                  "test accuracy"], rows)]
+                                  "test accuracy", *LOOKS_COLUMNS], rows)]
     differences = (f"vocabulary {setup.vocab_size} (Zoology: 8192)", f"batch {setup.budget.batch_size} and at most "
                    f"{setup.budget.steps} steps (Zoology: batch 512, 64 epochs of 100k sequences, about 12.5k steps)",
                    *DIFFERENCES)

@@ -10,7 +10,7 @@ import torch
 
 from seqmix.experiments import extrapolation, recall, selective_copy, state_tracking, zoo
 from seqmix.experiments.data import mqar
-from seqmix.experiments.records import RESULTS, Results
+from seqmix.experiments.records import RESULTS, Results, fmt
 from seqmix.experiments.training import Budget, Run, decay_groups, extend_to_interior, successive_halving
 
 
@@ -451,12 +451,15 @@ def test_a_recall_probe_changes_one_setting_and_the_report_lists_it(tmp_path):
     row = recall.probe(tmp_path, recall.QUICK, **kwargs)
     assert row["phase"] == "probe" and (row["seq_len"], row["head_size"]) == (24, 32)
     assert 0 <= row["test_accuracy"] <= 1 and 0 < row["steps"] <= recall.QUICK.budget.steps
+    looks = row["looks"]                                  # where it looks: tests/test_mechanism.py checks the reading
+    assert 0 <= looks["previous_token"] <= 1 and 0 <= looks["on_value"] <= 1 and looks["uniform"] == (1 / 2 + 1 / 4) / 2
     before = (tmp_path / f"{recall.PROBES}.json").read_text()
     assert recall.probe(tmp_path, recall.QUICK, **kwargs) == row
     assert (tmp_path / f"{recall.PROBES}.json").read_text() == before
     assert not (tmp_path / "recall.json").exists()
     text = recall.report(Results(tmp_path, "recall"), recall.QUICK, tmp_path)
     assert "## Probes" in text and "| attention | 32 | 2 | 24 | 32 | yes | attention | 0.003 |" in text
+    assert f"| {fmt(looks['previous_token'])} ({fmt(looks['uniform'])}) | {fmt(looks['on_value'])} |" in text
     with pytest.raises(ValueError, match="head_size"):
         recall.probe(tmp_path, recall.QUICK, **{**kwargs, "head_size": 12})
     shorter = recall.probe(tmp_path, recall.QUICK, **kwargs, steps=20)           # another budget: another probe

@@ -49,6 +49,23 @@ def test_recall_attention_measures_the_weight_on_the_queried_pair(monkeypatch):
     assert np.allclose(found["key"], 1) and np.allclose(found["value"], 0)
 
 
+def test_previous_token_attention_reads_a_values_weight_on_its_key(monkeypatch):
+    """Head 0 puts everything on the previous token: weight 1; head 1 spreads evenly over the i + 1 positions it sees:
+    the values at positions 1 and 3 put 1/2 and 1/4 on their keys, weight 3/8 = "uniform" (N = 2). A conv_first
+    model's convolving block has no attention matrix: one per attending block."""
+    T = 16
+    w = torch.zeros(3, 2, T, T)
+    w[:, 0, torch.arange(1, T), torch.arange(T - 1)] = 1
+    w[:, 1] = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]
+    monkeypatch.setattr(mechanism, "attention_weights", lambda model, ids: [w, torch.zeros_like(w)])
+    inputs, _ = data.mqar(np.random.default_rng(0), 3, seq_len=T, num_pairs=2, vocab_size=16)
+    found = mechanism.previous_token_attention(None, inputs, num_pairs=2)
+    assert np.allclose(found["weight"], [1, 3 / 8]) and found["uniform"] == 3 / 8
+    monkeypatch.undo()
+    model = zoo.build("attention", vocab_size=16, width=32, train_length=12, conv_first=True).eval()
+    assert len(mechanism.attention_weights(model, torch.randint(0, 16, (2, 12)))) == 1
+
+
 def test_rwkv7_readout_is_the_cosine_of_the_op_output_with_the_written_values():
     """The caught op output is the reference WKV-7 of the caught inputs, and the readout's (i, j) entry is the mean
     over heads of cos(y at the query of pair i, v at position 2j + 1), computed here in NumPy."""
