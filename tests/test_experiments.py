@@ -422,6 +422,8 @@ def test_failed_cells_at_the_controls_width_get_the_long_run_at_every_n(tmp_path
     monkeypatch.setattr(recall, "round_to_fp16", lambda model: model)
     monkeypatch.setattr(recall, "evaluate", lambda *a: {"accuracy": 0.5, "count": 8})
     monkeypatch.setattr(recall, "_held_out", lambda *a: ())
+    looks = {"previous_token": 0.2, "uniform": 0.17, "on_value": 0.01}
+    monkeypatch.setattr(recall, "attention_looks", lambda s, model, pairs: looks)
     results = Results(tmp_path, "recall")
     cells = [recall.Cell("attention", 64, 8, rate_from=(64, 4)), recall.Cell("rwkv4", 128, 4, rate_from=(64, 4)),
              recall.Cell("rwkv7", 64, 8, rate_from=(64, 4))]
@@ -431,6 +433,7 @@ def test_failed_cells_at_the_controls_width_get_the_long_run_at_every_n(tmp_path
         recall.long_runs(results, setup, tmp_path, {}, cell)
     assert trained == [("attention", 8, 2e-3, setup.long_factor * setup.budget.steps)]
     assert results.find(phase="long", arch="attention", pairs=8)["test_accuracy"] == 0.5
+    assert results.find(phase="long", arch="attention", pairs=8)["looks"] == looks          # where it looks, recorded
 
     # a sweep that never left chance (2 / N = 25% at N = 8) chose on noise: the long run takes N = 4's rate instead
     results.add({"arch": "attention", "width": 64, "pairs": 4, "phase": "sweep", "seed": 0, "chosen_lr": 5e-4})
