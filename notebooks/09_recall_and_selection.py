@@ -216,20 +216,21 @@ for arch, width, pairs in setup.save:
 #   100% in 100 steps, Mamba 99.2% in 550 (at chance at width 64 with this schedule), RWKV-4 54% (off the plateau,
 #   not finished; at width 64 it needed 4x the steps). A wider state gives more room, and here it also gives
 #   faster learning, which is not the same claim.
-# * **$N = 8$: the control fails, and 4x the steps did not change that.** Attention stays at chance at width 64
-#   with every rate tried in 1000 steps (13-15%, chance 12.5%), and with 4000 steps (14.2%): its validation loss
-#   falls slowly onto $\log 8 = 2.079$ (2.075 at the last step), the loss of a model that has learned that the
-#   answer is one of the 8 values in the context, and not which. Four probes change one setting each: one head of
-#   64 (Zoology's) instead of four of 16, 13.9%; no channel mix (Zoology's blocks), 13.9%; the 8 pairs in $T = 64$
-#   instead of 128, 15.3%; a gated short convolution as the first block (the previous-token mix built in, as the
+# * **$N = 8$: the control fails, and 4x (then 12x, in a probe) the steps did not change that.** Attention stays at
+#   chance at width 64 with every rate tried in 1000 steps (13-15%, chance 12.5%), and with 4000 steps (14.2%): its
+#   validation loss falls slowly onto $\log 8 = 2.079$ (2.075 at the last step), the loss of a model that has learned
+#   that the answer is one of the 8 values in the context, and not which. Four probes change one setting each: one
+#   head of 64 (Zoology's) instead of four of 16, 13.9%; no channel mix (Zoology's blocks), 13.9%; the 8 pairs in
+#   $T = 64$ instead of 128, 15.3%; a gated short convolution as the first block (the previous-token mix built in, as the
 #   Based paper's configuration pairs its attention), 12.3%. So the budget up to 4x, the head size, the channel mix
-#   and the length are measured and are not the cause; a budget beyond 4x (Zoology trains 6x more sequences) and the
-#   vocabulary are not measured.
+#   and the length are measured and are not the cause. Nor is the budget up to 12x: a probe of 12000 steps (3.1M
+#   sequences, half of Zoology's 6.4M) ends at 14.7%, its loss near $\log 8$ from step 2650 on. Zoology's other
+#   differences (batch 512, vocabulary 8192, learned positions, dropout) are not measured.
 # * **Which half of the circuit is missing at $N = 8$:** the report's last two columns read it from the weights. The
 #   control's slow seed, once it learned, puts 99.9% of a value's first-layer attention on its own key (the
 #   previous-token head) and 92.9% of a query's last-layer attention on its pair's value. Every failed $N = 8$ run
-#   puts 16-28% on the key, where attention spread evenly puts 17%, and 0-2% on the value: the previous-token head
-#   never forms, and without it the last layer has nothing to match the query against.
+#   puts 16-28% on the key, where attention spread evenly puts 17% (6% after 12x the steps), and 0-2% on the value:
+#   the previous-token head never forms, and without it the last layer has nothing to match the query against.
 # * **RWKV-7 learns $N = 8$ at width 64** (99.9%, within 200 steps), so the task and the pipeline at $N = 8$ are
 #   learnable and what fails is attention's training there. A success needs no control to be read; a recurrent
 #   model's *failure* at $N = 8$ is not read until attention learns it. A cell marked "-" has not run yet, and no
