@@ -73,7 +73,7 @@ class Setup:
     save: tuple = ()                      # (arch, width, pairs) whose first seed's weights are committed
     head_size: int = 16                   # attention's and RWKV-7's head size (a probe may change it)
     channel_mix: bool = True              # attention's MLP in each block (a probe may leave it out, as Zoology)
-    conv_first: bool = False              # attention's first block a gated short convolution (a probe, as Zoology)
+    conv_first: bool = False              # attention's first block a gated short convolution (a probe; Based paper)
     long_factor: int = 4                  # "is it the budget?": failed cells at the control's width, this much longer
     long_below: float = 0.9               # ... when their test accuracy is below this
     control_accuracy: float = 0.98        # the test accuracy the positive control must reach, every seed
