@@ -31,8 +31,9 @@ __all__ = ["attention_weights", "recall_attention", "previous_token_attention", 
 @torch.no_grad()
 def attention_weights(model, input_ids: torch.Tensor) -> list:
     """softmax(R(i) q_i . R(j) k_j / sqrt(d)) over j <= i, per attention layer: a list of (B, H, T, T) tensors of
-    the experiments' Transformer (RoPE, as trained; experiments/transformer.py), from q and k caught at each block
-    that attends (a conv_first model's block 0 convolves and has none)."""
+    the experiments' Transformer (RoPE, as trained; experiments/transformer.py; q_i . k_j for a model with learned
+    positions, which has no R), from q and k caught at each block that attends (a conv_first model's block 0
+    convolves and has none)."""
     caught = []
     hooks = [b.qkv.register_forward_hook(lambda m, args, out: caught.append(out))
              for b in model.blocks if b.short_conv is None]
@@ -48,7 +49,9 @@ def attention_weights(model, input_ids: torch.Tensor) -> list:
     weights = []
     for qkv in caught:
         q, k, _ = qkv.view(B, T, 3, -1, d).permute(2, 0, 3, 1, 4)                 # (B, H, T, d) each
-        scores = apply_rope(q, positions, base=base) @ apply_rope(k, positions, base=base).transpose(-1, -2)
+        if model.config.positions == "rope":
+            q, k = apply_rope(q, positions, base=base), apply_rope(k, positions, base=base)
+        scores = q @ k.transpose(-1, -2)
         weights.append(torch.softmax((scores / math.sqrt(d)).masked_fill(~mask, -math.inf), dim=-1))
     return weights
 

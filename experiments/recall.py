@@ -74,6 +74,7 @@ class Setup:
     head_size: int = 16                   # attention's and RWKV-7's head size (a probe may change it)
     channel_mix: bool = True              # attention's MLP in each block (a probe may leave it out, as Zoology)
     conv_first: bool = False              # attention's first block a gated short convolution (a probe; Based paper)
+    positions: str = "rope"               # attention's positions: RoPE, or "learned" (a probe; Zoology's)
     long_factor: int = 4                  # "is it the budget?": failed cells at the control's width, this much longer
     long_below: float = 0.9               # ... when their test accuracy is below this
     control_accuracy: float = 0.98        # the test accuracy the positive control must reach, every seed
@@ -136,14 +137,20 @@ def _make_run(setup: Setup, out, arch: str, width: int, pairs: int, seed: int, l
     checkpoint = (out / "checkpoints" / folder
                   / f"{arch}-C{width}-N{pairs}{tag}-lr{lr:.3g}-s{seed}-{setup.budget.steps}.pt")
     T = setup.seq_len[pairs]
-    return Run(build=partial(zoo.build, arch, vocab_size=setup.vocab_size, width=width, train_length=T,
-                             head_size=setup.head_size, channel_mix=setup.channel_mix,
-                             conv_first=setup.conv_first),
+    return Run(build=_builder(setup, arch, width, pairs),
                forward=zoo.logits,
                sample=partial(data.mqar, seq_len=T, num_pairs=pairs, vocab_size=setup.vocab_size,
                               spacing=setup.spacing),
                lr=lr, budget=setup.budget, seed=seed, valid=_held_out(setup, VALID, pairs, setup.valid_size),
                label=label, checkpoint=checkpoint)
+
+
+def _builder(setup: Setup, arch: str, width: int, pairs: int):
+    """zoo.build for a cell of ``setup``: a fresh model (what a run trains, or what committed weights load into)."""
+    kind = dict(head_size=setup.head_size, channel_mix=setup.channel_mix, conv_first=setup.conv_first,
+                positions=setup.positions)
+    return partial(zoo.build, arch, vocab_size=setup.vocab_size, width=width, train_length=setup.seq_len[pairs],
+                   **kind)
 
 
 def _finish(setup: Setup, out, first_seed: int, run: Run, key: dict) -> dict:
@@ -232,23 +239,26 @@ PROBES = "recall_probes"
 
 
 def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_len: int, head_size: int, lr: float,
-          channel_mix: bool = True, conv_first: bool = False, steps: int | None = None, seed: int = 0,
-          threads: int = 1, progress: bool = True) -> dict:
+          channel_mix: bool = True, conv_first: bool = False, positions: str = "rope", steps: int | None = None,
+          seed: int = 0, threads: int = 1, progress: bool = True) -> dict:
     """Why did a cell fail? One run outside the grid: the grid's data, budget and training for (arch, width,
-    pairs), with the sequence length, the head size, attention's channel mix or its first block (conv_first: a gated
-    short convolution, as the Based paper's Zoology attention model) or the budget (steps: at most this many steps,
-    the schedule stretched to match) changed. Its row (phase "probe") goes to
+    pairs), with the sequence length, the head size, attention's channel mix, its first block (conv_first: a gated
+    short convolution, as the Based paper's Zoology attention model), its positions (positions="learned", as
+    Zoology's attention) or the budget (steps: at most this many steps, the schedule stretched to match) changed. Its row (phase "probe") goes to
     <out>/recall_probes.json, beside the grid's file (which a running grid rewrites whole), and the report lists it;
     a probe already there is returned, not run again (a stopped one resumes from its checkpoint)."""
     base = setup or FULL
     setup = replace(base, seq_len={**base.seq_len, pairs: seq_len}, head_size=head_size, channel_mix=channel_mix,
-                    conv_first=conv_first, budget=replace(base.budget, steps=steps or base.budget.steps))
+                    conv_first=conv_first, positions=positions,
+                    budget=replace(base.budget, steps=steps or base.budget.steps))
     results = Results(out, PROBES)
     key = dict(phase="probe", arch=arch, width=width, pairs=pairs, seq_len=seq_len, head_size=head_size, seed=seed)
     if not channel_mix:                   # absent from the first probes' rows, which all kept it
         key["channel_mix"] = False
     if conv_first:                        # likewise
         key["conv_first"] = True
+    if positions != "rope":               # likewise
+        key["positions"] = positions
     if steps is not None:                 # the grid's budget otherwise
         key["budget_steps"] = steps
     done = results.find(**key, lr=lr)
@@ -257,7 +267,7 @@ def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_le
     with torch_settings(threads):
         run = _make_run(setup, out, arch, width, pairs, seed, lr, PROBES,
                         f"-T{seq_len}-head{head_size}" + ("" if channel_mix else "-nomix")
-                        + ("-conv" if conv_first else ""))
+                        + ("-conv" if conv_first else "") + ("" if positions == "rope" else f"-{positions}"))
         round_to_fp16(run.train_to(setup.budget.steps, progress).model)        # as the grid's runs are measured
         found = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, pairs, setup.test_size))
         return results.add({**key, **run.summary(), "test_accuracy": found["accuracy"],
@@ -399,13 +409,15 @@ def report(results: Results, setup: Setup, out) -> str:
     if probes:
         rows = [[r["arch"], r["width"], r["pairs"], r["seq_len"], r["head_size"],
                  "yes" if r.get("channel_mix", True) else "no",
-                 "short conv" if r.get("conv_first", False) else r["arch"], f"{r['lr']:.2g}", r["steps"],
+                 "short conv" if r.get("conv_first", False) else r["arch"], r.get("positions", "rope"),
+                 f"{r['lr']:.2g}", r["steps"],
                  fmt(r["test_accuracy"]), *_looks_text(r)] for r in probes]
         lines += ["\n## Probes: one setting changed, to ask why a cell failed\n\n"
                   f"Outside the grid (`recall.probe`; rows in {PROBES}.json): the grid's data and budget (but for a "
                   "probe of the budget), one seed.\n\n",
                   "The last two columns as in the table above.\n\n" if long else LOOKS_NOTE,
-                  markdown_table(["model", "C", "N", "T", "head size", "channel mix", "block 0", "rate", "steps",
+                  markdown_table(["model", "C", "N", "T", "head size", "channel mix", "block 0", "positions", "rate",
+                                  "steps",
                                   "test accuracy", *LOOKS_COLUMNS], rows)]
     differences = (f"vocabulary {setup.vocab_size} (Zoology: 8192)", f"batch {setup.budget.batch_size} and at most "
                    f"{setup.budget.steps} steps (Zoology: batch 512, 64 epochs of 100k sequences, about 12.5k steps)",
@@ -424,8 +436,7 @@ def load_model(setup: Setup, out, arch: str, width: int, pairs: int):
     path = weights_path(out, arch, width, pairs)
     if not path.exists():
         return None
-    model = zoo.build(arch, vocab_size=setup.vocab_size, width=width, train_length=setup.seq_len[pairs],
-                      head_size=setup.head_size, channel_mix=setup.channel_mix, conv_first=setup.conv_first)
+    model = _builder(setup, arch, width, pairs)()
     model.load_state_dict({k: v.float() for k, v in load_state_dict(path).items()})
     return model.eval()
 

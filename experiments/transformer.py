@@ -3,9 +3,13 @@
     x = emb[ids];  per layer:  x += W_o attend(q, k, v);  x += W_2 gelu(W_1 LN(x));   logits = head(LN(x))
     q, k, v = heads of W_qkv LN(x)  (B, H, T, d)
 
-With conv_first (Zoology's MQAR attention, its Hybrid of BaseConv and MHA), block 0 mixes tokens with a gated
+With conv_first (the Based paper's MQAR attention, a Hybrid of BaseConv and MHA), block 0 mixes tokens with a gated
 short convolution instead of attending: h = LN(x), x += conv_3(h) * (W h + b) + h (conv_3 causal, depthwise,
 kernel 3), the previous-token half of an induction head built in.
+
+With positions="learned" (Zoology's attention, as GPT-2) the model has no RoPE: a learned vector per position, up to
+train_length, is added to each token's embedding, and attention compares q and k as they are. Such a model runs at
+its training length or below, under the default scheme only.
 
 How a scheme attends (T the evaluated length, L = train_length, s = max(1, T / L), d the head size):
 
@@ -35,9 +39,10 @@ from torch import nn
 from seqmix.kernels.attention import attention
 from seqmix.kernels.rerope import apply_rope, log_n_scaling, rerope_attention
 
-__all__ = ["SCHEME_KINDS", "PositionScheme", "TransformerConfig", "Transformer"]
+__all__ = ["SCHEME_KINDS", "POSITIONS", "PositionScheme", "TransformerConfig", "Transformer"]
 
 SCHEME_KINDS = ("rope", "pi", "ntk", "rerope", "leaky_rerope")
+POSITIONS = ("rope", "learned")      # how a Transformer is told positions in training (TransformerConfig.positions)
 _NAMES = {"rope": "RoPE", "pi": "PI", "ntk": "NTK-old", "rerope": "ReRoPE", "leaky_rerope": "Leaky ReRoPE"}
 
 
@@ -93,7 +98,9 @@ class TransformerConfig:
     channel mix, attention alone in each block, as Zoology's MQAR models);
     train_length L (log n's maxlen, and the length PI and NTK scale from); log_n: trained with q_n * ln n / ln L
     (the post's "log n" rows); base: RoPE's base; conv_first: block 0 a gated short convolution instead of
-    attention (Zoology's MQAR attention model, its Hybrid of BaseConv and MHA; see the module's docstring)."""
+    attention (the Based paper's MQAR attention model, a Hybrid of BaseConv and MHA; see the module's docstring);
+    positions: "rope" (rotary, the default) or "learned" (absolute, one vector per position up to train_length,
+    added to the embedding; Zoology's attention)."""
     vocab_size: int
     hidden_size: int = 128
     num_layers: int = 2
@@ -103,6 +110,7 @@ class TransformerConfig:
     log_n: bool = False
     base: float = 10000.0
     conv_first: bool = False
+    positions: str = "rope"
 
     def __post_init__(self):
         if self.intermediate_size is None:
@@ -113,6 +121,10 @@ class TransformerConfig:
         if self.conv_first and self.num_layers < 2:
             raise ValueError(f"conv_first needs num_layers >= 2 (block 0 convolves, the rest attend), got "
                              f"{self.num_layers}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        if self.positions == "learned" and self.log_n:
+            raise ValueError("log_n scales RoPE's attention; a model with positions='learned' has no RoPE")
 
 
 class _GatedShortConv(nn.Module):
@@ -160,6 +172,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.emb = nn.Embedding(config.vocab_size, config.hidden_size)
+        learned = config.positions == "learned"
+        self.pos_emb = nn.Embedding(config.train_length, config.hidden_size) if learned else None
         self.blocks = nn.ModuleList(_Block(config, conv=config.conv_first and i == 0) for i in range(config.num_layers))
         self.ln_out = nn.LayerNorm(config.hidden_size)
         self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -179,13 +193,25 @@ class Transformer(nn.Module):
             raise ValueError("log n† (scaling at evaluation only) is for a model trained without log n; this one "
                              "was trained with it")
 
+        if self.pos_emb is not None:
+            if scheme != PositionScheme():
+                raise ValueError(f"scheme {scheme.name} rotates q and k; a model with positions='learned' runs under "
+                                 f"the default scheme only")
+            if input_ids.shape[1] > c.train_length:
+                raise ValueError(f"input_ids has {input_ids.shape[1]} positions; a model with positions='learned' "
+                                 f"has {c.train_length} (its train_length)")
+
         def attend(q, k, v):
+            if self.pos_emb is not None:
+                return attention(q, k, v)
             if c.log_n:   # the entropy-invariant factor ln n / ln L at every position n = 1 .. T
                 n = torch.arange(1, q.shape[-2] + 1, dtype=torch.float64)
                 q = q * (torch.log(n) / math.log(c.train_length)).to(q.dtype)[:, None]
             return scheme.attend(q, k, v, c.train_length, c.base)
 
-        x = self.emb(input_ids)
+        x = self.emb(input_ids)                                             # (B, T, C)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb.weight[:input_ids.shape[1]]
         for block in self.blocks:
             x = block(x, attend)
         return self.head(self.ln_out(x))

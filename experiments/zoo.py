@@ -103,7 +103,8 @@ def mamba_training_init(model: MambaForCausalLM) -> MambaForCausalLM:
 
 
 def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size: int = 16, state_size: int = 16,
-          train_length: int = 64, channel_mix: bool = True, conv_first: bool = False) -> nn.Module:
+          train_length: int = 64, channel_mix: bool = True, conv_first: bool = False,
+          positions: str = "rope") -> nn.Module:
     """A freshly initialized model (seed torch first for a reproducible one).
 
     Args:
@@ -114,16 +115,19 @@ def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size:
         train_length: the transformer's training length (RoPE's log-n maxlen; unused at evaluation = training).
         channel_mix: False leaves out the transformer's MLP (attention alone in each block, as Zoology's models);
             attention only (the recurrent blocks keep theirs).
-        conv_first: True makes the transformer's first block a gated short convolution (Zoology's MQAR attention,
-            a Hybrid of BaseConv and attention; TransformerConfig.conv_first); attention only.
+        conv_first: True makes the transformer's first block a gated short convolution (the Based paper's MQAR
+            attention, a Hybrid of BaseConv and attention; TransformerConfig.conv_first); attention only.
+        positions: "learned" gives the transformer learned absolute positions instead of RoPE (Zoology's attention;
+            TransformerConfig.positions); attention only.
     """
-    for changed, setting in ((not channel_mix, "channel_mix=False"), (conv_first, "conv_first=True")):
+    for changed, setting in ((not channel_mix, "channel_mix=False"), (conv_first, "conv_first=True"),
+                             (positions != "rope", f"positions={positions!r}")):
         if changed and arch != "attention":
             raise ValueError(f"{setting} is for attention only, got arch {arch!r}")
     if arch == "attention":
         return Transformer(TransformerConfig(vocab_size, hidden_size=width, num_layers=layers, head_size=head_size,
                                              train_length=train_length, intermediate_size=None if channel_mix else 0,
-                                             conv_first=conv_first))
+                                             conv_first=conv_first, positions=positions))
     if arch == "rwkv4":
         return RwkvForCausalLM(RwkvConfig(vocab_size=vocab_size, hidden_size=width, num_hidden_layers=layers,
                                           rescale_every=0, context_length=train_length))

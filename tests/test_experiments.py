@@ -461,13 +461,17 @@ def test_a_recall_probe_changes_one_setting_and_the_report_lists_it(tmp_path):
     assert (tmp_path / f"{recall.PROBES}.json").read_text() == before
     assert not (tmp_path / "recall.json").exists()
     text = recall.report(Results(tmp_path, "recall"), recall.QUICK, tmp_path)
-    assert "## Probes" in text and "| attention | 32 | 2 | 24 | 32 | yes | attention | 0.003 |" in text
+    assert "## Probes" in text and "| attention | 32 | 2 | 24 | 32 | yes | attention | rope | 0.003 |" in text
     assert f"| {fmt(looks['previous_token'])} ({fmt(looks['uniform'])}) | {fmt(looks['on_value'])} |" in text
     with pytest.raises(ValueError, match="head_size"):
         recall.probe(tmp_path, recall.QUICK, **{**kwargs, "head_size": 12})
     shorter = recall.probe(tmp_path, recall.QUICK, **kwargs, steps=20)           # another budget: another probe
     assert shorter["budget_steps"] == 20 and shorter["steps"] == 20 and "budget_steps" not in row
-    assert len(Results(tmp_path, recall.PROBES).select(phase="probe")) == 2
+    learned = recall.probe(tmp_path, recall.QUICK, **kwargs, steps=20, positions="learned")
+    assert learned["positions"] == "learned" and "positions" not in shorter
+    assert len(Results(tmp_path, recall.PROBES).select(phase="probe")) == 3
+    text = recall.report(Results(tmp_path, "recall"), recall.QUICK, tmp_path)
+    assert "| attention | 32 | 2 | 24 | 32 | yes | attention | learned | 0.003 | 20 |" in text
 
 
 def test_attention_without_its_channel_mix_is_attention_alone():
@@ -483,10 +487,10 @@ def test_attention_without_its_channel_mix_is_attention_alone():
         zoo.build("rwkv7", vocab_size=32, width=32, channel_mix=False)
 
 
-def test_conv_first_makes_block_0_zoologys_gated_short_convolution():
-    """zoo.build(conv_first=True), Zoology's MQAR attention: block 0 is conv_3(h) * (W h + b) + h with h = LN(x), the
-    convolution causal and depthwise, written out here as a sum over the three taps; the later blocks attend. The
-    model stays causal, needs a block to attend with, and the recurrent models refuse the setting."""
+def test_conv_first_makes_block_0_a_gated_short_convolution():
+    """zoo.build(conv_first=True), the Based paper's MQAR attention: block 0 is conv_3(h) * (W h + b) + h with
+    h = LN(x), the convolution causal and depthwise, written out here as a sum over the three taps; the later blocks
+    attend. The model stays causal, needs a block to attend with, and the recurrent models refuse the setting."""
     torch.manual_seed(0)
     model = zoo.build("attention", vocab_size=32, width=8, head_size=4, train_length=16, conv_first=True).double()
     names = [n for n, _ in model.named_parameters()]
@@ -510,3 +514,44 @@ def test_conv_first_makes_block_0_zoologys_gated_short_convolution():
         zoo.build("attention", vocab_size=32, width=8, head_size=4, layers=1, conv_first=True)
     with pytest.raises(ValueError, match="conv_first=True is for attention only"):
         zoo.build("mamba", vocab_size=32, width=8, conv_first=True)
+
+
+def test_learned_positions_add_a_vector_per_position_and_leave_q_and_k_unrotated():
+    """zoo.build(positions="learned"), Zoology's attention: x = emb[ids] + pos[:T], then the blocks attend with plain
+    softmax(q k^T / sqrt(d)), no RoPE; written out here from the model's parameters, layer by layer, logits and the
+    attention weights mechanism.attention_weights reads. Such a model refuses lengths past its train_length, the
+    evaluation schemes and log n, and the recurrent models refuse the setting."""
+    from seqmix.experiments.mechanism import attention_weights
+    from seqmix.experiments.transformer import PositionScheme
+    torch.manual_seed(0)
+    model = zoo.build("attention", vocab_size=32, width=8, head_size=4, train_length=16, positions="learned").double()
+    ids = torch.randint(0, 32, (2, 12))
+    B, T, C, d = 2, 12, 8, 4
+    x = model.emb.weight[ids] + model.pos_emb.weight[:T]                               # (B, T, C)
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    expected_weights = []
+    for block in model.blocks:
+        h = torch.nn.functional.layer_norm(x, (C,), block.ln1.weight, block.ln1.bias)
+        q, k, v = (h @ block.qkv.weight.T).split(C, dim=-1)                           # (B, T, C) each
+        q, k, v = (t.view(B, T, C // d, d).transpose(1, 2) for t in (q, k, v))        # (B, H, T, d)
+        weights = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(d)).masked_fill(~mask, -math.inf), dim=-1)
+        expected_weights.append(weights)
+        x = x + (weights @ v).transpose(1, 2).reshape(B, T, C) @ block.out.weight.T
+        x = x + block.down(torch.nn.functional.gelu(block.up(block.ln2(x))))
+    expected = model.head(model.ln_out(x))
+    with torch.no_grad():
+        assert torch.allclose(model(ids), expected, rtol=0, atol=1e-10)
+        for got, want in zip(attention_weights(model, ids), expected_weights):
+            assert torch.allclose(got, want, rtol=0, atol=1e-10)
+        assert not torch.allclose(model.pos_emb.weight[0], model.pos_emb.weight[1])    # positions are told apart
+    with pytest.raises(ValueError, match="input_ids has 17 positions"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="default scheme only"):
+        model(ids, PositionScheme("pi"))
+    with pytest.raises(ValueError, match="positions must be one of"):
+        zoo.build("attention", vocab_size=32, width=8, head_size=4, positions="absolute")
+    from seqmix.experiments.transformer import Transformer, TransformerConfig
+    with pytest.raises(ValueError, match="has no RoPE"):
+        Transformer(TransformerConfig(32, hidden_size=8, head_size=4, log_n=True, positions="learned"))
+    with pytest.raises(ValueError, match="positions='learned' is for attention only"):
+        zoo.build("rwkv7", vocab_size=32, width=8, head_size=4, positions="learned")
