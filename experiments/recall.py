@@ -407,16 +407,16 @@ def report(results: Results, setup: Setup, out) -> str:
                                  rows)]
     probes = Results(out, PROBES).select(phase="probe")
     if probes:
-        rows = [[r["arch"], r["width"], r["pairs"], r["seq_len"], r["head_size"],
+        rows = [[r["arch"], r["width"], r["pairs"], r["seq_len"], r["seed"], r["head_size"],
                  "yes" if r.get("channel_mix", True) else "no",
                  "short conv" if r.get("conv_first", False) else r["arch"], r.get("positions", "rope"),
                  f"{r['lr']:.2g}", r["steps"],
                  fmt(r["test_accuracy"]), *_looks_text(r)] for r in probes]
         lines += ["\n## Probes: one setting changed, to ask why a cell failed\n\n"
                   f"Outside the grid (`recall.probe`; rows in {PROBES}.json): the grid's data and budget (but for a "
-                  "probe of the budget), one seed.\n\n",
+                  "probe of the budget).\n\n",
                   "The last two columns as in the table above.\n\n" if long else LOOKS_NOTE,
-                  markdown_table(["model", "C", "N", "T", "head size", "channel mix", "block 0", "positions", "rate",
+                  markdown_table(["model", "C", "N", "T", "seed", "head size", "channel mix", "block 0", "positions", "rate",
                                   "steps",
                                   "test accuracy", *LOOKS_COLUMNS], rows)]
     differences = (f"vocabulary {setup.vocab_size} (Zoology: 8192)", f"batch {setup.budget.batch_size} and at most "

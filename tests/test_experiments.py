@@ -461,7 +461,7 @@ def test_a_recall_probe_changes_one_setting_and_the_report_lists_it(tmp_path):
     assert (tmp_path / f"{recall.PROBES}.json").read_text() == before
     assert not (tmp_path / "recall.json").exists()
     text = recall.report(Results(tmp_path, "recall"), recall.QUICK, tmp_path)
-    assert "## Probes" in text and "| attention | 32 | 2 | 24 | 32 | yes | attention | rope | 0.003 |" in text
+    assert "## Probes" in text and "| attention | 32 | 2 | 24 | 0 | 32 | yes | attention | rope | 0.003 |" in text
     assert f"| {fmt(looks['previous_token'])} ({fmt(looks['uniform'])}) | {fmt(looks['on_value'])} |" in text
     with pytest.raises(ValueError, match="head_size"):
         recall.probe(tmp_path, recall.QUICK, **{**kwargs, "head_size": 12})
@@ -471,7 +471,7 @@ def test_a_recall_probe_changes_one_setting_and_the_report_lists_it(tmp_path):
     assert learned["positions"] == "learned" and "positions" not in shorter
     assert len(Results(tmp_path, recall.PROBES).select(phase="probe")) == 3
     text = recall.report(Results(tmp_path, "recall"), recall.QUICK, tmp_path)
-    assert "| attention | 32 | 2 | 24 | 32 | yes | attention | learned | 0.003 | 20 |" in text
+    assert "| attention | 32 | 2 | 24 | 0 | 32 | yes | attention | learned | 0.003 | 20 |" in text
 
 
 def test_attention_without_its_channel_mix_is_attention_alone():
