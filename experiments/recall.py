@@ -75,6 +75,7 @@ class Setup:
     channel_mix: bool = True              # attention's MLP in each block (a probe may leave it out, as Zoology)
     conv_first: bool = False              # attention's first block a gated short convolution (a probe; Based paper)
     positions: str = "rope"               # attention's positions: RoPE, or "learned" (a probe; Zoology's)
+    freeze_embedding: bool = False        # attention's token embedding kept at its random start (a probe)
     long_factor: int = 4                  # "is it the budget?": failed cells at the control's width, this much longer
     long_below: float = 0.9               # ... when their test accuracy is below this
     control_accuracy: float = 0.98        # the test accuracy the positive control must reach, every seed
@@ -146,11 +147,22 @@ def _make_run(setup: Setup, out, arch: str, width: int, pairs: int, seed: int, l
 
 
 def _builder(setup: Setup, arch: str, width: int, pairs: int):
-    """zoo.build for a cell of ``setup``: a fresh model (what a run trains, or what committed weights load into)."""
+    """zoo.build for a cell of ``setup``: a fresh model (what a run trains, or what committed weights load into);
+    with setup.freeze_embedding, its token embedding takes no gradient (AdamW skips it) and stays as initialized."""
     kind = dict(head_size=setup.head_size, channel_mix=setup.channel_mix, conv_first=setup.conv_first,
                 positions=setup.positions)
-    return partial(zoo.build, arch, vocab_size=setup.vocab_size, width=width, train_length=setup.seq_len[pairs],
-                   **kind)
+    build = partial(zoo.build, arch, vocab_size=setup.vocab_size, width=width, train_length=setup.seq_len[pairs],
+                    **kind)
+    if not setup.freeze_embedding:
+        return build
+    if arch != "attention":
+        raise ValueError(f"freeze_embedding is for attention only, got arch {arch!r}")
+
+    def frozen():
+        model = build()
+        model.emb.weight.requires_grad_(False)
+        return model
+    return frozen
 
 
 def _finish(setup: Setup, out, first_seed: int, run: Run, key: dict) -> dict:
@@ -238,36 +250,41 @@ def long_runs(results: Results, setup: Setup, out, env: dict, cell: Cell, seed: 
 PROBES = "recall_probes"
 
 
+# A probe's settings beside the grid's, each with its checkpoint tag; a row records one only where it differs from
+# the grid (the first probes' rows predate the later settings), and the report names what differs.
+PROBE_SETTINGS = {"channel_mix": lambda v: "-nomix", "conv_first": lambda v: "-conv", "positions": lambda v: f"-{v}",
+                  "vocab_size": lambda v: f"-V{v}", "freeze_embedding": lambda v: "-frozen"}
+
+
 def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_len: int, head_size: int, lr: float,
-          channel_mix: bool = True, conv_first: bool = False, positions: str = "rope", steps: int | None = None,
-          seed: int = 0, threads: int = 1, progress: bool = True) -> dict:
+          channel_mix: bool = True, conv_first: bool = False, positions: str = "rope", vocab_size: int | None = None,
+          freeze_embedding: bool = False, steps: int | None = None, seed: int = 0, threads: int = 1,
+          progress: bool = True) -> dict:
     """Why did a cell fail? One run outside the grid: the grid's data, budget and training for (arch, width,
     pairs), with the sequence length, the head size, attention's channel mix, its first block (conv_first: a gated
     short convolution, as the Based paper's Zoology attention model), its positions (positions="learned", as
-    Zoology's attention) or the budget (steps: at most this many steps, the schedule stretched to match) changed. Its row (phase "probe") goes to
-    <out>/recall_probes.json, beside the grid's file (which a running grid rewrites whole), and the report lists it;
-    a probe already there is returned, not run again (a stopped one resumes from its checkpoint)."""
+    Zoology's attention), the vocabulary (vocab_size; Zoology's is 8192), attention's token embedding
+    (freeze_embedding: kept at its random start), the seed or the budget (steps: at most this many steps, the
+    schedule stretched to match) changed. Its row (phase "probe") goes to <out>/recall_probes.json, beside the grid's
+    file (which a running grid rewrites whole), and the report lists it; a probe already there is returned, not run
+    again (a stopped one resumes from its checkpoint)."""
     base = setup or FULL
-    setup = replace(base, seq_len={**base.seq_len, pairs: seq_len}, head_size=head_size, channel_mix=channel_mix,
-                    conv_first=conv_first, positions=positions,
+    asked = dict(channel_mix=channel_mix, conv_first=conv_first, positions=positions,
+                 vocab_size=vocab_size or base.vocab_size, freeze_embedding=freeze_embedding)
+    changed = {name: value for name, value in asked.items() if value != getattr(base, name)}
+    setup = replace(base, seq_len={**base.seq_len, pairs: seq_len}, head_size=head_size, **changed,
                     budget=replace(base.budget, steps=steps or base.budget.steps))
     results = Results(out, PROBES)
-    key = dict(phase="probe", arch=arch, width=width, pairs=pairs, seq_len=seq_len, head_size=head_size, seed=seed)
-    if not channel_mix:                   # absent from the first probes' rows, which all kept it
-        key["channel_mix"] = False
-    if conv_first:                        # likewise
-        key["conv_first"] = True
-    if positions != "rope":               # likewise
-        key["positions"] = positions
+    key = dict(phase="probe", arch=arch, width=width, pairs=pairs, seq_len=seq_len, head_size=head_size, seed=seed,
+               **changed)
     if steps is not None:                 # the grid's budget otherwise
         key["budget_steps"] = steps
     done = results.find(**key, lr=lr)
     if done is not None:
         return done
     with torch_settings(threads):
-        run = _make_run(setup, out, arch, width, pairs, seed, lr, PROBES,
-                        f"-T{seq_len}-head{head_size}" + ("" if channel_mix else "-nomix")
-                        + ("-conv" if conv_first else "") + ("" if positions == "rope" else f"-{positions}"))
+        tag = f"-T{seq_len}-head{head_size}" + "".join(PROBE_SETTINGS[name](changed[name]) for name in changed)
+        run = _make_run(setup, out, arch, width, pairs, seed, lr, PROBES, tag)
         round_to_fp16(run.train_to(setup.budget.steps, progress).model)        # as the grid's runs are measured
         found = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, pairs, setup.test_size))
         return results.add({**key, **run.summary(), "test_accuracy": found["accuracy"],
@@ -301,6 +318,26 @@ def _looks_text(row: dict) -> list:
     if looks["previous_token"] is None:
         return ["(the convolution)", fmt(looks["on_value"])]
     return [f"{fmt(looks['previous_token'])} ({fmt(looks['uniform'])})", fmt(looks["on_value"])]
+
+
+def _probe_changes(row: dict, setup: Setup) -> str:
+    """What a probe's row changed from the grid's setting, in words ("none" for a probe of the grid's own cell)."""
+    changes = []
+    if row["seq_len"] != setup.seq_len.get(row["pairs"]):
+        changes.append(f"T = {row['seq_len']}")
+    if row["head_size"] != setup.head_size:
+        changes.append(f"one head of {row['head_size']}" if row["head_size"] == row["width"]
+                       else f"heads of {row['head_size']}")
+    words = {"channel_mix": lambda v: "no channel mix", "conv_first": lambda v: "block 0 a short convolution",
+             "positions": lambda v: f"{v} positions", "vocab_size": lambda v: f"vocabulary {v}",
+             "freeze_embedding": lambda v: "embedding frozen"}
+    changes += [words[name](row[name]) for name in PROBE_SETTINGS if name in row]
+    if row["seed"] != 0:
+        changes.append(f"seed {row['seed']}")
+    if "budget_steps" in row:
+        changes.append(f"{row['budget_steps'] // setup.budget.steps}x the steps" if row["budget_steps"] %
+                       setup.budget.steps == 0 else f"{row['budget_steps']} steps")
+    return ", ".join(changes) or "none"
 
 
 def left_chance(pairs: int) -> float:
@@ -407,18 +444,14 @@ def report(results: Results, setup: Setup, out) -> str:
                                  rows)]
     probes = Results(out, PROBES).select(phase="probe")
     if probes:
-        rows = [[r["arch"], r["width"], r["pairs"], r["seq_len"], r["seed"], r["head_size"],
-                 "yes" if r.get("channel_mix", True) else "no",
-                 "short conv" if r.get("conv_first", False) else r["arch"], r.get("positions", "rope"),
-                 f"{r['lr']:.2g}", r["steps"],
+        rows = [[r["arch"], r["width"], r["pairs"], _probe_changes(r, setup), f"{r['lr']:.2g}", r["steps"],
                  fmt(r["test_accuracy"]), *_looks_text(r)] for r in probes]
-        lines += ["\n## Probes: one setting changed, to ask why a cell failed\n\n"
-                  f"Outside the grid (`recall.probe`; rows in {PROBES}.json): the grid's data and budget (but for a "
-                  "probe of the budget).\n\n",
+        lines += ["\n## Probes: settings changed, to ask why a cell failed\n\n"
+                  f"Outside the grid (`recall.probe`; rows in {PROBES}.json): the grid's data, model, training and "
+                  "budget but for what the fourth column names.\n\n",
                   "The last two columns as in the table above.\n\n" if long else LOOKS_NOTE,
-                  markdown_table(["model", "C", "N", "T", "seed", "head size", "channel mix", "block 0", "positions", "rate",
-                                  "steps",
-                                  "test accuracy", *LOOKS_COLUMNS], rows)]
+                  markdown_table(["model", "C", "N", "changed from the grid", "rate", "steps", "test accuracy",
+                                  *LOOKS_COLUMNS], rows)]
     differences = (f"vocabulary {setup.vocab_size} (Zoology: 8192)", f"batch {setup.budget.batch_size} and at most "
                    f"{setup.budget.steps} steps (Zoology: batch 512, 64 epochs of 100k sequences, about 12.5k steps)",
                    *DIFFERENCES)

@@ -2,6 +2,7 @@
 (adds nothing). Plus the pieces the runs rely on: a run is deterministic given its seed, successive halving keeps
 the better rates, the results file survives a restart."""
 import json
+from dataclasses import replace
 import math
 
 import numpy as np
@@ -461,17 +462,35 @@ def test_a_recall_probe_changes_one_setting_and_the_report_lists_it(tmp_path):
     assert (tmp_path / f"{recall.PROBES}.json").read_text() == before
     assert not (tmp_path / "recall.json").exists()
     text = recall.report(Results(tmp_path, "recall"), recall.QUICK, tmp_path)
-    assert "## Probes" in text and "| attention | 32 | 2 | 24 | 0 | 32 | yes | attention | rope | 0.003 |" in text
+    assert "## Probes" in text and "| attention | 32 | 2 | T = 24, one head of 32 | 0.003 |" in text
     assert f"| {fmt(looks['previous_token'])} ({fmt(looks['uniform'])}) | {fmt(looks['on_value'])} |" in text
     with pytest.raises(ValueError, match="head_size"):
         recall.probe(tmp_path, recall.QUICK, **{**kwargs, "head_size": 12})
     shorter = recall.probe(tmp_path, recall.QUICK, **kwargs, steps=20)           # another budget: another probe
     assert shorter["budget_steps"] == 20 and shorter["steps"] == 20 and "budget_steps" not in row
-    learned = recall.probe(tmp_path, recall.QUICK, **kwargs, steps=20, positions="learned")
-    assert learned["positions"] == "learned" and "positions" not in shorter
-    assert len(Results(tmp_path, recall.PROBES).select(phase="probe")) == 3
+    learned = recall.probe(tmp_path, recall.QUICK, **kwargs, steps=20, positions="learned", vocab_size=24, seed=1)
+    assert (learned["positions"], learned["vocab_size"], learned["seed"]) == ("learned", 24, 1)
+    assert "positions" not in shorter and "vocab_size" not in shorter
+    frozen = recall.probe(tmp_path, recall.QUICK, **kwargs, steps=20, freeze_embedding=True)
+    assert frozen["freeze_embedding"] and frozen["test_accuracy"] != shorter["test_accuracy"]
+    assert len(Results(tmp_path, recall.PROBES).select(phase="probe")) == 4
     text = recall.report(Results(tmp_path, "recall"), recall.QUICK, tmp_path)
-    assert "| attention | 32 | 2 | 24 | 0 | 32 | yes | attention | learned | 0.003 | 20 |" in text
+    assert ("| T = 24, one head of 32, learned positions, vocabulary 24, seed 1, 20 steps | 0.003 | 20 |" in text
+            and "| T = 24, one head of 32, embedding frozen, 20 steps | 0.003 | 20 |" in text)
+    with pytest.raises(ValueError, match="freeze_embedding is for attention only"):
+        recall.probe(tmp_path, recall.QUICK, **{**kwargs, "arch": "rwkv7"}, steps=20, freeze_embedding=True)
+
+
+def test_a_frozen_embedding_stays_as_initialized_and_the_rest_trains(tmp_path):
+    """Setup.freeze_embedding (a probe's): the run's token embedding takes no gradient and ends equal to a fresh
+    model's of the same seed, while the other weights move."""
+    setup = replace(recall.QUICK, freeze_embedding=True, budget=replace(recall.QUICK.budget, steps=5))
+    run = recall._make_run(setup, tmp_path, "attention", 32, 2, 0, 3e-3)
+    trained = run.train_to(5, progress=False).model
+    torch.manual_seed(0)
+    fresh = recall._builder(setup, "attention", 32, 2)()
+    assert torch.equal(trained.emb.weight, fresh.emb.weight)
+    assert not torch.equal(trained.head.weight, fresh.head.weight)
 
 
 def test_attention_without_its_channel_mix_is_attention_alone():
