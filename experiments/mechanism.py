@@ -3,6 +3,7 @@
     attention_weights(model, input_ids)       a Transformer's attention matrices, recomputed from its q and k
     recall_attention(model, inputs, targets)  MQAR: how much each last-layer head puts on the queried key's pair
     previous_token_attention(model, inputs)   MQAR: how much each first-layer head puts on a value's own key
+    embeddings_alike(model, tokens)           MQAR: the mean cosine between distinct tokens' embeddings (the keys')
     rwkv7_readout(model, inputs, targets)     MQAR: cos(S_t r_t at a query, v written at each pair's value)
     mamba_step_sizes(model, inputs)           selective copying: the first layer's mean delta_t at each position
     rwkv7_transitions(model, inputs)          state tracking: the eigenvalues of RWKV-7's transition at each step
@@ -24,7 +25,7 @@ from seqmix.experiments.data import IGNORE
 from seqmix.kernels.rerope import apply_rope
 from seqmix.models import rwkv7 as rwkv7_module
 
-__all__ = ["attention_weights", "recall_attention", "previous_token_attention", "rwkv7_readout", "mamba_step_sizes",
+__all__ = ["attention_weights", "recall_attention", "previous_token_attention", "embeddings_alike", "rwkv7_readout", "mamba_step_sizes",
            "rwkv7_transitions"]
 
 
@@ -97,6 +98,18 @@ def previous_token_attention(model, inputs: np.ndarray, num_pairs: int) -> dict:
     values = np.arange(1, 2 * num_pairs, 2)
     return {"weight": first[:, :, values, values - 1].mean(axis=(0, 2)),
             "uniform": float(np.mean(1 / (values + 1)))}
+
+
+@torch.no_grad()
+def embeddings_alike(model, tokens) -> float:
+    """How alike a Transformer's token embeddings of ``tokens`` are: the mean cosine similarity over pairs of distinct
+    tokens, cos(e_a, e_b) = e_a . e_b / (|e_a| |e_b|). Random vectors give about 0; embeddings collapsed onto one
+    shared direction give nearly 1, and a query can no longer tell one key from another by its embedding."""
+    e = model.emb.weight[torch.as_tensor(list(tokens))].double()              # (n, C)
+    unit = e / e.norm(dim=1, keepdim=True)
+    cos = unit @ unit.T                                                        # (n, n), ones on the diagonal
+    n = len(e)
+    return float((cos.sum() - n) / (n * (n - 1)))
 
 
 @contextmanager

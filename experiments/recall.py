@@ -296,12 +296,15 @@ def attention_looks(setup: Setup, model, pairs: int, sequences: int = 200) -> di
     """Where a trained attention model looks, on held-out test sequences (experiments.mechanism): "previous_token",
     its first layer's best head's weight from a value on its own key (the induction circuit's first half; "uniform"
     is what evenly spread attention puts there; None for a conv_first model, whose convolution does that part), and
-    "on_value", its last layer's best head's weight from a query on its pair's value (the second half)."""
+    "on_value", its last layer's best head's weight from a query on its pair's value (the second half), and
+    "keys_alike", the mean cosine between the embeddings of distinct key tokens (mechanism.embeddings_alike: near 1
+    when they have collapsed onto one direction, which the failed runs at N = 8 show)."""
     inputs, targets = _held_out(setup, TEST, pairs, sequences)
     previous = mechanism.previous_token_attention(model, inputs, pairs)
     on_value = mechanism.recall_attention(model, inputs, targets)["value"]
     return {"previous_token": None if model.config.conv_first else float(previous["weight"].max()),
-            "uniform": previous["uniform"], "on_value": float(on_value.max())}
+            "uniform": previous["uniform"], "on_value": float(on_value.max()),
+            "keys_alike": mechanism.embeddings_alike(model, range(1, setup.vocab_size // 2))}
 
 
 def _looks_of(setup: Setup, model, arch: str, pairs: int) -> dict:
@@ -310,14 +313,16 @@ def _looks_of(setup: Setup, model, arch: str, pairs: int) -> dict:
 
 
 def _looks_text(row: dict) -> list:
-    """The two mechanism cells of a report row: the previous-token head (against even attention), the last layer on
-    the value; "-" where the row has none (a recurrent model, or a row from before the field)."""
+    """The mechanism cells of a report row: the previous-token head (against even attention), the last layer on
+    the value, how alike the keys' embeddings are; "-" where the row has none (a recurrent model, or a row from
+    before the field)."""
     looks = row.get("looks")
     if looks is None:
-        return ["-", "-"]
+        return ["-", "-", "-"]
+    alike = f"{looks['keys_alike']:.2f}" if "keys_alike" in looks else "-"
     if looks["previous_token"] is None:
-        return ["(the convolution)", fmt(looks["on_value"])]
-    return [f"{fmt(looks['previous_token'])} ({fmt(looks['uniform'])})", fmt(looks["on_value"])]
+        return ["(the convolution)", fmt(looks["on_value"]), alike]
+    return [f"{fmt(looks['previous_token'])} ({fmt(looks['uniform'])})", fmt(looks["on_value"]), alike]
 
 
 def _probe_changes(row: dict, setup: Setup) -> str:
@@ -402,11 +407,13 @@ DIFFERENCES = ("a channel mix (MLP) in every block but Mamba's (Zoology: none)",
                "(Zoology's RWKV is its own RWKV-4-style time mixer)")
 
 
-LOOKS_COLUMNS = ("previous-token head (even)", "last layer on the value")
+LOOKS_COLUMNS = ("previous-token head (even)", "last layer on the value", "keys alike (cosine)")
 LOOKS_NOTE = ("Where a trained attention model looks (`attention_looks`, 200 test sequences): its first layer's best "
               "head's weight from each value on its own key (the previous token; in brackets what evenly spread "
               "attention puts there) and its last layer's best head's weight from each query on its pair's value. "
-              "A model that solves recall has both near 100%.\n\n")
+              "A model that solves recall has both near 100%. Keys alike: the mean cosine between the embeddings of "
+              "two distinct key tokens (about 0 at the random start; near 1 when the keys have collapsed onto one "
+              "direction and a query can no longer tell them apart).\n\n")
 
 
 def report(results: Results, setup: Setup, out) -> str:
@@ -449,7 +456,7 @@ def report(results: Results, setup: Setup, out) -> str:
         lines += ["\n## Probes: settings changed, to ask why a cell failed\n\n"
                   f"Outside the grid (`recall.probe`; rows in {PROBES}.json): the grid's data, model, training and "
                   "budget but for what the fourth column names.\n\n",
-                  "The last two columns as in the table above.\n\n" if long else LOOKS_NOTE,
+                  "The last three columns as in the table above.\n\n" if long else LOOKS_NOTE,
                   markdown_table(["model", "C", "N", "changed from the grid", "rate", "steps", "test accuracy",
                                   *LOOKS_COLUMNS], rows)]
     differences = (f"vocabulary {setup.vocab_size} (Zoology: 8192)", f"batch {setup.budget.batch_size} and at most "

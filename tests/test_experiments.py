@@ -463,7 +463,9 @@ def test_a_recall_probe_changes_one_setting_and_the_report_lists_it(tmp_path):
     assert not (tmp_path / "recall.json").exists()
     text = recall.report(Results(tmp_path, "recall"), recall.QUICK, tmp_path)
     assert "## Probes" in text and "| attention | 32 | 2 | T = 24, one head of 32 | 0.003 |" in text
-    assert f"| {fmt(looks['previous_token'])} ({fmt(looks['uniform'])}) | {fmt(looks['on_value'])} |" in text
+    assert -1 <= looks["keys_alike"] <= 1
+    assert (f"| {fmt(looks['previous_token'])} ({fmt(looks['uniform'])}) | {fmt(looks['on_value'])} | "
+            f"{looks['keys_alike']:.2f} |") in text
     with pytest.raises(ValueError, match="head_size"):
         recall.probe(tmp_path, recall.QUICK, **{**kwargs, "head_size": 12})
     shorter = recall.probe(tmp_path, recall.QUICK, **kwargs, steps=20)           # another budget: another probe

@@ -1,4 +1,5 @@
 """experiments/mechanism.py reads what it claims: each quantity rebuilt another way."""
+import math
 import numpy as np
 import torch
 
@@ -64,6 +65,19 @@ def test_previous_token_attention_reads_a_values_weight_on_its_key(monkeypatch):
     monkeypatch.undo()
     model = zoo.build("attention", vocab_size=16, width=32, train_length=12, conv_first=True).eval()
     assert len(mechanism.attention_weights(model, torch.randint(0, 16, (2, 12)))) == 1
+
+
+def test_embeddings_alike_is_the_mean_cosine_over_pairs_of_distinct_tokens():
+    """Three embeddings set by hand: e_1 = (1, 0), e_2 = (0, 2), e_3 = (1, 1): the cosines 0, 1/sqrt(2), 1/sqrt(2)
+    average to sqrt(2)/3; the same vector for every token gives 1, and the other tokens' rows are not read."""
+    model = zoo.build("attention", vocab_size=8, width=2, head_size=2, train_length=4)
+    with torch.no_grad():
+        model.emb.weight.fill_(5.0)
+        model.emb.weight[1:4, :] = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    assert math.isclose(mechanism.embeddings_alike(model, [1, 2, 3]), math.sqrt(2) / 3, rel_tol=1e-6)
+    with torch.no_grad():
+        model.emb.weight[1:4, :] = torch.tensor([-0.5, 2.0])
+    assert math.isclose(mechanism.embeddings_alike(model, range(1, 4)), 1.0, rel_tol=1e-6)
 
 
 def test_rwkv7_readout_is_the_cosine_of_the_op_output_with_the_written_values():
