@@ -319,7 +319,7 @@ def _looks_text(row: dict) -> list:
     looks = row.get("looks")
     if looks is None:
         return ["-", "-", "-"]
-    alike = f"{looks['keys_alike']:.2f}" if "keys_alike" in looks else "-"
+    alike = f"{looks['keys_alike']:.2f}".replace("-0.00", "0.00") if "keys_alike" in looks else "-"
     if looks["previous_token"] is None:
         return ["(the convolution)", fmt(looks["on_value"]), alike]
     return [f"{fmt(looks['previous_token'])} ({fmt(looks['uniform'])})", fmt(looks["on_value"]), alike]

@@ -216,25 +216,29 @@ for arch, width, pairs in setup.save:
 #   100% in 100 steps, Mamba 99.2% in 550 (at chance at width 64 with this schedule), RWKV-4 54% (off the plateau,
 #   not finished; at width 64 it needed 4x the steps). A wider state gives more room, and here it also gives
 #   faster learning, which is not the same claim.
-# * **$N = 8$: the control fails, and 4x (then 12x, in a probe) the steps did not change that.** Attention stays at
-#   chance at width 64 with every rate tried in 1000 steps (13-15%, chance 12.5%), and with 4000 steps (14.2%): its
-#   validation loss falls slowly onto $\log 8 = 2.079$ (2.075 at the last step), the loss of a model that has learned
-#   that the answer is one of the 8 values in the context, and not which. Four probes change one setting each: one
-#   head of 64 (Zoology's) instead of four of 16, 13.9%; no channel mix (Zoology's blocks), 13.9%; the 8 pairs in
-#   $T = 64$ instead of 128, 15.3%; a gated short convolution as the first block (the previous-token mix built in, as the
-#   Based paper's configuration pairs its attention), 12.3%. So the budget up to 4x, the head size, the channel mix
-#   and the length are measured and are not the cause. Nor is the budget up to 12x: a probe of 12000 steps (3.1M
-#   sequences, half of Zoology's 6.4M) ends at 14.7%, its loss near $\log 8$ from step 2650 on. Zoology's other
-#   differences (batch 512, vocabulary 8192, learned positions, dropout) are not measured.
-# * **Which half of the circuit is missing at $N = 8$:** the report's last two columns read it from the weights. The
-#   control's slow seed, once it learned, puts 99.9% of a value's first-layer attention on its own key (the
-#   previous-token head) and 92.9% of a query's last-layer attention on its pair's value. Every failed $N = 8$ run
-#   puts 16-28% on the key, where attention spread evenly puts 17% (6% after 12x the steps), and 0-2% on the value:
-#   the previous-token head never forms, and without it the last layer has nothing to match the query against.
-# * **RWKV-7 learns $N = 8$ at width 64** (99.9%, within 200 steps), so the task and the pipeline at $N = 8$ are
-#   learnable and what fails is attention's training there. A success needs no control to be read; a recurrent
-#   model's *failure* at $N = 8$ is not read until attention learns it. A cell marked "-" has not run yet, and no
-#   statement is made about it here.
+# * **$N = 8$ at width 64: the grid's attention fails, and the cause is measured.** It stays at chance with every
+#   rate of its sweep and with 4x the steps (14.2%; chance 12.5%): its loss sits on $\log 8 = 2.079$, the loss of a
+#   model that knows the answer is one of the 8 values in the context, and not which. The report's last column says
+#   why: **the keys' embeddings collapse**. On that plateau what lowers the loss is telling keys from values, not one
+#   key from another, and training pulls the 63 key tokens' embeddings onto one shared direction: the mean cosine
+#   between two distinct keys, about 0 at the start, is 0.70-0.97 in every attention run that failed (N = 4 too) and
+#   0.05-0.37 in every run that learned. With nothing left to tell keys apart, neither half of the induction circuit
+#   forms (the other two columns: no previous-token head, nothing on the value). A probe that **freezes the token
+#   embedding at its random start**, and changes nothing else, learns $N = 8$: 99.6% test, stopping early at 900
+#   steps, with a previous-token head at 96% and the last layer 91% on the value. A collapse can be left (the
+#   control's third seed, and Mamba, whose keys collapse on the plateau too and come apart as it learns), but at
+#   $N = 8$ attention did not leave it within 12x the steps. Zoology's vocabulary of 8192 gives each key about a
+#   sixty-fourth of the updates a key gets here, which may be why its attention does not meet this.
+# * **What was measured not to be the cause** (the "Probes" table): one head of 64, no channel mix, $T = 64$, a short
+#   convolution as block 0, learned positions instead of RoPE (4x the steps), the rates $10^{-2}$ and
+#   $4.6 \cdot 10^{-4}$ with 4x the steps, and the budget up to 12x (14.7%, its keys at 0.97: more steps deepen
+#   the collapse).
+# * **Width 128 learns $N = 8$** at the lower rate of its sweep, $4.6 \cdot 10^{-4}$ (94% validation in 1000 steps, its
+#   keys at 0.37): a wider embedding and a lower rate both slow the collapse. So the lesson is not "attention cannot
+#   recall 8 pairs at width 64"; it is that a small vocabulary lets the embedding erase what recall needs.
+# * **RWKV-7 and Mamba learn $N = 8$ at width 64** (99.9% within 200 steps; Mamba 99.7% with 4x the steps): the 8
+#   pairs fit in these states. RWKV-4's 4x run is at 36% and rising, and its failure is not read as capacity (its
+#   keys do not collapse; what slows it is not measured). A cell marked "-" has not run yet, and no statement is made about it here.
 #
 # ## 6. Selective copying: why Mamba made the SSM selective
 #
