@@ -25,8 +25,8 @@ from seqmix.experiments.data import IGNORE
 from seqmix.kernels.rerope import apply_rope
 from seqmix.models import rwkv7 as rwkv7_module
 
-__all__ = ["attention_weights", "recall_attention", "previous_token_attention", "embeddings_alike", "rwkv7_readout", "mamba_step_sizes",
-           "rwkv7_transitions"]
+__all__ = ["attention_weights", "recall_attention", "previous_token_attention", "embeddings_alike", "rwkv7_readout",
+           "mamba_step_sizes", "rwkv7_transitions"]
 
 
 @torch.no_grad()

@@ -250,10 +250,12 @@ def long_runs(results: Results, setup: Setup, out, env: dict, cell: Cell, seed: 
 PROBES = "recall_probes"
 
 
-# A probe's settings beside the grid's, each with its checkpoint tag; a row records one only where it differs from
-# the grid (the first probes' rows predate the later settings), and the report names what differs.
-PROBE_SETTINGS = {"channel_mix": lambda v: "-nomix", "conv_first": lambda v: "-conv", "positions": lambda v: f"-{v}",
-                  "vocab_size": lambda v: f"-V{v}", "freeze_embedding": lambda v: "-frozen"}
+# A probe's settings beside the grid's: name -> (its checkpoint tag, its words in the report), each formatted with
+# the value. A row records a setting only where it differs from the grid (the first probes' rows predate the later
+# settings).
+PROBE_SETTINGS = {"channel_mix": ("-nomix", "no channel mix"), "conv_first": ("-conv", "block 0 a short convolution"),
+                  "positions": ("-{}", "{} positions"), "vocab_size": ("-V{}", "vocabulary {}"),
+                  "freeze_embedding": ("-frozen", "embedding frozen")}
 
 
 def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_len: int, head_size: int, lr: float,
@@ -283,7 +285,8 @@ def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_le
     if done is not None:
         return done
     with torch_settings(threads):
-        tag = f"-T{seq_len}-head{head_size}" + "".join(PROBE_SETTINGS[name](changed[name]) for name in changed)
+        tag = f"-T{seq_len}-head{head_size}" + "".join(PROBE_SETTINGS[name][0].format(changed[name])
+                                                        for name in changed)
         run = _make_run(setup, out, arch, width, pairs, seed, lr, PROBES, tag)
         round_to_fp16(run.train_to(setup.budget.steps, progress).model)        # as the grid's runs are measured
         found = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, pairs, setup.test_size))
@@ -333,10 +336,7 @@ def _probe_changes(row: dict, setup: Setup) -> str:
     if row["head_size"] != setup.head_size:
         changes.append(f"one head of {row['head_size']}" if row["head_size"] == row["width"]
                        else f"heads of {row['head_size']}")
-    words = {"channel_mix": lambda v: "no channel mix", "conv_first": lambda v: "block 0 a short convolution",
-             "positions": lambda v: f"{v} positions", "vocab_size": lambda v: f"vocabulary {v}",
-             "freeze_embedding": lambda v: "embedding frozen"}
-    changes += [words[name](row[name]) for name in PROBE_SETTINGS if name in row]
+    changes += [words.format(row[name]) for name, (_, words) in PROBE_SETTINGS.items() if name in row]
     if row["seed"] != 0:
         changes.append(f"seed {row['seed']}")
     if "budget_steps" in row:
