@@ -105,10 +105,9 @@ def embeddings_alike(model, tokens) -> float:
     """How alike a Transformer's token embeddings of ``tokens`` are: the mean cosine similarity over pairs of distinct
     tokens, cos(e_a, e_b) = e_a . e_b / (|e_a| |e_b|). Random vectors give about 0; embeddings collapsed onto one
     shared direction give nearly 1, and a query can no longer tell one key from another by its embedding."""
-    e = model.emb.weight[torch.as_tensor(list(tokens))].double()              # (n, C)
-    unit = e / e.norm(dim=1, keepdim=True)
+    unit = torch.nn.functional.normalize(model.emb.weight[torch.as_tensor(list(tokens))].double(), dim=1)  # (n, C)
     cos = unit @ unit.T                                                        # (n, n), ones on the diagonal
-    n = len(e)
+    n = len(unit)
     return float((cos.sum() - n) / (n * (n - 1)))
 
 

@@ -147,22 +147,11 @@ def _make_run(setup: Setup, out, arch: str, width: int, pairs: int, seed: int, l
 
 
 def _builder(setup: Setup, arch: str, width: int, pairs: int):
-    """zoo.build for a cell of ``setup``: a fresh model (what a run trains, or what committed weights load into);
-    with setup.freeze_embedding, its token embedding takes no gradient (AdamW skips it) and stays as initialized."""
+    """zoo.build for a cell of ``setup``: a fresh model (what a run trains, or what committed weights load into)."""
     kind = dict(head_size=setup.head_size, channel_mix=setup.channel_mix, conv_first=setup.conv_first,
-                positions=setup.positions)
-    build = partial(zoo.build, arch, vocab_size=setup.vocab_size, width=width, train_length=setup.seq_len[pairs],
-                    **kind)
-    if not setup.freeze_embedding:
-        return build
-    if arch != "attention":
-        raise ValueError(f"freeze_embedding is for attention only, got arch {arch!r}")
-
-    def frozen():
-        model = build()
-        model.emb.weight.requires_grad_(False)
-        return model
-    return frozen
+                positions=setup.positions, freeze_embedding=setup.freeze_embedding)
+    return partial(zoo.build, arch, vocab_size=setup.vocab_size, width=width, train_length=setup.seq_len[pairs],
+                   **kind)
 
 
 def _finish(setup: Setup, out, first_seed: int, run: Run, key: dict) -> dict:

@@ -104,7 +104,7 @@ def mamba_training_init(model: MambaForCausalLM) -> MambaForCausalLM:
 
 def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size: int = 16, state_size: int = 16,
           train_length: int = 64, channel_mix: bool = True, conv_first: bool = False,
-          positions: str = "rope") -> nn.Module:
+          positions: str = "rope", freeze_embedding: bool = False) -> nn.Module:
     """A freshly initialized model (seed torch first for a reproducible one).
 
     Args:
@@ -119,15 +119,20 @@ def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size:
             attention, a Hybrid of BaseConv and attention; TransformerConfig.conv_first); attention only.
         positions: "learned" gives the transformer learned absolute positions instead of RoPE (Zoology's attention;
             TransformerConfig.positions); attention only.
+        freeze_embedding: True keeps the transformer's token embedding at its random start (it takes no gradient,
+            and AdamW skips it); attention only.
     """
     for changed, setting in ((not channel_mix, "channel_mix=False"), (conv_first, "conv_first=True"),
-                             (positions != "rope", f"positions={positions!r}")):
+                             (positions != "rope", f"positions={positions!r}"),
+                             (freeze_embedding, "freeze_embedding")):
         if changed and arch != "attention":
             raise ValueError(f"{setting} is for attention only, got arch {arch!r}")
     if arch == "attention":
-        return Transformer(TransformerConfig(vocab_size, hidden_size=width, num_layers=layers, head_size=head_size,
-                                             train_length=train_length, intermediate_size=None if channel_mix else 0,
-                                             conv_first=conv_first, positions=positions))
+        model = Transformer(TransformerConfig(vocab_size, hidden_size=width, num_layers=layers, head_size=head_size,
+                                              train_length=train_length, intermediate_size=None if channel_mix else 0,
+                                              conv_first=conv_first, positions=positions))
+        model.emb.weight.requires_grad_(not freeze_embedding)
+        return model
     if arch == "rwkv4":
         return RwkvForCausalLM(RwkvConfig(vocab_size=vocab_size, hidden_size=width, num_hidden_layers=layers,
                                           rescale_every=0, context_length=train_length))
