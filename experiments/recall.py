@@ -148,10 +148,9 @@ def _make_run(setup: Setup, out, arch: str, width: int, pairs: int, seed: int, l
 
 def _builder(setup: Setup, arch: str, width: int, pairs: int):
     """zoo.build for a cell of ``setup``: a fresh model (what a run trains, or what committed weights load into)."""
-    kind = dict(head_size=setup.head_size, channel_mix=setup.channel_mix, conv_first=setup.conv_first,
-                positions=setup.positions, freeze_embedding=setup.freeze_embedding)
     return partial(zoo.build, arch, vocab_size=setup.vocab_size, width=width, train_length=setup.seq_len[pairs],
-                   **kind)
+                   head_size=setup.head_size, channel_mix=setup.channel_mix, conv_first=setup.conv_first,
+                   positions=setup.positions, freeze_embedding=setup.freeze_embedding)
 
 
 def _finish(setup: Setup, out, first_seed: int, run: Run, key: dict) -> dict:
