@@ -25,7 +25,7 @@
 # The results below are the committed full runs (`python -m seqmix.experiments.recall`, `.selective_copy`,
 # `.state_tracking`); this notebook reads them, re-evaluates the committed weights live, and runs reduced
 # experiments (`--quick`) in a few seconds. Nothing here was tuned until it agreed with a paper: where it disagrees,
-# the disagreement is reported. The full runs take core-hours; a table whose cells are still running says so.
+# the disagreement is reported. The full runs take core-hours; a cell not yet run shows as "-".
 #
 # **Sources.** Zoology, Arora et al. 2023, arXiv:2312.04927, https://arxiv.org/abs/2312.04927 (MQAR, section 3);
 # Okpekpe and Orvieto 2025, arXiv:2508.19029, https://arxiv.org/abs/2508.19029 (recurrent models learn recall only in
@@ -241,12 +241,12 @@ for arch, width, pairs in setup.save:
 #   keys do not collapse; what slows it is not measured).
 # * **Width 128 at $N = 8$**: RWKV-7 99.9% in 150 steps, RWKV-4 14% (at chance with both rates). Within the grid's
 #   1000 steps RWKV-4 needs width as the pairs grow (at $N = 4$: 26% at $C = 64$, 54% at 128, 98.5% at 256), as
-#   Zoology's claim says; but at $C = 64$ its 4x run reached 96.5%, so at $N = 4$ width buys
-#   it speed, not room. RWKV-7 learns both $N$ at every width from 64: its state ($16C$ per layer) is eight times
-#   RWKV-4's ($2C$), and at $N \le 8$ no growth of width with the pairs shows. At one state size the two can be
-#   compared: RWKV-7 with heads of 2 keeps $2C$ numbers, as RWKV-4, and reaches 53% at $N = 4$, $C = 64$ in 1000
-#   steps (a probe, its rate not swept), where RWKV-4 is at 26%: faster, not done, one run. A cell marked "-" has
-#   not run yet, and no statement is made about it here.
+#   Zoology's claim says; but at $C = 64$ its 4x run reached 96.5%, so at $N = 4$ width buys it speed, not room.
+#   RWKV-7 learns both $N$ at every width from 64: its state ($16C$ per layer) is eight times RWKV-4's ($2C$), and
+#   at $N \le 8$ no growth of width with the pairs shows. At one state size the two can be compared: RWKV-7 with
+#   heads of 2 keeps $2C$ numbers, as RWKV-4, and reaches 53% at $N = 4$, $C = 64$ in 1000 steps (a probe; its
+#   neighbouring rates stay at chance or below), where RWKV-4 is at 26%: faster, not done, one seed. A cell marked
+#   "-" has not run yet, and no statement is made about it here.
 #
 # ## 6. Selective copying: why Mamba made the SSM selective
 #
