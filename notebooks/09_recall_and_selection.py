@@ -245,8 +245,9 @@ for arch, width, pairs in setup.save:
 #   RWKV-7 learns both $N$ at every width from 64: its state ($16C$ per layer) is eight times RWKV-4's ($2C$), and
 #   at $N \le 8$ no growth of width with the pairs shows. At one state size the two can be compared: RWKV-7 with
 #   heads of 2 keeps $2C$ numbers, as RWKV-4, and reaches 53% at $N = 4$, $C = 64$ in 1000 steps (a probe; its
-#   neighbouring rates stay at chance or below), where RWKV-4 is at 26%: faster, not done, one seed. A cell marked
-#   "-" has not run yet, and no statement is made about it here.
+#   neighbouring rates stay at chance or below), where RWKV-4 is at 26%: faster, not done, one seed; at $N = 8$ it
+#   ends at 16% (chance 12.5%, RWKV-4 12%), so neither learns 8 pairs at that state size within 1000 steps. A cell
+#   marked "-" has not run yet, and no statement is made about it here.
 #
 # ## 6. Selective copying: why Mamba made the SSM selective
 #
