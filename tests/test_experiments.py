@@ -220,11 +220,12 @@ def quick_state_tracking(tmp_path_factory):
 
 
 def test_state_tracking_quick_positive_control(quick_state_tracking):
-    """RWKV-7 with the wide in-context rate learns parity at the training length and keeps it at 4x; RWKV-4,
+    """RWKV-7 with the wide in-context rate learns parity at the training length and keeps it at 4x, by the
+    protocol's rule (within the budget, or with 4x the steps: which of the two varies with the CPU's bits); RWKV-4,
     whose transition is a decay in (0, 1), stays near chance (1/2) past the training length."""
     results = Results(quick_state_tracking, "state_tracking")
     assert state_tracking.control_holds(results, state_tracking.QUICK) is True
-    wide = results.find(phase="test", arch="rwkv7_wide")
+    wide = results.find(phase="long", arch="rwkv7_wide") or results.find(phase="test", arch="rwkv7_wide")
     rwkv4 = results.find(phase="test", arch="rwkv4")
     past = f"accuracy_past_train_at_{4 * state_tracking.QUICK.train_len}"
     assert wide["test_accuracy"] >= 0.99 and wide[past] >= 0.9
