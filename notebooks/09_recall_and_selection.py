@@ -239,15 +239,18 @@ for arch, width, pairs in setup.save:
 # * **RWKV-7 and Mamba learn $N = 8$ at width 64** (99.9% within 200 steps; Mamba 99.7% with 4x the steps): the 8
 #   pairs fit in these states. RWKV-4's 4x run is at 36% and rising, and its failure is not read as capacity (its
 #   keys do not collapse; what slows it is not measured).
-# * **Width 128 at $N = 8$**: RWKV-7 99.9% in 150 steps, RWKV-4 14% (at chance with both rates). Within the grid's
-#   1000 steps RWKV-4 needs width as the pairs grow (at $N = 4$: 26% at $C = 64$, 54% at 128, 98.5% at 256), as
-#   Zoology's claim says; but at $C = 64$ its 4x run reached 96.5%, so at $N = 4$ width buys it speed, not room.
+# * **Width 128 at $N = 8$**: RWKV-7 99.9% in 150 steps, RWKV-4 14% and Mamba 14% (each at chance with both
+#   rates). Width 128 bought Mamba $N = 4$ within 1000 steps (99.2%, at chance at 64) but not $N = 8$; at $C = 64$
+#   its 4x run learned $N = 8$, so the pairs fit there, and width 128 does not buy in 1000 steps what four times
+#   the steps bought at 64. Within the grid's 1000 steps RWKV-4 needs width as the pairs grow (at $N = 4$: 26% at
+#   $C = 64$, 54% at 128, 98.5% at 256), as Zoology's claim says; but at $C = 64$ its 4x run reached 96.5%, so at
+#   $N = 4$ width buys it speed, not room.
 #   RWKV-7 learns both $N$ at every width from 64: its state ($16C$ per layer) is eight times RWKV-4's ($2C$), and
 #   at $N \le 8$ no growth of width with the pairs shows. At one state size the two can be compared: RWKV-7 with
 #   heads of 2 keeps $2C$ numbers, as RWKV-4, and reaches 53% at $N = 4$, $C = 64$ in 1000 steps (a probe; its
 #   neighbouring rates stay at chance or below), where RWKV-4 is at 26%: faster, not done, one seed; at $N = 8$ it
-#   ends at 16% (chance 12.5%, RWKV-4 12%), so neither learns 8 pairs at that state size within 1000 steps. A cell
-#   marked "-" has not run yet, and no statement is made about it here.
+#   ends at 16% (chance 12.5%, RWKV-4 12%), so neither learns 8 pairs at that state size within 1000 steps. A "-"
+#   at $C = 256$ is a model not trained there: only RWKV-4 was below 98% at 128.
 #
 # ## 6. Selective copying: why Mamba made the SSM selective
 #
@@ -489,8 +492,7 @@ print("accuracy with the time mix of layer 0, 1 cut:", ", ".join(f"{100 * a:.1f}
 #   parity past the training length (two seeds of three at 1500 steps, the third with 6000).
 # * A failure is read only beside its longer run: RWKV-4, at chance on MQAR after 1000 steps, reaches 96.5% with
 #   4000.
-# * Every cell of the grids has run but one (Mamba at $C = 128$, $N = 8$, shown as "-"); the runs are resumable,
-#   and the tables above say which cells are done.
+# * Every cell of the grids has run; the runs are resumable, and the tables above say which cells are done.
 # * `python -m seqmix.experiments.recall`, `.selective_copy` and `.state_tracking` resume where they stopped;
 #   `--quick` runs in seconds to a minute.
 #
