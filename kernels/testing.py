@@ -1,5 +1,6 @@
 """Agreement metrics shared by the tests, the notebooks and the cross-check report, and what tests and benchmarks
-need to know of the kernels' set-up, and ``gpu_like_math``: the interpreter's exp and division as a GPU rounds them.
+need to know of the kernels' set-up, and ``gpu_like_math``: the interpreter's exp, division and fp32 dots as a GPU
+rounds them.
 
 The design's measure: relative RMS error ||a - b|| / ||b|| against the reference b, plus max abs error.
 Accepts NumPy arrays and torch tensors (compared in float64).
@@ -19,7 +20,7 @@ import torch
 
 __all__ = ["fp32", "f64", "rel_rms", "max_abs", "assert_close", "assert_all_close", "check", "REFERENCE_BUDGET",
            "FP32_BUDGET", "FP32_CHUNKED_WKV7_BUDGET", "FP16_BUDGET", "poisoned_outputs", "gpu_like_math",
-           "values_as_on_a_gpu",
+           "gpu_like_dots", "fma_chain_dot", "values_as_on_a_gpu",
            "HAS_TRITON", "accumulation_dtype", "default_backend"]   # noqa: F822  (the last three: __getattr__ below)
 
 _FROM_KERNELS = {"HAS_TRITON": "seqmix.kernels._common", "accumulation_dtype": "seqmix.kernels._common",
@@ -83,12 +84,55 @@ def _ex2_approx(x):
     return np.exp2((x * _LOG2E).astype(np.float32))
 
 
+def fma_chain_dot(a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """acc + a @ b for fp32 a (..., M, K), b (..., K, N), acc (..., M, N), as Triton computes an fp32 dot with
+    input_precision="ieee" on an NVIDIA GPU (its FMA lowering, convertFMADot: one fused multiply-add per k, in order,
+    into the accumulator): acc <- fma(a_mk, b_kn, acc). Each element's bits then depend on its row of a and column
+    of b only, not on the tile's shape. NumPy's matmul (the interpreter's tl.dot) calls the BLAS, whose kernels may
+    round an element differently by the shape of the call: OpenBLAS 0.3.31's Haswell kernel did for 709 of 4096
+    scores tiled 16 x 32 against 32 x 16 at K = 8. The FMA is emulated in float64: the fp32 product is exact there
+    and the sum is rounded to float64, then to fp32; that equals the FMA's one rounding except where the float64 sum
+    lands exactly halfway between two fp32 numbers (rare, and the same for every tile shape)."""
+    out = acc.astype(np.float32)
+    for kk in range(a.shape[-1]):
+        out = (a[..., :, kk, None].astype(np.float64) * b[..., None, kk, :].astype(np.float64)
+               + out.astype(np.float64)).astype(np.float32)
+    return out
+
+
+def _gpu_like_dot(original):
+    """The interpreter's create_dot with fp32 "ieee" dots as fma_chain_dot; every other dot as before."""
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if (str(input_precision).upper().endswith("IEEE")
+                and a.data.dtype == b.data.dtype == d.data.dtype == np.float32):
+            from triton.runtime.interpreter import TensorHandle
+            return TensorHandle(fma_chain_dot(a.data, b.data, d.data), d.dtype.scalar)
+        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+    return create_dot
+
+
+@contextlib.contextmanager
+def gpu_like_dots():
+    """Inside the block the Triton interpreter computes fp32 IEEE dots as a GPU does (fma_chain_dot), so that a
+    score's bits do not depend on the tile it is computed in; exp and division stay as they are. Needs
+    TRITON_INTERPRET=1."""
+    from triton.runtime import interpreter
+    builder = interpreter.InterpreterBuilder
+    saved = builder.create_dot
+    builder.create_dot = _gpu_like_dot(saved)
+    try:
+        yield
+    finally:
+        builder.create_dot = saved
+
+
 @contextlib.contextmanager
 def gpu_like_math(ulps: int = GPU_MATH_ULPS):
     """Inside the block the Triton interpreter computes fp32 ``tl.exp`` as a GPU does, ex2.approx(fl(x log2 e)), and
     fp32 division as div.full.f32, each result then biased ``ulps`` units in the last place upwards (their error
-    bound, at its worst). Outside it the interpreter rounds both correctly (np.exp, np.divide), more accurately than
-    any GPU; a kernel test that passes in this mode keeps its budget on one (the review's method,
+    bound, at its worst), and fp32 IEEE dots as an FMA chain in k order (gpu_like_dots). Outside it the interpreter
+    rounds exp and division correctly (np.exp, np.divide), more accurately than any GPU, and its dots round as the
+    CPU's BLAS does; a kernel test that passes in this mode keeps its budget on one (the review's method,
     /work/shared/reviews/gpu-path.md). Needs TRITON_INTERPRET=1; ``pytest --gpu-math`` runs every test in it."""
     from triton.runtime import interpreter
     builder = interpreter.InterpreterBuilder
@@ -96,7 +140,8 @@ def gpu_like_math(ulps: int = GPU_MATH_ULPS):
     builder.create_exp = lambda self, arg: self.unary_op(arg, _ulps_up(_ex2_approx, ulps))
     builder.create_fdiv = lambda self, lhs, rhs: self.binary_op(lhs, rhs, _ulps_up(np.divide, ulps))
     try:
-        yield
+        with gpu_like_dots():
+            yield
     finally:
         builder.create_exp, builder.create_fdiv = saved
 

@@ -12,12 +12,12 @@ from seqmix.kernels.testing import gpu_like_math, poisoned_outputs  # noqa: E402
 
 def pytest_addoption(parser):
     parser.addoption("--gpu-math", action="store_true",
-                     help="the Triton interpreter with a GPU's fp32 exp and division (kernels.testing.gpu_like_math)")
+                     help="the Triton interpreter with a GPU's fp32 exp, division and dots (testing.gpu_like_math)")
 
 
 @pytest.fixture(autouse=True)
 def gpu_math(request):
-    """With --gpu-math, every test runs with the interpreter's exp and division rounded as on a GPU, at worst."""
+    """With --gpu-math, every test runs with the interpreter's exp, division and dots rounded as on a GPU (at worst)."""
     if request.config.getoption("--gpu-math"):
         with gpu_like_math():
             yield

@@ -1,7 +1,8 @@
 """The Triton kernels keep their budgets with a GPU's arithmetic: the interpreter's fp32 exp as ex2.approx of
-x log2(e) and its division as div.full.f32, both biased 2 ulps upwards (kernels.testing.gpu_like_math; the whole
-suite runs so with ``pytest --gpu-math``). Here, in CI, every Triton row of the cross-check report (each op's
-forward against the float64 reference) and the gradients of the recurrences against the torch backend in float64."""
+x log2(e) and its division as div.full.f32, both biased 2 ulps upwards, and its fp32 IEEE dots as FMA chains in k
+order (kernels.testing.gpu_like_math; the whole suite runs so with ``pytest --gpu-math``). Here, in CI, the GPU-like
+dot itself, every Triton row of the cross-check report (each op's forward against the float64 reference) and the
+gradients of the recurrences against the torch backend in float64."""
 import numpy as np
 import pytest
 import torch
@@ -10,10 +11,66 @@ from kernel_cases import needs_triton
 from seqmix.kernels import crosscheck
 from seqmix.kernels.declarations import call, state_tensors
 from seqmix.kernels.registry import REGISTRY
-from seqmix.kernels.testing import FP32_BUDGET, assert_close, gpu_like_math, rel_rms
+from seqmix.kernels.testing import (FP32_BUDGET, HAS_TRITON, assert_close, fma_chain_dot, gpu_like_dots,
+                                   gpu_like_math, rel_rms)
 from seqmix.kernels.wkv4 import wkv4
 
 pytestmark = needs_triton
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _dot_kernel(a_ptr, b_ptr, acc_ptr, out_ptr,    # a (M, K), b (K, N), acc and out (M, N), fp32, row-major
+                    M: tl.constexpr, K: tl.constexpr, N: tl.constexpr):
+        rows, ks, cols = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
+        a = tl.load(a_ptr + rows[:, None] * K + ks[None, :])
+        b = tl.load(b_ptr + ks[:, None] * N + cols[None, :])
+        acc = tl.load(acc_ptr + rows[:, None] * N + cols[None, :])
+        tl.store(out_ptr + rows[:, None] * N + cols[None, :], tl.dot(a, b, acc, input_precision="ieee"))
+
+
+def _triton_dot(a, b, acc):
+    out = torch.empty(acc.shape, dtype=torch.float32)
+    _dot_kernel[(1,)](*(torch.from_numpy(x) for x in (a, b, acc)), out, *a.shape, b.shape[1])
+    return out.numpy()
+
+
+def test_fma_chain_dot_rounds_once_per_multiply_add():
+    """An FMA, not a product rounded and then added: (1 + 2^-12)^2 - (1 + 2^-11) = 2^-24 exactly; the product rounded
+    to fp32 first is 1 + 2^-11 (2^-24 is half the spacing above 1, a tie rounded to even) and would give 0."""
+    a = np.full((1, 1), 1 + 2.0 ** -12, np.float32)
+    assert fma_chain_dot(a, a, np.full((1, 1), -(1 + 2.0 ** -11), np.float32))[0, 0] == 2.0 ** -24
+
+
+def test_fma_chain_dot_bits_do_not_depend_on_the_tile(rng):
+    """Scores tiled 16 x 32 and 32 x 16 are the whole product's to the bit (the property a flash backward's
+    recomputation needs), and each is within the bound of K fused multiply-adds: |error| <= gamma_K (|a| |b|),
+    gamma_K = K u / (1 - K u), u = 2^-24 (Higham, Accuracy and Stability of Numerical Algorithms, 3.1)."""
+    a = (6 * rng.normal(size=(64, 8))).astype(np.float32)
+    b = (6 * rng.normal(size=(8, 64))).astype(np.float32)
+    whole = fma_chain_dot(a, b, np.zeros((64, 64), np.float32))
+    for bm, bn in ((16, 32), (32, 16)):
+        tiled = np.block([[fma_chain_dot(a[i:i + bm], b[:, j:j + bn], np.zeros((bm, bn), np.float32))
+                           for j in range(0, 64, bn)] for i in range(0, 64, bm)])
+        assert np.array_equal(tiled, whole), f"tiles {bm} x {bn}"
+    u = 2.0 ** -24
+    bound = 8 * u / (1 - 8 * u) * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64))
+    assert np.all(np.abs(whole - a.astype(np.float64) @ b.astype(np.float64)) <= bound)
+
+
+def test_gpu_like_dots_take_the_interpreters_fp32_dot(rng):
+    """Inside gpu_like_dots (and so gpu_like_math) a Triton tl.dot in fp32 with input_precision="ieee" is
+    fma_chain_dot to the bit; outside it the interpreter's own (the FMA case above tells them apart)."""
+    a, b, acc = (rng.normal(size=shape).astype(np.float32) for shape in ((16, 16), (16, 32), (16, 32)))
+    a[0, 0], b[0, 0], acc[0, 0] = 1 + 2.0 ** -12, 1 + 2.0 ** -12, -(1 + 2.0 ** -11)
+    a[0, 1:], b[1:, 0] = 0.0, 0.0                      # element (0, 0) is the FMA case alone
+    with gpu_like_dots():
+        assert np.array_equal(_triton_dot(a, b, acc), fma_chain_dot(a, b, acc))
+    with gpu_like_math():
+        assert np.array_equal(_triton_dot(a, b, acc), fma_chain_dot(a, b, acc))
+    assert _triton_dot(a, b, acc)[0, 0] == 0.0, "outside the block the interpreter rounds the product first"
 
 
 def test_gpu_like_math_changes_exp_and_division(rng):

@@ -406,7 +406,9 @@ def rerope_operands_kernel(
     """The backward's operands, rotated and scaled by the forward's own functions (_rotated_queries, _rotated_keys):
     the scores the backward recomputes are then the forward's to the bit, so P = e^{S - LSE} keeps the forward's
     normalization. Computed apart (in torch: sigma in float64, then q * sigma * scale), they differed by an ulp,
-    which at scores near 500 moved P by 3e-5 relative and d/dv out of the fp32 budget."""
+    which at scores near 500 moved P by 3e-5 relative and d/dv out of the fp32 budget. "To the bit" needs dots whose
+    element does not depend on the tile's shape (the backward's tiles are not the forward's): true of a GPU's fp32
+    FMA chain, not of every CPU's BLAS under the Triton interpreter (kernels/testing.py, fma_chain_dot)."""
     seq_q, _, seq_k = _head_offsets(T_q, T_k, HEAD_DIM)
     start = tl.program_id(1) * BLOCK
     rows = start + tl.arange(0, BLOCK)
