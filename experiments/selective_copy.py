@@ -16,6 +16,8 @@ first seed), then the seeds train at it; reported: per-symbol accuracy on held-o
 
 Writes selective_copy.json, selective_copy.md, selective_copy.png (validation accuracy during training) and the
 first seed's weights of every model in weights/selective_copy/ (fp16; the test numbers are measured on them).
+``probe`` trains one (model, seed) at another rate, to ask whether a seed that failed failed for its rate; its rows
+go to selective_copy_probes.json and the report lists them.
 """
 from __future__ import annotations
 
@@ -32,9 +34,11 @@ from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, s
                                          sweep_then_seeds)
 from seqmix.models.io import load_state_dict
 
-__all__ = ["Regime", "Setup", "FULL", "QUICK", "run", "report", "control_holds", "weights_path", "held_out", "main"]
+__all__ = ["Regime", "Setup", "FULL", "QUICK", "PROBES", "run", "probe", "report", "control_holds", "weights_path",
+           "held_out", "main"]
 
 NAME = "selective_copy"
+PROBES = "selective_copy_probes"
 
 
 @dataclass(frozen=True)
@@ -103,14 +107,20 @@ def weights_path(out, arch: str, regime: Regime):
     return out / "weights" / NAME / f"{arch}-L{regime.context_len}-K{regime.num_tokens}.safetensors"
 
 
+def _tested(setup: Setup, regime: Regime, model) -> dict:
+    """Round the weights to fp16 (as stored) and test them."""
+    round_to_fp16(model)
+    test = evaluate(zoo.logits, model, *held_out(regime, TEST, setup.test_size))
+    return {"test_accuracy": test["accuracy"], "test_loss": test["loss"], "test_symbols": test["count"],
+            "parameters": zoo.num_parameters(model)}
+
+
 def _finish(setup: Setup, out, regime: Regime, first_seed: int, run: Run, key: dict) -> dict:
-    """Round the weights to fp16 (as stored), test them, save the first seed's."""
-    round_to_fp16(run.model)
-    test = evaluate(zoo.logits, run.model, *held_out(regime, TEST, setup.test_size))
+    """Test the run's weights (fp16, as stored) and save the first seed's."""
+    found = _tested(setup, regime, run.model)
     if key["seed"] == first_seed:
         save_fp16(run.model, weights_path(out, key["arch"], regime))
-    return {"test_accuracy": test["accuracy"], "test_loss": test["loss"], "test_symbols": test["count"],
-            "parameters": zoo.num_parameters(run.model)}
+    return found
 
 
 def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = True) -> Results:
@@ -125,6 +135,33 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
                                  env=env, progress=progress, extend=setup.extend)
         report(results, setup, out)
         return results
+
+
+def probe(out, setup: Setup = None, *, arch: str, seed: int, lr: float, regime: int = 0, threads: int = 1,
+          progress: bool = True) -> dict:
+    """Rate or seed? One run outside the grid: model ``arch`` with ``seed`` at rate ``lr``, in regime number
+    ``regime`` of the setup, with its data, budget and training (the grid trains every seed at the rate the first
+    seed's sweep chose). Its row (phase "probe") goes to <out>/selective_copy_probes.json, beside the grid's file,
+    and the report lists it beside the grid's run of that seed; a probe already there is returned, not run again (a
+    stopped one resumes from its checkpoint). Returns the row (the run's summary and its test numbers); saves no
+    weights."""
+    setup = setup or FULL
+    if not 0 <= regime < len(setup.regimes):
+        raise ValueError(f"regime must be an index into the setup's {len(setup.regimes)} regimes, got {regime}")
+    chosen = setup.regimes[regime]
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, got {lr}")
+    if arch not in _archs(setup, chosen):
+        raise ValueError(f"arch must be one of {_archs(setup, chosen)} in regime {chosen.name!r}, got {arch!r}")
+    results = Results(out, PROBES)
+    key = dict(phase="probe", arch=arch, width=setup.width, regime=chosen.name, seed=seed)
+    done = results.find(**key, lr=lr)
+    if done is not None:
+        return done
+    with torch_settings(threads):
+        run = _make_run(setup, out, chosen, arch, seed, lr)
+        run.train_to(chosen.budget.steps, progress)
+        return results.add({**key, **run.summary(), **_tested(setup, chosen, run.model), "env": environment(threads)})
 
 
 def _archs(setup: Setup, regime: Regime) -> tuple:
@@ -175,10 +212,24 @@ def report(results: Results, setup: Setup, out) -> str:
                  f"(early stop at {fmt(b.target)}).\n\n")
         text += markdown_table(["model", "test accuracy (mean)", "per seed", "rate", "parameters", "steps per seed",
                                 "paper, 4096 positions"], rows) if rows else "No finished run yet.\n"
+    probes = Results(out, PROBES).select(phase="probe")
+    if probes:
+        rows = [[r["arch"], r["regime"], r["seed"], f"{r['lr']:.2g}", r["steps"], fmt(r["test_accuracy"]),
+                 _grid_run(results, r)] for r in probes]
+        text += (f"\n## Probes: a seed at another rate\n\nOutside the grid (`selective_copy.probe`; rows in "
+                 f"{PROBES}.json): the grid's data, model, budget and training, one seed at the rate named.\n\n"
+                 + markdown_table(["model", "regime", "seed", "rate", "steps", "test accuracy",
+                                   "the grid's run of that seed"], rows))
     (out / f"{NAME}.md").write_text(text)
     plots.selective_copy(histories, out / f"{NAME}.png")
     step_size_figure(setup, out)
     return text
+
+
+def _grid_run(results: Results, probe_row: dict) -> str:
+    """The grid's test of a probe's (model, regime, seed): "<accuracy> at <rate>", or "-" where it has none."""
+    found = results.find(phase="test", arch=probe_row["arch"], regime=probe_row["regime"], seed=probe_row["seed"])
+    return "-" if found is None else f"{fmt(found['test_accuracy'])} at {found['lr']:.2g}"
 
 
 def step_size_figure(setup: Setup, out, seed: int = 0, sequences: int = 200) -> None:

@@ -156,6 +156,32 @@ def test_selective_copy_quick_through_its_command_line(tmp_path):
     assert "mamba_lti" in text and "**Positive control**" in text and "holds" in text
 
 
+def test_a_selective_copy_probe_trains_one_seed_at_another_rate_and_the_report_lists_it(tmp_path):
+    """selective_copy.probe: one (model, seed) at a rate of its own, in its own file, found again rather than rerun,
+    listed in the report; no weights written (the grid's first seed's stay); bad arguments named."""
+    regime = replace(selective_copy.QUICK.regimes[0], budget=replace(selective_copy.QUICK.regimes[0].budget, steps=20))
+    setup = replace(selective_copy.QUICK, regimes=(regime,))
+    row = selective_copy.probe(tmp_path, setup, arch="mamba", seed=1, lr=1e-2, progress=False)
+    assert (row["phase"], row["arch"], row["seed"], row["lr"], row["steps"]) == ("probe", "mamba", 1, 1e-2, 20)
+    assert 0 <= row["test_accuracy"] <= 1 and row["test_symbols"] == setup.test_size * regime.num_tokens
+    before = (tmp_path / f"{selective_copy.PROBES}.json").read_text()
+    assert selective_copy.probe(tmp_path, setup, arch="mamba", seed=1, lr=1e-2, progress=False) == row
+    assert (tmp_path / f"{selective_copy.PROBES}.json").read_text() == before
+    assert not (tmp_path / "selective_copy.json").exists() and not (tmp_path / "weights").exists()
+    text = selective_copy.report(Results(tmp_path, "selective_copy"), setup, tmp_path)
+    assert "## Probes" in text
+    assert f"| mamba | {regime.name} | 1 | 0.01 | 20 | {fmt(row['test_accuracy'])} | - |" in text
+    grid = Results(tmp_path, "selective_copy")                  # the grid's own run of that seed, at its rate
+    grid.add(dict(phase="sweep", arch="mamba", regime=regime.name, chosen_lr=3e-3))
+    grid.add(dict(phase="test", arch="mamba", regime=regime.name, seed=1, lr=3e-3, test_accuracy=0.5, parameters=1,
+                  steps=20, history=[[0, None, 0.2, 1.5], [20, 1.4, 0.5, 1.3]]))
+    text = selective_copy.report(Results(tmp_path, "selective_copy"), setup, tmp_path)
+    assert f"| 0.01 | 20 | {fmt(row['test_accuracy'])} | 50.0% at 0.003 |" in text
+    for bad, name in ((dict(arch="mamba_ungated"), "arch"), (dict(regime=1), "regime"), (dict(lr=0.0), "lr")):
+        with pytest.raises(ValueError, match=name):
+            selective_copy.probe(tmp_path, setup, **{**dict(arch="mamba", seed=1, lr=1e-2), **bad}, progress=False)
+
+
 def test_selective_copy_control_verdict():
     """Mamba's worst seed must beat the time-invariant model's best; a tie or a missing seed is no verdict."""
     setup = selective_copy.FULL
