@@ -91,10 +91,9 @@ def test_triton_flash_kernels_conform_at_saturated_scores(op):
     as well (gpu_like_math)."""
     from seqmix.kernels.testing import gpu_like_dots, gpu_like_math
     options = Options(dtypes=("fp32",), head_sizes=(16,), parts=("extreme",), only=("scores~200",), strict=True)
-    with gpu_like_dots():
-        assert_ok(run(op, partial(OURS[op], backend="triton"), options))
-    with gpu_like_math():
-        assert_ok(run(op, partial(OURS[op], backend="triton"), options))
+    for gpu_like in (gpu_like_dots, gpu_like_math):
+        with gpu_like():
+            assert_ok(run(op, partial(OURS[op], backend="triton"), options))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -66,10 +66,9 @@ def test_gpu_like_dots_take_the_interpreters_fp32_dot(rng):
     a, b, acc = (rng.normal(size=shape).astype(np.float32) for shape in ((16, 16), (16, 32), (16, 32)))
     a[0, 0], b[0, 0], acc[0, 0] = 1 + 2.0 ** -12, 1 + 2.0 ** -12, -(1 + 2.0 ** -11)
     a[0, 1:], b[1:, 0] = 0.0, 0.0                      # element (0, 0) is the FMA case alone
-    with gpu_like_dots():
-        assert np.array_equal(_triton_dot(a, b, acc), fma_chain_dot(a, b, acc))
-    with gpu_like_math():
-        assert np.array_equal(_triton_dot(a, b, acc), fma_chain_dot(a, b, acc))
+    for gpu_like in (gpu_like_dots, gpu_like_math):
+        with gpu_like():
+            assert np.array_equal(_triton_dot(a, b, acc), fma_chain_dot(a, b, acc)), gpu_like.__name__
     assert _triton_dot(a, b, acc)[0, 0] == 0.0, "outside the block the interpreter rounds the product first"
 
 
