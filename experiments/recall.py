@@ -76,6 +76,8 @@ class Setup:
     conv_first: bool = False              # attention's first block a gated short convolution (a probe; Based paper)
     positions: str = "rope"               # attention's positions: RoPE, or "learned" (a probe; Zoology's)
     freeze_embedding: bool = False        # attention's token embedding kept at its random start (a probe)
+    tie_head: bool = False                # attention's output head tied to its embedding (a probe; Zoology's)
+    dropout: float = 0.0                  # attention's dropout (a probe; Zoology's 0.1)
     long_factor: int = 4                  # "is it the budget?": failed cells at the control's width, this much longer
     long_below: float = 0.9               # ... when their test accuracy is below this
     control_accuracy: float = 0.98        # the test accuracy the positive control must reach, every seed
@@ -150,7 +152,8 @@ def _builder(setup: Setup, arch: str, width: int, pairs: int):
     """zoo.build for a cell of ``setup``: a fresh model (what a run trains, or what committed weights load into)."""
     return partial(zoo.build, arch, vocab_size=setup.vocab_size, width=width, train_length=setup.seq_len[pairs],
                    head_size=setup.head_size, channel_mix=setup.channel_mix, conv_first=setup.conv_first,
-                   positions=setup.positions, freeze_embedding=setup.freeze_embedding)
+                   positions=setup.positions, freeze_embedding=setup.freeze_embedding, tie_head=setup.tie_head,
+                   dropout=setup.dropout)
 
 
 def _finish(setup: Setup, out, first_seed: int, run: Run, key: dict) -> dict:
@@ -215,23 +218,26 @@ def long_runs(results: Results, setup: Setup, out, env: dict, cell: Cell, seed: 
     chosen rate (_long_rate; the schedule stretched to match), so that no failure is put down to budget unmeasured:
     every seed of the control below setup.control_accuracy, and the first seed of every other cell below long_below
     (attention at N = 8 included: a recurrent model's failure there says nothing while attention's is unmeasured).
-    Rows of phase "long"."""
+    The warmup keeps its length in steps (Budget.longer): rows made before that (without "warmup_steps") stretched
+    it 4x too, which changed the schedule as well as the budget, and are run again. Rows of phase "long"."""
     control = setup.control
     if cell.width != control.width:
         return
-    budget = replace(setup.budget, steps=setup.long_factor * setup.budget.steps)
+    budget = setup.budget.longer(setup.long_factor)
     seeds = range(seed, seed + cell.seeds) if cell == control else (seed,)
     threshold = setup.control_accuracy if cell == control else setup.long_below
     for s in seeds:
         key = dict(arch=cell.arch, width=cell.width, pairs=cell.pairs, seed=s)
         test = results.find(phase="test", **key)
-        if test is None or test["test_accuracy"] >= threshold or results.find(phase="long", **key):
+        if (test is None or test["test_accuracy"] >= threshold
+                or results.find(phase="long", **key, warmup_steps=budget.warmup_steps)):
             continue
         lr = _long_rate(results, cell, seed, test["lr"])
         run = _make_run(replace(setup, budget=budget), out, cell.arch, cell.width, cell.pairs, s, lr)
         round_to_fp16(run.train_to(budget.steps, progress).model)          # as the final runs are measured
         found = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, cell.pairs, setup.test_size))
-        results.add({**key, "phase": "long", **run.summary(), "test_accuracy": found["accuracy"],
+        results.add({**key, "phase": "long", "warmup_steps": budget.warmup_steps, **run.summary(),
+                     "test_accuracy": found["accuracy"],
                      "test_queries": found["count"], **_looks_of(setup, run.model, cell.arch, cell.pairs), "env": env})
 
 
@@ -243,38 +249,55 @@ PROBES = "recall_probes"
 # settings).
 PROBE_SETTINGS = {"channel_mix": ("-nomix", "no channel mix"), "conv_first": ("-conv", "block 0 a short convolution"),
                   "positions": ("-{}", "{} positions"), "vocab_size": ("-V{}", "vocabulary {}"),
-                  "freeze_embedding": ("-frozen", "embedding frozen")}
+                  "freeze_embedding": ("-frozen", "embedding frozen"), "tie_head": ("-tied", "head tied"),
+                  "dropout": ("-drop{}", "dropout {}")}
+# The training recipe's settings a probe may change (training.Budget's fields), in the same form: Zoology's recipe
+# is beta2 0.999, no clipping, no warmup, a constant rate (final_lr 1) and weight decay on every parameter.
+RECIPE_SETTINGS = {"beta2": ("-b{}", "beta2 {}"), "clip": ("-clip{}", "clipping at {}"),
+                   "warmup": ("-warm{}", "warmup {}"), "final_lr": ("-final{}", "cosine to {} of the peak"),
+                   "decay_all": ("-decayall", "decay on every parameter")}
 
 
 def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_len: int, head_size: int, lr: float,
           channel_mix: bool = True, conv_first: bool = False, positions: str = "rope", vocab_size: int | None = None,
-          freeze_embedding: bool = False, steps: int | None = None, seed: int = 0, threads: int = 1,
-          progress: bool = True) -> dict:
+          freeze_embedding: bool = False, tie_head: bool = False, dropout: float = 0.0, recipe: dict | None = None,
+          steps: int | None = None, seed: int = 0, threads: int = 1, progress: bool = True) -> dict:
     """Why did a cell fail? One run outside the grid: the grid's data, budget and training for (arch, width,
     pairs), with the sequence length, the head size, attention's channel mix, its first block (conv_first: a gated
     short convolution, as the Based paper's Zoology attention model), its positions (positions="learned", as
     Zoology's attention), the vocabulary (vocab_size; Zoology's is 8192), attention's token embedding
-    (freeze_embedding: kept at its random start), the seed or the budget (steps: at most this many steps, the
-    schedule stretched to match) changed. Its row (phase "probe") goes to <out>/recall_probes.json, beside the grid's
+    (freeze_embedding: kept at its random start), its head tied to the embedding (tie_head), its dropout, the
+    training recipe (recipe: training.Budget's fields of RECIPE_SETTINGS, e.g. {"beta2": 0.999, "clip": None}), the
+    seed or the budget (steps: at most this many steps; the warmup keeps its length in steps, the cosine stretches)
+    changed. Its row (phase "probe") goes to <out>/recall_probes.json, beside the grid's
     file (which a running grid rewrites whole), and the report lists it; a probe already there is returned, not run
     again (a stopped one resumes from its checkpoint)."""
     base = setup or FULL
     asked = dict(channel_mix=channel_mix, conv_first=conv_first, positions=positions,
-                 vocab_size=vocab_size or base.vocab_size, freeze_embedding=freeze_embedding)
+                 vocab_size=vocab_size or base.vocab_size, freeze_embedding=freeze_embedding, tie_head=tie_head,
+                 dropout=dropout)
     changed = {name: value for name, value in asked.items() if value != getattr(base, name)}
-    setup = replace(base, seq_len={**base.seq_len, pairs: seq_len}, head_size=head_size, **changed,
-                    budget=replace(base.budget, steps=steps or base.budget.steps))
+    unknown = set(recipe or {}) - set(RECIPE_SETTINGS)
+    if unknown:
+        raise ValueError(f"recipe takes {sorted(RECIPE_SETTINGS)}, got {sorted(unknown)}")
+    recipe = {name: value for name, value in (recipe or {}).items() if value != getattr(base.budget, name)}
+    budget = replace(base.budget, **recipe)
+    if steps is not None:
+        budget = replace(budget, steps=steps, warmup=budget.warmup_steps / steps)
+    setup = replace(base, seq_len={**base.seq_len, pairs: seq_len}, head_size=head_size, **changed, budget=budget)
     results = Results(out, PROBES)
     key = dict(phase="probe", arch=arch, width=width, pairs=pairs, seq_len=seq_len, head_size=head_size, seed=seed,
-               **changed)
-    if steps is not None:                 # the grid's budget otherwise
-        key["budget_steps"] = steps
+               **changed, **recipe)
+    if steps is not None:                 # the grid's budget otherwise; the warmup kept in steps (earlier probes
+        key["budget_steps"] = steps       # stretched it with the budget and lack this field)
+        key["warmup_steps"] = budget.warmup_steps
     done = results.find(**key, lr=lr)
     if done is not None:
         return done
     with torch_settings(threads):
-        tag = f"-T{seq_len}-head{head_size}" + "".join(PROBE_SETTINGS[name][0].format(changed[name])
-                                                        for name in changed)
+        tags = {**PROBE_SETTINGS, **RECIPE_SETTINGS}
+        tag = f"-T{seq_len}-head{head_size}" + "".join(tags[name][0].format(value)
+                                                        for name, value in {**changed, **recipe}.items())
         run = _make_run(setup, out, arch, width, pairs, seed, lr, PROBES, tag)
         round_to_fp16(run.train_to(setup.budget.steps, progress).model)        # as the grid's runs are measured
         found = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, pairs, setup.test_size))
@@ -324,7 +347,8 @@ def _probe_changes(row: dict, setup: Setup) -> str:
     if row["head_size"] != setup.head_size:
         changes.append(f"one head of {row['head_size']}" if row["head_size"] == row["width"]
                        else f"heads of {row['head_size']}")
-    changes += [words.format(row[name]) for name, (_, words) in PROBE_SETTINGS.items() if name in row]
+    changes += [words.format(row[name]) for name, (_, words) in {**PROBE_SETTINGS, **RECIPE_SETTINGS}.items()
+                if name in row]
     if row["seed"] != 0:
         changes.append(f"seed {row['seed']}")
     if "budget_steps" in row:

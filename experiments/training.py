@@ -21,7 +21,7 @@ import math
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -63,21 +63,36 @@ def setup_torch(threads: int) -> None:
 
 @dataclass(frozen=True)
 class Budget:
-    """steps; batch_size; warmup: the fraction of steps with a linear warmup; eval_every: steps between validation
-    evaluations; target: stop once validation accuracy reaches it (None: never); weight_decay; clip: the gradient
-    norm clipped to; final_lr: the cosine's end, as a fraction of the peak rate."""
+    """steps; batch_size; warmup: the fraction of steps with a linear warmup (0: none, the first update at the peak
+    rate); eval_every: steps between validation evaluations; target: stop once validation accuracy reaches it
+    (None: never); weight_decay; clip: the gradient norm clipped to (None: no clipping); final_lr: the cosine's end,
+    as a fraction of the peak rate (1: a constant rate after the warmup); beta2: AdamW's second-moment decay
+    (BlinkDL's and this project's 0.98; torch's and Zoology's default 0.999); decay_all: weight decay on every
+    parameter, as Zoology's optimizer, instead of decay_groups' matrices only.
+
+    ``longer(factor)`` is the same recipe run factor times longer: the warmup keeps its length in steps (a warmup
+    stretched with the run is a change of schedule, not of budget), the cosine stretches to the new end."""
     steps: int
     batch_size: int
     warmup: float = 0.05
     eval_every: int = 50
     target: float | None = None
     weight_decay: float = 0.1
-    clip: float = 1.0
+    clip: float | None = 1.0
     final_lr: float = 0.1
+    beta2: float = 0.98
+    decay_all: bool = False
+
+    def longer(self, factor: int) -> "Budget":
+        return replace(self, steps=factor * self.steps, warmup=self.warmup / factor)
+
+    @property
+    def warmup_steps(self) -> int:
+        return round(self.warmup * self.steps)
 
     def lr_at(self, step: int, peak: float) -> float:
         """The rate for update number ``step`` (0-based)."""
-        warm = max(1, round(self.warmup * self.steps))
+        warm = max(1, self.warmup_steps)
         if step < warm:
             return peak * (step + 1) / warm
         progress = (step - warm) / max(1, self.steps - warm)
@@ -157,8 +172,9 @@ class Run:
         torch.manual_seed(self.seed)
         self.model = self.build()
         self.rng = np.random.default_rng([self.seed, 1])            # the training data stream
-        self.optimizer = torch.optim.AdamW(decay_groups(self.model, self.budget.weight_decay), lr=self.lr,
-                                           betas=(0.9, 0.98))
+        groups = ([{"params": list(self.model.parameters()), "weight_decay": self.budget.weight_decay}]
+                  if self.budget.decay_all else decay_groups(self.model, self.budget.weight_decay))
+        self.optimizer = torch.optim.AdamW(groups, lr=self.lr, betas=(0.9, self.budget.beta2))
         if self.checkpoint is not None and Path(self.checkpoint).exists():
             self._load(Path(self.checkpoint))
 
@@ -203,7 +219,8 @@ class Run:
             loss, _ = _loss_and_hits(self.forward(self.model, x), y)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.budget.clip)
+            if self.budget.clip is not None:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.budget.clip)
             self.optimizer.step()
             self.seconds += time.perf_counter() - start
             self.cpu_seconds += time.process_time() - start_cpu

@@ -100,7 +100,9 @@ class TransformerConfig:
     (the post's "log n" rows); base: RoPE's base; conv_first: block 0 a gated short convolution instead of
     attention (the Based paper's MQAR attention model, a Hybrid of BaseConv and MHA; see the module's docstring);
     positions: "rope" (rotary, the default) or "learned" (absolute, one vector per position up to train_length,
-    added to the embedding; Zoology's attention)."""
+    added to the embedding; Zoology's attention); tie_head: the output head shares the token embedding's matrix
+    (Zoology's and GPT-2's); dropout: the rate of dropout on the embedding and on each residual branch's output
+    (GPT-2's places; Zoology drops the embedding and the attention weights at 0.1)."""
     vocab_size: int
     hidden_size: int = 128
     num_layers: int = 2
@@ -111,6 +113,8 @@ class TransformerConfig:
     base: float = 10000.0
     conv_first: bool = False
     positions: str = "rope"
+    tie_head: bool = False
+    dropout: float = 0.0
 
     def __post_init__(self):
         if self.intermediate_size is None:
@@ -125,6 +129,8 @@ class TransformerConfig:
             raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         if self.positions == "learned" and self.log_n:
             raise ValueError("log_n scales RoPE's attention; a model with positions='learned' has no RoPE")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
 
 
 class _GatedShortConv(nn.Module):
@@ -154,10 +160,12 @@ class _Block(nn.Module):
         if self.channel_mix:
             self.up = nn.Linear(C, c.intermediate_size, bias=False)
             self.down = nn.Linear(c.intermediate_size, C, bias=False)
+        self.drop = nn.Dropout(c.dropout)                           # on each branch's output (identity at 0)
 
     def forward(self, x, attend):
-        x = x + (self.short_conv(self.ln1(x)) if self.short_conv is not None else self._attend(self.ln1(x), attend))
-        return x + self.down(F.gelu(self.up(self.ln2(x)))) if self.channel_mix else x
+        mixed = self.short_conv(self.ln1(x)) if self.short_conv is not None else self._attend(self.ln1(x), attend)
+        x = x + self.drop(mixed)
+        return x + self.drop(self.down(F.gelu(self.up(self.ln2(x))))) if self.channel_mix else x
 
     def _attend(self, h, attend):
         B, T, C = h.shape
@@ -177,7 +185,10 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(_Block(config, conv=config.conv_first and i == 0) for i in range(config.num_layers))
         self.ln_out = nn.LayerNorm(config.hidden_size)
         self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.drop = nn.Dropout(config.dropout)
         self.reset_parameters()
+        if config.tie_head:
+            self.head.weight = self.emb.weight                              # one (V, C) matrix, read both ways
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02):
@@ -212,6 +223,7 @@ class Transformer(nn.Module):
         x = self.emb(input_ids)                                             # (B, T, C)
         if self.pos_emb is not None:
             x = x + self.pos_emb.weight[:input_ids.shape[1]]
+        x = self.drop(x)
         for block in self.blocks:
             x = block(x, attend)
         return self.head(self.ln_out(x))
