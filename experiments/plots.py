@@ -183,3 +183,22 @@ def language_model(curves, control, path) -> None:
     ax.set(xlabel="training tokens seen", ylabel="validation bits per byte", title="byte-level language models")
     ax.legend(fontsize=8)
     _save(fig, path)
+
+
+def lm_context(rows, path) -> None:
+    """Bits per byte against the position in the file (log scale), windowed (dashed) and the whole text read with
+    the state carried (solid), one colour per model, one panel per text; the best compressor as a grey line."""
+    fig = Figure(figsize=(6 * len(rows), 4.2))
+    for ax, row in zip(fig.subplots(1, len(rows), squeeze=False)[0], rows):
+        edges = np.array(row["position_edges"], dtype=float)
+        centres = np.sqrt(edges[:-1] * edges[1:])
+        for i, (arch, m) in enumerate(row["models"].items()):
+            for key, style, label in (("stream_by_position", "-", "whole text"), ("window_by_position", "--",
+                                                                                  "windowed")):
+                ys = np.array([np.nan if y is None else y for y in m[key]])
+                ax.plot(centres, ys, style, color=f"C{i}", label=f"{arch}, {label}")
+        best = min((v, c) for c, v in row["compressors"].items() if v is not None)
+        ax.axhline(best[0], color="0.5", lw=1, label=f"{best[1]} (whole text)")
+        ax.set(xscale="log", xlabel="position in the file (bytes)", ylabel="bits per byte", title=row["text"])
+        ax.legend(fontsize=7)
+    _save(fig, path)
