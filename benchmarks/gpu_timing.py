@@ -60,7 +60,8 @@ def _floor(run, emit):
     element, timed as the ops are. The first GPU run found every fast op near 0.29 ms whatever its work; a floor
     near that time says the rows there measure the timing, not the kernels."""
     x = torch.zeros(1, device=run.device)
-    steps = {"empty Triton kernel": lambda: _empty_kernel()[(1,)](x), "torch fill_ of one element": lambda: x.fill_(1.0)}
+    steps = {"empty Triton kernel": lambda: _empty_kernel()[(1,)](x),
+             "torch fill_ of one element": lambda: x.fill_(1.0)}
     for impl, step in steps.items():
         row = {"op": "timing floor", "shape": "1 element", "dtype": "fp32", "impl": impl, "mode": "forward"}
         try:

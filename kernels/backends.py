@@ -2,8 +2,8 @@
 
 A backend is an object that says whether it can take a call: ``verify(call)`` returns None, or the reason it
 cannot (a ``Refusal``, worded to follow ``backend='name' ``), as flash-linear-attention's ``BaseBackend.verify``
-does. Each op has an ordered tuple of backends, with its limits, in its package (kernels/<op>/spec.py; ``BACKENDS`` reads
-each op's through kernels/registry.py);
+does. Each op has an ordered tuple of backends, with its limits, in its package (kernels/<op>/spec.py;
+``BACKENDS`` reads each op's through kernels/registry.py);
 ``dispatch`` is the only place that chooses:
 
 * ``backend=None``: the first backend, in the op's order, whose ``verify_auto`` accepts the call. ``verify_auto``

@@ -192,7 +192,7 @@ def weights_header() -> str:
             "#ifndef SEQMIX_MODELS_WEIGHTS_H\n#define SEQMIX_MODELS_WEIGHTS_H\n\n" + "\n".join(enums) + "\n\n#endif\n")
 
 
-# The library of the steps: models/native/ with the kernels' C sources (the loops the steps run), by the kernels' builder
+# The library of the steps: models/native/ with the kernels' C sources (the loops the steps run), by their builder
 SOURCES = native.Sources("decode", (*native.KERNELS.files, *(NATIVE / name for name in
                                                               ("steps.h", "decode.h", "decode.c", "rwkv7_time_mix.c"))),
                          tuple(ENTRIES.values()), generated=(("weights.h", weights_header()),))
@@ -216,8 +216,8 @@ def _bf16_flags(tensors) -> ctypes.Array:
 
 
 class CStep(Backend):
-    """models/native/decode.c: a whole model's decoding step (``step=True``: one token of one sequence), or RWKV-7's time
-    mix after its matrix products; inference on a CPU. Verifies a Call of ``step_path`` or ``time_mix_path``."""
+    """models/native/decode.c: a whole model's decoding step (``step=True``: one token of one sequence), or RWKV-7's
+    time mix after its matrix products; inference on a CPU. Verifies a Call of ``step_path`` or ``time_mix_path``."""
     name = "c"
 
     def __init__(self, step: bool):
@@ -300,7 +300,8 @@ def step_path(model: torch.nn.Module, input_ids: torch.Tensor, state, backend, *
 
 
 def time_mix_path(att: torch.nn.Module, backend, *inputs: torch.Tensor) -> str:
-    """Which path RWKV-7's time mix ``att`` takes after its matrix products: "c" (rwkv7_time_mix) or "ops". {TIME_MIX_PATH}
+    """Which path RWKV-7's time mix ``att`` takes after its matrix products: "c" (rwkv7_time_mix) or "ops".
+    {TIME_MIX_PATH}
 
     Args:
         att: the TimeMix. backend: the forward's backend argument. inputs: every tensor the C code would read besides
@@ -316,7 +317,8 @@ def time_mix_path(att: torch.nn.Module, backend, *inputs: torch.Tensor) -> str:
 
 if step_path.__doc__:   # (python -OO drops docstrings) the order, in the dispatcher's words
     step_path.__doc__ = step_path.__doc__.replace("{STEP}", describe("decode_step", STEP, LEAD))
-    time_mix_path.__doc__ = time_mix_path.__doc__.replace("{TIME_MIX_PATH}", describe("rwkv7_time_mix", TIME_MIX_PATH, LEAD))
+    time_mix_path.__doc__ = time_mix_path.__doc__.replace("{TIME_MIX_PATH}",
+                                                          describe("rwkv7_time_mix", TIME_MIX_PATH, LEAD))
 
 
 def _pointers(tensors) -> ctypes.Array:

@@ -108,20 +108,8 @@ def test_imports_form_a_dag():
         visit(node)
 
 
-# Each layer may import only the layers below it.
-# benchmarks above conformance: gpu_check runs the conformance battery on the GPU (one battery, not a second one)
-LAYERS = {"reference": 0, "kernels": 1, "models": 2, "experiments": 3, "conformance": 3, "benchmarks": 4}
-
-
-def test_imports_point_downward():
-    wrong = []
-    for mod, targets in import_graph().items():
-        layer = mod.split(".")[1] if mod.count(".") else None
-        for t in targets:
-            target = t.split(".")[1] if t.count(".") else None
-            if layer in LAYERS and target in LAYERS and target != layer and LAYERS[target] >= LAYERS[layer]:
-                wrong.append(f"{mod} imports {t}")
-    assert not wrong, wrong
+# Which way imports point (reference < kernels < models < conformance, experiments < benchmarks; benchmarks above
+# conformance: gpu_check runs the conformance battery on the GPU) is import-linter's contracts, tests/test_layers.py.
 
 
 # The op modules (or packages) below seqmix.kernels, from the registry: "rerope" for both ReRoPE ops.

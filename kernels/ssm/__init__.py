@@ -28,8 +28,8 @@ ordinary torch ops on the torch and Triton backends (autograd differentiates the
 - triton: one program per (batch, block of BLOCK_D channels); the state (BLOCK_D, N) lives in registers and the
   program walks time sequentially, step t + 1's loads issued before step t's arithmetic. The forward takes 16
   channels per program, down to 4 at small batch * D (two programs per SM where it can: batch 1, D = 1536 gives 384
-  one-warp programs); what stays serial is each channel's T steps (an exponential and a sum over the N states). The forward kernel stores the state every CHECKPOINT tokens (~ sqrt(T)); the
-  backward kernel walks these runs in reverse, recomputes a run's states from its checkpoint into a scratch
+  one-warp programs); what stays serial is each channel's T steps (an exponential and a sum over the N states).
+  The forward kernel stores the state every CHECKPOINT tokens (~ sqrt(T)); the backward kernel walks these runs in reverse, recomputes a run's states from its checkpoint into a scratch
   buffer, then walks the run backwards. Extra memory: batch * D * N * (T / CHECKPOINT + CHECKPOINT) fp32, about
   2 sqrt(T) states per channel instead of T. dB and dC sum over channels: each program stores its block's share in
   its own slice of (batch, D / BLOCK_D, N, T) buffers, summed once by the wrapper (batch * D * T * N / BLOCK_D fp32

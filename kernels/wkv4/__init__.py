@@ -34,8 +34,8 @@ registers; max is kept as the exponent that set it plus a count of decays (ancho
 reason. Both kernels are software-pipelined: step t + 1's loads are issued before step t's arithmetic (loop
 variables), so two memory round trips overlap and a step waits about half of one, plus its chain of exponentials
 and the division. What stays serial: the T steps of each channel. Channels per program are not split further: one
-thread per channel, and a warp of 32 channels walks its steps as fast as one channel would. The forward saves, per token, v_t - y_t, d_t = max_t - (u + k_t) and z_t = Z_t e^{-max(max_t, u + k_t)},
-where Z_t = D^_t + e^{u + k_t} is the output's denominator. The backward walks time in reverse with the adjoints of
+thread per channel, and a warp of 32 channels walks its steps as fast as one channel would. The forward saves, per
+token, v_t - y_t, d_t = max_t - (u + k_t) and z_t = Z_t e^{-max(max_t, u + k_t)}, where Z_t = D^_t + e^{u + k_t} is the output's denominator. The backward walks time in reverse with the adjoints of
 the represented sums and of their w-derivatives,
 
     A_N(t) = dL/dN^_t = gy_t / Z_t + e^w A_N(t+1),   A_D(t) = -gy_t y_t / Z_t + e^w A_D(t+1),
