@@ -9,6 +9,16 @@ backend works.
 To run the Triton kernels on CPU tensors, set ``TRITON_INTERPRET=1`` before anything imports triton.
 """
 
+# Imported by its bare folder name (a checkout's root first on sys.path): the installed package of that name takes
+# its place (seqmix.checkout says why). Without seqmix, or copied into another project, the folder stays itself.
+if __name__ == "kernels":
+    try:
+        from seqmix.checkout import step_aside
+    except ImportError:
+        pass
+    else:
+        step_aside(__name__, __file__)
+
 import os as _os
 
 __all__ = ["use_interpreter_without_gpu"]

@@ -496,10 +496,10 @@ def tau_for_half_life(n):
     w_half = np.log(0.5) / (n - 1)             # e^{(n - 1) w} = 1/2; n - 1 steps of decay separate the two keys
     return float(np.log(-w_half))              # w = -e^tau
 
-exercise("Exercise 2", checks_2)
 tau_half = tau_for_half_life(100)
 print(f"n = 100: tau = {tau_half:.2f}; the curves that remember at least that much: "
       f"{[td for td in (-5.0, -3.0, -1.0, 0.0, 1.0, 2.0) if td <= tau_half]}")
+exercise("Exercise 2", checks_2)
 
 # %% [markdown]
 # **3. The state carries the past.** Feed `ref.wkv4` the keys and values in three pieces (4, 1 and 7 tokens),

@@ -6,3 +6,13 @@ imports; the models share their small functions through functional.py. Every fun
 computes in float64: inputs are converted with np.asarray(x, dtype=np.float64), whatever their dtype (one input
 policy throughout).
 """
+
+# Imported by its bare folder name (a checkout's root first on sys.path): the installed package of that name takes
+# its place (seqmix.checkout says why). Without seqmix, or copied into another project, the folder stays itself.
+if __name__ == "reference":
+    try:
+        from seqmix.checkout import step_aside
+    except ImportError:
+        pass
+    else:
+        step_aside(__name__, __file__)
