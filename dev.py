@@ -56,7 +56,9 @@ def ensure_env():
     pip = [PY, "-m", "pip", "install", "--progress-bar", "off"]
     index = os.environ.get("SEQMIX_TORCH_INDEX")
     run(*pip, TORCH, *(["--index-url", index] if index else []))
-    pinned = ["--upgrade", "--upgrade-strategy", "eager"] if NEWEST else ["-c", CONSTRAINTS]
+    # Newest: every dependency upgraded but torch, which stays the requirement installed above (SEQMIX_TORCH), as
+    # this docstring promises; without it, "eager" would swap the CPU wheel for PyPI's multi-GB CUDA build.
+    pinned = ["--upgrade", "--upgrade-strategy", "eager", TORCH] if NEWEST else ["-c", CONSTRAINTS]
     run(*pip, *pinned, "-e", ".[test,lab]")
     stamp.touch()
 
