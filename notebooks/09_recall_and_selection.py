@@ -111,7 +111,8 @@ print("its targets: ", " ".join("." if v == data.IGNORE else str(v) for v in tar
 #
 # * **Attention** ([notebook 01](01_softmax_attention.ipynb)) keeps every key and value, $2CT$ numbers, and finds a
 #   pair by the score $q_t \cdot k_j$: a query that matches one key picks exactly its value. Two layers suffice
-#   (one copies each key into its value's position, the next matches the query against it).
+#   (one copies each key into its value's position, the next matches the query against it). The model here is a
+#   small pre-LayerNorm transformer with RoPE, whose block [notebook 10](10_extrapolation.ipynb) draws (section 3).
 # * **RWKV-4's WKV** ([notebook 02](02_rwkv4_wkv.ipynb)) keeps a numerator and a denominator per channel,
 #   $a_t = e^{w} a_{t-1} + e^{k_t} v_t$, $b_t = e^{w} b_{t-1} + e^{k_t}$ (with $w = -e^{\tau} < 0$, the
 #   project's convention), and reads $a/b$: a weighted *average* of
@@ -233,8 +234,8 @@ plt.show()
 # | attention needs enough scored targets per batch to form its induction circuit | at batch 256: 98.9% and 99.4% on two seeds; the third 26% at 1000 steps, 99.7% at 1950 |
 # | the delta rule learns recall fast | RWKV-7 99.6% in 150 steps ($C = 64$, $N = 4$), every cell above 99% |
 # | a decayed sum buys with width or steps what the delta rule has | RWKV-4 at $N = 4$: 26% at $C = 64$, 54% at 128, 98.5% at 256 in 1000 steps; 96.5% at 64 with 4000 |
-# | Mamba's failures at 1000 steps are the schedule's | 26.3% at $C = 64$, $N = 4$; 99.3% when the schedule is stretched over 4000 steps |
-# | a failure is read only beside its longer run | five of the six 4x runs end above their 1000-step cell, four of them above 96%; attention at $N = 8$ does not move |
+# | Mamba's failure at $C = 64$ is the schedule's | 26.3% at $N = 4$ in 1000 steps; 99.3% when the schedule is stretched over 4000 steps (and 99.7% at $N = 8$) |
+# | a failure is read only beside its longer run | four of the six 4x runs reach 96% or more, RWKV-4 at $N = 8$ climbs to 36%; only attention at $N = 8$ stays at chance (14.2%) |
 #
 # (Section 6's lesson, selection beats time invariance, and section 7's, a sign flip buys parity, complete the list.)
 # In more detail:
