@@ -25,12 +25,13 @@ def _entries():
     "triton", else the op's name and the backend's algorithm ("wkv7 chunked" on "triton_chunked"), then the variant's
     ("attention d=128"); recurrences first (registry.benchmarked)."""
     for op in benchmarked():
-        for backend in op.benchmark.kernels:
+        bench = op.get("benchmark")
+        for backend in bench.kernels:
             name = op.name if backend == "triton" else f"{op.name} {backend.removeprefix('triton_')}"
-            yield name, op, backend, op.benchmark.shape, op.benchmark.dry_shape, False
-            for variant, (sizes, dry_sizes) in op.benchmark.variants.items():
-                yield (f"{name} {variant}", op, backend, {**op.benchmark.shape, **sizes},
-                       {**op.benchmark.dry_shape, **dry_sizes}, True)
+            yield name, op, backend, bench.shape, bench.dry_shape, False
+            for variant, (sizes, dry_sizes) in bench.variants.items():
+                yield (f"{name} {variant}", op, backend, {**bench.shape, **sizes}, {**bench.dry_shape, **dry_sizes},
+                       True)
 
 
 # Each entry's op and Triton backend; its shape (benchmarks/README.md, the cost model's defaults) and the tiny one of
@@ -43,7 +44,7 @@ DRY_SHAPES = {name: dry for name, _, _, _, dry, _ in _entries()}
 VARIANTS = tuple(name for name, *_, variant in _entries() if variant)
 
 # The cost model's kernels of each entry: (the forward's label prefix, the training kernels' prefixes).
-COST_KERNELS = {name: op.benchmark.kernels[backend] for name, (op, backend) in ENTRIES.items()}
+COST_KERNELS = {name: op.get("benchmark").kernels[backend] for name, (op, backend) in ENTRIES.items()}
 
 
 def part_timing(run, emit):
@@ -59,7 +60,8 @@ def _floor(run, emit):
     element, timed as the ops are. The first GPU run found every fast op near 0.29 ms whatever its work; a floor
     near that time says the rows there measure the timing, not the kernels."""
     x = torch.zeros(1, device=run.device)
-    steps = {"empty Triton kernel": lambda: _empty_kernel()[(1,)](x), "torch fill_ of one element": lambda: x.fill_(1.0)}
+    steps = {"empty Triton kernel": lambda: _empty_kernel()[(1,)](x),
+             "torch fill_ of one element": lambda: x.fill_(1.0)}
     for impl, step in steps.items():
         row = {"op": "timing floor", "shape": "1 element", "dtype": "fp32", "impl": impl, "mode": "forward"}
         try:
@@ -180,23 +182,13 @@ def _shape_text(run, op: str) -> str:
 
 
 def inputs_at(run, op: str, dtype: str):
-    """requires_grad -> the op's inputs at its benchmark shape, as benchmarks/run.py makes them, in ``dtype`` (the
-    decays and parameters the models keep in fp32 stay fp32)."""
-    from seqmix.benchmarks import run as bench
-    s, dt = run.shapes[op], getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype])
-    name = ENTRIES[op][0].name
-    keep = {"wkv4": ("w", "u"), "selective_scan": ("A", "D", "delta_bias")}.get(name, ())
-    if name == "wkv4":
-        base = bench.wkv4_inputs(s["B"], s["C"])(s["T"])
-    elif name == "wkv7":
-        base = bench.wkv7_inputs(s["B"], s["H"], s["N"])(s["T"])
-    elif name == "selective_scan":
-        base = bench.ssm_inputs(s["B"], s["D"], s["N"])(s["T"])
-    else:
-        g = torch.Generator(run.device).manual_seed(0)
-        base = {n: torch.randn(s["B"], s["H"], s["T"], s["d"], generator=g, device=run.device) for n in "qkv"}
-        if name == "rerope_decode":
-            base = {"q": base["q"][:, :, -1:], "k_cache": base["k"], "v_cache": base["v"]}
+    """requires_grad -> the op's inputs at its benchmark shape, as its declaration makes them (kernels/<op>/spec.py,
+    ``Benchmark.inputs``; benchmarks/run.py's too), in ``dtype`` (the decays and parameters the models keep in fp32,
+    ``Benchmark.fp32``, stay fp32)."""
+    bench = ENTRIES[op][0].get("benchmark")
+    dt = getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype])
+    keep = bench.fp32
+    base = bench.inputs(torch.Generator(run.device).manual_seed(0), run.device, **run.shapes[op])
 
     def make(requires_grad=False):
         return {n: t.to(run.device, t.dtype if n in keep else dt).detach().requires_grad_(requires_grad)
@@ -209,10 +201,7 @@ def seqmix_call(run, op: str, backend: str):
     backend "triton_chunked")."""
     spec, triton_backend = ENTRIES[op]
     backend = triton_backend if backend == "triton" else backend
-    shape = run.shapes[op]
-    # the options the models use: Mamba's softplus of delta; ReRoPE's window from the shape (its w)
-    options = ({"delta_softplus": True} if spec.name == "selective_scan" else
-               {"window": shape["w"]} if "w" in shape else {})
+    options = spec.get("benchmark").options(run.shapes[op])   # the models': Mamba's softplus, ReRoPE's window
     return lambda x: spec.function(**x, **options, backend=backend)
 
 

@@ -23,7 +23,7 @@
 # **Code used.** [`reference/rwkv4.py`](../reference/rwkv4.py): `token_shift`, `mix`, `time_mix`, `channel_mix`,
 # `block`, `forward`, `logits` (NumPy, float64: the truth) · [`reference/wkv4.py`](../reference/wkv4.py): `wkv4`
 # (notebook 02) · [`models/rwkv4.py`](../models/rwkv4.py): `RwkvConfig`, `RwkvModel`,
-# `RwkvForCausalLM` (torch, transformers' parameter names; the WKV from [`kernels/wkv4.py`](../kernels/wkv4.py) with
+# `RwkvForCausalLM` (torch, transformers' parameter names; the WKV from [`kernels/wkv4/`](../kernels/wkv4/) with
 # backend `"torch"` or `"triton"`) · [`models/generation.py`](../models/generation.py): `generate`
 # (greedy or sampled, stop sequences) · [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 #

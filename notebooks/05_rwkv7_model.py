@@ -28,7 +28,7 @@
 # **Code used.** [`reference/rwkv7.py`](../reference/rwkv7.py): `log_decay`, `time_mix`, `channel_mix`, `forward`
 # (GPT mode), `forward_rnn`, `checkpoint_shapes` (NumPy, float64: the truth) ·
 # [`reference/wkv7.py`](../reference/wkv7.py): `wkv7` (notebook 04) · [`models/rwkv7.py`](../models/rwkv7.py):
-# `Rwkv7Config`, `Rwkv7` (torch, BlinkDL's parameter names; the op from [`kernels/wkv7.py`](../kernels/wkv7.py)
+# `Rwkv7Config`, `Rwkv7` (torch, BlinkDL's parameter names; the op from [`kernels/wkv7/`](../kernels/wkv7/)
 # with backend `"torch"` or `"triton"`; `generate`) · [`kernels/testing.py`](../kernels/testing.py): `check` and
 # the error budgets.
 

@@ -25,7 +25,7 @@
 # **Code used.** [`reference/ssm.py`](../reference/ssm.py): `expm`, `discretize_zoh`, `discretize_zoh_diagonal`,
 # `discretize_euler`, `discretize_bilinear`, `ssm_kernel`, `ssm_recurrence`, `causal_convolution`,
 # `selective_scan` · [`reference/mamba.py`](../reference/mamba.py): `rms_norm`, `causal_conv1d`, `mixer`, `forward`
-# (NumPy, float64: the truth) · [`kernels/ssm.py`](../kernels/ssm.py): `selective_scan` (backend `"torch"`: a
+# (NumPy, float64: the truth) · [`kernels/ssm/`](../kernels/ssm/): `selective_scan` (backend `"torch"`: a
 # chunked scan; `"triton"`: a sequential-in-time kernel, forward and backward; `"c"`: a C loop, forward and backward) ·
 # [`models/mamba.py`](../models/mamba.py): `MambaModel` (torch, transformers' parameter names) ·
 # [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
@@ -610,7 +610,7 @@ check(f"Hillis-Steele scan ({rounds} rounds) vs the sequential loop ({T_seq} ste
 # So "scan" names the prefix computation (the name comes from the parallel-computing primitive, of which the
 # cumulative sum, $a_t = 1$, is the simplest case), not a sequential loop; a selective SSM trains in parallel over
 # time because its $\circ$ is associative. Real kernels mix the two: Mamba's paper runs a work-efficient parallel
-# scan inside its fused GPU kernel, and the project's torch backend (`kernels/ssm.py`) is the same operator at the
+# scan inside its fused GPU kernel, and the project's torch backend (`kernels/ssm/`) is the same operator at the
 # level of chunks: it computes each chunk's pair (the chunk's whole decay $\prod a_t$, and its exit state from zero)
 # for all chunks at once, combines the chunks' pairs in order, then recomputes the states inside every chunk at once
 # from its true entering state.
@@ -1272,14 +1272,14 @@ check("parallel scan from a carried state vs reference.selective_scan(state=...)
 #
 # ### A. The selective scan: torch, Triton and C
 #
-# [`kernels.ssm.selective_scan`](../kernels/ssm.py) is Mamba's scan (Euler $\bar B$) with all its options: the skip
+# [`kernels.ssm.selective_scan`](../kernels/ssm/) is Mamba's scan (Euler $\bar B$) with all its options: the skip
 # $D$, the gate $z$, the bias and softplus of $\Delta$, an initial state, and the last state returned. Backend
 # `"torch"` runs a chunked scan; backend `"triton"` walks time in a kernel with the state in registers (here under
 # the Triton interpreter on the CPU, so the shapes are small). Both are checked against `reference.ssm.selective_scan`
 # on the same inputs: outputs and last states, a sequence fed in two pieces, and fp16.
 #
-# A third implementation, backend `"c"` ([`kernels/native.c`](../kernels/native.c)), is a compiled C loop that
-# walks time once, with a backward that walks it back ([`kernels/native.py`](../kernels/native.py)): the CPU path
+# A third implementation, backend `"c"` ([`kernels/ssm/ssm.c`](../kernels/ssm/ssm.c)), is a compiled C loop that
+# walks time once, with a backward that walks it back ([`kernels/ssm/c.py`](../kernels/ssm/c.py)): the CPU path
 # for inference and training alike, which `backend=None` takes for CPU tensors whether or not a gradient is wanted.
 # Every check below runs it too, gradients included, against the same reference and budgets.
 

@@ -18,8 +18,8 @@
 # https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 and arXiv:2503.14456). FlashAttention, arXiv:2205.14135,
 # https://arxiv.org/abs/2205.14135, for why memory traffic rather than arithmetic sets the speed of such kernels.
 #
-# **Code used.** [`kernels/wkv4.py`](../kernels/wkv4.py): `wkv4_fwd_kernel`, `_launch_config` ·
-# [`kernels/wkv7.py`](../kernels/wkv7.py): `wkv7_fwd_kernel`, `_step`, `_launch_config` ·
+# **Code used.** [`kernels/wkv4/`](../kernels/wkv4/): `wkv4_fwd_kernel`, `_launch_config` ·
+# [`kernels/wkv7/`](../kernels/wkv7/): `wkv7_fwd_kernel`, `_step`, `_launch_config` ·
 # [`kernels/aot.py`](../kernels/aot.py): the ahead-of-time GPU build · [`benchmarks/`](../benchmarks/README.md):
 # `run.py`, `cost_model.py` and the stored `results/` · [`reference/wkv4.py`](../reference/wkv4.py),
 # [`reference/wkv7.py`](../reference/wkv7.py): the truth · [`kernels/testing.py`](../kernels/testing.py): `check` and
@@ -293,7 +293,7 @@ for c in results["checks"]:
 # A ratio is the other implementation's time (or memory) over seqmix's: above 1, seqmix is faster (or smaller). The
 # "time per token" rows compare $T$ = 8192 with $T$ = 1024: all three recurrent ops are linear in $T$. The targets are
 # read against what `backend=None` runs for inference on a CPU: for the three recurrences that is the C loop of
-# `kernels/native.c` ("seqmix c"), which walks time once like the Triton kernels do on a GPU. The chunked torch
+# `kernels/<op>/<op>.c` ("seqmix c"), which walks time once like the Triton kernels do on a GPU. The chunked torch
 # backend ("seqmix torch", the one that also differentiates) is measured beside it: in eager torch the chunked forms
 # are about twenty passes over memory each, and the benchmarks' README explains in numbers why no rearrangement of
 # them reached the targets. The time per token against $T$, drawn from the stored samples (one colour per
@@ -527,7 +527,7 @@ for group in groups:
 # - The interpreter checks the arithmetic and indexing of a kernel on a CPU; the AOT build (`python -m seqmix.kernels.aot`)
 #   compiles the same kernels for sm_80 and sm_90 and shows their registers, with no spills.
 # - The stored benchmarks: the recurrent ops are linear in $T$; on a CPU their inference runs C loops
-#   (`kernels/native.c`) that walk time once, as the Triton kernels do on a GPU, and meet the speed targets that the
+#   (`kernels/<op>/<op>.c`) that walk time once, as the Triton kernels do on a GPU, and meet the speed targets that the
 #   torch backend's chunked forms (eager torch, many passes over memory) miss, for reasons the benchmarks' README
 #   gives in numbers; the cost model predicts each Triton kernel's H100 time from its
 #   bytes and operations (for the WKV-4 forward, $12\,C$ bytes per token, counted by hand), a floor for the recurrent

@@ -45,7 +45,7 @@
 # [`experiments/selective_copy.py`](../experiments/selective_copy.py),
 # [`experiments/state_tracking.py`](../experiments/state_tracking.py)
 # · [`reference/ssm.py`](../reference/ssm.py): `ssm_kernel`, `causal_convolution` ·
-# [`kernels/ssm.py`](../kernels/ssm.py): `selective_scan`.
+# [`kernels/ssm/`](../kernels/ssm/): `selective_scan`.
 
 # %%
 import tempfile

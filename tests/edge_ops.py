@@ -99,7 +99,7 @@ NONFINITE = {"NaN": np.nan, "+inf": np.inf, "-inf": -np.inf}
 def _lane(op, name, index, shapes):
     """Masks (one per output) of what the C loops may turn to NaN for a non-finite input at ``index``: its lane (a
     channel of a batch row, a head, a scan channel) from the input's step on, and that lane's final state. The C
-    loops mark a lane NaN from its first non-finite input on (kernels/native.c) where the reference may carry an
+    loops mark a lane NaN from its first non-finite input on (kernels/<op>/<op>.c) where the reference may carry an
     infinity, or leave a sum the input does not enter (WKV-4's den) finite."""
     masks = [np.zeros(s, dtype=bool) for s in shapes]
     everything = slice(None)

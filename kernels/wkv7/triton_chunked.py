@@ -64,8 +64,8 @@ from __future__ import annotations
 
 import torch
 
-from seqmix.kernels._common import Launch, new_output, tl, triton
-from seqmix.kernels._wkv7_common import _checkpoint, _head_offsets, _step
+from .._common import Launch, new_output, tl, triton
+from ._triton_common import _checkpoint, _head_offsets, _step
 
 __all__ = []   # private: the op is kernels/wkv7.py's wkv7 (backend="triton_chunked")
 
