@@ -111,7 +111,8 @@ print("its targets: ", " ".join("." if v == data.IGNORE else str(v) for v in tar
 #
 # * **Attention** ([notebook 01](01_softmax_attention.ipynb)) keeps every key and value, $2CT$ numbers, and finds a
 #   pair by the score $q_t \cdot k_j$: a query that matches one key picks exactly its value. Two layers suffice
-#   (one copies each key into its value's position, the next matches the query against it).
+#   (one copies each key into its value's position, the next matches the query against it). The model here is a
+#   small pre-LayerNorm transformer with RoPE, whose block [notebook 10](10_extrapolation.ipynb) draws (section 3).
 # * **RWKV-4's WKV** ([notebook 02](02_rwkv4_wkv.ipynb)) keeps a numerator and a denominator per channel,
 #   $a_t = e^{w} a_{t-1} + e^{k_t} v_t$, $b_t = e^{w} b_{t-1} + e^{k_t}$ (with $w = -e^{\tau} < 0$, the
 #   project's convention), and reads $a/b$: a weighted *average* of

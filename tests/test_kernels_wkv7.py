@@ -111,7 +111,7 @@ def test_torch_gradcheck(couplings, shape, fast_mode):
                                     fast_mode=fast_mode)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(deadline=None)
 @given(T=st.integers(2, 50), cuts=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=3),
        seed=st.integers(0, 2**32 - 1))
 def test_torch_split_sequence_equals_whole(T, cuts, seed):
