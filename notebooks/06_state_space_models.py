@@ -725,9 +725,10 @@ check("Mamba's scan with one Delta and one scalar A per head vs family.ssd",
 #
 # ![The Mamba block: RMSNorm, in_proj into x and z; x through the causal conv1d and SiLU into x', which x_proj turns
 # into dt_low, B, C and dt_proj and softplus into Delta; the scan of x' with A, Delta, B, C, D gives y; y times
-# SiLU(z), out_proj, added to the residual stream](images/mamba_block.svg)
+# SiLU(z), out_proj, added to the residual stream](images/mamba_block.png)
 #
-# Pink boxes carry state from token to token: the convolution's window and the scan's $h$.
+# Green boxes carry state from token to token: the convolution's window and the scan's $h$; `*` is the elementwise
+# product.
 #
 # Inside the block the channels are widened to $D = 2C$ (Mamba's `expand = 2`; the notes' $P$), and the state of
 # every channel has $N$ entries (the notes' $K$; they use $N$ for the sequence length). As in Mamba and the notes,
