@@ -101,6 +101,21 @@ def _check_options(parser, args) -> None:
             parser.error(f"--save-state {args.save_state}: no such folder {folder}")
         if os.path.isdir(args.save_state):
             parser.error(f"--save-state {args.save_state}: is a folder, not a file name")
+        if _is_model_file(args.save_state, args.path, args.state):
+            parser.error(f"--save-state {args.save_state}: is the model's own file ({args.path}); saving the state "
+                         f"there would replace the weights")
+
+
+def _is_model_file(candidate: str, model_path: str, state: str | None) -> bool:
+    """Whether ``candidate`` is the model checkpoint itself, or a file that already exists in its model directory
+    (weights, config, tokenizer: a state written there replaces one of them). The --state file, which a run may
+    continue in place, is allowed."""
+    candidate, model_path = os.path.realpath(candidate), os.path.realpath(model_path)
+    if state is not None and candidate == os.path.realpath(state):
+        return False
+    if os.path.isdir(model_path):
+        return os.path.dirname(candidate) == model_path and os.path.exists(candidate)
+    return candidate == model_path
 
 
 def _one_line(error: BaseException) -> str:
