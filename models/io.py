@@ -151,16 +151,12 @@ def save_state_dict(state_dict: dict[str, torch.Tensor], path) -> None:
         state_dict: name -> tensor. Tensors that share memory (tied weights) must be passed under one name only.
         path: the file to write (replaced if it exists).
     """
-    with atomic_write(path) as tmp:
-        _write_tensors(state_dict, tmp, torch_format=os.fspath(path).endswith(TORCH_SUFFIXES))
-
-
-def _write_tensors(state_dict: dict[str, torch.Tensor], path: str, torch_format: bool) -> None:
     tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
-    if torch_format:
-        torch.save(tensors, path)
-    else:
-        save_file(tensors, path, metadata={"format": "pt"})
+    with atomic_write(path) as tmp:
+        if os.fspath(path).endswith(TORCH_SUFFIXES):
+            torch.save(tensors, tmp)
+        else:
+            save_file(tensors, tmp, metadata={"format": "pt"})
 
 
 def check_state_dict(expected_shapes: dict[str, tuple], state_dict: dict[str, torch.Tensor]) -> None:
@@ -303,7 +299,7 @@ def save_pretrained_dir(local_dir, config: dict, state_dict: dict[str, torch.Ten
             atomic_write(os.path.join(local_dir, "model.safetensors")) as weights_tmp:
         with open(config_tmp, "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2, sort_keys=True)
-        _write_tensors(state_dict, weights_tmp, torch_format=False)
+        save_state_dict(state_dict, weights_tmp)       # a .safetensors name: that format
     for path in stale:
         os.remove(path)
 
