@@ -24,6 +24,8 @@ import seqmix
 
 seqmix.use_interpreter_without_gpu()   # a Triton kernel on CPU tensors needs it before anything imports triton
 
+import torch  # noqa: E402
+
 from seqmix.conformance.adapters import ADAPTERS  # noqa: E402
 from seqmix.conformance.battery import DTYPES, PARTS, Options, run  # noqa: E402
 from seqmix.kernels.declarations import OPS  # noqa: E402
@@ -94,6 +96,11 @@ def main(argv=None) -> int:
         return usage_error(f"--json: no such folder: {Path(args.json).parent}")
     if args.json and Path(args.json).is_dir():
         return usage_error(f"--json {args.json}: is a folder, not a file name")
+    if args.device is not None:
+        try:                              # a device this torch cannot use would fail every check as the kernel's
+            torch.empty(1, device=args.device)
+        except (RuntimeError, AssertionError) as e:
+            return usage_error(f"--device {args.device}: not a device this torch can use ({str(e).splitlines()[0]})")
     try:
         fn = load_function(args.function)
     except (ValueError, ImportError, OSError, SyntaxError) as e:

@@ -95,6 +95,8 @@ def _check_options(parser, args) -> None:
         parser.error(str(e))
     if args.max_new_tokens < 0:
         parser.error(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.seed is not None and not -2 ** 63 <= args.seed < 2 ** 64:       # what torch.Generator takes
+        parser.error(f"--seed must lie in [-2**63, 2**64), got {args.seed}")
     if args.save_state:                # found out only after generating otherwise
         folder = os.path.dirname(os.path.abspath(args.save_state))
         if not os.path.isdir(folder):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kernel_cases import needs_triton
-from seqmix.conformance import PARTS, Check, Options, plan, pytest_cases, run, run_check
+from seqmix.conformance import PARTS, Check, Options, Report, plan, pytest_cases, run, run_check
 from seqmix.conformance.__main__ import main as cli_main
 from seqmix.kernels.declarations import OPS, Case
 from seqmix.conformance.report import progress
@@ -295,6 +295,12 @@ def test_cli_usage_errors_exit_2(capsys, args, message):
     assert main(*args) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_check_that_compared_nothing_fails():
+    """Round 4's mutant G4: failed_checks without "checks that compared nothing"."""
+    report = Report("wkv4", Options(), rows=[], checks=["wkv4/shapes/T=1,C=3/fp32"])
+    assert report.failed_checks == ["wkv4/shapes/T=1,C=3/fp32"] and not report.ok
 
 
 def test_json_naming_a_folder_is_a_usage_error_before_the_run(tmp_path, capsys):

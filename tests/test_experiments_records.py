@@ -133,3 +133,70 @@ def test_records_command_line_reports_what_the_run_raised(capsys):
     assert capsys.readouterr().err.endswith("error: somewhere: gone (--debug shows the traceback)\n")
     with pytest.raises(FileNotFoundError):
         records.command_line("doc", run, "full", "quick", ["--debug"])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Round 4's surviving mutants of the experiments (C1, C7, C8, C10 above, L4, L5, L6)
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_recall_control_holds_when_every_seed_is_exactly_at_the_bar(tmp_path):
+    """C1: >= made >."""
+    results, c = Results(tmp_path, "recall", "quick"), recall.QUICK.control
+    for seed in range(c.seeds):
+        results.add({"phase": "test", "arch": c.arch, "width": c.width, "pairs": c.pairs, "seed": seed,
+                     "test_accuracy": recall.QUICK.control_accuracy})
+    assert recall.control_holds(results, recall.QUICK) is True
+
+
+def _parity_rows(tmp_path, test, long=None, seeds=3):
+    setup = state_tracking.FULL
+    results = Results(tmp_path, state_tracking.NAME, "full")
+    far = f"accuracy_past_train_at_{4 * setup.train_len}"
+    for seed in range(seeds):
+        key = {"arch": "rwkv7_wide", "task": setup.tasks[0].name, "seed": seed}
+        results.add({**key, "phase": "test", "test_accuracy": test, far: test})
+        if long is not None:
+            results.add({**key, "phase": "long", "test_accuracy": long, far: long})
+    return results, setup
+
+
+def test_state_tracking_control_fails_when_the_long_runs_fail_too(tmp_path):
+    """C7: a long run's mere presence counted as passing."""
+    assert state_tracking.control_holds(*_parity_rows(tmp_path, 0.5, long=0.5)) is False
+    assert state_tracking.control_holds(*_parity_rows(tmp_path / "b", 0.5, long=1.0)) is True
+
+
+def test_state_tracking_control_is_not_finished_with_one_of_three_seeds(tmp_path):
+    """C8: one seed of the three the full setup gives the control made a verdict."""
+    assert state_tracking.FULL.tasks[0].seeds["rwkv7_wide"] == 3
+    assert state_tracking.control_holds(*_parity_rows(tmp_path, 1.0, seeds=1)) is None
+
+
+def test_the_language_model_pilot_ranks_the_lowest_validation_loss_first():
+    """L4: the rate chosen by the worst validation loss."""
+    runs = []
+    for loss in (2.0, 3.0):
+        run = lm.LmRun.__new__(lm.LmRun)
+        run.diverged, run.history, run.lr = False, [[10, 1.0, 0.5, loss]], loss
+        runs.append(run)
+    assert max(runs, key=lambda r: r.score).lr == 2.0
+
+
+def test_round_as_stored_rounds_all_but_the_kept_parameters():
+    """L5: the kept (fp32) parameters rounded and the others left."""
+    torch.manual_seed(0)
+    model = lm.build("rwkv4", 16, 1, 16, 32)
+    for p in model.parameters():
+        p.data.add_(torch.rand_like(p) * 1e-3)           # values fp16 cannot hold
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    lm.round_as_stored(model, "rwkv4")
+    kept = [n for n in before if lm.keeps_fp32("rwkv4", n)]
+    assert kept and len(kept) < len(before)
+    for name, p in model.named_parameters():
+        want = before[name] if name in kept else before[name].half().float()
+        assert torch.equal(p, want) and not (name not in kept and torch.equal(p, before[name])), name
+
+
+def test_bits_per_byte_of_ln_2_nats_is_one():
+    """L6: nats / ln 10."""
+    assert lm.bpb(float(np.log(2))) == pytest.approx(1.0, rel=1e-15)
