@@ -2,14 +2,14 @@
 
 A check is one case at one dtype: its inputs are drawn in float64, rounded to the dtype (the decays and
 parameters an op keeps in fp32 stay fp32), and both sides see the same rounded values: the reference
-(seqmix.reference, NumPy float64) for outputs and final states, the definition (seqmix.kernels.naive,
+(seqmix.reference, NumPy float64) for outputs and final states, the definition (the op's naive.py,
 float64 torch) for gradients. The function under test gets them on the chosen device, with requires_grad when
 gradients are checked; the loss is <y, gy> + <state terms, gs> with random cotangents rounded to the output's and
 the state's dtype. Every compared quantity becomes one Row: its relative RMS error ||a - b|| / ||b||, its max abs
 error, the budget it was judged at, and whether it passed. A check whose call raises gives one failed row.
 
 Two grades. The default asks "is this a correct implementation of the formula?": a check is judged at the design's
-budget for its dtype, or, where the op has a conditioning rule (kernels/declarations.py) and the check's inputs force
+budget for its dtype, or, where the op has a conditioning rule (kernels/<op>/spec.py) and the check's inputs force
 a larger error on any implementation in its arithmetic, at that error. ``strict`` judges every check at the design's
 budget. A row over the design's budget and within the conditioned one is marked ``conditioned``: it passes the
 default grade only.

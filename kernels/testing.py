@@ -18,7 +18,8 @@ import contextlib
 import numpy as np
 import torch
 
-__all__ = ["fp32", "f64", "rel_rms", "max_abs", "assert_close", "assert_all_close", "check", "REFERENCE_BUDGET",
+__all__ = ["fp32", "f64", "rel_rms", "max_abs", "assert_close", "assert_all_close", "check", "exercise",
+           "REFERENCE_BUDGET",
            "FP32_BUDGET", "FP32_CHUNKED_WKV7_BUDGET", "FP16_BUDGET", "poisoned_outputs", "gpu_like_math",
            "gpu_like_dots", "fma_chain_dot", "values_as_on_a_gpu",
            "HAS_TRITON", "accumulation_dtype", "default_backend"]   # noqa: F822  (the last three: __getattr__ below)
@@ -211,3 +212,23 @@ def check(what: str, actual, expected, budget: float) -> None:
     only that line (use rel_rms for the number itself)."""
     assert_close(actual, expected, budget, what)
     print(f"{what}: agree within {budget:.0e}: True")
+
+
+NOT_ATTEMPTED = "not attempted yet (fill in the cell above, run it, then run this cell again)"
+
+
+def exercise(name: str, checks) -> bool:
+    """Run a notebook exercise's checks on the student's code and say how it went, in one line nbval can compare.
+
+    ``checks`` is a function of no arguments that calls the student's code and asserts (``check``,
+    ``assert_close``, ``assert``). While the student's cell is still the stub (it raises NotImplementedError) this
+    prints '<name>: not attempted yet ...' and returns False, so a notebook stays green before anyone writes a line;
+    once the checks pass it prints '<name>: correct' and returns True; a wrong answer raises the checks'
+    AssertionError, so the cell fails as a test does and its message says what is off."""
+    try:
+        checks()
+    except NotImplementedError:
+        print(f"{name}: {NOT_ATTEMPTED}")
+        return False
+    print(f"{name}: correct")
+    return True

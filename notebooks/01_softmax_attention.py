@@ -15,7 +15,7 @@
 #
 # **Code used.** [`reference/attention.py`](../reference/attention.py): `softmax_attention`, `attention_sums`,
 # `online_softmax_attention` (NumPy, float64: the truth) ·
-# [`kernels/attention.py`](../kernels/attention.py): `attention` (backend `"torch"`: scaled dot-product attention;
+# [`kernels/attention/`](../kernels/attention/): `attention` (backend `"torch"`: scaled dot-product attention;
 # backend `"triton"`: a flash-style kernel) · [`kernels/testing.py`](../kernels/testing.py): `check` and the error
 # budgets (relative RMS error against the float64 reference: 1e-12 between float64 forms, 1e-5 for fp32, 5e-3 for
 # fp16 inputs).
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from seqmix.kernels.attention import attention
-from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, check, rel_rms
+from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, check, exercise, rel_rms
 from seqmix.reference import attention as ref
 
 rng = np.random.default_rng(0)
@@ -215,7 +215,8 @@ for block in (1, 3, 16):
 # empty; the first query can only look at itself (weight 1). Raising the scale (a lower softmax temperature)
 # concentrates every row on its best-matching key. The limit is a hard arg-max: the output becomes one value vector,
 # and the row's entropy $-\sum_j P_{ij} \ln P_{ij}$ falls from $\ln(i + 1)$ (uniform) to 0. Large scales are
-# also where the unshifted sums of section 4 overflow; the right panel marks float32's limit.
+# also where the unshifted sums of section 4 overflow; the right panel marks the scale at which the largest
+# *visible* score passes float32's limit (a masked score never enters the sums).
 
 # %%
 T_plot = 16
@@ -234,7 +235,8 @@ def mean_entropy(p):
     return np.nanmean(np.nansum(-p * np.log(np.maximum(p, 1e-300)), axis=1))
 
 entropy = [mean_entropy(weights(f)) for f in factors]
-largest = [np.abs(qp @ kp.T * f / 4).max() for f in factors]
+# The largest visible score (j <= i): a masked score never enters the sums, so it cannot overflow them.
+largest = [np.where(visible, qp @ kp.T * f / 4, -np.inf).max() for f in factors]
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(10, 3.4), constrained_layout=True)
@@ -270,13 +272,16 @@ plt.show()
 #
 # ## Exercises
 #
-# Each solution is in the collapsed cell below its question (click the three dots to open it); it runs with the
-# notebook, so it is checked too.
+# Each exercise has a solution in the collapsed cell below it (click the three dots to open it); it runs with the
+# notebook, so it is checked too. In a coding exercise, fill in the stub, run it, then run the check cell under it:
+# it says "not attempted yet" while the stub is untouched, "correct" when your code passes, and fails with the
+# checks' message otherwise.
 #
 # **1. Which rows overflow?** With the scores of `100 * q` in float32, predict from the row maxima which rows of the
 # unshifted sums give NaN. Then compute the sums in float32 and compare.
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
 q32, k32, v32, M32 = (x.astype(np.float32) for x in (100 * q, k, v, M))
 S32 = q32 @ k32.T / np.float32(np.sqrt(d))                        # (T, T) float32 scores
 row_max = (S32 + M32).max(axis=1)                                 # (T,) over j <= i
@@ -288,23 +293,87 @@ print("rows predicted to overflow (max score > 88.7):", predicted.tolist())
 print("rows that are NaN:", np.flatnonzero(np.isnan(O32).any(axis=1)).tolist())
 
 # %% [markdown]
-# **2. The arg-max limit.** As the scale grows, each output tends to the value of its best-matching visible key.
-# Check it at scale $10^4/\sqrt d$ with `ref.softmax_attention(..., scale=...)`, which subtracts the maximum and so
-# never overflows.
+# **2. The arg-max limit.** As the scale grows, each output tends to the value of its best-matching *visible* key.
+# Write `hard_attention(q, k, v)`, the limit itself: row $i$ of the output is $v_j$ for the $j \le i$ with the
+# largest score $q_i \cdot k_j$. The check compares it with `ref.softmax_attention(..., scale=1e4 / sqrt(d))`, which
+# subtracts the maximum and so never overflows. Hint: the mask $M$ of section 1 keeps the future out of an
+# `argmax`.
+
+# %%
+# Exercise 2: the arg-max limit
+def hard_attention(q, k, v):
+    """Causal hard attention: (T, d) outputs, row i the value of the key j <= i that scores highest against q_i."""
+    raise NotImplementedError("Exercise 2: your code here")
+
+# %% tags=["nbval-check-output"]
+def checks_2():
+    check("hard_attention vs softmax at scale 1e4/sqrt(d)", hard_attention(q, k, v),
+          ref.softmax_attention(q, k, v, scale=1e4 / np.sqrt(d)), REFERENCE_BUDGET)
+
+exercise("Exercise 2", checks_2)
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-best = (S + M).argmax(axis=1)                                  # (T,) each row's best key j <= i
-hard = ref.softmax_attention(q, k, v, scale=1e4 / np.sqrt(d))
-check("softmax at scale 1e4/sqrt(d) vs v at each row's best key", hard, v[best], REFERENCE_BUDGET)
+# Solution
+def hard_attention(q, k, v):
+    """Causal hard attention: (T, d) outputs, row i the value of the key j <= i that scores highest against q_i."""
+    causal = np.triu(np.full((len(q), len(k)), -np.inf), k=1)     # without it the argmax may pick a future key
+    best = (q @ k.T + causal).argmax(axis=1)                        # (T,) the scale does not move an argmax
+    return v[best]
+
+exercise("Exercise 2", checks_2)
 
 # %% [markdown]
 # **3. Changing the past.** Section 2 changed the future. Now change only key and value 6: which outputs move?
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
 k_past, v_past = k.copy(), v.copy()
 k_past[6], v_past[6] = rng.standard_normal(d), rng.standard_normal(d)
 moved = ~np.isclose(ref.softmax_attention(q, k_past, v_past), O_matrix).all(axis=1)
 print("outputs that moved:", np.flatnonzero(moved).tolist())   # every query that sees position 6
+
+# %% [markdown]
+# **4. Merging two partial results.** Section 5 streams one key at a time. FlashAttention's split-K decoding (and
+# a kernel whose programs each own a block of keys) instead computes one query's state $(m, \ell, a)$ over each
+# block separately, then merges them. Write `merge(state_1, state_2)`: given $(m_1, \ell_1, a_1)$ over one block of
+# keys and $(m_2, \ell_2, a_2)$ over another, each relative to its own maximum, return the state over both. The
+# check splits the last query's large scores (`S_big`, section 4) at every point, merges the two blocks' states and
+# compares $a / \ell$ with the reference's output, and $m$ with the row's maximum. Hint: re-express both sums
+# relative to the larger maximum, as the online update does.
+
+# %%
+# Exercise 4: merging two partial results
+def merge(state_1, state_2):
+    """(m, l, a) over two blocks of keys from each block's (m, l, a): m a scalar, l a scalar, a of shape (d,)."""
+    raise NotImplementedError("Exercise 4: your code here")
+
+# %% tags=["nbval-check-output"]
+def block_state(scores, values):
+    # One block's (m, l, a), computed directly from its scores (n,) and values (n, d).
+    m = scores.max()
+    e = np.exp(scores - m)
+    return m, e.sum(), e @ values
+
+def checks_4():
+    scores, expected = S_big[T - 1], ref.softmax_attention(q_big, k, v)[T - 1]   # the last query sees all T keys
+    merged = [merge(block_state(scores[:split], v[:split]), block_state(scores[split:], v[split:]))
+              for split in range(1, T)]                                 # one (m, l, a) per split point
+    check("merged a / l at every split vs reference.softmax_attention", np.stack([a / l for _, l, a in merged]),
+          np.tile(expected, (T - 1, 1)), REFERENCE_BUDGET)
+    assert all(m == scores.max() for m, _, _ in merged), "a merged m is not the row's maximum"
+
+exercise("Exercise 4", checks_4)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
+def merge(state_1, state_2):
+    """(m, l, a) over two blocks of keys from each block's (m, l, a): m a scalar, l a scalar, a of shape (d,)."""
+    (m_1, l_1, a_1), (m_2, l_2, a_2) = state_1, state_2
+    m = max(m_1, m_2)
+    r_1, r_2 = np.exp(m_1 - m), np.exp(m_2 - m)                     # each <= 1; adding l_1 + l_2 unscaled is wrong
+    return m, r_1 * l_1 + r_2 * l_2, r_1 * a_1 + r_2 * a_2
+
+exercise("Exercise 4", checks_4)
 
 # %% [markdown]
 # ## Appendix: the production path against the reference
@@ -312,7 +381,7 @@ print("outputs that moved:", np.flatnonzero(moved).tolist())   # every query tha
 # The notebook's lesson ends above. This appendix runs the kernels a model uses on the same kind of inputs, and
 # checks them against the float64 reference (nbval checks these cells like the others).
 #
-# [`kernels.attention.attention`](../kernels/attention.py) takes `(B, H, T, d)` tensors. Backend `"torch"` calls
+# [`kernels.attention.attention`](../kernels/attention/) takes `(B, H, T, d)` tensors. Backend `"torch"` calls
 # torch's scaled dot-product attention; backend `"triton"` is a flash-style kernel: each program owns a tile of
 # query rows and streams over key tiles with exactly the online update of section 5 (here under the Triton
 # interpreter on the CPU, so the shapes are small). $T = 40$ on purpose: past one 32-token tile, so a program

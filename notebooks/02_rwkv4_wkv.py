@@ -6,8 +6,8 @@
 # $e^{k_j}$. This notebook follows the Hugging Face page's derivation step by step: the sums with
 # $e^{W_{i-j} + K_j}$, the decay profile that $w$ gives, the numerator/denominator recurrence that makes RWKV-4 an
 # RNN, why that recurrence overflows (shown, in float64 and in float32), and the max-tracked recurrence that fixes
-# it, including the page's misprinted output step and the starting value it leaves out. Exercises close the
-# notebook; an appendix runs the production path (the torch path, the Triton kernel and the C loop) on the same
+# it, including the page's misprinted output step and the starting value it leaves out, and how the recurrence's
+# backward is derived (the same recurrence, transposed, run backward in time). Exercises close the notebook; an appendix runs the production path (the torch path, the Triton kernel and the C loop) on the same
 # inputs against the float64 reference: outputs, states, a sequence fed in two pieces, huge keys, fp16, gradients.
 #
 # **Sources.** The "Rwkv attention and the recurrent formulas" section of the Hugging Face RWKV page,
@@ -18,7 +18,7 @@
 #
 # **Code used.** [`reference/wkv4.py`](../reference/wkv4.py): `wkv4_quadratic` (the definition), `wkv4_recurrent`
 # (the numerator/denominator recurrence), `wkv4` (the max-tracked recurrence) ·
-# [`kernels/wkv4.py`](../kernels/wkv4.py): `wkv4` (backend `"torch"`: a chunked form; backend `"triton"`: the
+# [`kernels/wkv4/`](../kernels/wkv4/): `wkv4` (backend `"torch"`: a chunked form; backend `"triton"`: the
 # max-tracked recurrence in a kernel, forward and backward; backend `"c"`: a C loop, forward and backward) ·
 # [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 #
@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, check, rel_rms
+from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, check, exercise, rel_rms
 from seqmix.kernels.wkv4 import wkv4 as wkv4_kernel
 from seqmix.reference import wkv4 as ref
 
@@ -118,8 +118,10 @@ print("the notes' weights e^{-n w} with the page's w (< 0) grow with the distanc
 # %% [markdown]
 # **The decay profile.** A key $n \ge 1$ steps back is weighted $e^{(n-1)w}$ (times its own $e^{k}$); the current
 # token $e^{u}$. On a log scale the profile is a straight line of slope $w$: $\tau$ (`time_decay`) sets, per
-# channel, how long the channel remembers, from a few tokens to thousands. The current token's bonus $e^u$ is not
-# on that line: it is drawn as its own marker at $n = 0$.
+# channel, how long the channel remembers: its half-life, $\ln 2 / |w|$ steps, runs from a tenth of a token
+# ($\tau = 2$, $w = -7.4$) to about a hundred ($\tau = -5$) over the plotted range, which is also RWKV-4's
+# initialization range; longer memories need $\tau$ below $-5$ (a thousand steps, $\tau \approx -7.3$). The current
+# token's bonus $e^u$ is not on that line: it is drawn as its own marker at $n = 0$.
 
 # %%
 n = np.arange(1, 65)                                # steps back from the current token, n >= 1
@@ -154,6 +156,15 @@ plt.show()
 #
 # Two numbers per channel carry the whole past: RWKV-4 runs as an RNN at inference, with $O(1)$ work per token, and
 # a sequence can be fed in pieces if the state $(\hat N, \hat D)$ is passed along.
+#
+# **Where this sits in the family.** Every recurrent mechanism of this series is one recurrence,
+# $S_t = S_{t-1} G_t + v_t k_t^\top$, $y_t = S_t q_t$, with a matrix state and a different transition $G_t$
+# (notebook 04 opens with the table). RWKV-4 is its simplest decaying rung. Take the key vector $e^{k_t}$
+# (elementwise) and the transition $G = \mathrm{diag}(e^{w})$, constant in time: $\hat N$ is the *diagonal* of $S$,
+# channel $c$ keeping only value $c$ times key $c$. There is no query: channel $c$'s output reads its own entry, so
+# it cannot choose among the keys it stored (why recall needs width, notebook 09). The denominator $\hat D$ is the
+# same recurrence with every value 1, and the bonus $u$ adds the current token outside the state. RWKV-7 (04, 05)
+# keeps the whole matrix and a query.
 
 # %%
 def wkv_num_den(w, u, k, v):
@@ -296,6 +307,47 @@ print(f"M = {max_slow.item():g}, D~ = {den_slow.item():.1f}, N~ = {num_slow.item
       f"1 / (1 - e^w) = {1 / (1 - np.exp(w_slow.item())):.1f}")
 check("D~ vs the geometric sum", den_slow.ravel(), geometric, REFERENCE_BUDGET)
 
+# %% [markdown]
+# **Watching the state through a spike.** One channel ($\tau = -1$, $w = -0.37$) reads 60 ordinary keys, one of
+# which, at $t = 20$, is $+50$. Left: the key and the tracked maximum $M_t$; right: $\tilde N_t$, $\tilde D_t$ and,
+# for contrast, the plain $\hat D_t$ of section 2 (log scale). At the spike $M$ jumps to 50 and $\tilde D$ is
+# rescaled to about 1: the old sum is multiplied by $e^{w + M - 50} \approx e^{-50}$, and the spike's own term is
+# $e^0 = 1$. Then $M$ falls by $|w|$ per step, $M_{t+1} = \max(w + M_t, k_t)$, as the spike fades at the same rate,
+# and $\tilde D$ stays near 1 until $M$ meets the ordinary keys again. The plain $\hat D$ jumps by $e^{50}$.
+
+# %%
+T_spike, spike_at = 60, 20
+w_one = np.array([-np.exp(-1.0)])                                      # (1,) tau = -1
+k_spike = rng.standard_normal((1, T_spike, 1))
+k_spike[0, spike_at] += 50.0
+v_spike = rng.standard_normal((1, T_spike, 1))
+tracked, state_t = [], None
+for t in range(T_spike):                                               # the state after each token, by the reference
+    _, state_t = ref.wkv4(w_one, np.zeros(1), k_spike[:, t:t + 1], v_spike[:, t:t + 1], state=state_t)
+    tracked.append([x.item() for x in state_t])
+num_t, den_t, max_t = np.array(tracked).T                               # N~, D~, M after tokens 0..t
+plain_den = np.array([np.sum(np.exp((t - np.arange(t + 1)) * w_one + k_spike[0, : t + 1, 0]))
+                      for t in range(T_spike)])                         # D^ after tokens 0..t, as a sum
+
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), constrained_layout=True)
+axes[0].plot(k_spike.ravel(), ".", color="grey", label="key $k_t$")
+axes[0].plot(max_t, label=r"tracked maximum $M_{t+1}$")
+axes[1].semilogy(np.abs(num_t), label=r"$|\tilde N_{t+1}|$")
+axes[1].semilogy(den_t, label=r"$\tilde D_{t+1}$")
+axes[1].semilogy(plain_den, ":", label=r"plain $\hat D_{t+1}$ (section 2)")
+for ax, title in zip(axes, ("the maximum jumps, then falls at slope w", "the stored sums stay O(1)")):
+    ax.axvline(spike_at, color="red", lw=0.8, ls="--")
+    ax.set_xlabel("token t")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+plt.show()
+
+# %% tags=["nbval-check-output"]
+check("D~ e^M vs the plain D^, every step", den_t * np.exp(max_t), plain_den, REFERENCE_BUDGET)
+print(f"M at the spike: {max_t[spike_at]:.2f} (the key {k_spike[0, spike_at, 0]:.2f}); "
+      f"D~ there: {den_t[spike_at]:.3f}; M drops by |w| = {-w_one.item():.3f} a step after it:",
+      bool(np.allclose(np.diff(max_t[spike_at:spike_at + 10]), w_one)))
+
 
 # %% [markdown]
 # **The page's output step (erratum 1).** The page prints the output step as
@@ -317,6 +369,60 @@ print(f"output step as printed: rel. RMS error {printed_error:.2f}; "
 assert printed_error > 0.05 and corrected_error <= REFERENCE_BUDGET
 
 # %% [markdown]
+# ## 5. How a backward is derived: the recurrence, transposed, run backward in time
+#
+# Training needs $\partial L / \partial (w, u, k, v)$ for a loss $L$ of the outputs. Autograd through the loop would
+# store every step's state; a kernel instead derives the backward by hand. The rule for any linear recurrence: if the
+# state goes forward as $S_t = S_{t-1} G_t + (\text{input}_t)$ and the loss reads $S_t$, the *adjoint*
+# $\bar S_t = \partial L / \partial S_t$ goes backward as
+#
+# $$\bar S_{t-1} = \bar S_t\, G_t^\top + \frac{\partial \ell_{t-1}}{\partial S_{t-1}},$$
+#
+# the same recurrence with the transition transposed, run from the last step to the first, where $\ell_{t-1}$ is
+# what step $t-1$'s output contributes. Each input's gradient is then read off at the step where it entered. (In
+# the frame's matrix form this is $dS_{t-1} = dS_t G_t^\top + \dots$; 08 shows how kernels store checkpoints of the
+# forward state for it.)
+#
+# For WKV-4 the transition is the scalar $e^{w}$ per channel, so transposing changes nothing. Write
+# $b_t = e^{u + k_t}$, $\mathrm{den}_t = \hat D_t + b_t$, $y_t = \mathrm{wkv}_t$ and $g_t = \partial L / \partial y_t$.
+# Since $y_t = (\hat N_t + b_t v_t) / \mathrm{den}_t$, the adjoints $\bar N_t = \partial L / \partial \hat N_t$ and
+# $\bar D_t = \partial L / \partial \hat D_t$ obey
+#
+# $$\bar N_t = e^{w}\, \bar N_{t+1} + \frac{g_t}{\mathrm{den}_t}, \qquad
+# \bar D_t = e^{w}\, \bar D_{t+1} - \frac{g_t\, y_t}{\mathrm{den}_t}, \qquad \bar N_T = \bar D_T = 0,$$
+#
+# and $v_t$, which enters $y_t$ through $b_t v_t$ and $\hat N_{t+1}$ through $e^{k_t} v_t$, gets
+#
+# $$\frac{\partial L}{\partial v_t} = \frac{g_t\, b_t}{\mathrm{den}_t} + e^{k_t}\, \bar N_{t+1} .$$
+#
+# Exercise 4 asks for the other three gradients and checks them against autograd. Autograd's float64 truth is
+# taken through the definition, written in torch: the scores $W_{t-i} + k_i$ in a $(T \times T)$ matrix per
+# channel, a causal softmax over $i$, times $v$ (the sums of section 1 seen as softmax attention). Its forward
+# is checked against the reference first.
+
+# %%
+def definition_torch(w, u, k, v):
+    # wkv as a causal softmax over the scores (t-1-i) w + k_i (i < t) and u + k_t (i = t).
+    T = k.shape[1]
+    t, i = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    past = (t - 1 - i).clamp(min=0)[..., None] * w + k[:, None]            # (B, T, T, C)
+    scores = torch.where((i == t)[..., None], u + k[:, None], past)
+    scores = scores.masked_fill((i > t)[..., None], float("-inf"))          # causal
+    return (torch.softmax(scores, dim=2) * v[:, None]).sum(dim=2)          # (B, T, C)
+
+def autograd_of_definition(w, u, k, v, g):
+    # d(sum(wkv * g)) / d(w, u, k, v) in float64, by autograd through the definition.
+    leaves = [torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (w, u, k, v)]
+    definition_torch(*leaves).backward(torch.tensor(g))
+    return [x.grad.numpy() for x in leaves]
+
+g = rng.standard_normal((B, T, C))                    # an upstream gradient dL/dwkv for section 1's inputs
+
+# %% tags=["nbval-check-output"]
+check("definition in torch float64 vs reference.wkv4",
+      definition_torch(*map(torch.tensor, (w, u, k, v))), ref.wkv4(w, u, k, v)[0], REFERENCE_BUDGET)
+
+# %% [markdown]
 # ## Summary
 #
 # - The page's sums, the notes' sums (with $w_\text{notes} = -w$), the numerator/denominator recurrence and the
@@ -327,6 +433,10 @@ assert printed_error > 0.05 and corrected_error <= REFERENCE_BUDGET
 #   $\mathrm{wkv}(k + c) = \mathrm{wkv}(k)$. It bounds the exponents ($\le 0$), not the stored sums, and it needs a
 #   start $M_0$ far below the keys, which the page leaves out.
 # - The page's output step needs $e^{M_i - q}$, not $e^{M_i}$ (erratum 1).
+# - In the family $S_t = S_{t-1} G_t + v_t k_t^\top$ (notebook 04), RWKV-4 is the diagonal, query-free rung:
+#   $G = \mathrm{diag}(e^{w})$, each channel keeping its own value times its own key.
+# - A linear recurrence's backward is the same recurrence, transposed, run backward in time (section 5;
+#   exercise 4 writes WKV-4's and checks it against autograd).
 # - The torch path, the Triton kernel and the C loop match the reference in fp32 and fp16: outputs, states, pieces,
 #   huge keys and gradients (the appendix).
 #
@@ -335,13 +445,16 @@ assert printed_error > 0.05 and corrected_error <= REFERENCE_BUDGET
 #
 # ## Exercises
 #
-# Each solution is in the collapsed cell below its question (click the three dots to open it); it runs with the
-# notebook, so it is checked too.
+# Each exercise has a solution in the collapsed cell below it (click the three dots to open it); it runs with the
+# notebook, so it is checked too. In a coding exercise, fill in the stub, run it, then run the check cell under it:
+# it says "not attempted yet" while the stub is untouched, "correct" when your code passes, and fails with the
+# checks' message otherwise.
 #
 # **1. No decay, no bonus.** With $u = 0$ and $w = 0$, what does WKV compute? Check your answer against
 # `ref.wkv4`.
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
 # Every weight is e^{k_i}: wkv_t is the e^k-weighted running mean of the values seen so far.
 zero = np.zeros(C)
 running_mean = np.cumsum(np.exp(k) * v, axis=1) / np.cumsum(np.exp(k), axis=1)   # (B, T, C)
@@ -349,16 +462,44 @@ check("wkv4 with u = w = 0 vs the e^k-weighted running mean", ref.wkv4(zero, zer
       running_mean, REFERENCE_BUDGET)
 
 # %% [markdown]
-# **2. A channel's memory.** Which `time_decay` $\tau$ makes a token 100 steps back still weigh half as much as the
-# token one step back? Which of the six curves in the decay-profile plot remember at least that much?
+# **2. A channel's memory.** Write `tau_for_half_life(n)`: the `time_decay` $\tau$ that makes a token $n$ steps back
+# weigh exactly half as much as the token one step back. The check runs the reference's WKV on a key pulse and reads
+# the weights off it, for several $n$. Then: which of the six curves in the decay-profile plot remember at least
+# that much at $n = 100$?
+
+# %%
+# Exercise 2: a channel's memory
+def tau_for_half_life(n):
+    """time_decay tau (a float) such that a key n >= 2 steps back weighs half the key 1 step back."""
+    raise NotImplementedError("Exercise 2: your code here")
+
+# %% tags=["nbval-check-output"]
+def weight_steps_back(tau, n):
+    # The weight of a key n steps back relative to one 1 step back, read off reference.wkv4: with v = 1 at that key
+    # and 0 elsewhere, and all keys 0, the output at t is the key's weight over the sum of all weights.
+    T_read = n + 1                                           # the key at position 0, read at t = n
+    out = [ref.wkv4(-np.exp(np.array([tau])), np.zeros(1), np.zeros((1, T_read, 1)),
+                    np.eye(T_read)[None, :, i:i + 1])[0][0, -1, 0] for i in (0, T_read - 2)]
+    return out[0] / out[1]                                   # (key n back) / (key 1 back): the sums cancel
+
+def checks_2():
+    for n in (2, 10, 100, 1000):
+        check(f"weight {n} steps back / weight 1 step back at your tau", weight_steps_back(tau_for_half_life(n), n),
+              0.5, REFERENCE_BUDGET)
+
+exercise("Exercise 2", checks_2)
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-# e^{(100 - 1) w} = 1/2  <=>  w = ln(1/2) / 99  <=>  tau = ln(-w) = ln(ln 2 / 99)
-tau_half = np.log(np.log(2) / 99)
-print(f"tau = {tau_half:.2f} (w = {-np.exp(tau_half):.5f}); at least half after 100 steps: "
+# Solution
+def tau_for_half_life(n):
+    """time_decay tau (a float) such that a key n >= 2 steps back weighs half the key 1 step back."""
+    w_half = np.log(0.5) / (n - 1)             # e^{(n - 1) w} = 1/2; n - 1 steps of decay separate the two keys
+    return float(np.log(-w_half))              # w = -e^tau
+
+tau_half = tau_for_half_life(100)
+print(f"n = 100: tau = {tau_half:.2f}; the curves that remember at least that much: "
       f"{[td for td in (-5.0, -3.0, -1.0, 0.0, 1.0, 2.0) if td <= tau_half]}")
-check("the weight 100 steps back at that tau", np.exp(99 * -np.exp(tau_half)), 0.5,
-      REFERENCE_BUDGET)
+exercise("Exercise 2", checks_2)
 
 # %% [markdown]
 # **3. The state carries the past.** Feed `ref.wkv4` the keys and values in three pieces (4, 1 and 7 tokens),
@@ -366,6 +507,7 @@ check("the weight 100 steps back at that tau", np.exp(99 * -np.exp(tau_half)), 0
 # how far off is it?
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
 pieces, piece_state, start = [], None, 0
 for size in (4, 1, 7):
     y_piece, piece_state = ref.wkv4(w, u, k[:, start:start + size], v[:, start:start + size],
@@ -379,12 +521,61 @@ print("the last piece from a fresh state differs by more than 1%:",
       rel_rms(fresh, wkv_sums[:, 5:]) > 0.01)
 
 # %% [markdown]
+# **4. The backward, by the adjoint recurrence.** Write `wkv4_backward(w, u, k, v, g)`, the gradients of
+# $L = \sum_{b,t,c} \mathrm{wkv} \odot g$ with respect to $w, u$ (shape `(C,)`) and $k, v$ (shape `(B, T, C)`), in
+# float64, with section 5's method: a forward loop that keeps $\hat N_t$, $\hat D_t$, $\mathrm{den}_t$ and $y_t$, then
+# one loop from $t = T - 1$ down to 0 that carries $\bar N, \bar D$. The check compares all four with autograd
+# through the definition (section 5), on section 1's inputs. Hints: $k_t$ enters three places ($b_t$ twice, through
+# $y_t$'s numerator and denominator, and $e^{k_t}$ into $\hat N_{t+1}$ and $\hat D_{t+1}$); $u$ enters only $b_t$, and
+# $\partial y_t / \partial b_t = (v_t - y_t) / \mathrm{den}_t$; $w$ enters every step's $e^{w}\hat N_t$ and
+# $e^{w}\hat D_t$; sum $u$'s and $w$'s gradients over batch and time.
+
+# %%
+# Exercise 4: the backward, by the adjoint recurrence
+def wkv4_backward(w, u, k, v, g):
+    """(dw, du, dk, dv): the gradients of sum(wkv4(w, u, k, v) * g), by a forward loop and a backward loop."""
+    raise NotImplementedError("Exercise 4: your code here")
+
+# %% tags=["nbval-check-output"]
+def checks_4():
+    got = wkv4_backward(w, u, k, v, g)
+    for name, mine, truth in zip(("dw", "du", "dk", "dv"), got, autograd_of_definition(w, u, k, v, g)):
+        check(f"your {name} vs autograd through the definition", mine, truth, REFERENCE_BUDGET)
+
+exercise("Exercise 4", checks_4)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
+def wkv4_backward(w, u, k, v, g):
+    """(dw, du, dk, dv): the gradients of sum(wkv4(w, u, k, v) * g), by a forward loop and a backward loop."""
+    decay, T = np.exp(w), k.shape[1]
+    num, den = np.zeros((k.shape[0], T + 1, k.shape[2])), np.zeros((k.shape[0], T + 1, k.shape[2]))
+    bonus, ek = np.exp(u + k), np.exp(k)                                     # b_t, e^{k_t}: (B, T, C)
+    for t in range(T):                                                       # the forward, keeping the states
+        num[:, t + 1] = decay * num[:, t] + ek[:, t] * v[:, t]
+        den[:, t + 1] = decay * den[:, t] + ek[:, t]
+    total = den[:, :T] + bonus                                               # den_t
+    y = (num[:, :T] + bonus * v) / total
+    dk, dv, db = np.empty_like(k), np.empty_like(v), g * (v - y) / total     # db: dL/db_t
+    bar_num, bar_den = np.zeros_like(k[:, 0]), np.zeros_like(k[:, 0])        # N-bar_{t+1}, D-bar_{t+1}; 0 at T
+    dw = np.zeros_like(w)
+    for t in reversed(range(T)):
+        dv[:, t] = g[:, t] * bonus[:, t] / total[:, t] + ek[:, t] * bar_num
+        dk[:, t] = db[:, t] * bonus[:, t] + ek[:, t] * (bar_num * v[:, t] + bar_den)
+        dw += (decay * (bar_num * num[:, t] + bar_den * den[:, t])).sum(axis=0)
+        bar_num = decay * bar_num + g[:, t] / total[:, t]                     # the transposed recurrence
+        bar_den = decay * bar_den - g[:, t] * y[:, t] / total[:, t]
+    return dw, (db * bonus).sum(axis=(0, 1)), dk, dv
+
+exercise("Exercise 4", checks_4)
+
+# %% [markdown]
 # ## Appendix: the production path against the reference
 #
 # The notebook's lesson ends above. This appendix runs the kernels a model uses on the same kind of inputs, and
 # checks them against the float64 reference (nbval checks these cells like the others).
 #
-# [`kernels.wkv4.wkv4`](../kernels/wkv4.py) takes `w, u` of shape `(C,)` and `k, v` of shape `(B, T, C)`, and
+# [`kernels.wkv4.wkv4`](../kernels/wkv4/) takes `w, u` of shape `(C,)` and `k, v` of shape `(B, T, C)`, and
 # returns `(wkv, (num, den, max))` with the state in Hugging Face's layout (the $\tilde N, \tilde D, M$ above,
 # fp32). Backend `"torch"` cuts time into chunks, runs the recurrence over the offsets of all chunks at once
 # (each chunk scaled by its largest key) and carries the state from chunk to chunk; backend `"triton"`
@@ -392,8 +583,8 @@ print("the last piece from a fresh state differs by more than 1%:",
 # shapes are small). Both run on the same inputs: outputs and final states, a sequence fed in two pieces, keys past
 # float32's overflow point, and fp16.
 #
-# A third implementation, backend `"c"` ([`kernels/native.c`](../kernels/native.c)), is a compiled C loop that
-# walks time once, with a backward that walks it back ([`kernels/native.py`](../kernels/native.py)): the CPU path
+# A third implementation, backend `"c"` ([`kernels/wkv4/wkv4.c`](../kernels/wkv4/wkv4.c)), is a compiled C loop that
+# walks time once, with a backward that walks it back ([`kernels/wkv4/c.py`](../kernels/wkv4/c.py)): the CPU path
 # for inference and training alike, which `backend=None` takes for CPU tensors whether or not a gradient is wanted.
 # Every check below runs it too, gradients included, against the same reference and budgets.
 
@@ -433,21 +624,11 @@ for backend in BACKENDS:
 
 
 # %% [markdown]
-# **Gradients.** The float64 truth for the gradients is autograd through the definition written in torch: the
-# scores $W_{t-i} + k_i$ in a $(T \times T)$ matrix per channel, a causal softmax over $i$, times $v$. That is the
-# sums of section 1 seen as softmax attention (the forward is checked against the reference first). The three
+# **Gradients.** The float64 truth for the gradients is autograd through the definition written in torch
+# (`definition_torch`, section 5; checked against the reference there, and again here on these inputs). The three
 # backends' fp32 gradients of $\sum \mathrm{wkv} \odot G$ with respect to $w, u, k, v$ must match it.
 
 # %%
-def definition_torch(w, u, k, v):
-    # wkv as a causal softmax over the scores (t-1-i) w + k_i (i < t) and u + k_t (i = t).
-    T = k.shape[1]
-    t, i = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    past = (t - 1 - i).clamp(min=0)[..., None] * w + k[:, None]            # (B, T, T, C)
-    scores = torch.where((i == t)[..., None], u + k[:, None], past)
-    scores = scores.masked_fill((i > t)[..., None], float("-inf"))          # causal
-    return (torch.softmax(scores, dim=2) * v[:, None]).sum(dim=2)          # (B, T, C)
-
 G = rng.standard_normal((B, T, C))                    # upstream gradient dLoss/dwkv
 
 def gradients(fn, dtype):

@@ -5,7 +5,9 @@
 #
 # $$S_t = S_{t-1}\,\mathrm{diag}(w_t) + (S_{t-1} a_t)\, b_t^\top + v_t k_t^\top, \qquad y_t = S_t\, r_t .$$
 #
-# This notebook follows the RWKV-7 post's account of that update: what the state is (and its shape); the update
+# Section 0 places it in the frame every mechanism of this series fits, $S_t = S_{t-1} G_t + v_t k_t^\top$, with a
+# table of what each transition $G_t$ can and cannot do. Then this notebook follows the RWKV-7 post's account of
+# that update: what the state is (and its shape); the update
 # term by term (forgetting, correcting, writing); the reading of the update as one step of online gradient descent on
 # "make $S k$ return $v$"; why the transition $\mathrm{diag}(w_t) + a_t b_t^\top$ never amplifies the state (its
 # eigenvalues stay inside the unit disc, shown by a short proof and a plot, and what goes wrong with the post's
@@ -29,9 +31,10 @@
 #
 # **Code used.** [`reference/wkv7.py`](../reference/wkv7.py): `wkv7` (the recurrence), `wkv7_transition_product`
 # (the non-recursive definition), `wkv7_chunked` (the WY form) (NumPy, float64: the truth) ·
-# [`kernels/wkv7.py`](../kernels/wkv7.py): `wkv7` (backend `"torch"`: the chunked WY form; backend `"triton"`: the
+# [`kernels/wkv7/`](../kernels/wkv7/): `wkv7` (backend `"torch"`: the chunked WY form; backend `"triton"`: the
 # recurrence in a kernel that keeps rows of the state in registers, forward and backward; backend `"c"`: a C loop,
 # forward and backward) · [`reference/rwkv7.py`](../reference/rwkv7.py): `in_context_rate` (section 8) ·
+# [`reference/family.py`](../reference/family.py): the frame's rungs and `as_wkv7` (section 0) ·
 # [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 
 # %%
@@ -48,12 +51,69 @@ import numpy as np
 import torch
 
 from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET,
-                                    REFERENCE_BUDGET, check, rel_rms)
+                                    REFERENCE_BUDGET, check, exercise, rel_rms)
 from seqmix.reference import wkv7 as ref
 
 rng = np.random.default_rng(0)
 torch.manual_seed(0)
 print("Triton kernels run on:", MODE)
+
+# %% [markdown]
+# ## 0. The frame: one state, many transitions
+#
+# Before RWKV-7's own update, the frame that every mechanism in this series fits. Each keeps a matrix state per head,
+# indexed [value, key], writes one association $v_t k_t^\top$ per token, reads it with a query, and differs only in
+# the transition $G_t$ that acts on the old state before the write:
+#
+# $$S_t = S_{t-1}\, G_t + v_t k_t^\top, \qquad y_t = S_t\, q_t .$$
+#
+# A write $v k^\top$ under a unit key is read back by $q = k$ (section 1 checks it). $G_t$ decides what happens to
+# everything stored earlier: kept ($G = I$), faded (a decay), or edited (a rank-one term that takes out what a key
+# reads now). [`reference/family.py`](../reference/family.py) writes each rung as its own short loop, and
+# `as_wkv7` gives the arguments of RWKV-7's op that compute it, so the one production kernel runs them all (notebook
+# 12 does, on every backend). Its state holds $N^2$ numbers per head at any length.
+#
+# | rung (source) | $G_t$ | what the state holds | can | cannot |
+# |---|---|---|---|---|
+# | softmax attention (the limit) | none: no fixed state | every $k_s, v_s$ so far, $2tN$ numbers, growing | recall any pair exactly | stay $O(1)$ per token |
+# | linear attention | $I$ | the sum of every $v_s k_s^\top$ | recall up to $N$ orthogonal keys | forget; overwrite a key |
+# | retention (RetNet) | $\gamma I$, a constant per head | the sum, older writes faded by age | forget by age | forget by content |
+# | GLA; RWKV-4 (a head per channel, no query); Mamba's scan (a head per channel, values of size 1) | $\mathrm{diag}(g_t)$, per key channel and step | the sum, each key channel faded at its own rate | choose what to fade, per token | flip a sign (eigenvalues in $(0, 1]$) |
+# | SSD (Mamba-2) | $a_t I$, per head and step | the sum, faded as the input decides | select what to keep | flip a sign |
+# | delta rule | $I - \beta_t k_t k_t^\top$ | a key-value map: a write replaces what $k_t$ read | overwrite a key; flip a sign with $\beta > 1$ | forget what is not overwritten |
+# | gated delta rule | $\alpha_t (I - \beta_t k_t k_t^\top)$ | the map, faded | overwrite and forget | (as the delta rule, plus decay) |
+# | RWKV-7 | $\mathrm{diag}(w_t) + a_t b_t^\top$ | the map, faded per key channel | all of the above; eigenvalues down to $-0.455$ (published), $-1$ (wide rate, section 8) | exceed $N^2$ numbers |
+#
+# What the trained models did (2-layer models of width $C$, the project's experiments,
+# [docs/experiments.md](../docs/experiments.md)): on associative recall with 4 pairs
+# ([`recall.md`](../experiments/results/recall.md)) RWKV-7 reaches 99.7% at $C = 64$ where RWKV-4 (25.6%) and Mamba
+# (26.3%) stay near chance and need width (Mamba 99.2% at $C = 128$, RWKV-4 98.5% at $C = 256$); on parity
+# ([`state_tracking.md`](../experiments/results/state_tracking.md)) only RWKV-7 with the wide rate, whose transitions
+# reach $-1$, keeps the answer past the training length (93.1% at 256), while RWKV-4 and Mamba, whose decays cannot
+# flip a sign, sit at 50%. The other rungs (linear attention, retention, GLA, SSD, the two delta rules) have not been
+# trained on these tasks yet. Notebook 09 reads these results as consequences of each state's shape.
+#
+# Each rung below runs through its own loop and through `reference.wkv7` with `as_wkv7`'s arguments; they agree to
+# float64 rounding. Linear attention's and the delta rule's decays are exactly 1 (`log_w` $= 0$).
+
+# %%
+from seqmix.reference import family
+
+Bf, Tf, Hf, Nf = 1, 12, 2, 4
+q_f, k_f, v_f = (rng.standard_normal((Bf, Tf, Hf, Nf)) for _ in range(3))
+k_f /= np.linalg.norm(k_f, axis=-1, keepdims=True)                     # unit keys: the delta rules replace exactly
+rung_params = {"linear_attention": (), "retention": (np.log([0.9, 0.5]),),          # log_gamma (H,)
+               "gla": (-rng.uniform(0, 1, (Bf, Tf, Hf, Nf)),),                      # log_g (B, T, H, N)
+               "ssd": (-rng.uniform(0, 1, (Bf, Tf, Hf)),),                          # log_a (B, T, H)
+               "delta_rule": (rng.uniform(0, 1, (Bf, Tf, Hf)),),                    # beta (B, T, H)
+               "gated_delta_rule": (-rng.uniform(0, 1, (Bf, Tf, Hf)), rng.uniform(0, 1, (Bf, Tf, Hf)))}
+
+# %% tags=["nbval-check-output"]
+for rung, params in rung_params.items():
+    y_loop, S_loop = family.RUNGS[rung](q_f, k_f, v_f, *params)
+    r_, log_w_, k_, v_, a_, b_ = family.as_wkv7(rung, q_f, k_f, v_f, *params)
+    check(f"{rung:17s} its loop vs reference.wkv7 (log_w = 0: {bool((log_w_ == 0).all())!s:5})",
+          y_loop, ref.wkv7(r_, log_w_, k_, v_, a_, b_)[0], REFERENCE_BUDGET)
 
 # %% [markdown]
 # ## 1. The state: a matrix per head
@@ -513,8 +573,42 @@ for chunk_size in (1, 5, 16, T):
 # %% [markdown]
 # What the chunking buys: the sequential dependency runs over $T / L$ chunks instead of $T$ tokens, and the work
 # inside a chunk is matrix products ($L \times L$ couplings, $L \times N$ by $N \times N$) that a GPU's tensor cores or
-# a CPU's BLAS run well. The torch path of `kernels/wkv7.py` is this form.
+# a CPU's BLAS run well. The torch path of `kernels/wkv7/` is this form.
 #
+# The figure draws it. Left: the $T \times T$ coupling of every step with the steps before it (which $u_j$, $v_j$
+# step $i$ depends on), cut into $L \times L$ blocks. Only the diagonal blocks (dark) are solved as triangular
+# systems, inside a chunk; every block below them (light) is never formed: its whole effect reaches the later
+# chunk through the $N \times N$ state that enters it. Right: the cost of one head, counted with the formulas of
+# steps 1-3 (multiply-adds: four $L \times L$ couplings, the triangular solve, $A_{ak} V$ and the outputs' three
+# $L \times L$ products, $9 L^2 N$ a chunk; four products with the state, $4 L N^2$, the way the kernels update it),
+# so $T (9 L N + 4 N^2)$ in all over $T / L$ sequential steps. $L = 1$ is the recurrence ($T$ steps of $O(N^2)$),
+# $L = T$ the quadratic form (one step, $O(T^2 N)$ work); at $N = 64$, $L = 16$ cuts the sequential depth 16 times
+# for 1.5 times the work. Notebook 12 measures it.
+
+# %%
+from matplotlib.colors import ListedColormap
+
+T_fig, L_fig = 64, 16
+i_fig, j_fig = np.indices((T_fig, T_fig))
+in_chunk = (i_fig // L_fig == j_fig // L_fig) & (j_fig < i_fig)                # solved inside a chunk
+fig, (ax_blocks, ax_cost) = plt.subplots(1, 2, figsize=(11, 4.2))
+ax_blocks.imshow(np.where(in_chunk, 2, j_fig < i_fig), cmap=ListedColormap(["white", "#c6dbef", "#08519c"]))
+for edge in np.arange(0, T_fig + 1, L_fig) - 0.5:
+    ax_blocks.axhline(edge, color="grey", lw=0.8)
+    ax_blocks.axvline(edge, color="grey", lw=0.8)
+ax_blocks.set(title=f"T = {T_fig}: the coupling in {L_fig} x {L_fig} blocks\ndark: triangular solve; light: carried by S",
+              xlabel="earlier step j", ylabel="step i")
+T_cost, N_cost, L_all = 1024, 64, 2 ** np.arange(11)
+steps, work = T_cost / L_all, T_cost * (9 * L_all * N_cost + 4 * N_cost**2)
+ax_cost.loglog(steps, work, "o-")
+for L_, s_, w_ in zip(L_all, steps, work):
+    ax_cost.annotate(f"L={L_}", (s_, w_), textcoords="offset points", xytext=(4, 4), fontsize=8)
+ax_cost.set(title=f"one head, T = {T_cost}, N = {N_cost}", xlabel="sequential steps T / L",
+            ylabel="multiply-adds T (9 L N + 4 N^2)")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
 # ## 7. The state over time
 #
 # What a reader should see: one head's state $S_t$ (rows: value channels, columns: key channels) while a short stream
@@ -767,8 +861,9 @@ for T_ in (2, 8, 32, 128, 1000):
 # have only positive eigenvalues cannot solve parity, and find that extending the range to $[-1, 1]$ lets such models
 # learn it; Merrill et al., "The Illusion of State in State-Space Models", arXiv:2404.08819
 # (https://arxiv.org/abs/2404.08819), show that state-space models such as Mamba, with diagonal transitions, stay in
-# the same complexity class as transformers ($\mathsf{TC}^0$) and so cannot express harder state tracking (composing
-# permutations) unless their transitions become input-dependent and non-diagonal. The RWKV-7
+# the same complexity class as transformers ($\mathsf{TC}^0$) and so, assuming $\mathsf{TC}^0 \ne \mathsf{NC}^1$ (the
+# standard conjecture), cannot express harder state tracking (composing permutations) unless their transitions become
+# input-dependent and non-diagonal. The RWKV-7
 # paper, arXiv:2503.14456, claims in its abstract that RWKV-7 can track state and recognize every regular language
 # while still training in parallel, beyond what transformers can do under standard complexity conjectures; its
 # transitions are diagonal plus rank one, not diagonal, and their eigenvalues can be negative. (Which parameter
@@ -781,7 +876,8 @@ for T_ in (2, 8, 32, 128, 1000):
 # [notebook 09](09_recall_and_selection.ipynb), section 7) trains 2-layer models on parity at length 64 and tests
 # them at 256 and 1024. With the wide rate RWKV-7 gets 100% up to 64 on three seeds and keeps 97.5%, 98.9% and
 # 82.9% at positions 65-256 after 1500 steps (the third seed 100% with 6000 steps); as published it fits the training
-# lengths (95-99.8%) and is at chance past them, as are RWKV-4 and Mamba, whose decays cannot flip a sign. The
+# lengths (95-99.8%) and is near chance past them (50-63% at 256, 50-53% at 1024; notebook 09, section 7, reads
+# the table), as are RWKV-4 and Mamba (50%), whose decays cannot flip a sign. The
 # trained wide models flip with an eigenvalue of about $-0.99$ on the steps that read a 1, so at 1024 the tracked
 # sign has shrunk to $0.99^{n}$ after $n$ flips and the accuracy falls to 57-67%; the seed trained 4x longer flips
 # at $-0.9996$ and keeps 99.7% at 1024: the range buys the flip, and training moves it towards $-1$.
@@ -789,6 +885,9 @@ for T_ in (2, 8, 32, 128, 1000):
 # %% [markdown]
 # ## Summary
 #
+# - Every mechanism of the series is $S_t = S_{t-1} G_t + v_t k_t^\top$, $y_t = S_t q_t$ with its own transition
+#   $G_t$ (section 0): $I$, a decay, a decay per key channel, a rank-one edit, or RWKV-7's diagonal plus rank one,
+#   of which all the others are settings.
 # - The state is an $N \times N$ matrix per head (four dimensions with batch and head, not three: erratum 16), a
 #   key-value memory read by $y_t = S_t r_t$.
 # - The update forgets per key channel (decays in $(0.545, 1)$: it is the log decay that is negative, erratum 18),
@@ -806,32 +905,25 @@ for T_ in (2, 8, 32, 128, 1000):
 # - With the published ranges ($w > 0.545$, $\alpha < 1$) the transitions' eigenvalues lie in $(-0.455, 1)$, and the
 #   wide rate $\alpha < 1 + w$ stretches that to $(-1, 1)$. A negative eigenvalue flips a sign, which positive
 #   diagonal decays (RWKV-4, Mamba) never can; a one-dimensional recurrence with $g(1) = -1$ counts parity at any
-#   length, while with $g \in [0, 1]$ the best threshold falls to a coin toss. The trained comparison is to come
-#   (section 8's placeholder).
+#   length, while with $g \in [0, 1]$ the best threshold falls to a coin toss. Section 8 reports the trained
+#   comparison: with the wide rate, RWKV-7 keeps parity at 4x the training length (and at 16x with a longer run); as
+#   published, and RWKV-4 and Mamba, near chance past it.
 #
 # Next: notebook 05 builds the RWKV-7 model around this op, where $r, w, k, v, \hat\kappa, \alpha$ come from.
 #
 # ## Exercises
 #
-# 1. **An unnormalized removal key.** Redo section 4's RWKV-7 transitions with $2\hat\kappa$ in place of $\hat\kappa$
-#    (so $\lVert z\rVert^2$ can reach 4). Where do the eigenvalues go?
-# 2. **One-step chunks.** Write section 6's $W$, $\hat B$ and the WY product for $L = 1$ by hand. Why is it the
-#    transition $P_1$ itself?
-# 3. **Why $w \in (0, 1)$ alone is not enough.** With $w = (0.9, 0.9)$, find $a$ and $b$ that give the transition
-#    $\mathrm{diag}(w) + ab^\top$ an eigenvalue above 1. What does RWKV-7's choice of $a$ and $b$ do to the same
-#    eigenvalue?
-# 4. **A parity flag in the state.** Take one head with $N = 2$, the state $S_0 = e_0 e_0^\top$, and read it with
-#    $r = e_0$, so that $y_t = (S_t)_{00}$ is a flag. Write `flag_inputs(bits, rate)`, the op's inputs `r, log_w, k, v,
-#    a, b` of shape $(1, T, 1, 2)$ for a string of bits: a 0 leaves the state alone (decay 1, nothing removed,
-#    nothing written); a 1 decays channel 0 by the smallest published decay, $0.545$, and removes along
-#    $\hat\kappa = e_0$ at the rate `rate`. Run it through `reference.wkv7` on 300 random bits and check
-#    $y_t = (-1)^{\text{number of 1s so far}}$: it must pass with the wide rate's limit $\alpha = 1 + w$ and fail
-#    with the published ceiling $\alpha = 1$. Why does it fail there, and how small is the flag at the end?
+# Each exercise has a solution in the collapsed cell below it (click the three dots to open it); it runs with the
+# notebook, so it is checked too. In a coding exercise, fill in the stub, run it, then run the check cell under it:
+# it says "not attempted yet" while the stub is untouched, "correct" when your code passes, and fails with the
+# checks' message otherwise.
 #
-# Solutions (collapsed; click to expand):
+# **1. An unnormalized removal key.** Redo section 4's RWKV-7 transitions with $2\hat\kappa$ in place of $\hat\kappa$
+# (so $\lVert z\rVert^2$ can reach 4). Where do the eigenvalues go?
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-# 1. ||z||^2 = sum_j alpha_j (2 kk_j)^2 is up to 4: the smallest eigenvalue can go down to min w - 4 < -1.
+# Solution
+# ||z||^2 = sum_j alpha_j (2 kk_j)^2 is up to 4: the smallest eigenvalue can go down to min w - 4 < -1.
 w_ex = np.exp(-np.exp(-0.5 - np.logaddexp(0.0, rng.normal(2.0, 2.0, (400, N)))))
 kk_ex = rng.standard_normal((400, N))
 kk_ex /= np.linalg.norm(kk_ex, axis=1, keepdims=True)
@@ -842,14 +934,25 @@ eig_doubled = np.linalg.eigvals(P_doubled)
 print("still real:", bool(np.abs(eig_doubled.imag).max() < 1e-9), "; all below 1:",
       bool(eig_doubled.real.max() < 1), "; some below -1:", bool(eig_doubled.real.min() < -1))
 
+# %% [markdown]
+# **2. One-step chunks.** Write section 6's $W$, $\hat B$ and the WY product for $L = 1$ by hand. Why is it the
+# transition $P_1$ itself?
+
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-# 2. L = 1: W_1 = a_1 e^{c_0} = a_1 and B^_1 = b_1 e^{c_1 - c_1} = b_1, so diag(e^{c_1}) + W^T B^ = diag(w_1) + a_1 b_1^T.
+# Solution
+# L = 1: W_1 = a_1 e^{c_0} = a_1 and B^_1 = b_1 e^{c_1 - c_1} = b_1, so diag(e^{c_1}) + W^T B^ = diag(w_1) + a_1 b_1^T.
 W_1, B_hat_1 = a[:1] * np.exp(0.0), b[:1] * np.exp(c[0] - c[0])
 check("WY product for L = 1 vs the transition P_1", np.diag(np.exp(c[0])) + W_1.T @ B_hat_1,
       np.diag(np.exp(lw[0])) + np.outer(a[0], b[0]), REFERENCE_BUDGET)
 
+# %% [markdown]
+# **3. Why $w \in (0, 1)$ alone is not enough.** With $w = (0.9, 0.9)$, find $a$ and $b$ that give the transition
+# $\mathrm{diag}(w) + ab^\top$ an eigenvalue above 1. What does RWKV-7's choice of $a$ and $b$ do to the same
+# eigenvalue?
+
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-# 3. With equal decays w, diag(w) + a b^T has eigenvalues w (N - 1 times) and w + b.a. Any b.a > 0.1 breaks out:
+# Solution
+# With equal decays w, diag(w) + a b^T has eigenvalues w (N - 1 times) and w + b.a. Any b.a > 0.1 breaks out:
 a_ex = b_ex = np.array([np.sqrt(0.5), 0.0])
 P_ex = np.diag([0.9, 0.9]) + np.outer(a_ex, b_ex)
 print("eigenvalues with a = b = (0.71, 0):", np.round(np.linalg.eigvals(P_ex), 3))
@@ -858,29 +961,93 @@ b_dot_a = -(kk_ex * alpha_ex * kk_ex).sum(1)
 print("RWKV-7's b.a over the 400 draws lies in (-1, 0):",
       bool(((b_dot_a > -1) & (b_dot_a < 0)).all()))
 
-# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-# 4. A 1 multiplies the flag by w - alpha (the eigenvalue along kk = e_0). Wide limit: 0.545 - 1.545 = -1, an exact
-#    flip. Published ceiling: 0.545 - 1 = -0.455, so the sign still flips but the size shrinks by 0.455 per 1.
+# %% [markdown]
+# **4. A parity flag in the state.** Take one head with $N = 2$, the state $S_0 = e_0 e_0^\top$, and read it with
+# $r = e_0$, so that $y_t = (S_t)_{00}$ is a flag. Write `flag_inputs(bits, rate)`: the op's inputs
+# `r, log_w, k, v, a, b`, each of shape $(1, T, 1, 2)$, for a string of $T$ bits. A 0 leaves the state alone (decay
+# 1, nothing removed, nothing written); a 1 decays channel 0 by the smallest published decay, `W_FLIP` $= 0.545$,
+# and removes along $\hat\kappa = e_0$ at the rate `rate` ($a = -e_0$, $b = $ `rate` $e_0$). The check runs your
+# inputs through `reference.wkv7` on 300 random bits: with the wide rate's limit $\alpha = 1 + w$, $y_t$ must be
+# $(-1)^{\text{number of 1s so far}}$ exactly; with the published ceiling $\alpha = 1$ it must be
+# $(-0.455)^{\text{number of 1s so far}}$, computed directly. Then: why does the flag fail as a parity flag at
+# $\alpha = 1$, and how small is it at the end? Hint: along $e_0$ the transition is the number $w - \alpha$.
+
+# %%
+# Exercise 4: a parity flag in the state
 W_FLIP = np.exp(-np.exp(-0.5))                                         # the smallest published decay, 0.545
 
 def flag_inputs(bits, rate):
+    """[r, log_w, k, v, a, b], each (1, T, 1, 2), for bits (T,) of 0s and 1s and the removal rate `rate`."""
+    raise NotImplementedError("Exercise 4: your code here")
+
+# %% tags=["nbval-check-output"]
+flag_bits = rng.integers(0, 2, 300)
+flag_state = np.array([[1.0, 0.0], [0.0, 0.0]])[None, None]           # S_0 = e_0 e_0^T, (1, 1, 2, 2)
+
+def flag(rate):
+    return ref.wkv7(*flag_inputs(flag_bits, rate), state=flag_state)[0][0, :, 0, 0]   # y_t = (S_t)_00
+
+def checks_4():
+    ones_so_far = np.cumsum(flag_bits)
+    check("alpha = 1 + w: y_t vs (-1)^(1s so far)", flag(1 + W_FLIP), (-1.0) ** ones_so_far, REFERENCE_BUDGET)
+    check("alpha = 1: y_t vs (w - 1)^(1s so far)", flag(1.0), (W_FLIP - 1.0) ** ones_so_far, REFERENCE_BUDGET)
+
+exercise("Exercise 4", checks_4)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
+def flag_inputs(bits, rate):
+    """[r, log_w, k, v, a, b], each (1, T, 1, 2), for bits (T,) of 0s and 1s and the removal rate `rate`."""
     T_, e0 = len(bits), np.array([1.0, 0.0])
     one_bits = bits[:, None] == 1                                      # (T, 1)
-    log_w = np.where(one_bits, np.log([W_FLIP, 1.0]), 0.0)             # a 0: decay 1
+    log_w = np.where(one_bits, np.log([W_FLIP, 1.0]), 0.0)             # a 0: decay 1 (log_w = 0)
     a_, b_ = np.where(one_bits, -e0, 0.0), np.where(one_bits, rate * e0, 0.0)
     r_, zeros = np.tile(e0, (T_, 1)), np.zeros((T_, 2))
     return [z_.reshape(1, T_, 1, 2) for z_ in (r_, log_w, zeros, zeros, a_, b_)]   # r, log_w, k, v, a, b
 
-flag_bits = rng.integers(0, 2, 300)
-parity_sign = (-1.0) ** np.cumsum(flag_bits)
-flag_state = np.array([[1.0, 0.0], [0.0, 0.0]])[None, None]
-for name, rate in (("wide limit, alpha = 1 + w", 1 + W_FLIP), ("published ceiling, alpha = 1", 1.0)):
-    y_flag = ref.wkv7(*flag_inputs(flag_bits, rate), state=flag_state)[0][0, :, 0, 0]
-    try:
-        check(f"{name}: y_t vs (-1)^(1s so far)", y_flag, parity_sign, REFERENCE_BUDGET)
-    except AssertionError:
-        print(f"{name}: the check fails; the sign is still right: {bool((np.sign(y_flag) == parity_sign).all())}, "
-              f"but |y_T| = 0.455^{flag_bits.sum()} = {abs(y_flag[-1]):.0e}")
+exercise("Exercise 4", checks_4)
+# A 1 multiplies the flag by w - alpha, the eigenvalue along kk = e_0. At the wide limit 0.545 - 1.545 = -1: an
+# exact flip at any length. At the published ceiling 0.545 - 1 = -0.455: the sign still flips, but the size shrinks
+# by 0.455 per 1, so a parity read as "y_t = +-1" fails, and in fp32 the flag is lost below rounding after ~20 flips.
+print(f"alpha = 1: |y_T| = 0.455^{flag_bits.sum()} = {abs(flag(1.0)[-1]):.0e}")
+
+# %% [markdown]
+# **5. The gated delta rule as a setting of RWKV-7's op.** Section 0's table says the gated delta rule,
+# $S_t = S_{t-1}\,\alpha_t (I - \beta_t k_t k_t^\top) + \beta_t v_t k_t^\top$, is RWKV-7's recurrence with some
+# `log_w`, `a`, `b` and value. Write `gated_delta_as_wkv7(q, k, v, log_alpha, beta)`, returning the six arguments
+# `r, log_w, k, v, a, b` of `reference.wkv7.wkv7`, each $(B, T, H, N)$, from $q, k, v$ of shape $(B, T, H, N)$ and
+# `log_alpha`, `beta` of shape $(B, T, H)$ (one per head and step). The check runs them through `reference.wkv7`
+# from a random initial state and compares with `family.gated_delta_rule`'s own loop. Hint: expand
+# $S \alpha (I - \beta k k^\top)$ into $S\,\mathrm{diag}(\cdot) + (S a) b^\top$, and see where $\beta$ must go so
+# that the write is $\beta v k^\top$; a per-head number becomes an $N$-vector with `x[..., None]`.
+
+# %%
+# Exercise 5: the gated delta rule as a setting of wkv7
+def gated_delta_as_wkv7(q, k, v, log_alpha, beta):
+    """(r, log_w, k, v, a, b) of wkv7, each (B, T, H, N), that compute the gated delta rule."""
+    raise NotImplementedError("Exercise 5: your code here")
+
+# %% tags=["nbval-check-output"]
+def checks_5():
+    q_, k_, v_, (log_alpha_, beta_) = q_f, k_f, v_f, rung_params["gated_delta_rule"]
+    S_start = rng.standard_normal((Bf, Hf, Nf, Nf))                    # not symmetric: a transposed state shows
+    y_, S_ = ref.wkv7(*gated_delta_as_wkv7(q_, k_, v_, log_alpha_, beta_), state=S_start)
+    y_loop, S_loop = family.gated_delta_rule(q_, k_, v_, log_alpha_, beta_, state=S_start)
+    check("wkv7 with your arguments vs the gated delta rule's loop: y", y_, y_loop, REFERENCE_BUDGET)
+    check("wkv7 with your arguments vs the gated delta rule's loop: state", S_, S_loop, REFERENCE_BUDGET)
+
+exercise("Exercise 5", checks_5)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
+def gated_delta_as_wkv7(q, k, v, log_alpha, beta):
+    """(r, log_w, k, v, a, b) of wkv7, each (B, T, H, N), that compute the gated delta rule."""
+    # S alpha (I - beta k k^T) = S diag(alpha) + (S (-k)) (alpha beta k)^T, and the write beta v k^T = (beta v) k^T.
+    alpha, beta = np.exp(log_alpha)[..., None], beta[..., None]       # (B, T, H, 1): one number per head and step
+    log_w = np.broadcast_to(log_alpha[..., None], q.shape)
+    return q, log_w, k, beta * v, -k, alpha * beta * k
+
+exercise("Exercise 5", checks_5)
 
 # %% [markdown]
 # ## Appendix: the production path against the reference
@@ -888,19 +1055,19 @@ for name, rate in (("wide limit, alpha = 1 + w", 1 + W_FLIP), ("published ceilin
 # The rest of this notebook is not about the math: it checks that the code people run gives the reference's
 # numbers. nbval runs and checks it like the cells above.
 #
-# [`kernels.wkv7.wkv7`](../kernels/wkv7.py) takes `r, log_w, k, v, a, b` of shape `(B, T, H, N)` and an optional state
+# [`kernels.wkv7.wkv7`](../kernels/wkv7/) takes `r, log_w, k, v, a, b` of shape `(B, T, H, N)` and an optional state
 # `(B, H, N, N)` (fp32), and returns `(y, state)`. Backend `"torch"` is the chunked WY form of section 6 (chunks of 16,
 # in fp32, with its own budget, 1e-4, for the longer chains of fp32 products); backend `"triton"` runs the recurrence
 # in a kernel, one program per (batch and head, block of value rows), the rows of the state in registers (notebook 08
 # takes the kernel apart). Both run on the inputs of section 2 ($T = 24$: one chunk and a half), from the same initial
 # state: outputs and final states, the sequence fed in two pieces, and fp16. Backend `"triton_chunked"` runs the
 # chunked WY form on Triton as well, in a kernel that walks chunks of 16 steps with products of (16, 16) tiles
-# ($T/16$ serial steps instead of $T$), and a chunked backward ([`kernels/wkv7_chunked.py`](../kernels/wkv7_chunked.py)
+# ($T/16$ serial steps instead of $T$), and a chunked backward ([`kernels/wkv7/triton_chunked.py`](../kernels/wkv7/triton_chunked.py)
 # derives it: one serial pass carries $\partial L / \partial S$ back chunk by chunk, then every chunk's gradients come
 # at once, in matrix products); it takes head sizes from 16, so it is checked on inputs of its own after these.
 #
-# A third implementation, backend `"c"` ([`kernels/native.c`](../kernels/native.c)), is a compiled C loop that
-# walks time once, forward and backward ([`kernels/native.py`](../kernels/native.py)): `backend=None` takes it for
+# A third implementation, backend `"c"` ([`kernels/wkv7/wkv7.c`](../kernels/wkv7/wkv7.c)), is a compiled C loop that
+# walks time once, forward and backward ([`kernels/wkv7/c.py`](../kernels/wkv7/c.py)): `backend=None` takes it for
 # CPU tensors in fp32, fp16 or bf16, for inference and for training alike. It runs the recurrence, like the Triton
 # kernel, and the checks below hold it to the same reference and the same budgets (fp32: 1e-5), gradients included.
 

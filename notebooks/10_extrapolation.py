@@ -19,7 +19,7 @@
 # [notation crosswalk](notation.md).
 #
 # **Code used.** [`experiments/transformer.py`](../experiments/transformer.py): `PositionScheme`, `Transformer` (on
-# [`kernels/attention.py`](../kernels/attention.py) and the project's O(T)-memory
+# [`kernels/attention/`](../kernels/attention/) and the project's O(T)-memory
 # [`kernels/rerope/`](../kernels/rerope/__init__.py): `apply_rope`, `log_n_scaling`, `rerope_attention`) ·
 # [`experiments/extrapolation.py`](../experiments/extrapolation.py): `schemes`, `POST`, `held_out_samples`,
 # `load_model` · [`experiments/data.py`](../experiments/data.py): `stdlib_corpus`, `long_samples` ·
@@ -78,6 +78,9 @@ print("each file's split follows from its name:",
 # | ReRoPE, window $w$ | $\min(x, w)$ | $w$ |
 # | Leaky ReRoPE, $w$, $k$ | $x$ below $w$, then $w + (x - w)/k$ | $w + (8L - 1 - w)/k$ |
 #
+# "Inside the trained range" means rel $< L$ here: training saw the integer distances $0$ to $L - 1$, and a rectified
+# rel may be fractional, so anything in $[0, L)$ lies between positions the model has seen ([notebook 07](07_rerope.ipynb),
+# section 4, writes $\le L - 1$ for integer distances; the two conventions differ only for rels in $(L - 1, L)$).
 # Leaky ReRoPE keeps every position inside the trained range up to 8x when $w + (8L - w)/k \le L$, that is
 # $k \ge (8L - w)/(L - w)$: 10.3 for $w = L/4$ and 15 for $w = L/2$, so $k = 16$ covers both (the post's choice at
 # its scale too). Checked with the reference's `rectify`, and the NTK base that RoPE's slowest pair needs to turn
@@ -111,13 +114,23 @@ plt.show()
 # %% [markdown]
 # ## 3. Two models, one training each, every scheme at evaluation
 #
-# Both are 3-layer transformers of width 128 (4 heads of 32) trained with plain RoPE at $L = 128$; one also with
+# Both are 3-layer transformers of width 128 (4 heads of 32) trained with plain RoPE at $L = 128$, the block below
+# repeated three times (it is also notebook 09's attention control); one also with
 # log n scaling of the queries, $q_n \leftarrow q_n \ln n / \ln L$ (the post's "log n" rows). The other gets the
 # scaling only at evaluation, $q_n \max(1, \ln n / \ln L)$ (the post's "log n†" rows): the attention then stays as
 # sharp over $n$ keys as it was over $L$, since the softmax's entropy grows like $\ln n$
 # ([notebook 07](07_rerope.ipynb), section 7). No model is fine-tuned for any scheme: each scheme is applied to the
 # same weights at evaluation, as in the post. Each cell of the tables predicts 16,384 held-out characters: at 8x,
 # 16 samples of 1024.
+#
+# ![The transformer block of experiments/transformer.py: x += W_o attention(RoPE(W_qkv LN(x))), then
+# x += W_2 GELU(W_1 LN(x))](images/transformer_block.png)
+#
+# The block (drawn from [`experiments/transformer.py`](../experiments/transformer.py)): pre-LayerNorm, so each
+# residual branch sees a normalized input and the stream $x$ itself is never normalized until the head; the
+# position scheme acts only on $q$ and $k$ inside attention, which is why one set of trained weights can be
+# evaluated under every scheme; the MLP is position-wise (each token alone), so all mixing across positions
+# happens in attention.
 #
 # Two kinds of sample, as in the post: **non-repeated** text (one contiguous stretch of a test file) and
 # **repeated** text (a stretch of $L$ characters said again and again): past the first $L$ characters every answer
@@ -253,7 +266,9 @@ for layer, (rel, worst, largest) in enumerate(errors):
 #   dozen characters (see how ReRoPE at $w = 32$, $64$ and $128$ land within 3 points of each other), so what it
 #   does with far keys barely moves its accuracy. The same reason makes all rectified schemes look alike here.
 # * **log n changes little**: within about one point for every scheme except PI trained with it (22.8% against
-#   30.0%). The post found +1 to +9 points on repeated text, again where copying over long distances matters.
+#   30.0%). The post found up to +16 points on repeated text (+5 to +9 in the rows beside ours, its $w$ = 128 and
+#   256), and none where the model does not extrapolate at all (Baseline, PI): again where copying over long
+#   distances matters.
 #
 # Two cautions in reading the numbers: each cell is 16,384 characters (a standard error of about 0.4 points per
 # cell), and each length has its own samples (the same ones for every scheme), so compare schemes within a column
@@ -274,14 +289,16 @@ for layer, (rel, worst, largest) in enumerate(errors):
 #
 # ## Exercises
 #
-# Each solution is in the collapsed cell below its question (click the three dots to open it, source and output);
-# it runs with the notebook, so it is checked too.
+# Each coding exercise has a stub to fill in (it raises `NotImplementedError` until you do), a check cell below it
+# that says "not attempted yet", "correct" or what is off, and the solution in a collapsed cell starting
+# `# Solution` (click the three dots to open it).
 #
 # **1. Leaky ReRoPE at 16x.** Section 2 found $k \ge 10.3$ for $w = L/4$ at 8x. What is the smallest integer $k$
 # that keeps every distance of a $16L$-character text inside the trained range (largest rel $< L$), for $w = L/4$ and
 # for $w = L/2$? Derive it, then check with `rectify` that $k$ works and $k - 1$ does not.
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
 # w + (16 L - 1 - w) / k < L  <=>  k > (16 L - 1 - w) / (L - w)
 far = np.arange(16 * L)
 for w in (L // 4, L // 2):
@@ -291,34 +308,73 @@ for w in (L // 4, L // 2):
     assert inside == {k_min - 1: False, k_min: True}
 
 # %% [markdown]
-# **2. Your own map, and where it breaks.** Write Leaky ReRoPE's map from section 2's table as a function
-# `leaky_map(x, w, k)` and check it against `rectify` at 8x for $w = L/2$, $k = 16$. Then take $k = 8$ and run the
-# section's "inside the trained range" test: which $k$ does the condition of section 2 ask for, and what is the
-# largest rel with $k = 8$?
+# **2. Your own map.** Write Leaky ReRoPE's map from section 2's table as a function `leaky_map(x, w, k)` of an
+# array of distances: $x$ below the window, $w + (x - w)/k$ from it on. The check compares it with the reference's
+# `rectify` at 8x for $w = L/2$ and $k = 16$, and for $w = L/4$, $k = 8$; then it prints where $k = 8$ leaves the
+# trained range. (Hint: `np.where`.)
+
+# %%
+# Exercise 2: Leaky ReRoPE's map
+def leaky_map(x, w, k):
+    """The relative position Leaky ReRoPE gives each distance in x (an array), window w, slope 1/k past it."""
+    raise NotImplementedError("Exercise 2: your code here")
+
+
+# %% tags=["nbval-check-output"]
+from seqmix.kernels.testing import REFERENCE_BUDGET, exercise
+
+
+def checks_2():
+    for w, k in ((L // 2, 16.0), (L // 4, 8.0)):
+        check(f"leaky_map vs rectify, w = {w}, k = {k:g}, at 8x", leaky_map(x, w, k), rectify(x, w, leaky_k=k),
+              REFERENCE_BUDGET)
+    largest = leaky_map(x, L // 2, 8.0).max()
+    print(f"w = {L // 2}, k = 8: largest rel {largest:.1f}, inside (< {L}): {largest < L}; "
+          f"the condition asks k >= {(8 * L - L // 2) / (L - L // 2):g}")
+
+
+exercise("Exercise 2", checks_2)
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-from seqmix.kernels.testing import REFERENCE_BUDGET, check
-
+# Solution
 def leaky_map(x, w, k):
     # x below the window, then w plus the rest squeezed by 1/k
     return np.where(x < w, x, w + (x - w) / k)
 
-w = L // 2
-check("leaky_map vs rectify, w = L/2, k = 16, at 8x", leaky_map(x, w, 16.0), rectify(x, w, leaky_k=16.0),
-      REFERENCE_BUDGET)
-print(f"k = 8: largest rel {leaky_map(x, w, 8.0).max():.1f}, inside (< {L}): {leaky_map(x, w, 8.0).max() < L}; "
-      f"the condition asks k >= {(8 * L - w) / (L - w):g}")
+
+exercise("Exercise 2", checks_2)
 
 # %% [markdown]
 # **3. How many pairs see the unseen position.** With ReRoPE at $w = L$, every distance $x \ge L$ becomes $L$, a
-# position training never produced (it saw $0$ to $L - 1$). In one causal text of $n = 8L$ characters, what fraction
-# of the $n(n+1)/2$ pairs $(i, j \le i)$ get it? Derive a closed form, then count with `rectify`.
+# position training never produced (it saw $0$ to $L - 1$). In one causal text of $n$ characters, what fraction of
+# the $n(n+1)/2$ pairs $(i, j \le i)$ get it? Derive a closed form and write it as `unseen_fraction(n, L)` (no
+# loops, no arrays: a formula). The check counts the pairs with `rectify` at $n = 2L$, $4L$ and $8L$. (Hint:
+# distance $x$ occurs $n - x$ times.)
+
+# %%
+# Exercise 3: the fraction of pairs at the unseen position
+def unseen_fraction(n, L):
+    """The fraction of the n (n + 1) / 2 causal pairs of an n-token text whose distance is at least L."""
+    raise NotImplementedError("Exercise 3: your code here")
+
+
+# %% tags=["nbval-check-output"]
+def checks_3():
+    for n in (2 * L, 4 * L, 8 * L):
+        i, j = np.tril_indices(n)                                  # every causal pair
+        counted = np.mean(rectify(i - j, L) == L)
+        check(f"n = {n // L}L: your formula vs counted with rectify", unseen_fraction(n, L), counted,
+              REFERENCE_BUDGET)
+
+
+exercise("Exercise 3", checks_3)
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-# Distance x occurs n - x times, so the pairs at x >= L number sum_{x=L}^{n-1} (n - x) = (n - L)(n - L + 1) / 2.
-n = 8 * L
-closed_form = (n - L) * (n - L + 1) / (n * (n + 1))
-i, j = np.tril_indices(n)                                  # every causal pair
-counted = np.mean(rectify(i - j, L) == L)
-print(f"fraction of pairs at the unseen position L: {closed_form:.4f}")
-check("closed form vs counted with rectify", counted, closed_form, REFERENCE_BUDGET)
+# Solution
+# The pairs at x >= L number sum_{x=L}^{n-1} (n - x) = (n - L)(n - L + 1) / 2; at 8L that is 77% of all pairs.
+def unseen_fraction(n, L):
+    return (n - L) * (n - L + 1) / (n * (n + 1))
+
+
+print(f"fraction of pairs at the unseen position L at 8L: {unseen_fraction(8 * L, L):.4f}")
+exercise("Exercise 3", checks_3)

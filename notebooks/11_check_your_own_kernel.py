@@ -4,7 +4,8 @@
 # You have read notebook 02 and want to write RWKV-4's WKV yourself. How do you know it is right? Comparing it once
 # with the reference on random inputs says little: kernels go wrong at T = 1, at lengths that are not a multiple of
 # a tile, when a state comes in, when the sequence is fed in pieces, at keys of several hundred, in fp16, in the
-# gradients. `seqmix.conformance` runs all of these against the float64 reference, with the project's error budgets,
+# gradients. `seqmix.conformance` runs all of these against the float64 reference, with the project's error budgets
+# (relative RMS error: 1e-5 in fp32, 5e-3 in fp16, 2e-2 in bf16; [docs/conformance.md](../docs/conformance.md)),
 # and says which checks fail and why, in two grades: the default asks "is this a correct implementation of the
 # formula?", `--strict` whether it is as precise as the project's own kernels. This notebook follows a student's
 # first attempts: the third passes the default grade and fails `--strict`, for a reason worth a formula; the fourth
@@ -12,7 +13,7 @@
 #
 # **Code used.** [`conformance/`](../conformance/README.md): `run`, `Options` (what to run), the checks of each op in
 # `conformance/ops.py`, the gradients' float64 definitions in `conformance/definitions.py`;
-# [`reference/wkv4.py`](../reference/wkv4.py): the truth; [`kernels/wkv4.py`](../kernels/wkv4.py): the project's
+# [`reference/wkv4.py`](../reference/wkv4.py): the truth; [`kernels/wkv4/`](../kernels/wkv4/): the project's
 # kernel, for comparison.
 
 # %%
@@ -35,7 +36,7 @@ from seqmix.kernels.wkv4 import wkv4
 
 def verdict(report):
     """The summary line, then each failing check with the quantities that failed and how (no numbers: they are in
-    report.rows); "conditioned": over the design's budget, within the one its inputs condition (section 5)."""
+    report.rows); "conditioned": over the project's budget, within the one its inputs condition (section 5)."""
     print(summary(report))
     for check in report.failed_checks:
         rows = [r for r in report.rows if r.check == check and not r.passed]
@@ -90,7 +91,7 @@ verdict(run("wkv4", wkv4_attempt1, Options(state=False)))
 # %% [markdown]
 # Two findings. Keys of several hundred make $e^{k}$ overflow (fp32 stops at $e^{88}$): inf / inf = NaN, in the
 # output and in every gradient. And in bf16 one gradient is over budget: the loop computes in the input dtype, and
-# bf16 keeps 8 bits; the design asks for fp32 accumulation whatever the inputs. Both point to notebook 02's
+# bf16 keeps 8 bits; the project asks for fp32 accumulation whatever the inputs. Both point to notebook 02's
 # max-tracked recurrence, kept in fp32.
 #
 # ## 3. Second attempt: the max-tracked recurrence, with a state
@@ -116,7 +117,7 @@ def max_tracked(w, u, k, v, state=None, *, initial_max=-1e38, dtype=torch.float3
         q = torch.maximum(mx + w, k[:, t])                              # update: e^{max + w - q}, e^{k_t - q}
         a, b = torch.exp(mx + w - q), torch.exp(k[:, t] - q)
         num, den, mx = a * num + b * v[:, t], a * den + b, q
-    return torch.stack(ys, 1).to(values_dtype), (num, den, mx)          # y in the values' dtype, as the design asks
+    return torch.stack(ys, 1).to(values_dtype), (num, den, mx)          # y in the values' dtype, by convention
 
 
 wkv4_attempt2 = partial(max_tracked, initial_max=0.0)     # "nothing seen yet": max = 0 seemed a fine start
@@ -142,12 +143,12 @@ verdict(report3)
 
 # %% [markdown]
 # It passes: this is a correct implementation of the formula, the same algorithm as transformers' CUDA kernel and
-# CPU loop. But some of its quantities passed at a budget larger than the design's 1e-5, all at keys of several
+# CPU loop. But some of its quantities passed at a budget larger than the project's 1e-5, all at keys of several
 # hundred:
 
 # %%
 for r in report3.conditioned_rows:
-    print(f"{r.check.split('/')[2]:<38} {r.what:<10} error {r.error:.1e} > design's {r.design_budget:.0e}, "
+    print(f"{r.check.split('/')[2]:<38} {r.what:<10} error {r.error:.1e} > project's {r.design_budget:.0e}, "
           f"within {r.budget:.1e}")
 
 # %% [markdown]
@@ -156,7 +157,7 @@ for r in report3.conditioned_rows:
 # Why a larger budget there? In this loop every exponent ($u + k_t - q$, $\max + w$) is an fp32 number, and a
 # number $x$ in fp32 is held to about $2^{-24} |x|$. An absolute error $\delta$ in an exponent is a relative error
 # $\delta$ of the term $e^x$ it weighs: at keys of 300 one rounding is $300 \cdot 2^{-24} \approx 1.8 \cdot 10^{-5}$,
-# already over the design's $10^{-5}$. And the recurrence rounds its running max once per token ($\max + w$), so
+# already over the project's $10^{-5}$. And the recurrence rounds its running max once per token ($\max + w$), so
 # after $T$ tokens the state's scale can be off by $T$ such roundings. No implementation that forms these exponents
 # in fp32 can promise better, so the battery's default grade asks this of WKV-4 (ops.py states it, and each other
 # op states its own rule or that it has none):
@@ -172,10 +173,10 @@ print(f"T * 2^-24 * M = {T * 2.0 ** -24 * M:.1e}")
 # %% [markdown]
 # The errors above (1e-5 to 1e-4) sit well inside it: "is this a correct implementation of the formula?", yes.
 #
-# The other grade, `--strict` (`Options(strict=True)`), keeps the design's fixed budget everywhere. It asks whether
+# The other grade, `--strict` (`Options(strict=True)`), keeps the project's fixed budget everywhere. It asks whether
 # the kernel is as precise as the project's own, which are held to it in the tests: they keep these exponents as
 # differences of nearby numbers (the chunk's largest key, the max as an anchor plus a count of decays;
-# kernels/wkv4.py's docstring says how) and stay near $10^{-7}$ at keys of 300. The third attempt fails it, on the
+# kernels/wkv4/__init__.py's docstring says how) and stay near $10^{-7}$ at keys of 300. The third attempt fails it, on the
 # large keys only:
 
 # %% tags=["nbval-check-output"]
@@ -187,7 +188,7 @@ verdict(run("wkv4", wkv4_attempt3, Options(strict=True)))
 #
 # ## 6. Fourth attempt: float64 inside, the conventions outside
 #
-# The design's conventions still hold at the boundary: y in the values' dtype (max_tracked already returns it so),
+# The project's conventions still hold at the boundary: y in the values' dtype (max_tracked already returns it so),
 # the state in fp32.
 
 # %%
@@ -201,7 +202,7 @@ report4 = run("wkv4", wkv4_attempt4, Options(strict=True))
 verdict(report4)
 
 # %% [markdown]
-# The two reports side by side: each compared quantity's error as a fraction of the design's budget (a point above
+# The two reports side by side: each compared quantity's error as a fraction of the project's budget (a point above
 # the line fails `--strict`; exact agreement is drawn at the floor, 1e-12), and, for the third attempt, the budget
 # its inputs condition where that is larger (the default grade). The third attempt's points over the line are the
 # keys of several hundred, each under its conditioned budget; float64 inside brings them under the line. Elsewhere
@@ -218,10 +219,10 @@ for report, label, marker in ((report3, "attempt 3 (fp32 inside)", "x"), (report
 loose = [(i, r.budget / r.design_budget) for i, r in enumerate(r for r in report3.rows if r.error is not None)
          if r.budget > r.design_budget]
 ax.scatter(*zip(*loose), marker="_", s=60, color="C3", label="conditioned budget (default grade)")
-ax.axhline(1.0, color="k", lw=1, label="design's budget (--strict)")
+ax.axhline(1.0, color="k", lw=1, label="project's budget (--strict)")
 ax.set_yscale("log")
 ax.set_xlabel("compared quantity (output, state, gradient), in the battery's order")
-ax.set_ylabel("error / design's budget")
+ax.set_ylabel("error / project's budget")
 ax.legend(loc="lower center", bbox_to_anchor=(0.5, 0.12), ncol=2)   # between 1e-10 and 1e-8: no point there
 plt.show()
 
@@ -271,40 +272,88 @@ Path("my_wkv4.py").unlink()
 #
 # ## Exercises
 #
-# Each solution is in the collapsed cell below its question (click the three dots to open it, source and output);
-# it runs with the notebook, so it is checked too.
+# Each coding exercise has a stub to fill in (it raises `NotImplementedError` until you do), a check cell below it
+# that says "not attempted yet", "correct" or what is off, and the solution in a collapsed cell starting
+# `# Solution` (click the three dots to open it).
 #
 # **1. A bug the battery names.** A common slip: the current token enters the output without its bonus, weighted
-# $e^{k_t}$ instead of $e^{u + k_t}$. Make that change to the fourth attempt, run the battery in fp32 without
-# gradients (`Options(dtypes=("fp32",), grad=False)`), and read the verdict: which quantities fail, which pass, and
-# what does that tell you about where the bug is?
+# $e^{k_t}$ instead of $e^{u + k_t}$. Write that buggy kernel, `wkv4_no_bonus(w, u, k, v, state=None)`, by
+# changing the fourth attempt (hint: which value of u makes $e^{u + k_t}$ equal $e^{k_t}$?). The check compares its
+# output with the float64 reference run without the bonus, then runs the battery in fp32 without gradients and
+# prints which quantities fail. Before running it, predict: which of y and the state's three parts fail, and what
+# does that tell you about where the bug is?
+
+# %%
+# Exercise 1: a kernel without the bonus
+def wkv4_no_bonus(w, u, k, v, state=None):
+    """The fourth attempt with the current token weighted e^{k_t} in the output; returns (y, state)."""
+    raise NotImplementedError("Exercise 1: your code here")
+
+
+# %% tags=["nbval-check-output"]
+import numpy as np
+
+from seqmix.kernels.testing import FP32_BUDGET, check, exercise
+from seqmix.reference import wkv4 as ref4
+
+
+def checks_1():
+    rng = np.random.default_rng(1)
+    w, u = -np.exp(rng.normal(size=8)), rng.normal(size=8)
+    k, v = rng.normal(size=(2, 16, 8)), rng.normal(size=(2, 16, 8))
+    y, _ = wkv4_no_bonus(*(torch.tensor(a, dtype=torch.float32) for a in (w, u, k, v)))
+    check("y against the reference with u = 0", y.double().numpy(), ref4.wkv4(w, 0 * u, k, v)[0], FP32_BUDGET)
+    report = run("wkv4", wkv4_no_bonus, Options(dtypes=("fp32",), grad=False))
+    failing = sorted({r.what for r in report.rows if not r.passed})
+    print("failing quantities:", failing)
+    assert failing, "the battery should find the missing bonus somewhere"
+
+
+exercise("Exercise 1", checks_1)
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-# The bonus only weighs the current token in the output; the update never uses it. So y fails and every state
-# quantity passes: the bug is in the output step, not in the recurrence.
+# Solution
+# u = 0 removes the bonus. The bonus only weighs the current token in the output; the update never uses it. So y
+# fails and every state quantity passes: the bug is in the output step, not in the recurrence.
 def wkv4_no_bonus(w, u, k, v, state=None):
     return wkv4_attempt4(w, torch.zeros_like(u), k, v, state)
 
-report_bug = run("wkv4", wkv4_no_bonus, Options(dtypes=("fp32",), grad=False))
-verdict(report_bug)
-failing = {r.what for r in report_bug.rows if not r.passed}
-print("failing quantities:", sorted(failing))
-assert failing == {"y"}
+
+exercise("Exercise 1", checks_1)
 
 # %% [markdown]
-# **2. The T = 1 state, by hand.** The second attempt started from max $= 0$. For one token with $k_0 = -3$ and
-# $w = -0.5$, which max does it keep after the token, and which does the reference keep? Derive both from the
-# update $\max \leftarrow \max(\max + w, k_t)$, then check them with `max_tracked` and `reference.wkv4`.
+# **2. The T = 1 state, by hand.** The second attempt started from max $= 0$, the reference starts from $-10^{38}$.
+# Write `max_after_one_token(w, k0, initial_max)`, the running max after one token, from the update
+# $\max \leftarrow \max(\max + w, k_t)$ (plain Python floats, no loop needed). The check compares it, for $k_0 = -3$
+# and $w = -0.5$, with what `max_tracked` keeps from 0 and what `reference.wkv4` keeps; work the two numbers out on
+# paper first.
+
+# %%
+# Exercise 2: the max after one token
+def max_after_one_token(w, k0, initial_max):
+    """The running max after one token with key k0, decay w, starting from initial_max."""
+    raise NotImplementedError("Exercise 2: your code here")
+
+
+# %% tags=["nbval-check-output"]
+def checks_2():
+    w1, u1, k1, v1 = np.array([-0.5]), np.array([0.3]), np.array([[[-3.0]]]), np.array([[[1.0]]])
+    as_tensors = [torch.tensor(a, dtype=torch.float32) for a in (w1, u1, k1, v1)]
+    from_zero = max_tracked(*as_tensors, initial_max=0.0)[1][2].item()
+    from_reference = ref4.wkv4(w1, u1, k1, v1)[1][2].item()
+    assert max_after_one_token(-0.5, -3.0, 0.0) == from_zero, "started at 0: not what max_tracked keeps"
+    assert max_after_one_token(-0.5, -3.0, -1e38) == from_reference, "started at -1e38: not the reference's max"
+
+
+exercise("Exercise 2", checks_2)
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
 # From 0: max(0 + w, k_0) = max(-0.5, -3) = -0.5. From -1e38 (HF's start): max(-1e38 - 0.5, -3) = k_0 = -3.
-import numpy as np
+def max_after_one_token(w, k0, initial_max):
+    return max(initial_max + w, k0)
 
-from seqmix.reference import wkv4 as ref4
 
-w1, u1, k1, v1 = np.array([-0.5]), np.array([0.3]), np.array([[[-3.0]]]), np.array([[[1.0]]])
-as_tensors = [torch.tensor(a, dtype=torch.float32) for a in (w1, u1, k1, v1)]
-started_at_zero = max_tracked(*as_tensors, initial_max=0.0)[1][2].item()
-reference_max = ref4.wkv4(w1, u1, k1, v1)[1][2].item()
-print(f"max after one token: started at 0 -> {started_at_zero}; reference -> {reference_max}")
-assert (started_at_zero, reference_max) == (-0.5, -3.0)
+print("max after one token from 0:", max_after_one_token(-0.5, -3.0, 0.0), "; from -1e38:",
+      max_after_one_token(-0.5, -3.0, -1e38))
+exercise("Exercise 2", checks_2)

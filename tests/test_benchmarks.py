@@ -129,7 +129,7 @@ def test_cost_model_attention_forward_hand_count():
     assert c.bytes == 520 and c.dot_flops == 262144
 
 
-@pytest.mark.parametrize("path", ["attention.py", "rerope/fused.py", "_flash.py"])
+@pytest.mark.parametrize("path", ["attention/__init__.py", "rerope/fused.py", "_flash.py"])
 def test_the_flash_kernels_ask_for_the_dot_precision_the_cost_model_assumes(path):
     """cost_model.dot_rate prices fp32 dots as IEEE products on the FMA units: every tl.dot takes the DOT
     constexpr, which the launchers set from the setting: "ieee" for fp32 by default."""

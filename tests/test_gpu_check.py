@@ -3,6 +3,7 @@ here (Triton under the interpreter, a CPU timer) and writes the same files a GPU
 runs here too, on CPU tensors under the interpreter."""
 import datetime
 import json
+import math
 import re
 import subprocess
 import sys
@@ -237,6 +238,21 @@ def test_a_dry_run_times_models_and_compares_attention_at_d_128(tmp_path):
         "attention_fwd") and r["predicted_s"] > 0 and r["measured_s"] > 0 for r in rows["cost_model"])
 
 
+def test_fla_s_fastest_form_is_timed_and_fp32_rows_name_their_products(tmp_path):
+    """Issue 46: the timing times fla's chunk_rwkv7 also as fla's own layer calls it (safe gate, lower bound -e^-0.5,
+    chunks of 64: its fastest form; skipped without a GPU), and every fp32 row says how its implementation multiplies:
+    fla's Triton dots in TF32 (Triton's default), seqmix's WKV-7 in IEEE fp32, SDPA's fp32 default in 3xTF32."""
+    assert gpu_timing.FLA_LOWER_BOUND == pytest.approx(-math.exp(-0.5))
+    assert _main(tmp_path, "--parts", "timing,peers", "--ops", "wkv7") == 0
+    rows = [r for p in _record(tmp_path)["parts"] for r in p["rows"] if r["op"] == "wkv7"]
+    forms = {r["impl"] for r in rows if r["impl"].startswith("fla")}
+    assert forms == {f"fla {form}" for form in gpu_timing.FLA_FORMS}
+    assert all(r["fp32_products"] == ("tf32" if r["impl"].startswith("fla") else "ieee") for r in rows
+               if r["dtype"] == "fp32") and all("fp32_products" not in r for r in rows if r["dtype"] == "bf16")
+    assert gpu_timing.fp32_products("torch SDPA (default backend)", "attention") == "3xtf32"
+    assert gpu_timing.fp32_products("seqmix triton", "attention") == "ieee"
+
+
 @needs_triton
 @pytest.mark.timeout(600)
 def test_the_profile_part_walks_on_a_dry_run(tmp_path):
@@ -256,8 +272,9 @@ def test_the_profile_part_walks_on_a_dry_run(tmp_path):
                                                   for k in ("fwd", "dstate", "bwd"))}
     assert all(r["op"] == "wkv7" and r["dtype"] == "fp32" and r["calls_per_step"] == 1 and r["programs"] == programs
                and r["grid"] and "need" in r["cuda_s"] for r in ours), ours
-    fla = [r for r in part["rows"] if r["impl"] == "fla chunk_rwkv7"]
-    assert {r["mode"] for r in fla} == {"forward", "forward+backward"} and all("GPU" in r["skipped"] for r in fla)
+    for form in ("fla chunk_rwkv7", "fla chunk_rwkv7 layer form"):     # fla's default form and its layer's
+        fla = [r for r in part["rows"] if r["impl"] == form]
+        assert {r["mode"] for r in fla} == {"forward", "forward+backward"} and all("GPU" in r["skipped"] for r in fla)
     assert InterpretedFunction.__dict__["run"] is run_before
     assert "## 3. profile" in (tmp_path / "gpu_check.md").read_text()
 
