@@ -61,6 +61,18 @@ ARCH = 90
 DTYPE_BYTES = {name: dtype.itemsize for name, dtype in AOT_DTYPES.items()}
 
 
+# op stem -> the function that models its kernels (each registers itself with @models_of), read by MODEL_BUILDERS
+_BUILDERS = {}
+
+
+def models_of(stem: str):
+    """Registers the decorated function as the cost model of the kernels of the op package ``stem``."""
+    def register(build):
+        _BUILDERS[stem] = build
+        return build
+    return register
+
+
 @dataclass
 class Cost:
     bytes: float = 0.0
@@ -156,7 +168,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# RWKV-4 (kernels/wkv4.py): one program per (batch, BLOCK_C channels), a loop over T tokens
+# RWKV-4 (kernels/wkv4/): one program per (batch, BLOCK_C channels), a loop over T tokens
 # ----------------------------------------------------------------------------------------------------------------
 
 def wkv4_fwd(B, T, C, dtype, save):
@@ -183,6 +195,7 @@ def wkv4_bwd(B, T, C, dtype):
     return (T * per_step + per_row) * (B * C)
 
 
+@models_of("wkv4")
 def wkv4_models(B=4, T=2048, C=768):
     from seqmix.kernels.wkv4 import triton_launch
     launch, grid = triton_launch(B, C)
@@ -205,7 +218,7 @@ def wkv4_models(B=4, T=2048, C=768):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# RWKV-7 (kernels/wkv7.py): one program per (batch, head, BLOCK_V value rows of S), rows (BLOCK_V, N) in registers
+# RWKV-7 (kernels/wkv7/): one program per (batch, head, BLOCK_V value rows of S), rows (BLOCK_V, N) in registers
 # ----------------------------------------------------------------------------------------------------------------
 
 def wkv7_fwd(B, T, H, N, dtype, block_v, programs, ck, save):
@@ -293,6 +306,7 @@ def wkv7_chunked_bwd(B, T, H, N, dtype, block_v, block_k, programs, ck):
     return (blocks * (first + second) + middle) * programs
 
 
+@models_of("wkv7")
 def wkv7_models(B=1, T=2048, H=12, N=64):
     from seqmix.kernels.wkv7 import CHECKPOINT, triton_launch
     cfg, grid = triton_launch(B, H, N, "bwd")
@@ -301,7 +315,7 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
     block_v, chunked_v, fwd_v = cfg["BLOCK_V"], chunked_cfg["BLOCK_V"], fwd_cfg["BLOCK_V"]
     chunked_k = chunked_cfg["BLOCK_K"]
     programs, fwd_programs = math.prod(grid), math.prod(fwd_grid)
-    fwd_label = "wkv7_fwd" if fwd_cfg == cfg else f"wkv7_fwd B*H={B * H}"   # kernels/wkv7.py aot_kernels
+    fwd_label = "wkv7_fwd" if fwd_cfg == cfg else f"wkv7_fwd B*H={B * H}"   # kernels/wkv7/ aot_kernels
     chunked_programs = math.prod(chunked_grid)
     shape = f"B={B} T={T} H={H} N={N}"
     n_chunks = _cdiv(T, CHECKPOINT)
@@ -353,7 +367,7 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Mamba selective scan (kernels/ssm.py): one program per (batch, BLOCK_D channels), state (BLOCK_D, N) in registers
+# Mamba selective scan (kernels/ssm/): one program per (batch, BLOCK_D channels), state (BLOCK_D, N) in registers
 # ----------------------------------------------------------------------------------------------------------------
 
 def ssm_fwd(B, T, D, N, dtype, block_d, programs, checkpoint):
@@ -387,6 +401,7 @@ def ssm_bwd(B, T, D, N, dtype, block_d, block_n, programs, checkpoint):
     return total
 
 
+@models_of("ssm")
 def ssm_models(B=1, T=2048, D=1536, N=16):
     from seqmix.kernels.ssm import checkpoint_interval, triton_launch
     (cfg, grid), (fwd_cfg, fwd_grid) = triton_launch(B, D, N, "bwd"), triton_launch(B, D, N, "fwd")
@@ -422,7 +437,7 @@ def ssm_models(B=1, T=2048, D=1536, N=16):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Flash-style attention (kernels/attention.py) and ReRoPE (kernels/rerope/fused.py): tiles of queries against key tiles
+# Flash-style attention (kernels/attention/) and ReRoPE (kernels/rerope/fused.py): tiles of queries against key tiles
 # ----------------------------------------------------------------------------------------------------------------
 
 # Per score of a tile: scale, the causal/length mask (2 compares, and, select), running max, subtract, row sum:
@@ -511,6 +526,7 @@ def _flash_models(op, shape, B, H, T, d, dtype, cfgs, table_bytes, costs):
             for (kind, block, forward, dram), cost, cfg in zip(kinds, costs, cfgs)]
 
 
+@models_of("attention")
 def attention_models(B=1, H=4, T=8192, d=64):
     shape = f"B={B} H={H} T={T} d={d}"
     out = []
@@ -626,6 +642,7 @@ def rerope_bwd_dkdv(BH, T, d, dtype, bm, bn, w):
     return total * BH
 
 
+@models_of("rerope")
 def rerope_models(B=1, H=4, T=8192, d=64, w=512):
     shape = f"B={B} H={H} T={T} d={d} w={w}"
     out = []
@@ -660,8 +677,8 @@ def _rerope_decode_model(B, H, T, d, dtype, w):
 # Collecting, compiling, reporting
 # ----------------------------------------------------------------------------------------------------------------
 
-# Each op module's builder (by its stem, "rerope" for both ReRoPE ops), as the registry names it.
-MODEL_BUILDERS = {op.stem: globals()[op.benchmark.builder] for op in benchmarked()}
+# Each benchmarked op's builder, by the op's stem ("rerope" for both ReRoPE ops), in the registry's benchmark order
+MODEL_BUILDERS = {stem: _BUILDERS[stem] for stem in dict.fromkeys(op.stem for op in benchmarked())}
 
 
 def models() -> tuple[list[Model], list[str]]:

@@ -10,7 +10,6 @@ import time
 import numpy as np
 import torch
 
-from seqmix.kernels.inputs import rwkv7_inputs
 from seqmix.benchmarks.gpu_timing import COST_KERNELS, ENTRIES, VARIANTS, backward, describe, inputs_at, \
     op_function, seqmix_call
 
@@ -29,33 +28,17 @@ OPS = (*CHECKED, *(name + TF32X3 for name, (op, _) in CHECKED.items() if op.fami
 # The battery's op of each Triton function checked (WKV-7's chunked form is a backend of its own).
 BATTERY = {name: op.name for name, (op, _) in CHECKED.items()}
 
-# Head sizes the Triton kernels take, where an op's cases have others: WKV-7's power of two >= 4 (the battery's N = 5
-# becomes 4); the chunked kernels' from 16 (smaller heads run the sequential ones, checked in the "wkv7" rows).
-HEAD_SIZES = {"wkv7": (4, 8, 16, 64), "wkv7 chunked": (16, 64)}
-
-
-def _decays(rng, shape):
-    return -np.exp(rng.normal(size=shape) - 1.0)
+# Head sizes the Triton kernels take, where an op's cases have others (the op's Benchmark.check_heads, per backend)
+HEAD_SIZES = {name: op.get("benchmark").check_heads[backend] for name, (op, backend) in CHECKED.items()
+              if backend in op.get("benchmark").check_heads}
 
 
 def _inputs(op: str, rng, T: int, width: int):
-    """NumPy inputs and call options of each op: T steps, ``width`` channels or head size."""
-    if op == "wkv4":
-        return [_decays(rng, width), rng.normal(size=width), *rng.normal(size=(2, 2, T, width))], {}
-    if op in ("wkv7", "wkv7 chunked"):
-        # as RWKV-7 makes them (a = -kk, b = kk * rate, kk unit-norm): a random a b^T grows the state without bound,
-        # to inf within these 300 steps in float64 too
-        x, _ = rwkv7_inputs(rng, 2, T, 2, width, state=False)
-        return x, {}
-    if op == "selective_scan":
-        return [*rng.normal(size=(2, 2, width, T)), _decays(rng, (width, 16)), *rng.normal(size=(2, 2, 16, T))], \
-            {"delta_softplus": True}
-    if op in ("attention", "rerope_attention"):
-        return list(rng.normal(size=(3, 2, 4, T, width))), ({"window": 8} if op == "rerope_attention" else {})
-    if op == "rerope_decode":
-        q = rng.normal(size=(2, 4, 1, width))
-        return [q, *rng.normal(size=(2, 2, 4, T, width))], {"window": 8}
-    raise ValueError(f"unknown op {op!r}")
+    """NumPy inputs and call options of a check_op op (without " tf32x3"), as its declaration makes them
+    (``Benchmark.check``): T steps, ``width`` channels or head size."""
+    if op not in ENTRIES:
+        raise ValueError(f"unknown op {op!r}")
+    return ENTRIES[op][0].get("benchmark").check(rng, T, width)
 
 
 def _function(op: str):
@@ -91,13 +74,14 @@ def _run(op, arrays, options, backend, dtype, device):
 def check_op(op: str, dtype=torch.float32, device="cuda", T: int = 300, width: int = 64) -> dict:
     """One op on ``device`` (Triton) against the torch backend in float64 on the CPU: the worst relative RMS error
     over the output and the gradients, the budget, and whether a second run gave the same bits."""
-    from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, rel_rms
+    from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, rel_rms
     arrays, options = _inputs(op.removesuffix(TF32X3), np.random.default_rng(0), T, width)
     got = _run(op, arrays, options, _triton_backend(op), dtype, device)
     again = _run(op, arrays, options, _triton_backend(op), dtype, device)
     want = _run(op, arrays, options, "torch", torch.float64, "cpu")
+    spec, backend = ENTRIES[op.removesuffix(TF32X3)]
     budget = (2e-2 if dtype == torch.bfloat16 else FP16_BUDGET if dtype == torch.float16
-              else FP32_CHUNKED_WKV7_BUDGET if op == "wkv7 chunked" else FP32_BUDGET)
+              else spec.get("benchmark").fp32_budgets.get(backend, FP32_BUDGET))
     error = max(rel_rms(g.cpu(), w) for g, w in zip(got, want))
     same = all(torch.equal(a, b) for a, b in zip(got, again))
     return {"op": op, "dtype": str(dtype).removeprefix("torch."), "error": error, "budget": budget,

@@ -13,10 +13,16 @@ import torch
 
 from seqmix.kernels.registry import benchmarked
 
-__all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "SHAPES", "VARIANTS", "backward", "describe", "inputs_at",
+__all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "FLA_FORMS", "FLA_LOWER_BOUND", "fp32_products", "SHAPES", "VARIANTS", "backward", "describe", "inputs_at",
            "op_function", "part_cost_model", "part_peers", "part_timing", "peer_first_calls", "queued_time",
            "seqmix_call", "time_step", "warm_peer"]
 
+
+
+FLA_LOWER_BOUND = -0.6065306597126334    # -e^-0.5: fla's layer's lower_bound for RWKV-7's log decays
+# fla's RWKV-7 forms timed beside seqmix's: the default chunk_rwkv7 (chunks of 16), the form fla's own layer calls
+# (the fastest; "within Nx of fla" means of whichever chunk form is faster) and the recurrent form (inference only)
+FLA_FORMS = ("chunk_rwkv7", "chunk_rwkv7 layer form", "fused_recurrent_rwkv7")
 
 
 def _entries():
@@ -25,12 +31,13 @@ def _entries():
     "triton", else the op's name and the backend's algorithm ("wkv7 chunked" on "triton_chunked"), then the variant's
     ("attention d=128"); recurrences first (registry.benchmarked)."""
     for op in benchmarked():
-        for backend in op.benchmark.kernels:
+        bench = op.get("benchmark")
+        for backend in bench.kernels:
             name = op.name if backend == "triton" else f"{op.name} {backend.removeprefix('triton_')}"
-            yield name, op, backend, op.benchmark.shape, op.benchmark.dry_shape, False
-            for variant, (sizes, dry_sizes) in op.benchmark.variants.items():
-                yield (f"{name} {variant}", op, backend, {**op.benchmark.shape, **sizes},
-                       {**op.benchmark.dry_shape, **dry_sizes}, True)
+            yield name, op, backend, bench.shape, bench.dry_shape, False
+            for variant, (sizes, dry_sizes) in bench.variants.items():
+                yield (f"{name} {variant}", op, backend, {**bench.shape, **sizes}, {**bench.dry_shape, **dry_sizes},
+                       True)
 
 
 # Each entry's op and Triton backend; its shape (benchmarks/README.md, the cost model's defaults) and the tiny one of
@@ -43,7 +50,7 @@ DRY_SHAPES = {name: dry for name, _, _, _, dry, _ in _entries()}
 VARIANTS = tuple(name for name, *_, variant in _entries() if variant)
 
 # The cost model's kernels of each entry: (the forward's label prefix, the training kernels' prefixes).
-COST_KERNELS = {name: op.benchmark.kernels[backend] for name, (op, backend) in ENTRIES.items()}
+COST_KERNELS = {name: op.get("benchmark").kernels[backend] for name, (op, backend) in ENTRIES.items()}
 
 
 def part_timing(run, emit):
@@ -59,7 +66,8 @@ def _floor(run, emit):
     element, timed as the ops are. The first GPU run found every fast op near 0.29 ms whatever its work; a floor
     near that time says the rows there measure the timing, not the kernels."""
     x = torch.zeros(1, device=run.device)
-    steps = {"empty Triton kernel": lambda: _empty_kernel()[(1,)](x), "torch fill_ of one element": lambda: x.fill_(1.0)}
+    steps = {"empty Triton kernel": lambda: _empty_kernel()[(1,)](x),
+             "torch fill_ of one element": lambda: x.fill_(1.0)}
     for impl, step in steps.items():
         row = {"op": "timing floor", "shape": "1 element", "dtype": "fp32", "impl": impl, "mode": "forward"}
         try:
@@ -88,9 +96,28 @@ def part_peers(run, emit):
     _timed(run, emit, [case for case in _timing_cases(run) if not case[4].startswith("seqmix")])
 
 
+def fp32_products(impl: str, op: str) -> str:
+    """The arithmetic of an implementation's fp32 matrix products, which the fp32 rows carry, since the rows of one
+    dtype compare unequal accuracy: fla's Triton kernels leave tl.dot at Triton's default input precision, TF32
+    (fla-core 0.6.0; its safe-gate form says so too); SDPA's fp32 default backend (memory-efficient) multiplies with
+    CUTLASS's OpMultiplyAddFastF32, three TF32 products per product; seqmix's WKV-7 and recurrences take IEEE fp32
+    products, its flash kernels the precision set_fp32_dot_precision chose."""
+    if impl.startswith("fla"):
+        return "tf32"
+    if impl.startswith("torch SDPA") and "default" in impl:
+        return "3xtf32"
+    if impl.startswith("seqmix triton") and op.startswith(("attention", "rerope")):
+        from seqmix.kernels.attention import set_fp32_dot_precision
+        current = set_fp32_dot_precision("ieee")      # the setting in force, read by setting it back at once
+        set_fp32_dot_precision(current)
+        return current
+    return "ieee"
+
+
 def _timed(run, emit, cases):
     for op, dtype, make, call, impl, mode in cases:
-        row = {"op": op, "shape": _shape_text(run, op), "dtype": dtype, "impl": impl, "mode": mode}
+        row = {"op": op, "shape": _shape_text(run, op), "dtype": dtype, "impl": impl, "mode": mode,
+               **({"fp32_products": fp32_products(impl, op)} if dtype == "fp32" else {})}
         if run.out_of_time():
             emit({**row, "stopped": "time budget spent"})
             continue
@@ -180,23 +207,13 @@ def _shape_text(run, op: str) -> str:
 
 
 def inputs_at(run, op: str, dtype: str):
-    """requires_grad -> the op's inputs at its benchmark shape, as benchmarks/run.py makes them, in ``dtype`` (the
-    decays and parameters the models keep in fp32 stay fp32)."""
-    from seqmix.benchmarks import run as bench
-    s, dt = run.shapes[op], getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype])
-    name = ENTRIES[op][0].name
-    keep = {"wkv4": ("w", "u"), "selective_scan": ("A", "D", "delta_bias")}.get(name, ())
-    if name == "wkv4":
-        base = bench.wkv4_inputs(s["B"], s["C"])(s["T"])
-    elif name == "wkv7":
-        base = bench.wkv7_inputs(s["B"], s["H"], s["N"])(s["T"])
-    elif name == "selective_scan":
-        base = bench.ssm_inputs(s["B"], s["D"], s["N"])(s["T"])
-    else:
-        g = torch.Generator(run.device).manual_seed(0)
-        base = {n: torch.randn(s["B"], s["H"], s["T"], s["d"], generator=g, device=run.device) for n in "qkv"}
-        if name == "rerope_decode":
-            base = {"q": base["q"][:, :, -1:], "k_cache": base["k"], "v_cache": base["v"]}
+    """requires_grad -> the op's inputs at its benchmark shape, as its declaration makes them (kernels/<op>/spec.py,
+    ``Benchmark.inputs``; benchmarks/run.py's too), in ``dtype`` (the decays and parameters the models keep in fp32,
+    ``Benchmark.fp32``, stay fp32)."""
+    bench = ENTRIES[op][0].get("benchmark")
+    dt = getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype])
+    keep = bench.fp32
+    base = bench.inputs(torch.Generator(run.device).manual_seed(0), run.device, **run.shapes[op])
 
     def make(requires_grad=False):
         return {n: t.to(run.device, t.dtype if n in keep else dt).detach().requires_grad_(requires_grad)
@@ -209,10 +226,7 @@ def seqmix_call(run, op: str, backend: str):
     backend "triton_chunked")."""
     spec, triton_backend = ENTRIES[op]
     backend = triton_backend if backend == "triton" else backend
-    shape = run.shapes[op]
-    # the options the models use: Mamba's softplus of delta; ReRoPE's window from the shape (its w)
-    options = ({"delta_softplus": True} if spec.name == "selective_scan" else
-               {"window": shape["w"]} if "w" in shape else {})
+    options = spec.get("benchmark").options(run.shapes[op])   # the models': Mamba's softplus, ReRoPE's window
     return lambda x: spec.function(**x, **options, backend=backend)
 
 
@@ -239,7 +253,7 @@ def _timing_cases(run):
             if op == "wkv7":                    # the sequential entry; "wkv7 chunked" has the same peers
                 # the adapters take seqmix's arguments positionally or by name; the timer passes them by name
                 impls += [(f"fla {name}", fla and (lambda x, f=fla[name]: f(**x)))
-                          for name in ("chunk_rwkv7", "fused_recurrent_rwkv7")]
+                          for name in FLA_FORMS]
             for impl, call in impls:
                 if impl == "seqmix torch" and call is None:
                     continue                    # the torch backend has no chunked form: it is the "wkv7" row
@@ -293,7 +307,12 @@ def _fla():
     except Exception as e:   # not carried, or it does not import on this torch / triton
         return None, f"skipped: fla does not import: {describe(e)}"
     from seqmix.conformance.adapters import fla
-    return {"chunk_rwkv7": fla(chunk_rwkv7), "fused_recurrent_rwkv7": fla(fused_recurrent_rwkv7)}, ""
+    # fla's fastest form, as its own layer (fla/layers/rwkv7.py) calls it: the safe gate (log decays above
+    # FLA_LOWER_BOUND, which the benchmark's inputs keep: benchmarks/run.py draws log_w in (-e^-0.5, 0)) with chunks
+    # of 64, tensor-core solves and T / 64 serial steps; the default form takes chunks of 16 (T / 16 serial steps)
+    layer_form = functools.partial(chunk_rwkv7, safe_gate=True, lower_bound=FLA_LOWER_BOUND, chunk_size=64)
+    return {"chunk_rwkv7": fla(chunk_rwkv7), "chunk_rwkv7 layer form": fla(layer_form),
+            "fused_recurrent_rwkv7": fla(fused_recurrent_rwkv7)}, ""
 
 
 def _flash(fn):

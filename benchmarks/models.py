@@ -63,7 +63,8 @@ class Shape:
 # name -> (memory: a ~0.7B bf16 checkpoint of about 1.5 GB, speed: the published small model), and the quick ones
 SHAPES = {
     "full": {
-        "memory": {"rwkv4": Shape(RwkvForCausalLM, RwkvConfig(vocab_size=50277, hidden_size=1536, num_hidden_layers=20)),
+        "memory": {"rwkv4": Shape(RwkvForCausalLM,
+                                  RwkvConfig(vocab_size=50277, hidden_size=1536, num_hidden_layers=20)),
                    "rwkv7": Shape(Rwkv7, Rwkv7Config(vocab_size=65536, n_embd=1536, n_layer=20, head_size=64)),
                    "mamba": Shape(MambaForCausalLM, MambaConfig(vocab_size=50280, hidden_size=1536,
                                                                 num_hidden_layers=48))},

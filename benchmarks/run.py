@@ -23,7 +23,6 @@ import argparse
 import ctypes
 import importlib
 import json
-import math
 import os
 import platform
 import signal
@@ -40,7 +39,10 @@ import torch
 import torch.nn.functional as F
 
 from seqmix.benchmarks import cost_model, peers
+from seqmix.kernels.ssm import spec as ssm_spec
 from seqmix.kernels.testing import default_backend
+from seqmix.kernels.wkv4 import spec as wkv4_spec
+from seqmix.kernels.wkv7 import spec as wkv7_spec
 from seqmix.models.mamba import MambaConfig, MambaForCausalLM
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -126,35 +128,18 @@ def _generator():
 
 
 def wkv4_inputs(B: int, C: int) -> Callable[[int], dict]:
-    """T -> RWKV-4 WKV inputs of B rows and C channels."""
-    def make(T):
-        g = _generator()
-        time_decay = torch.linspace(-5.0, 3.0, C, device=DEVICE)        # the range transformers initializes
-        return dict(w=-torch.exp(time_decay), u=0.5 * _randn(g, C), k=_randn(g, B, T, C), v=_randn(g, B, T, C))
-    return make
+    """T -> RWKV-4 WKV inputs of B rows and C channels (the op's benchmark inputs, kernels/wkv4/spec.py)."""
+    return lambda T: wkv4_spec.timed_inputs(_generator(), DEVICE, B=B, T=T, C=C)
 
 
 def wkv7_inputs(B: int, H: int, N: int) -> Callable[[int], dict]:
-    """T -> RWKV-7 WKV inputs, as RWKV-7 makes them."""
-    def make(T):
-        g = _generator()
-        r, k, v = (_randn(g, B, T, H, N) for _ in range(3))
-        log_w = -torch.exp(-0.5 - F.softplus(-_randn(g, B, T, H, N)))     # RWKV-7's decay, in (-e^-0.5, 0)
-        kk = F.normalize(_randn(g, B, T, H, N), dim=-1)                    # the removal key: unit length
-        return dict(r=r, log_w=log_w, k=k, v=v, a=-kk, b=kk * torch.sigmoid(_randn(g, B, T, H, N)))
-    return make
+    """T -> RWKV-7 WKV inputs, as RWKV-7 makes them (the op's benchmark inputs, kernels/wkv7/spec.py)."""
+    return lambda T: wkv7_spec.timed_inputs(_generator(), DEVICE, B=B, T=T, H=H, N=N)
 
 
 def ssm_inputs(B: int, D: int, N: int) -> Callable[[int], dict]:
-    """T -> selective-scan inputs with Mamba's initialization of A and delta's bias."""
-    def make(T):
-        g = _generator()
-        dt = torch.exp(torch.rand(D, generator=g, device=DEVICE) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
-        return dict(u=_randn(g, B, D, T), delta=0.5 * _randn(g, B, D, T),
-                    A=-torch.arange(1, N + 1, dtype=torch.float32, device=DEVICE).expand(D, N).contiguous(),
-                    B=_randn(g, B, N, T), C=_randn(g, B, N, T), D=torch.ones(D, device=DEVICE),
-                    z=_randn(g, B, D, T), delta_bias=torch.log(torch.expm1(dt)))   # Mamba's initialization
-    return make
+    """T -> selective-scan inputs with Mamba's initialization of A and delta's bias (kernels/ssm/spec.py)."""
+    return lambda T: ssm_spec.timed_inputs(_generator(), DEVICE, B=B, T=T, D=D, N=N)
 
 
 WKV4_CALL = lambda f, x, b: f(x["w"], x["u"], x["k"], x["v"], backend=b)   # noqa: E731

@@ -12,6 +12,16 @@ runs every check of an op on a function with the signature and conventions of ``
 and in a pytest suite: ``@pytest.mark.parametrize("check", pytest_cases("wkv4", my_wkv4))``, then ``check()``.
 conformance/README.md documents the checks, the adapters, the CLI's exit codes and the JSON schema.
 """
+
+# Imported by its bare folder name (a checkout's root first on sys.path): the installed package of that name takes
+# its place (seqmix.checkout says why). Without seqmix, or copied into another project, the folder stays itself.
+if __name__ == "conformance":
+    try:
+        from seqmix.checkout import step_aside
+    except ImportError:
+        pass
+    else:
+        step_aside(__name__, __file__)
 import importlib
 
 # name -> the module that defines it, imported on first use: ``python -m seqmix.conformance`` must be able to turn

@@ -9,3 +9,13 @@ the full runs write experiments/results/<name>.json, <name>.md, <name>*.png and 
 where they stopped. The pieces: data (the generators and the corpus), transformer (the position schemes), zoo (the
 models), training (a run, evaluation, the learning-rate sweep), records (results files), plots.
 """
+
+# Imported by its bare folder name (a checkout's root first on sys.path): the installed package of that name takes
+# its place (seqmix.checkout says why). Without seqmix, or copied into another project, the folder stays itself.
+if __name__ == "experiments":
+    try:
+        from seqmix.checkout import step_aside
+    except ImportError:
+        pass
+    else:
+        step_aside(__name__, __file__)

@@ -1,11 +1,23 @@
 """Production path: torch + Triton implementations of the sequence-mixing ops.
 
-One module per op (``attention``, ``rerope``, ``wkv4``, ``wkv7``, ``ssm``); each exposes one public function
-with a ``backend`` argument, and ``backends`` is the one dispatcher that says which runs (None: the first backend in
-the op's order that takes the call; a backend named that cannot raises with its reason). Triton is optional:
-without it the torch backend works.
+One package per op (``attention``, ``rerope``, ``wkv4``, ``wkv7``, ``ssm``: kernels/<op>/ holds the op's public
+function, its backends, its declaration in spec.py and its naive form); each exposes one public function with a
+``backend`` argument, and ``backends`` is the one dispatcher that says which runs (None: the first backend in the
+op's order that takes the call; a backend named that cannot raises with its reason). kernels/ itself keeps what every
+op shares: the registry, the dispatcher, the C build, the testing helpers. Triton is optional: without it the torch
+backend works.
 To run the Triton kernels on CPU tensors, set ``TRITON_INTERPRET=1`` before anything imports triton.
 """
+
+# Imported by its bare folder name (a checkout's root first on sys.path): the installed package of that name takes
+# its place (seqmix.checkout says why). Without seqmix, or copied into another project, the folder stays itself.
+if __name__ == "kernels":
+    try:
+        from seqmix.checkout import step_aside
+    except ImportError:
+        pass
+    else:
+        step_aside(__name__, __file__)
 
 import os as _os
 

@@ -7,10 +7,28 @@ from __future__ import annotations
 
 import torch
 
-from seqmix.kernels._common import Launch, new_output, tl, triton
+from ._common import Launch, new_output, tl, triton
+from .backends import Torch, Triton
 
-# The flash kernels hold a (tile, d) block per operand: 16 <= d <= 128 (kernels/backends.py refuses the others).
+# The flash kernels hold a (tile, d) block per operand: 16 <= d <= 128 (FLASH's Triton backend refuses the others).
 MIN_TRITON_HEAD_DIM, MAX_TRITON_HEAD_DIM = 16, 128
+
+
+def _head_dim(call):
+    d = call.facts.get("d", MIN_TRITON_HEAD_DIM)      # not given (default_backend): taken as met
+    if not MIN_TRITON_HEAD_DIM <= d <= MAX_TRITON_HEAD_DIM:
+        return f"takes head dims d in [{MIN_TRITON_HEAD_DIM}, {MAX_TRITON_HEAD_DIM}], got d = {d}"
+    return None
+
+
+# The flash ops' battery cases with saturated scores (kernels/attention/spec.py, kernels/rerope/spec.py):
+# Scores in the hundreds (e^s overflows fp32 past 88: the outputs check that a kernel never forms it) make each row's
+# softmax nearly one-hot, so dq and dk are differences of nearly equal terms, e^-100 of the gradient's scale in exact
+# arithmetic: fp32's rounding dominates them in any kernel. They are not compared there (dv is), and are elsewhere.
+SATURATED = dict(group="extreme", ungraded=("q", "k", "k_cache"))
+
+# The flash ops' backends (attention, ReRoPE's two), in the order backend=None tries them
+FLASH = (Triton(_head_dim, f"CUDA tensors, {MIN_TRITON_HEAD_DIM} <= d <= {MAX_TRITON_HEAD_DIM}"), Torch())
 
 
 def positive_scale(q, scale: float):

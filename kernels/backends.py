@@ -2,7 +2,8 @@
 
 A backend is an object that says whether it can take a call: ``verify(call)`` returns None, or the reason it
 cannot (a ``Refusal``, worded to follow ``backend='name' ``), as flash-linear-attention's ``BaseBackend.verify``
-does. Each op has an ordered tuple of backends (``BACKENDS``, which reads each op's from kernels/registry.py);
+does. Each op has an ordered tuple of backends, with its limits, in its package (kernels/<op>/spec.py;
+``BACKENDS`` reads each op's through kernels/registry.py);
 ``dispatch`` is the only place that chooses:
 
 * ``backend=None``: the first backend, in the op's order, whose ``verify_auto`` accepts the call. ``verify_auto``
@@ -24,13 +25,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from seqmix.kernels import native, registry
-from seqmix.kernels._common import FLOAT_DTYPES, HAS_TRITON, TORCH_DTYPES
-from seqmix.kernels._flash import MAX_TRITON_HEAD_DIM, MIN_TRITON_HEAD_DIM
-from seqmix.kernels.wkv7_chunked import CHUNKED_BLOCK_K
+from . import native, registry
+from ._common import FLOAT_DTYPES, HAS_TRITON, TORCH_DTYPES
 
-__all__ = ["Call", "Refusal", "WrongDtype", "Unavailable", "Backend", "Torch", "Triton", "CLoops", "FLASH",
-           "RECURRENCES", "WKV7", "BACKENDS", "NAMES", "dispatch", "default_backend", "deprecated_chunked", "describe",
+__all__ = ["Call", "Refusal", "WrongDtype", "Unavailable", "Backend", "Torch", "Triton", "CLoops", "RECURRENCES",
+           "BACKENDS", "NAMES", "dispatch", "default_backend", "deprecated_chunked", "describe",
            "refusals"]
 
 
@@ -133,7 +132,8 @@ class Triton(Backend):
 
 
 class CLoops(Backend):
-    """The C loops of kernels/native.c (CPU, forward and backward, with or without gradients)."""
+    """The C loops of an op (kernels/<op>/<op>.c, built by kernels/native.py; CPU, forward and backward, with or
+    without gradients)."""
     name = "c"
     when = "CPU tensors in fp32, fp16 or bf16 where the C loops build"
 
@@ -156,48 +156,10 @@ class CLoops(Backend):
         return None
 
 
-def _flash_head_dim(call):
-    d = call.facts.get("d", MIN_TRITON_HEAD_DIM)      # not given (default_backend): taken as met
-    if not MIN_TRITON_HEAD_DIM <= d <= MAX_TRITON_HEAD_DIM:
-        return f"takes head dims d in [{MIN_TRITON_HEAD_DIM}, {MAX_TRITON_HEAD_DIM}], got d = {d}"
-    return None
-
-
-def _wkv7_triton_heads(call):
-    N = call.facts.get("N", CHUNKED_BLOCK_K)          # not given (default_backend): taken as met
-    if N < 4 or N & (N - 1):
-        return f"needs a head size N that is a power of two >= 4, got N = {N}"
-    return None
-
-
-def _wkv7_chunked_heads(call):
-    N = call.facts.get("N", CHUNKED_BLOCK_K)          # not given (default_backend): taken as met
-    if N < CHUNKED_BLOCK_K or N & (N - 1):
-        return (f"needs a head size N that is a power of two >= {CHUNKED_BLOCK_K} (tl.dot's smallest tile), got "
-                f"N = {N}; backend='triton' runs smaller heads step by step")
-    return None
-
-
-def _wkv7_c_heads(call):
-    N = call.facts.get("N", CHUNKED_BLOCK_K)          # not given (default_backend): taken as met
-    if N > native.WKV7_MAX_HEAD:   # the C loop keeps a row of the state in registers
-        return f"takes head sizes N <= {native.WKV7_MAX_HEAD}, got N = {N}"
-    return None
-
-
-_TORCH, _TRITON, _C = Torch(), Triton(), CLoops()
-_FLASH = Triton(_flash_head_dim, f"CUDA tensors, {MIN_TRITON_HEAD_DIM} <= d <= {MAX_TRITON_HEAD_DIM}")
-
-# The backends of each family of ops, in the order backend=None tries them; the first that takes the call runs it.
-# kernels/registry.py names each op's tuple (OpSpec.backends), and BACKENDS reads them from there.
-FLASH = (_FLASH, _TORCH)
-RECURRENCES = (_TRITON, _C, _TORCH)
-WKV7 = (Triton(_wkv7_triton_heads, "CUDA tensors, N a power of two >= 4"),
-        # after "triton", whose heads include its own: None picks it only where "triton" refuses
-        Triton(_wkv7_chunked_heads, f"CUDA tensors, N a power of two >= {CHUNKED_BLOCK_K}", name="triton_chunked"),
-        CLoops(_wkv7_c_heads, f"CPU tensors in fp32, fp16 or bf16, N <= {native.WKV7_MAX_HEAD}, where the C loops "
-                              f"build"),
-        _TORCH)
+# The backends of a recurrence with a Triton kernel and C loops and no limits of its own, in the order backend=None
+# tries them (the first that takes the call runs it). An op with limits builds its own tuple in its spec.py
+# (kernels/wkv7/spec.py); the flash ops' tuple is kernels/_flash.py's FLASH.
+RECURRENCES = (Triton(), CLoops(), Torch())
 
 
 BACKENDS: Mapping[str, tuple[Backend, ...]] = registry.view("backends")

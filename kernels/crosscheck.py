@@ -15,18 +15,18 @@ import sys
 import numpy as np
 import torch
 
-import seqmix
+from . import use_interpreter_without_gpu
 
-MODE = seqmix.use_interpreter_without_gpu()   # before anything imports triton
+MODE = use_interpreter_without_gpu()   # before anything imports triton
 
-from seqmix.kernels.declarations import call, state_tensors  # noqa: E402
-from seqmix.kernels.registry import REGISTRY, OpSpec  # noqa: E402
-from seqmix.kernels.testing import HAS_TRITON, REFERENCE_BUDGET, max_abs, rel_rms  # noqa: E402
-from seqmix.reference import attention as ref_attention  # noqa: E402
-from seqmix.reference import rope as ref_rope  # noqa: E402
-from seqmix.reference import ssm as ref_ssm  # noqa: E402
-from seqmix.reference import wkv4 as ref_wkv4  # noqa: E402
-from seqmix.reference import wkv7 as ref_wkv7  # noqa: E402
+from ..reference import attention as ref_attention  # noqa: E402
+from ..reference import rope as ref_rope  # noqa: E402
+from ..reference import ssm as ref_ssm  # noqa: E402
+from ..reference import wkv4 as ref_wkv4  # noqa: E402
+from ..reference import wkv7 as ref_wkv7  # noqa: E402
+from .declarations import call, state_tensors  # noqa: E402
+from .registry import REGISTRY, OpSpec  # noqa: E402
+from .testing import HAS_TRITON, REFERENCE_BUDGET, max_abs, rel_rms  # noqa: E402
 
 __all__ = ["main", "available_backends", "crosscheck_case", "kernel_rows",
            "REFERENCE_FORMS"]

@@ -74,6 +74,11 @@ def scan_inputs(rng, batch, dim, N, T, extras=(), delta_scale=1.0):
     return x
 
 
+def log_decays(rng, shape):
+    """Negative log decays -e^{x - 1}, x standard normal (the GPU checks' WKV-4 w and scan A)."""
+    return -np.exp(rng.normal(size=shape) - 1.0)
+
+
 def split_bounds(T, cuts):
     """[0, ..., T]: the bounds of the pieces a sequence of T >= 2 tokens is fed in, cut at the fractions ``cuts`` of
     T (each cut moved into [1, T - 1], duplicates dropped: no piece is empty)."""

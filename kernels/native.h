@@ -1,9 +1,10 @@
-/* What kernels/native.c and the models' C steps (models/native/) share: the vectorizable e^x and softplus, the vector
- * types, the status codes, and native.c's entry points (the recurrences, which the steps run one token at a time). */
+/* What every op's C loops (kernels/<op>/<op>.c), kernels/native.c and the models' C steps (models/native/) share: the
+ * vectorizable e^x and softplus, the vector types, the status codes, the scratch buffers, and native.c's entry points. */
 #ifndef SEQMIX_NATIVE_H
 #define SEQMIX_NATIVE_H
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* 1 when x is NaN or +-inf (exponent bits all set). The loops are compiled assuming finite numbers (see
@@ -120,41 +121,27 @@ typedef int32_t vint __attribute__((vector_size(VEC * sizeof(int32_t))));
 #define LOADV(p) (*(const vfloat_u *)(p))
 #define STOREV(p, x) (*(vfloat_u *)(p) = (x))
 
-/* The entry points of native.c (which documents them), as kernels/native.py's ENTRIES writes them: a test checks
- * that the two declare the same prototypes. */
+/* A buffer of n floats for one call's work items (freed by the caller), 64-byte aligned; NULL when out of memory
+ * (the entry point then returns STATUS_NO_MEMORY). */
+static inline float *scratch_floats(int64_t n)
+{
+    return aligned_alloc(64, (size_t)((n * (int64_t)sizeof(float) + 63) / 64 * 64));
+}
+
+/* The sum of x[0 .. 7] as a tree of pairs: a few shuffles of one vector (GCC adds the lanes of a reduction's vector
+ * one after the other, a chain of 7 dependent additions) */
+static inline float sum8(float *x)
+{
+    for (int64_t half = 4; half > 0; half /= 2)
+        for (int64_t l = 0; l < half; l++)
+            x[l] += x[l + half];
+    return x[0];
+}
+
+/* The entry points of native.c (which documents them), as kernels/native.py's ENTRIES reads them: the helpers that
+ * every op's loops share; each op's own entry points are in its package's header (kernels/<op>/<op>.h). */
 int exp_array(int64_t n, const float *x, float *out);
 int softplus_array(int64_t n, const float *x, float *out);
 int sum_rows(int64_t first, int64_t last, int64_t rows, int64_t cols, const float *in, float *out);
-int wkv4_forward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
-                 const float *w, const float *u, const float *k, const float *v, float *y,
-                 const float *num0, const float *den0, const float *max0, float *num_out, float *den_out,
-                 float *max_out, float *lag_out, int32_t *bad_out, float *vy_save, float *d_save, float *z_save);
-int wkv4_backward(int64_t first, int64_t last, int64_t T, int64_t C, int64_t block,
-                  const float *w, const float *u, const float *k, const float *v,
-                  const float *vy_save, const float *d_save, const float *z_save, const float *gy,
-                  const float *num0, const float *den0, const float *max0, const float *num, const float *den,
-                  const float *lag_in, const int32_t *bad, const float *gnum, const float *gden, const float *gmax,
-                  float *gk, float *gv, float *gw_out, float *gu_out, float *gnum0, float *gden0, float *gmax0);
-int64_t selective_scan_lanes(void);
-int selective_scan_forward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
-                           const float *u, const float *delta, const float *delta_bias, const float *A,
-                           const float *Bt, const float *Ct, const float *Dskip, const float *z, float *y,
-                           float *state, int64_t ck, float *ckpt, int32_t *bad_out);
-int selective_scan_backward(int64_t first, int64_t last, int64_t D, int64_t T, int64_t N, int64_t delta_softplus,
-                            int64_t per_group, const float *u, const float *delta, const float *delta_bias,
-                            const float *A, const float *Bt, const float *Ct, const float *Dskip, const float *z,
-                            int64_t ck, const float *ckpt, const int32_t *bad_in, const float *dy,
-                            const float *dlast, float *du, float *ddelta, float *dz, float *dA_part,
-                            float *dB_part, float *dC_part, float *dD_part, float *dbias_part, float *dstate);
-int64_t wkv7_padded_size(int64_t N);
-int64_t wkv7_max_head_size(void);
-int wkv7_forward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
-                 const float *r, const float *log_w, const float *k, const float *v, const float *a,
-                 const float *b, float *y, float *state, int64_t ck, float *ckpt, int32_t *bad_out);
-int wkv7_backward(int64_t first, int64_t last, int64_t T, int64_t H, int64_t N,
-                  const float *r, const float *log_w, const float *k, const float *v, const float *a,
-                  const float *b, const float *dy, const float *dstate, int64_t ck, const float *ckpt,
-                  const int32_t *bad, float *dr, float *dlog_w, float *dk, float *dv, float *da, float *db,
-                  float *dstate0);
 
 #endif

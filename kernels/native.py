@@ -1,4 +1,4 @@
-"""The C loops of kernels/native.c: the CPU path (backend="c") of wkv4, wkv7 and selective_scan, forward and backward.
+"""The C build: the CPU path (backend="c") of the ops with C loops (kernels/<op>/<op>.c), forward and backward.
 
 Why: on a CPU each recurrence costs a few multiply-adds and exponentials per element, and the chunked torch forms
 spend their time in about twenty eager passes over memory (benchmarks/README.md measures them). A loop that walks
@@ -56,44 +56,43 @@ from pathlib import Path
 
 import torch
 
-from seqmix.kernels import c_abi
-from seqmix.kernels._common import new_output
+from . import c_abi, registry
+from ._common import new_output
 
-__all__ = ["wkv4_forward", "wkv7_forward", "selective_scan_forward", "exp", "softplus", "available",
-           "unavailable_reason", "library", "load", "Sources", "KERNELS", "ENTRIES", "STATUS", "check_status",
-           "pointers", "initial_state", "NativeUnavailable"]
+__all__ = ["exp", "softplus", "sum_rows", "available", "unavailable_reason", "library", "load", "Sources", "KERNELS",
+           "ENTRIES", "STATUS", "CHECKPOINT", "check_status", "call", "floats", "fp32", "pointers", "initial_state",
+           "dtypes_of", "grads_as", "NativeUnavailable"]
 
 SOURCE = Path(__file__).with_name("native.c")
 HEADER = SOURCE.with_name("native.h")
 # native.c's entry points: native.h is the one signature table (the compiler checks native.c's definitions against
 # it, tests/test_kernels_native.py that every function native.c exports is declared there); ctypes' argtypes and
-# restype come from its prototypes, and the wrappers below pass arguments by name through them
-ENTRIES = c_abi.table(HEADER.read_text())
+# restype come from its prototypes, and the wrappers pass arguments by name through them. Each op's loops have a
+# header of their own in the op's package (kernels/<op>/<op>.h); ENTRIES, below, holds native.h's and theirs.
+SHARED_ENTRIES = c_abi.table(HEADER.read_text())
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",
          "-fno-signed-zeros", "-shared", "-fPIC")
 # -fopenmp for the models' steps' threads (torch's libgomp, see models/native/decode.c); a compiler without OpenMP
 # (Apple's clang) builds with -fopenmp-simd, the `omp simd` loops alone, and decoding steps run on one thread
 OPENMP = ("-fopenmp", "-fopenmp-simd")
 SERIAL_WORK = 1 << 15    # below this many elements per call, one thread: starting threads would cost more
-ALIGN = 16               # WKV-4 channel blocks are multiples of this (whole vectors)
-CHECKPOINT = 16          # WKV-7 and the scan keep their state every this many steps for the backward, which re-runs
-                         # at most this many steps from one, in memory that stays in cache
-GROUPS_PER_CALL = 16     # the scan's backward: work items per call where the batch alone gives fewer
-WKV7_MAX_HEAD = 256      # the largest WKV-7 head the loops take (native.c's MAX_V * VEC; tested to agree)
-# native.h's enum status: every entry point returns one; 0 is STATUS_OK, and check_status raises for the others
+CHECKPOINT = 16          # the loops that save states for their backward (WKV-7, the scan) keep one every this many
+                         # steps; the backward re-runs at most this many steps from one, in memory that stays in cache
+# native.h's enum status: every entry point returns one; 0 is STATUS_OK, and check_status raises for the others (an
+# op whose loops return STATUS_HEAD_SIZE words its limit in its own table: kernels/wkv7/c.py)
 STATUS = {1: (MemoryError, "could not allocate its scratch memory"),                      # STATUS_NO_MEMORY
-          2: (ValueError, f"takes head size N <= {WKV7_MAX_HEAD}")}                       # STATUS_HEAD_SIZE
+          2: (ValueError, "does not take the head size it was given")}                    # STATUS_HEAD_SIZE
 
 
 class NativeUnavailable(RuntimeError):
     """The C loops cannot be built or loaded here (the message says why)."""
 
 
-def check_status(status: int, entry: str, inputs: str = "") -> None:
-    """Raise what a non-zero status from the C entry point ``entry`` means (STATUS), ``inputs`` naming what it
-    was called with."""
+def check_status(status: int, entry: str, inputs: str = "", meanings: dict | None = None) -> None:
+    """Raise what a non-zero status from the C entry point ``entry`` means (``meanings``, STATUS by default),
+    ``inputs`` naming what it was called with."""
     if status:
-        error, meaning = STATUS.get(status, (RuntimeError, f"returned the unknown status {status}"))
+        error, meaning = (meanings or STATUS).get(status, (RuntimeError, f"returned the unknown status {status}"))
         raise error(f"{entry} {meaning}" + (f" (called with {inputs})" if inputs else ""))
 
 
@@ -139,7 +138,17 @@ class Sources:
     generated: tuple[tuple[str, str], ...] = ()
 
 
-KERNELS = Sources("native", (SOURCE, HEADER), tuple(ENTRIES.values()))
+def _op_files() -> tuple[Path, ...]:
+    """The C loops of every op of the registry that has C entry points: kernels/<op>/<op>.c and its header."""
+    folders = [Path(__file__).parent / op.stem for op in registry.REGISTRY if op.c_entries]
+    return tuple(folder / f"{folder.name}{suffix}" for folder in folders for suffix in (".c", ".h"))
+
+
+# native.c and every op's loops, one library; its signature table: native.h's entry points and each op header's
+_OP_FILES = _op_files()
+ENTRIES = {**SHARED_ENTRIES, **{name: entry for path in _OP_FILES if path.suffix == ".h"
+                                for name, entry in c_abi.table(path.read_text()).items()}}
+KERNELS = Sources("native", (SOURCE, HEADER, *_OP_FILES), tuple(ENTRIES.values()))
 
 
 def _build(command: list[str], sources: Sources = KERNELS) -> Path:
@@ -241,7 +250,7 @@ def _pool(threads: int, pid: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(threads, thread_name_prefix="seqmix-native")
 
 
-def _run(fn, items: int, work: int, *args, inputs: str = "") -> None:
+def _run(fn, items: int, work: int, *args, inputs: str = "", meanings: dict | None = None) -> None:
     """fn(first, last, *args) over [0, items), split into one contiguous range per thread (ctypes releases the
     GIL during each call); raises what a non-zero status of fn means (check_status, ``inputs`` naming the call's).
     ``work``: elements touched, to keep small calls on one thread."""
@@ -251,12 +260,15 @@ def _run(fn, items: int, work: int, *args, inputs: str = "") -> None:
     else:
         bounds = [items * i // threads for i in range(threads + 1)]
         statuses = _pool(threads, os.getpid()).map(lambda i: fn(bounds[i], bounds[i + 1], *args), range(threads))
-    check_status(max(statuses), fn.__name__, inputs)
+    check_status(max(statuses), fn.__name__, inputs, meanings)
 
 
-def _call(entry: str, items: int, work: int, inputs: str = "", **named) -> None:
-    """_run of the entry point ``entry``, its arguments after (first, last) given by their names in ENTRIES."""
-    _run(getattr(library(), entry), items, work, *ENTRIES[entry].arguments(named, skip=2), inputs=inputs)
+def call(entry: str, items: int, work: int, inputs: str = "", meanings: dict | None = None, **named) -> None:
+    """The entry point ``entry`` (of ENTRIES) over ``items`` work items split over the threads, its arguments after
+    (first, last) given by their names; raises what a non-zero status means (``meanings``: STATUS by default),
+    ``inputs`` naming the call's. ``work``: elements touched, to keep small calls on one thread."""
+    _run(getattr(library(), entry), items, work, *ENTRIES[entry].arguments(named, skip=2), inputs=inputs,
+         meanings=meanings)
 
 
 def pointers(*tensors):
@@ -295,135 +307,20 @@ def sum_rows(x):
     x = x.contiguous()
     out = torch.empty(x.shape[1:])
     cols = out.numel()
-    _call("sum_rows", cols, x.numel(), rows=x.shape[0], cols=cols, out=out, **{"in": x})
+    call("sum_rows", cols, x.numel(), rows=x.shape[0], cols=cols, out=out, **{"in": x})
     return out
 
 
-def _floats(*shape):
+def dtypes_of(*inputs):
+    """The inputs' dtypes (None for an input left out): what an op's C autograd function gives its gradients."""
+    return tuple(None if x is None else x.dtype for x in inputs)
+
+
+def grads_as(grads, dtypes):
+    """Each gradient in its input's dtype; None where the input is None."""
+    return tuple(None if dtype is None else g.to(dtype) for g, dtype in zip(grads, dtypes))
+
+
+def floats(*shape):
+    """A new (uninitialized, or NaN-poisoned under the tests) fp32 CPU tensor of ``shape``: a loop's output."""
     return new_output(shape, torch.float32, torch.device("cpu"))
-
-
-def _wkv4_block(B, C):
-    """Channels per WKV-4 work item: blocks as wide as the thread count allows, since a narrow block walks memory
-    with a stride of a whole row per token (measured 3x slower at 64 channels than at 768)."""
-    per_row = -(-torch.get_num_threads() // B)                             # blocks per row to feed every thread
-    return min(C, -(-C // per_row // ALIGN) * ALIGN)
-
-
-def wkv4_forward(w, u, k, v, num0, den0, max0, save=False):
-    """RWKV-4's WKV: w, u (C,); k, v (B, T, C); state (B, C) each -> (y (B, T, C), (num, den, max), saved); all fp32.
-    ``saved``: what wkv4_backward needs (v - y, d, z per token; lag and bad per channel), None without ``save``.
-    Work items are (batch row, channel block)."""
-    w, u, k, v, num0, den0, max0 = map(fp32, (w, u, k, v, num0, den0, max0))
-    B, T, C = k.shape
-    block = _wkv4_block(B, C)
-    y = _floats(B, T, C)
-    num, den, mx, lag = (_floats(B, C) for _ in range(4))
-    bad = torch.empty(B, C, dtype=torch.int32)
-    per_token = [_floats(B, T, C) for _ in range(3)] if save else [None] * 3
-    _call("wkv4_forward", B * -(-C // block), k.numel(), T=T, C=C, block=block, w=w, u=u, k=k, v=v, y=y, num0=num0,
-         den0=den0, max0=max0, num_out=num, den_out=den, max_out=mx, lag_out=lag, bad_out=bad,
-         **dict(zip(("vy_save", "d_save", "z_save"), per_token)))
-    return y, (num, den, mx), ((*per_token, lag, bad) if save else None)
-
-
-def wkv4_backward(w, u, k, v, num0, den0, max0, num, den, saved, gy, g_num, g_den, g_max):
-    """The gradients of wkv4_forward (fp32 inputs, as it took them; num, den its final state, ``saved`` what it
-    saved) for the cotangents gy (B, T, C) and g_num, g_den, g_max (B, C): (dw, du, dk, dv, dnum0, dden0, dmax0),
-    fp32; dw and du summed over the batch in a fixed order."""
-    gy, g_num, g_den, g_max = map(fp32, (gy, g_num, g_den, g_max))
-    B, T, C = k.shape
-    block = _wkv4_block(B, C)
-    gk, gv = _floats(B, T, C), _floats(B, T, C)
-    gw, gu, g_num0, g_den0, g_max0 = (_floats(B, C) for _ in range(5))
-    vy, d, z, lag, bad = saved
-    _call("wkv4_backward", B * -(-C // block), k.numel(), T=T, C=C, block=block, w=w, u=u, k=k, v=v, vy_save=vy,
-         d_save=d, z_save=z, gy=gy, num0=num0, den0=den0, max0=max0, num=num, den=den, lag_in=lag, bad=bad,
-         gnum=g_num, gden=g_den, gmax=g_max, gk=gk, gv=gv, gw_out=gw, gu_out=gu, gnum0=g_num0, gden0=g_den0,
-         gmax0=g_max0)
-    return sum_rows(gw), sum_rows(gu), gk, gv, g_num0, g_den0, g_max0
-
-
-def _scan_groups(batch, blocks):
-    """Blocks of channels per work item of the scan's backward, from the shapes alone (never the thread count, so
-    that dB and dC are summed in one order): one group per batch row when there are rows enough to share out,
-    else up to GROUPS_PER_CALL groups in all."""
-    per_row = min(blocks, -(-GROUPS_PER_CALL // batch))
-    return -(-blocks // per_row)
-
-
-def selective_scan_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state, save=False):
-    """delta <- softplus(delta + delta_bias) (when asked), x_t = e^{delta_t A} x_{t-1} + delta_t B_t u_t,
-    y_t = (C_t . x_t + D u_t) silu(z_t): u, delta, z (batch, D, T); A (D, N); B, C (batch, N, T); D, delta_bias (D,);
-    D, z, delta_bias and state (batch, D, N) may be None -> (y (batch, D, T), last state (batch, D, N), saved); fp32.
-    ``saved``: what selective_scan_backward needs (B and C time-major, checkpoints, bad lanes), None without
-    ``save``."""
-    u, delta, A, D, z, delta_bias = map(fp32, (u, delta, A, D, z, delta_bias))
-    batch, dim, T = u.shape
-    N = A.shape[1]
-    y = _floats(batch, dim, T)
-    last = initial_state(state, (batch, dim, N))
-    Bt, Ct = (x.float().transpose(1, 2).contiguous() for x in (B, C))       # (batch, T, N): a token's N adjacent
-    lanes = library().selective_scan_lanes()                                  # channels per work item
-    items = batch * -(-dim // lanes)
-    ckpt, bad = ((_floats(items, -(-T // CHECKPOINT), N, lanes), torch.empty(items, lanes, dtype=torch.int32))
-                 if save else (None, None))
-    _call("selective_scan_forward", items, batch * dim * T * N, D=dim, T=T, N=N, delta_softplus=int(delta_softplus),
-         u=u, delta=delta, delta_bias=delta_bias, A=A, Bt=Bt, Ct=Ct, Dskip=D, z=z, y=y, state=last, ck=CHECKPOINT,
-         ckpt=ckpt, bad_out=bad)
-    return y, last, ((Bt, Ct, ckpt, bad) if save else None)
-
-
-def selective_scan_backward(u, delta, A, D, z, delta_bias, delta_softplus, saved, dy, dlast):
-    """The gradients of selective_scan_forward (fp32 inputs, as it took them; ``saved`` what it saved) for the
-    cotangents dy (batch, D, T) and dlast (batch, D, N): (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dstate), fp32,
-    None for D, z, delta_bias where they were None; dA, dD, ddelta_bias summed over the batch, dB, dC over the
-    channels, each in a fixed order."""
-    Bt, Ct, ckpt, bad = saved
-    dy, dlast = fp32(dy), fp32(dlast)
-    batch, dim, T = u.shape
-    N = A.shape[1]
-    lanes = library().selective_scan_lanes()
-    blocks = -(-dim // lanes)
-    per_group = _scan_groups(batch, blocks)
-    groups = -(-blocks // per_group)
-    du, ddelta, dz = _floats(batch, dim, T), _floats(batch, dim, T), None if z is None else _floats(batch, dim, T)
-    dA, dstate = _floats(batch, dim, N), _floats(batch, dim, N)
-    dD, dbias = _floats(batch, dim), _floats(batch, dim)
-    dB, dC = _floats(batch, groups, T, N), _floats(batch, groups, T, N)        # each group's channels' share
-    _call("selective_scan_backward", batch * groups, batch * dim * T * N, D=dim, T=T, N=N,
-         delta_softplus=int(delta_softplus), per_group=per_group, u=u, delta=delta, delta_bias=delta_bias, A=A,
-         Bt=Bt, Ct=Ct, Dskip=D, z=z, ck=CHECKPOINT, ckpt=ckpt, bad_in=bad, dy=dy, dlast=dlast, du=du,
-         ddelta=ddelta, dz=dz, dA_part=dA, dB_part=dB, dC_part=dC, dD_part=dD, dbias_part=dbias, dstate=dstate)
-    dB, dC = ((x[:, 0] if groups == 1 else sum_rows(x.transpose(0, 1))).transpose(1, 2) for x in (dB, dC))
-    return (du, ddelta, sum_rows(dA), dB, dC, None if D is None else sum_rows(dD), dz,
-            None if delta_bias is None else sum_rows(dbias), dstate)
-
-
-def wkv7_forward(r, log_w, k, v, a, b, state, save=False):
-    """S_t = S_{t-1} diag(e^{log_w_t}) + (S_{t-1} a_t) b_t^T + v_t k_t^T, y_t = S_t r_t: r, log_w, k, v, a, b
-    (B, T, H, N); state (B, H, N, N) [value, key] or None -> (y (B, T, H, N), last state (B, H, N, N), saved);
-    fp32. ``saved``: what wkv7_backward needs (checkpoints, bad heads), None without ``save``."""
-    r, log_w, k, v, a, b = map(fp32, (r, log_w, k, v, a, b))
-    B, T, H, N = r.shape
-    y = _floats(B, T, H, N)
-    last = initial_state(state, (B, H, N, N))
-    NP = library().wkv7_padded_size(N)         # the head size padded to whole vectors, as the loop keeps its state
-    ckpt, bad = ((_floats(B * H, -(-T // CHECKPOINT), NP, NP), torch.empty(B * H, dtype=torch.int32)) if save
-                 else (None, None))
-    _call("wkv7_forward", B * H, B * T * H * N * N, f"r of shape {(B, T, H, N)}", T=T, H=H, N=N, r=r, log_w=log_w,
-         k=k, v=v, a=a, b=b, y=y, state=last, ck=CHECKPOINT, ckpt=ckpt, bad_out=bad)
-    return y, last, ((ckpt, bad) if save else None)
-
-
-def wkv7_backward(r, log_w, k, v, a, b, saved, dy, dstate):
-    """The gradients of wkv7_forward (fp32 inputs, as it took them; ``saved`` what it saved) for the cotangents
-    dy (B, T, H, N) and dstate (B, H, N, N): (dr, dlog_w, dk, dv, da, db, dstate0), fp32."""
-    ckpt, bad = saved
-    dy, dstate = fp32(dy), fp32(dstate)
-    B, T, H, N = r.shape
-    grads = {name: _floats(B, T, H, N) for name in ("dr", "dlog_w", "dk", "dv", "da", "db")}
-    dstate0 = _floats(B, H, N, N)
-    _call("wkv7_backward", B * H, B * T * H * N * N, f"r of shape {(B, T, H, N)}", T=T, H=H, N=N, r=r, log_w=log_w,
-         k=k, v=v, a=a, b=b, dy=dy, dstate=dstate, ck=CHECKPOINT, ckpt=ckpt, bad=bad, dstate0=dstate0, **grads)
-    return (*grads.values(), dstate0)

@@ -18,7 +18,7 @@ ReRoPE ops, keys the benchmarks' shapes and the cost model).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -34,19 +34,37 @@ def load(where):
     return getattr(importlib.import_module(module), attribute)
 
 
+def _no_options(shape: dict) -> dict:
+    return {}
+
+
 @dataclass(frozen=True)
 class Benchmark:
     """What the GPU benchmarks (benchmarks/gpu_timing.py, gpu_correct.py, gpu_check) and the cost model read of an
-    op. builder: the cost model's function (in benchmarks/cost_model.py) that models the op module's kernels;
-    shape / dry_shape: the benchmark's sizes and gpu_check --dry-run's (both keyed by the module's stem, so the two
-    ReRoPE ops share theirs); kernels: per Triton backend, the AOT labels' prefixes of its forward kernel and of its
-    training kernels (forward and backward), as the cost model names them; variants: more shapes of the same
-    kernels, each timed, compiled and modelled as an entry of its own whose name ends in the variant's ("attention
-    d=128"), by that name: the sizes it changes in shape and in dry_shape."""
-    builder: str
+    op, declared in its package (kernels/<op>/spec.py; the cost model's builders register themselves in
+    benchmarks/cost_model.py by the op's stem), so that no benchmark branches on an op's name. Fields:
+
+    shape, dry_shape: the benchmark's sizes and gpu_check --dry-run's (the two ReRoPE ops share theirs);
+    kernels: per Triton backend, the AOT labels' prefixes of its forward kernel and of its training kernels (forward
+        and backward), as the cost model names them;
+    inputs: ``inputs(generator, device, **shape)``, the timed inputs (a dict by name) at a shape;
+    fp32: the inputs that stay fp32 beside bf16 ones (the decays and parameters the models keep in fp32);
+    options: ``options(shape)``, the call's options at a shape (the models' settings);
+    check: ``check(rng, T, width)``, gpu_correct's float64 NumPy inputs (in the op's order) and options: T steps,
+        ``width`` channels or head size;
+    check_heads: per Triton backend, the head sizes gpu_correct's battery runs where the op's cases have others;
+    fp32_budgets: per Triton backend, gpu_correct's fp32 budget where it is not the design's 1e-5;
+    variants: more shapes of the same kernels, each timed, compiled and modelled as an entry of its own whose name
+        ends in the variant's ("attention d=128"), by that name: the sizes it changes in shape and in dry_shape."""
     shape: dict
     dry_shape: dict
     kernels: dict
+    inputs: Callable
+    check: Callable
+    fp32: tuple = ()
+    options: Callable = _no_options
+    check_heads: dict = field(default_factory=dict)
+    fp32_budgets: dict = field(default_factory=dict)
     variants: dict = field(default_factory=dict)
 
 
@@ -60,8 +78,9 @@ class OpSpec:
     reference: the float64 NumPy form; naive: the float64 torch form (autograd's yardstick for gradients);
     battery: the battery declaration (a ``seqmix.kernels.declarations.Op``); backends: the tuple of backend objects
     in the order backend=None tries them; family: "attention" or "recurrence"; aot_modules: the modules whose
-    ``aot_kernels()`` build this op's Triton kernels (the AOT build); c_entries: its C entry points in native.h;
-    benchmark: what the GPU benchmarks read (None: the op is not benchmarked).
+    ``aot_kernels()`` build this op's Triton kernels (the AOT build); c_entries: its C entry points (declared in
+    its package's <stem>.h, whose loops kernels/native.py builds); benchmark: what the GPU benchmarks read, a
+    ``Benchmark`` (None: the op is not benchmarked).
     """
     name: str
     title: str
@@ -73,7 +92,7 @@ class OpSpec:
     family: str
     aot_modules: tuple = ()
     c_entries: tuple = ()
-    benchmark: Benchmark | None = None
+    benchmark: object = None
 
     def get(self, field: str):
         """The object a field names, imported on first use: ``spec("wkv4").get("reference")``."""
@@ -95,47 +114,35 @@ class OpSpec:
         return self.family == "recurrence"
 
 
-_RECURRENCES = "seqmix.kernels.backends:RECURRENCES"
-_FLASH = "seqmix.kernels.backends:FLASH"
-_BATTERY = "seqmix.kernels.declarations:"
-_NAIVE = "seqmix.kernels.naive:"
-
-# The benchmark shapes (benchmarks/README.md, the cost model's defaults), and tiny ones for gpu_check --dry-run.
-_REROPE_SHAPES = dict(shape=dict(B=1, H=4, T=8192, d=64, w=512), dry_shape=dict(B=1, H=2, T=32, d=16, w=8))
-_SCAN_SHAPES = dict(shape=dict(B=1, T=2048, D=1536, N=16), dry_shape=dict(B=1, T=16, D=16, N=4))
-
+# Each op lives in its package, kernels/<stem>/: its public function (the package), its declaration (spec.py: the
+# backends with their limits, the battery declaration, the benchmark) and its naive form (naive.py); an op with C
+# loops also holds them there (<stem>.c, <stem>.h, c.py), and kernels/native.py builds them from c_entries.
 REGISTRY: list[OpSpec] = [
-    OpSpec("attention", "softmax attention", "seqmix.kernels.attention",
-           "seqmix.reference.attention:softmax_attention", _NAIVE + "explicit_attention", _BATTERY + "ATTENTION",
-           _FLASH, "attention", aot_modules=("seqmix.kernels.attention",),
-           benchmark=Benchmark("attention_models", dict(B=1, H=4, T=8192, d=64), dict(B=1, H=2, T=32, d=16),
-                               {"triton": ("attention_fwd", ("attention_",))},
-                               variants={"d=128": (dict(d=128), dict(d=32))})),   # the issue's goal: d = 64 and 128
+    OpSpec("attention", "softmax attention", "seqmix.kernels.attention", "seqmix.reference.attention:softmax_attention",
+           naive="seqmix.kernels.attention.naive:explicit_attention", battery="seqmix.kernels.attention.spec:ATTENTION",
+           backends="seqmix.kernels.attention.spec:BACKENDS", family="attention",
+           aot_modules=("seqmix.kernels.attention",), benchmark="seqmix.kernels.attention.spec:BENCHMARK"),
     OpSpec("rerope_attention", "ReRoPE prefill", "seqmix.kernels.rerope", "seqmix.reference.rope:rerope_attention",
-           _NAIVE + "rerope_attention", _BATTERY + "REROPE_ATTENTION", _FLASH, "attention",
-           aot_modules=("seqmix.kernels.rerope.fused",),
-           benchmark=Benchmark("rerope_models", **_REROPE_SHAPES,
-                               kernels={"triton": ("rerope_fwd", ("rerope_fwd", "rerope_bwd"))})),
+           naive="seqmix.kernels.rerope.naive:rerope_attention", battery="seqmix.kernels.rerope.spec:REROPE_ATTENTION",
+           backends="seqmix.kernels.rerope.spec:BACKENDS", family="attention",
+           aot_modules=("seqmix.kernels.rerope.fused",), benchmark="seqmix.kernels.rerope.spec:PREFILL_BENCHMARK"),
     OpSpec("rerope_decode", "ReRoPE decode", "seqmix.kernels.rerope", "seqmix.reference.rope:rerope_decode",
-           _NAIVE + "rerope_decode", _BATTERY + "REROPE_DECODE", _FLASH, "attention",
-           aot_modules=("seqmix.kernels.rerope.fused",),
-           benchmark=Benchmark("rerope_models", **_REROPE_SHAPES, kernels={"triton": ("rerope_decode", ())})),
-    OpSpec("wkv4", "RWKV-4 WKV", "seqmix.kernels.wkv4", "seqmix.reference.wkv4:wkv4", _NAIVE + "wkv4",
-           _BATTERY + "WKV4", _RECURRENCES, "recurrence", aot_modules=("seqmix.kernels.wkv4",),
-           c_entries=("wkv4_forward", "wkv4_backward"),
-           benchmark=Benchmark("wkv4_models", dict(B=4, T=2048, C=768), dict(B=1, T=16, C=16),
-                               {"triton": ("wkv4_fwd ", ("wkv4_fwd_save", "wkv4_bwd"))})),
-    OpSpec("wkv7", "RWKV-7 WKV", "seqmix.kernels.wkv7", "seqmix.reference.wkv7:wkv7", _NAIVE + "wkv7",
-           _BATTERY + "WKV7", "seqmix.kernels.backends:WKV7", "recurrence", aot_modules=("seqmix.kernels.wkv7",),
-           c_entries=("wkv7_forward", "wkv7_backward"),
-           benchmark=Benchmark("wkv7_models", dict(B=1, T=2048, H=12, N=64), dict(B=1, T=16, H=2, N=16),
-                               {"triton": ("wkv7_fwd ", ("wkv7_fwd ", "wkv7_bwd")),
-                                "triton_chunked": ("wkv7_chunked_fwd", ("wkv7_chunked_",))})),
+           naive="seqmix.kernels.rerope.naive:rerope_decode", battery="seqmix.kernels.rerope.spec:REROPE_DECODE",
+           backends="seqmix.kernels.rerope.spec:BACKENDS", family="attention",
+           aot_modules=("seqmix.kernels.rerope.fused",), benchmark="seqmix.kernels.rerope.spec:DECODE_BENCHMARK"),
+    OpSpec("wkv4", "RWKV-4 WKV", "seqmix.kernels.wkv4", "seqmix.reference.wkv4:wkv4",
+           naive="seqmix.kernels.wkv4.naive:wkv4", battery="seqmix.kernels.wkv4.spec:WKV4",
+           backends="seqmix.kernels.wkv4.spec:BACKENDS", family="recurrence", aot_modules=("seqmix.kernels.wkv4",),
+           c_entries=("wkv4_forward", "wkv4_backward"), benchmark="seqmix.kernels.wkv4.spec:BENCHMARK"),
+    OpSpec("wkv7", "RWKV-7 WKV", "seqmix.kernels.wkv7", "seqmix.reference.wkv7:wkv7",
+           naive="seqmix.kernels.wkv7.naive:wkv7", battery="seqmix.kernels.wkv7.spec:WKV7",
+           backends="seqmix.kernels.wkv7.spec:BACKENDS", family="recurrence", aot_modules=("seqmix.kernels.wkv7",),
+           c_entries=("wkv7_forward", "wkv7_backward"), benchmark="seqmix.kernels.wkv7.spec:BENCHMARK"),
     OpSpec("selective_scan", "Mamba selective scan", "seqmix.kernels.ssm", "seqmix.reference.ssm:selective_scan",
-           _NAIVE + "selective_scan", _BATTERY + "SELECTIVE_SCAN", _RECURRENCES, "recurrence",
-           aot_modules=("seqmix.kernels.ssm",), c_entries=("selective_scan_forward", "selective_scan_backward"),
-           benchmark=Benchmark("ssm_models", **_SCAN_SHAPES,
-                               kernels={"triton": ("selective_scan_fwd", ("selective_scan_",))})),
+           naive="seqmix.kernels.ssm.naive:selective_scan", battery="seqmix.kernels.ssm.spec:SELECTIVE_SCAN",
+           backends="seqmix.kernels.ssm.spec:BACKENDS", family="recurrence", aot_modules=("seqmix.kernels.ssm",),
+           c_entries=("selective_scan_forward", "selective_scan_backward"),
+           benchmark="seqmix.kernels.ssm.spec:BENCHMARK"),
 ]
 
 

@@ -23,7 +23,7 @@ The C side is written once: ENTRIES is parsed from models/native/decode.h, the e
 from which their ctypes types come and by which the calls pass arguments by name;
 LAYOUTS and TIME_MIX list each model's sizes and weights in the order the C code reads them, from which
 ``weights_header`` generates the enums the C code reads (weights.h, written beside the build), and ``Layout.sizes``
-and ``Layout.pack`` the arrays it is passed. SOURCES hands models/native/ (with kernels/native.c, whose loops the
+and ``Layout.pack`` the arrays it is passed. SOURCES hands models/native/ (with the kernels' C loops, which the
 steps run) to the kernels' builder (kernels/native.py), which builds them into a library of their own.
 
 Threads: torch's own OpenMP threads (models/native/decode.c says why). Like torch's parallel ops, the step cannot use
@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 from seqmix.kernels import c_abi, native
+from seqmix.kernels.wkv7.c import MAX_HEAD as WKV7_MAX_HEAD
 from seqmix.kernels.backends import Backend, Call, Refusal, Unavailable, describe, dispatch
 from seqmix.kernels.shared import TORCH_DTYPES, needs_grad, new_output
 
@@ -191,7 +192,7 @@ def weights_header() -> str:
             "#ifndef SEQMIX_MODELS_WEIGHTS_H\n#define SEQMIX_MODELS_WEIGHTS_H\n\n" + "\n".join(enums) + "\n\n#endif\n")
 
 
-# The library of the steps: models/native/ with kernels/native.c (the loops the steps run), by the kernels' builder
+# The library of the steps: models/native/ with the kernels' C sources (the loops the steps run), by their builder
 SOURCES = native.Sources("decode", (*native.KERNELS.files, *(NATIVE / name for name in
                                                               ("steps.h", "decode.h", "decode.c", "rwkv7_time_mix.c"))),
                          tuple(ENTRIES.values()), generated=(("weights.h", weights_header()),))
@@ -215,8 +216,8 @@ def _bf16_flags(tensors) -> ctypes.Array:
 
 
 class CStep(Backend):
-    """models/native/decode.c: a whole model's decoding step (``step=True``: one token of one sequence), or RWKV-7's time
-    mix after its matrix products; inference on a CPU. Verifies a Call of ``step_path`` or ``time_mix_path``."""
+    """models/native/decode.c: a whole model's decoding step (``step=True``: one token of one sequence), or RWKV-7's
+    time mix after its matrix products; inference on a CPU. Verifies a Call of ``step_path`` or ``time_mix_path``."""
     name = "c"
 
     def __init__(self, step: bool):
@@ -240,8 +241,8 @@ class CStep(Backend):
         if call.device.type != "cpu" or not f["weight_dtypes"] <= set(DTYPES):
             return Refusal(f"takes CPU weights in fp32 or bf16, got {call.device} and "
                            f"{sorted(str(d) for d in f['weight_dtypes'])}")
-        if f.get("head_size", 0) > native.WKV7_MAX_HEAD:
-            return Refusal(f"takes head sizes N <= {native.WKV7_MAX_HEAD}, got N = {f['head_size']}")
+        if f.get("head_size", 0) > WKV7_MAX_HEAD:
+            return Refusal(f"takes head sizes N <= {WKV7_MAX_HEAD}, got N = {f['head_size']}")
         if not native.available():       # says once why not (a RuntimeWarning)
             return Unavailable(f"is not available here: {native.unavailable_reason()}")
         if call.grad:   # the C code has no backward: every tensor that enters it, a state included, counts
@@ -299,7 +300,8 @@ def step_path(model: torch.nn.Module, input_ids: torch.Tensor, state, backend, *
 
 
 def time_mix_path(att: torch.nn.Module, backend, *inputs: torch.Tensor) -> str:
-    """Which path RWKV-7's time mix ``att`` takes after its matrix products: "c" (rwkv7_time_mix) or "ops". {TIME_MIX_PATH}
+    """Which path RWKV-7's time mix ``att`` takes after its matrix products: "c" (rwkv7_time_mix) or "ops".
+    {TIME_MIX_PATH}
 
     Args:
         att: the TimeMix. backend: the forward's backend argument. inputs: every tensor the C code would read besides
@@ -315,7 +317,8 @@ def time_mix_path(att: torch.nn.Module, backend, *inputs: torch.Tensor) -> str:
 
 if step_path.__doc__:   # (python -OO drops docstrings) the order, in the dispatcher's words
     step_path.__doc__ = step_path.__doc__.replace("{STEP}", describe("decode_step", STEP, LEAD))
-    time_mix_path.__doc__ = time_mix_path.__doc__.replace("{TIME_MIX_PATH}", describe("rwkv7_time_mix", TIME_MIX_PATH, LEAD))
+    time_mix_path.__doc__ = time_mix_path.__doc__.replace("{TIME_MIX_PATH}",
+                                                          describe("rwkv7_time_mix", TIME_MIX_PATH, LEAD))
 
 
 def _pointers(tensors) -> ctypes.Array:

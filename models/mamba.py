@@ -1,4 +1,4 @@
-"""Mamba in torch, on the selective scan of kernels/ssm.py, with transformers' parameter names.
+"""Mamba in torch, on the selective scan of kernels/ssm/, with transformers' parameter names.
 
 A state dict of transformers' MambaModel / MambaForCausalLM loads as is, and a directory saved by either library is
 read by the other (from_pretrained / save_pretrained). The math is reference/mamba.py's (see its glossary); the

@@ -1,4 +1,4 @@
-"""RWKV-4 in torch, on the WKV op of kernels/wkv4.py, with transformers' parameter names and state layout.
+"""RWKV-4 in torch, on the WKV op of kernels/wkv4/, with transformers' parameter names and state layout.
 
 A state dict of transformers' RwkvModel / RwkvForCausalLM loads as is, and a directory saved by either library is
 read by the other (from_pretrained / save_pretrained). The math is reference/rwkv4.py's; the structure and the

@@ -10,7 +10,7 @@
     model(input_ids, state=None, logits_to_keep=0, backend=None) -> (logits (B, T, V), state)
     model.generate(...), model.generate_text(...)   continuation through the state (models/base.py)
 
-GPT mode: a call with T tokens runs the whole sequence through the WKV-7 op (kernels/wkv7.py) in each layer.
+GPT mode: a call with T tokens runs the whole sequence through the WKV-7 op (kernels/wkv7/) in each layer.
 RNN mode: calls with one token each, the returned state passed back in; both give the same logits. On a CPU, a call
 with one token of one sequence and no gradients runs as one C step (models/decode.py, models/native/).
 State: a list of L tuples (att_x_prev (B, C), att_kv (B, H, N, N) fp32 indexed [value, key], ffn_x_prev (B, C)).

@@ -18,7 +18,7 @@
 #
 # **Code used.** [`reference/wkv4.py`](../reference/wkv4.py): `wkv4_quadratic` (the definition), `wkv4_recurrent`
 # (the numerator/denominator recurrence), `wkv4` (the max-tracked recurrence) ·
-# [`kernels/wkv4.py`](../kernels/wkv4.py): `wkv4` (backend `"torch"`: a chunked form; backend `"triton"`: the
+# [`kernels/wkv4/`](../kernels/wkv4/): `wkv4` (backend `"torch"`: a chunked form; backend `"triton"`: the
 # max-tracked recurrence in a kernel, forward and backward; backend `"c"`: a C loop, forward and backward) ·
 # [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 #
@@ -496,10 +496,10 @@ def tau_for_half_life(n):
     w_half = np.log(0.5) / (n - 1)             # e^{(n - 1) w} = 1/2; n - 1 steps of decay separate the two keys
     return float(np.log(-w_half))              # w = -e^tau
 
-exercise("Exercise 2", checks_2)
 tau_half = tau_for_half_life(100)
 print(f"n = 100: tau = {tau_half:.2f}; the curves that remember at least that much: "
       f"{[td for td in (-5.0, -3.0, -1.0, 0.0, 1.0, 2.0) if td <= tau_half]}")
+exercise("Exercise 2", checks_2)
 
 # %% [markdown]
 # **3. The state carries the past.** Feed `ref.wkv4` the keys and values in three pieces (4, 1 and 7 tokens),
@@ -575,7 +575,7 @@ exercise("Exercise 4", checks_4)
 # The notebook's lesson ends above. This appendix runs the kernels a model uses on the same kind of inputs, and
 # checks them against the float64 reference (nbval checks these cells like the others).
 #
-# [`kernels.wkv4.wkv4`](../kernels/wkv4.py) takes `w, u` of shape `(C,)` and `k, v` of shape `(B, T, C)`, and
+# [`kernels.wkv4.wkv4`](../kernels/wkv4/) takes `w, u` of shape `(C,)` and `k, v` of shape `(B, T, C)`, and
 # returns `(wkv, (num, den, max))` with the state in Hugging Face's layout (the $\tilde N, \tilde D, M$ above,
 # fp32). Backend `"torch"` cuts time into chunks, runs the recurrence over the offsets of all chunks at once
 # (each chunk scaled by its largest key) and carries the state from chunk to chunk; backend `"triton"`
@@ -583,8 +583,8 @@ exercise("Exercise 4", checks_4)
 # shapes are small). Both run on the same inputs: outputs and final states, a sequence fed in two pieces, keys past
 # float32's overflow point, and fp16.
 #
-# A third implementation, backend `"c"` ([`kernels/native.c`](../kernels/native.c)), is a compiled C loop that
-# walks time once, with a backward that walks it back ([`kernels/native.py`](../kernels/native.py)): the CPU path
+# A third implementation, backend `"c"` ([`kernels/wkv4/wkv4.c`](../kernels/wkv4/wkv4.c)), is a compiled C loop that
+# walks time once, with a backward that walks it back ([`kernels/wkv4/c.py`](../kernels/wkv4/c.py)): the CPU path
 # for inference and training alike, which `backend=None` takes for CPU tensors whether or not a gradient is wanted.
 # Every check below runs it too, gradients included, against the same reference and budgets.
 

@@ -31,7 +31,7 @@
 #
 # **Code used.** [`reference/wkv7.py`](../reference/wkv7.py): `wkv7` (the recurrence), `wkv7_transition_product`
 # (the non-recursive definition), `wkv7_chunked` (the WY form) (NumPy, float64: the truth) ·
-# [`kernels/wkv7.py`](../kernels/wkv7.py): `wkv7` (backend `"torch"`: the chunked WY form; backend `"triton"`: the
+# [`kernels/wkv7/`](../kernels/wkv7/): `wkv7` (backend `"torch"`: the chunked WY form; backend `"triton"`: the
 # recurrence in a kernel that keeps rows of the state in registers, forward and backward; backend `"c"`: a C loop,
 # forward and backward) · [`reference/rwkv7.py`](../reference/rwkv7.py): `in_context_rate` (section 8) ·
 # [`reference/family.py`](../reference/family.py): the frame's rungs and `as_wkv7` (section 0) ·
@@ -73,16 +73,17 @@ print("Triton kernels run on:", MODE)
 # `as_wkv7` gives the arguments of RWKV-7's op that compute it, so the one production kernel runs them all (notebook
 # 12 does, on every backend). Its state holds $N^2$ numbers per head at any length.
 #
-# | rung (source) | $G_t$ | what the state holds | can | cannot |
-# |---|---|---|---|---|
-# | softmax attention (the limit) | none: no fixed state | every $k_s, v_s$ so far, $2tN$ numbers, growing | recall any pair exactly | stay $O(1)$ per token |
-# | linear attention | $I$ | the sum of every $v_s k_s^\top$ | recall up to $N$ orthogonal keys | forget; overwrite a key |
-# | retention (RetNet) | $\gamma I$, a constant per head | the sum, older writes faded by age | forget by age | forget by content |
-# | GLA; RWKV-4 (a head per channel, no query); Mamba's scan (a head per channel, values of size 1) | $\mathrm{diag}(g_t)$, per key channel and step | the sum, each key channel faded at its own rate | choose what to fade, per token | flip a sign (eigenvalues in $(0, 1]$) |
-# | SSD (Mamba-2) | $a_t I$, per head and step | the sum, faded as the input decides | select what to keep | flip a sign |
-# | delta rule | $I - \beta_t k_t k_t^\top$ | a key-value map: a write replaces what $k_t$ read | overwrite a key; flip a sign with $\beta > 1$ | forget what is not overwritten |
-# | gated delta rule | $\alpha_t (I - \beta_t k_t k_t^\top)$ | the map, faded | overwrite and forget | (as the delta rule, plus decay) |
-# | RWKV-7 | $\mathrm{diag}(w_t) + a_t b_t^\top$ | the map, faded per key channel | all of the above; eigenvalues down to $-0.455$ (published), $-1$ (wide rate, section 8) | exceed $N^2$ numbers |
+# | rung (source) | $G_t$ | what the state holds | numbers per head | can | cannot |
+# |---|---|---|---|---|---|
+# | softmax attention (the limit) | none: no fixed state | every $k_s, v_s$ so far | $2tN$, growing | recall any pair exactly | stay $O(1)$ per token |
+# | linear attention | $I$ | the sum of every $v_s k_s^\top$ | $N^2$ | recall up to $N$ orthogonal keys | forget; overwrite a key |
+# | retention (RetNet) | $\gamma I$, a constant per head | the sum, older writes faded by age | $N^2$ | forget by age | forget by content |
+# | GLA | $\mathrm{diag}(g_t)$, per key channel and step | the sum, each key channel faded at its own rate | $N^2$ | choose what to fade, per token | flip a sign (eigenvalues in $(0, 1]$) |
+# | RWKV-4 (a head per channel, no query); Mamba's scan (a head per channel, values of size 1) | diagonal: $e^{w}$, fixed (RWKV-4); $\mathrm{diag}(e^{\Delta_t A})$, by input (Mamba) | per channel: a decayed sum (RWKV-4: and its normalizer) | 2 (RWKV-4), $N$ (Mamba) per channel | fade (Mamba: select by input) | flip a sign; recall at small width |
+# | SSD (Mamba-2) | $a_t I$, per head and step | the sum, faded as the input decides | $N^2$ | select what to keep | flip a sign |
+# | delta rule | $I - \beta_t k_t k_t^\top$ | a key-value map: a write replaces what $k_t$ read | $N^2$ | overwrite a key; flip a sign with $\beta > 1$ | forget what is not overwritten |
+# | gated delta rule | $\alpha_t (I - \beta_t k_t k_t^\top)$ | the map, faded | $N^2$ | overwrite and forget | (as the delta rule, plus decay) |
+# | RWKV-7 | $\mathrm{diag}(w_t) + a_t b_t^\top$ | the map, faded per key channel | $N^2$ | all of the above; eigenvalues down to $-0.455$ (published), $-1$ (wide rate, section 8) | hold more than $N^2$ numbers |
 #
 # What the trained models did (2-layer models of width $C$, the project's experiments,
 # [docs/experiments.md](../docs/experiments.md)): on associative recall with 4 pairs
@@ -573,7 +574,7 @@ for chunk_size in (1, 5, 16, T):
 # %% [markdown]
 # What the chunking buys: the sequential dependency runs over $T / L$ chunks instead of $T$ tokens, and the work
 # inside a chunk is matrix products ($L \times L$ couplings, $L \times N$ by $N \times N$) that a GPU's tensor cores or
-# a CPU's BLAS run well. The torch path of `kernels/wkv7.py` is this form.
+# a CPU's BLAS run well. The torch path of `kernels/wkv7/` is this form.
 #
 # The figure draws it. Left: the $T \times T$ coupling of every step with the steps before it (which $u_j$, $v_j$
 # step $i$ depends on), cut into $L \times L$ blocks. Only the diagonal blocks (dark) are solved as triangular
@@ -1055,19 +1056,19 @@ exercise("Exercise 5", checks_5)
 # The rest of this notebook is not about the math: it checks that the code people run gives the reference's
 # numbers. nbval runs and checks it like the cells above.
 #
-# [`kernels.wkv7.wkv7`](../kernels/wkv7.py) takes `r, log_w, k, v, a, b` of shape `(B, T, H, N)` and an optional state
+# [`kernels.wkv7.wkv7`](../kernels/wkv7/) takes `r, log_w, k, v, a, b` of shape `(B, T, H, N)` and an optional state
 # `(B, H, N, N)` (fp32), and returns `(y, state)`. Backend `"torch"` is the chunked WY form of section 6 (chunks of 16,
 # in fp32, with its own budget, 1e-4, for the longer chains of fp32 products); backend `"triton"` runs the recurrence
 # in a kernel, one program per (batch and head, block of value rows), the rows of the state in registers (notebook 08
 # takes the kernel apart). Both run on the inputs of section 2 ($T = 24$: one chunk and a half), from the same initial
 # state: outputs and final states, the sequence fed in two pieces, and fp16. Backend `"triton_chunked"` runs the
 # chunked WY form on Triton as well, in a kernel that walks chunks of 16 steps with products of (16, 16) tiles
-# ($T/16$ serial steps instead of $T$), and a chunked backward ([`kernels/wkv7_chunked.py`](../kernels/wkv7_chunked.py)
+# ($T/16$ serial steps instead of $T$), and a chunked backward ([`kernels/wkv7/triton_chunked.py`](../kernels/wkv7/triton_chunked.py)
 # derives it: one serial pass carries $\partial L / \partial S$ back chunk by chunk, then every chunk's gradients come
 # at once, in matrix products); it takes head sizes from 16, so it is checked on inputs of its own after these.
 #
-# A third implementation, backend `"c"` ([`kernels/native.c`](../kernels/native.c)), is a compiled C loop that
-# walks time once, forward and backward ([`kernels/native.py`](../kernels/native.py)): `backend=None` takes it for
+# A third implementation, backend `"c"` ([`kernels/wkv7/wkv7.c`](../kernels/wkv7/wkv7.c)), is a compiled C loop that
+# walks time once, forward and backward ([`kernels/wkv7/c.py`](../kernels/wkv7/c.py)): `backend=None` takes it for
 # CPU tensors in fp32, fp16 or bf16, for inference and for training alike. It runs the recurrence, like the Triton
 # kernel, and the checks below hold it to the same reference and the same budgets (fp32: 1e-5), gradients included.
 

@@ -13,7 +13,7 @@
 #
 # **Code used.** [`conformance/`](../conformance/README.md): `run`, `Options` (what to run), the checks of each op in
 # `conformance/ops.py`, the gradients' float64 definitions in `conformance/definitions.py`;
-# [`reference/wkv4.py`](../reference/wkv4.py): the truth; [`kernels/wkv4.py`](../kernels/wkv4.py): the project's
+# [`reference/wkv4.py`](../reference/wkv4.py): the truth; [`kernels/wkv4/`](../kernels/wkv4/): the project's
 # kernel, for comparison.
 
 # %%
@@ -176,7 +176,7 @@ print(f"T * 2^-24 * M = {T * 2.0 ** -24 * M:.1e}")
 # The other grade, `--strict` (`Options(strict=True)`), keeps the project's fixed budget everywhere. It asks whether
 # the kernel is as precise as the project's own, which are held to it in the tests: they keep these exponents as
 # differences of nearby numbers (the chunk's largest key, the max as an anchor plus a count of decays;
-# kernels/wkv4.py's docstring says how) and stay near $10^{-7}$ at keys of 300. The third attempt fails it, on the
+# kernels/wkv4/__init__.py's docstring says how) and stay near $10^{-7}$ at keys of 300. The third attempt fails it, on the
 # large keys only:
 
 # %% tags=["nbval-check-output"]
@@ -283,7 +283,7 @@ Path("my_wkv4.py").unlink()
 # prints which quantities fail. Before running it, predict: which of y and the state's three parts fail, and what
 # does that tell you about where the bug is?
 
-# %% jupyter={"outputs_hidden": true, "source_hidden": true}
+# %%
 # Exercise 1: a kernel without the bonus
 def wkv4_no_bonus(w, u, k, v, state=None):
     """The fourth attempt with the current token weighted e^{k_t} in the output; returns (y, state)."""
@@ -328,7 +328,7 @@ exercise("Exercise 1", checks_1)
 # and $w = -0.5$, with what `max_tracked` keeps from 0 and what `reference.wkv4` keeps; work the two numbers out on
 # paper first.
 
-# %% jupyter={"outputs_hidden": true, "source_hidden": true}
+# %%
 # Exercise 2: the max after one token
 def max_after_one_token(w, k0, initial_max):
     """The running max after one token with key k0, decay w, starting from initial_max."""

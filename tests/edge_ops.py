@@ -26,11 +26,12 @@ def _tiny(op):
     return battery, battery.tiny
 
 
-def inputs(op, rng, T=5):
+def inputs(op, rng, T=5, **sizes):
     """The op's inputs, float64 NumPy, by name: its tensors, then its initial state's parts by their state names
-    (WKV-4's num, den, max; "state" for the others)."""
+    (WKV-4's num, den, max; "state" for the others). ``sizes`` override the tiny ones (a head size a backend
+    takes: WKV-7's chunked kernels need N >= 16)."""
     battery, tiny = _tiny(op)
-    x = battery.make(rng, T=T, **tiny)
+    x = battery.make(rng, T=T, **{**tiny, **sizes})
     return {**x.tensors, **_state_parts(battery, x.state)}
 
 
@@ -99,7 +100,7 @@ NONFINITE = {"NaN": np.nan, "+inf": np.inf, "-inf": -np.inf}
 def _lane(op, name, index, shapes):
     """Masks (one per output) of what the C loops may turn to NaN for a non-finite input at ``index``: its lane (a
     channel of a batch row, a head, a scan channel) from the input's step on, and that lane's final state. The C
-    loops mark a lane NaN from its first non-finite input on (kernels/native.c) where the reference may carry an
+    loops mark a lane NaN from its first non-finite input on (kernels/<op>/<op>.c) where the reference may carry an
     infinity, or leave a sum the input does not enter (WKV-4's den) finite."""
     masks = [np.zeros(s, dtype=bool) for s in shapes]
     everything = slice(None)

@@ -1,5 +1,5 @@
 """The check the attention and ReRoPE kernel tests share: an op's output and its gradients with respect to q, k and v
-against autograd through a float64 definition (seqmix.kernels.naive)."""
+against autograd through a float64 definition (the op's naive.py)."""
 import torch
 
 from seqmix.kernels import inputs as cases

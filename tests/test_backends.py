@@ -11,6 +11,7 @@ import torch
 import seqmix.kernels.wkv7 as kw
 from kernel_cases import needs_triton, spy
 from seqmix.kernels import backends, native
+from seqmix.kernels.wkv7 import c as wkv7_c
 from seqmix.kernels.registry import REGISTRY
 from seqmix.kernels.testing import FP32_BUDGET, HAS_TRITON, assert_close
 from seqmix.kernels.wkv4 import wkv4
@@ -64,9 +65,9 @@ def test_auto_pick_on_cpu_tensors(op):
 
 
 def test_auto_pick_of_wkv7_heads_on_cpu():
-    call = backends.Call("wkv7", CPU, torch.float32, {"N": native.WKV7_MAX_HEAD + 16})
+    call = backends.Call("wkv7", CPU, torch.float32, {"N": wkv7_c.MAX_HEAD + 16})
     assert backends.dispatch(call) == "torch"
-    assert backends.refusals(call)["c"] == f"takes head sizes N <= {native.WKV7_MAX_HEAD}, got N = 272"
+    assert backends.refusals(call)["c"] == f"takes head sizes N <= {wkv7_c.MAX_HEAD}, got N = 272"
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
@@ -90,7 +91,7 @@ def test_the_real_ops_follow_the_dispatcher(monkeypatch):
 # ------------------------------------------------------------------------------------------------ refusals
 
 def test_a_refusal_names_the_argument_and_gives_the_reason():
-    x = wkv7_inputs(native.WKV7_MAX_HEAD + 16, T=2)
+    x = wkv7_inputs(wkv7_c.MAX_HEAD + 16, T=2)
     with pytest.raises(ValueError, match=r"^backend='c' takes head sizes N <= 256, got N = 272$"):
         kw.wkv7(*x, backend="c")
     with pytest.raises(ValueError, match=r"^backend='triton_chunked' exists for wkv7 only, not wkv4$"):

@@ -129,7 +129,7 @@ def test_cost_model_attention_forward_hand_count():
     assert c.bytes == 520 and c.dot_flops == 262144
 
 
-@pytest.mark.parametrize("path", ["attention.py", "rerope/fused.py", "_flash.py"])
+@pytest.mark.parametrize("path", ["attention/__init__.py", "rerope/fused.py", "_flash.py"])
 def test_the_flash_kernels_ask_for_the_dot_precision_the_cost_model_assumes(path):
     """cost_model.dot_rate prices fp32 dots as IEEE products on the FMA units: every tl.dot takes the DOT
     constexpr, which the launchers set from the setting: "ieee" for fp32 by default."""
@@ -205,3 +205,25 @@ def test_model_benchmarks_quick(tmp_path):
             runtimes = {r["runtime"] for r in results["speed"] if r["model"] == f"{model} {dtype}"}
             assert {"seqmix", "one streaming pass over the weights", "the matmuls alone"} < runtimes
             assert re.search(rf"\| {model} {dtype} \| [\d.]+x \| [\d.]+x \| (yes|no) \|", report)
+
+
+def test_training_ratios_quick(tmp_path):
+    """benchmarks/training.py at tiny shapes: the three ops ran on the C loops and the torch backend in alternating
+    rounds, and training.json / training.md hold their ratios. No ratio is checked against a target: speed is what
+    the benchmark reports, not what a test asserts."""
+    from seqmix.benchmarks import training
+    assert training.main(["--quick", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "training.json").read_text())
+    assert [r["op"] for r in result["rows"]] == ["wkv4_train", "wkv7_train", "ssm_train"]
+    for row in result["rows"]:
+        for clock in ("wall", "cpu"):
+            times = row[f"times_{clock}"]
+            assert set(times) == {"c", "torch"} and all(len(t) == 2 for t in times.values()), row
+            assert all(x > 0 for x in times["c"] + times["torch"]), row
+            ratios = [t / c for t, c in zip(times["torch"], times["c"])]
+            assert row[f"ratio_{clock}"] == pytest.approx(float(np.median(ratios))), row
+        assert row["met"] == (row["ratio_wall"] >= row["target"])
+    report = (tmp_path / "training.md").read_text()
+    for row in result["rows"]:
+        assert re.search(rf"\| {re.escape(row['title'])}, {re.escape(row['shape'])} \| .* \| "
+                         rf"{row['ratio_wall']:.2f}x \| {row['ratio_cpu']:.2f}x \| >= ", report), row["op"]

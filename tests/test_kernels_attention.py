@@ -2,7 +2,7 @@
 
 Chain: reference (NumPy float64) -> torch backend (SDPA) -> Triton backend (flash kernels, under the interpreter
 on CPU). Gradients are compared with autograd through the explicit float64 softmax(q k^T) v of
-seqmix.kernels.naive.
+seqmix.kernels.attention.naive.
 """
 import dataclasses
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernel_cases import BACKENDS, needs_triton
-from seqmix.kernels.naive import explicit_attention
+from seqmix.kernels.attention.naive import explicit_attention
 from seqmix.kernels import attention as attn
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_close
 from qkv_check import check_qkv_op, qkv_inputs

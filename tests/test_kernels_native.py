@@ -1,4 +1,4 @@
-"""kernels/native.c (backend="c"): the C loops against the float64 truths the op tests use, on outputs, final states
+"""The C loops (backend="c", kernels/<op>/<op>.c, built by kernels/native.py): the C loops against the float64 truths the op tests use, on outputs, final states
 and every gradient, over the chain's awkward cases: T = 1, odd sizes, initial states, sequences fed in pieces, extreme
 inputs, fp16 and bf16 inputs, work split over 1 and 3 threads (the same bits); NaN in, NaN out; how backend=None
 chooses them; the build and its cache; and issue 13's edge cases of the C loops."""
@@ -19,8 +19,9 @@ from torch.utils._pytree import tree_leaves
 from kernel_cases import RECURRENCE_BACKENDS
 from seqmix.kernels.inputs import in_pieces, rwkv7_inputs, scan_inputs, split_bounds
 from seqmix.kernels import c_abi, native, ssm
+from seqmix.kernels.wkv7 import c as wkv7_c
 from seqmix.kernels.declarations import call as call_op, state_tensors
-from seqmix.kernels.registry import spec
+from seqmix.kernels.registry import REGISTRY, spec
 from seqmix.kernels.testing import HAS_TRITON
 from seqmix.kernels.attention import attention
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_all_close, assert_close, fp32
@@ -210,8 +211,8 @@ def test_wkv7_split_equals_whole(rng):
 
 
 def test_wkv7_head_limit_is_the_loops():
-    """native.WKV7_MAX_HEAD, which routes larger heads to torch, is what native.c's loops take."""
-    assert native.library().wkv7_max_head_size() == native.WKV7_MAX_HEAD
+    """kernels/wkv7/c.py's MAX_HEAD, which routes larger heads to torch, is what wkv7.c's loops take."""
+    assert native.library().wkv7_max_head_size() == wkv7_c.MAX_HEAD
 
 
 def test_wkv7_heads_above_the_loops_limit(rng):
@@ -445,20 +446,32 @@ def test_wkv7_nan_in_r_reaches_y_t_alone(rng):
         assert torch.equal(torch.isnan(y), where) and torch.isfinite(S).all(), backend
 
 
-def test_truncated_library_is_built_again(tmp_path, monkeypatch):
+@pytest.fixture
+def tiny_sources(tmp_path):
+    """A one-function stand-in for native.c: the builder tests check its file handling (cache, checksum, rename,
+    compiler command), which does not depend on what it compiles; native.c itself is built and run by every C test."""
+    source = tmp_path / "source" / "tiny.c"
+    source.parent.mkdir()
+    source.write_text("int tiny_answer(void) { return 42; }\n")
+    return native.Sources("tiny", (source,), ())
+
+
+def test_truncated_library_is_built_again(tmp_path, monkeypatch, tiny_sources):
     """D8: a cached library cut short (a full disk, an interrupted copy) killed the process with SIGBUS on its first
     call, and stayed. Its checksum no longer matches the one recorded at build time, so it is built again."""
-    built = Path(native._build(native.compiler()))               # the library these tests run, and its checksum
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path))
+    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "first"))
+    built = Path(native._build(native.compiler(), tiny_sources))          # a whole library, and its checksum
+    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
     for name in (built.name, built.name + ".sha256"):
-        shutil.copy(built.with_name(name), tmp_path / name)
-    whole = (tmp_path / built.name).read_bytes()
-    (tmp_path / built.name).write_bytes(whole[: len(whole) // 2])
-    path = native._build(native.compiler())
-    assert path == tmp_path / built.name and len(path.read_bytes()) == len(whole)
-    load = subprocess.run([sys.executable, "-c", f"import ctypes; print(ctypes.CDLL({str(path)!r}).selective_scan_lanes())"],
+        shutil.copy(built.with_name(name), tmp_path / "cache" / name)
+    whole = built.read_bytes()
+    (tmp_path / "cache" / built.name).write_bytes(whole[: len(whole) // 2])
+    path = native._build(native.compiler(), tiny_sources)
+    assert path == tmp_path / "cache" / built.name and len(path.read_bytes()) == len(whole)
+    load = subprocess.run([sys.executable, "-c", f"import ctypes; print(ctypes.CDLL({str(path)!r}).tiny_answer())"],
                           capture_output=True, text=True)
-    assert load.returncode == 0 and load.stdout.strip() == "8"
+    assert load.returncode == 0 and load.stdout.strip() == "42"
 
 
 def test_compiler_that_writes_nothing_is_named(tmp_path, monkeypatch):
@@ -477,23 +490,24 @@ def test_unusable_cache_directory_is_named(tmp_path, monkeypatch):
         native._build(native.compiler())
 
 
-def test_compiler_command_with_arguments(tmp_path, monkeypatch):
+def test_compiler_command_with_arguments(tmp_path, monkeypatch, tiny_sources):
     """C2: CC holds a command, split as a shell splits it ("ccache gcc", "gcc -w"); it was taken for one file name
     and refused as "no working C compiler"."""
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path))
+    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CC", "cc -w")
     assert native.compiler() == ["cc", "-w"]
-    assert native._build(native.compiler()).parent == tmp_path
+    assert native._build(native.compiler(), tiny_sources).parent == tmp_path / "cache"
 
 
-def test_builds_at_once_leave_one_whole_library(tmp_path, monkeypatch):
+def test_builds_at_once_leave_one_whole_library(tmp_path, monkeypatch, tiny_sources):
     """Two builds into an empty cache at once (pytest beside a notebook kernel): each goes to a temporary file that
     is renamed into place, so both return a whole library and nothing else is left behind."""
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SEQMIX_CACHE", str(cache))
     with ThreadPoolExecutor(2) as pool:
-        paths = list(pool.map(lambda _: native._build(native.compiler()), range(2)))
+        paths = list(pool.map(lambda _: native._build(native.compiler(), tiny_sources), range(2)))
     assert paths[0] == paths[1] and native._intact(paths[0], paths[0].with_name(paths[0].name + ".sha256"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == [paths[0].name, paths[0].name + ".sha256"]
+    assert sorted(p.name for p in cache.iterdir()) == [paths[0].name, paths[0].name + ".sha256"]
 
 
 @pytest.mark.parametrize("decay", [-float("inf"), -1e37, -1e30])
@@ -534,7 +548,8 @@ def test_status_codes_mirror_native_h():
 
 def test_the_signature_table_is_the_header():
     """native.ENTRIES, from which the ctypes types come and by which the wrappers pass their arguments, is read from
-    native.h: its twelve entry points, with their argument names."""
+    the headers: native.h's three shared entry points and each op's (kernels/<op>/<op>.h), with their argument
+    names."""
     assert set(native.ENTRIES) == {"exp_array", "softplus_array", "sum_rows", "wkv4_forward", "wkv4_backward",
                                    "selective_scan_lanes", "selective_scan_forward", "selective_scan_backward",
                                    "wkv7_padded_size", "wkv7_max_head_size", "wkv7_forward", "wkv7_backward"}
@@ -542,9 +557,11 @@ def test_the_signature_table_is_the_header():
 
 
 def test_every_entry_point_of_native_c_is_in_the_table():
-    """Every function native.c exports (a definition that is not static) is in the table, and so in native.h, against
-    which the compiler checks its definition."""
-    defined = c_abi.prototypes(native.SOURCE.read_text())
+    """Every function native.c and the ops' loops export (a definition that is not static) is in the table, and so in
+    native.h or the op's header, against which the compiler checks its definition."""
+    sources = [path for path in native.KERNELS.files if path.suffix == ".c"]
+    assert len(sources) == 1 + sum(1 for op in REGISTRY if op.c_entries)       # native.c and each op's loops
+    defined = {name: entry for path in sources for name, entry in c_abi.prototypes(path.read_text()).items()}
     assert set(defined) == set(native.ENTRIES)
     assert all(str(defined[name]) == str(entry) for name, entry in native.ENTRIES.items())
 
@@ -578,22 +595,22 @@ def test_a_head_the_loops_do_not_take_is_an_error(rng, entry):
     heads to torch; a direct call, or a future caller, got garbage)."""
     x = fp32(*rwkv7_inputs(rng, 1, 2, 1, 272)[0])
     with pytest.raises(ValueError, match=r"head size N <= 256 \(called with r of shape \(1, 2, 1, 272\)"):
-        y, state, saved = native.wkv7_forward(*x, None, save=entry == "wkv7_backward")
-        native.wkv7_backward(*x, saved, y, state)
+        y, state, saved = wkv7_c.wkv7_forward(*x, None, save=entry == "wkv7_backward")
+        wkv7_c.wkv7_backward(*x, saved, y, state)
 
 
 OUT_OF_MEMORY = """
 import resource, sys, torch
-from seqmix.kernels import native
+from seqmix.kernels.wkv7 import c as wkv7_c
 from seqmix.models import decode
 from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
 torch.set_num_threads(1)                  # no OpenMP threads to start (their stacks need address space too)
 if sys.argv[1] == "native":               # wkv7_backward's scratch: 4.7 MB at N = 256
     def inputs(N):
         x = [torch.randn(1, 2, 1, N) for _ in range(6)]
-        y, state, saved = native.wkv7_forward(*x, None, save=True)
+        y, state, saved = wkv7_c.wkv7_forward(*x, None, save=True)
         return x, saved, y, state
-    call = lambda x, saved, y, state: native.wkv7_backward(*x, saved, y, state)
+    call = lambda x, saved, y, state: wkv7_c.wkv7_backward(*x, saved, y, state)
 else:                                     # rwkv7_time_mix's scratch: 7 x 128 tokens x N = 256 floats, 0.9 MB
     att = Rwkv7(Rwkv7Config(vocab_size=8, n_embd=256, n_layer=2, head_size=256, decay_lora=8, a_lora=8, v_lora=8,
                             gate_lora=8)).blocks[1].att

@@ -1,7 +1,7 @@
 """kernels.rerope against the per-pair definition score_ij = (q_i sigma_i) . R(-rel(i - j)) k_j.
 
 Chain: reference/rope.py (NumPy float64: attention_from_relative_positions, rerope_attention, rerope_decode) ->
-the float64 torch per-pair definition of seqmix.kernels.naive (for autograd; checked here against the
+the float64 torch per-pair definition of seqmix.kernels.rerope.naive (for autograd; checked here against the
 reference to 1e-12)
 -> torch backend (flash pieces merged by log-sum-exp) -> Triton backend (fused kernels under the interpreter, with
 16-row tiles so that short sequences exercise far, straddling and near tiles).
@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernel_cases import BACKENDS, needs_triton, spy
-from seqmix.kernels.naive import rerope_attention as definition
+from seqmix.kernels.rerope.naive import rerope_attention as definition
 from seqmix.kernels import rerope
 from seqmix.kernels.rerope import fused, piecewise, rotation
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, assert_all_close, assert_close

@@ -1,12 +1,12 @@
-"""kernels/ssm.py: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU) -> C loops, on
+"""kernels/ssm/: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU) -> C loops, on
 outputs, final states and the gradients of every input. Gradients are checked against torch autograd through the
-plain per-token loop of seqmix.kernels.naive (float64), which shares no code with any backend."""
+plain per-token loop of seqmix.kernels.ssm.naive (float64), which shares no code with any backend."""
 import pytest
 import torch
 
 from kernel_cases import RECURRENCE_BACKENDS, needs_triton, spy
 from seqmix.kernels.inputs import scan_inputs as make_inputs
-from seqmix.kernels.naive import selective_scan as loop_scan
+from seqmix.kernels.ssm.naive import selective_scan as loop_scan
 from seqmix.kernels import ssm
 from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, accumulation_dtype, assert_all_close,
                                     assert_close)

@@ -1,7 +1,7 @@
-"""kernels/wkv4.py: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU) -> C loops.
+"""kernels/wkv4/: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU) -> C loops.
 
 Outputs and final states are checked against reference/wkv4.py; gradients against float64 autograd through
-seqmix.kernels.naive.wkv4, which writes every exponent of the definition at once (no recurrence, no
+seqmix.kernels.wkv4.naive.wkv4, which writes every exponent of the definition at once (no recurrence, no
 chunks), each row shifted by its own maximum. States are compared by what they represent (num e^max, den e^max): a max rounded
 differently to fp32 rescales num and den without changing the sums, so they are compared after rescaling to the
 reference's max, and the max itself separately.
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from kernel_cases import RECURRENCE_BACKENDS, needs_triton, spy
-from seqmix.kernels import naive as definitions
+from seqmix.kernels.wkv4 import naive as definitions
 from seqmix.kernels.inputs import spiky_keys, wkv4_inputs
-from seqmix.kernels.declarations import WKV4
+from seqmix.kernels.wkv4.spec import WKV4
 from seqmix.kernels import wkv4 as wkv4_module
 from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, accumulation_dtype, assert_all_close,
                                     assert_close, f64)

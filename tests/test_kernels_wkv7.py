@@ -1,6 +1,6 @@
-"""kernels/wkv7.py against the float64 truth: outputs, final states and every gradient (the initial state's too), on
+"""kernels/wkv7/ against the float64 truth: outputs, final states and every gradient (the initial state's too), on
 the torch backend (chunked WY form) and the Triton backend (under the interpreter on CPU). Gradients come from
-autograd through the per-token recurrence of seqmix.kernels.naive, checked against the NumPy reference
+autograd through the per-token recurrence of seqmix.kernels.wkv7.naive, checked against the NumPy reference
 first."""
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 import seqmix.kernels.wkv7 as kw
 from kernel_cases import needs_triton, spy
-from seqmix.kernels import naive as definitions
+from seqmix.kernels.wkv7 import naive as definitions
 from seqmix.kernels.inputs import in_pieces, rwkv7_inputs, split_bounds
 from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET,
                                     accumulation_dtype, assert_all_close, assert_close, fp32)
@@ -111,7 +111,7 @@ def test_torch_gradcheck(couplings, shape, fast_mode):
                                     fast_mode=fast_mode)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(deadline=None)
 @given(T=st.integers(2, 50), cuts=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=3),
        seed=st.integers(0, 2**32 - 1))
 def test_torch_split_sequence_equals_whole(T, cuts, seed):
@@ -234,7 +234,7 @@ def test_triton_gradient_of_final_state_only(rng, chunked):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Triton chunked backward (kernels/wkv7_chunked.py): every test counts its launches, so that none passes on the
+# Triton chunked backward (kernels/wkv7/triton_chunked.py): every test counts its launches, so that none passes on the
 # sequential backward
 # ----------------------------------------------------------------------------------------------------------------
 

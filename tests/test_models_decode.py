@@ -19,6 +19,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from seqmix.kernels import c_abi, native
+from seqmix.kernels.wkv7 import c as wkv7_c
 from seqmix.kernels.testing import BF16_BUDGET, FP32_BUDGET, assert_close, rel_rms
 from seqmix.models import decode
 from seqmix.models.mamba import MambaConfig, MambaForCausalLM
@@ -197,8 +198,8 @@ def test_other_calls_run_the_torch_ops(kind, how, count_steps):
 
 
 def test_a_head_larger_than_the_loops_take_runs_the_torch_ops(count_steps):
-    model = Rwkv7(Rwkv7Config(vocab_size=VOCAB, n_embd=native.WKV7_MAX_HEAD + 16, n_layer=1,
-                              head_size=native.WKV7_MAX_HEAD + 16, decay_lora=8, a_lora=8, gate_lora=8)).eval()
+    model = Rwkv7(Rwkv7Config(vocab_size=VOCAB, n_embd=wkv7_c.MAX_HEAD + 16, n_layer=1,
+                              head_size=wkv7_c.MAX_HEAD + 16, decay_lora=8, a_lora=8, gate_lora=8)).eval()
     with torch.no_grad():
         run(model, torch.tensor([[1]]))
     assert count_steps == []
@@ -335,7 +336,7 @@ def test_nonfinite_inputs_give_nan_where_the_torch_ops_do(kind, where, count_ste
     assert torch.isnan(expected).any()          # the case means something: the torch ops give NaN here
     assert torch.equal(torch.isnan(fused), torch.isnan(expected))
     for a, b in zip(tree_leaves(fused_state), tree_leaves(expected_state)):   # the scan's C loop makes a whole
-        assert torch.isnan(a)[torch.isnan(b)].all()                           # channel NaN (kernels/native.c)
+        assert torch.isnan(a)[torch.isnan(b)].all()                           # channel NaN (kernels/<op>/<op>.c)
 
 
 def mixed(kind):

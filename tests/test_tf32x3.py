@@ -10,7 +10,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernel_cases import needs_triton, spy
 from qkv_check import qkv_inputs
-from seqmix.kernels import naive as definitions
+from seqmix.kernels.attention.naive import explicit_attention
+from seqmix.kernels.rerope import naive as rerope_naive
 from seqmix.kernels import attention, rerope
 from seqmix.kernels.rerope import fused
 from seqmix.kernels.testing import FP32_BUDGET, assert_close, rel_rms
@@ -56,13 +57,13 @@ def _emulated_error(op, inputs, precision):
 # The shapes of the kernel tests (tests/test_kernels_attention.py, tests/test_kernels_rerope.py), head sizes 16 to
 # 128, and one with scores three times larger.
 OPS = {
-    "attention T=37 d=16": (lambda q, k, v: definitions.explicit_attention(q, k, v, causal=True), (2, 2, 37, 16), 1.0),
-    "attention T=130 d=128": (lambda q, k, v: definitions.explicit_attention(q, k, v, causal=True), (1, 2, 130, 128), 1.0),
-    "rerope T=37 d=32 leaky logn": (lambda q, k, v: definitions.rerope_attention(q, k, v, 20, leaky_k=4.0,
+    "attention T=37 d=16": (lambda q, k, v: explicit_attention(q, k, v, causal=True), (2, 2, 37, 16), 1.0),
+    "attention T=130 d=128": (lambda q, k, v: explicit_attention(q, k, v, causal=True), (1, 2, 130, 128), 1.0),
+    "rerope T=37 d=32 leaky logn": (lambda q, k, v: rerope_naive.rerope_attention(q, k, v, 20, leaky_k=4.0,
                                                                                    train_length=16),
                                     (1, 2, 37, 32), 1.0),
-    "rerope T=45 d=64 spread 3": (lambda q, k, v: definitions.rerope_attention(q, k, v, 7), (1, 2, 45, 64), 3.0),
-    "rerope decode T=300 d=64": (lambda q, k, v: definitions.rerope_decode(q[:, :, -1:], k, v, 40, leaky_k=1.5),
+    "rerope T=45 d=64 spread 3": (lambda q, k, v: rerope_naive.rerope_attention(q, k, v, 7), (1, 2, 45, 64), 3.0),
+    "rerope decode T=300 d=64": (lambda q, k, v: rerope_naive.rerope_decode(q[:, :, -1:], k, v, 40, leaky_k=1.5),
                                  (1, 2, 300, 64), 1.0),
 }
 
@@ -100,9 +101,9 @@ def test_the_setting_reaches_the_kernels(rng, monkeypatch, tf32x3):
     asked_rerope = spy(monkeypatch, fused, "dot_precision")
     q, k, v = (x.float() for x in qkv_inputs(rng, (1, 2, 21, 16)))
     q64, k64, v64 = (x.double() for x in (q, k, v))
-    assert_close(attention.attention(q, k, v, backend="triton"), definitions.explicit_attention(q64, k64, v64, causal=True),
+    assert_close(attention.attention(q, k, v, backend="triton"), explicit_attention(q64, k64, v64, causal=True),
                  FP32_BUDGET, "attention")
-    assert_close(rerope.rerope_attention(q, k, v, 5, backend="triton"), definitions.rerope_attention(q64, k64, v64, 5),
+    assert_close(rerope.rerope_attention(q, k, v, 5, backend="triton"), rerope_naive.rerope_attention(q64, k64, v64, 5),
                  FP32_BUDGET, "rerope")
     rerope.rerope_attention(q.half(), k.half(), v.half(), 5, backend="triton")
     assert asked == ["tf32x3"] and asked_rerope == ["tf32x3", "ieee"]

@@ -48,8 +48,8 @@ KERNELS = ("fwd", "dq", "dkdv")   # the three kernels, each with its own launch 
 
 
 def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
-    """Tiles of ``kernel`` (one of KERNELS, or "decode": the forward with one query) for head size ``head_dim`` and inputs of ``dtype``, chosen on the build
-    the JIT makes for aligned tensors (``python -m seqmix.kernels.aot``): the largest tried that compile without
+    """Tiles of ``kernel`` (one of KERNELS, or "decode": the forward with one query) for head size ``head_dim`` and
+    inputs of ``dtype``, chosen on the build the JIT makes for aligned tensors (``python -m seqmix.kernels.aot``): the largest tried that compile without
     spills or stack on sm_80 and sm_90 (Leaky ReRoPE, the larger variant). Each query and key tile is held in two
     rotations and the backward keeps two gradient accumulators per tile, hence smaller tiles than attention's; tiles
     of 64 query rows compile to wgmma on sm_90."""

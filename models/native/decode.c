@@ -7,7 +7,8 @@
  * products at the memory's speed and the rest in a few microseconds per layer: the work torch spends in dispatch.
  *
  * The math is the models' (models/rwkv4.py, rwkv7.py, mamba.py, whose docstrings cite the sources); the
- * recurrences are native.c's own loops (wkv4_forward, wkv7_forward, selective_scan_forward) run for T = 1, so there
+ * recurrences are the ops' own loops (kernels/<op>/<op>.c: wkv4_forward, wkv7_forward, selective_scan_forward)
+ * run for T = 1, so there
  * is one copy of each. Everything is computed in fp32 from the weights as stored (fp32 or bf16, widened as read);
  * the states are those of the models' forward, read from one set of tensors and written to another.
  *

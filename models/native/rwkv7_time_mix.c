@@ -1,6 +1,6 @@
 /* RWKV-7's time mix after its matrix products, in C: the CPU path of models/rwkv7.py's TimeMix for prompts without
  * gradients (models/decode.py's rwkv7_time_mix), and the middle of the RWKV-7 decoding step (decode.c's rwkv7_run).
- * The recurrence is kernels/native.c's wkv7_forward. Threads: OpenMP's, torch's own (decode.c says why). */
+ * The recurrence is kernels/wkv7/wkv7.c's wkv7_forward. Threads: OpenMP's, torch's own (decode.c says why). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,7 +16,7 @@
  *     log_w = -e^-0.5 sigmoid(w0 + wl),  v += (v_first - v) sigmoid(v0 + vl) (blocks 1 ...),  a = sigmoid(a0 + al),
  *     kk = normalize(k k_k) per head,  k *= 1 + (a - 1) k_a,  y, state = WKV-7(r, log_w, k, v, -kk, kk a, state),
  *     out = (GroupNorm(y) + (r . k r_k per head) v) g
- * for work items (batch row b, head h) in [first, last), each walking its T tokens (native.c's wkv7_forward for the
+ * for work items (batch row b, head h) in [first, last), each walking its T tokens (wkv7.c's wkv7_forward for the
  * recurrence). r, k, v, v_first, wl, al, vl, g (B, T, H N) in the activations' dtype (ACT_BF16), v_first and vl
  * NULL in block 0; params: w0, a0, v0, k_k, k_a, r_k (H, N), ln_x weight, bias, each in its own dtype (params_bf16);
  * state (B, H, N, N) fp32, in and out; out (B, T, H N) in the activations' dtype. Returns a status. The prefill

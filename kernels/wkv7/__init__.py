@@ -1,5 +1,5 @@
 """RWKV-7's WKV (the generalized delta rule): a chunked torch path and Triton forward/backward kernels, with autograd
-(and, on a CPU, the recurrence and its backward as C loops: kernels/native.py).
+(and, on a CPU, the recurrence and its backward as C loops: kernels/wkv7/c.py).
 
     S_t = S_{t-1} diag(w_t) + (S_{t-1} a_t) b_t^T + v_t k_t^T,   w_t = exp(log_w_t),   y_t = S_t r_t
 
@@ -53,7 +53,7 @@ make the gradients the same bit for bit in every run, for N / BLOCK_V (4 at N = 
 of the five gradients while the backward runs. T need not be a multiple of anything: steps past T read log_w = 0 and
 zeros elsewhere, which leaves the state unchanged.
 
-Chunked Triton path (wkv7(..., backend="triton_chunked"), kernels/wkv7_chunked.py, whose docstring derives the
+Chunked Triton path (wkv7(..., backend="triton_chunked"), kernels/wkv7/triton_chunked.py, whose docstring derives the
 backward): the torch path's factored WY form, one program per (batch, head, 16 value rows), walking chunks of 16
 steps: T / 16 serial steps instead of T, each a few dozen (16, 16) tile products, about 2.4x the arithmetic of the
 sequential kernel at N = 64. The state lives in the output buffer rather than in registers, so that every product is
@@ -72,14 +72,14 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from seqmix.kernels import _native_autograd as native_autograd
-from seqmix.kernels._common import (Launch, accumulation_dtype, all_finite, check_decay_dtype, check_devices,
-                                    check_same_dtype, check_tensor, finite_log_decay, first_order_only, needs_grad,
-                                    new_output, rows_per_program, tl, triton)
-from seqmix.kernels._wkv7_common import _checkpoint, _head_offsets, _step
-from seqmix.kernels.backends import Call, deprecated_chunked, dispatch
-from seqmix.kernels.wkv7_chunked import (CHUNK as TRITON_CHUNK, _chunked_bwd, _chunked_fwd, _chunked_launch_config,
-                                         wkv7_chunked_bwd_kernel, wkv7_chunked_dstate_kernel, wkv7_chunked_fwd_kernel)
+from . import c as c_loops
+from .._common import (Launch, accumulation_dtype, all_finite, check_decay_dtype, check_devices,
+                       check_same_dtype, check_tensor, finite_log_decay, first_order_only, needs_grad,
+                       new_output, rows_per_program, tl, triton)
+from ._triton_common import _checkpoint, _head_offsets, _step
+from ..backends import Call, deprecated_chunked, dispatch
+from .triton_chunked import (CHUNK as TRITON_CHUNK, _chunked_bwd, _chunked_fwd, _chunked_launch_config,
+                             wkv7_chunked_bwd_kernel, wkv7_chunked_dstate_kernel, wkv7_chunked_fwd_kernel)
 
 __all__ = ["wkv7", "triton_launch"]
 
@@ -409,7 +409,7 @@ def _max_spread(dtype):
 
 def wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
     """Runs the sequential or the chunked forward kernel (``chunked``: the "triton_chunked" backend, which
-    kernels/backends.py gives heads N >= 16 only; the chunked kernels decide each chunk's form on the device, decays
+    kernels/wkv7/spec.py gives heads N >= 16 only; the chunked kernels decide each chunk's form on the device, decays
     out of range taking their steps one at a time); returns y, the final state and the checkpoints (the state
     itself, unwritten, without ``save_checkpoints``)."""
     B, T, H, N = r.shape
@@ -508,7 +508,7 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
             the arithmetic at N = 64, for N a power of two >= 16; the backward is chunked too, a serial pass over
             chunks, then every chunk at once; fp16/bf16 products on the tensor cores; a chunk whose log decays
             spread beyond DECAY_RANGE, never with RWKV-7's, or that holds inf or NaN takes its 16 steps one at a
-            time, decided on the device), "c" (kernels/native.c, CPU, N <= 256) or None. None runs the first that
+            time, decided on the device), "c" (kernels/wkv7/wkv7.c, CPU, N <= 256) or None. None runs the first that
             takes the call, in this order: "triton" (CUDA tensors, N a power of two >= 4), "triton_chunked" (CUDA
             tensors, N a power of two >= 16), "c" (CPU tensors in fp32, fp16 or bf16, N <= 256, where the C loops
             build), "torch" (any other call). A backend named here that cannot take the call raises with its
@@ -546,7 +546,7 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
     if state is not None:
         check_tensor("state", state, (B, H, N, N), dtypes=(state_dtype,))
     if backend == "c":                # the loop takes log_w = -inf (a decay of 0) itself
-        return native_autograd.wkv7(r, log_w, k, v, a, b, state, grad)
+        return c_loops.wkv7(r, log_w, k, v, a, b, state, grad)
     log_w = finite_log_decay(log_w)   # -inf: a decay of exactly 0 (the reference takes finite log_w only)
     if backend == "torch":
         if state is None:

@@ -1,8 +1,9 @@
-"""What the recurrent (kernels/wkv7.py) and the chunked (kernels/wkv7_chunked.py) WKV-7 kernels share: where a
-head's data lives. Inputs (B, T, H, N), states (B, H, N, N), saved states (B * H, count, N, N), all contiguous."""
+"""What the recurrent (kernels/wkv7/__init__.py) and the chunked (kernels/wkv7/triton_chunked.py) WKV-7 kernels
+share: where a head's data lives. Inputs (B, T, H, N), states (B, H, N, N), saved states (B * H, count, N, N), all
+contiguous."""
 from __future__ import annotations
 
-from seqmix.kernels._common import tl, triton
+from .._common import tl, triton
 
 
 @triton.jit

@@ -1,5 +1,5 @@
 """RWKV-4's WKV operator: a chunked torch path and Triton forward/backward kernels, exact for keys of any size
-(and, on a CPU, the Triton kernels' recurrences as C loops, forward and backward: kernels/native.py).
+(and, on a CPU, the Triton kernels' recurrences as C loops, forward and backward: kernels/wkv4/c.py).
 
     wkv_t = (sum_{i<t} e^{(t-1-i) w + k_i} v_i + e^{u + k_t} v_t) / (sum_{i<t} e^{(t-1-i) w + k_i} + e^{u + k_t})
 
@@ -34,8 +34,8 @@ registers; max is kept as the exponent that set it plus a count of decays (ancho
 reason. Both kernels are software-pipelined: step t + 1's loads are issued before step t's arithmetic (loop
 variables), so two memory round trips overlap and a step waits about half of one, plus its chain of exponentials
 and the division. What stays serial: the T steps of each channel. Channels per program are not split further: one
-thread per channel, and a warp of 32 channels walks its steps as fast as one channel would. The forward saves, per token, v_t - y_t, d_t = max_t - (u + k_t) and z_t = Z_t e^{-max(max_t, u + k_t)},
-where Z_t = D^_t + e^{u + k_t} is the output's denominator. The backward walks time in reverse with the adjoints of
+thread per channel, and a warp of 32 channels walks its steps as fast as one channel would. The forward saves, per
+token, v_t - y_t, d_t = max_t - (u + k_t) and z_t = Z_t e^{-max(max_t, u + k_t)}, where Z_t = D^_t + e^{u + k_t} is the output's denominator. The backward walks time in reverse with the adjoints of
 the represented sums and of their w-derivatives,
 
     A_N(t) = dL/dN^_t = gy_t / Z_t + e^w A_N(t+1),   A_D(t) = -gy_t y_t / Z_t + e^w A_D(t+1),
@@ -58,11 +58,11 @@ from __future__ import annotations
 
 import torch
 
-from seqmix.kernels import _native_autograd as native_autograd
-from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
-                                    check_tensor, check_values, first_order_only, needs_grad, new_output,
-                                    plus_inf_as_nan, tl, triton)
-from seqmix.kernels.backends import Call, dispatch
+from . import c as c_loops
+from .._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
+                       check_tensor, check_values, first_order_only, needs_grad, new_output,
+                       plus_inf_as_nan, tl, triton)
+from ..backends import Call, dispatch
 
 __all__ = ["wkv4", "INITIAL_MAX", "triton_launch"]
 
@@ -498,7 +498,7 @@ def wkv4(w, u, k, v, state=None, *, backend=None):
             k, v), and w = -inf (a decay of exactly 0) is defined.
         state (tuple or None): (num, den, max), each (B, C), fp32 (float64 for float64 inputs), in Hugging Face's
             layout. Default: (0, 0, INITIAL_MAX = -1e38).
-        backend (str or None): "torch", "triton", "c" (kernels/native.c, CPU) or None. None runs the first that
+        backend (str or None): "torch", "triton", "c" (kernels/wkv4/wkv4.c, CPU) or None. None runs the first that
             takes the call, in this order: "triton" (CUDA tensors), "c" (CPU tensors in fp32, fp16 or bf16 where the
             C loops build), "torch" (any other call). A backend named here that cannot take the call raises with its
             reason (kernels/backends.py). Default: None.
@@ -543,7 +543,7 @@ def wkv4(w, u, k, v, state=None, *, backend=None):
         y, new_state = _wkv4_torch(w, u, k.to(state_dtype), v.to(state_dtype), *state)
         return y.to(dtype), new_state
     if backend == "c":
-        return native_autograd.wkv4(w, u, k, v, state, grad)
+        return c_loops.wkv4(w, u, k, v, state, grad)
     args = (w.contiguous(), u.contiguous(), k.contiguous(), v.contiguous(), *(s.contiguous() for s in state))
     if grad:
         y, *new_state = Wkv4Function.apply(*args)

@@ -11,7 +11,7 @@ returned last_state (batch, D, N). The float64 truth is reference/ssm.py (`selec
 (arXiv:2312.00752), section 3 and Algorithm 2.
 
 How it is split up. delta_bias, softplus, the skip D u and the gate are elementwise over (batch, D, T) and run as
-ordinary torch ops on the torch and Triton backends (autograd differentiates them); the C loops of kernels/native.c
+ordinary torch ops on the torch and Triton backends (autograd differentiates them); the C loops of kernels/ssm/ssm.c
 (backend="c", CPU) do them, and the scan, in their one pass forward and one backward. The scan proper,
 (u, delta, A, B, C, state) -> (C_t . x_t, last state), is one torch.autograd.Function with two implementations:
 
@@ -28,8 +28,8 @@ ordinary torch ops on the torch and Triton backends (autograd differentiates the
 - triton: one program per (batch, block of BLOCK_D channels); the state (BLOCK_D, N) lives in registers and the
   program walks time sequentially, step t + 1's loads issued before step t's arithmetic. The forward takes 16
   channels per program, down to 4 at small batch * D (two programs per SM where it can: batch 1, D = 1536 gives 384
-  one-warp programs); what stays serial is each channel's T steps (an exponential and a sum over the N states). The forward kernel stores the state every CHECKPOINT tokens (~ sqrt(T)); the
-  backward kernel walks these runs in reverse, recomputes a run's states from its checkpoint into a scratch
+  one-warp programs); what stays serial is each channel's T steps (an exponential and a sum over the N states).
+  The forward kernel stores the state every CHECKPOINT tokens (~ sqrt(T)); the backward kernel walks these runs in reverse, recomputes a run's states from its checkpoint into a scratch
   buffer, then walks the run backwards. Extra memory: batch * D * N * (T / CHECKPOINT + CHECKPOINT) fp32, about
   2 sqrt(T) states per channel instead of T. dB and dC sum over channels: each program stores its block's share in
   its own slice of (batch, D / BLOCK_D, N, T) buffers, summed once by the wrapper (batch * D * T * N / BLOCK_D fp32
@@ -47,11 +47,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from seqmix.kernels import _native_autograd as native_autograd
-from seqmix.kernels._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
-                                    check_tensor, check_values, finite_log_decay, first_order_only, needs_grad,
-                                    new_output, rows_per_program, tl, triton)
-from seqmix.kernels.backends import Call, dispatch
+from . import c as c_loops
+from .._common import (Launch, accumulation_dtype, check_decay_dtype, check_devices, check_same_dtype,
+                       check_tensor, check_values, finite_log_decay, first_order_only, needs_grad,
+                       new_output, rows_per_program, tl, triton)
+from ..backends import Call, dispatch
 
 __all__ = ["selective_scan", "triton_launch", "checkpoint_interval"]
 
@@ -497,7 +497,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_
         state (torch.Tensor or None): (batch, D, N), the x before the first token, fp32 (float64 for float64
             inputs). Default: zeros.
         backend (str or None): "torch", "triton" (on CPU tensors the Triton interpreter, TRITON_INTERPRET=1), "c"
-            (kernels/native.c, CPU) or None. None runs the first that takes the call, in this order: "triton" (CUDA
+            (kernels/ssm/ssm.c, CPU) or None. None runs the first that takes the call, in this order: "triton" (CUDA
             tensors), "c" (CPU tensors in fp32, fp16 or bf16 where the C loops build), "torch" (any other call). A
             backend named here that cannot take the call raises with its reason (kernels/backends.py).
             Default: None.
@@ -522,7 +522,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, delta_
     if not delta_softplus:   # softplus makes every step >= 0; without it, refuse what the reference refuses
         _check_nonnegative_steps(delta, delta_bias, compute)
     if backend == "c":   # the whole op in the loop: bias, softplus, scan, skip and gate; A = -inf too
-        return native_autograd.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state, grad)
+        return c_loops.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state, grad)
     # A = -inf, a decay of exactly 0 (the reference takes finite A only): e^{delta A} = 0 whatever the step, also
     # at delta = 0 (the torch path's padding), where 0 * -inf would be NaN
     A = finite_log_decay(A)

@@ -29,12 +29,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from seqmix.kernels._common import (Launch, accumulation_dtype, all_finite, check_devices, check_same_dtype,
-                                    check_tensor, first_order_only, new_output, tl, triton)
-from seqmix.kernels._flash import (block_d, dot_precision, flash_delta, flash_grid,
-                                   flash_head, flash_launch, load_row_stats, load_tile, online_softmax_step,
-                                   positive_scale, set_fp32_dot_precision, softmax_tile_grad, store_tile)
-from seqmix.kernels.backends import Call, dispatch
+from .._common import (Launch, accumulation_dtype, all_finite, check_devices, check_same_dtype,
+                       check_tensor, first_order_only, new_output, tl, triton)
+from .._flash import (block_d, dot_precision, flash_delta, flash_grid,
+                      flash_head, flash_launch, load_row_stats, load_tile, online_softmax_step,
+                      positive_scale, set_fp32_dot_precision, softmax_tile_grad, store_tile)
+from ..backends import Call, dispatch
 
 __all__ = ["attention", "set_fp32_dot_precision", "launch_config"]
 

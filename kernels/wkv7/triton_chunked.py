@@ -56,16 +56,22 @@ entering state re-run from S_0 (a chunk's L (L - 1) / 2 steps: such chunks are r
 buffer), in registers: these paths have no products, so (16, N) tiles fit.
 
 Chunk size 16: (16, 16) is tl.dot's smallest tile, and the forward's tiles stay (16, 16); at RWKV-7's strongest
-decays a 16-step chunk spreads 9.7 (every chunk factored, centred factors within e^{+-4.9}), a 64-step chunk (fla's)
-39, beyond DECAY_RANGE: fla splits its 64 into sub-chunks of 16 for that reason. Nothing here is timed (no GPU):
-64 would quarter the serial pass and the saved states, and would need that sub-chunking.
+decays a 16-step chunk spreads 9.7 (every chunk factored, centred factors within e^{+-4.9}), a 64-step chunk 39,
+beyond DECAY_RANGE. fla's chunk_rwkv7 takes chunks of 16 too unless its caller passes a lower bound on the log
+decays (its own layer passes -e^-0.5 with chunk_size=64, centring the factors at mid-chunk, e^{+-20} at that bound).
+
+What an H100 measured (benchmarks/README.md, runs 4-6): this forward walks T / 16 = 128 chunks at 9.6 us each in
+bf16, fla's default state pass the same 128 chunks at 2.0 us. The cost is the serial step's, not the number of
+steps: every chunk's couplings, triangular solve and products sit on the serial path (repeated by each of a head's
+N / 16 programs), 216 registers at 8 warps leave one program per SM (48 of 132 SMs busy at B 1, H 12), every tile
+is 16 x 16, about 70 layout conversions a chunk, and the key-block loads wait in the iteration that issues them.
 """
 from __future__ import annotations
 
 import torch
 
-from seqmix.kernels._common import Launch, new_output, tl, triton
-from seqmix.kernels._wkv7_common import _checkpoint, _head_offsets, _step
+from .._common import Launch, new_output, tl, triton
+from ._triton_common import _checkpoint, _head_offsets, _step
 
 __all__ = []   # private: the op is kernels/wkv7.py's wkv7 (backend="triton_chunked")
 
@@ -151,10 +157,13 @@ def _add_couplings(A_ab, A_ak, Q_rb, Q_rk, r, k, a, b, c, c_prev, c_end, DT: tl.
 
 @triton.jit
 def _spread(c_hi, c_lo, total, c, x):
-    """Running max(c, 0), min(c, 0) and a sum that is finite only while every input is (inf - inf = NaN)."""
+    """Running max(c, 0), min(c, 0) and a sum that is finite only while every input is (inf - inf = NaN): x's and c's,
+    which sums log_w. The sum is the only NaN test: tl.max and tl.min drop NaN (maxnum on a GPU, fmax in the
+    interpreter), so a NaN log_w (or +inf, which finite_log_decay makes NaN) passed the spread as in range, and its
+    key's centring made the whole chunk NaN (review F1)."""
     c_hi = tl.maximum(c_hi, tl.max(tl.max(c, axis=1), axis=0))
     c_lo = tl.minimum(c_lo, tl.min(tl.min(c, axis=1), axis=0))
-    return c_hi, c_lo, total + tl.sum(tl.sum(x, axis=1), axis=0)
+    return c_hi, c_lo, total + tl.sum(tl.sum(x + c, axis=1), axis=0)
 
 
 @triton.jit
