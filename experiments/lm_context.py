@@ -16,9 +16,10 @@ Two questions the language-model report (language_model.md) leaves open:
    keeps falling.
 
 Texts: the stdlib corpus's test split (experiments.data.stdlib_corpus, the report's: its files in name order, joined
-by blank lines), and a held-out set from outside the standard library, the .py files (tests excluded, ASCII only, in
-name order up to held_out_bytes) of an installed package the project depends on (HELD_OUT), joined the same way,
-every file's SHA-256 recorded so that another version shows.
+by blank lines), and a held-out set from outside the standard library: .py files of an installed package the
+project depends on (HELD_OUT), tests excluded, ASCII, at most MAX_FILE bytes each (so that no one data table fills
+the set), taken in the order of the SHA-256 of their names (a spread over the package that no one chose) until
+held_out_bytes are gathered, joined the same way; every file's SHA-256 is recorded, so that another version shows.
 
 Writes lm_context.json (a row per text: sizes, the compressors, per model both ways, the files), lm_context.md and
 lm_context.png.
@@ -52,7 +53,8 @@ __all__ = ["Setup", "FULL", "QUICK", "HELD_OUT", "COMPRESSORS", "compressed_bpb"
 NAME = "lm_context"
 LN2 = math.log(2)
 SEPARATOR = b"\n\n"                       # how data.stdlib_corpus joins a split's files
-HELD_OUT = "matplotlib"                   # a dependency of the project, so installed wherever the project is
+HELD_OUT = "numpy"                        # a dependency of the project, so installed wherever the project is
+MAX_FILE = 65536
 SHIPPED = ("rwkv4", "rwkv7", "mamba")
 
 
@@ -149,18 +151,20 @@ def positions_in_files(sizes: list) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------------
 
 def held_out_files(limit: int) -> list:
-    """[(name, bytes)] of the held-out package's .py files, tests excluded, ASCII only, in name order, until
-    ``limit`` bytes are gathered."""
+    """[(name, bytes)] of the held-out package's .py files: tests excluded, ASCII, at most MAX_FILE bytes, in the
+    order of sha256(name), until ``limit`` bytes are gathered."""
     spec = importlib.util.find_spec(HELD_OUT)
     if spec is None or not spec.submodule_search_locations:
         raise ValueError(f"the held-out package {HELD_OUT!r} is not installed")
     root = Path(next(iter(spec.submodule_search_locations)))
+    names = sorted((path.relative_to(root.parent).as_posix() for path in root.rglob("*.py")
+                    if "tests" not in path.relative_to(root).parts), key=lambda n: hashlib.sha256(n.encode()).digest())
     files, total = [], 0
-    for path in sorted(root.rglob("*.py")):
-        raw = path.read_bytes()
-        if "tests" in path.relative_to(root).parts or not raw or not raw.isascii():
+    for name in names:
+        raw = (root.parent / name).read_bytes()
+        if not raw or len(raw) > MAX_FILE or not raw.isascii():
             continue
-        files.append((path.relative_to(root.parent).as_posix(), raw))
+        files.append((name, raw))
         total += len(raw)
         if total >= limit:
             break
