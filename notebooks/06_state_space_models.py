@@ -2,16 +2,20 @@
 # # 06 · State space models: zero-order hold, the convolution kernel, Mamba's selective scan and block
 #
 # A state space model is a linear differential equation read as a sequence layer. This notebook follows the Mamba
-# part of the RWKV/Mamba study notes: the continuous system; its zero-order-hold (ZOH) discretization, derived; two
-# optional sections of numerical analysis (the matrix exponential three ways, and ZOH against the Euler and bilinear
-# discretizations), which a first reading can skip; the discrete recurrence written as one convolution with a kernel
-# $\bar K$; Mamba's selective scan, whose $\Delta$, $B$, $C$ change from token to
-# token and whose $\bar B$ is Euler's, not ZOH's; and the Mamba block of the notes' Algorithm 2 (RMSNorm, the two
-# input projections, the causal convolution, the parameters function of Algorithm 1, the scan, the gate, the output
-# projection and the residual), stacked into a model whose state is carried from one piece of a sequence to the
-# next, and selection at work on real inputs; last, the project's own trained Mamba: where its step size opens and
-# closes on real Python, and a line of text it writes. An appendix checks the production path (the torch, Triton
-# and C scans, and the torch Mamba model) against the float64 reference.
+# part of the RWKV/Mamba study notes, in four steps:
+#
+# - **From the equation to a recurrence** (sections 1 to 5): the continuous system, its zero-order-hold (ZOH)
+#   discretization derived, and the discrete recurrence written as one convolution with a kernel $\bar K$. Sections 3
+#   and 4 (the matrix exponential three ways; ZOH against Euler and bilinear) are optional numerical analysis.
+# - **Mamba's selective scan** (section 6): $\Delta$, $B$, $C$ change from token to token, and $\bar B$ is Euler's,
+#   not ZOH's; the scan as a parallel (associative) scan; its place in the family of notebook 04, and Mamba-2's SSD.
+# - **The Mamba block** (section 7): the notes' Algorithm 2 step by step, how $A$ is initialized, a model whose state
+#   is carried from one piece of a text to the next (here and in transformers' cache); selection at work (section 8).
+# - **The project's trained Mamba** (section 9): where its step size opens and closes on real Python, and a line of
+#   text it writes.
+#
+# Exercises close the notebook; an appendix checks the production path (the torch, Triton and C scans, and the torch
+# Mamba model) against the float64 reference.
 #
 # **Sources.** The Mamba/SSM part of the RWKV/Mamba study notes in the source material (the order followed here;
 # errata 11 to 15 of [`reference/ERRATA.md`](../reference/ERRATA.md) are about it); Mamba, arXiv:2312.00752,
@@ -725,9 +729,10 @@ check("Mamba's scan with one Delta and one scalar A per head vs family.ssd",
 #
 # ![The Mamba block: RMSNorm, in_proj into x and z; x through the causal conv1d and SiLU into x', which x_proj turns
 # into dt_low, B, C and dt_proj and softplus into Delta; the scan of x' with A, Delta, B, C, D gives y; y times
-# SiLU(z), out_proj, added to the residual stream](images/mamba_block.svg)
+# SiLU(z), out_proj, added to the residual stream](images/mamba_block.png)
 #
-# Pink boxes carry state from token to token: the convolution's window and the scan's $h$.
+# Green boxes carry state from token to token: the convolution's window and the scan's $h$; `*` is the elementwise
+# product.
 #
 # Inside the block the channels are widened to $D = 2C$ (Mamba's `expand = 2`; the notes' $P$), and the state of
 # every channel has $N$ entries (the notes' $K$; they use $N$ for the sequence length). As in Mamba and the notes,
