@@ -154,6 +154,58 @@ def test_unknown_parts_are_refused(tmp_path):
         _main(tmp_path, "--parts", "correct,speed")
 
 
+@pytest.mark.parametrize("argv, says", [(["--parts", ""], "--parts: no part given"),
+                                        (["--explain", "foo"], "--explain takes KERNEL=TEXT, got 'foo'"),
+                                        (["--budget-s", "nan"], "--budget-s must be a number of seconds >= 0"),
+                                        (["--out", "FILE"], "is a file, not a folder")])
+def test_bad_options_are_one_line_before_anything_runs(tmp_path, capsys, argv, says):
+    """Round 4, F3 and F11: an empty --parts passed with no part run; --explain without '=' raised a ValueError
+    traceback after every part had run; --out naming a file, FileExistsError."""
+    (tmp_path / "f").write_text("")
+    argv = [str(tmp_path / "f") if a == "FILE" else a for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        _main(tmp_path / "out", *argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and says in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_damaged_record_to_resume_is_named(tmp_path, capsys):
+    (tmp_path / "gpu_check.json").write_text("{not json")
+    with pytest.raises(SystemExit) as exit_:
+        _main(tmp_path, "--parts", "limits", "--resume")
+    assert exit_.value.code == 2 and "gpu_check.json is not a gpu_check record" in capsys.readouterr().err
+
+
+def test_a_run_that_checked_nothing_fails(tmp_path, capsys):
+    """F3: --ops matching no op gave PASS and exit 0 with zero rows."""
+    assert _main(tmp_path, "--parts", "compile,correct", "--ops", "zzz") == 1
+    assert _record(tmp_path)["verdict"].startswith("FAIL: nothing was checked")
+    assert gpu_check._verdict({"parts": [], "dry_run": True}, {})[1] is False
+
+
+def test_an_earlier_record_is_kept_not_replaced(tmp_path, capsys):
+    """F8: a dry run (here with a typo in --ops) replaced a GPU run's gpu_check.json and .md as it started."""
+    earlier = {"started": "2026-01-02T03:04:05Z", "device": "NVIDIA H100", "parts": [{"name": "correct", "rows": [1]}]}
+    (tmp_path / "gpu_check.json").write_text(json.dumps(earlier))
+    (tmp_path / "gpu_check.md").write_text("the GPU run")
+    _main(tmp_path, "--parts", "compile", "--ops", "zzz")
+    assert json.loads((tmp_path / "gpu_check.2026-01-02T03-04-05Z.json").read_text()) == earlier
+    assert (tmp_path / "gpu_check.2026-01-02T03-04-05Z.md").read_text() == "the GPU run"
+    assert _record(tmp_path)["device"] == "CPU (dry run)"
+    _main(tmp_path, "--parts", "compile", "--ops", "zzz")           # and a second run keeps the first's
+    assert len(list(tmp_path.glob("gpu_check.*.json"))) == 2
+
+
+def test_a_dry_run_writes_apart_from_a_gpu_run_by_default(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(gpu_check, "_keep_earlier_record", lambda out: seen.setdefault("out", out))
+    monkeypatch.setattr(gpu_check, "Run", lambda *a, **k: (_ for _ in ()).throw(SystemExit(9)))
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--dry-run", "--parts", "limits"])
+    assert seen["out"] == gpu_check.RESULTS / "dry_run"
+
+
 def test_attention_is_benchmarked_at_head_sizes_64_and_128_and_checked_once():
     """The issue's goal names d = 64 and 128: both are entries of the one list of shapes (the second a variant of
     the first, tiny on a dry run); the correctness checks, which choose their own shapes, run attention once."""
