@@ -13,8 +13,8 @@ import torch
 
 from seqmix.kernels.registry import benchmarked
 
-__all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "FLA_FORMS", "FLA_LOWER_BOUND", "fp32_products", "SHAPES", "VARIANTS", "backward", "describe", "inputs_at",
-           "op_function", "part_cost_model", "part_peers", "part_timing", "peer_first_calls", "queued_time",
+__all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "FLA_FORMS", "FLA_LOWER_BOUND", "SHAPES", "VARIANTS", "backward",
+           "describe", "fp32_products", "inputs_at", "op_function", "part_cost_model", "part_peers", "part_timing", "peer_first_calls", "queued_time",
            "seqmix_call", "time_step", "warm_peer"]
 
 

@@ -1322,6 +1322,25 @@ print("the continuation is text, one line at most:", isinstance(lm_stream.text, 
 print("tokens generated, within the limit:", 0 < len(lm_stream.tokens) <= 80)
 
 # %% [markdown]
+# **And $A$?** Section 7.4 said Mamba starts every channel at S4D-Real's $A_n = -(n + 1)$, and the project's model
+# did. After training, $A = -e^{A_{\log}}$ per block against that start: the median factor by which a channel's
+# $|A_n|$ moved, and the range of $|A|$ (the start's is 1 to $N$).
+
+# %%
+# Not compared: these are the trained model's numbers.
+for i, layer in enumerate(lm_mamba.backbone.layers):
+    learned_A = -np.exp(layer.mixer.A_log.detach().double().numpy())           # (D, N)
+    start_A = -np.arange(1, learned_A.shape[1] + 1)                             # S4D-Real, every channel
+    moved = np.exp(np.median(np.abs(np.log(learned_A / start_A))))
+    print(f"block {i}: |A| from {-learned_A.max():.2f} to {-learned_A.min():.1f} (start 1 to {learned_A.shape[1]}); "
+          f"median change {moved:.2f}x")
+
+# %% [markdown]
+# As with RWKV-4's decays in notebook 03, training at this budget left $A$ close to its start (a median change of
+# under 1.1x): the time scales the model has are S4D-Real's, stretched or shrunk token by token by $\Delta$ (the plot
+# above), the step that multiplies them.
+
+# %% [markdown]
 # ## Summary
 #
 # - ZOH solves the system exactly for a held input: $\bar A = e^{\Delta A}$, $\bar B = \int_0^\Delta e^{As}ds\,B$,
