@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
-from seqmix.kernels.registry import benchmarked
+from ..kernels.registry import benchmarked
 
 __all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "SHAPES", "VARIANTS", "backward", "describe", "inputs_at",
            "op_function", "part_cost_model", "part_peers", "part_timing", "peer_first_calls", "queued_time",
@@ -116,7 +116,7 @@ def part_cost_model(run, emit):
     """The cost model's prediction for each Triton kernel beside the time measured by the timing part (this run's,
     or an earlier one's in the same --out folder): forward alone, and the training kernels' sum beside forward +
     backward."""
-    from seqmix.benchmarks import cost_model
+    from . import cost_model
     mma = _aot_mma(run, cost_model)
     # the GPU's own time where the timing part queued the calls (queued_time), else one call's
     measured = {(r["op"], r["dtype"], r["mode"]): r.get("gpu_s", r["median_s"]) for p in run.record["parts"]
@@ -207,7 +207,7 @@ def seqmix_call(run, op: str, backend: str):
 
 def _timing_cases(run):
     """(op, dtype, make, call, implementation, mode): seqmix's Triton and torch backends, then the peers."""
-    from seqmix.benchmarks import peers
+    from . import peers
     fla, why_not_fla = _fla()
     for op in COST_KERNELS:
         kind, w = ENTRIES[op][0].name, run.shapes[op].get("w")   # the op's name ("attention" for "attention d=128")
@@ -281,7 +281,7 @@ def _fla():
         from fla.ops.rwkv7 import chunk_rwkv7, fused_recurrent_rwkv7
     except Exception as e:   # not carried, or it does not import on this torch / triton
         return None, f"skipped: fla does not import: {describe(e)}"
-    from seqmix.conformance.adapters import fla
+    from ..conformance.adapters import fla
     return {"chunk_rwkv7": fla(chunk_rwkv7), "fused_recurrent_rwkv7": fla(fused_recurrent_rwkv7)}, ""
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import seqmix
+from .. import __version__
 
 __all__ = ["RESULTS", "Results", "environment", "markdown_table", "parse_args", "output_dir", "command_line", "fmt",
            "control_verdict"]
@@ -78,7 +78,7 @@ def _commit() -> str:
 
 def environment(threads: int) -> dict:
     """What a row was measured with: commit, versions, CPU, threads."""
-    return {"commit": _commit(), "seqmix": seqmix.__version__, "python": platform.python_version(),
+    return {"commit": _commit(), "seqmix": __version__, "python": platform.python_version(),
             "torch": torch.__version__, "numpy": np.__version__, "cpu": _cpu(), "cpu_count": os.cpu_count(),
             "threads": threads, "platform": platform.platform()}
 

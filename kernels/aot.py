@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from seqmix.kernels.registry import REGISTRY
+from .registry import REGISTRY
 
 __all__ = ["AotKernel", "collect", "compile_one", "main", "mma_kind", "narrow_offsets", "loads_used_in_their_step",
            "fp32_dot_variants",
