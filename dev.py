@@ -2,7 +2,10 @@
 """Set up and run the project from nothing: needs only Python 3.10+ with pip and venv.
 
     python3 dev.py lab       JupyterLab over the repository, opened on notebooks/ (the main job)
-    python3 dev.py test      every test: pytest over tests/ and nbval over notebooks/
+    python3 dev.py test      the quick tier (minutes): every test not marked slow, notebook 01 under nbval
+    python3 dev.py test --full
+                             everything, as CI runs it: the slow tests (compiles, trains, the Lab in a browser, long
+                             shapes) and every notebook under nbval
     python3 dev.py report    headless cross-check of every formula, as a table
     python3 dev.py constraints
                              write the venv's package versions to constraints.txt (after a green run on newer ones)
@@ -136,9 +139,14 @@ def main(argv):
     ensure_env()
     env = venv_env()
     if what == "test":
-        ensure_browser()
+        extra = argv[2:]
+        if "--full" in extra:            # the quick tier deselects the Lab's browser tests (tests/conftest.py)
+            ensure_browser()
+        # tests/ and notebooks/ unless paths were given; tests/conftest.py reads --full and picks the tier.
         # --durations: the slowest tests, so that CI's time is watched as the suite grows
-        run(PY, "-m", "pytest", "--nbval-lax", "--durations=20", "tests", "notebooks", *argv[2:], env=env)
+        paths = [] if any((ROOT / a.split("::")[0]).exists() for a in extra if not a.startswith("-")) \
+            else ["tests", "notebooks"]
+        run(PY, "-m", "pytest", "--nbval-lax", "--durations=20", *paths, *extra, env=env)
     elif what == "report":
         run(PY, "-m", "seqmix.kernels.crosscheck", *argv[2:], env=env)
     elif what == "notebooks":

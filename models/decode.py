@@ -39,6 +39,7 @@ written to new ones (the state passed in is never modified, as in the torch path
 from __future__ import annotations
 
 import ctypes
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +50,8 @@ from ..kernels.backends import Backend, Call, Refusal, Unavailable, describe, di
 from ..kernels.shared import TORCH_DTYPES, needs_grad, new_output
 
 __all__ = ["CStep", "TorchOps", "STEP", "PART", "LEAD", "step_path", "part_path", "Weight", "Layout", "weight",
-           "weights_header", "step_sources", "entries", "library", "invoke", "call_step", "step_states", "pointers",
-           "bf16_flags", "DTYPES", "NATIVE"]
+           "weights_header", "step_sources", "entries", "library", "every_step", "invoke", "call_step", "step_states",
+           "pointers", "bf16_flags", "DTYPES", "NATIVE"]
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}        # the weights' dtypes the C step reads (value: its bf16 flag)
 
@@ -160,6 +161,14 @@ def step_sources(name: str, header: Path, c_files: tuple[Path, ...], layouts, pa
 def library(sources: native.Sources) -> ctypes.CDLL:
     """A model's library, built on first use; raises native.NativeUnavailable when it cannot be had."""
     return native.load(sources)
+
+
+def every_step() -> list[native.Sources]:
+    """The library of every model that has a C step (a package of seqmix.models with a step.py), found by its
+    folder: for a caller that builds them all at once (tests/conftest.py)."""
+    folder = Path(__file__).parent
+    return [importlib.import_module(f"{__package__}.{child.name}.step").SOURCES for child in sorted(folder.iterdir())
+            if (child / "step.py").is_file()]
 
 
 def invoke(sources: native.Sources, entry: str, inputs: str = "", **named) -> None:

@@ -2,16 +2,20 @@
 # # 06 · State space models: zero-order hold, the convolution kernel, Mamba's selective scan and block
 #
 # A state space model is a linear differential equation read as a sequence layer. This notebook follows the Mamba
-# part of the RWKV/Mamba study notes: the continuous system; its zero-order-hold (ZOH) discretization, derived; the
-# matrix exponential it needs, computed three ways (and where two of them break); ZOH against the Euler and bilinear
-# discretizations, with the error of each against the step size on a log-log plot; the discrete recurrence written
-# as one convolution with a kernel $\bar K$; Mamba's selective scan, whose $\Delta$, $B$, $C$ change from token to
-# token and whose $\bar B$ is Euler's, not ZOH's; and the Mamba block of the notes' Algorithm 2 (RMSNorm, the two
-# input projections, the causal convolution, the parameters function of Algorithm 1, the scan, the gate, the output
-# projection and the residual), stacked into a model whose state is carried from one piece of a sequence to the
-# next, and selection at work on real inputs; last, the project's own trained Mamba: where its step size opens and
-# closes on real Python, and a line of text it writes. An appendix checks the production path (the torch, Triton
-# and C scans, and the torch Mamba model) against the float64 reference.
+# part of the RWKV/Mamba study notes, in four steps:
+#
+# - **From the equation to a recurrence** (sections 1 to 5): the continuous system, its zero-order-hold (ZOH)
+#   discretization derived, and the discrete recurrence written as one convolution with a kernel $\bar K$. Sections 3
+#   and 4 (the matrix exponential three ways; ZOH against Euler and bilinear) are optional numerical analysis.
+# - **Mamba's selective scan** (section 6): $\Delta$, $B$, $C$ change from token to token, and $\bar B$ is Euler's,
+#   not ZOH's; the scan as a parallel (associative) scan; its place in the family of notebook 04, and Mamba-2's SSD.
+# - **The Mamba block** (section 7): the notes' Algorithm 2 step by step, how $A$ is initialized, a model whose state
+#   is carried from one piece of a text to the next (here and in transformers' cache); selection at work (section 8).
+# - **The project's trained Mamba** (section 9): where its step size opens and closes on real Python, and a line of
+#   text it writes.
+#
+# Exercises close the notebook; an appendix checks the production path (the torch, Triton and C scans, and the torch
+# Mamba model) against the float64 reference.
 #
 # **Sources.** The Mamba/SSM part of the RWKV/Mamba study notes in the source material (the order followed here;
 # errata 11 to 15 of [`reference/ERRATA.md`](../reference/ERRATA.md) are about it); Mamba, arXiv:2312.00752,
@@ -42,8 +46,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, check, rel_rms
-from seqmix.reference import mamba as ref_mamba, ssm as ref
+from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, REFERENCE_BUDGET, check, exercise, rel_rms
+from seqmix.reference import family, mamba as ref_mamba, ssm as ref
 from seqmix.reference.functional import softplus
 
 rng = np.random.default_rng(0)
@@ -139,9 +143,29 @@ check("ZOH B_bar of a singular A vs by hand", ref.discretize_zoh(A0, B0, delta)[
       REFERENCE_BUDGET)
 print("singular A handled: True")
 
+# %% [markdown]
+# **What Mamba needs of this, and what a first reading can skip.** Mamba's $A$ is diagonal, so $e^{\Delta A}$ is the
+# elementwise exponential of the diagonal and $\bar B$ needs no matrix function at all (section 6). A general $A$
+# needs a real matrix exponential, and the obvious ways to compute one fail: the power series loses everything to
+# rounding for a large $\|A\|$, and the eigendecomposition fails for a matrix without a basis of eigenvectors, such
+# as the Jordan block $J = \begin{pmatrix} \lambda & 1 \\ 0 & \lambda \end{pmatrix}$, whose exponential is
+# $e^{\lambda}\begin{pmatrix} 1 & 1 \\ 0 & 1 \end{pmatrix}$ but for which `eig` returns two (nearly) parallel
+# eigenvectors (printed below). The reference uses scaling and squaring, which needs neither property. Sections 3 and
+# 4 show this in detail, and how much cheaper discretizations (Euler, bilinear) lose; they are optional, and the rest
+# of the notebook does not depend on them. Section 5 goes on with the convolution view.
+
+# %%
+J_main = np.array([[-0.7, 1.0], [0.0, -0.7]])                        # a Jordan block, lambda = -0.7
+_, P_jordan = np.linalg.eig(J_main)
+print(f"Jordan block: the two eigenvectors eig returns have cosine {abs(P_jordan[:, 0] @ P_jordan[:, 1]):.12f}")
+J_main_exact = np.exp(-0.7) * np.array([[1.0, 1.0], [0.0, 1.0]])
+eig_exp = (P_jordan * np.exp(np.linalg.eigvals(J_main))) @ np.linalg.pinv(P_jordan)
+print(f"e^J by eigendecomposition (pseudo-inverse): rel. error {rel_rms(eig_exp, J_main_exact):.2f}; "
+      f"by reference.ssm.expm: {rel_rms(ref.expm(J_main), J_main_exact):.0e}")
+
 
 # %% [markdown]
-# ## 3. The matrix exponential, three ways
+# ## 3. Optional: the matrix exponential, three ways
 #
 # $e^{A}$ is not the elementwise exponential of $A$. It is defined by the series
 #
@@ -241,7 +265,7 @@ for sc in (0.1, 1.0, 10.0):
           REFERENCE_BUDGET)
 
 # %% [markdown]
-# ## 4. ZOH against Euler and bilinear
+# ## 4. Optional: ZOH against Euler and bilinear
 #
 # Two cheaper discretizations approximate what ZOH computes exactly. Forward Euler takes one straight step along the
 # derivative; the bilinear (trapezoid, Tustin) rule averages the derivative at both ends of the step:
@@ -435,7 +459,7 @@ def selective_scan(u, delta, A, B, C, zoh_b=False):
 # as in section 2 (with $A < 0$, $e^{\Delta A} \in (0, 1)$ is a decay, while $\Delta A < 0$ would flip the state's
 # sign at every step and, once $\Delta |A| > 1$, blow it up). The second is not ZOH's $\bar B$: it is Euler's,
 # $\bar B = \Delta B$, which Mamba uses on purpose (a simplification: it agrees with ZOH's to first order in
-# $\Delta A$). For diagonal $A$, ZOH's is (the `zoh_b=True` branch above)
+# $\Delta$, both being $\Delta B + O(\Delta^2)$, while their ratio is $1 - \Delta A/2 + O(\Delta^2 A^2)$). For diagonal $A$, ZOH's is (the `zoh_b=True` branch above)
 #
 # $$\bar B^{\text{ZOH}} = \frac{e^{\Delta A} - 1}{A}\, B, \qquad
 # \frac{\bar B^{\text{Euler}}}{\bar B^{\text{ZOH}}} = \frac{\Delta A}{e^{\Delta A} - 1} = 1 - \frac{\Delta A}{2} +
@@ -607,6 +631,34 @@ check(f"Hillis-Steele scan ({rounds} rounds) vs the sequential loop ({T_seq} ste
       REFERENCE_BUDGET)
 
 # %% [markdown]
+# The rounds for $T = 8$, drawn: a row per round, an arrow from $t - s$ into every $t \ge s$ (the combine
+# $P_t \leftarrow P_{t-s} \circ P_t$), and under each position the steps its pair covers after the round. Three
+# rounds (offsets 1, 2, 4) and every position covers $0..t$.
+
+# %%
+T_draw, offsets = 8, (1, 2, 4)
+fig, ax = plt.subplots(figsize=(9, 3.6), constrained_layout=True)
+for r, s_off in enumerate(offsets):
+    y_from, y_to = len(offsets) - r, len(offsets) - r - 1                  # round r: from row y_from to y_to
+    for t in range(s_off, T_draw):
+        ax.annotate("", xy=(t, y_to + 0.12), xytext=(t - s_off, y_from - 0.12),
+                    arrowprops=dict(arrowstyle="-|>", color=f"C{r}", lw=0.9))
+    for t in range(T_draw):
+        low = max(0, t - 2 * s_off + 1)                                     # the steps P_t covers after the round
+        ax.text(t, y_to, f"{low}..{t}" if low < t else f"{t}", ha="center", va="center", fontsize=8,
+                bbox=dict(boxstyle="round,pad=0.2", fc="white", ec=f"C{r}"))
+    ax.text(-0.9, y_from - 0.5, f"offset {s_off}", ha="right", va="center", color=f"C{r}", fontsize=9)
+for t in range(T_draw):
+    ax.text(t, len(offsets), f"{t}", ha="center", va="center", fontsize=8, bbox=dict(boxstyle="round,pad=0.2",
+                                                                                   fc="#eee", ec="grey"))
+ax.set(xlim=(-2.2, T_draw - 0.5), ylim=(-0.5, len(offsets) + 0.5), yticks=[], xticks=range(T_draw))
+ax.set_xlabel("position t (top: the pairs (a_t, b_t) of one step each; below: the steps covered after each round)")
+ax.set_title("Hillis-Steele scan, T = 8: three rounds, every arrow of a round at once")
+for side in ("left", "right", "top"):
+    ax.spines[side].set_visible(False)
+plt.show()
+
+# %% [markdown]
 # So "scan" names the prefix computation (the name comes from the parallel-computing primitive, of which the
 # cumulative sum, $a_t = 1$, is the simplest case), not a sequential loop; a selective SSM trains in parallel over
 # time because its $\circ$ is associative. Real kernels mix the two: Mamba's paper runs a work-efficient parallel
@@ -628,17 +680,59 @@ check(f"Hillis-Steele scan ({rounds} rounds) vs the sequential loop ({T_seq} ste
 # section 3.3.
 
 # %% [markdown]
+# ### The selective scan in the family
+#
+# Notebook 04 opens with the recurrence every mechanism of this series is: $S_t = S_{t-1} G_t + v_t k_t^\top$,
+# $y_t = S_t q_t$, with a state $S$ of shape [value, key] and a transition $G_t$ on the key side. Mamba's scan is a
+# rung of it, one head per inner channel $d$. Read the state index $n$ as the key channel, and channel $d$'s input as
+# a value of size 1:
+#
+# $$G_t = \mathrm{diag}\big(e^{\Delta_t[d] A[d]}\big), \qquad k_t = \Delta_t[d]\, B_t, \qquad q_t = C_t, \qquad
+# v_t = u_t[d] .$$
+#
+# So $B$ is the key that writes the token into the state, $C$ the query that reads it, and $\Delta$ both the decay's
+# step and the key's gain: a per-channel, per-step diagonal transition, like RWKV-4's decay (notebook 02) but chosen
+# by the token. `family.selective_scan_via_wkv7` runs it through RWKV-7's `wkv7` in exactly this reading.
+#
+# **SSD, Mamba-2's rung.** Mamba-2 (Dao and Gu 2024, "Transformers are SSMs", arXiv:2405.21060) makes the decay a
+# scalar: one $A$ per head, and one step $\Delta_t$ per head and token, shared by the head's value channels. Then
+# $G_t = a_t I$ with $a_t = e^{\Delta_t A}$: the whole state of a head decays at one rate, $S_t = a_t S_{t-1} +
+# x_t (\Delta_t B_t)^\top$ (`family.ssd`). That is the restriction that lets Mamba-2 compute a chunk as a masked
+# matrix product, attention-like, on tensor cores. Below: Mamba's scan against the family's rung, and a head of
+# Mamba's scan with a shared $\Delta$ and a scalar $A$ against `family.ssd`.
+
+# %%
+H_ssd, P_ssd = 2, N_st                                 # heads, value channels per head (SSD's state is P x N)
+delta_head = np.log1p(np.exp(rng.standard_normal((batch, H_ssd, T_seq))))   # one step per head and token
+A_head = -np.exp(rng.standard_normal(H_ssd))                                 # one A per head
+x_ssd = rng.standard_normal((batch, H_ssd * P_ssd, T_seq))                   # the value channels, head-major
+as_channels = dict(delta=np.repeat(delta_head, P_ssd, axis=1),              # the same, written per channel:
+                   A=np.repeat(A_head, P_ssd)[:, None] * np.ones((1, N_st)))  # A[d, n] = A of d's head
+per_head = lambda a: a.reshape(batch, H_ssd, P_ssd, T_seq).transpose(0, 3, 1, 2)   # (batch, T, H, P)
+keys = (delta_head[:, :, None, :] * B_s[:, None]).transpose(0, 3, 1, 2)        # k_t = Delta_t B_t: (batch, T, H, N)
+queries = np.broadcast_to(C_s.transpose(0, 2, 1)[:, :, None, :], keys.shape)
+
+# %% tags=["nbval-check-output"]
+check("reference.selective_scan vs family.selective_scan_via_wkv7 (the per-channel rung)",
+      ref.selective_scan(u_s, delta_s, A_s, B_s, C_s)[0],
+      family.selective_scan_via_wkv7(u_s, delta_s, A_s, B_s, C_s), REFERENCE_BUDGET)
+y_ssd = family.ssd(queries, keys, per_head(x_ssd), (delta_head * A_head[:, None]).transpose(0, 2, 1))[0]
+check("Mamba's scan with one Delta and one scalar A per head vs family.ssd",
+      ref.selective_scan(x_ssd, as_channels["delta"], as_channels["A"], B_s, C_s)[0],
+      y_ssd.transpose(0, 2, 3, 1).reshape(batch, H_ssd * P_ssd, T_seq), REFERENCE_BUDGET)
+
+# %% [markdown]
 # ## 7. The Mamba block (Algorithm 2)
 #
 # The notes' Algorithm 2 turns the scan into a layer. A block maps the residual stream $x^{(l-1)}$ (the notes'
 # $T_{l-1}$), one vector of $C$ numbers per token, to $x^{(l)}$ of the same shape:
 #
-# ```
-# x(l-1) ──────────────────────────────────────────────────────────────────────────────┐ residual
-#   RMSNorm ─> in_proj ─┬─> x ─> conv1d ─> SiLU ─> x' ─┬─> x_proj ─> dt_low, B, C ─> dt_proj, softplus ─> Δ
-#                       │                              └─> scan(x'; A = -exp(A_log), Δ, B, C, D) ─> y
-#                       └─> z ─> SiLU ────────────────────────────────────> y ⊙ SiLU(z) ─> out_proj ─> + ─> x(l)
-# ```
+# ![The Mamba block: RMSNorm, in_proj into x and z; x through the causal conv1d and SiLU into x', which x_proj turns
+# into dt_low, B, C and dt_proj and softplus into Delta; the scan of x' with A, Delta, B, C, D gives y; y times
+# SiLU(z), out_proj, added to the residual stream](images/mamba_block.png)
+#
+# Green boxes carry state from token to token: the convolution's window and the scan's $h$; `*` is the elementwise
+# product.
 #
 # Inside the block the channels are widened to $D = 2C$ (Mamba's `expand = 2`; the notes' $P$), and the state of
 # every channel has $N$ entries (the notes' $K$; they use $N$ for the sequence length). As in Mamba and the notes,
@@ -793,6 +887,33 @@ print(f"steps Delta in [{delta0.min():.3f}, {delta0.max():.3f}]; "
       f"A in [{A0_sel.min():.2f}, {A0_sel.max():.2f}]")
 
 # %% [markdown]
+# **How Mamba starts $A$ (and why not at random).** This notebook draws $A$ uniform in $(-8, -0.5)$, to exercise the
+# code. Mamba does not: every channel starts from the same real diagonal $A_n = -(n + 1)$, $n = 0..N-1$, which is
+# S4D-Real (Gu, Gupta, Goel and Ré 2022, "On the parameterization and initialization of diagonal state space
+# models", arXiv:2206.11893). Its entries are the diagonal of HiPPO-LegS's matrix, the $A$ that S4 derived so that
+# the state holds the coefficients of the past projected on Legendre polynomials (the Annotated S4 gives this its
+# own chapter). What it buys: the $N$ modes decay at the rates $1, 2, \dots, N$, time scales spread evenly from $1$
+# down to $1/N$, and the step size $\Delta$ (started log-uniform in $[0.001, 0.1]$ per channel) turns them into
+# memories of $1/(\Delta |A_n|)$ tokens. Every channel gets the whole spread, from about half a token to a thousand,
+# deterministically; a uniform draw gives each channel a few rates at random, in a range fixed by the draw. The
+# project's `MambaModel` starts from S4D-Real too (`models/mamba.py`), and so did its trained model (section 9).
+
+# %%
+N_real = 16                                            # Mamba's default state size
+A_s4d = -np.arange(1, N_real + 1)                       # S4D-Real: A_n = -(n + 1)
+fig, ax = plt.subplots(figsize=(8, 3.4), constrained_layout=True)
+for dt_init, style in ((0.001, "-"), (0.01, "--"), (0.1, ":")):
+    ax.semilogy(np.arange(N_real), 1 / (dt_init * -A_s4d), "C0", ls=style, label=rf"S4D-Real, $\Delta$ = {dt_init:g}")
+drawn_A = -np.exp(params["layers.0.mixer.A_log"])      # this notebook's uniform draw, (D, N)
+ax.semilogy(np.tile(np.arange(N_state), D_inner), 1 / (0.01 * -np.sort(drawn_A)[:, ::-1].ravel()), "C1.", ms=4,
+            label=r"this notebook's uniform draw, $\Delta$ = 0.01 (each channel's N = 4)")
+ax.set_xlabel("state index n")
+ax.set_ylabel(r"memory $1 / (\Delta |A_n|)$ (tokens)")
+ax.set_title(r"S4D-Real's $A_n = -(n+1)$: every channel gets the same spread of time scales")
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
 # ### 7.5 The scan, with the skip
 #
 # $$h_t = e^{\Delta_t A} \odot h_{t-1} + \Delta_t\, B_t\, x'_t, \qquad y_t = C_t \cdot h_t + D \odot x'_t$$
@@ -927,6 +1048,38 @@ if transformers is not None:
     with torch.no_grad():
         theirs = peer(torch.as_tensor(ids)).last_hidden_state
     check("transformers' MambaModel (fp32) vs the stack written here", theirs, output, FP32_BUDGET)
+
+# %% [markdown]
+# **Handing the state across calls in transformers.** transformers keeps the same two things per block, in a cache
+# object: call the model with `use_cache=True` and it returns `cache_params`; pass that back as `cache_params=` with
+# the next token and the model continues from it, one token per call, as `generate` does. In the release installed
+# here (5.x) `cache_params` is a `DynamicCache` whose per-layer `get_conv_state(layer, state_idx=0)` and
+# `get_recurrent_state(layer, state_idx=0)` are the convolution window and $h$. Releases 4.x named it `MambaCache`,
+# with `conv_states` and `ssm_states`, and also wanted `cache_position` (the position of the next token: 0 for the
+# prompt, then the prompt's length and on), whose first entry told the mixer whether to start a new state or step
+# the cached one. One difference of layout: transformers' window holds the last $K$ inputs, this notebook's the last
+# $K - 1$ (the oldest of transformers' $K$ is never read again). The cell reads the first 5 tokens, then one token at
+# a time with the cache, against the stack of 7.8 fed the same way (and its state).
+
+# %% tags=["nbval-check-output"]
+if transformers is not None:
+    with torch.no_grad():
+        prompt_run = peer(torch.as_tensor(ids[:, :5]), use_cache=True)
+        cache, steps_out = prompt_run.cache_params, [prompt_run.last_hidden_state]
+        after_prompt = [(cache.get_conv_state(i, state_idx=0).clone(),          # (B, D, K): the cache is updated
+                         cache.get_recurrent_state(i, state_idx=0).clone())     # in place by the calls below
+                        for i in range(M_blocks)]
+        for t in range(5, T_tok):                                  # then one token a call, the cache handed on
+            step_run = peer(torch.as_tensor(ids[:, t:t + 1]), cache_params=cache, use_cache=True)
+            cache = step_run.cache_params
+            steps_out.append(step_run.last_hidden_state)
+    check("transformers, 5 tokens then one at a time with cache_params, vs the stack whole",
+          torch.cat(steps_out, dim=1), output, FP32_BUDGET)
+    prompt_state = mamba_forward(params, ids[:, :5])[1]           # this notebook's state after the same 5 tokens
+    for i, ((window_i, h_i), (theirs_window, theirs_h)) in enumerate(zip(prompt_state, after_prompt)):
+        check(f"block {i}: transformers' conv state[..., 1:] vs the window", theirs_window[..., 1:], window_i,
+              FP32_BUDGET)
+        check(f"block {i}: transformers' recurrent state vs h", theirs_h, h_i, FP32_BUDGET)
 
 # %% [markdown]
 # ## 8. Selection at work
@@ -1169,6 +1322,25 @@ print("the continuation is text, one line at most:", isinstance(lm_stream.text, 
 print("tokens generated, within the limit:", 0 < len(lm_stream.tokens) <= 80)
 
 # %% [markdown]
+# **And $A$?** Section 7.4 said Mamba starts every channel at S4D-Real's $A_n = -(n + 1)$, and the project's model
+# did. After training, $A = -e^{A_{\log}}$ per block against that start: the median factor by which a channel's
+# $|A_n|$ moved, and the range of $|A|$ (the start's is 1 to $N$).
+
+# %%
+# Not compared: these are the trained model's numbers.
+for i, layer in enumerate(lm_mamba.backbone.layers):
+    learned_A = -np.exp(layer.mixer.A_log.detach().double().numpy())           # (D, N)
+    start_A = -np.arange(1, learned_A.shape[1] + 1)                             # S4D-Real, every channel
+    moved = np.exp(np.median(np.abs(np.log(learned_A / start_A))))
+    print(f"block {i}: |A| from {-learned_A.max():.2f} to {-learned_A.min():.1f} (start 1 to {learned_A.shape[1]}); "
+          f"median change {moved:.2f}x")
+
+# %% [markdown]
+# As with RWKV-4's decays in notebook 03, training at this budget left $A$ close to its start (a median change of
+# under 1.1x): the time scales the model has are S4D-Real's, stretched or shrunk token by token by $\Delta$ (the plot
+# above), the step that multiplies them.
+
+# %% [markdown]
 # ## Summary
 #
 # - ZOH solves the system exactly for a held input: $\bar A = e^{\Delta A}$, $\bar B = \int_0^\Delta e^{As}ds\,B$,
@@ -1190,6 +1362,11 @@ print("tokens generated, within the limit:", 0 < len(lm_stream.tokens) <= 80)
 #   `x_proj`; $A = -e^{A_{\log}} < 0$, erratum 15), the scan with the skip $D$, the gate $y \odot
 #   \mathrm{SiLU}(z)$, `out_proj` and the residual. Written out step by step it matches `reference/mamba.py` and
 #   transformers' `MambaModel`; stacked, with the (conv window, $h$) state, a text in pieces gives the whole.
+# - In the family $S_t = S_{t-1} G_t + v_t k_t^\top$, Mamba's scan is the per-channel rung: $G_t =
+#   \mathrm{diag}(e^{\Delta_t A})$, $k_t = \Delta_t B_t$, $q_t = C_t$, $v_t = x_t$; Mamba-2's SSD makes the decay one
+#   scalar per head and step, $G_t = a_t I$ (both checked against `reference.family`). Mamba starts $A$ at S4D-Real's
+#   $-(1, \dots, N)$, a fixed spread of time scales, not at random. transformers hands the same state across calls as
+#   `cache_params` (checked against this notebook's window and $h$).
 # - Selection: $\Delta$, $B$, $C$ depend on the token and the $K - 1$ before it; a small $\Delta$ lets the state
 #   skip a token entirely, which no time-invariant SSM can do.
 # - The project's own trained Mamba (a byte-level model of the standard library's sources) loads with
@@ -1197,72 +1374,155 @@ print("tokens generated, within the limit:", 0 < len(lm_stream.tokens) <= 80)
 #   $\Delta_t > 0$ open and close from character to character and differ from channel to channel (section 9 plots
 #   them, with the scan checked to run on exactly those steps); it writes a line of Python-looking text from `"def "`.
 #
-# Next: notebook 07 turns to attention's positions, RoPE and ReRoPE.
+# **Two tracks.** The series has two threads, and this notebook ends the first. *Recurrent state* (02 to 06, then
+# 09's experiments and 12's synthesis): one recurrence $S_t = S_{t-1} G_t + v_t k_t^\top$ with a different transition
+# per mechanism, RWKV-4 (02, 03), RWKV-7 (04, 05) and Mamba here. *Attention's positions* (07, then 10's
+# extrapolation experiments) starts again from notebook 01: how softmax attention knows where a key is, with RoPE and
+# ReRoPE. 08 (kernels) and 11 (checking your own kernel) serve both.
+#
+# Next: [07 · ReRoPE](07_rerope.ipynb), the second track; or [09 · recall and selection](09_recall_and_selection.ipynb)
+# to stay on the first.
 #
 # ## Exercises
 #
-# 1. **The largest stable Euler step.** For which $\Delta$ is $|1 + \Delta\lambda| < 1$, for a mode
-#    $\lambda = \alpha + \mathrm{i}\beta$ with $\alpha < 0$? Compute the bound for every eigenvalue of this
-#    notebook's $A$ and compare it with the steps of section 4's plot.
-# 2. **Selection switched off.** In section 8, give the filler flag a weight of 0 in $w_\Delta$ (so every token gets
-#    the same $\Delta$). Which curve of the right-hand plot do you get, and why?
-# 3. **What the convolution remembers.** Feed the first text of section 7 through `mamba_forward` one token at a
-#    time. After token $t$, what does block 0's conv window hold? Check your answer against `x_in` of step 7.2.
-# 4. **The parallel scan, by hand.** (a) Write `combine` with the steps in the wrong order, $(a, b) \circ (a', b') =
-#    (a a', a b' + b)$, run `hillis_steele_scan` with it and watch section 6's check fail. (b) With the right
-#    `combine`, start the scan from a state $x_{-1}$ carried in from an earlier piece (fold it into the first pair)
-#    and check the result against `ref.selective_scan(..., state=x_prev)`.
+# Each exercise has a solution in the collapsed cell below it (click the three dots to open it); it runs with the
+# notebook, so it is checked too. In a coding exercise, fill in the stub, run it, then run the check cell under it:
+# it says "not attempted yet" while the stub is untouched, "correct" when your code passes, and fails with the
+# checks' message otherwise.
 #
-# Solutions (collapsed; click to expand):
+# **1. The largest stable Euler step.** For which $\Delta$ is $|1 + \Delta\lambda| < 1$, for a mode
+# $\lambda = \alpha + \mathrm{i}\beta$ with $\alpha < 0$? Compute the bound for every eigenvalue of this notebook's
+# $A$ and compare it with the steps of section 4's plot (optional section).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
 # 1. |1 + delta lambda|^2 = (1 + delta alpha)^2 + (delta beta)^2 < 1  <=>  delta < -2 alpha / |lambda|^2.
 bounds = -2 * np.linalg.eigvals(A).real / np.abs(np.linalg.eigvals(A)) ** 2
 print("largest stable Euler step per mode:", np.round(np.sort(bounds), 3))
 print("the plot's steps 0.25 and 0.125 exceed the smallest bound, 0.0625 does not:",
       bool(deltas[1] > bounds.min() > deltas[2]))
 
-# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-# 2. Without the filler weight every token gets delta = softplus(1): exactly the time-invariant system.
-def filler_demo_no_flag(values, is_filler):
-    return filler_demo_scan(values, np.zeros_like(is_filler))  # the flag never reaches delta
+# %% [markdown]
+# **2. How much selection is enough.** Section 8 gave the filler flag the weight $-12$ in $w_\Delta$ (the content
+# weight and the constant's stay 0 and 1, $A = -1$, $B = C = 1$). Write `filler_weight_for(kept, n)`: the filler
+# weight for which the content token's part of the output is still the fraction `kept` of itself after `n`
+# fillers. The check runs the scan on a content token followed by `n` fillers and compares. Hint: each filler
+# multiplies the state by $e^{\Delta_f A}$, and $\Delta_f = \mathrm{softplus}(w + 1)$; its inverse is
+# $\ln(e^{\Delta} - 1)$. Then: how much does section 8's $-12$ keep after 20 fillers, and after 10,000?
 
-values, is_filler = text(8)
-check("no filler weight vs the time-invariant scan", filler_demo_no_flag(values, is_filler),
-      filler_demo_scan(values, is_filler, selective=False), REFERENCE_BUDGET)
+# %%
+# Exercise 2: how much selection is enough
+def filler_weight_for(kept, n):
+    """The filler flag's weight in w_delta that leaves the fraction `kept` of the content after n fillers."""
+    raise NotImplementedError("Exercise 2: your code here")
+
+# %% tags=["nbval-check-output"]
+def content_kept(filler_weight, n):
+    # The content token's part of y after n fillers over its part at once, by reference.ssm.selective_scan: the
+    # content (value 1) then n fillers (value 0: the scan is linear, their own values add a separate part).
+    delta = softplus(filler_weight * np.r_[0.0, np.ones(n)] + 1.0)[None, None]   # (1, 1, n + 1)
+    ones = np.ones((1, 1, n + 1))
+    y = ref.selective_scan(np.eye(n + 1)[None, :1], delta, -np.ones((1, 1)), ones, ones)[0][0, 0]
+    return y[-1] / y[0]
+
+def checks_2():
+    for kept, n in ((0.99, 20), (0.5, 100), (0.9, 5)):
+        check(f"content kept after {n} fillers with your weight, vs {kept}",
+              content_kept(filler_weight_for(kept, n), n), kept, REFERENCE_BUDGET)
+
+exercise("Exercise 2", checks_2)
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-# 3. The window holds the last K - 1 inputs x (in_proj's first half, before the convolution) of block 0.
-step_state = None
-for t in range(T_tok):
-    _, step_state = mamba_forward(params, ids[:, t:t + 1], step_state)
-    if t >= K_conv - 2:  # from then on, all real tokens
-        assert np.allclose(step_state[0][0], x_in[..., t - K_conv + 2:t + 1], rtol=0, atol=1e-12)
-print("block 0's window after token t = x_in at t - 2, t - 1, t: True")
+# Solution
+def filler_weight_for(kept, n):
+    """The filler flag's weight in w_delta that leaves the fraction `kept` of the content after n fillers."""
+    delta_filler = -np.log(kept) / n                 # e^{-n Delta_f} = kept (A = -1)
+    return np.log(np.expm1(delta_filler)) - 1.0      # softplus(w + 1) = Delta_f; the constant's weight is 1
+
+print(f"section 8's weight -12: kept after 20 fillers {content_kept(-12.0, 20):.6f}, "
+      f"after 10,000 {content_kept(-12.0, 10_000):.3f}")
+exercise("Exercise 2", checks_2)
+
+# %% [markdown]
+# **3. What the convolution remembers.** Write `windows_token_by_token(params, ids)`: feed the texts of section 7
+# through `mamba_forward` one token at a time, carrying the state, and return block 0's convolution window after
+# each token (a list of $T$ arrays $(B, D, K - 1)$). The check compares them with what the window should hold: the
+# last $K - 1$ inputs $x$ of step 7.2 (`x_in`, before the convolution), zeros before the first token. Which part of
+# `mamba_forward`'s state is block 0's window?
+
+# %%
+# Exercise 3: what the convolution remembers
+def windows_token_by_token(params, ids):
+    """Block 0's conv window (B, D, K - 1) after each token of ids, fed one token at a time with the state."""
+    raise NotImplementedError("Exercise 3: your code here")
+
+# %% tags=["nbval-check-output"]
+def checks_3():
+    padded = np.concatenate([np.zeros((Bsz, D_inner, K_conv - 1)), x_in], axis=-1)    # zeros before token 0
+    expected_windows = np.stack([padded[..., t + 1:t + K_conv] for t in range(T_tok)])
+    check("block 0's window after each token vs the last K - 1 inputs x_in",
+          np.stack(windows_token_by_token(params, ids)), expected_windows, REFERENCE_BUDGET)
+
+exercise("Exercise 3", checks_3)
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-# 4. (a) The later step applied first: not the recurrence, so the scan no longer reproduces the loop.
+# Solution
+def windows_token_by_token(params, ids):
+    """Block 0's conv window (B, D, K - 1) after each token of ids, fed one token at a time with the state."""
+    windows, step_state = [], None
+    for t in range(ids.shape[1]):
+        _, step_state = mamba_forward(params, ids[:, t:t + 1], step_state)   # without the state: zeros every time
+        windows.append(step_state[0][0])                                    # block 0's (window, h): the window
+    return windows
+
+exercise("Exercise 3", checks_3)
+
+# %% [markdown]
+# **4. The parallel scan from a carried state.** Write `parallel_scan_from(a, b, x_prev)`: the states $x_t$ of
+# $x_t = a_t x_{t-1} + b_t$ for every $t$ (the last axis), starting from a state $x_{-1}$ = `x_prev` carried in from
+# an earlier piece, with section 6's `hillis_steele_scan`. The check reads the outputs $y_t = C_t \cdot x_t$ off your
+# states, for section 6's inputs, and compares them with `ref.selective_scan(..., state=x_prev)`. Hint: fold the
+# state into the first pair. (The solution also runs `combine` with the steps in the wrong order,
+# $(a, b) \circ (a', b') = (a a', a b' + b)$: the scan no longer reproduces the loop.)
+
+# %%
+# Exercise 4: the parallel scan from a carried state
+def parallel_scan_from(a, b, x_prev):
+    """x_t for every t (last axis) of x_t = a_t x_{t-1} + b_t with x_{-1} = x_prev, by a parallel scan."""
+    raise NotImplementedError("Exercise 4: your code here")
+
+# %% tags=["nbval-check-output"]
+x_prev = pair_rng.standard_normal(u_s.shape[:2] + A_s.shape[1:])    # (batch, D, N): a state from an earlier piece
+
+def checks_4():
+    x_states = parallel_scan_from(a_pairs, b_pairs, x_prev)          # (batch, D, N, T)
+    expected = ref.selective_scan(u_s, delta_s, A_s, B_s, C_s, state=x_prev)[0]
+    check("outputs of your parallel scan vs reference.selective_scan(state=x_prev)",
+          (x_states * C_s[:, None, :, :]).sum(axis=2), expected, REFERENCE_BUDGET)
+
+exercise("Exercise 4", checks_4)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
+def parallel_scan_from(a, b, x_prev):
+    """x_t for every t (last axis) of x_t = a_t x_{t-1} + b_t with x_{-1} = x_prev, by a parallel scan."""
+    b = b.copy()
+    b[..., 0] += a[..., 0] * x_prev                  # x_0 = a_0 x_{-1} + b_0: the state enters the first pair's b
+    return hillis_steele_scan(a, b)[0]
+
+# The wrong order applies the later step first: not the recurrence, so the scan no longer reproduces the loop.
 def combine_wrong_order(first, second):
     (a1, b1), (a2, b2) = first, second
     return a1 * a2, a1 * b2 + b1
 
-def scan_with(combine_fn, a, b):
-    # hillis_steele_scan with a given combine.
-    a, b, s = a.copy(), b.copy(), 1
-    while s < a.shape[-1]:
-        a[..., s:], b[..., s:] = combine_fn((a[..., :-s], b[..., :-s]), (a[..., s:], b[..., s:]))
-        s *= 2
-    return b
-
-y_wrong = (scan_with(combine_wrong_order, a_pairs, b_pairs) * C_s[:, None, :, :]).sum(axis=2)
-print("wrong order vs the loop, rel. error > 10%:", rel_rms(y_wrong, y_mamba) > 0.1)
-# (b) x_0 = a_0 x_{-1} + b_0: the carried state enters through the first pair's b.
-x_prev = pair_rng.standard_normal(u_s.shape[:2] + A_s.shape[1:])   # (batch, D, N)
-b_carried = b_pairs.copy()
-b_carried[..., 0] += a_pairs[..., 0] * x_prev
-y_carried = (scan_with(combine, a_pairs, b_carried) * C_s[:, None, :, :]).sum(axis=2)
-check("parallel scan from a carried state vs reference.selective_scan(state=...)", y_carried,
-      ref.selective_scan(u_s, delta_s, A_s, B_s, C_s, state=x_prev)[0], REFERENCE_BUDGET)
+a_w, b_w, s_w = a_pairs.copy(), b_pairs.copy(), 1
+while s_w < T_seq:                                   # hillis_steele_scan's rounds, with the wrong combine
+    a_w[..., s_w:], b_w[..., s_w:] = combine_wrong_order((a_w[..., :-s_w], b_w[..., :-s_w]),
+                                                         (a_w[..., s_w:], b_w[..., s_w:]))
+    s_w *= 2
+print("wrong order vs the loop, rel. error > 10%:",
+      rel_rms((b_w * C_s[:, None, :, :]).sum(axis=2), y_mamba) > 0.1)
+exercise("Exercise 4", checks_4)
 
 # %% [markdown]
 # ## Appendix: the production path against the reference

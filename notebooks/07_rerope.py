@@ -514,8 +514,9 @@ print("the factor is 1 up to the training length:", bool((factor[:L_short] == 1)
 #   locality; NTK-aware scaling, which keeps locality and extrapolates little, roughly doubles the baseline; ReRoPE,
 #   which keeps locality exactly and never extrapolates, is best: with $\log n$, on the non-repeated texts, within
 #   half a point of its score at the training length (49.07% against 49.40%).
-# - **Log-n scaling helps nearly everywhere** (PI's repeated column is the exception), and most when it was already
-#   used in training ($\log n$ above $\log n^\dagger$ in every group that has both).
+# - **Log-n scaling helps nearly everywhere**, with two exceptions: PI's repeated column, and, barely, ReRoPE-w512
+#   with $\log n^\dagger$ in Table 2 below (7.08% against 7.09% repeated, 8.25% = 8.25% non-repeated). It helps
+#   most when it was already used in training ($\log n$ above $\log n^\dagger$ in every group that has both).
 # - **ReRoPE beats HFWA**, a model the author designed and trained from scratch for length generalization, without
 #   any training of its own.
 #
@@ -640,6 +641,35 @@ ax.set_ylim(0.9, 2.1)
 ax.legend()
 plt.show()
 
+# %% [markdown]
+# The classification itself, for $T = 1024$ and $w = 256$: each cell of the picture is one $64 \times 32$ tile of
+# the causal score matrix (query rows down, keys across). The tiles right of the diagonal hold only masked pairs and
+# are never visited; the straddling tiles, the only ones computed twice, form a band along the edge $i - j = w$: two
+# key tiles per query tile here ($B_M / B_N$, since $w$ is a multiple of the tiles; one more when it is not).
+
+# %%
+from matplotlib.colors import ListedColormap
+
+def tile_map(T, window):
+    # One entry per (query tile, key tile): 0 skipped (masked), 1 far only, 2 near only, 3 straddling.
+    kinds = np.zeros((T // BM, T // BN), dtype=int)
+    for c in range(0, T, BM):
+        for n in range(0, c + BM, BN):
+            nearest, farthest = max(c - (n + BN - 1), 0), c + BM - 1 - n
+            kinds[c // BM, n // BN] = 3 if nearest < window <= farthest else 2 if farthest < window else 1
+    return kinds
+
+fig, ax = plt.subplots(figsize=(7, 4.2))
+ax.imshow(tile_map(1024, 256), cmap=ListedColormap(["white", "C0", "C1", "C3"]), vmin=0, vmax=3,
+          extent=(0, 1024, 1024, 0), interpolation="nearest")
+edge, = ax.plot([0, 1024 - 256], [256, 1024], "k--", lw=1)
+ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in ("C0", "C1", "C3")] + [edge],
+          labels=["far only: the clamped score", "near only: the RoPE score", "straddling: both", "i - j = w"],
+          loc="upper right", fontsize=8)
+ax.set(xlabel="key position j (tiles of 32)", ylabel="query position i (tiles of 64)",
+       title="Fused ReRoPE's tiles, T = 1024, w = 256")
+plt.show()
+
 # %%
 straddling_per_query_tile = counts[:, 2] / np.ceil(lengths / BM)
 print("straddling key tiles per query tile, T = 512 .. 32768:",
@@ -670,28 +700,97 @@ assert (straddling_per_query_tile <= BM / BN + 1).all()
 #
 # ## Exercises
 #
-# 1. **The reach of a finite $k$.** For Leaky ReRoPE with $w = 128$, $k = 16$ and a training length of 512, what is
-#    the longest text whose distances all stay within the training range? (Section 4's condition, solved for $L$.)
-# 2. **Why the decode needs $k > 1$.** Take $k = 0.5$ in section 6's `decode` and compare its last row with the
-#    definition's for the same $f$ (`ref.rectify` accepts any $k$). Which branch does the max pick, inside and outside
-#    the window?
-# 3. **Which pairs NTK really changes.** For $d = 64$, training length 512 and $s = 8$: which pairs completed at least
-#    one full turn during training ($512\,\theta_f \ge 2\pi$)? By how much does NTK-aware scaling slow the first pair
-#    that did not?
+# Each coding exercise has a stub to fill in (it raises `NotImplementedError` until you do), a check cell below it
+# that says "not attempted yet", "correct" or what is off, and the solution in a collapsed cell starting
+# `# Solution` (click the three dots to open it). Questions have their worked answer in a collapsed cell too.
 #
-# Solutions (collapsed; click to expand):
+# **1. The reach of a finite $k$.** For Leaky ReRoPE with window $w$, slope $1/k$ and a training length
+# $L_\text{train}$, the longest text whose distances all stay within the training range follows from section 4's
+# condition, solved for $L$. Write it as `longest_text(w, k, L_train)` (an integer). The check finds the answer by
+# brute force with `ref.rectify` (the length $n$ that stays in range while $n + 1$ does not) for the post's
+# $w = 128$, $k = 16$, $L_\text{train} = 512$ and two other settings.
+
+# %%
+# Exercise 1: the reach of Leaky ReRoPE
+def longest_text(w, k, L_train):
+    """The largest length L whose every distance 0 .. L - 1 Leaky ReRoPE maps to at most L_train - 1."""
+    raise NotImplementedError("Exercise 1: your code here")
+
+
+# %% tags=["nbval-check-output"]
+from seqmix.kernels.testing import exercise
+
+
+def checks_1():
+    for w_, k_, train in ((128, 16.0, 512), (64, 4.0, 256), (200, 7.0, 512)):
+        n = longest_text(w_, k_, train)
+        in_range = [ref.rectify(np.array([m - 1.0]), w_, leaky_k=k_)[0] <= train - 1 for m in (n, n + 1)]
+        assert in_range == [True, False], f"w = {w_}, k = {k_:g}, L_train = {train}: {n} is not the longest"
+        print(f"w = {w_}, k = {k_:g}, L_train = {train}: brute force agrees")
+
+
+exercise("Exercise 1", checks_1)
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-# 1. w + (L - 1 - w) / k <= L_train - 1  <=>  L <= 1 + w + k (L_train - 1 - w).
-w_ex, k_ex = 128, 16.0
-longest = int(1 + w_ex + k_ex * (L_train - 1 - w_ex))
-print("longest text:", longest)
-reach_at = {n: ref.rectify(np.array([n - 1.0]), w_ex, leaky_k=k_ex)[0] for n in (longest, longest + 1)}
-print("largest distance at that length and one more:",
-      {n: round(float(r), 4) for n, r in reach_at.items()})
+# Solution
+# w + (L - 1 - w) / k <= L_train - 1  <=>  L <= 1 + w + k (L_train - 1 - w); for the post's setting, 6257.
+def longest_text(w, k, L_train):
+    return int(np.floor(1 + w + k * (L_train - 1 - w)))
+
+
+print("longest text at w = 128, k = 16, L_train = 512:", longest_text(128, 16.0, 512))
+exercise("Exercise 1", checks_1)
+
+# %% [markdown]
+# **2. Classify a tile.** Section 9's fused kernel decides, for a tile of $B_M$ query rows starting at row $c$ and
+# $B_N$ keys starting at key $n$, which scores it needs. Write `tile_kind(c, n, window)` returning `"far"` (every
+# pair has $i - j \ge w$), `"near"` (every causal pair has $i - j < w$) or `"straddling"`, from the tile's corners
+# only (no loop over its pairs). The check classifies every visited tile of $T = 512$ for several windows by brute
+# force, pair by pair. (Hint: the smallest $i - j$ is at the top-right corner, clipped at 0 by the causal mask; the
+# largest at the bottom-left.)
+
+# %%
+# Exercise 2: classify a tile
+def tile_kind(c, n, window):
+    """'far', 'near' or 'straddling' for query rows c .. c + BM - 1 and keys n .. n + BN - 1."""
+    raise NotImplementedError("Exercise 2: your code here")
+
+
+# %% tags=["nbval-check-output"]
+def checks_2():
+    T_tiles = 512
+    for window_ in (1, 31, 64, 100, 256):
+        for c in range(0, T_tiles, BM):
+            for n in range(0, c + BM, BN):
+                i, j = np.meshgrid(np.arange(c, c + BM), np.arange(n, n + BN), indexing="ij")
+                distances = (i - j)[i >= j]                         # the tile's causal pairs
+                truth = ("far" if (distances >= window_).all() else "near" if (distances < window_).all()
+                         else "straddling")
+                got = tile_kind(c, n, window_)
+                assert got == truth, f"w = {window_}, rows from {c}, keys from {n}: {got!r}, brute force {truth!r}"
+    print("every tile of T = 512 for w = 1, 31, 64, 100, 256: as brute force")
+
+
+exercise("Exercise 2", checks_2)
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-# 2. With k < 1, (w - x)(1 - 1/k) changes sign: the max picks the leaky branch inside the window and -x outside.
+# Solution
+# Only the extremes of i - j matter: the edge i - j = w crosses the tile exactly when they lie on both sides of it.
+def tile_kind(c, n, window):
+    nearest, farthest = max(c - (n + BN - 1), 0), c + BM - 1 - n
+    return "far" if nearest >= window else "near" if farthest < window else "straddling"
+
+
+exercise("Exercise 2", checks_2)
+
+# %% [markdown]
+# **3. Why the decode needs $k > 1$.** Take $k = 0.5$ in section 6's `decode` and compare its last row with the
+# definition's for the same $f$ (`ref.rectify` accepts any $k$). Which branch does the max pick, inside and outside
+# the window?
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
+# With k < 1, (w - x)(1 - 1/k) changes sign: the max picks the leaky branch inside the window and -x outside.
 k_bad, T_ex = 0.5, len(q)
 distances = np.subtract.outer(np.arange(T_ex), np.arange(T_ex)).astype(float)   # i - j
 rel_bad = ref.rectify(distances, window, leaky_k=k_bad)
@@ -703,8 +802,14 @@ picked = np.maximum(-x_ex, (window - x_ex) / k_bad - window)
 print("exponent the max picks for x = 0..7:", picked.tolist())
 print("minus the map f(x) it should be:    ", (0.0 - ref.rectify(x_ex, window, leaky_k=k_bad)).tolist())
 
+# %% [markdown]
+# **4. Which pairs NTK really changes.** For $d = 64$, training length 512 and $s = 8$: which pairs completed at
+# least one full turn during training ($512\,\theta_f \ge 2\pi$)? By how much does NTK-aware scaling slow the
+# first pair that did not?
+
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-# 3. Pairs with 512 theta_f >= 2 pi have seen every angle; NTK slows pair f by s^(2f / (d - 2)).
+# Solution
+# Pairs with 512 theta_f >= 2 pi have seen every angle; NTK slows pair f by s^(2f / (d - 2)).
 turned = L_train * theta_f >= 2 * np.pi
 first_slow = int(np.argmin(turned))
 print("pairs that completed a full turn in training: 0 ..", first_slow - 1)

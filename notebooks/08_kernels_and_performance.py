@@ -63,7 +63,8 @@ print("Triton kernels run on:", MODE)
 # lanes at once (on a GPU the lanes are spread over the threads of the program's warps). Memory is read and written
 # through pointers plus block offsets, `tl.load(ptr + offsets, mask=...)`, with a mask for the lanes that fall past
 # the end of the data. Block sizes are `tl.constexpr`: fixed at compile time, one compiled kernel per value. Values
-# that live across the iterations of a loop inside the program stay in registers, never in memory.
+# that live across the iterations of a loop inside the program stay in registers, unless the compiler runs out of
+# them and spills some to local memory (section 4 reads the spills).
 #
 # So a formula becomes a kernel by choosing what one program owns (which outputs, which slice of the state), what is a
 # block (the lanes computed together), and what is a loop (here: time, which a recurrence must walk in order).
@@ -538,22 +539,54 @@ for group in groups:
 #
 # ## Exercises
 #
-# Each solution is in the collapsed cell below its question (click the three dots to open it, source and output);
-# it runs with the notebook, so it is checked too.
+# Each coding exercise has a stub to fill in (it raises `NotImplementedError` until you do), a check cell below it
+# that says "not attempted yet", "correct" or what is off, and the solution in a collapsed cell starting
+# `# Solution` (click the three dots to open it). Questions have their worked answer in a collapsed cell too.
 #
-# **1. Programs and masked lanes.** How many programs does the WKV-4 forward launch for $B = 4$, $C = 768$ (the
-# benchmark's shape), and for $B = 1$, $C = 100$? How many lanes are masked in each case? Compare the first with
-# the cost model's `programs`.
+# **1. Programs and masked lanes.** Write `launch_counts(B, C)`: how many programs the WKV-4 forward launches for
+# batch $B$ and $C$ channels, and how many of their lanes are masked (fall past channel $C - 1$). The programs'
+# width is the launch configuration's `BLOCK_C`, `k4._launch_config(C)["BLOCK_C"]`; one program per sequence and
+# block of channels. The check counts lanes one by one for several shapes and compares the programs for the
+# benchmark's shape ($B = 4$, $C = 768$) with the cost model's.
+
+# %%
+# Exercise 1: programs and masked lanes
+def launch_counts(B, C):
+    """(programs, masked lanes) of the WKV-4 forward for B sequences of C channels."""
+    raise NotImplementedError("Exercise 1: your code here")
+
+
+# %% tags=["nbval-check-output"]
+from seqmix.kernels.testing import exercise
+
+stored = next(m for m in results["cost_model"] if m["kernel"] == "wkv4_fwd C=768 fp32")
+
+
+def checks_1():
+    for B_, C_ in ((4, 768), (1, 100), (3, 33), (2, 1)):
+        block_c = k4._launch_config(C_)["BLOCK_C"]
+        lanes = [(b, pid * block_c + lane) for b in range(B_) for pid in range(-(-C_ // block_c))
+                 for lane in range(block_c)]                       # every lane of every program, one by one
+        expected = (len(lanes) // block_c, sum(channel >= C_ for _, channel in lanes))
+        assert launch_counts(B_, C_) == expected, f"B = {B_}, C = {C_}: {launch_counts(B_, C_)}, counted {expected}"
+    assert launch_counts(4, 768)[0] == stored["programs"], "B = 4, C = 768: not the cost model's programs"
+    print("programs and masked lanes as counted, and the cost model's programs for B = 4, C = 768")
+
+
+exercise("Exercise 1", checks_1)
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-stored = next(m for m in results["cost_model"] if m["kernel"] == "wkv4_fwd C=768 fp32")
+# Solution
+# One program per sequence and block of BLOCK_C channels; the last block's lanes past C are masked.
+def launch_counts(B, C):
+    block_c = k4._launch_config(C)["BLOCK_C"]                   # channels per program
+    blocks = triton.cdiv(C, block_c)
+    return B * blocks, B * (blocks * block_c - C)
+
+
 for B_, C_ in ((4, 768), (1, 100)):
-    block_c = k4._launch_config(C_)["BLOCK_C"]                   # channels per program
-    blocks_ = triton.cdiv(C_, block_c)
-    print(f"B = {B_}, C = {C_}: {B_ * blocks_} programs of {block_c} lanes, "
-          f"{B_ * (blocks_ * block_c - C_)} masked")
-print("the cost model's programs for B = 4, C = 768:", stored["programs"])
-assert 4 * triton.cdiv(768, k4._launch_config(768)["BLOCK_C"]) == stored["programs"]
+    print(f"B = {B_}, C = {C_}: (programs, masked lanes) = {launch_counts(B_, C_)}")
+exercise("Exercise 1", checks_1)
 
 # %% [markdown]
 # **2. Bytes per token, to the byte.** The cost model gives 9228 bytes per token for the WKV-4 forward at
@@ -561,6 +594,7 @@ assert 4 * triton.cdiv(768, k4._launch_config(768)["BLOCK_C"]) == stored["progra
 # write, once per sequence?
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
 # Once per sequence and channel: w and u read, the state (num, den, max) read and written:
 # 8 numbers of 4 bytes, spread over the T tokens of the sequence.
 B_, T_, C_ = 4, 2048, 768
@@ -577,6 +611,7 @@ check("bytes per token by hand vs the stored cost model", per_token, stored["byt
 # `wkv7_fwd B*H=12 N=64 fp32`.
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
 launch7 = k7._launch_config(64, heads=1 * 12)
 for rows_, warps_ in ((launch7["BLOCK_V"], launch7.num_warps), (32, 4)):
     registers = rows_ * 64 // (32 * warps_)
@@ -588,25 +623,40 @@ print(f"programs: B H N / BLOCK_V = {programs7}; stored: {stored7['programs']} "
 assert programs7 == stored7["programs"]
 
 # %% [markdown]
-# **4. Columns are not rows.** Section 3 split the state by rows. Change `kernel_step` so that each block owns
-# `BLOCK_V` *columns* (key channels) of $S$ instead, every row, with the same expressions, and run the section's
-# check on it: it fails. Which term needs the columns the block does not have? What would a column split have to
-# exchange between programs at every step?
+# **4. Columns are not rows.** Section 3 split the state by rows. Split it by *columns* (key channels) instead:
+# write `column_block_step(S_cols, cols, sa)`, the new columns `cols` of $S$ from the block's old columns `S_cols`
+# (every row), with section 3's expressions, where `sa` is the row sum $S a$ the step needs. The check runs it
+# twice on section 3's state: with each block's own partial sum (`S_cols @ a7[cols]`, all a program holding those
+# columns could compute alone), which must miss `reference.wkv7`'s step, and with the full $S a$ (what programs would
+# have to exchange), which must match it. Before running: which term needs the columns the block does not have?
+
+# %%
+# Exercise 4: a step of WKV-7 on a block of columns
+def column_block_step(S_cols, cols, sa):
+    """S_new[:, cols] given S_cols = S[:, cols] and sa, the row sums S a to use (N,)."""
+    raise NotImplementedError("Exercise 4: your code here")
+
+
+# %% tags=["nbval-check-output"]
+def checks_4():
+    blocks = [slice(j, j + BLOCK_V) for j in range(0, N, BLOCK_V)]
+    partial = np.concatenate([column_block_step(S[:, c], c, S[:, c] @ a7[c]) for c in blocks], axis=1)
+    error = rel_rms(partial, S_ref[0, 0])
+    print(f"each block with its own partial S a misses reference.wkv7 by more than 1%: {error > 0.01}")
+    assert error > 0.01, "with partial sums the blocks should not reproduce the step"
+    exchanged = np.concatenate([column_block_step(S[:, c], c, S @ a7) for c in blocks], axis=1)
+    check("blocks of columns with the full S a vs reference.wkv7", exchanged, S_ref[0, 0], REFERENCE_BUDGET)
+
+
+exercise("Exercise 4", checks_4)
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
 # A block of columns j: S[:, j] w_j + (S a) b_j + v k_j. The row sum S a runs over every column, so a block that
-# sums only its own columns gets a partial S a: the check fails. Programs would have to add their partial sums
+# sums only its own columns gets a partial S a and the step is wrong. Programs would have to add their partial sums
 # (a reduction across programs) before every step, which is why the kernel splits by rows.
-def column_step(S_cols, cols):
-    sa = (S_cols * a7[None, cols]).sum(axis=1)                # only this block's columns: partial S a
+def column_block_step(S_cols, cols, sa):
     return S_cols * w7[None, cols] + sa[:, None] * b7[None, cols] + v7[:, None] * k7_[None, cols]
 
-S_columns = np.concatenate([column_step(S[:, j:j + BLOCK_V], slice(j, j + BLOCK_V))
-                            for j in range(0, N, BLOCK_V)], axis=1)
-print("blocks of columns, each with its own partial S a: rel. error vs reference.wkv7 > 1%:",
-      rel_rms(S_columns, S_ref[0, 0]) > 0.01)
-full_sa = S @ a7                                              # the exchange: every column's contribution
-S_fixed = np.concatenate([S[:, j:j + BLOCK_V] * w7[None, j:j + BLOCK_V]
-                          + full_sa[:, None] * b7[None, j:j + BLOCK_V] + v7[:, None] * k7_[None, j:j + BLOCK_V]
-                          for j in range(0, N, BLOCK_V)], axis=1)
-check("blocks of columns with the full S a vs reference.wkv7", S_fixed, S_ref[0, 0], REFERENCE_BUDGET)
+
+exercise("Exercise 4", checks_4)

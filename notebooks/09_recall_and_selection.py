@@ -11,8 +11,14 @@
 #    SSM (a convolution) fails where the selective scan succeeds.
 #
 # A third experiment, **state tracking** (can a transition count parity?), is shown in section 7.
-# Section 9 trains a small RWKV-7 on MQAR live, in about ten seconds of one core, and opens it up; exercises close
-# the notebook.
+# Section 9 trains a small RWKV-7 on MQAR live, in well under a minute of one core, and opens it up; exercises close the
+# notebook (one of them retrains that model with another state).
+#
+# Every model here but attention is one recurrence with a different transition, $S_t = S_{t-1} G_t + v_t k_t^\top$,
+# $y_t = S_t q_t$ (notebook 04 opens with this frame, `seqmix.reference.family` writes each rung as its own loop,
+# and the capstone, notebook 12, sets them side by side): RWKV-4 a diagonal $G$ with no query, RWKV-7 a diagonal plus
+# rank one (the erase), Mamba a per-channel diagonal chosen by the input. Read the results below as consequences of each
+# state's shape: what it can hold, and how it is addressed.
 #
 # Each experiment has a **positive control**: a setting whose answer the literature knows and which the project
 # must get before any other row is read (attention solving MQAR at N = 4; Mamba beating the time-invariant model on
@@ -25,7 +31,7 @@
 # The results below are the committed full runs (`python -m seqmix.experiments.recall`, `.selective_copy`,
 # `.state_tracking`); this notebook reads them, re-evaluates the committed weights live, and runs reduced
 # experiments (`--quick`) in a few seconds. Nothing here was tuned until it agreed with a paper: where it disagrees,
-# the disagreement is reported. The full runs take core-hours; a cell not yet run shows as "-".
+# the disagreement is reported. The full runs took core-hours; a "-" in a table is a model not trained there.
 #
 # **Sources.** Zoology, Arora et al. 2023, arXiv:2312.04927, https://arxiv.org/abs/2312.04927 (MQAR, section 3);
 # Okpekpe and Orvieto 2025, arXiv:2508.19029, https://arxiv.org/abs/2508.19029 (recurrent models learn recall only in
@@ -105,14 +111,18 @@ print("its targets: ", " ".join("." if v == data.IGNORE else str(v) for v in tar
 #
 # * **Attention** ([notebook 01](01_softmax_attention.ipynb)) keeps every key and value, $2CT$ numbers, and finds a
 #   pair by the score $q_t \cdot k_j$: a query that matches one key picks exactly its value. Two layers suffice
-#   (one copies each key into its value's position, the next matches the query against it).
+#   (one copies each key into its value's position, the next matches the query against it). The model here is a
+#   small pre-LayerNorm transformer with RoPE, whose block [notebook 10](10_extrapolation.ipynb) draws (section 3).
 # * **RWKV-4's WKV** ([notebook 02](02_rwkv4_wkv.ipynb)) keeps a numerator and a denominator per channel,
 #   $a_t = e^{w} a_{t-1} + e^{k_t} v_t$, $b_t = e^{w} b_{t-1} + e^{k_t}$ (with $w = -e^{\tau} < 0$, the
 #   project's convention), and reads $a/b$: a weighted *average* of
-#   the past values, $2C$ numbers. The weights depend on each key's own strength and age, not on the query, so the
-#   pairs blur into one mean.
+#   the past values, $2C$ numbers. The weights depend on each key's own strength and age, not on the query, so in
+#   one channel the pairs blur into one mean. But a model has many channels, each with its own decay and key
+#   strength, and a token shift that pairs each value with its key: different channels can hold different pairs.
+#   The capacity grows with width, which is Zoology's claim and what section 5 measures.
 # * **RWKV-7's delta rule** ([notebook 04](04_rwkv7_delta_rule.ipynb)) keeps a matrix per head,
-#   $S_t = S_{t-1}(\mathrm{diag}(w_t) - \hat\kappa_t (a_t \odot \hat\kappa_t)^\top) + v_t k_t^\top$, read as
+#   $S_t = S_{t-1}(\mathrm{diag}(w_t) - \hat\kappa_t (\alpha_t \odot \hat\kappa_t)^\top) + v_t k_t^\top$ ($\alpha_t$
+#   the in-context learning rate), read as
 #   $y_t = S_t r_t$: an associative memory of $C \times$ head size numbers. Writing $v$ at key $k$ first removes what
 #   was stored at $k$ (the $-\hat\kappa\hat\kappa^\top$ term), so pairs with different keys do not pile up. In the
 #   idealized case (orthonormal keys, $\hat\kappa = k$, in-context rate 1, no decay) reading with $r = k_i$ returns
@@ -132,17 +142,17 @@ for width in (32, 64, 128):
 # %% [markdown]
 # ## 3. The protocol, second edition
 #
-# Every model has 2 layers of width $C$, and all share the optimizer (AdamW with weight decay on weight matrices
-# only, as the anchors: none on Mamba's $A$ and $D$, norms, biases, RWKV's per-channel vectors), warmup then cosine
-# decay, batch 256 and at most 1000 steps, with early stopping at 99.5% validation accuracy. The budget comes from
-# measured runs, not guesses: at batch 32 attention stays at chance for 4000 steps; at batch 256 it passes 90% by
-# step 300. Recurrent models learn recall only inside a narrow window of rates (Okpekpe and Orvieto), so the rate is
-# swept: Zoology's grid $10^{-4} \dots 10^{-2}$ in four log steps, every rate trained to the end with the first seed
-# at $C = 64$, **extended past an edge** whenever the winner sits on it (a winner on the edge means the best rate may
-# lie outside). Other cells train at their model's chosen rate and its lower neighbour. Three seeds for the control
-# and the headline cells (attention, RWKV-7 and RWKV-4 at $C = 64$, $N = 4$), one elsewhere. A model that fails is
-# trained again with four times the steps before its failure is blamed on anything. The first edition's
-# "budget" explanations are gone: a cell says what a run measured.
+# Every model has 2 layers of width $C$, and all share the optimizer (AdamW with weight decay on weight matrices only,
+# as Zoology's and BlinkDL's training code: none on Mamba's $A$ and $D$, norms, biases, RWKV's per-channel vectors),
+# warmup then cosine decay, batch 256 and at most 1000 steps, with early stopping at 99.5% validation accuracy. The
+# budget comes from measured runs, not guesses: at batch 32 attention stays at chance for 4000 steps; at batch 256 it
+# passes 90% by step 300. Recurrent models learn recall only inside a narrow window of rates (Okpekpe and Orvieto), so
+# the rate is swept: Zoology's grid $10^{-4} \dots 10^{-2}$ in four log steps, every rate trained to the end with the
+# first seed at $C = 64$, **extended past an edge** whenever the winner sits on it (a winner on the edge means the best
+# rate may lie outside). Other cells train at their model's chosen rate and its lower neighbour. Three seeds for the
+# control and the headline cells (attention, RWKV-7 and RWKV-4 at $C = 64$, $N = 4$), one elsewhere. A model that fails
+# is trained again with four times the steps before its failure is blamed on anything. The first edition's "budget"
+# explanations are gone: a cell says what a run measured.
 #
 # ## 4. The results
 
@@ -189,68 +199,103 @@ for arch, width, pairs in setup.save:
 # %% [markdown]
 # ## 5. What the recall results say
 #
-# * **The control, at last.** Softmax attention solves MQAR at $C = 64$, $N = 4$ once it is trained with batch 256:
-#   98.9% and 99.4% test accuracy on two seeds, in 800-850 steps. The third seed stayed on the plateau at 26% for
-#   all 1000 steps: leaving the plateau means forming an induction circuit (a previous-token head in layer 1, then a
-#   head in layer 2 that attends from the queried key to the token after its earlier occurrence), and when that
-#   happens varies from seed to seed. With four times the steps that seed reaches 99.7% (at step 1950): the "Is it
-#   the budget?" table. The control holds by its rule (every seed at 98%, within the budget or with the longer run),
-#   and the verdict line names the seed that needed it. The mechanism figure shows the circuit in the trained model:
-#   from a query, most of the last layer's weight sits on its pair's *value*.
-# * **RWKV-4 is at chance after 1000 steps, and learns recall with 4000.** All three seeds end at 25-26% (1/N), at
-#   every rate of the grid; the 4x run of the first seed reaches 96.5%. So at this width and number of pairs the
-#   decayed sum *can* hold the pairs, and what separates it from RWKV-7 here is how fast it learns to, not whether it
-#   can: a failure read without the longer run would have taught the wrong lesson. Whether RWKV-7's delta rule
-#   stores more per state entry needs the two at one state size (below).
+# The grid in one picture: each model's test accuracy against its width, one panel per number of pairs $N$, from the
+# committed `recall.json`. A line joins the mean over seeds (three seeds in the control's cells, one elsewhere; the
+# small dots are the seeds); a hollow circle is the same cell trained again with up to four times the steps; the
+# dashed line is the plateau $1/N$ of a model that knows the answer is one of the values but not which.
+
+# %%
+archs = ("attention", "rwkv4", "rwkv7", "mamba")
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True, constrained_layout=True)
+for ax, pairs in zip(axes, (4, 8)):
+    for colour, arch in enumerate(archs):
+        runs = [r for r in found.select(phase="test") if r["arch"] == arch and r["pairs"] == pairs]
+        widths = sorted({r["width"] for r in runs})
+        mean = [np.mean([r["test_accuracy"] for r in runs if r["width"] == w]) for w in widths]
+        ax.plot(widths, mean, marker="o", color=f"C{colour}", label=arch)
+        ax.scatter([r["width"] for r in runs], [r["test_accuracy"] for r in runs], s=10, color=f"C{colour}")
+        longer = [r for r in found.select(phase="long") if r["arch"] == arch and r["pairs"] == pairs]
+        ax.scatter([1.05 * r["width"] for r in longer], [r["test_accuracy"] for r in longer], s=80,
+                   facecolors="none", edgecolors=f"C{colour}", linewidths=1.5)
+    ax.axhline(1 / pairs, color="k", ls="--", lw=0.8)
+    ax.set(xscale="log", xlabel="width C", title=f"N = {pairs} pairs (chance 1/N = {1 / pairs:.1%})")
+    ax.set_xticks([64, 128, 256], ["64", "128", "256"])
+    ax.minorticks_off()
+axes[0].set_ylabel("test accuracy (1000 steps)")
+axes[0].scatter([], [], s=80, facecolors="none", edgecolors="gray", label="the same cell, up to 4x the steps")
+axes[1].legend(*axes[0].get_legend_handles_labels(), fontsize=8, loc="center right")
+plt.show()
+
+# %% [markdown]
+# The lessons, each with the cell that shows it:
+#
+# | lesson | measured (test accuracy) |
+# |---|---|
+# | attention needs enough scored targets per batch to form its induction circuit | at batch 256: 98.9% and 99.4% on two seeds; the third 26% at 1000 steps, 99.7% at 1950 |
+# | the delta rule learns recall fast | RWKV-7 99.6% in 150 steps ($C = 64$, $N = 4$), every cell above 99% |
+# | a decayed sum buys with width or steps what the delta rule has | RWKV-4 at $N = 4$: 26% at $C = 64$, 54% at 128, 98.5% at 256 in 1000 steps; 96.5% at 64 with 4000 |
+# | Mamba's failure at $C = 64$ is the schedule's | 26.3% at $N = 4$ in 1000 steps; 99.3% when the schedule is stretched over 4000 steps (and 99.7% at $N = 8$) |
+# | a failure is read only beside its longer run | four of the six 4x runs reach 96% or more, RWKV-4 at $N = 8$ climbs to 36%; only attention at $N = 8$ stays at chance (14.2%) |
+#
+# (Section 6's lesson, selection beats time invariance, and section 7's, a sign flip buys parity, complete the list.)
+# In more detail:
+#
+# * **The control.** Softmax attention solves MQAR at $C = 64$, $N = 4$ once it is trained with batch 256, in
+#   800-850 steps on two seeds. The third seed stayed on the plateau for all 1000 steps: leaving it means forming
+#   an induction circuit (a previous-token head in layer 0, then a head in layer 1 that attends from the queried key
+#   to the token after its earlier occurrence), and when that happens varies from seed to seed; with four times the
+#   steps it reaches 99.7% (the "Is it the budget?" table). The mechanism figure shows the circuit in the trained
+#   model: from a query, most of the last layer's weight sits on its pair's *value*.
+# * **RWKV-4 and Mamba at $C = 64$, $N = 4$**: at or below chance at every rate of the grid after 1000 steps
+#   (RWKV-4's three seeds 25-26% at the chosen rate; Mamba 26.3%). RWKV-4's 4x run reaches 96.5%: the decayed sum
+#   *can* hold the pairs here, and what separates it from RWKV-7 is how fast it learns to. Mamba's 4x run leaves
+#   the plateau at step 450 and stops early at 1300 steps with 99.3%: at step 450 the short schedule has brought the
+#   rate down to 66% of its peak, the long one still holds 99% (Okpekpe and Orvieto 2025 report a narrow window of
+#   rates for Mamba on MQAR).
 # * **The rate window is real, and the grid must bracket it.** At $10^{-4}$ attention and RWKV-7 stay at $1/N$ for
 #   1000 steps; at $10^{-2}$ attention stays at 27% while RWKV-7 is done in 150 steps, its best rate, on the
 #   grid's edge: the grid was extended to $4.6 \cdot 10^{-2}$, which did worse, so $10^{-2}$ is interior now.
-# * **RWKV-7's delta rule learns recall fast** (99.6% in 150 steps at its rate): its token shift hands it the
-#   previous token for free, and the delta rule's erase term lets pairs with different keys share one matrix.
-# * **Mamba learns recall too, and its failure at 1000 steps is the schedule's.** It ends at chance after 1000 steps
-#   (26.3%, at every rate of the grid); the 4x run, same seed and rate with the warmup and cosine stretched over 4000
-#   steps, leaves the plateau at step 450 and stops early at 1300 steps with 99.3%. At step 450 the short schedule
-#   has brought the rate down to 66% of its peak, the long one still holds 99%: Mamba needs the rate high for longer
-#   (Okpekpe and Orvieto 2025 report a narrow window of rates for Mamba on MQAR).
-# * **At width 128 every model learns faster** within the same 1000 steps: attention 99.3% (at a lower rate), RWKV-7
-#   100% in 100 steps, Mamba 99.2% in 550 (at chance at width 64 with this schedule), RWKV-4 54% (off the plateau,
-#   not finished; at width 64 it needed 4x the steps). A wider state gives more room, and here it also gives
-#   faster learning, which is not the same claim.
-# * **$N = 8$ at width 64: the grid's attention fails, and the cause is measured.** It stays at chance with every
-#   rate of its sweep and with 4x the steps (14.2%; chance 12.5%): its loss sits on $\log 8 = 2.079$, the loss of a
-#   model that knows the answer is one of the 8 values in the context, and not which. The report's last column says
-#   why: **the keys' embeddings collapse**. On that plateau what lowers the loss is telling keys from values, not one
-#   key from another, and training pulls the 63 key tokens' embeddings onto one shared direction: the mean cosine
-#   between two distinct keys, about 0 at the start, is 0.70-0.97 in every attention run that failed (N = 4 too) and
-#   0.05-0.37 in every run that learned. With nothing left to tell keys apart, neither half of the induction circuit
-#   forms (the other two columns: no previous-token head, nothing on the value). A probe that **freezes the token
-#   embedding at its random start**, and changes nothing else, learns $N = 8$: 99.6% test, stopping early at 900
-#   steps, with a previous-token head at 96% and the last layer 91% on the value. A collapse can be left (the
-#   control's third seed, and Mamba, whose keys collapse on the plateau too and come apart as it learns), but at
-#   $N = 8$ attention did not leave it within 12x the steps. Zoology's vocabulary of 8192 gives each key about a
-#   sixty-fourth of the updates a key gets here, which may be why its attention does not meet this.
-# * **What was measured not to be the cause** (the "Probes" table): one head of 64, no channel mix, $T = 64$, a short
+# * **Width 128** speeds every model up within 1000 steps: attention 99.3% (at a lower rate), RWKV-7 100% in 100
+#   steps, Mamba 99.2% in 550, RWKV-4 54% (off the plateau, not finished). A wider state gives more room, and here
+#   it also gives faster learning, which is not the same claim.
+# * **$N = 8$.** RWKV-7 learns it at every width (99.9% within 200 steps); Mamba at $C = 64$ with 4x the steps
+#   (99.7%), not at 128 in 1000 steps (14%): width 128 does not buy in 1000 steps what four times the steps bought
+#   at 64. RWKV-4's 4x run is at 36% and rising, and its failure is not read as capacity. Attention at width 64
+#   stays at chance even with 4x the steps (14.2%; chance 12.5%), and learns at width 128 at the lower rate of its
+#   sweep ($4.6 \cdot 10^{-4}$: 93.7% test accuracy in 1000 steps): the case study below.
+# * **At one state size.** RWKV-7's state ($16C$ per layer) is eight times RWKV-4's ($2C$). RWKV-7 with heads of 2
+#   keeps $2C$ numbers, as RWKV-4, and reaches 53% at $N = 4$, $C = 64$ in 1000 steps (a probe, one seed; its
+#   neighbouring rates stay at chance or below), where RWKV-4 is at 26%: faster, not done. At $N = 8$ it ends at 16%
+#   (chance 12.5%, RWKV-4 12%): neither learns 8 pairs at that state size within 1000 steps. A "-" at $C = 256$ is
+#   a model not trained there: only RWKV-4 was below 98% at 128.
+#
+# ### Case study (optional): attention at $N = 8$, width 64
+#
+# Attention stays on the plateau at $N = 8$, $C = 64$ with every rate of its sweep and with 4x the steps: its loss
+# sits on $\log 8 = 2.079$, the loss of a model that knows the answer is one of the 8 values in the context, and not
+# which. What was measured alongside:
+#
+# * **The keys' embeddings collapse on the plateau.** The report's last column, "keys alike", is the mean cosine
+#   between the embeddings of two distinct key tokens: about 0 at the random start. In the failed attention runs of
+#   the report it is 0.86-0.97 (0.97 after 12x the steps), in the runs that learned 0.00-0.05; docs/experiments.md
+#   lists it for every attention run (0.70-0.97 on the plateau, 0.05-0.37 in runs that learned; width 128 at
+#   $N = 8$ ends at 0.37). Neither half of the induction circuit forms in the failed runs (the other two columns:
+#   no previous-token head, nothing on the value).
+# * **Freezing the token embedding at its random start**, and changing nothing else, learns $N = 8$: 99.6% test,
+#   stopping early at 900 steps, with a previous-token head at 96% and the last layer 91% on the value.
+# * **Changes that did not help** (the "Probes" table): one head of 64, no channel mix, $T = 64$, a short
 #   convolution as block 0, learned positions instead of RoPE (4x the steps), the rates $10^{-2}$ and
-#   $4.6 \cdot 10^{-4}$ with 4x the steps, and the budget up to 12x (14.7%, its keys at 0.97: more steps deepen
-#   the collapse).
-# * **Width 128 learns $N = 8$** at the lower rate of its sweep, $4.6 \cdot 10^{-4}$ (94% validation in 1000 steps, its
-#   keys at 0.37): a wider embedding and a lower rate both slow the collapse. So the lesson is not "attention cannot
-#   recall 8 pairs at width 64"; it is that a small vocabulary lets the embedding erase what recall needs.
-# * **RWKV-7 and Mamba learn $N = 8$ at width 64** (99.9% within 200 steps; Mamba 99.7% with 4x the steps): the 8
-#   pairs fit in these states. RWKV-4's 4x run is at 36% and rising, and its failure is not read as capacity (its
-#   keys do not collapse; what slows it is not measured).
-# * **Width 128 at $N = 8$**: RWKV-7 99.9% in 150 steps, RWKV-4 14% and Mamba 14% (each at chance with both
-#   rates). Width 128 bought Mamba $N = 4$ within 1000 steps (99.2%, at chance at 64) but not $N = 8$; at $C = 64$
-#   its 4x run learned $N = 8$, so the pairs fit there, and width 128 does not buy in 1000 steps what four times
-#   the steps bought at 64. Within the grid's 1000 steps RWKV-4 needs width as the pairs grow (at $N = 4$: 26% at
-#   $C = 64$, 54% at 128, 98.5% at 256), as Zoology's claim says; but at $C = 64$ its 4x run reached 96.5%, so at
-#   $N = 4$ width buys it speed, not room.
-#   RWKV-7 learns both $N$ at every width from 64: its state ($16C$ per layer) is eight times RWKV-4's ($2C$), and
-#   at $N \le 8$ no growth of width with the pairs shows. At one state size the two can be compared: RWKV-7 with
-#   heads of 2 keeps $2C$ numbers, as RWKV-4, and reaches 53% at $N = 4$, $C = 64$ in 1000 steps (a probe; its
-#   neighbouring rates stay at chance or below), where RWKV-4 is at 26%: faster, not done, one seed; at $N = 8$ it
-#   ends at 16% (chance 12.5%, RWKV-4 12%), so neither learns 8 pairs at that state size within 1000 steps. A "-"
-#   at $C = 256$ is a model not trained there: only RWKV-4 was below 98% at 128.
+#   $4.6 \cdot 10^{-4}$ with 4x the steps, and the budget up to 12x (14.7%).
+#
+# What this does and does not show: the collapse co-occurs with the plateau in every failed run, and a model that
+# cannot collapse (the frozen embedding) learns. It does not show that the collapse *causes* the plateau: on a
+# plateau where telling keys from values is all that lowers the loss, a collapse is what one would expect to follow,
+# whatever keeps the model there, and a collapse can be left (the control's third seed, and Mamba, whose keys
+# collapse on the plateau too and come apart as it learns). An independent, Zoology-style attention model is reported
+# to learn this cell, so something in this setting, not attention as such, keeps it on the plateau; what, is not
+# settled. Zoology's
+# vocabulary of 8192 gives each key about a sixty-fourth of the updates a key gets here, one difference worth
+# testing.
 #
 # ## 6. Selective copying: why Mamba made the SSM selective
 #
@@ -326,11 +371,13 @@ show("selective_copy")
 # Parity of a bit string is the simplest state a model can be asked to track: flip on a 1, keep on a 0. A linear
 # recurrence $x_t = g(\text{token}_t)\, x_{t-1}$ does it exactly with $g(0) = 1$, $g(1) = -1$, and cannot with $g$ in
 # $[0, 1]$: no product of numbers in $[0, 1]$ changes sign. RWKV-4's decay and Mamba's $e^{\Delta A}$ are such
-# numbers; RWKV-7's transition $\mathrm{diag}(w_t) - \hat\kappa_t (a_t \odot \hat\kappa_t)^\top$ has an eigenvalue
-# $w - a$ along $\hat\kappa$, which the published ranges keep above $-0.455$ ([notebook 04](04_rwkv7_delta_rule.ipynb)),
-# and `Rwkv7Config(wide_in_context_rate=True)`, with $a$ up to $1 + w$, lets reach $-1$ (Grazzi et al.,
-# arXiv:2411.12537, https://arxiv.org/abs/2411.12537, on extending the eigenvalue range; Merrill et al.,
-# arXiv:2404.08819, https://arxiv.org/abs/2404.08819, on why diagonal transitions cannot). The models train on
+# numbers; RWKV-7's transition $\mathrm{diag}(w_t) - \hat\kappa_t (\alpha_t \odot \hat\kappa_t)^\top$ has, with equal
+# decays, an eigenvalue $w - \bar\alpha$ along $\hat\kappa$ ($\bar\alpha$ the $\hat\kappa^2$-weighted mean rate,
+# [notebook 04](04_rwkv7_delta_rule.ipynb) section 8), which the published ranges keep above $-0.455$, and
+# `Rwkv7Config(wide_in_context_rate=True)`, with $\alpha$ up to $1 + w$, lets reach $-1$ (Grazzi et al.,
+# arXiv:2411.12537, https://arxiv.org/abs/2411.12537, on why transitions with eigenvalues in $[0, 1]$ cannot count
+# parity, and on extending the range to $[-1, 1]$; Merrill et al., arXiv:2404.08819, https://arxiv.org/abs/2404.08819,
+# on why diagonal SSMs cannot track permutations, assuming $\mathsf{TC}^0 \ne \mathsf{NC}^1$). The models train on
 # sequences of 64 and are tested at 256 and 1024, past anything they saw.
 
 # %%
@@ -382,8 +429,9 @@ print(f"{time.perf_counter() - start:.0f} s")
 # one model here, now, with the experiments' own pieces: the RWKV-7 of `zoo.build("rwkv7")` (2 layers, BlinkDL's
 # training start) on MQAR from `data.mqar`, trained by `training.Run` (AdamW, warmup then cosine decay) at batch 32
 # and a rate of $10^{-2}$, the top of Zoology's grid. It is smaller than the full runs so that it fits the
-# notebook: width $C = 32$ (two heads of 16), $N = 4$ pairs in $T = 32$ tokens, vocabulary 64, 300 steps, about
-# 10 s of one core. Every 25 steps it is scored on 256 held-out sequences, and the curve is redrawn.
+# notebook: width $C = 32$ (two heads of 16), $N = 4$ pairs in $T = 32$ tokens, vocabulary 64, 300 steps, 7 to 20 s of
+# CPU time on this project's machines (the cell prints it). Every 25 steps it is scored on 256 held-out
+# sequences, and the curve is redrawn.
 #
 # Three levels frame the curve. An untrained model spreads its guess over the whole vocabulary: about $1/V$. A model
 # that has learned the task's format but stored nothing knows that the answer is one of the $N$ values in the
@@ -503,20 +551,27 @@ print("accuracy with the time mix of layer 0, 1 cut:", ", ".join(f"{100 * a:.1f}
 # %% [markdown]
 # ## Exercises
 #
-# Each solution is in the collapsed cell below its question (click the three dots to open it, source and output);
-# it runs with the notebook, so it is checked too.
+# Each coding exercise has a stub to fill in (it raises `NotImplementedError` until you do), a check cell below it
+# that says "not attempted yet", "correct" or what is off, and the solution in a collapsed cell starting
+# `# Solution` (click the three dots to open it). Questions have their worked answer in a collapsed cell too.
 #
 # **1. The erase term, by hand.** Section 2 says that the delta rule removes what was stored at a key before it
 # writes there, and a plain sum does not. Write the update of one head in NumPy, `delta_write(S, kappa, v)`
 # $= S(I - \kappa\kappa^\top) + v\kappa^\top$ for a unit key $\kappa$ (state indexed [value, key], as
-# `reference.wkv7`), and check the state after a few writes against `reference.wkv7` with no decay ($\log w = 0$),
-# $a = -\kappa$, $b = \kappa$, $k = \kappa$. Then store four pairs at orthonormal keys, write a *new* value at the
-# second key, and read every key, $y = S\kappa_i$: the delta rule returns each key's latest value, within the
-# reference budget. Change the write to the plain sum $S + v\kappa^\top$ and run the same check: it fails. What does
-# the sum return at the rewritten key?
+# `reference.wkv7`). The check stores four values at orthonormal keys, then a *new* value at the second key, and
+# compares your state with `reference.wkv7`'s (no decay, $\log w = 0$; $a = -\kappa$, $b = \kappa$, $k = \kappa$)
+# and what reading every key, $y = S\kappa_i$, returns with each key's latest value. Then try the plain sum
+# $S + v\kappa^\top$ in your function: which check fails, and what does the sum return at the rewritten key?
 
-# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
-from seqmix.kernels.testing import REFERENCE_BUDGET
+# %%
+# Exercise 1: the delta rule's write
+def delta_write(S, kappa, v):
+    """One head's state after writing value v at unit key kappa: S (I - kappa kappa^T) + v kappa^T."""
+    raise NotImplementedError("Exercise 1: your code here")
+
+
+# %% tags=["nbval-check-output"]
+from seqmix.kernels.testing import REFERENCE_BUDGET, exercise
 from seqmix.reference import wkv7 as ref7
 
 rng = np.random.default_rng(0)
@@ -526,14 +581,6 @@ values = rng.standard_normal((5, n))                           # the 5th: a new 
 order = [0, 1, 2, 3, 1]                                        # the key of each write
 
 
-def delta_write(S, kappa, v):
-    return S @ (np.eye(len(kappa)) - np.outer(kappa, kappa)) + np.outer(v, kappa)
-
-
-def sum_write(S, kappa, v):
-    return S + np.outer(v, kappa)
-
-
 def store(write):
     S = np.zeros((n, n))
     for key, value in zip(order, values):
@@ -541,20 +588,28 @@ def store(write):
     return S
 
 
-kappa = keys[order][None, :, None, :]                          # (B, T, H, N) = (1, 5, 1, 8)
-_, S_ref = ref7.wkv7(kappa, np.zeros_like(kappa), kappa, values[None, :, None, :], -kappa, kappa)
-check("delta_write, five writes, vs reference.wkv7's state", store(delta_write), S_ref[0, 0], REFERENCE_BUDGET)
-latest = values[[0, 4, 2, 3]]                                  # key 1 now holds the 5th value
-check("delta rule: reading each key returns its latest value", keys @ store(delta_write).T, latest,
-      REFERENCE_BUDGET)
-read_sum = keys @ store(sum_write).T
-try:
-    check("plain sum: reading each key returns its latest value", read_sum, latest, REFERENCE_BUDGET)
-except AssertionError:
-    print("plain sum: reading each key returns its latest value: the check fails")
-# The sum keeps both writes at key 1: reading it returns the old value plus the new one.
+def checks_1():
+    kappa = keys[order][None, :, None, :]                      # (B, T, H, N) = (1, 5, 1, 8)
+    _, S_ref = ref7.wkv7(kappa, np.zeros_like(kappa), kappa, values[None, :, None, :], -kappa, kappa)
+    check("delta_write, five writes, vs reference.wkv7's state", store(delta_write), S_ref[0, 0], REFERENCE_BUDGET)
+    latest = values[[0, 4, 2, 3]]                              # key 1 now holds the 5th value
+    check("reading each key returns its latest value", keys @ store(delta_write).T, latest, REFERENCE_BUDGET)
+
+
+exercise("Exercise 1", checks_1)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
+# The plain sum keeps both writes at key 1: reading it returns the old value plus the new one, so the state check
+# and the reading check both fail for it.
+def delta_write(S, kappa, v):
+    return S @ (np.eye(len(kappa)) - np.outer(kappa, kappa)) + np.outer(v, kappa)
+
+
+read_sum = keys @ store(lambda S, kappa, v: S + np.outer(v, kappa)).T
 check("plain sum at the rewritten key = old value + new value", read_sum[1], values[1] + values[4],
       REFERENCE_BUDGET)
+exercise("Exercise 1", checks_1)
 
 # %% [markdown]
 # **2. Before training.** Run section 9's accuracy check and its readout on the model as it started:
@@ -562,6 +617,7 @@ check("plain sum at the rewritten key = old value + new value", read_sum[1], val
 # diagonal stands out. Its accuracy is not even the plateau's $1/N$: why, and what is it close to?
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
 # Untrained, the model spreads its guess over the whole vocabulary of 64 tokens, not over the 4 values in the
 # context: it is right about 1/V of the time. Learning the format (the answer is a value seen) gives 1/N; only
 # recall gives more.
@@ -579,18 +635,89 @@ assert start_accuracy < 1 / live_pairs and start_contrast < 0.1
 # **3. Partial recall.** Cutting the memory layer in section 9 left the model near $1/N$, a memory of no pair. In
 # between lies a state that keeps only the last $m$ pairs written (a decay that forgets the older ones) and, for a
 # query it cannot place, guesses uniformly among the values it cannot place either. Derive its accuracy on MQAR with
-# $N$ pairs for $m = 0, \dots, N$. Then implement the rule on section 9's test sequences (for each query, find which
-# pair it asks for, and score 1 or the guess's chance) and check your formula.
+# $N$ pairs, and write it as `partial_recall_accuracy(m, N)`. The check plays the rule on section 9's test
+# sequences (for each query, which pair it asks for, scored 1 or the guess's chance) for $m = 0, \dots, N$. (Hint:
+# each key is queried exactly once.)
+
+# %%
+# Exercise 3: the accuracy of a memory of the last m pairs
+def partial_recall_accuracy(m, N):
+    """Expected accuracy of a state that keeps the last m of N pairs and guesses among the values it lost."""
+    raise NotImplementedError("Exercise 3: your code here")
+
+
+# %% tags=["nbval-check-output"]
+def checks_3():
+    test_inputs, test_targets = live_test
+    rows, cols = np.nonzero(test_targets != data.IGNORE)
+    asked = np.array([np.flatnonzero(test_inputs[r, 0:2 * live_pairs:2] == test_inputs[r, c])[0]
+                      for r, c in zip(rows, cols)])              # the pair each query asks for, 0 = written first
+    for m in range(live_pairs + 1):
+        remembered = asked >= live_pairs - m                      # one of the last m pairs written
+        played = np.where(remembered, 1.0, 1.0 / max(live_pairs - m, 1)).mean()
+        check(f"m = {m}: your formula vs the rule played on the test sequences", partial_recall_accuracy(m, live_pairs),
+              played, REFERENCE_BUDGET)
+
+
+exercise("Exercise 3", checks_3)
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
 # Each key is queried once: m queries are answered right, and each of the other N - m has a 1 / (N - m) chance,
 # so (m + 1) / N per sequence, and 1 from m = N - 1 on (the last pair left is the answer by elimination).
-test_inputs, test_targets = live_test
-rows, cols = np.nonzero(test_targets != data.IGNORE)
-asked = np.array([np.flatnonzero(test_inputs[r, 0:2 * live_pairs:2] == test_inputs[r, c])[0]
-                  for r, c in zip(rows, cols)])                  # the pair each query asks for, 0 = written first
-for m in range(live_pairs + 1):
-    remembered = asked >= live_pairs - m                          # one of the last m pairs written
-    scored = np.where(remembered, 1.0, 1.0 / max(live_pairs - m, 1)).mean()
-    check(f"m = {m}: the rule's accuracy = min(1, (m + 1) / N)", scored, min(1.0, (m + 1) / live_pairs),
-          REFERENCE_BUDGET)
+def partial_recall_accuracy(m, N):
+    return min(1.0, (m + 1) / N)
+
+
+exercise("Exercise 3", checks_3)
+
+# %% [markdown]
+# **4. Another rung, retrained live.** Section 9's model is RWKV-7, whose state is a matrix per head with the delta
+# rule's erase. Swap it for RWKV-4 (`"rwkv4"`: a diagonal transition, no query, $2C$ numbers a layer) in the same
+# 300-step run, everything else unchanged. Predict first, from section 5: in 300 steps at width 32, does RWKV-4
+# leave the plateau $1/N$? Write your prediction as `my_prediction()`, returning `"plateau"` (below 50% test
+# accuracy) or `"recall"` (at least 75%, section 9's bar). The check then trains the model (a few seconds), scores
+# it on section 9's 1000 test sequences and compares. (Try `"mamba"` too, by changing `RUNG`: its run takes longer.)
+
+# %%
+# Exercise 4: predict, then retrain with another state
+RUNG = "rwkv4"
+
+
+def my_prediction():
+    """'plateau' or 'recall': what RUNG reaches in section 9's 300 steps."""
+    raise NotImplementedError("Exercise 4: your prediction here")
+
+
+# %% tags=["nbval-check-output"]
+def retrained(rung):
+    """Section 9's run, the same data, rate, seed and budget, with another model."""
+    run = Run(build=partial(zoo.build, rung, vocab_size=live_vocab, width=32, train_length=live_length),
+              forward=zoo.logits, sample=live_task, lr=1e-2, seed=0,
+              budget=Budget(steps=300, batch_size=32, eval_every=300), valid=live.valid)
+    run.train_to(run.budget.steps, progress=False)
+    return evaluate(zoo.logits, run.model, *live_test)["accuracy"]
+
+
+def checks_4():
+    predicted = my_prediction()
+    assert predicted in ("plateau", "recall"), f"my_prediction() should return 'plateau' or 'recall', got {predicted!r}"
+    accuracy = retrained(RUNG)
+    measured = "recall" if accuracy >= 0.75 else "plateau" if accuracy < 0.5 else "in between"
+    print(f"{RUNG} after 300 steps: {measured} (below 50%: {accuracy < 0.5}; at least 75%: {accuracy >= 0.75})")
+    assert predicted == measured, f"you predicted {predicted!r}; the run says {measured!r}"
+
+
+exercise("Exercise 4", checks_4)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["nbval-check-output"]
+# Solution
+# The plateau. Section 5: at C = 64, N = 4, RWKV-4 stays at chance for 1000 steps at every rate of the grid and needs
+# 4000 to recall (96.5%). Here it has half the width and 300 steps: a decayed sum per channel can hold pairs only
+# through many channels each keeping one, which takes width or long training, while RWKV-7's delta rule writes each
+# pair at its own key from the start.
+def my_prediction():
+    return "plateau"
+
+
+exercise("Exercise 4", checks_4)

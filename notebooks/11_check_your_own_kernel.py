@@ -283,7 +283,7 @@ Path("my_wkv4.py").unlink()
 # prints which quantities fail. Before running it, predict: which of y and the state's three parts fail, and what
 # does that tell you about where the bug is?
 
-# %% jupyter={"outputs_hidden": true, "source_hidden": true}
+# %%
 # Exercise 1: a kernel without the bonus
 def wkv4_no_bonus(w, u, k, v, state=None):
     """The fourth attempt with the current token weighted e^{k_t} in the output; returns (y, state)."""
@@ -328,7 +328,7 @@ exercise("Exercise 1", checks_1)
 # and $w = -0.5$, with what `max_tracked` keeps from 0 and what `reference.wkv4` keeps; work the two numbers out on
 # paper first.
 
-# %% jupyter={"outputs_hidden": true, "source_hidden": true}
+# %%
 # Exercise 2: the max after one token
 def max_after_one_token(w, k0, initial_max):
     """The running max after one token with key k0, decay w, starting from initial_max."""

@@ -446,21 +446,32 @@ def test_wkv7_nan_in_r_reaches_y_t_alone(rng):
         assert torch.equal(torch.isnan(y), where) and torch.isfinite(S).all(), backend
 
 
-def test_truncated_library_is_built_again(tmp_path, monkeypatch):
+@pytest.fixture
+def tiny_sources(tmp_path):
+    """A one-function stand-in for native.c: the builder tests check its file handling (cache, checksum, rename,
+    compiler command), which does not depend on what it compiles; native.c itself is built and run by every C test."""
+    source = tmp_path / "source" / "tiny.c"
+    source.parent.mkdir()
+    source.write_text("int tiny_answer(void) { return 42; }\n")
+    return native.Sources("tiny", (source,), ())
+
+
+def test_truncated_library_is_built_again(tmp_path, monkeypatch, tiny_sources):
     """D8: a cached library cut short (a full disk, an interrupted copy) killed the process with SIGBUS on its first
     call, and stayed. Its checksum no longer matches the one recorded at build time, so it is built again."""
-    built = Path(native._build(native.compiler()))               # the library these tests run, and its checksum
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path))
+    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "first"))
+    built = Path(native._build(native.compiler(), tiny_sources))          # a whole library, and its checksum
+    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
     for name in (built.name, built.name + ".sha256"):
-        shutil.copy(built.with_name(name), tmp_path / name)
-    whole = (tmp_path / built.name).read_bytes()
-    (tmp_path / built.name).write_bytes(whole[: len(whole) // 2])
-    path = native._build(native.compiler())
-    assert path == tmp_path / built.name and len(path.read_bytes()) == len(whole)
-    lanes = f"import ctypes; print(ctypes.CDLL({str(path)!r}).selective_scan_lanes())"
-    load = subprocess.run([sys.executable, "-c", lanes],
+        shutil.copy(built.with_name(name), tmp_path / "cache" / name)
+    whole = built.read_bytes()
+    (tmp_path / "cache" / built.name).write_bytes(whole[: len(whole) // 2])
+    path = native._build(native.compiler(), tiny_sources)
+    assert path == tmp_path / "cache" / built.name and len(path.read_bytes()) == len(whole)
+    load = subprocess.run([sys.executable, "-c", f"import ctypes; print(ctypes.CDLL({str(path)!r}).tiny_answer())"],
                           capture_output=True, text=True)
-    assert load.returncode == 0 and load.stdout.strip() == "8"
+    assert load.returncode == 0 and load.stdout.strip() == "42"
 
 
 def test_compiler_that_writes_nothing_is_named(tmp_path, monkeypatch):
@@ -479,23 +490,24 @@ def test_unusable_cache_directory_is_named(tmp_path, monkeypatch):
         native._build(native.compiler())
 
 
-def test_compiler_command_with_arguments(tmp_path, monkeypatch):
+def test_compiler_command_with_arguments(tmp_path, monkeypatch, tiny_sources):
     """C2: CC holds a command, split as a shell splits it ("ccache gcc", "gcc -w"); it was taken for one file name
     and refused as "no working C compiler"."""
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path))
+    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CC", "cc -w")
     assert native.compiler() == ["cc", "-w"]
-    assert native._build(native.compiler()).parent == tmp_path
+    assert native._build(native.compiler(), tiny_sources).parent == tmp_path / "cache"
 
 
-def test_builds_at_once_leave_one_whole_library(tmp_path, monkeypatch):
+def test_builds_at_once_leave_one_whole_library(tmp_path, monkeypatch, tiny_sources):
     """Two builds into an empty cache at once (pytest beside a notebook kernel): each goes to a temporary file that
     is renamed into place, so both return a whole library and nothing else is left behind."""
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SEQMIX_CACHE", str(cache))
     with ThreadPoolExecutor(2) as pool:
-        paths = list(pool.map(lambda _: native._build(native.compiler()), range(2)))
+        paths = list(pool.map(lambda _: native._build(native.compiler(), tiny_sources), range(2)))
     assert paths[0] == paths[1] and native._intact(paths[0], paths[0].with_name(paths[0].name + ".sha256"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == [paths[0].name, paths[0].name + ".sha256"]
+    assert sorted(p.name for p in cache.iterdir()) == [paths[0].name, paths[0].name + ".sha256"]
 
 
 @pytest.mark.parametrize("decay", [-float("inf"), -1e37, -1e30])

@@ -66,7 +66,7 @@ def test_output_is_a_convex_combination_of_values(rng):
 
 # The plain recurrence gets small keys (it overflows otherwise); the stable one gets large ones.
 @pytest.mark.parametrize("fn,key_scale", [(wkv4_recurrent, 2.0), (wkv4, 100.0)])
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)
 @given(T=st.integers(2, 30), data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_state_passing_over_random_splits(fn, key_scale, T, data, seed):
     w, u, k, v = inputs(np.random.default_rng(seed), T=T, key_scale=key_scale)

@@ -55,7 +55,7 @@ def test_chunked_survives_decays_far_below_float_range(rng):
     assert_forms_agree(y, S, *wkv7(*x, state=S0), "chunked, decays of 0")
 
 
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)
 @given(T=st.integers(2, 30), cuts=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=3),
        chunk_size=st.sampled_from([1, 4, 16]), seed=st.integers(0, 2**32 - 1))
 def test_split_sequence_equals_whole(T, cuts, chunk_size, seed):
