@@ -1,8 +1,11 @@
 """The first run on a GPU: ``python -m seqmix.benchmarks.gpu_check --out DIR`` checks the Triton path on it and
 writes ``DIR/gpu_check.md`` and ``DIR/gpu_check.json`` (default DIR: benchmarks/results), rewritten after every row,
-so that a run cut short still leaves what it had measured, each part with its start and end times. On a machine
+so that a run cut short still leaves what it had measured, each part with its start and end times. A record an
+earlier run left in DIR is kept: renamed gpu_check.<its start>.json / .md before the new run writes. On a machine
 without CUDA it prints what it would do and the pass criteria, and exits 0; ``--dry-run`` walks every part there on
-tiny shapes (Triton under its interpreter, a CPU timer instead of CUDA events) and writes the same files.
+tiny shapes (Triton under its interpreter, a CPU timer instead of CUDA events) and writes the same files, by
+default into benchmarks/results/dry_run (git-ignored), never beside a GPU run's. A run that checked nothing (no
+part, or --ops matching no op) fails.
 
 On a CUDA GPU, in order (``--parts`` runs a subset; the most important first, for a run cut short):
 0. compile: each op's first forward and backward at the benchmark shapes, fp32 and bf16, against its second call:
@@ -56,6 +59,7 @@ from pathlib import Path
 import torch
 
 from seqmix.benchmarks import gpu_correct, gpu_profile, gpu_timing
+from seqmix.models.io import write_text_atomically
 from seqmix.benchmarks.gpu_correct import OPS, check_limits, check_op
 
 __all__ = ["CRITERIA", "OPS", "PARTS", "check_limits", "check_op", "main"]
@@ -189,9 +193,7 @@ class Run:
         self.out.mkdir(parents=True, exist_ok=True)
         for name, text in (("gpu_check.json", json.dumps(self.record, indent=1, default=str)),
                            ("gpu_check.md", render(self.record))):
-            tmp = self.out / (name + ".tmp")
-            tmp.write_text(text)
-            tmp.replace(self.out / name)
+            write_text_atomically(self.out / name, text)
 
 
 class _Warmers:
@@ -387,10 +389,12 @@ def summary(record: dict) -> str:
 
 
 def _verdict(record: dict, explanations: dict) -> tuple[str, bool]:
-    """PASS when no part failed, no row failed, erred or was stopped (a peer's error is its own), and every op's
-    forward is within 2x of its prediction or explained (not asked of a dry run: the interpreter's times say nothing
-    of a GPU's)."""
+    """PASS when some part gave rows (a run that checked nothing fails), no part failed, no row failed, erred or
+    was stopped (a peer's error is its own), and every op's forward is within 2x of its prediction or explained
+    (not asked of a dry run: the interpreter's times say nothing of a GPU's)."""
     problems = [f"{p['name']}: {p['status']}" for p in record["parts"] if p["status"] != "ok"]
+    if not any(p["rows"] for p in record["parts"]):
+        problems.append("nothing was checked (no part gave a row: --parts named none, or --ops matched no op)")
     problems += [f"{p['name']}: {r.get('op', r.get('what'))} {r.get('dtype', '')} {r.get('impl', '')}".rstrip()
                  for p in record["parts"] for r in p["rows"] if r.get("ok") is False or "stopped" in r
                  or (isinstance(r.get("error"), str) and r.get("impl", "seqmix").startswith("seqmix"))]
@@ -425,7 +429,8 @@ def _versions() -> dict:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of gpu_check.md and gpu_check.json")
+    parser.add_argument("--out", type=Path, help="folder of gpu_check.md and gpu_check.json (default "
+                        "benchmarks/results, and benchmarks/results/dry_run for a dry run)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     parser.add_argument("--ops", default="", help="comma-separated substrings: only the ops that contain one")
     parser.add_argument("--dry-run", action="store_true", help="every part on tiny shapes on the CPU")
@@ -439,10 +444,7 @@ def main(argv=None) -> int:
                         "benchmark part waits for fla's first calls, autotuning in the background (default 240)")
     parser.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)   # a restart after a lost context
     args = parser.parse_args(argv)
-    parts = [p for p in args.parts.split(",") if p]
-    unknown = [p for p in parts if p not in PARTS]
-    if unknown:
-        parser.error(f"--parts: unknown {unknown}; choose among {', '.join(PARTS)}")
+    parts = _check_options(parser, args)
     if args.skip_benchmarks:
         parts = [p for p in parts if p not in BENCHMARKS]
     if args.dry_run:
@@ -452,10 +454,12 @@ def main(argv=None) -> int:
         print(_plan())
         return 0
     json_path = args.out / "gpu_check.json"
-    record = json.loads(json_path.read_text()) if args.resume and json_path.exists() else {
+    record = _resumed(parser, json_path) if args.resume and json_path.exists() else {
         "command": " ".join(["python -m seqmix.benchmarks.gpu_check", *argv]), "started": _now(), "finished": None,
         "device": "CPU (dry run)" if args.dry_run else torch.cuda.get_device_name(), "dry_run": args.dry_run,
         "versions": _versions(), "parts": []}
+    if not args.resume:
+        _keep_earlier_record(args.out)
     workers = args.workers or (1 if args.dry_run else max(1, min(12, (os.cpu_count() or 1) - 2)))
     run = Run(args.out, args.dry_run, args.budget_s, tuple(s for s in args.ops.split(",") if s), record, workers)
     warmers = _Warmers(run, args.warm_wait_s) if {"peers", "profile"} & set(parts) else None
@@ -478,12 +482,63 @@ def main(argv=None) -> int:
         except Exception as e:   # a part that raises is a finding; the later parts still run
             run.end(part, "error", "".join(traceback.format_exception(e))[-3000:])
     record["finished"] = _now()
-    record["explanations"] = dict(e.split("=", 1) for e in args.explain)
+    record["explanations"] = dict(e.split("=", 1) for e in args.explain)      # each checked by _check_options
     verdict, passed = _verdict(record, record["explanations"])
     record["verdict"] = verdict
     run.write()
     print(f"\n{summary(record)}\n\n{verdict}\nWrote {args.out / 'gpu_check.md'} and {json_path}")
     return 0 if passed else 1
+
+
+def _check_options(parser, args) -> list:
+    """The parts to run; every option checked before anything runs (parser.error: one line, exit 2)."""
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        parser.error(f"--parts: unknown {unknown}; choose among {', '.join(PARTS)}")
+    if not parts:
+        parser.error(f"--parts: no part given; choose among {', '.join(PARTS)}")
+    bad = [e for e in args.explain if "=" not in e or not e.split("=", 1)[0].strip()]
+    if bad:
+        parser.error(f"--explain takes KERNEL=TEXT, got {bad[0]!r}")
+    if args.out is None:
+        args.out = RESULTS / "dry_run" if args.dry_run else RESULTS
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out}: is a file, not a folder")
+    if args.budget_s is not None and not args.budget_s >= 0:
+        parser.error(f"--budget-s must be a number of seconds >= 0, got {args.budget_s}")
+    return parts
+
+
+def _resumed(parser, json_path: Path) -> dict:
+    """The record a restart continues (--resume), or parser.error naming the file when it is damaged."""
+    try:
+        record = json.loads(json_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        parser.error(f"--resume: {json_path} is not a gpu_check record ({type(e).__name__}: {e})")
+    if not isinstance(record, dict) or not isinstance(record.get("parts"), list):
+        parser.error(f"--resume: {json_path} is not a gpu_check record (no list of parts)")
+    return record
+
+
+def _keep_earlier_record(out: Path) -> None:
+    """Rename a record an earlier run left in ``out`` to gpu_check.<its start>.json / .md, so that a new run (a dry
+    run, a typo in --ops, a run that fails) never replaces a GPU run's results."""
+    old = out / "gpu_check.json"
+    if not old.exists():
+        return
+    try:
+        started = str(json.loads(old.read_text()).get("started") or "")
+    except (OSError, ValueError, AttributeError):
+        started = ""
+    stamp = "".join(c if c.isalnum() else "-" for c in started) or str(int(old.stat().st_mtime))
+    name, n = f"gpu_check.{stamp}", 1
+    while any((out / f"{name}{suffix}").exists() for suffix in (".json", ".md")):
+        name, n = f"gpu_check.{stamp}-{n}", n + 1
+    for suffix in (".json", ".md"):
+        if (out / f"gpu_check{suffix}").exists():
+            os.replace(out / f"gpu_check{suffix}", out / f"{name}{suffix}")
+    print(f"kept the earlier record in {out} as {name}.json and .md", flush=True)
 
 
 def _without(argv: list) -> list:

@@ -40,7 +40,8 @@ def part_profile(run, emit):
     for dtype in ("fp32",) if run.dry else ("fp32", "bf16"):   # a dry run: the interpreter's bf16 dots are wrong
         make = inputs_at(run, ENTRY, dtype)
         impls = {"seqmix wkv7 chunked": seqmix_call(run, ENTRY, "triton"),
-                 "fla chunk_rwkv7": fla and (lambda x, f=fla["chunk_rwkv7"]: f(**x)) or why_not_fla}
+                 **{f"fla {form}": fla and (lambda x, f=fla[form]: f(**x)) or why_not_fla
+                    for form in ("chunk_rwkv7", "chunk_rwkv7 layer form")}}
         for impl, call in impls.items():
             for mode in ("forward", "forward+backward"):
                 case = {"op": "wkv7", "shape": _shape_text(run, ENTRY), "dtype": dtype, "impl": impl, "mode": mode}

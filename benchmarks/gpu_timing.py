@@ -13,10 +13,16 @@ import torch
 
 from seqmix.kernels.registry import benchmarked
 
-__all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "SHAPES", "VARIANTS", "backward", "describe", "inputs_at",
-           "op_function", "part_cost_model", "part_peers", "part_timing", "peer_first_calls", "queued_time",
+__all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "FLA_FORMS", "FLA_LOWER_BOUND", "SHAPES", "VARIANTS", "backward",
+           "describe", "fp32_products", "inputs_at", "op_function", "part_cost_model", "part_peers", "part_timing", "peer_first_calls", "queued_time",
            "seqmix_call", "time_step", "warm_peer"]
 
+
+
+FLA_LOWER_BOUND = -0.6065306597126334    # -e^-0.5: fla's layer's lower_bound for RWKV-7's log decays
+# fla's RWKV-7 forms timed beside seqmix's: the default chunk_rwkv7 (chunks of 16), the form fla's own layer calls
+# (the fastest; "within Nx of fla" means of whichever chunk form is faster) and the recurrent form (inference only)
+FLA_FORMS = ("chunk_rwkv7", "chunk_rwkv7 layer form", "fused_recurrent_rwkv7")
 
 
 def _entries():
@@ -90,9 +96,28 @@ def part_peers(run, emit):
     _timed(run, emit, [case for case in _timing_cases(run) if not case[4].startswith("seqmix")])
 
 
+def fp32_products(impl: str, op: str) -> str:
+    """The arithmetic of an implementation's fp32 matrix products, which the fp32 rows carry, since the rows of one
+    dtype compare unequal accuracy: fla's Triton kernels leave tl.dot at Triton's default input precision, TF32
+    (fla-core 0.6.0; its safe-gate form says so too); SDPA's fp32 default backend (memory-efficient) multiplies with
+    CUTLASS's OpMultiplyAddFastF32, three TF32 products per product; seqmix's WKV-7 and recurrences take IEEE fp32
+    products, its flash kernels the precision set_fp32_dot_precision chose."""
+    if impl.startswith("fla"):
+        return "tf32"
+    if impl.startswith("torch SDPA") and "default" in impl:
+        return "3xtf32"
+    if impl.startswith("seqmix triton") and op.startswith(("attention", "rerope")):
+        from seqmix.kernels.attention import set_fp32_dot_precision
+        current = set_fp32_dot_precision("ieee")      # the setting in force, read by setting it back at once
+        set_fp32_dot_precision(current)
+        return current
+    return "ieee"
+
+
 def _timed(run, emit, cases):
     for op, dtype, make, call, impl, mode in cases:
-        row = {"op": op, "shape": _shape_text(run, op), "dtype": dtype, "impl": impl, "mode": mode}
+        row = {"op": op, "shape": _shape_text(run, op), "dtype": dtype, "impl": impl, "mode": mode,
+               **({"fp32_products": fp32_products(impl, op)} if dtype == "fp32" else {})}
         if run.out_of_time():
             emit({**row, "stopped": "time budget spent"})
             continue
@@ -228,7 +253,7 @@ def _timing_cases(run):
             if op == "wkv7":                    # the sequential entry; "wkv7 chunked" has the same peers
                 # the adapters take seqmix's arguments positionally or by name; the timer passes them by name
                 impls += [(f"fla {name}", fla and (lambda x, f=fla[name]: f(**x)))
-                          for name in ("chunk_rwkv7", "fused_recurrent_rwkv7")]
+                          for name in FLA_FORMS]
             for impl, call in impls:
                 if impl == "seqmix torch" and call is None:
                     continue                    # the torch backend has no chunked form: it is the "wkv7" row
@@ -282,7 +307,12 @@ def _fla():
     except Exception as e:   # not carried, or it does not import on this torch / triton
         return None, f"skipped: fla does not import: {describe(e)}"
     from seqmix.conformance.adapters import fla
-    return {"chunk_rwkv7": fla(chunk_rwkv7), "fused_recurrent_rwkv7": fla(fused_recurrent_rwkv7)}, ""
+    # fla's fastest form, as its own layer (fla/layers/rwkv7.py) calls it: the safe gate (log decays above
+    # FLA_LOWER_BOUND, which the benchmark's inputs keep: benchmarks/run.py draws log_w in (-e^-0.5, 0)) with chunks
+    # of 64, tensor-core solves and T / 64 serial steps; the default form takes chunks of 16 (T / 16 serial steps)
+    layer_form = functools.partial(chunk_rwkv7, safe_gate=True, lower_bound=FLA_LOWER_BOUND, chunk_size=64)
+    return {"chunk_rwkv7": fla(chunk_rwkv7), "chunk_rwkv7 layer form": fla(layer_form),
+            "fused_recurrent_rwkv7": fla(fused_recurrent_rwkv7)}, ""
 
 
 def _flash(fn):

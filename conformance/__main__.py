@@ -24,9 +24,12 @@ import seqmix
 
 seqmix.use_interpreter_without_gpu()   # a Triton kernel on CPU tensors needs it before anything imports triton
 
+import torch  # noqa: E402
+
 from seqmix.conformance.adapters import ADAPTERS  # noqa: E402
 from seqmix.conformance.battery import DTYPES, PARTS, Options, run  # noqa: E402
 from seqmix.kernels.declarations import OPS  # noqa: E402
+from seqmix.models.io import write_text_atomically  # noqa: E402
 from seqmix.conformance.report import HEADER, as_json, format_row, progress, summary  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOTHING_RAN = 0, 1, 2, 3
@@ -91,6 +94,13 @@ def main(argv=None) -> int:
     # Checked before the run: a report that cannot be written would otherwise fail after all the work.
     if args.json and not Path(args.json).parent.is_dir():
         return usage_error(f"--json: no such folder: {Path(args.json).parent}")
+    if args.json and Path(args.json).is_dir():
+        return usage_error(f"--json {args.json}: is a folder, not a file name")
+    if args.device is not None:
+        try:                              # a device this torch cannot use would fail every check as the kernel's
+            torch.empty(1, device=args.device)
+        except (RuntimeError, AssertionError) as e:
+            return usage_error(f"--device {args.device}: not a device this torch can use ({str(e).splitlines()[0]})")
     try:
         fn = load_function(args.function)
     except (ValueError, ImportError, OSError, SyntaxError) as e:
@@ -126,7 +136,7 @@ def main(argv=None) -> int:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
     print(summary(report), flush=True)
     if args.json:
-        Path(args.json).write_text(as_json(report, args.function, args.adapter) + "\n")
+        write_text_atomically(args.json, as_json(report, args.function, args.adapter) + "\n")
     if not report.checks:
         return EXIT_NOTHING_RAN
     return EXIT_FAILED if report.failed_checks else EXIT_OK

@@ -246,9 +246,15 @@ def _failed(check: Check, what: str, grade: _Grade, message: str, shape: str = "
 
 
 def _compare(check: Check, what: str, actual, expected, grade: _Grade, note: str = "", dtype=None) -> Row:
-    """One quantity against its truth; ``dtype``: the torch dtype the actual must have (None: not checked)."""
-    a, b = f64(actual), f64(expected)
+    """One quantity against its truth; ``dtype``: the torch dtype the actual must have (None: not checked). What
+    the function returned that is not an array of numbers (a str, a generator) is a failed row, not an error."""
+    b = f64(expected)
     row = _failed(check, what, grade, note, str(tuple(b.shape)))
+    try:
+        a = f64(actual)
+    except Exception as e:                   # numpy's ValueError / TypeError, or what a strange object raises
+        row.message = f"not an array of numbers: the function returned a {type(actual).__name__} ({_describe(e)})"
+        return row
     if a.shape != b.shape:
         row.message = f"shape {tuple(a.shape)}, expected {tuple(b.shape)}"
     elif b.size == 0:
@@ -258,7 +264,12 @@ def _compare(check: Check, what: str, actual, expected, grade: _Grade, note: str
     elif not np.isfinite(a).all():
         row.message = f"{int(a.size - np.isfinite(a).sum())} non-finite values"
     else:
-        row.error, row.max_abs = rel_rms(a, b), max_abs(a, b)
+        with np.errstate(over="ignore"):                  # finite values whose difference overflows: said below
+            row.error, row.max_abs = rel_rms(a, b), max_abs(a, b)
+        if not np.isfinite([row.error, row.max_abs]).all():
+            row.error = row.max_abs = None
+            row.message = "the difference from the truth overflows float64 (the error would be inf)"
+            return row
         row.passed = row.error <= grade.limit
         row.conditioned = grade.design < row.error <= grade.conditioned
         if row.conditioned:
@@ -326,11 +337,7 @@ def run_check(op_name: str, fn, check: Check, options: Options) -> list:
         elif wrong_state:
             rows.append(_failed(check, "state", grade, wrong_state))
         else:
-            actual = [f64(t) for t in _leaves(s)]
-            pairs = op.compare_state(actual, _leaves(s_ref)) if op.compare_state else zip(op.state_names, actual,
-                                                                                        _leaves(s_ref))
-            rows += [_compare(check, f"state {n}" if len(_leaves(s_ref)) > 1 else "state", a, e, grade, note)
-                     for n, a, e in pairs]
+            rows += _state_rows(op, check, s, s_ref, grade, note)
     if options.grad and wrong_state:                 # the loss weighs the state's tensors: they cannot be found
         rows.append(_failed(check, "gradients", grade, wrong_state))
     elif options.grad:
@@ -338,6 +345,18 @@ def run_check(op_name: str, fn, check: Check, options: Options) -> list:
         rows += _gradient_rows(op, fn, check, (tensors, state), (exact, exact_state), x.options,
                                (y_ref.shape, [t.shape for t in state_terms]), seed, options.device, grade)
     return rows
+
+
+def _state_rows(op: Op, check: Check, state, expected, grade: _Grade, note: str) -> list:
+    """The final state's tensors against the reference's (a state of strings, say, is one failed row)."""
+    try:
+        actual = [f64(t) for t in _leaves(state)]
+    except Exception as e:
+        return [_failed(check, "state", grade, f"not an array of numbers in the final state ({_describe(e)})")]
+    pairs = op.compare_state(actual, _leaves(expected)) if op.compare_state else zip(op.state_names, actual,
+                                                                                   _leaves(expected))
+    return [_compare(check, f"state {n}" if len(_leaves(expected)) > 1 else "state", a, e, grade, note)
+            for n, a, e in pairs]
 
 
 def _gradient_rows(op, fn, check, inputs, exact_inputs, options, shapes, seed, device, grade):

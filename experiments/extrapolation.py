@@ -25,6 +25,7 @@ evaluations are measured on these rounded weights).
 """
 from __future__ import annotations
 
+import sys
 import json
 from dataclasses import dataclass, replace
 from functools import partial
@@ -32,11 +33,12 @@ from functools import partial
 import numpy as np
 
 from seqmix.experiments import data, plots
-from seqmix.experiments.records import Results, command_line, control_verdict, environment, fmt, markdown_table
+from seqmix.experiments.records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
+                                        setup_label)
 from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                                          successive_halving)
 from seqmix.experiments.transformer import PositionScheme, Transformer, TransformerConfig
-from seqmix.models.io import load_state_dict
+from seqmix.models.io import load_state_dict, write_text_atomically
 
 __all__ = ["Setup", "FULL", "QUICK", "schemes", "POST", "CONTROL_KEEPS", "control_holds", "run", "report", "main",
            "load_model", "held_out_samples"]
@@ -193,8 +195,8 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
     with torch_settings(threads):
         corpus = data.stdlib_corpus()
         out.mkdir(parents=True, exist_ok=True)
-        (out / "stdlib_corpus.json").write_text(json.dumps(corpus.manifest(), indent=1) + "\n")
-        results = Results(out, NAME)
+        write_text_atomically(out / "stdlib_corpus.json", json.dumps(corpus.manifest(), indent=1) + "\n")
+        results = Results(out, NAME, setup_label(setup, FULL, QUICK))
         _train(results, setup, corpus, out, seed, threads, progress)
         models = {m: load_model(setup, m, out) for m in MODELS}
         for model, variant, scheme in _variants(setup):
@@ -250,7 +252,7 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
                             "post 4096 non-repeated (same w/L)"], post_rows)
     text += "\n## Every length\n\n" + markdown_table(
         ["scheme", *(f"{kind} {f}x" for kind in KINDS for f in setup.factors)], all_rows)
-    (out / f"{NAME}.md").write_text(text)
+    write_text_atomically(out / f"{NAME}.md", text)
     for variants, suffix, title in (({"plain", "log n†"}, "", "trained without log n (dashed: log n† at test)"),
                                     ({"log n"}, "_log_n", "trained with log n")):
         curves = {kind: {} for kind in KINDS}
@@ -263,9 +265,9 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
     return text
 
 
-def main(argv=None) -> None:
-    command_line(__doc__, run, FULL, QUICK, argv)
+def main(argv=None) -> int:
+    return command_line(__doc__, run, FULL, QUICK, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

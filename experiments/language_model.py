@@ -47,6 +47,8 @@ number of the report measured on exactly these stored values:
     mamba/           a transformers MambaForCausalLM directory
     rwkv7/           a flash-linear-attention RWKV7ForCausalLM directory
     rwkv7.pth        the same RWKV-7 as a BlinkDL checkpoint; tokenizer.json beside it
+Another --seed k writes its own language_model-seed<k>.md, .png and weights/language_model-seed<k>/ (rows of every
+seed share language_model.json, keyed by seed), so it never replaces seed 0's committed files.
 tokenizer.json (the `tokenizers` library): a byte-level BPE without merges whose ids are the 256 byte values; no
 special tokens (the configs' bos/eos/pad id 0 is the NUL byte, which no .py file of the corpus contains).
 Try one (the full run's results are not committed yet: after a run; --quick writes under results/quick/):
@@ -57,6 +59,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -66,10 +69,11 @@ import numpy as np
 import torch
 
 from seqmix.experiments import data, plots, zoo
-from seqmix.experiments.records import Results, command_line, environment, markdown_table
+from seqmix.experiments.records import Results, command_line, environment, markdown_table, setup_label
 from seqmix.experiments.training import Budget, Run, decay_groups, evaluate, extend_to_interior, torch_settings
 from seqmix.models.base import kept_name
 from seqmix.models.cli import load_model
+from seqmix.models.io import atomic_write, save_state_dict, write_text_atomically
 from seqmix.models.mamba import MambaForCausalLM
 from seqmix.models.rwkv4 import RwkvForCausalLM
 from seqmix.models.rwkv7 import Rwkv7
@@ -210,19 +214,31 @@ def round_as_stored(model, arch: str) -> None:
             p.copy_(p.to(STORED_DTYPE).float())
 
 
+def per_seed(name: str, seed: int) -> str:
+    """The name of a seed's files: seed 0's (the committed run's) as they always were, another seed's with
+    "-seed<k>", so that a run with another seed into the same folder never replaces seed 0's weights or report."""
+    return name if seed == 0 else f"{name}-seed{seed}"
+
+
 def ship(model, arch: str, folder: Path) -> list:
-    """Write ``model`` (fp32, already rounded) in its ecosystem's formats into ``folder``; the paths written."""
+    """Write ``model`` (fp32, already rounded) in its ecosystem's formats into ``folder``; the paths written. Every
+    file through models.io.atomic_write."""
     folder.mkdir(parents=True, exist_ok=True)
     stored = as_stored(model, arch)
     tokenizer = byte_tokenizer()
     stored.save_pretrained(folder / arch)
-    tokenizer.save(str(folder / arch / "tokenizer.json"))
+    _save_tokenizer(tokenizer, folder / arch / "tokenizer.json")
     written = [folder / arch]
-    if arch == "rwkv7":                                  # BlinkDL's .pth: the model's own names, as torch.save
-        torch.save({k: v.contiguous() for k, v in stored.state_dict().items()}, folder / "rwkv7.pth")
-        tokenizer.save(str(folder / "tokenizer.json"))
+    if arch == "rwkv7":                                  # BlinkDL's .pth: the model's own names, torch's format
+        save_state_dict(stored.state_dict(), folder / "rwkv7.pth")
+        _save_tokenizer(tokenizer, folder / "tokenizer.json")
         written += [folder / "rwkv7.pth", folder / "tokenizer.json"]
     return written
+
+
+def _save_tokenizer(tokenizer, path: Path) -> None:
+    with atomic_write(path) as tmp:
+        tokenizer.save(tmp)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -331,8 +347,8 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
     with torch_settings(threads):
         corpus = data.stdlib_corpus()
         out.mkdir(parents=True, exist_ok=True)
-        (out / "stdlib_corpus.json").write_text(json.dumps(corpus.manifest(), indent=1) + "\n")
-        results = Results(out, NAME)
+        write_text_atomically(out / "stdlib_corpus.json", json.dumps(corpus.manifest(), indent=1) + "\n")
+        results = Results(out, NAME, setup_label(setup, FULL, QUICK))
         env = environment(threads)
         held_out = {s: consecutive_windows(corpus.split(s), setup.seq_len, setup.eval_bytes)
                     for s in ("validation", "test")}
@@ -359,6 +375,7 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
             if results.find(phase="final", arch=arch, seed=seed) is not None:
                 continue
             make_run = partial(_make_run, setup, spec, corpus, valid, out, seed)
+            weights = out / "weights" / per_seed(NAME, seed)
             lr = _pilot(results, setup, spec, make_run, seed, env, progress)
             final = make_run("final", lr).train_to(setup.budget.steps, progress)
             round_as_stored(final.model, arch)
@@ -369,8 +386,8 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
                    "train_tokens": final.tokens,
                    "train_tokens_per_cpu_second": round(final.tokens / max(final.cpu_seconds, 1e-9))}
             if arch in SHIPPED:
-                row["shipped"] = [str(p.relative_to(out)) for p in ship(model, arch, out / "weights" / NAME)]
-            shipped = out / "weights" / NAME / arch if arch in SHIPPED else model
+                row["shipped"] = [str(p.relative_to(out)) for p in ship(model, arch, weights)]
+            shipped = weights / arch if arch in SHIPPED else model
             row["generation"] = generation_speed(shipped, arch, "def ", setup.generate_tokens)
             results.add({**row, "env": env})
         report(results, setup, out, seed)
@@ -406,7 +423,8 @@ def _literature_paragraph(finals: dict) -> str:
 
 
 def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
-    """language_model.md (the table and the literature slot) and language_model.png (validation curves)."""
+    """language_model.md (the table and the literature slot) and language_model.png (validation curves), of
+    ``seed``'s runs (another seed's: language_model-seed<k>.md and .png, per_seed)."""
     out = Path(out)
     bigram = results.find(phase="bigram")
     sizes = {r["arch"]: r for r in results.select(phase="size")}
@@ -454,16 +472,16 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
     if samples:
         text += "\nGreedy continuations of \"def \":\n\n" + "\n".join(samples) + "\n"
     text += "\n## Against the papers\n\n" + _literature_paragraph(finals) + "\n"
-    (out / f"{NAME}.md").write_text(text)
+    write_text_atomically(out / f"{per_seed(NAME, seed)}.md", text)
     curves = {a: [(step * tps, bpb(loss)) for step, _, _, loss in finals[a]["history"] if loss is not None]
               for a in ARCHS if a in finals}
-    plots.language_model(curves, bigram["validation_bpb"] if bigram else None, out / f"{NAME}.png")
+    plots.language_model(curves, bigram["validation_bpb"] if bigram else None, out / f"{per_seed(NAME, seed)}.png")
     return text
 
 
-def main(argv=None) -> None:
-    command_line(__doc__, run, FULL, QUICK, argv)
+def main(argv=None) -> int:
+    return command_line(__doc__, run, FULL, QUICK, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

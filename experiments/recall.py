@@ -28,6 +28,7 @@ where it stopped.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -35,10 +36,11 @@ import numpy as np
 
 from seqmix.experiments import data, mechanism, plots, zoo
 from seqmix.experiments.data import TEST, VALID
-from seqmix.experiments.records import Results, command_line, control_verdict, environment, fmt, markdown_table
+from seqmix.experiments.records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
+                                        setup_label)
 from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                                          sweep_then_seeds)
-from seqmix.models.io import load_state_dict
+from seqmix.models.io import load_state_dict, write_text_atomically
 
 __all__ = ["Cell", "Setup", "FULL", "QUICK", "PROBES", "run", "long_runs", "probe", "report", "weights_path",
            "load_model", "mechanism_figure", "control_holds", "test_accuracies", "main"]
@@ -195,7 +197,7 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
     """Every cell of ``setup`` not yet in <out>/recall.json, in order: its sweep, its seeds' final runs, and the
     longer runs of its failed runs (long_runs)."""
     with torch_settings(threads):
-        results, env = Results(out, NAME), environment(threads)
+        results, env = Results(out, NAME, setup_label(setup, FULL, QUICK)), environment(threads)
         for cell in setup.cells:
             lrs = _rates(setup, results, cell, seed)
             if lrs is None or _skipped(results, cell, seed):
@@ -264,7 +266,7 @@ def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_le
     changed = {name: value for name, value in asked.items() if value != getattr(base, name)}
     setup = replace(base, seq_len={**base.seq_len, pairs: seq_len}, head_size=head_size, **changed,
                     budget=replace(base.budget, steps=steps or base.budget.steps))
-    results = Results(out, PROBES)
+    results = Results(out, PROBES, setup_label(base, FULL, QUICK))   # the key holds the changes
     key = dict(phase="probe", arch=arch, width=width, pairs=pairs, seq_len=seq_len, head_size=head_size, seed=seed,
                **changed)
     if steps is not None:                 # the grid's budget otherwise
@@ -452,7 +454,7 @@ def report(results: Results, setup: Setup, out) -> str:
                    *DIFFERENCES)
     lines += ["\n## What differs from Zoology's figure 2\n\n", *(f"- {d}\n" for d in differences)]
     text = "".join(lines)
-    (out / f"{NAME}.md").write_text(text)
+    write_text_atomically(out / f"{NAME}.md", text)
     plots.recall(results, setup.archs, {p: sorted({cl.width for cl in setup.cells if cl.pairs == p})
                                         for p in setup.axis("pairs")}, out / f"{NAME}.png")
     mechanism_figure(setup, out)
@@ -483,9 +485,9 @@ def mechanism_figure(setup: Setup, out, sequences: int = 200) -> None:
                            out / f"{NAME}_mechanism.png")
 
 
-def main(argv=None) -> None:
-    command_line(__doc__, run, FULL, QUICK, argv)
+def main(argv=None) -> int:
+    return command_line(__doc__, run, FULL, QUICK, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

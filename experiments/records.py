@@ -10,6 +10,7 @@ environment each row was measured in, markdown tables, and the command line ever
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -21,22 +22,47 @@ import numpy as np
 import torch
 
 import seqmix
+from seqmix.models.io import write_text_atomically
 
 __all__ = ["RESULTS", "Results", "environment", "markdown_table", "parse_args", "output_dir", "command_line", "fmt",
-           "control_verdict"]
+           "control_verdict", "row_setup", "setup_label", "Row"]
 
 RESULTS = Path(__file__).resolve().parent / "results"      # committed; RESULTS / "quick" is git-ignored
 
 
 class Results:
     """The rows of one experiment, kept in ``<out>/<name>.json``. Each finished run adds a row and the file is
-    rewritten at once (through a temporary file and a rename, so an interrupted run never leaves half a file);
-    a rerun finds the rows it has with ``find`` and skips that work."""
+    rewritten at once (models.io.atomic_write: an interrupted run never leaves half a file); a rerun finds the rows
+    it has with ``find`` and skips that work.
 
-    def __init__(self, out, name: str):
+    Every row carries the setup it was measured under (``"setup"``: "full", "quick", or "custom-<digest>" for an edited Setup: setup_label), so
+    that a run never takes another setup's rows for its own: given ``setup``, the file is refused when it holds a
+    row of another (a quick run pointed at the full run's folder used to train nothing and describe the full run's
+    numbers as its own). Rows written before setups were recorded carry none: they are the committed full runs
+    (quick runs go to a git-ignored folder), so they count as "full". Without ``setup`` (reading, plotting) every
+    row is taken."""
+
+    def __init__(self, out, name: str, setup: str | None = None):
         self.path = Path(out) / f"{name}.json"
-        self.name = name
-        self.rows = json.loads(self.path.read_text())["rows"] if self.path.exists() else []
+        self.name, self.setup = name, setup
+        self.rows = self._read() if self.path.exists() else []
+        foreign = sorted({row_setup(row) for row in self.rows} - {setup}) if setup is not None else []
+        if foreign:
+            raise ValueError(f"{self.path}: holds rows of the {' and '.join(foreign)} setup, and this is a {setup} "
+                             f"run: give it another --out, or move the file away to start afresh")
+
+    def _read(self) -> list:
+        try:
+            rows = json.loads(self.path.read_text(encoding="utf-8"))["rows"]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError) as e:
+            raise ValueError(f"{self.path}: not a results file ({type(e).__name__}: {e}); expected "
+                             f'{{"experiment": ..., "rows": [...]}}: move it away to start afresh') from None
+        bad = rows if not isinstance(rows, list) else next((row for row in rows if not isinstance(row, dict)), None)
+        if bad is not None:
+            raise ValueError(f"{self.path}: \"rows\" must be a list of objects, got {type(rows).__name__} holding "
+                             f"{bad!r:.60}" if bad is not rows else f"{self.path}: \"rows\" must be a list of "
+                             f"objects, got {type(rows).__name__}")
+        return [Row(row, self.path) for row in rows]
 
     def find(self, **key):
         """The first row whose fields equal every item of ``key``, or None."""
@@ -46,12 +72,29 @@ class Results:
         return [row for row in self.rows if all(row.get(k) == v for k, v in key.items())]
 
     def add(self, row: dict) -> dict:
+        row = Row({**row, "setup": self.setup} if self.setup is not None else row, self.path)
         self.rows.append(row)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"experiment": self.name, "rows": self.rows}, indent=1) + "\n")
-        os.replace(tmp, self.path)
+        write_text_atomically(self.path, json.dumps({"experiment": self.name, "rows": self.rows}, indent=1) + "\n")
         return row
+
+
+def row_setup(row: dict) -> str:
+    """The setup a row was measured under ("full" for rows written before rows carried it)."""
+    return row.get("setup", "full")
+
+
+class Row(dict):
+    """A row of a results file: a dict whose missing field is a KeyError naming the file and the row (a bare
+    KeyError: 'test_bpb' from a report said neither)."""
+
+    def __init__(self, fields=(), path=None):
+        super().__init__(fields)
+        self.path = path
+
+    def __missing__(self, key):
+        begins = ", ".join(f"{k}={v!r}" for k, v in list(self.items())[:4])
+        raise KeyError(f"{self.path or 'a results file'}: the row ({begins}, ...) has no {key!r} field")
 
 
 def _cpu() -> str:
@@ -91,6 +134,8 @@ def fmt(x, digits: int = 1) -> str:
 def control_verdict(holds, failure: str = "FAILS") -> str:
     """What a results file says of its positive control: holds, fails (then the other rows are not to be read), or
     not finished (``holds`` None)."""
+    if holds is not None and not isinstance(holds, bool):
+        raise TypeError(f"holds must be True, False or None (not finished), got {holds!r}")
     return {None: "has not finished yet: the other rows are not to be read", True: "holds",
             False: f"{failure}: the other rows are not to be read"}[holds]
 
@@ -110,9 +155,12 @@ def parse_args(doc: str, argv=None) -> argparse.Namespace:
                         help="the results folder (default experiments/results, or its quick/ with --quick)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (results repeat for one count)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    parser.add_argument("--debug", action="store_true", help="on an error, show the full traceback, not one line")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out}: is a file, not a folder")
     return args
 
 
@@ -120,8 +168,25 @@ def output_dir(args) -> Path:
     return args.out if args.out is not None else RESULTS / "quick" if args.quick else RESULTS
 
 
-def command_line(doc: str, run, full, quick, argv=None) -> None:
+def setup_label(setup, full, quick) -> str:
+    """The label the rows of ``setup`` carry: "full", "quick", or for any other Setup (an edited or reduced one)
+    "custom-" and a digest of its fields, so that two different setups never share rows."""
+    if setup == full or setup == quick:
+        return "full" if setup == full else "quick"
+    return "custom-" + hashlib.sha256(repr(setup).encode()).hexdigest()[:10]
+
+
+def command_line(doc: str, run, full, quick, argv=None) -> int:
     """What ``python -m seqmix.experiments.<name>`` does: parse_args, then run(full or quick setup, output_dir,
-    seed, threads, progress)."""
+    seed, threads, progress). A mistake (a results file of another setup or damaged, an unreadable checkpoint, a
+    folder that cannot be written) is one line on stderr and exit status 1; --debug shows the traceback."""
     args = parse_args(doc, argv)
-    run(quick if args.quick else full, output_dir(args), args.seed, args.threads, args.progress)
+    try:
+        run(quick if args.quick else full, output_dir(args), args.seed, args.threads, args.progress)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        if args.debug:
+            raise
+        message = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+        print(f"python -m {run.__module__}: error: {message} (--debug shows the traceback)", file=sys.stderr)
+        return 1
+    return 0

@@ -21,6 +21,7 @@ go to selective_copy_probes.json and the report lists them.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from functools import partial
 
@@ -29,10 +30,11 @@ import torch
 
 from seqmix.experiments import data, mechanism, plots, zoo
 from seqmix.experiments.data import TEST, VALID
-from seqmix.experiments.records import Results, command_line, control_verdict, environment, fmt, markdown_table
+from seqmix.experiments.records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
+                                        setup_label)
 from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                                          sweep_then_seeds)
-from seqmix.models.io import load_state_dict
+from seqmix.models.io import load_state_dict, write_text_atomically
 
 __all__ = ["Regime", "Setup", "FULL", "QUICK", "PROBES", "run", "probe", "report", "control_holds", "weights_path",
            "held_out", "main"]
@@ -126,7 +128,7 @@ def _finish(setup: Setup, out, regime: Regime, first_seed: int, run: Run, key: d
 def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = True) -> Results:
     """Every (regime, arch) not yet in <out>/selective_copy.json, the control's regime first."""
     with torch_settings(threads):
-        results, env = Results(out, NAME), environment(threads)
+        results, env = Results(out, NAME, setup_label(setup, FULL, QUICK)), environment(threads)
         for regime in setup.regimes:
             for arch in _archs(setup, regime):
                 sweep_then_seeds(results, dict(arch=arch, width=setup.width, regime=regime.name),
@@ -153,7 +155,7 @@ def probe(out, setup: Setup = None, *, arch: str, seed: int, lr: float, regime: 
         raise ValueError(f"lr must be positive, got {lr}")
     if arch not in _archs(setup, chosen):
         raise ValueError(f"arch must be one of {_archs(setup, chosen)} in regime {chosen.name!r}, got {arch!r}")
-    results = Results(out, PROBES)
+    results = Results(out, PROBES, setup_label(setup, FULL, QUICK))
     key = dict(phase="probe", arch=arch, width=setup.width, regime=chosen.name, seed=seed)
     done = results.find(**key, lr=lr)
     if done is not None:
@@ -220,7 +222,7 @@ def report(results: Results, setup: Setup, out) -> str:
                  f"{PROBES}.json): the grid's data, model, budget and training, one seed at the rate named.\n\n"
                  + markdown_table(["model", "regime", "seed", "rate", "steps", "test accuracy",
                                    "the grid's run of that seed"], rows))
-    (out / f"{NAME}.md").write_text(text)
+    write_text_atomically(out / f"{NAME}.md", text)
     plots.selective_copy(histories, out / f"{NAME}.png")
     step_size_figure(setup, out)
     return text
@@ -249,9 +251,9 @@ def step_size_figure(setup: Setup, out, seed: int = 0, sequences: int = 200) -> 
     plots.step_sizes(before.ravel(), after.ravel(), (context > 0).ravel(), out / f"{NAME}_steps.png")
 
 
-def main(argv=None) -> None:
-    command_line(__doc__, run, FULL, QUICK, argv)
+def main(argv=None) -> int:
+    return command_line(__doc__, run, FULL, QUICK, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

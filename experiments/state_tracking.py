@@ -28,6 +28,7 @@ Writes state_tracking.json, state_tracking.md (the table, the published claims b
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -36,10 +37,11 @@ import torch
 
 from seqmix.experiments import data, mechanism, plots, zoo
 from seqmix.experiments.data import TEST, VALID
-from seqmix.experiments.records import Results, command_line, control_verdict, environment, fmt, markdown_table
+from seqmix.experiments.records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
+                                        setup_label)
 from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                                          sweep_then_seeds)
-from seqmix.models.io import load_state_dict
+from seqmix.models.io import load_state_dict, write_text_atomically
 from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
 
 __all__ = ["Task", "Setup", "FULL", "QUICK", "ARCHS", "build", "run", "long_runs", "report", "control_holds",
@@ -149,7 +151,7 @@ def _finish(setup: Setup, out, task: Task, first_seed: int, run: Run, key: dict)
 def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = True) -> Results:
     """Every (task, arch) not yet in <out>/state_tracking.json, the control first."""
     with torch_settings(threads):
-        results, env = Results(out, NAME), environment(threads)
+        results, env = Results(out, NAME, setup_label(setup, FULL, QUICK)), environment(threads)
         for task in setup.tasks:
             for arch in setup.archs:
                 sweep_then_seeds(results, dict(arch=arch, task=task.name, width=setup.width),
@@ -255,7 +257,7 @@ def report(results: Results, setup: Setup, out) -> str:
                   f"accuracy_past_train_at_{n}"])] for r in long]))
     text += ("\nChance is 1/m. Published: diagonal transitions in [0, 1] (Mamba; RWKV-4's decay) fail parity, "
              "extended to [-1, 1] they learn it and extrapolate (Grazzi et al., arXiv:2411.12537).\n")
-    (out / f"{NAME}.md").write_text(text)
+    write_text_atomically(out / f"{NAME}.md", text)
     plots.state_tracking(results, setup, out / f"{NAME}.png")
     transition_figure(setup, out)
     return text
@@ -274,9 +276,9 @@ def transition_figure(setup: Setup, out, sequences: int = 8, length: int = 256) 
                                  out / f"{NAME}_transitions.png")
 
 
-def main(argv=None) -> None:
-    command_line(__doc__, run, FULL, QUICK, argv)
+def main(argv=None) -> int:
+    return command_line(__doc__, run, FULL, QUICK, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

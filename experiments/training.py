@@ -18,7 +18,6 @@ training it to the end at once: successive halving continues the survivors inste
 from __future__ import annotations
 
 import math
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ import torch.nn.functional as F
 from tqdm import tqdm          # text bars (tqdm.auto warns in a notebook without ipywidgets)
 
 from seqmix.experiments.data import IGNORE
-from seqmix.models.io import save_state_dict
+from seqmix.models.io import atomic_write, save_state_dict
 
 __all__ = ["Budget", "Run", "decay_groups", "evaluate", "successive_halving", "extend_to_interior",
            "sweep_then_seeds", "setup_torch", "torch_settings", "round_to_fp16", "save_fp16"]
@@ -173,11 +172,20 @@ class Run:
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "rng": self.rng.bit_generator.state, "lr": self.lr, "seed": self.seed,
                  **{k: getattr(self, k) for k in self._RESUMED}}
-        torch.save(state, path.with_suffix(".tmp"))
-        os.replace(path.with_suffix(".tmp"), path)
+        with atomic_write(path) as tmp:
+            torch.save(state, tmp)
 
     def _load(self, path: Path) -> None:
-        state = torch.load(path, weights_only=False)
+        try:
+            state = torch.load(path, weights_only=False)
+        except Exception as e:                   # torch raises EOFError, RuntimeError, UnpicklingError, ...
+            raise ValueError(f"checkpoint {path}: cannot be read ({type(e).__name__}: {e}); remove it to start the "
+                             f"run afresh") from None
+        missing = [k for k in ("model", "optimizer", "rng", "lr", "seed", *self._RESUMED)
+                   if not isinstance(state, dict) or k not in state]
+        if missing:
+            raise ValueError(f"checkpoint {path}: not a training run's checkpoint (no {', '.join(missing)}); remove "
+                             f"it to start the run afresh")
         if (state["lr"], state["seed"]) != (self.lr, self.seed):
             raise ValueError(f"checkpoint {path} is of a run with lr {state['lr']} and seed {state['seed']}, "
                              f"not lr {self.lr} and seed {self.seed}")

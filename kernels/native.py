@@ -286,15 +286,31 @@ def initial_state(state, shape):
     return torch.zeros(shape) if state is None else state.float().clone(memory_format=torch.contiguous_format)
 
 
+def _fp32_on_cpu(function: str, x) -> torch.Tensor:
+    """x as the C loops read it: a contiguous fp32 CPU tensor. Any other dtype is refused (a float64 buffer read as
+    fp32 gave garbage; an fp16 one, written 4 bytes per 2-byte element, corrupted the heap)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"native.{function}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.float32:
+        raise TypeError(f"native.{function}: x must have dtype torch.float32 (the C loops' type), got {x.dtype}; "
+                        f"convert it with x.float()")
+    if x.device.type != "cpu":
+        raise ValueError(f"native.{function}: x must be on the CPU, got {x.device}")
+    return x.contiguous()
+
+
 def exp(x):
-    """The loops' e^x (exp_clamped in native.c) on a contiguous fp32 tensor: x clamped to [-87, 88], within 1 ulp."""
+    """The loops' e^x (exp_clamped in native.c) on an fp32 CPU tensor: x clamped to [-87, 88], within 1 ulp.
+    Raises TypeError naming x for any other dtype."""
+    x = _fp32_on_cpu("exp", x)
     out = torch.empty_like(x)
     check_status(library().exp_array(*ENTRIES["exp_array"].arguments(dict(n=x.numel(), x=x, out=out))), "exp_array")
     return out
 
 
 def softplus(x):
-    """The scan's softplus (native.c) on a contiguous fp32 tensor."""
+    """The scan's softplus (native.c) on an fp32 CPU tensor. Raises TypeError naming x for any other dtype."""
+    x = _fp32_on_cpu("softplus", x)
     out = torch.empty_like(x)
     check_status(library().softplus_array(*ENTRIES["softplus_array"].arguments(dict(n=x.numel(), x=x, out=out))),
                  "softplus_array")
@@ -303,8 +319,11 @@ def softplus(x):
 
 def sum_rows(x):
     """x (R, ...) summed over its first axis, the rows added in order whatever the thread count: the parameter
-    gradients' sums over batch rows, so that a training run gives the same numbers with 1 thread or 8."""
-    x = x.contiguous()
+    gradients' sums over batch rows, so that a training run gives the same numbers with 1 thread or 8. x: fp32 on
+    the CPU, at least 1-D (TypeError / ValueError naming x otherwise)."""
+    x = _fp32_on_cpu("sum_rows", x)
+    if x.dim() < 1:
+        raise ValueError(f"native.sum_rows: x must have a first axis (rows) to sum over, got shape {tuple(x.shape)}")
     out = torch.empty(x.shape[1:])
     cols = out.numel()
     call("sum_rows", cols, x.numel(), rows=x.shape[0], cols=cols, out=out, **{"in": x})

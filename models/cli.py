@@ -95,12 +95,29 @@ def _check_options(parser, args) -> None:
         parser.error(str(e))
     if args.max_new_tokens < 0:
         parser.error(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.seed is not None and not -2 ** 63 <= args.seed < 2 ** 64:       # what torch.Generator takes
+        parser.error(f"--seed must lie in [-2**63, 2**64), got {args.seed}")
     if args.save_state:                # found out only after generating otherwise
         folder = os.path.dirname(os.path.abspath(args.save_state))
         if not os.path.isdir(folder):
             parser.error(f"--save-state {args.save_state}: no such folder {folder}")
         if os.path.isdir(args.save_state):
             parser.error(f"--save-state {args.save_state}: is a folder, not a file name")
+        if _is_model_file(args.save_state, args.path, args.state):
+            parser.error(f"--save-state {args.save_state}: is the model's own file ({args.path}); saving the state "
+                         f"there would replace the weights")
+
+
+def _is_model_file(candidate: str, model_path: str, state: str | None) -> bool:
+    """Whether ``candidate`` is the model checkpoint itself, or a file that already exists in its model directory
+    (weights, config, tokenizer: a state written there replaces one of them). The --state file, which a run may
+    continue in place, is allowed."""
+    candidate, model_path = os.path.realpath(candidate), os.path.realpath(model_path)
+    if state is not None and candidate == os.path.realpath(state):
+        return False
+    if os.path.isdir(model_path):
+        return os.path.dirname(candidate) == model_path and os.path.exists(candidate)
+    return candidate == model_path
 
 
 def _one_line(error: BaseException) -> str:

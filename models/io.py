@@ -6,6 +6,7 @@
     load_pretrained_dir(local_dir)         (config dict, state dict) of a Hugging Face model directory
     save_pretrained_dir(local_dir, config, state_dict)
     save_state(state, path), load_state(path)   a model's recurrent state on disk, to resume from later
+    atomic_write(path), write_text_atomically(path, text)   every writer's way to replace a file (see below)
 
 Loading costs about the file's own size: safetensors files are memory-mapped by the safetensors library
 (https://huggingface.co/docs/safetensors) and torch's zip checkpoints by torch.load(mmap=True, weights_only=True),
@@ -13,6 +14,13 @@ so a tensor is a view of the file's pages until something writes to it. The mode
 meta device and take these tensors as their parameters (models/base.py), so the weights are never held twice.
 A sharded directory (model.safetensors.index.json or pytorch_model.bin.index.json, as transformers writes every
 checkpoint above a few GB) lists its shards in "weight_map"; a shard name that leaves the directory is refused.
+
+Every file the project writes goes through atomic_write: a temporary file in the same folder, then os.replace. A
+reader sees the old file or the new one, never half of one; a run that fails part-way leaves the old file; and a
+save over the very file a model was memory-mapped from works, because the old file's pages live on (unlinked)
+until nothing maps them. torch.save(model.state_dict(), path) onto the checkpoint the model was loaded from does
+not: it truncates the file whose pages it is about to read (SIGBUS, and the checkpoint is lost). Save with
+save_state_dict, which writes a .pth/.pt/.bin in torch's format and anything else as .safetensors, atomically.
 """
 from __future__ import annotations
 
@@ -28,12 +36,54 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 __all__ = ["load_state_dict", "save_state_dict", "check_state_dict", "load_pretrained_dir", "save_pretrained_dir",
-           "read_json", "save_state", "load_state", "WEIGHT_FILES"]
+           "read_json", "save_state", "load_state", "atomic_write", "write_text_atomically", "WEIGHT_FILES"]
 
 # Weight files of a saved Hugging Face model directory, in the order they are looked for; each may instead be
 # sharded, with an index "<name>.index.json" beside its shards.
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _ZIP_MAGIC = b"PK\x03\x04"           # torch.save's format since torch 1.6 is a zip archive
+TORCH_SUFFIXES = (".pth", ".pt", ".bin")
+
+
+@contextlib.contextmanager
+def atomic_write(path):
+    """Replace ``path`` atomically: yields a temporary file name in the same folder (the same file system, so the
+    rename cannot copy); write the new content there. When the block ends without an error the file is moved
+    onto ``path`` with os.replace and takes the old file's permissions (or the umask's, for a new file); on an
+    error it is removed and ``path`` is untouched.
+
+    Raises:
+        NotADirectoryError / FileNotFoundError naming the folder when it is not an existing folder;
+        IsADirectoryError when ``path`` is a folder.
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise (NotADirectoryError if os.path.exists(folder) else FileNotFoundError)(
+            f"{path}: cannot write it, {folder} is not an existing folder")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: is a folder, not a file name")
+    with _temporary_file(folder, os.path.splitext(path)[1]) as tmp:
+        yield tmp
+        os.chmod(tmp, _mode_for(path))
+        os.replace(tmp, path)
+
+
+def _mode_for(path: str) -> int:
+    """The permissions a replaced file keeps: the old file's, or what open() would give a new one (mkstemp's
+    temporary files are 0600, which would hide a shared results file from its readers)."""
+    if os.path.exists(path):
+        return os.stat(path).st_mode & 0o7777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_text_atomically(path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through atomic_write."""
+    with atomic_write(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
 
 
 def read_json(path, what: str = "a JSON object") -> dict:
@@ -93,14 +143,20 @@ def load_state_dict(path) -> dict[str, torch.Tensor]:
 
 
 def save_state_dict(state_dict: dict[str, torch.Tensor], path) -> None:
-    """Write tensors as a ``.safetensors`` file (metadata {"format": "pt"}, as transformers writes).
+    """Write tensors as a torch checkpoint (a path ending in .pth, .pt or .bin: torch.save's zip format, what
+    BlinkDL's RWKV-7 checkpoints are) or else as ``.safetensors`` (metadata {"format": "pt"}, as transformers
+    writes), atomically (atomic_write): saving over the file the tensors are memory-mapped from is safe.
 
     Args:
         state_dict: name -> tensor. Tensors that share memory (tied weights) must be passed under one name only.
         path: the file to write (replaced if it exists).
     """
-    save_file({k: v.detach().cpu().contiguous() for k, v in state_dict.items()}, os.fspath(path),
-              metadata={"format": "pt"})
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+    with atomic_write(path) as tmp:
+        if os.fspath(path).endswith(TORCH_SUFFIXES):
+            torch.save(tensors, tmp)
+        else:
+            save_file(tensors, tmp, metadata={"format": "pt"})
 
 
 def check_state_dict(expected_shapes: dict[str, tuple], state_dict: dict[str, torch.Tensor]) -> None:
@@ -238,12 +294,12 @@ def save_pretrained_dir(local_dir, config: dict, state_dict: dict[str, torch.Ten
     local_dir = os.fspath(local_dir)
     os.makedirs(local_dir, exist_ok=True)
     stale = _superseded_files(local_dir)
-    with _temporary_file(local_dir, ".safetensors") as weights_tmp, _temporary_file(local_dir, ".json") as config_tmp:
+    # Nested: the inner block (the weights) is moved into place first, then the config.
+    with atomic_write(os.path.join(local_dir, "config.json")) as config_tmp, \
+            atomic_write(os.path.join(local_dir, "model.safetensors")) as weights_tmp:
         with open(config_tmp, "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2, sort_keys=True)
-        save_state_dict(state_dict, weights_tmp)
-        os.replace(weights_tmp, os.path.join(local_dir, "model.safetensors"))
-        os.replace(config_tmp, os.path.join(local_dir, "config.json"))
+        save_state_dict(state_dict, weights_tmp)       # a .safetensors name: that format
     for path in stale:
         os.remove(path)
 
@@ -253,9 +309,11 @@ def save_state(state, path) -> None:
 
     Args:
         state: a list of tensors or of tuples of tensors (RWKV-4, RWKV-7, Mamba).
-        path: the file to write (torch's format).
+        path: the file to write (torch's format), replaced atomically (atomic_write): saving over the state file
+            the run started from is safe.
     """
-    torch.save(state, os.fspath(path))
+    with atomic_write(path) as tmp:
+        torch.save(state, tmp)
 
 
 def load_state(path):

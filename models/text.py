@@ -83,6 +83,7 @@ def _check_world_vocab(path: str) -> None:
         lines.pop()
     if not lines:
         raise ValueError(f"{path}: an empty World vocabulary (no token lines)")
+    seen: dict[int, int] = {}
     for n, raw in enumerate(lines, 1):
         try:
             line = raw.decode("utf-8")
@@ -101,6 +102,10 @@ def _check_world_vocab(path: str) -> None:
         if not field.isdigit() or int(field) != length:
             raise ValueError(f"{path}, line {n}: the length field should be the token's byte length, {length}: "
                              f"{line[:60]!r}")
+        token_id = int(line[:line.index(" ")])
+        if token_id in seen:               # the rwkv package keeps the later line: the earlier token would vanish
+            raise ValueError(f"{path}, line {n}: id {token_id} again (first on line {seen[token_id]})")
+        seen[token_id] = n
 
 
 def load_tokenizer(spec):
@@ -128,7 +133,12 @@ def load_tokenizer(spec):
     path = os.fspath(spec)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"tokenizer {path!r}: no such file (pass 'world', a tokenizer.json or a World vocab)")
-    if path.endswith(".json"):
+    with open(path, "rb") as f:
+        start = f.read(3)
+    if start == b"\xef\xbb\xbf":                          # tokenizers says only "expected value at line 1 column 1"
+        raise ValueError(f"{path}: starts with a UTF-8 byte order mark (BOM), which `tokenizers` and the World "
+                         f"format do not read: save it as UTF-8 without a BOM")
+    if path.lower().endswith(".json") or start.lstrip()[:1] == b"{":   # .JSON, or JSON under another name
         try:
             return _HFTokenizer(path)
         except Exception as e:                              # tokenizers raises its own Exception type

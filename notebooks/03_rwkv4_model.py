@@ -353,13 +353,13 @@ for what, actual, expected in zip(names, ours, reference):
 # channel mix's last input, the time mix's last input, and the WKV's $(\tilde N, \tilde D, M)$, in the order
 # transformers uses.
 #
-# The block as a diagram, drawn like notebook 06's Mamba block. The residual stream runs along the top (blue); each
+# The block as a diagram, drawn like notebook 06's Mamba block. The residual stream runs along the top; each
 # sub-block reads a LayerNorm of it and adds its output back at `+`. Under each token shift, in brackets, the state
 # entry that holds the previous token's normalized input; the WKV reads and returns the state $(\tilde N, \tilde D, M)$
-# (`num, den, max`). Pink boxes carry state from token to token.
+# (`num, den, max`). Green boxes carry state from token to token; `*` is the elementwise product.
 #
 # ![The RWKV-4 block: LN1, token shift, three mixes and matrices into r, k, v; WKV and the gate sigma(r), W_o, added
-# to the stream; then LN2, token shift, the channel mix's gate and squared ReLU, added again](images/rwkv4_block.svg)
+# to the stream; then LN2, token shift, the channel mix's gate and squared ReLU, added again](images/rwkv4_block.png)
 #
 # RWKV-4 has no normalization inside the time mix: $\mathrm{wkv}_t$ is already an average of values, and the
 # receptance gate $\sigma(r)$ scales it. Notebook 05 draws RWKV-7's block, which adds a per-head GroupNorm there.

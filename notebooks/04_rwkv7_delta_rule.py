@@ -73,16 +73,17 @@ print("Triton kernels run on:", MODE)
 # `as_wkv7` gives the arguments of RWKV-7's op that compute it, so the one production kernel runs them all (notebook
 # 12 does, on every backend). Its state holds $N^2$ numbers per head at any length.
 #
-# | rung (source) | $G_t$ | what the state holds | can | cannot |
-# |---|---|---|---|---|
-# | softmax attention (the limit) | none: no fixed state | every $k_s, v_s$ so far, $2tN$ numbers, growing | recall any pair exactly | stay $O(1)$ per token |
-# | linear attention | $I$ | the sum of every $v_s k_s^\top$ | recall up to $N$ orthogonal keys | forget; overwrite a key |
-# | retention (RetNet) | $\gamma I$, a constant per head | the sum, older writes faded by age | forget by age | forget by content |
-# | GLA; RWKV-4 (a head per channel, no query); Mamba's scan (a head per channel, values of size 1) | $\mathrm{diag}(g_t)$, per key channel and step | the sum, each key channel faded at its own rate | choose what to fade, per token | flip a sign (eigenvalues in $(0, 1]$) |
-# | SSD (Mamba-2) | $a_t I$, per head and step | the sum, faded as the input decides | select what to keep | flip a sign |
-# | delta rule | $I - \beta_t k_t k_t^\top$ | a key-value map: a write replaces what $k_t$ read | overwrite a key; flip a sign with $\beta > 1$ | forget what is not overwritten |
-# | gated delta rule | $\alpha_t (I - \beta_t k_t k_t^\top)$ | the map, faded | overwrite and forget | (as the delta rule, plus decay) |
-# | RWKV-7 | $\mathrm{diag}(w_t) + a_t b_t^\top$ | the map, faded per key channel | all of the above; eigenvalues down to $-0.455$ (published), $-1$ (wide rate, section 8) | exceed $N^2$ numbers |
+# | rung (source) | $G_t$ | what the state holds | numbers per head | can | cannot |
+# |---|---|---|---|---|---|
+# | softmax attention (the limit) | none: no fixed state | every $k_s, v_s$ so far | $2tN$, growing | recall any pair exactly | stay $O(1)$ per token |
+# | linear attention | $I$ | the sum of every $v_s k_s^\top$ | $N^2$ | recall up to $N$ orthogonal keys | forget; overwrite a key |
+# | retention (RetNet) | $\gamma I$, a constant per head | the sum, older writes faded by age | $N^2$ | forget by age | forget by content |
+# | GLA | $\mathrm{diag}(g_t)$, per key channel and step | the sum, each key channel faded at its own rate | $N^2$ | choose what to fade, per token | flip a sign (eigenvalues in $(0, 1]$) |
+# | RWKV-4 (a head per channel, no query); Mamba's scan (a head per channel, values of size 1) | diagonal: $e^{w}$, fixed (RWKV-4); $\mathrm{diag}(e^{\Delta_t A})$, by input (Mamba) | per channel: a decayed sum (RWKV-4: and its normalizer) | 2 (RWKV-4), $N$ (Mamba) per channel | fade (Mamba: select by input) | flip a sign; recall at small width |
+# | SSD (Mamba-2) | $a_t I$, per head and step | the sum, faded as the input decides | $N^2$ | select what to keep | flip a sign |
+# | delta rule | $I - \beta_t k_t k_t^\top$ | a key-value map: a write replaces what $k_t$ read | $N^2$ | overwrite a key; flip a sign with $\beta > 1$ | forget what is not overwritten |
+# | gated delta rule | $\alpha_t (I - \beta_t k_t k_t^\top)$ | the map, faded | $N^2$ | overwrite and forget | (as the delta rule, plus decay) |
+# | RWKV-7 | $\mathrm{diag}(w_t) + a_t b_t^\top$ | the map, faded per key channel | $N^2$ | all of the above; eigenvalues down to $-0.455$ (published), $-1$ (wide rate, section 8) | hold more than $N^2$ numbers |
 #
 # What the trained models did (2-layer models of width $C$, the project's experiments,
 # [docs/experiments.md](../docs/experiments.md)): on associative recall with 4 pairs

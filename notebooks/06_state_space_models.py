@@ -2,16 +2,20 @@
 # # 06 · State space models: zero-order hold, the convolution kernel, Mamba's selective scan and block
 #
 # A state space model is a linear differential equation read as a sequence layer. This notebook follows the Mamba
-# part of the RWKV/Mamba study notes: the continuous system; its zero-order-hold (ZOH) discretization, derived; two
-# optional sections of numerical analysis (the matrix exponential three ways, and ZOH against the Euler and bilinear
-# discretizations), which a first reading can skip; the discrete recurrence written as one convolution with a kernel
-# $\bar K$; Mamba's selective scan, whose $\Delta$, $B$, $C$ change from token to
-# token and whose $\bar B$ is Euler's, not ZOH's; and the Mamba block of the notes' Algorithm 2 (RMSNorm, the two
-# input projections, the causal convolution, the parameters function of Algorithm 1, the scan, the gate, the output
-# projection and the residual), stacked into a model whose state is carried from one piece of a sequence to the
-# next, and selection at work on real inputs; last, the project's own trained Mamba: where its step size opens and
-# closes on real Python, and a line of text it writes. An appendix checks the production path (the torch, Triton
-# and C scans, and the torch Mamba model) against the float64 reference.
+# part of the RWKV/Mamba study notes, in four steps:
+#
+# - **From the equation to a recurrence** (sections 1 to 5): the continuous system, its zero-order-hold (ZOH)
+#   discretization derived, and the discrete recurrence written as one convolution with a kernel $\bar K$. Sections 3
+#   and 4 (the matrix exponential three ways; ZOH against Euler and bilinear) are optional numerical analysis.
+# - **Mamba's selective scan** (section 6): $\Delta$, $B$, $C$ change from token to token, and $\bar B$ is Euler's,
+#   not ZOH's; the scan as a parallel (associative) scan; its place in the family of notebook 04, and Mamba-2's SSD.
+# - **The Mamba block** (section 7): the notes' Algorithm 2 step by step, how $A$ is initialized, a model whose state
+#   is carried from one piece of a text to the next (here and in transformers' cache); selection at work (section 8).
+# - **The project's trained Mamba** (section 9): where its step size opens and closes on real Python, and a line of
+#   text it writes.
+#
+# Exercises close the notebook; an appendix checks the production path (the torch, Triton and C scans, and the torch
+# Mamba model) against the float64 reference.
 #
 # **Sources.** The Mamba/SSM part of the RWKV/Mamba study notes in the source material (the order followed here;
 # errata 11 to 15 of [`reference/ERRATA.md`](../reference/ERRATA.md) are about it); Mamba, arXiv:2312.00752,
@@ -725,9 +729,10 @@ check("Mamba's scan with one Delta and one scalar A per head vs family.ssd",
 #
 # ![The Mamba block: RMSNorm, in_proj into x and z; x through the causal conv1d and SiLU into x', which x_proj turns
 # into dt_low, B, C and dt_proj and softplus into Delta; the scan of x' with A, Delta, B, C, D gives y; y times
-# SiLU(z), out_proj, added to the residual stream](images/mamba_block.svg)
+# SiLU(z), out_proj, added to the residual stream](images/mamba_block.png)
 #
-# Pink boxes carry state from token to token: the convolution's window and the scan's $h$.
+# Green boxes carry state from token to token: the convolution's window and the scan's $h$; `*` is the elementwise
+# product.
 #
 # Inside the block the channels are widened to $D = 2C$ (Mamba's `expand = 2`; the notes' $P$), and the state of
 # every channel has $N$ entries (the notes' $K$; they use $N$ for the sequence length). As in Mamba and the notes,
@@ -1315,6 +1320,25 @@ print(repr(lm_prompt + "".join(lm_stream)))
 # %% tags=["nbval-check-output"]
 print("the continuation is text, one line at most:", isinstance(lm_stream.text, str) and "\n" not in lm_stream.text)
 print("tokens generated, within the limit:", 0 < len(lm_stream.tokens) <= 80)
+
+# %% [markdown]
+# **And $A$?** Section 7.4 said Mamba starts every channel at S4D-Real's $A_n = -(n + 1)$, and the project's model
+# did. After training, $A = -e^{A_{\log}}$ per block against that start: the median factor by which a channel's
+# $|A_n|$ moved, and the range of $|A|$ (the start's is 1 to $N$).
+
+# %%
+# Not compared: these are the trained model's numbers.
+for i, layer in enumerate(lm_mamba.backbone.layers):
+    learned_A = -np.exp(layer.mixer.A_log.detach().double().numpy())           # (D, N)
+    start_A = -np.arange(1, learned_A.shape[1] + 1)                             # S4D-Real, every channel
+    moved = np.exp(np.median(np.abs(np.log(learned_A / start_A))))
+    print(f"block {i}: |A| from {-learned_A.max():.2f} to {-learned_A.min():.1f} (start 1 to {learned_A.shape[1]}); "
+          f"median change {moved:.2f}x")
+
+# %% [markdown]
+# As with RWKV-4's decays in notebook 03, training at this budget left $A$ close to its start (a median change of
+# under 1.1x): the time scales the model has are S4D-Real's, stretched or shrunk token by token by $\Delta$ (the plot
+# above), the step that multiplies them.
 
 # %% [markdown]
 # ## Summary

@@ -264,6 +264,13 @@ def as_wkv7(rung, q, k, v, *params):
         gated_delta_rule   log_alpha (per head)  -k       alpha beta k           beta v     q
 
     (the gated delta rule: S alpha (I - beta k k^T) = S diag(alpha) + (S (-k)) (alpha beta k)^T.)
+    The rest of the family in the same terms, with heads of their own shape:
+        RWKV-7             its own arguments: log_w = -exp(w_raw), a = -kk, b = kk * icl       (reference.wkv7)
+        RWKV-4             a head per channel, N = 1: log_w = w, k -> e^k, r = e^{-w}, the bonus added outside
+                           (rwkv4_via_wkv7)
+        Mamba's scan       a head per inner channel, values of size 1: log_w = delta A, k = delta B, r = C, a = b = 0
+                           (selective_scan_via_wkv7)
+        softmax attention  none: its state, every key and value so far, grows with t
 
     Args:
         rung (str): a key of RUNGS.

@@ -26,11 +26,12 @@ def _tiny(op):
     return battery, battery.tiny
 
 
-def inputs(op, rng, T=5):
+def inputs(op, rng, T=5, **sizes):
     """The op's inputs, float64 NumPy, by name: its tensors, then its initial state's parts by their state names
-    (WKV-4's num, den, max; "state" for the others)."""
+    (WKV-4's num, den, max; "state" for the others). ``sizes`` override the tiny ones (a head size a backend
+    takes: WKV-7's chunked kernels need N >= 16)."""
     battery, tiny = _tiny(op)
-    x = battery.make(rng, T=T, **tiny)
+    x = battery.make(rng, T=T, **{**tiny, **sizes})
     return {**x.tensors, **_state_parts(battery, x.state)}
 
 

@@ -205,3 +205,25 @@ def test_model_benchmarks_quick(tmp_path):
             runtimes = {r["runtime"] for r in results["speed"] if r["model"] == f"{model} {dtype}"}
             assert {"seqmix", "one streaming pass over the weights", "the matmuls alone"} < runtimes
             assert re.search(rf"\| {model} {dtype} \| [\d.]+x \| [\d.]+x \| (yes|no) \|", report)
+
+
+def test_training_ratios_quick(tmp_path):
+    """benchmarks/training.py at tiny shapes: the three ops ran on the C loops and the torch backend in alternating
+    rounds, and training.json / training.md hold their ratios. No ratio is checked against a target: speed is what
+    the benchmark reports, not what a test asserts."""
+    from seqmix.benchmarks import training
+    assert training.main(["--quick", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "training.json").read_text())
+    assert [r["op"] for r in result["rows"]] == ["wkv4_train", "wkv7_train", "ssm_train"]
+    for row in result["rows"]:
+        for clock in ("wall", "cpu"):
+            times = row[f"times_{clock}"]
+            assert set(times) == {"c", "torch"} and all(len(t) == 2 for t in times.values()), row
+            assert all(x > 0 for x in times["c"] + times["torch"]), row
+            ratios = [t / c for t, c in zip(times["torch"], times["c"])]
+            assert row[f"ratio_{clock}"] == pytest.approx(float(np.median(ratios))), row
+        assert row["met"] == (row["ratio_wall"] >= row["target"])
+    report = (tmp_path / "training.md").read_text()
+    for row in result["rows"]:
+        assert re.search(rf"\| {re.escape(row['title'])}, {re.escape(row['shape'])} \| .* \| "
+                         rf"{row['ratio_wall']:.2f}x \| {row['ratio_cpu']:.2f}x \| >= ", report), row["op"]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kernel_cases import needs_triton
-from seqmix.conformance import PARTS, Check, Options, plan, pytest_cases, run, run_check
+from seqmix.conformance import PARTS, Check, Options, Report, plan, pytest_cases, run, run_check
 from seqmix.conformance.__main__ import main as cli_main
 from seqmix.kernels.declarations import OPS, Case
 from seqmix.conformance.report import progress
@@ -295,6 +295,44 @@ def test_cli_usage_errors_exit_2(capsys, args, message):
     assert main(*args) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_check_that_compared_nothing_fails():
+    """Round 4's mutant G4: failed_checks without "checks that compared nothing"."""
+    report = Report("wkv4", Options(), rows=[], checks=["wkv4/shapes/T=1,C=3/fp32"])
+    assert report.failed_checks == ["wkv4/shapes/T=1,C=3/fp32"] and not report.ok
+
+
+def test_json_naming_a_folder_is_a_usage_error_before_the_run(tmp_path, capsys):
+    """Round 4, F10: the check (parent.is_dir()) passed and IsADirectoryError came after the whole run."""
+    assert main("wkv4", "seqmix.kernels.wkv4:wkv4", "--json", tmp_path) == 2
+    captured = capsys.readouterr()
+    assert "is a folder, not a file name" in captured.err and captured.out == ""
+
+
+@pytest.mark.parametrize("returned", ['"y"', "(x for x in [1])", '("y", "s")', 'k, ["a", "b", "c"]'])
+def test_a_function_returning_no_tensors_fails_its_rows(returned):
+    """Round 4, F10: a str or a generator raised inside the comparison, outside the try that turns a kernel's error
+    into a failed row: a traceback, no report."""
+    namespace = {}
+    exec(f"def f(w, u, k, v, state=None):\n    return {returned}", namespace)
+    report = run("wkv4", namespace["f"], Options(dtypes=("fp32",), only=("T=7,",)))
+    assert report.rows and not any(r.passed for r in report.rows if r.what in ("y", "state"))
+    assert any("not an array of numbers" in r.message for r in report.rows)
+
+
+def test_an_error_that_overflows_still_writes_the_json_report(tmp_path, monkeypatch):
+    """Round 4, F10: an fp64 output scaled by 1e300 made the error inf, and json's allow_nan=False raised after the
+    run: the report CI reads was not written."""
+    (tmp_path / "huge.py").write_text("from seqmix.kernels.wkv4 import wkv4\n\ndef f(w, u, k, v, state=None):\n"
+                                      "    y, s = wkv4(w, u, k, v, state, backend='torch')\n    return y * 1e300, s\n")
+    monkeypatch.chdir(tmp_path)
+    assert main("wkv4", "huge:f", "--dtypes", "fp64", "--parts", "shapes", "--only", "T=7,B=2,C=5", "--json",
+                tmp_path / "r.json") == 1
+    doc = json.loads((tmp_path / "r.json").read_text())
+    jsonschema.validate(doc, json.loads((ROOT / "conformance" / "report.schema.json").read_text()))
+    y = next(r for r in doc["rows"] if r["what"] == "y")
+    assert y["passed"] is False and y["error"] is None and "overflows float64" in y["message"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

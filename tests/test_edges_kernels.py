@@ -296,6 +296,46 @@ def test_c14_scan_dtype_message():
         ssm.selective_scan(**{**x16, "A": x["A"].double()})
 
 
+CHUNKED_CASES = [(name, value) for name in inputs("wkv7", np.random.default_rng(0)) for value in NONFINITE]
+
+
+@needs_triton
+@pytest.mark.parametrize("name,value", CHUNKED_CASES, ids=["-".join(c) for c in CHUNKED_CASES])
+def test_d2_chunked_wkv7_nonfinite_input_at_a_head_size_it_takes(name, value):
+    """The non-finite cases above on backend="triton_chunked", which refuses their tiny head size (N = 4) and so was
+    never tried there (review F1): N = 16, T = 20, the non-finite entry at step 10 of the first 16-step sub-chunk,
+    so that a sub-chunk's products would carry it to steps 0-9."""
+    x = inputs("wkv7", np.random.default_rng(1), T=20, N=16)
+    index = tuple(s // 2 for s in x[name].shape)
+    x[name][index] = NONFINITE[value]
+    check_nan_placement("wkv7", x, [(name, index)], "triton_chunked")
+
+
+@needs_triton
+@pytest.mark.parametrize("value", ["NaN", "+inf"])
+def test_f1_chunked_wkv7_nonfinite_log_decay_stays_in_its_steps(rng, value):
+    """F1: a NaN or +inf log_w at step 20 of a 32-step input made the earlier steps of its 16-step chunk NaN on
+    triton_chunked (its range check's max and min drop NaN, and its finiteness sum left log_w out), forward and
+    backward; the step-by-step rule and every other backend keep steps 16-19 (outputs, and the gradient of r, which
+    reads only the states up to its step) as without it."""
+    from seqmix.kernels.inputs import rwkv7_inputs
+    x, S = rwkv7_inputs(rng, 1, 32, 1, 16)
+    S0 = torch.tensor(S, dtype=torch.float32)
+
+    def run(x):
+        x = [torch.tensor(a, dtype=torch.float32, requires_grad=True) for a in x]
+        y = wkv7(*x, state=S0, backend="triton_chunked")[0]
+        y.sum().backward()
+        return y.detach(), x[0].grad
+
+    clean_y, clean_dr = run(x)
+    x[1][0, 20, 0, 3] = NONFINITE[value]
+    y, dr = run(x)
+    assert_close(y[:, :20], clean_y[:, :20], FP32_BUDGET, "the steps before the non-finite decay")
+    assert torch.isnan(y[:, 20:]).all()
+    assert_close(dr[:, :20], clean_dr[:, :20], FP32_BUDGET, "dr before the non-finite decay")
+
+
 @needs_triton
 def test_d2_chunked_triton_wkv7_nan_stays_in_its_steps(rng):
     """I5 on the chunked Triton form: a NaN key at step 9 of a 16-step chunk leaves steps 0-8 as without it."""

@@ -227,9 +227,11 @@ static inline __attribute__((always_inline)) void scan_chunk_forward(
             #pragma omp simd
             for (int64_t j = 0; j < LANES; j++) {
                 /* exactly 0 below the clamp (A = -inf, a decay of 0, or delta A < -87): e^-87 would
-                 * meet A again in gA = ga A, up to FLT_MAX, an O(1) term of d/ddelta */
-                const float e = sl[j] * an[j];
-                al[j] = e < -87.0f ? 0.0f : exp_clamped(e);
+                 * meet A again in gA = ga A, up to FLT_MAX, an O(1) term of d/ddelta. Written as a product by
+                 * 0 or 1, not as `e < -87 ? 0 : exp_clamped(e)`: GCC 12 does not if-convert that select around
+                 * the inlined exponential, and this loop ran scalar (the scan's training 2x slower, issue 42) */
+                const float e = sl[j] * an[j], keep = e < -87.0f ? 0.0f : 1.0f;
+                al[j] = keep * exp_clamped(e);
                 xn[j] = al[j] * xp[j] + sl[j] * ul[j] * bn;
             }
         }

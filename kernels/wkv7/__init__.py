@@ -60,7 +60,8 @@ sequential kernel at N = 64. The state lives in the output buffer rather than in
 of (16, 16) tiles (fp32 products keep whole operand rows in each thread: (16, N) tiles need 168-255 registers and a
 stack). With a gradient wanted, the forward saves the state entering each chunk, and the chunked backward reads
 them. That backward carries dL/dS back chunk by chunk in one serial pass, then takes every chunk's gradients at
-once, in matmul form. With fp16/bf16 inputs the products run on the tensor cores. It takes head sizes from 16 and
+once, in matmul form. With fp16/bf16 inputs the products run on the tensor cores (the couplings of raw inputs
+in the input dtype, the products that carry a state or the inverse in tf32). It takes head sizes from 16 and
 refuses smaller ones (backend="triton", the sequential kernels, runs them). Each chunk picks its form on the device:
 within _factors_in_range's DECAY_RANGE and finite (RWKV-7's decays always are), the factored form; otherwise its 16
 steps one at a time. The wrappers read no values (no host sync: CUDA graphs can capture them).
