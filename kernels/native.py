@@ -6,7 +6,7 @@ time once, vectorized over channels (WKV-4, the scan's groups of eight) or a hea
 one pass: the role the Triton kernels play on a GPU. These loops run the same formulas as the Triton kernels, their
 backwards included: a forward that will be differentiated saves what its backward needs (WKV-4 three numbers per
 token; WKV-7 and the scan their state every CHECKPOINT steps), and the backward walks time in reverse.
-kernels/_native_autograd.py makes them autograd ops; backend=None takes them on CPU tensors, for inference and
+Each op's c.py (kernels/<op>/c.py) makes them autograd ops; backend=None takes them on CPU tensors, for inference and
 training alike.
 
 Built on first use with the system C compiler (``$CC``, split as a shell splits it, else ``cc``) into a cache
@@ -23,10 +23,10 @@ The ABI is written once: ENTRIES holds each entry point's prototype as native.h 
 checks the two agree), from which the library's argtypes and restype are set and by which the wrappers pass their
 arguments by name; every entry point returns a status (native.h's enum status, mirrored by STATUS).
 
-The builder takes other sources too (``Sources``, ``load``): the models' decoding steps (models/native/, declared
-by models/decode.py), a whole model's step in one call that runs these loops at T = 1 between its matrix products,
-on OpenMP threads (-fopenmp: torch's own, see models/native/decode.c), are built with native.c into a library of
-their own.
+The builder takes other sources too (``Sources``, ``load``): the models' decoding steps (each model's
+<model>_step.c, declared by its step.py through models/decode.py), a whole model's step in one call that runs
+these loops at T = 1 between its matrix products, on OpenMP threads (-fopenmp: torch's own, see
+models/native/steps.h), are built with these sources into a library of their own.
 
 Flags: -O3 -march=native; -fno-math-errno and -fno-trapping-math (exp never sets errno, nothing traps);
 -ffinite-math-only and -fno-signed-zeros, which GCC needs to turn the loops' comparisons into vector min/max and
@@ -72,7 +72,7 @@ HEADER = SOURCE.with_name("native.h")
 SHARED_ENTRIES = c_abi.table(HEADER.read_text())
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",
          "-fno-signed-zeros", "-shared", "-fPIC")
-# -fopenmp for the models' steps' threads (torch's libgomp, see models/native/decode.c); a compiler without OpenMP
+# -fopenmp for the models' steps' threads (torch's libgomp, see models/native/steps.h); a compiler without OpenMP
 # (Apple's clang) builds with -fopenmp-simd, the `omp simd` loops alone, and decoding steps run on one thread
 OPENMP = ("-fopenmp", "-fopenmp-simd")
 SERIAL_WORK = 1 << 15    # below this many elements per call, one thread: starting threads would cost more
