@@ -40,9 +40,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from seqmix.kernels.aot import AOT_DTYPES
-from seqmix.kernels.registry import benchmarked
-from seqmix.kernels.shared import block_d
+from ..kernels.aot import AOT_DTYPES
+from ..kernels.registry import benchmarked
+from ..kernels.shared import block_d
 
 H100 = {"name": "H100 SXM", "bandwidth": 3.35e12,
         "fp32": 67e12,                   # FLOP/s, an FMA counted as 2: 132 SMs x 128 lanes x 2 x 1.98 GHz
@@ -197,7 +197,7 @@ def wkv4_bwd(B, T, C, dtype):
 
 @models_of("wkv4")
 def wkv4_models(B=4, T=2048, C=768):
-    from seqmix.kernels.wkv4 import triton_launch
+    from ..kernels.wkv4 import triton_launch
     launch, grid = triton_launch(B, C)
     programs = math.prod(grid)
     shape = f"B={B} T={T} C={C}"
@@ -308,7 +308,7 @@ def wkv7_chunked_bwd(B, T, H, N, dtype, block_v, block_k, programs, ck):
 
 @models_of("wkv7")
 def wkv7_models(B=1, T=2048, H=12, N=64):
-    from seqmix.kernels.wkv7 import CHECKPOINT, triton_launch
+    from ..kernels.wkv7 import CHECKPOINT, triton_launch
     cfg, grid = triton_launch(B, H, N, "bwd")
     chunked_cfg, chunked_grid = triton_launch(B, H, N, "chunked")
     fwd_cfg, fwd_grid = triton_launch(B, H, N, "fwd")
@@ -403,7 +403,7 @@ def ssm_bwd(B, T, D, N, dtype, block_d, block_n, programs, checkpoint):
 
 @models_of("ssm")
 def ssm_models(B=1, T=2048, D=1536, N=16):
-    from seqmix.kernels.ssm import checkpoint_interval, triton_launch
+    from ..kernels.ssm import checkpoint_interval, triton_launch
     (cfg, grid), (fwd_cfg, fwd_grid) = triton_launch(B, D, N, "bwd"), triton_launch(B, D, N, "fwd")
     checkpoint = checkpoint_interval(T)
     programs, fwd_programs = math.prod(grid), math.prod(fwd_grid)
@@ -506,9 +506,9 @@ def _flash_configs(op, d, dtype):
     """The launch configurations (fwd, bwd_dq, bwd_dkdv) the op's dispatcher picks for head size d and this dtype."""
     torch_dtype = AOT_DTYPES[dtype]
     if op == "rerope":
-        from seqmix.kernels.rerope import fused as module
+        from ..kernels.rerope import fused as module
     else:
-        from seqmix.kernels import attention as module
+        from ..kernels import attention as module
     return tuple(module.launch_config(kernel, d, torch_dtype) for kernel in module.KERNELS)
 
 
@@ -660,7 +660,7 @@ def _rerope_decode_model(B, H, T, d, dtype, w):
     """Decode of one token against a cache of T keys (ReRoPE): flash-decoding's programs, beside the unsplit
     kernel's prediction (one program per head, as before: B H of the 132 SMs). DRAM: K and V once, the table rows
     the near band and the query read (NEAR for about w keys, FAR_Q), the splits' partial results."""
-    from seqmix.kernels.rerope.fused import decode_splits, launch_config
+    from ..kernels.rerope.fused import decode_splits, launch_config
     cfg = launch_config("decode", d, AOT_DTYPES[dtype])
     per_split, splits = decode_splits(T, B * H, cfg["BLOCK_N"])
     s = DTYPE_BYTES[dtype]
@@ -705,7 +705,7 @@ def aot_figures(labels: list[str]) -> dict:
 
 
 def _compile_labels(labels: list[str]) -> dict:
-    from seqmix.kernels.aot import collect, compile_one
+    from ..kernels.aot import collect, compile_one
     wanted = set(labels)
     result = {}
     for k in collect():

@@ -58,9 +58,9 @@ from pathlib import Path
 
 import torch
 
-from seqmix.benchmarks import gpu_correct, gpu_profile, gpu_timing
-from seqmix.models.io import write_text_atomically
-from seqmix.benchmarks.gpu_correct import OPS, check_limits, check_op
+from . import gpu_correct, gpu_profile, gpu_timing
+from ..models.io import write_text_atomically
+from .gpu_correct import OPS, check_limits, check_op
 
 __all__ = ["CRITERIA", "OPS", "PARTS", "check_limits", "check_op", "main"]
 
@@ -248,8 +248,8 @@ _WORKER: Run | None = None
 def _worker_init(dry: bool):
     global _WORKER
     if dry:
-        import seqmix
-        seqmix.use_interpreter_without_gpu()
+        from ..kernels import use_interpreter_without_gpu
+        use_interpreter_without_gpu()
     _WORKER = Run(None, dry, None, (), {"parts": []})
 
 
@@ -448,8 +448,8 @@ def main(argv=None) -> int:
     if args.skip_benchmarks:
         parts = [p for p in parts if p not in BENCHMARKS]
     if args.dry_run:
-        import seqmix
-        seqmix.use_interpreter_without_gpu()   # before anything imports triton
+        from ..kernels import use_interpreter_without_gpu
+        use_interpreter_without_gpu()   # before anything imports triton
     elif not torch.cuda.is_available():
         print(_plan())
         return 0

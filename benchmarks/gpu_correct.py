@@ -10,7 +10,7 @@ import time
 import numpy as np
 import torch
 
-from seqmix.benchmarks.gpu_timing import COST_KERNELS, ENTRIES, VARIANTS, backward, describe, inputs_at, \
+from .gpu_timing import COST_KERNELS, ENTRIES, VARIANTS, backward, describe, inputs_at, \
     op_function, seqmix_call
 
 __all__ = ["BATTERY", "CHECKED", "HEAD_SIZES", "OPS", "TF32X3", "check_limits", "check_op", "compile_item",
@@ -58,7 +58,7 @@ def _triton_backend(op: str) -> str:
 
 def _run(op, arrays, options, backend, dtype, device):
     """Output and the gradients of <output, fixed cotangent> with respect to every input."""
-    from seqmix.kernels.attention import set_fp32_dot_precision
+    from ..kernels.attention import set_fp32_dot_precision
     x = [torch.tensor(a, dtype=dtype, device=device, requires_grad=True) for a in arrays]
     previous = set_fp32_dot_precision("tf32x3" if op.endswith(TF32X3) else "ieee")
     try:
@@ -74,7 +74,7 @@ def _run(op, arrays, options, backend, dtype, device):
 def check_op(op: str, dtype=torch.float32, device="cuda", T: int = 300, width: int = 64) -> dict:
     """One op on ``device`` (Triton) against the torch backend in float64 on the CPU: the worst relative RMS error
     over the output and the gradients, the budget, and whether a second run gave the same bits."""
-    from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, rel_rms
+    from ..kernels.testing import FP16_BUDGET, FP32_BUDGET, rel_rms
     arrays, options = _inputs(op.removesuffix(TF32X3), np.random.default_rng(0), T, width)
     got = _run(op, arrays, options, _triton_backend(op), dtype, device)
     again = _run(op, arrays, options, _triton_backend(op), dtype, device)
@@ -93,7 +93,7 @@ def _same_tail(fn, tensors, channel_dims, out_dim, tail, **options) -> dict:
     dimension, None for one without channels): an offset that wraps past 2^31 reads or writes the wrong channels,
     which the relative RMS difference of those channels of the output shows (ok within the bf16 budget, 2e-2).
     Bit-equality is recorded too but not required: the launch configuration may differ with the channel count."""
-    from seqmix.kernels.testing import rel_rms
+    from ..kernels.testing import rel_rms
     full = fn(*tensors, **options)[0]
     last = lambda t, dim: t.narrow(dim, t.shape[dim] - tail, tail)  # noqa: E731
     alone = fn(*(t if dim is None else last(t, dim).contiguous() for t, dim in zip(tensors, channel_dims)),
@@ -106,9 +106,9 @@ def _same_tail(fn, tensors, channel_dims, out_dim, tail, **options) -> dict:
 def check_limits(device="cuda", small=False):
     """Launches at the documented limits (``small``: the same launches on tiny shapes, for --dry-run); yields
     rows: what, ok, and the error if it crashed."""
-    from seqmix.kernels.rerope import rerope_decode
-    from seqmix.kernels.ssm import selective_scan
-    from seqmix.kernels.wkv4 import wkv4
+    from ..kernels.rerope import rerope_decode
+    from ..kernels.ssm import selective_scan
+    from ..kernels.wkv4 import wkv4
     g = torch.Generator(device=device).manual_seed(0)
     rand = lambda *shape, dtype=torch.bfloat16: torch.randn(*shape, generator=g, device=device, dtype=dtype)  # noqa
     B, H, T4, C, D, Ts = (2, 2, 5, 64, 32, 5) if small else (2048, 32, 524_289, 4096, 8192, 262_145)
@@ -164,8 +164,8 @@ def part_correct(run, emit):
 
 
 def correct_item(run, name: str, dtype: str) -> dict:
-    from seqmix.conformance import battery
-    from seqmix.kernels.testing import poisoned_outputs
+    from ..conformance import battery
+    from ..kernels.testing import poisoned_outputs
     limits = dict(max_len=7, parts=("shapes",)) if run.dry else {}   # a dry run: a few short cases
     before, t0 = run.compiles.now(), time.perf_counter()
     options = battery.Options(dtypes=(dtype,), device=run.device, head_sizes=HEAD_SIZES.get(name), **limits)
@@ -188,7 +188,7 @@ def part_determinism(run, emit):
 
 
 def determinism_item(run, op: str, dtype: str) -> dict:
-    from seqmix.kernels.testing import poisoned_outputs
+    from ..kernels.testing import poisoned_outputs
     try:
         with poisoned_outputs():
             return check_op(op, getattr(torch, dtype), run.device, **(dict(T=5, width=16) if run.dry else {}))

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from seqmix.benchmarks.gpu_timing import _fla, _shape_text, backward, describe, inputs_at, seqmix_call
+from .gpu_timing import _fla, _shape_text, backward, describe, inputs_at, seqmix_call
 
 __all__ = ["ENTRY", "FLA_FIRST_CALL_S", "STEPS", "kernel_times", "launches", "part_profile", "profile_case"]
 

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 
 import torch
 
-from seqmix.kernels.registry import benchmarked
+from ..kernels.registry import benchmarked
 
-__all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "FLA_FORMS", "FLA_LOWER_BOUND", "fp32_products", "SHAPES", "VARIANTS", "backward", "describe", "inputs_at",
-           "op_function", "part_cost_model", "part_peers", "part_timing", "peer_first_calls", "queued_time",
-           "seqmix_call", "time_step", "warm_peer"]
+__all__ = ["COST_KERNELS", "DRY_SHAPES", "ENTRIES", "FLA_FORMS", "FLA_LOWER_BOUND", "SHAPES", "VARIANTS", "backward",
+           "describe", "fp32_products", "inputs_at", "op_function", "part_cost_model", "part_peers", "part_timing",
+           "peer_first_calls", "queued_time", "seqmix_call", "time_step", "warm_peer"]
 
 
 
@@ -107,7 +107,7 @@ def fp32_products(impl: str, op: str) -> str:
     if impl.startswith("torch SDPA") and "default" in impl:
         return "3xtf32"
     if impl.startswith("seqmix triton") and op.startswith(("attention", "rerope")):
-        from seqmix.kernels.attention import set_fp32_dot_precision
+        from ..kernels.attention import set_fp32_dot_precision
         current = set_fp32_dot_precision("ieee")      # the setting in force, read by setting it back at once
         set_fp32_dot_precision(current)
         return current
@@ -141,7 +141,7 @@ def part_cost_model(run, emit):
     """The cost model's prediction for each Triton kernel beside the time measured by the timing part (this run's,
     or an earlier one's in the same --out folder): forward alone, and the training kernels' sum beside forward +
     backward."""
-    from seqmix.benchmarks import cost_model
+    from . import cost_model
     mma = _aot_mma(run, cost_model)
     # the GPU's own time where the timing part queued the calls (queued_time), else one call's
     measured = {(r["op"], r["dtype"], r["mode"]): r.get("gpu_s", r["median_s"]) for p in run.record["parts"]
@@ -232,7 +232,7 @@ def seqmix_call(run, op: str, backend: str):
 
 def _timing_cases(run):
     """(op, dtype, make, call, implementation, mode): seqmix's Triton and torch backends, then the peers."""
-    from seqmix.benchmarks import peers
+    from . import peers
     fla, why_not_fla = _fla()
     for op in COST_KERNELS:
         kind, w = ENTRIES[op][0].name, run.shapes[op].get("w")   # the op's name ("attention" for "attention d=128")
@@ -306,7 +306,7 @@ def _fla():
         from fla.ops.rwkv7 import chunk_rwkv7, fused_recurrent_rwkv7
     except Exception as e:   # not carried, or it does not import on this torch / triton
         return None, f"skipped: fla does not import: {describe(e)}"
-    from seqmix.conformance.adapters import fla
+    from ..conformance.adapters import fla
     # fla's fastest form, as its own layer (fla/layers/rwkv7.py) calls it: the safe gate (log decays above
     # FLA_LOWER_BOUND, which the benchmark's inputs keep: benchmarks/run.py draws log_w in (-e^-0.5, 0)) with chunks
     # of 64, tensor-core solves and T / 64 serial steps; the default form takes chunks of 16 (T / 16 serial steps)

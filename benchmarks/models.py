@@ -43,10 +43,10 @@ from pathlib import Path
 
 import torch
 
-from seqmix.models import io
-from seqmix.models.mamba import MambaConfig, MambaForCausalLM
-from seqmix.models.rwkv4 import RwkvConfig, RwkvForCausalLM
-from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
+from ..models import io
+from ..models.mamba import MambaConfig, MambaForCausalLM
+from ..models.rwkv4 import RwkvConfig, RwkvForCausalLM
+from ..models.rwkv7 import Rwkv7, Rwkv7Config
 
 __all__ = ["main", "write_checkpoint", "measure_load", "speed_rows", "SHAPES"]
 
@@ -297,9 +297,10 @@ def speed_rows(quick: bool, threads: int | None = None) -> list[dict]:
                 reads = [(w, torch.ones(w.shape[1], dtype=dtype)) if w.dim() == 2 else (w.reshape(-1), None)
                          for w in _read_weights(ours)]
                 mats = [(torch.randn(T, i).to(dtype), torch.randn(i, o).to(dtype)) for i, o in _matmul_shapes(ours)]
+                # (noqa: ruff 0.17 misreads the scope of a comprehension inside these lambdas; both names are set above)
                 limits = {"one streaming pass over the weights": ("decode", 1, lambda: [
-                              torch.mv(w, x) if x is not None else w.sum() for w, x in reads]),
-                          "the matmuls alone": ("prefill", T, lambda: [x @ w for x, w in mats])}
+                              torch.mv(w, x) if x is not None else w.sum() for w, x in reads]),  # noqa: F821
+                          "the matmuls alone": ("prefill", T, lambda: [x @ w for x, w in mats])}  # noqa: F821
                 runtimes = {"seqmix": _ours(ours)} | _peers(kind, ours, dtype, Path(tmp))
                 for label, (prefill, step) in runtimes.items():
                     # seqmix in rounds with the limits, each peer alone

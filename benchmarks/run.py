@@ -38,12 +38,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from seqmix.benchmarks import cost_model, peers
-from seqmix.kernels.ssm import spec as ssm_spec
-from seqmix.kernels.testing import default_backend
-from seqmix.kernels.wkv4 import spec as wkv4_spec
-from seqmix.kernels.wkv7 import spec as wkv7_spec
-from seqmix.models.mamba import MambaConfig, MambaForCausalLM
+from . import cost_model, peers
+from ..kernels.ssm import spec as ssm_spec
+from ..kernels.testing import default_backend
+from ..kernels.wkv4 import spec as wkv4_spec
+from ..kernels.wkv7 import spec as wkv7_spec
+from ..models.mamba import MambaConfig, MambaForCausalLM
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 RESULTS = Path(__file__).parent / "results"

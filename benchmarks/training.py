@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from seqmix.benchmarks import run
+from . import run
 
 OPS = ("wkv4_train", "wkv7_train", "ssm_train")
 TARGETS = {"wkv4_train": 2.0, "wkv7_train": 4.0, "ssm_train": 4.0}     # issue 18: C at least this much faster

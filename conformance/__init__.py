@@ -58,7 +58,7 @@ def pytest_cases(op: str, fn, **options) -> list:
     """
     import pytest
 
-    from seqmix.conformance.battery import Options, plan
+    from .battery import Options, plan
 
     opts = Options.for_function(fn, **options)
     checks, _ = plan(op, opts)
@@ -72,7 +72,7 @@ class _Assertion:
         self.op, self.fn, self.check, self.options = op, fn, check, options
 
     def __call__(self):
-        from seqmix.conformance.battery import run_check
+        from .battery import run_check
 
         failed = [r for r in run_check(self.op, self.fn, self.check, self.options) if not r.passed]
         if failed:

@@ -20,17 +20,17 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import seqmix
+from ..kernels import use_interpreter_without_gpu
 
-seqmix.use_interpreter_without_gpu()   # a Triton kernel on CPU tensors needs it before anything imports triton
+use_interpreter_without_gpu()   # a Triton kernel on CPU tensors needs it before anything imports triton
 
 import torch  # noqa: E402
 
-from seqmix.conformance.adapters import ADAPTERS  # noqa: E402
-from seqmix.conformance.battery import DTYPES, PARTS, Options, run  # noqa: E402
-from seqmix.kernels.declarations import OPS  # noqa: E402
-from seqmix.models.io import write_text_atomically  # noqa: E402
-from seqmix.conformance.report import HEADER, as_json, format_row, progress, summary  # noqa: E402
+from .adapters import ADAPTERS  # noqa: E402
+from .battery import DTYPES, PARTS, Options, run  # noqa: E402
+from ..kernels.declarations import OPS  # noqa: E402
+from ..models.io import write_text_atomically  # noqa: E402
+from .report import HEADER, as_json, format_row, progress, summary  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOTHING_RAN = 0, 1, 2, 3
 PROG = "python -m seqmix.conformance"

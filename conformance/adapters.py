@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from seqmix.kernels.shared import accumulation_dtype
+from ..kernels.shared import accumulation_dtype
 
 __all__ = ["Adapter", "ADAPTERS", "fla", "fla_attention", "blinkdl", "rwkv7_hf", "transformers_rwkv4",
            "transformers_mamba"]

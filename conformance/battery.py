@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seqmix.kernels.declarations import OPS, Case, Op, call, state_tensors
-from seqmix.kernels.inputs import in_pieces, split_bounds
-from seqmix.kernels.shared import accumulation_dtype
-from seqmix.kernels.testing import BF16_BUDGET, FP16_BUDGET, REFERENCE_BUDGET, f64, max_abs, rel_rms
+from ..kernels.declarations import OPS, Case, Op, call, state_tensors
+from ..kernels.inputs import in_pieces, split_bounds
+from ..kernels.shared import accumulation_dtype
+from ..kernels.testing import BF16_BUDGET, FP16_BUDGET, REFERENCE_BUDGET, f64, max_abs, rel_rms
 
 __all__ = ["DTYPES", "PARTS", "Options", "Check", "Row", "Report", "budget", "plan", "run_check", "run"]
 

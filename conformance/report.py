@@ -8,8 +8,8 @@ import sys
 
 import torch
 
-import seqmix
-from seqmix.conformance.battery import Report, Row
+from .. import __version__
+from .battery import Report, Row
 
 __all__ = ["SCHEMA", "HEADER", "format_row", "progress", "summary", "as_json"]
 
@@ -67,7 +67,7 @@ def summary(report: Report) -> str:
 def as_json(report: Report, function: str, adapter: str | None) -> str:
     """The report as the versioned JSON document CI reads."""
     failed_rows = sum(not r.passed for r in report.rows)
-    doc = dict(schema=SCHEMA, seqmix_version=seqmix.__version__, function=function, adapter=adapter,
+    doc = dict(schema=SCHEMA, seqmix_version=__version__, function=function, adapter=adapter,
                environment=dict(python=platform.python_version(), torch=torch.__version__, platform=sys.platform),
                summary=dict(ok=report.ok, checks=len(report.checks), failed_checks=len(report.failed_checks),
                             skipped_checks=len(report.skipped), rows=len(report.rows), failed_rows=failed_rows,

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["IGNORE", "VALID", "TEST", "held_out_rng", "MQAR_SPACINGS", "mqar", "selective_copying", "modular_sum", "CorpusFile", "StdlibCorpus", "stdlib_corpus", "split_of",
-           "lm_windows", "long_samples"]
+__all__ = ["IGNORE", "VALID", "TEST", "held_out_rng", "MQAR_SPACINGS", "mqar", "selective_copying", "modular_sum",
+           "CorpusFile", "StdlibCorpus", "stdlib_corpus", "split_of", "lm_windows", "long_samples"]
 
 IGNORE = -100      # a target that is not scored (torch's cross_entropy ignore_index)
 VALID, TEST = 1, 2  # the held-out sets' data streams (a run's training stream is its seed's)

@@ -32,13 +32,13 @@ from functools import partial
 
 import numpy as np
 
-from seqmix.experiments import data, plots
-from seqmix.experiments.records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
-                                        setup_label)
-from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
-                                         successive_halving)
-from seqmix.experiments.transformer import PositionScheme, Transformer, TransformerConfig
-from seqmix.models.io import load_state_dict, write_text_atomically
+from . import data, plots
+from .records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
+                      setup_label)
+from .training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
+                       successive_halving)
+from .transformer import PositionScheme, Transformer, TransformerConfig
+from ..models.io import load_state_dict, write_text_atomically
 
 __all__ = ["Setup", "FULL", "QUICK", "schemes", "POST", "CONTROL_KEEPS", "control_holds", "run", "report", "main",
            "load_model", "held_out_samples"]

@@ -68,15 +68,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seqmix.experiments import data, plots, zoo
-from seqmix.experiments.records import Results, command_line, environment, markdown_table, setup_label
-from seqmix.experiments.training import Budget, Run, decay_groups, evaluate, extend_to_interior, torch_settings
-from seqmix.models.base import kept_name
-from seqmix.models.cli import load_model
-from seqmix.models.io import atomic_write, save_state_dict, write_text_atomically
-from seqmix.models.mamba import MambaForCausalLM
-from seqmix.models.rwkv4 import RwkvForCausalLM
-from seqmix.models.rwkv7 import Rwkv7
+from . import data, plots, zoo
+from .records import Results, command_line, environment, markdown_table, setup_label
+from .training import Budget, Run, decay_groups, evaluate, extend_to_interior, torch_settings
+from ..models.base import kept_name
+from ..models.cli import load_model
+from ..models.io import atomic_write, save_state_dict, write_text_atomically
+from ..models.mamba import MambaForCausalLM
+from ..models.rwkv4 import RwkvForCausalLM
+from ..models.rwkv7 import Rwkv7
 
 __all__ = ["Setup", "FULL", "QUICK", "ARCHS", "KEEP_FP32", "BigramModel", "byte_tokenizer", "build", "bpb",
            "keeps_fp32", "as_stored", "round_as_stored", "ship", "consecutive_windows", "measure_speed",

@@ -21,9 +21,9 @@ from unittest import mock
 import numpy as np
 import torch
 
-from seqmix.experiments.data import IGNORE
-from seqmix.kernels.rerope import apply_rope
-from seqmix.models import rwkv7 as rwkv7_module
+from .data import IGNORE
+from ..kernels.rerope import apply_rope
+from ..models import rwkv7 as rwkv7_module
 
 __all__ = ["attention_weights", "recall_attention", "previous_token_attention", "embeddings_alike", "rwkv7_readout",
            "mamba_step_sizes", "rwkv7_transitions"]

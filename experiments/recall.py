@@ -34,13 +34,13 @@ from functools import partial
 
 import numpy as np
 
-from seqmix.experiments import data, mechanism, plots, zoo
-from seqmix.experiments.data import TEST, VALID
-from seqmix.experiments.records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
-                                        setup_label)
-from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
-                                         sweep_then_seeds)
-from seqmix.models.io import load_state_dict, write_text_atomically
+from . import data, mechanism, plots, zoo
+from .data import TEST, VALID
+from .records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
+                      setup_label)
+from .training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
+                       sweep_then_seeds)
+from ..models.io import load_state_dict, write_text_atomically
 
 __all__ = ["Cell", "Setup", "FULL", "QUICK", "PROBES", "run", "long_runs", "probe", "report", "weights_path",
            "load_model", "mechanism_figure", "control_holds", "test_accuracies", "main"]

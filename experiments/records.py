@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import seqmix
-from seqmix.models.io import write_text_atomically
+from .. import __version__
+from ..models.io import write_text_atomically
 
 __all__ = ["RESULTS", "Results", "environment", "markdown_table", "parse_args", "output_dir", "command_line", "fmt",
            "control_verdict", "row_setup", "setup_label", "Row"]
@@ -35,12 +35,12 @@ class Results:
     rewritten at once (models.io.atomic_write: an interrupted run never leaves half a file); a rerun finds the rows
     it has with ``find`` and skips that work.
 
-    Every row carries the setup it was measured under (``"setup"``: "full", "quick", or "custom-<digest>" for an edited Setup: setup_label), so
-    that a run never takes another setup's rows for its own: given ``setup``, the file is refused when it holds a
-    row of another (a quick run pointed at the full run's folder used to train nothing and describe the full run's
-    numbers as its own). Rows written before setups were recorded carry none: they are the committed full runs
-    (quick runs go to a git-ignored folder), so they count as "full". Without ``setup`` (reading, plotting) every
-    row is taken."""
+    Every row carries the setup it was measured under (``"setup"``: "full", "quick", or "custom-<digest>" for an edited
+    Setup: setup_label), so that a run never takes another setup's rows for its own: given ``setup``, the file is
+    refused when it holds a row of another (a quick run pointed at the full run's folder used to train nothing and
+    describe the full run's numbers as its own). Rows written before setups were recorded carry none: they are the
+    committed full runs (quick runs go to a git-ignored folder), so they count as "full". Without ``setup`` (reading,
+    plotting) every row is taken."""
 
     def __init__(self, out, name: str, setup: str | None = None):
         self.path = Path(out) / f"{name}.json"
@@ -121,7 +121,7 @@ def _commit() -> str:
 
 def environment(threads: int) -> dict:
     """What a row was measured with: commit, versions, CPU, threads."""
-    return {"commit": _commit(), "seqmix": seqmix.__version__, "python": platform.python_version(),
+    return {"commit": _commit(), "seqmix": __version__, "python": platform.python_version(),
             "torch": torch.__version__, "numpy": np.__version__, "cpu": _cpu(), "cpu_count": os.cpu_count(),
             "threads": threads, "platform": platform.platform()}
 

@@ -28,13 +28,13 @@ from functools import partial
 import numpy as np
 import torch
 
-from seqmix.experiments import data, mechanism, plots, zoo
-from seqmix.experiments.data import TEST, VALID
-from seqmix.experiments.records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
-                                        setup_label)
-from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
-                                         sweep_then_seeds)
-from seqmix.models.io import load_state_dict, write_text_atomically
+from . import data, mechanism, plots, zoo
+from .data import TEST, VALID
+from .records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
+                      setup_label)
+from .training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
+                       sweep_then_seeds)
+from ..models.io import load_state_dict, write_text_atomically
 
 __all__ = ["Regime", "Setup", "FULL", "QUICK", "PROBES", "run", "probe", "report", "control_holds", "weights_path",
            "held_out", "main"]

@@ -35,14 +35,14 @@ from functools import partial
 import numpy as np
 import torch
 
-from seqmix.experiments import data, mechanism, plots, zoo
-from seqmix.experiments.data import TEST, VALID
-from seqmix.experiments.records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
-                                        setup_label)
-from seqmix.experiments.training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
-                                         sweep_then_seeds)
-from seqmix.models.io import load_state_dict, write_text_atomically
-from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
+from . import data, mechanism, plots, zoo
+from .data import TEST, VALID
+from .records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
+                      setup_label)
+from .training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
+                       sweep_then_seeds)
+from ..models.io import load_state_dict, write_text_atomically
+from ..models.rwkv7 import Rwkv7, Rwkv7Config
 
 __all__ = ["Task", "Setup", "FULL", "QUICK", "ARCHS", "build", "run", "long_runs", "report", "control_holds",
            "position_accuracy", "weights_path", "main"]
@@ -224,9 +224,9 @@ def report(results: Results, setup: Setup, out) -> str:
     holds = control_holds(results, setup)
     verdict = control_verdict(holds) + (_control_note(results, setup) if holds is not None else "")
     text = (f"# State tracking: can the transition count?\n\nTokens uniform in [0, m), the target at every position "
-            f"the running sum mod m. {setup.layers} layer{'s' * (setup.layers > 1)} of width {setup.width}; trained on sequences of "
-            f"{setup.train_len} for {setup.budget.steps} steps of {setup.budget.batch_size}; rate chosen on a "
-            f"validation set at the training length from {', '.join(f'{lr:.2g}' for lr in setup.lrs)} (full runs, "
+            f"the running sum mod m. {setup.layers} layer{'s' * (setup.layers > 1)} of width {setup.width}; trained on "
+            f"sequences of {setup.train_len} for {setup.budget.steps} steps of {setup.budget.batch_size}; rate chosen "
+            f"on a validation set at the training length from {', '.join(f'{lr:.2g}' for lr in setup.lrs)} (full runs, "
             f"the grid extended past an edge winner). Test: {setup.test_size} sequences per length; accuracy at "
             f"positions 1-{setup.train_len}, and at the positions past {setup.train_len} (never trained on) of "
             f"sequences of {' and '.join(map(str, setup.test_lens))}. Mean over seeds (min - max).\n\n"
@@ -248,7 +248,8 @@ def report(results: Results, setup: Setup, out) -> str:
     long = results.select(phase="long")
     if long:
         n = 4 * setup.train_len
-        text += (f"\n## Is it the budget? The control's missed seeds with {LONG_FACTOR}x the steps\n\n" + markdown_table(
+        heading = f"\n## Is it the budget? The control's missed seeds with {LONG_FACTOR}x the steps\n\n"
+        text += (heading + markdown_table(
             ["model", "task", "seed", "rate", "steps", f"1-{setup.train_len}",
              *(f"past {setup.train_len}, at {m}" for m in setup.test_lens), f"at {n} after {setup.budget.steps} steps"],
             [[r["arch"], r["task"], r["seed"], f"{r['lr']:.2g}", r["steps"], fmt(r["test_accuracy"]),

@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm          # text bars (tqdm.auto warns in a notebook without ipywidgets)
 
-from seqmix.experiments.data import IGNORE
-from seqmix.models.io import atomic_write, save_state_dict
+from .data import IGNORE
+from ..models.io import atomic_write, save_state_dict
 
 __all__ = ["Budget", "Run", "decay_groups", "evaluate", "successive_halving", "extend_to_interior",
            "sweep_then_seeds", "setup_torch", "torch_settings", "round_to_fp16", "save_fp16"]

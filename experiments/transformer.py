@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqmix.kernels.attention import attention
-from seqmix.kernels.rerope import apply_rope, log_n_scaling, rerope_attention
+from ..kernels.attention import attention
+from ..kernels.rerope import apply_rope, log_n_scaling, rerope_attention
 
 __all__ = ["SCHEME_KINDS", "POSITIONS", "PositionScheme", "TransformerConfig", "Transformer"]
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from seqmix.experiments.transformer import Transformer, TransformerConfig
-from seqmix.models.mamba import MambaConfig, MambaForCausalLM
-from seqmix.models.rwkv4 import RwkvConfig, RwkvForCausalLM
-from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
+from .transformer import Transformer, TransformerConfig
+from ..models.mamba import MambaConfig, MambaForCausalLM
+from ..models.rwkv4 import RwkvConfig, RwkvForCausalLM
+from ..models.rwkv7 import Rwkv7, Rwkv7Config
 
 __all__ = ["ARCHITECTURES", "TimeInvariantProjection", "time_invariant_system", "rwkv7_training_init",
            "mamba_training_init", "build", "logits", "num_parameters", "state_size"]

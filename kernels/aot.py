@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from seqmix.kernels.registry import REGISTRY
+from .registry import REGISTRY
 
 __all__ = ["AotKernel", "collect", "compile_one", "main", "mma_kind", "narrow_offsets", "loads_used_in_their_step",
            "fp32_dot_variants",
@@ -196,7 +196,8 @@ def main(argv=None) -> int:
     if "triton" not in sys.modules:
         os.environ.pop("TRITON_INTERPRET", None)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--filter", default="", help="only kernels whose label contains this text")
+    parser.add_argument("--filter", action="append", default=[],
+                        help="only kernels whose label contains this text (repeated: any of the texts)")
     parser.add_argument("--asm", type=Path, help="write each build's TTGIR and PTX into this folder "
                                                  "(<label>_sm<arch>.ttgir / .ptx, spaces and = as _)")
     args = parser.parse_args(argv)
@@ -205,7 +206,7 @@ def main(argv=None) -> int:
               f"{'i32 offs':>8}")
     print(header + "\n" + "-" * len(header), flush=True)
     for k in collect():
-        if args.filter not in k.label:
+        if args.filter and not any(text in k.label for text in args.filter):
             continue
         for arch in TARGETS:
             try:

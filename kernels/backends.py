@@ -188,8 +188,11 @@ def dispatch(call: Call, backend: str | None = None, backends: tuple[Backend, ..
             if reason is None:
                 return b.name
             reasons.append(reason)
-        raise reasons[-1].error(f"no backend of {call.op} takes this call: "
-                                + "; ".join(f"{b.name!r} {r}" for b, r in zip(candidates, reasons)))
+        # The last candidate is the most permissive (torch): its reason is the one to fix (a dtype no backend takes),
+        # so it leads and gives the error's class; the others follow.
+        others = "; ".join(f"{b.name!r} {r}" for b, r in zip(candidates[:-1], reasons[:-1]))
+        raise reasons[-1].error(f"no backend of {call.op} takes this call: {candidates[-1].name!r} {reasons[-1]}"
+                                + (f" (and {others})" if others else ""))
     if backend not in NAMES:
         raise ValueError(f"backend must be one of {NAMES} or None, got {backend!r}")
     chosen = next((b for b in candidates if b.name == backend), None)

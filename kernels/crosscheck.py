@@ -35,7 +35,7 @@ __all__ = ["main", "available_backends", "crosscheck_case", "kernel_rows",
 def available_backends(op: OpSpec) -> list[str]:
     """The op's backends that can run here, by name: each whose ``verify`` takes a CPU fp32 call (the Triton
     interpreter and the C loops where they exist), torch always."""
-    from seqmix.kernels.backends import Call
+    from .backends import Call
     probe = Call(op.name, torch.device("cpu"), torch.float32)
     return [b.name for b in op.get("backends") if b.verify(probe) is None]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqmix.reference import wkv4 as ref_wkv4
+from ..reference import wkv4 as ref_wkv4
 
 __all__ = ["W_RAW", "qkv_inputs", "wkv4_inputs", "spiky_keys", "rwkv7_inputs", "scan_inputs", "split_bounds",
            "in_pieces"]

@@ -1,5 +1,6 @@
-/* What every op's C loops (kernels/<op>/<op>.c), kernels/native.c and the models' C steps (models/native/) share: the
- * vectorizable e^x and softplus, the vector types, the status codes, the scratch buffers, and native.c's entry points. */
+/* What every op's C loops (kernels/<op>/<op>.c), kernels/native.c and the models' C steps (models/<model>/) share:
+ * the vectorizable e^x and softplus, the vector types, the status codes, the scratch buffers, and native.c's entry
+ * points. */
 #ifndef SEQMIX_NATIVE_H
 #define SEQMIX_NATIVE_H
 
@@ -110,7 +111,8 @@ static inline float silu(float x)
     return poison(x / (1.0f + exp_clamped(-x)), is_minus_inf(x));
 }
 
-/* What every entry point of native.c and models/native/ returns: 0, or why it did not run (its outputs unwritten).
+/* What every entry point of the kernels' and the models' C code returns: 0, or why it did not run (its outputs
+ * unwritten).
  * kernels/native.py's STATUS mirrors these codes (a test checks) and raises on any other than STATUS_OK. */
 enum status { STATUS_OK = 0, STATUS_NO_MEMORY = 1, STATUS_HEAD_SIZE = 2 };
 

@@ -6,7 +6,7 @@ time once, vectorized over channels (WKV-4, the scan's groups of eight) or a hea
 one pass: the role the Triton kernels play on a GPU. These loops run the same formulas as the Triton kernels, their
 backwards included: a forward that will be differentiated saves what its backward needs (WKV-4 three numbers per
 token; WKV-7 and the scan their state every CHECKPOINT steps), and the backward walks time in reverse.
-kernels/_native_autograd.py makes them autograd ops; backend=None takes them on CPU tensors, for inference and
+Each op's c.py (kernels/<op>/c.py) makes them autograd ops; backend=None takes them on CPU tensors, for inference and
 training alike.
 
 Built on first use with the system C compiler (``$CC``, split as a shell splits it, else ``cc``) into a cache
@@ -23,10 +23,10 @@ The ABI is written once: ENTRIES holds each entry point's prototype as native.h 
 checks the two agree), from which the library's argtypes and restype are set and by which the wrappers pass their
 arguments by name; every entry point returns a status (native.h's enum status, mirrored by STATUS).
 
-The builder takes other sources too (``Sources``, ``load``): the models' decoding steps (models/native/, declared
-by models/decode.py), a whole model's step in one call that runs these loops at T = 1 between its matrix products,
-on OpenMP threads (-fopenmp: torch's own, see models/native/decode.c), are built with native.c into a library of
-their own.
+The builder takes other sources too (``Sources``, ``load``): the models' decoding steps (each model's
+<model>_step.c, declared by its step.py through models/decode.py), a whole model's step in one call that runs
+these loops at T = 1 between its matrix products, on OpenMP threads (-fopenmp: torch's own, see
+models/native/steps.h), are built with these sources into a library of their own.
 
 Flags: -O3 -march=native; -fno-math-errno and -fno-trapping-math (exp never sets errno, nothing traps);
 -ffinite-math-only and -fno-signed-zeros, which GCC needs to turn the loops' comparisons into vector min/max and
@@ -72,7 +72,7 @@ HEADER = SOURCE.with_name("native.h")
 SHARED_ENTRIES = c_abi.table(HEADER.read_text())
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",
          "-fno-signed-zeros", "-shared", "-fPIC")
-# -fopenmp for the models' steps' threads (torch's libgomp, see models/native/decode.c); a compiler without OpenMP
+# -fopenmp for the models' steps' threads (torch's libgomp, see models/native/steps.h); a compiler without OpenMP
 # (Apple's clang) builds with -fopenmp-simd, the `omp simd` loops alone, and decoding steps run on one thread
 OPENMP = ("-fopenmp", "-fopenmp-simd")
 SERIAL_WORK = 1 << 15    # below this many elements per call, one thread: starting threads would cost more
@@ -286,15 +286,31 @@ def initial_state(state, shape):
     return torch.zeros(shape) if state is None else state.float().clone(memory_format=torch.contiguous_format)
 
 
+def _fp32_on_cpu(function: str, x) -> torch.Tensor:
+    """x as the C loops read it: a contiguous fp32 CPU tensor. Any other dtype is refused (a float64 buffer read as
+    fp32 gave garbage; an fp16 one, written 4 bytes per 2-byte element, corrupted the heap)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"native.{function}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.float32:
+        raise TypeError(f"native.{function}: x must have dtype torch.float32 (the C loops' type), got {x.dtype}; "
+                        f"convert it with x.float()")
+    if x.device.type != "cpu":
+        raise ValueError(f"native.{function}: x must be on the CPU, got {x.device}")
+    return x.contiguous()
+
+
 def exp(x):
-    """The loops' e^x (exp_clamped in native.c) on a contiguous fp32 tensor: x clamped to [-87, 88], within 1 ulp."""
+    """The loops' e^x (exp_clamped in native.c) on an fp32 CPU tensor: x clamped to [-87, 88], within 1 ulp.
+    Raises TypeError naming x for any other dtype."""
+    x = _fp32_on_cpu("exp", x)
     out = torch.empty_like(x)
     check_status(library().exp_array(*ENTRIES["exp_array"].arguments(dict(n=x.numel(), x=x, out=out))), "exp_array")
     return out
 
 
 def softplus(x):
-    """The scan's softplus (native.c) on a contiguous fp32 tensor."""
+    """The scan's softplus (native.c) on an fp32 CPU tensor. Raises TypeError naming x for any other dtype."""
+    x = _fp32_on_cpu("softplus", x)
     out = torch.empty_like(x)
     check_status(library().softplus_array(*ENTRIES["softplus_array"].arguments(dict(n=x.numel(), x=x, out=out))),
                  "softplus_array")
@@ -303,8 +319,11 @@ def softplus(x):
 
 def sum_rows(x):
     """x (R, ...) summed over its first axis, the rows added in order whatever the thread count: the parameter
-    gradients' sums over batch rows, so that a training run gives the same numbers with 1 thread or 8."""
-    x = x.contiguous()
+    gradients' sums over batch rows, so that a training run gives the same numbers with 1 thread or 8. x: fp32 on
+    the CPU, at least 1-D (TypeError / ValueError naming x otherwise)."""
+    x = _fp32_on_cpu("sum_rows", x)
+    if x.dim() < 1:
+        raise ValueError(f"native.sum_rows: x must have a first axis (rows) to sum over, got shape {tuple(x.shape)}")
     out = torch.empty(x.shape[1:])
     cols = out.numel()
     call("sum_rows", cols, x.numel(), rows=x.shape[0], cols=cols, out=out, **{"in": x})

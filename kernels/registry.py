@@ -153,11 +153,7 @@ class _View(Mapping):
         self.field = field
 
     def __getitem__(self, name):
-        try:
-            found = spec(name)
-        except KeyError:
-            raise KeyError(name) from None
-        return found.get(self.field)
+        return spec(name).get(self.field)           # spec's KeyError lists the ops
 
     def __iter__(self):
         return iter(names())

@@ -6,9 +6,9 @@ private (``_``) name crosses a package (tests/test_packaging.py checks it).
 """
 from __future__ import annotations
 
-from seqmix.kernels._common import (TORCH_DTYPES, accumulation_dtype, check_devices, check_tensor, needs_grad,
-                                    new_output)
-from seqmix.kernels._flash import block_d
+from ._common import (TORCH_DTYPES, accumulation_dtype, check_devices, check_tensor, needs_grad,
+                      new_output)
+from ._flash import block_d
 
 __all__ = ["TORCH_DTYPES", "accumulation_dtype", "check_devices", "check_tensor", "needs_grad", "new_output",
            "block_d"]

@@ -40,7 +40,7 @@ def __getattr__(name: str):
 def poisoned_outputs():
     """Inside the block every output buffer the ops allocate starts as NaN, so that an element a kernel skips shows
     up as a non-finite output (tests/conftest.py turns it on for every test)."""
-    from seqmix.kernels import _common
+    from . import _common
     before = _common.POISON_OUTPUTS
     _common.POISON_OUTPUTS = True
     try:
@@ -53,7 +53,7 @@ def poisoned_outputs():
 def values_as_on_a_gpu():
     """Inside the block the wrappers treat CPU tensors' values as a GPU's: their checks of values run as device-side
     asserts instead of reading the values on the host (the tests of host syncs use it)."""
-    from seqmix.kernels import _common
+    from . import _common
     before = _common.READ_VALUES_ON_HOST
     _common.READ_VALUES_ON_HOST = False
     try:

@@ -20,9 +20,9 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from seqmix.models import generation, text
-from seqmix.models.io import check_state_dict, load_pretrained_dir, save_pretrained_dir
-from seqmix.models.layers import Linear
+from . import generation, text
+from .io import check_state_dict, load_pretrained_dir, save_pretrained_dir
+from .layers import Linear
 
 __all__ = ["ModelOutput", "CausalLMOutput", "config_from_dict", "config_to_dict", "check_positive_ints",
            "check_positive_floats", "check_bools", "check_token_ids", "check_state_dtype", "check_logits_to_keep",

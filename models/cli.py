@@ -19,14 +19,14 @@ import sys
 
 import torch
 
-from seqmix.models.base import MODEL_DTYPES
-from seqmix.models.generation import check_sampling
-from seqmix.models.io import load_state, read_json, save_state
-from seqmix.models.mamba import MambaForCausalLM
-from seqmix.models.rwkv4 import RwkvForCausalLM
-from seqmix.models.rwkv7 import Rwkv7
-from seqmix.models.rwkv7_fla import FLA_MODEL_TYPE
-from seqmix.models.text import load_tokenizer
+from .base import MODEL_DTYPES
+from .generation import check_sampling
+from .io import load_state, read_json, save_state
+from .mamba import MambaForCausalLM
+from .rwkv4 import RwkvForCausalLM
+from .rwkv7 import Rwkv7
+from .rwkv7_fla import FLA_MODEL_TYPE
+from .text import load_tokenizer
 
 __all__ = ["load_model", "main", "MODEL_TYPES"]
 

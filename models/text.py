@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from seqmix.models.generation import check_prompt, continue_tokens
+from .generation import check_prompt, continue_tokens
 
 __all__ = ["load_tokenizer", "find_tokenizer", "TextStream", "WORLD_VOCAB"]
 

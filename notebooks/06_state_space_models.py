@@ -31,7 +31,7 @@
 # `selective_scan` · [`reference/mamba.py`](../reference/mamba.py): `rms_norm`, `causal_conv1d`, `mixer`, `forward`
 # (NumPy, float64: the truth) · [`kernels/ssm/`](../kernels/ssm/): `selective_scan` (backend `"torch"`: a
 # chunked scan; `"triton"`: a sequential-in-time kernel, forward and backward; `"c"`: a C loop, forward and backward) ·
-# [`models/mamba.py`](../models/mamba.py): `MambaModel` (torch, transformers' parameter names) ·
+# [`models/mamba/`](../models/mamba/): `MambaModel` (torch, transformers' parameter names) ·
 # [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 
 # %%
@@ -1188,7 +1188,7 @@ print("time-invariant: less than 1e-9 of it is left after 20 fillers:",
 # `python -m seqmix.experiments.language_model` (its docstring gives the sizes and the protocol; its report,
 # `experiments/results/language_model.md`, the losses). It ships as transformers writes a `MambaForCausalLM`: a
 # directory with `config.json`, `model.safetensors` (fp16, with $A_{\log}$, $D$ and $\Delta$'s bias kept fp32) and a
-# `tokenizer.json` whose ids are the byte values. [`MambaForCausalLM.from_pretrained`](../models/mamba.py) reads it
+# `tokenizer.json` whose ids are the byte values. [`MambaForCausalLM.from_pretrained`](../models/mamba/) reads it
 # without transformers; it is checked first against `reference.mamba.forward` on the same stored values.
 #
 # Section 8 showed what a step size can do: $\Delta_t$ large *opens* a channel (the state is mostly replaced by the
@@ -1630,7 +1630,7 @@ for backend in BACKENDS:
 # %% [markdown]
 # ### B. The torch Mamba model
 #
-# [`models.mamba.MambaModel`](../models/mamba.py) is the block of section 7 in torch, on this scan, with
+# [`models.mamba.MambaModel`](../models/mamba/) is the block of section 7 in torch, on this scan, with
 # transformers' parameter names: the weights of section 7 load as they are (fp32). Each backend runs the texts of
 # section 7 whole, and in the pieces 5 + 1 + 6 with the state carried, against the float64 stack.
 

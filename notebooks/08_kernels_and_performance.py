@@ -475,7 +475,7 @@ for name in ("chunked (torch backend)", "C loop (backend='c')"):
 # streaming pass over them), and a prompt must do the model's matrix products. `python -m seqmix.benchmarks.models`
 # times the three models at their published small shapes (random weights) beside those limits and beside the
 # runtimes a user would otherwise run; the notebook reads its stored results. Decoding one token is one C call
-# (`models/decode.py`, `models/native/decode.c`): the matrix-vector products at the memory's speed and the rest in a few
+# (`models/decode.py`, `models/<model>/<model>_step.c`): the matrix-vector products at the memory's speed and the rest in a few
 # microseconds a layer. Below, each runtime's time over its limit: 1 is the limit, the dashed line the goal (1.3x).
 
 # %%

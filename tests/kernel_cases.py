@@ -8,7 +8,8 @@ from seqmix.kernels.testing import HAS_TRITON
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 # Parametrize a test over these: the Triton case is skipped where triton does not import.
 BACKENDS = ["torch", pytest.param("triton", marks=needs_triton)]
-# The recurrences (WKV-4, WKV-7, the selective scan) run on their C loops (kernels/<op>/<op>.c) too, forward and backward.
+# The recurrences (WKV-4, WKV-7, the selective scan) run on their C loops (kernels/<op>/<op>.c) too, forward and
+# backward.
 RECURRENCE_BACKENDS = [*BACKENDS, "c"]
 
 

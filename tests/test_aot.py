@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -15,14 +16,51 @@ from seqmix.kernels.testing import HAS_TRITON
 needs_build = pytest.mark.skipif(not HAS_TRITON, reason="triton has no wheel for this platform")
 
 
+def build_groups(labels, workers: int) -> list[list[str]]:
+    """The kernels' labels in ``workers`` groups of --filter texts, one text per kernel family ("wkv4_fwd ", with its
+    space: "wkv4_fwd_save" is another), balanced by count; each label matches exactly one text."""
+    families = {}
+    for label in labels:
+        families.setdefault(label.split()[0] + " ", []).append(label)
+    groups = [[] for _ in range(workers)]
+    sizes = [0] * workers
+    for text, members in sorted(families.items(), key=lambda item: -len(item[1])):
+        i = sizes.index(min(sizes))
+        groups[i].append(text)
+        sizes[i] += len(members)
+    assert all(sum(text in label for text in families) == 1 for label in labels), "a label in two families"
+    return [g for g in groups if g]
+
+
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    """One run of ``python -m seqmix.kernels.aot --asm DIR``: (the run, DIR with every build's TTGIR and PTX)."""
+    """``python -m seqmix.kernels.aot --asm DIR``, each kernel built once, in one process per core (the build is
+    serial and CPU-bound: two processes take about half the time on two cores): (the runs' combined output and
+    exit status, DIR with every build's TTGIR and PTX)."""
     asm = tmp_path_factory.mktemp("asm")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # compile for real, not interpret
-    run = subprocess.run([sys.executable, "-m", "seqmix.kernels.aot", "--asm", str(asm)], env=env,
-                         capture_output=True, text=True, timeout=1800)
+    groups = build_groups([k.label for k in collect()], min(os.cpu_count() or 1, 2))
+
+    def one(texts):
+        filters = [arg for text in texts for arg in ("--filter", text)]
+        return subprocess.run([sys.executable, "-m", "seqmix.kernels.aot", "--asm", str(asm), *filters], env=env,
+                              capture_output=True, text=True, timeout=1800)
+
+    with ThreadPoolExecutor(len(groups)) as pool:
+        runs = list(pool.map(one, groups))
+    run = subprocess.CompletedProcess([r.args for r in runs], max(r.returncode for r in runs),
+                                      "".join(r.stdout for r in runs), "".join(r.stderr for r in runs))
     return run, asm
+
+
+def test_build_groups_cover_every_kernel_once():
+    labels = ["wkv4_fwd C=768 fp32", "wkv4_fwd_save C=768 fp32", "wkv4_fwd C=768 bf16", "attention_fwd d=64 fp32"]
+    groups = build_groups(labels, 2)
+    texts = [t for g in groups for t in g]
+    assert sorted(texts) == ["attention_fwd ", "wkv4_fwd ", "wkv4_fwd_save "]
+    assert all(sum(t in label for t in texts) == 1 for label in labels)
+    assert [sorted(g) for g in build_groups(labels, 1)] == [["attention_fwd ", "wkv4_fwd ", "wkv4_fwd_save "]]
+    assert [len(g) for g in groups] == [1, 2]        # wkv4_fwd's two kernels alone, the two others together
 
 
 def _asm(asm, prefix, ext):

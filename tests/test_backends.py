@@ -168,8 +168,7 @@ def test_model_docstrings_say_what_the_dispatcher_does(model):
     step = _words(backends.describe("decode_step", decode.STEP, decode.LEAD))
     assert step in _words(model.forward.__doc__)
     assert step in _words(decode.step_path.__doc__)
-    assert _words(backends.describe("rwkv7_time_mix", decode.TIME_MIX_PATH, decode.LEAD)) in _words(
-        decode.time_mix_path.__doc__)
+    assert _words(backends.describe("model_part", decode.PART, decode.LEAD)) in _words(decode.part_path.__doc__)
 
 
 def test_the_architecture_page_gives_the_dispatchers_order():

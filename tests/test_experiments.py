@@ -267,7 +267,8 @@ def test_state_tracking_quick_positive_control(quick_state_tracking):
 def test_state_tracking_model_builds_the_wide_rate():
     model = state_tracking.build("rwkv7_wide", vocab_size=2, width=32, layers=1, train_length=16)
     assert model.config.wide_in_context_rate and model.blocks[0].att.wide_in_context_rate
-    assert not state_tracking.build("rwkv7", vocab_size=2, width=32, layers=1, train_length=16).config.wide_in_context_rate
+    model = state_tracking.build("rwkv7", vocab_size=2, width=32, layers=1, train_length=16)
+    assert not model.config.wide_in_context_rate
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -347,8 +348,8 @@ def test_the_rate_grid_is_extended_until_its_winner_is_interior(monkeypatch):
     monkeypatch.setattr(Run, "_validate", lambda self, loss: self.history.append(
         [self.step, loss, 1 - abs(math.log(self.lr / 0.08)), 0.0]))
     runs = [_tiny_run(0, lr, steps=2).train_to(2, False) for lr in (0.01, 0.02)]
-    winner, runs = extend_to_interior(runs[1], runs, lambda lr: _tiny_run(0, lr, steps=2), Budget(steps=2, batch_size=4),
-                                      factor=2.0, bounds=(1e-5, 1.0), progress=False)
+    winner, runs = extend_to_interior(runs[1], runs, lambda lr: _tiny_run(0, lr, steps=2),
+                                      Budget(steps=2, batch_size=4), factor=2.0, bounds=(1e-5, 1.0), progress=False)
     assert winner.lr == pytest.approx(0.08)
     assert [round(r.lr, 6) for r in runs] == [0.01, 0.02, 0.04, 0.08, 0.16]
     assert all(r.step == 2 for r in runs)
@@ -357,8 +358,8 @@ def test_the_rate_grid_is_extended_until_its_winner_is_interior(monkeypatch):
 def test_the_rate_grid_stops_at_its_bounds(monkeypatch):
     monkeypatch.setattr(Run, "_validate", lambda self, loss: self.history.append([self.step, loss, self.lr, 0.0]))
     runs = [_tiny_run(0, lr, steps=2).train_to(2, False) for lr in (0.04, 0.05)]
-    winner, runs = extend_to_interior(runs[1], runs, lambda lr: _tiny_run(0, lr, steps=2), Budget(steps=2, batch_size=4),
-                                      factor=2.0, bounds=(0.01, 0.1), progress=False)
+    winner, runs = extend_to_interior(runs[1], runs, lambda lr: _tiny_run(0, lr, steps=2),
+                                      Budget(steps=2, batch_size=4), factor=2.0, bounds=(0.01, 0.1), progress=False)
     assert winner.lr == pytest.approx(0.1) and [round(r.lr, 6) for r in runs] == [0.04, 0.05, 0.1]
 
 

@@ -4,7 +4,6 @@ and the chunked one under the interpreter), agree with the rung's own float64 lo
 the chunked forms, as the design's budget for chunked WKV-7). T = 20 crosses a chunk boundary (16 steps), and an
 initial state is carried in. Linear attention and the delta rule run with decays of exactly 1 (log_w = 0): every
 backend takes them as it takes any other decay (no special case), which the runs here show."""
-import numpy as np
 import pytest
 import torch
 

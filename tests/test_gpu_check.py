@@ -238,6 +238,7 @@ def test_a_dry_run_times_models_and_compares_attention_at_d_128(tmp_path):
         "attention_fwd") and r["predicted_s"] > 0 and r["measured_s"] > 0 for r in rows["cost_model"])
 
 
+@pytest.mark.slow   # a dry timing of WKV-7 under the interpreter: about 75 s here
 def test_fla_s_fastest_form_is_timed_and_fp32_rows_name_their_products(tmp_path):
     """Issue 46: the timing times fla's chunk_rwkv7 also as fla's own layer calls it (safe gate, lower bound -e^-0.5,
     chunks of 64: its fastest form; skipped without a GPU), and every fp32 row says how its implementation multiplies:

@@ -1,7 +1,7 @@
-"""The C loops (backend="c", kernels/<op>/<op>.c, built by kernels/native.py): the C loops against the float64 truths the op tests use, on outputs, final states
-and every gradient, over the chain's awkward cases: T = 1, odd sizes, initial states, sequences fed in pieces, extreme
-inputs, fp16 and bf16 inputs, work split over 1 and 3 threads (the same bits); NaN in, NaN out; how backend=None
-chooses them; the build and its cache; and issue 13's edge cases of the C loops."""
+"""The C loops (backend="c", kernels/<op>/<op>.c, built by kernels/native.py): the C loops against the float64 truths
+the op tests use, on outputs, final states and every gradient, over the chain's awkward cases: T = 1, odd sizes, initial
+states, sequences fed in pieces, extreme inputs, fp16 and bf16 inputs, work split over 1 and 3 threads (the same bits);
+NaN in, NaN out; how backend=None chooses them; the build and its cache; and issue 13's edge cases of the C loops."""
 import ctypes
 import multiprocessing
 import os
@@ -414,7 +414,7 @@ def test_threads_after_a_fork(rng):
     assert child.exitcode == 0
 
 
-# ----------------------------------------------------------------------------------- edges (issue 13: D6, I4, D8, C1, C2)
+# ------------------------------------------------------------------------------ edges (issue 13: D6, I4, D8, C1, C2)
 
 @pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 def test_wkv4_state_max_of_minus_inf(rng, backend):
@@ -602,7 +602,7 @@ def test_a_head_the_loops_do_not_take_is_an_error(rng, entry):
 OUT_OF_MEMORY = """
 import resource, sys, torch
 from seqmix.kernels.wkv7 import c as wkv7_c
-from seqmix.models import decode
+from seqmix.models.rwkv7 import step
 from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
 torch.set_num_threads(1)                  # no OpenMP threads to start (their stacks need address space too)
 if sys.argv[1] == "native":               # wkv7_backward's scratch: 4.7 MB at N = 256
@@ -615,7 +615,7 @@ else:                                     # rwkv7_time_mix's scratch: 7 x 128 to
     att = Rwkv7(Rwkv7Config(vocab_size=8, n_embd=256, n_layer=2, head_size=256, decay_lora=8, a_lora=8, v_lora=8,
                             gate_lora=8)).blocks[1].att
     inputs = lambda T: [torch.randn(1, T, 256) for _ in range(8)] + [torch.zeros(1, 1, 256, 256)]
-    call = lambda *x: decode.rwkv7_time_mix(att, *x)
+    call = lambda *x: step.rwkv7_time_mix(att, *x)
 call(*inputs(16))                         # small: every lazy initialization done, no large block freed
 x = inputs(256 if sys.argv[1] == "native" else 128)
 size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()

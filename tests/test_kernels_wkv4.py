@@ -1,8 +1,8 @@
 """kernels/wkv4/: the chain reference (NumPy float64) -> torch backend -> Triton (interpreter on CPU) -> C loops.
 
 Outputs and final states are checked against reference/wkv4.py; gradients against float64 autograd through
-seqmix.kernels.wkv4.naive.wkv4, which writes every exponent of the definition at once (no recurrence, no
-chunks), each row shifted by its own maximum. States are compared by what they represent (num e^max, den e^max): a max rounded
+seqmix.kernels.wkv4.naive.wkv4, which writes every exponent of the definition at once (no recurrence, no chunks), each
+row shifted by its own maximum. States are compared by what they represent (num e^max, den e^max): a max rounded
 differently to fp32 rescales num and den without changing the sums, so they are compared after rescaling to the
 reference's max, and the max itself separately.
 """

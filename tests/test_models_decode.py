@@ -1,4 +1,5 @@
-"""models/decode.py and models/native/ (decode.c, rwkv7_time_mix.c): a decoding step of a whole model as one C call,
+"""models/decode.py and each model's C step (models/<model>/step.py, <model>_step.c; RWKV-7's rwkv7_time_mix.c): a
+decoding step of a whole model as one C call,
 against the models' own torch forward in float64 (an independent computation: torch ops, the float64 backends of the
 ops), on awkward sizes (widths that are no multiple of a vector, an odd number of heads, a head padded inside the
 WKV-7 loop, RWKV-4's attention size != hidden size with rescaling, Mamba with every bias and a channel count that is
@@ -22,6 +23,9 @@ from seqmix.kernels import c_abi, native
 from seqmix.kernels.wkv7 import c as wkv7_c
 from seqmix.kernels.testing import BF16_BUDGET, FP32_BUDGET, assert_close, rel_rms
 from seqmix.models import decode
+from seqmix.models.mamba import step as mamba_step
+from seqmix.models.rwkv4 import step as rwkv4_step
+from seqmix.models.rwkv7 import step as rwkv7_step
 from seqmix.models.mamba import MambaConfig, MambaForCausalLM
 from seqmix.models.rwkv4 import RwkvConfig, RwkvForCausalLM
 from seqmix.models.rwkv7 import Rwkv7, Rwkv7Config
@@ -40,6 +44,8 @@ MODELS = {   # (config options: a test's own, over these)
         **dict(vocab_size=VOCAB, hidden_size=21, num_hidden_layers=3, state_size=5, conv_kernel=3,
                time_step_rank=3, use_bias=True), **options})),
 }
+# Each model's C step: its layout, its library (models/<model>/step.py)
+STEPS = {"rwkv4": rwkv4_step, "rwkv7": rwkv7_step, "mamba": mamba_step}
 
 
 @contextlib.contextmanager
@@ -74,12 +80,12 @@ def run(model, ids, state=None, **kwargs):
 def count_steps(monkeypatch):
     """How many forward calls ran as one C step."""
     calls = []
-    original = decode._call
+    original = decode.call_step
 
     def counted(*args):
-        calls.append(args[0])
+        calls.append(args[1])                 # the entry point's name
         return original(*args)
-    monkeypatch.setattr(decode, "_call", counted)
+    monkeypatch.setattr(decode, "call_step", counted)
     return calls
 
 
@@ -153,7 +159,7 @@ def test_rwkv7_prompt_time_mix_does_not_depend_on_the_thread_count():
     results = []
     for n in (1, 2, 3):
         with num_threads(n):
-            results.append(torch.cat([t.flatten() for t in decode.rwkv7_time_mix(att, *acts, kv)]))
+            results.append(torch.cat([t.flatten() for t in rwkv7_step.rwkv7_time_mix(att, *acts, kv)]))
     assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
 
 
@@ -185,7 +191,8 @@ def test_rwkv4_step_in_training_mode_does_not_rescale():
                                        if (kind, how) != ("rwkv7", "float64 state")])
 def test_other_calls_run_the_torch_ops(kind, how, count_steps):
     model = make(kind, {"float64": torch.float64, "float16": torch.float16}.get(how, torch.float32))
-    ids = {"two sequences": torch.tensor([[1], [2]]), "two tokens": torch.tensor([[1, 2]])}.get(how, torch.tensor([[1]]))
+    ids = {"two sequences": torch.tensor([[1], [2]]),
+           "two tokens": torch.tensor([[1, 2]])}.get(how, torch.tensor([[1]]))
     state = None
     if how == "float64 state":
         state = model.initial_state(1, dtype=torch.float64)
@@ -235,13 +242,15 @@ def test_a_strided_parameter_is_named():
 @pytest.mark.parametrize("T", [1, 5, 130])                # 130: two of the C time mix's chunks of 128 tokens
 def test_rwkv7_prompt_time_mix_in_c(dtype, budget, T, monkeypatch):
     """A prompt of two sequences from a state that is not zero: each TimeMix's work after its matrix products runs
-    in C (decode.rwkv7_time_mix, once per layer), and the logits and state match the float64 torch forward."""
+    in C (rwkv7_time_mix of models/rwkv7/step.py, once per layer), and the logits and state match the float64 torch
+    forward."""
     calls = []
-    original = decode.rwkv7_time_mix
-    monkeypatch.setattr(decode, "rwkv7_time_mix", lambda *args: calls.append(1) or original(*args))
+    original = rwkv7_step.rwkv7_time_mix
+    monkeypatch.setattr(rwkv7_step, "rwkv7_time_mix", lambda *args: calls.append(1) or original(*args))
     model = make("rwkv7", dtype)
     generator = torch.Generator().manual_seed(4)
-    start, ids = torch.randint(0, VOCAB, (2, 3), generator=generator), torch.randint(0, VOCAB, (2, T), generator=generator)
+    start = torch.randint(0, VOCAB, (2, 3), generator=generator)
+    ids = torch.randint(0, VOCAB, (2, T), generator=generator)
     reference = copy.deepcopy(model).double()
     with torch.no_grad():
         _, state = run(model, start, backend="torch")
@@ -424,16 +433,21 @@ def test_a_step_with_another_layer_norm_eps(kind, count_steps):
 
 # ------------------------------------------------------------------------------- one signature table (issue 27)
 
-def test_the_signature_table_is_the_header():
-    """decode.ENTRIES, from which the ctypes types come and by which the calls pass their arguments, declares the
-    very prototypes of models/native/decode.h; and every function models/native/ exports is declared there (or,
-    the time mix's items, which only decode.c calls, in steps.h)."""
-    declared = c_abi.prototypes((decode.NATIVE / "decode.h").read_text())
-    assert {name: str(e) for name, e in declared.items()} == {name: str(e) for name, e in decode.ENTRIES.items()}
-    defined = {name: str(e) for source in decode.NATIVE.glob("*.c")
-               for name, e in c_abi.prototypes(source.read_text()).items()}
-    assert set(defined) == set(decode.ENTRIES) | {"time_mix_items"}
-    assert all(defined[name] == str(entry) for name, entry in decode.ENTRIES.items())
+@pytest.mark.parametrize("kind", MODELS)
+def test_the_signature_table_is_the_header(kind):
+    """A model's library's entries, from which the ctypes types come and by which the calls pass their arguments,
+    are the very prototypes of its header (models/<model>/<model>_step.h); and every function its C files export is
+    declared there (or, the time mix's items, which only rwkv7_step.c calls, beside that call)."""
+    sources = STEPS[kind].SOURCES
+    header = next(f for f in sources.files if f.name == f"{kind}_step.h")
+    declared = c_abi.prototypes(header.read_text())
+    entries = {e.name: str(e) for e in sources.entries}
+    assert {name: str(e) for name, e in declared.items()} == entries
+    own = [f for f in sources.files if f.suffix == ".c" and f.parent == header.parent]
+    assert own and not list(decode.NATIVE.glob("*.c"))    # each model's C is its own; models/native/ holds a header
+    defined = {name: str(e) for source in own for name, e in c_abi.prototypes(source.read_text()).items()}
+    assert set(defined) - {"time_mix_items"} == set(entries)
+    assert all(defined[name] == entry for name, entry in entries.items())
 
 
 @pytest.mark.parametrize("kind", MODELS)
@@ -442,7 +456,7 @@ def test_the_weights_passed_are_the_layouts(kind):
     generates from it): head, then each block's, then tail."""
     model = make(kind)
     base = model.rwkv if kind == "rwkv4" else model.backbone if kind == "mamba" else model
-    layout = decode.LAYOUTS[kind]
+    layout = STEPS[kind].LAYOUT
     packed = layout.pack(base)
     blocks = getattr(base, layout.blocks)
     assert len(packed) == len(layout.head) + len(blocks) * len(layout.block) + len(layout.tail)
@@ -461,24 +475,24 @@ def test_the_weights_passed_are_the_layouts(kind):
 def test_weights_h_is_generated_from_the_layouts():
     """Every weight of the tables has its enum in weights.h, in the table's order, and the time mix's params are a
     block's (the C code's _Static_assert relies on it)."""
-    header = decode.weights_header()
-    for layout in decode.LAYOUTS.values():
+    for step in STEPS.values():
+        layout, header = step.LAYOUT, dict(step.SOURCES.generated)["weights.h"]
         for prefix, weights in ((f"{layout.prefix}_HEAD_", layout.head), (f"{layout.prefix}_", layout.block),
                                 (f"{layout.prefix}_TAIL_", layout.tail)):
             places = [header.index(f" {prefix}{w.name},") for w in weights]
             assert places == sorted(places), prefix
-    r7 = [(w.name, w.path) for w in decode.LAYOUTS["rwkv7"].block]
+    r7 = [(w.name, w.path) for w in rwkv7_step.LAYOUT.block]
     start = r7.index(("W0", "att.w0"))
-    assert r7[start:start + len(decode.TIME_MIX)] == [(w.name, "att." + w.path) for w in decode.TIME_MIX]
+    assert r7[start:start + len(rwkv7_step.TIME_MIX)] == [(w.name, "att." + w.path) for w in rwkv7_step.TIME_MIX]
 
 
 def test_the_sizes_are_passed_by_name():
     """A step's dims array is built from its sizes by name (Layout.sizes, in the order of weights.h's *_DIM_ enums);
     a size left out or unknown is an error, not a shifted array."""
-    layout = decode.LAYOUTS["mamba"]
+    layout = mamba_step.LAYOUT
     sizes = dict(C=1, D=2, N=3, K=4, R=5, L=6, BF16=0)
     assert layout.sizes(**sizes) == [1, 2, 3, 4, 5, 6, 0]
     enum = "enum { M_DIM_C, M_DIM_D, M_DIM_N, M_DIM_K, M_DIM_R, M_DIM_L, M_DIM_BF16, M_DIMS };"
-    assert enum in decode.weights_header()
+    assert enum in decode.weights_header([layout])
     with pytest.raises(TypeError, match="M dims: expected"):
         layout.sizes(**{**sizes, "E": 1})

@@ -77,7 +77,8 @@ def write_index(directory, weight_map):
     (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
 
-@pytest.mark.parametrize("shard", ["../outside.safetensors", "sub/../../outside.safetensors", "/tmp/outside.safetensors"])
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "sub/../../outside.safetensors",
+                                   "/tmp/outside.safetensors"])
 def test_shard_outside_the_directory_is_refused(tmp_path, shard):
     """I9: an index may not send the loader out of the model directory (transformers follows it)."""
     model_dir = tmp_path / "model"
@@ -92,7 +93,8 @@ def test_shard_outside_the_directory_is_refused(tmp_path, shard):
 def test_shard_missing_a_listed_tensor_is_named(tmp_path):
     rwkv4().save_pretrained(tmp_path)
     (tmp_path / "model.safetensors").rename(tmp_path / "part-1.safetensors")
-    write_index(tmp_path, {k: "part-1.safetensors" for k in rwkv4().state_dict()} | {"extra.weight": "part-1.safetensors"})
+    write_index(tmp_path,
+                {k: "part-1.safetensors" for k in rwkv4().state_dict()} | {"extra.weight": "part-1.safetensors"})
     with pytest.raises(KeyError, match=r"part-1\.safetensors: missing tensor.*extra\.weight"):
         RwkvForCausalLM.from_pretrained(tmp_path)
 

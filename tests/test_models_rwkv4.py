@@ -19,8 +19,9 @@ import pytest
 import torch
 import transformers
 
-from hf_peer import (assert_states_close, check_against_peer_and_reference, check_checkpoint_round_trip, check_float64_copy,
-                     check_fp16_copy, check_pieces_equal_whole, check_training_step, input_lengths, peer_greedy)
+from hf_peer import (assert_states_close, check_against_peer_and_reference, check_checkpoint_round_trip,
+                     check_float64_copy, check_fp16_copy, check_pieces_equal_whole, check_training_step, input_lengths,
+                     peer_greedy)
 from hf_peer import make_models as make_peer_and_ours
 from hf_peer import tokens as random_tokens
 from seqmix.models.io import save_state_dict

@@ -565,8 +565,8 @@ def test_transformers_modeling_utils_imports_from_the_root():
 WHEEL_RUNS_A_C_OP = """
 import sys, torch
 from seqmix.kernels import native
-from seqmix.models import decode
-sources = [*native.KERNELS.files, *decode.SOURCES.files]
+from seqmix.models.rwkv7 import step
+sources = [*native.KERNELS.files, *step.SOURCES.files]
 assert all(f.is_file() and f.is_relative_to(sys.prefix) for f in sources), sources   # the wheel's own copies
 x = torch.linspace(-5.0, 5.0, 11)
 assert torch.allclose(native.exp(x), torch.exp(x), rtol=1e-6)

@@ -1,7 +1,6 @@
 """Text in, text out (models/text.py, models/cli.py): tokenizers found beside the weights or named, streamed decoding
 that holds back incomplete UTF-8 and a possible start of the stop string, the state saved and resumed, and the
 `python -m seqmix.generate` command, on tiny random checkpoints with tokenizers these tests write."""
-import os
 import re
 import subprocess
 import sys
@@ -28,10 +27,12 @@ def model_dir(tmp_path_factory):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
     tok.save(str(path / "tokenizer.json"))
     torch.manual_seed(5)
-    RwkvForCausalLM(RwkvConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2)).save_pretrained(path)
+    model = RwkvForCausalLM(RwkvConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2))
+    model.save_pretrained(path)
     return path
 
 

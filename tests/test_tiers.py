@@ -37,9 +37,9 @@ def test_a_test_is_read_with_its_fixtures_and_the_helpers_it_calls():
     """The code a rule reads: the test, the fixtures it uses, and the module's functions these call, transitively
     (test_text's CLI tests spawn through run_cli)."""
     import test_text
-    code = conftest._code_of(test_text.test_command_streams_what_the_python_api_streams, test_text, [])
+    code = conftest._code_of(test_text.test_command_streams_what_the_python_api_streams, test_text, ())
     assert "def run_cli" in code and reason(code) == "spawns a command"
-    assert reason(conftest._code_of(test_text.test_world_tokenizer_round_trip, test_text, [])) is None
+    assert reason(conftest._code_of(test_text.test_world_tokenizer_round_trip, test_text, ())) is None
 
 
 class _Item:

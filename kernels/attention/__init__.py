@@ -304,7 +304,7 @@ def attention(q, k, v, *, causal=True, scale=None, backend=None):
 
 def aot_kernels():
     """The three kernels at head size 64 and 128 in fp32, fp16 and bf16; the fp32 forward also with tf32x3 dots."""
-    from seqmix.kernels.aot import AOT_DTYPES, FLASH_ARG_TYPES, AotKernel, fp32_dot_variants
+    from ..aot import AOT_DTYPES, FLASH_ARG_TYPES, AotKernel, fp32_dot_variants
     kernels = []
     for d in (64, 128):
         for dtype, torch_dtype in AOT_DTYPES.items():

@@ -34,12 +34,12 @@ import numbers
 
 import torch
 
-from seqmix.kernels._common import accumulation_dtype, check_devices, check_same_dtype, check_tensor
-from seqmix.kernels._flash import positive_scale, set_fp32_dot_precision
-from seqmix.kernels.backends import Call, dispatch
-from seqmix.kernels.rerope.fused import rerope_triton
-from seqmix.kernels.rerope.piecewise import rerope_decode_torch, rerope_torch
-from seqmix.kernels.rerope.rotation import cos_sin, log_n, rotate
+from .._common import accumulation_dtype, check_devices, check_same_dtype, check_tensor
+from .._flash import positive_scale, set_fp32_dot_precision
+from ..backends import Call, dispatch
+from .fused import rerope_triton
+from .piecewise import rerope_decode_torch, rerope_torch
+from .rotation import cos_sin, log_n, rotate
 
 __all__ = ["rerope_attention", "rerope_decode", "apply_rope", "log_n_scaling", "set_fp32_dot_precision"]
 

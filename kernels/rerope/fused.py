@@ -37,10 +37,10 @@ import math
 
 import torch
 
-from seqmix.kernels._common import GPU_SMS, Launch, first_order_only, new_output, tl, triton
-from seqmix.kernels._flash import (block_d, dot_precision, flash_delta, flash_grid, flash_head, flash_launch,
-                                   load_row_stats, load_tile, online_softmax_step, softmax_tile_grad, store_tile)
-from seqmix.kernels.rerope.rotation import FAR_K, FAR_Q, NEAR, cached_rotation_table
+from .._common import GPU_SMS, Launch, first_order_only, new_output, tl, triton
+from .._flash import (block_d, dot_precision, flash_delta, flash_grid, flash_head, flash_launch,
+                      load_row_stats, load_tile, online_softmax_step, softmax_tile_grad, store_tile)
+from .rotation import FAR_K, FAR_Q, NEAR, cached_rotation_table
 
 __all__ = ["ReropeFunction", "rerope_triton", "aot_kernels", "launch_config", "decode_splits"]
 
@@ -49,10 +49,10 @@ KERNELS = ("fwd", "dq", "dkdv")   # the three kernels, each with its own launch 
 
 def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
     """Tiles of ``kernel`` (one of KERNELS, or "decode": the forward with one query) for head size ``head_dim`` and
-    inputs of ``dtype``, chosen on the build the JIT makes for aligned tensors (``python -m seqmix.kernels.aot``): the largest tried that compile without
-    spills or stack on sm_80 and sm_90 (Leaky ReRoPE, the larger variant). Each query and key tile is held in two
-    rotations and the backward keeps two gradient accumulators per tile, hence smaller tiles than attention's; tiles
-    of 64 query rows compile to wgmma on sm_90."""
+    inputs of ``dtype``, chosen on the build the JIT makes for aligned tensors (``python -m seqmix.kernels.aot``): the
+    largest tried that compile without spills or stack on sm_80 and sm_90 (Leaky ReRoPE, the larger variant). Each query
+    and key tile is held in two rotations and the backward keeps two gradient accumulators per tile, hence smaller tiles
+    than attention's; tiles of 64 query rows compile to wgmma on sm_90."""
     if kernel == "decode":   # one live query row: tl.dot's smallest tile; fp32 as its forward at d <= 64
         return flash_launch(16, 32, 8, 1) if dtype == torch.float32 else flash_launch(16, 64, 4, 2)
     if dtype == torch.float32:
@@ -672,7 +672,7 @@ def aot_kernels():
     """The three kernels, ReRoPE and Leaky, at head size 64 and 128 in fp32, fp16 and bf16; decode: the forward at
     its launch configuration, writing its split's fp32 partial output; and the backward's rotated operands
     (rerope_operands_kernel, at the default launch options). The fp32 forward also with tf32x3 dots."""
-    from seqmix.kernels.aot import AOT_DTYPES, FLASH_ARG_TYPES, AotKernel, fp32_dot_variants
+    from ..aot import AOT_DTYPES, FLASH_ARG_TYPES, AotKernel, fp32_dot_variants
     variants = [(kernel, fn, fn.__name__.removesuffix("_kernel"))
                 for kernel, fn in zip(KERNELS, (rerope_fwd_kernel, rerope_bwd_dq_kernel, rerope_bwd_dkdv_kernel))]
     variants.append(("decode", rerope_fwd_kernel, "rerope_decode"))

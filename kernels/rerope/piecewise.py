@@ -18,8 +18,8 @@ from collections import namedtuple
 
 import torch
 
-from seqmix.kernels._common import accumulation_dtype, all_finite, first_order_only
-from seqmix.kernels.rerope.rotation import FAR_K, FAR_Q, NEAR, cos_sin, log_n, rotate, rotation_table
+from .._common import accumulation_dtype, all_finite, first_order_only
+from .rotation import FAR_K, FAR_Q, NEAR, cos_sin, log_n, rotate, rotation_table
 
 __all__ = ["ReropeTorchFunction", "rerope_torch", "rerope_decode_torch"]
 

@@ -28,14 +28,14 @@ ordinary torch ops on the torch and Triton backends (autograd differentiates the
 - triton: one program per (batch, block of BLOCK_D channels); the state (BLOCK_D, N) lives in registers and the
   program walks time sequentially, step t + 1's loads issued before step t's arithmetic. The forward takes 16
   channels per program, down to 4 at small batch * D (two programs per SM where it can: batch 1, D = 1536 gives 384
-  one-warp programs); what stays serial is each channel's T steps (an exponential and a sum over the N states).
-  The forward kernel stores the state every CHECKPOINT tokens (~ sqrt(T)); the backward kernel walks these runs in reverse, recomputes a run's states from its checkpoint into a scratch
-  buffer, then walks the run backwards. Extra memory: batch * D * N * (T / CHECKPOINT + CHECKPOINT) fp32, about
-  2 sqrt(T) states per channel instead of T. dB and dC sum over channels: each program stores its block's share in
-  its own slice of (batch, D / BLOCK_D, N, T) buffers, summed once by the wrapper (batch * D * T * N / BLOCK_D fp32
-  each, the size of u at N = 16). No atomics: on a GPU each would be a memory fence on addresses all D / BLOCK_D
-  programs of a row share, and their order would change the last bits from run to run; these gradients are the
-  same bit for bit in every run.
+  one-warp programs); what stays serial is each channel's T steps (an exponential and a sum over the N states). The
+  forward kernel stores the state every CHECKPOINT tokens (~ sqrt(T)); the backward kernel walks these runs in reverse,
+  recomputes a run's states from its checkpoint into a scratch buffer, then walks the run backwards. Extra memory:
+  batch * D * N * (T / CHECKPOINT + CHECKPOINT) fp32, about 2 sqrt(T) states per channel instead of T. dB and dC sum
+  over channels: each program stores its block's share in its own slice of (batch, D / BLOCK_D, N, T) buffers, summed
+  once by the wrapper (batch * D * T * N / BLOCK_D fp32 each, the size of u at N = 16). No atomics: on a GPU each would
+  be a memory fence on addresses all D / BLOCK_D programs of a row share, and their order would change the last bits
+  from run to run; these gradients are the same bit for bit in every run.
 
 States and accumulation are fp32 (float64 for float64 inputs on the torch backend); outputs take the input dtype.
 A, D and delta_bias may be fp32 while the sequence inputs are fp16/bf16 (Mamba keeps these parameters in fp32).
@@ -544,7 +544,7 @@ def aot_kernels():
     """Forward and backward kernels at Mamba sizes (D = 1536 and 8192, N = 16, T = 2048), fp32 and bf16 inputs, at
     the configurations the dispatcher picks for batch 1 (the forward's channels per program follow batch * D). D and T
     are runtime arguments: the compiled kernel depends only on the launch configuration and the dtypes."""
-    from seqmix.kernels.aot import AotKernel
+    from ..aot import AotKernel
     kernels = []
     for dim in (1536, 8192):
         for dtype in ("fp32", "bf16"):

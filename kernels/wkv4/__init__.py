@@ -31,12 +31,12 @@ each), over blocks of BLOCK tokens and over the L offsets of a chunk; none over 
 
 Triton path. One program per (batch, block of channels) walks time with the max-tracked recurrence in fp32
 registers; max is kept as the exponent that set it plus a count of decays (anchor + lag w), for the same precision
-reason. Both kernels are software-pipelined: step t + 1's loads are issued before step t's arithmetic (loop
-variables), so two memory round trips overlap and a step waits about half of one, plus its chain of exponentials
-and the division. What stays serial: the T steps of each channel. Channels per program are not split further: one
-thread per channel, and a warp of 32 channels walks its steps as fast as one channel would. The forward saves, per
-token, v_t - y_t, d_t = max_t - (u + k_t) and z_t = Z_t e^{-max(max_t, u + k_t)}, where Z_t = D^_t + e^{u + k_t} is the output's denominator. The backward walks time in reverse with the adjoints of
-the represented sums and of their w-derivatives,
+reason. Both kernels are software-pipelined: step t + 1's loads are issued before step t's arithmetic (loop variables),
+so two memory round trips overlap and a step waits about half of one, plus its chain of exponentials and the division.
+What stays serial: the T steps of each channel. Channels per program are not split further: one thread per channel, and
+a warp of 32 channels walks its steps as fast as one channel would. The forward saves, per token, v_t - y_t,
+d_t = max_t - (u + k_t) and z_t = Z_t e^{-max(max_t, u + k_t)}, where Z_t = D^_t + e^{u + k_t} is the output's
+denominator. The backward walks time in reverse with the adjoints of the represented sums and of their w-derivatives,
 
     A_N(t) = dL/dN^_t = gy_t / Z_t + e^w A_N(t+1),   A_D(t) = -gy_t y_t / Z_t + e^w A_D(t+1),
     B(t) = e^w (B(t+1) + A(t+1)),
@@ -558,7 +558,7 @@ def wkv4(w, u, k, v, state=None, *, backend=None):
 
 def aot_kernels():
     """The forward (with and without saving for the backward) and backward kernels at C = 768 and 4096."""
-    from seqmix.kernels.aot import AotKernel
+    from ..aot import AotKernel
     kernels = []
     for C in (768, 4096):
         cfg = _launch_config(C)

@@ -11,7 +11,7 @@ import torch
 
 from .. import native
 from .._common import first_order_only
-from ..native import CHECKPOINT, call, floats, fp32, initial_state, library, sum_rows
+from ..native import call, floats, fp32, sum_rows
 
 __all__ = ["Wkv4CFunction", "wkv4", "wkv4_forward", "wkv4_backward"]
 

@@ -60,7 +60,8 @@ sequential kernel at N = 64. The state lives in the output buffer rather than in
 of (16, 16) tiles (fp32 products keep whole operand rows in each thread: (16, N) tiles need 168-255 registers and a
 stack). With a gradient wanted, the forward saves the state entering each chunk, and the chunked backward reads
 them. That backward carries dL/dS back chunk by chunk in one serial pass, then takes every chunk's gradients at
-once, in matmul form. With fp16/bf16 inputs the products run on the tensor cores. It takes head sizes from 16 and
+once, in matmul form. With fp16/bf16 inputs the products run on the tensor cores (the couplings of raw inputs
+in the input dtype, the products that carry a state or the inverse in tf32). It takes head sizes from 16 and
 refuses smaller ones (backend="triton", the sequential kernels, runs them). Each chunk picks its form on the device:
 within _factors_in_range's DECAY_RANGE and finite (RWKV-7's decays always are), the factored form; otherwise its 16
 steps one at a time. The wrappers read no values (no host sync: CUDA graphs can capture them).
@@ -220,15 +221,17 @@ def _wkv7_torch(r, log_w, k, v, a, b, state):
 @triton.jit
 def _issue_step(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, start, T):
     """Step t's loads, raw (input dtype): r, log_w, k, a, b at `keys` (N,) and v at `rows` (BLOCK_V,), with the masks
-    (start <= t < T) for keys and rows. A step past T reads log_w = 0 and zeros: w = 1, and the step changes nothing. The
-    sequential kernels issue step t + 1's (or t - 1's) loads before step t's arithmetic and take them with
+    (start <= t < T) for keys and rows. A step past T reads log_w = 0 and zeros: w = 1, and the step changes nothing.
+    The sequential kernels issue step t + 1's (or t - 1's) loads before step t's arithmetic and take them with
     _take_step in the next step (software pipelining: two memory round trips overlap)."""
     key_live = (keys * 0 + t < T) & (keys * 0 + t >= start)   # tensors: the interpreter takes no scalar mask
     row_live = (rows * 0 + t < T) & (rows * 0 + t >= start)
-    return (tl.load(r_ptr + off + keys, mask=key_live, other=0.0), tl.load(log_w_ptr + off + keys, mask=key_live,
-                                                                            other=0.0),
-            tl.load(k_ptr + off + keys, mask=key_live, other=0.0), tl.load(v_ptr + off + rows, mask=row_live, other=0.0),
-            tl.load(a_ptr + off + keys, mask=key_live, other=0.0), tl.load(b_ptr + off + keys, mask=key_live, other=0.0),
+    return (tl.load(r_ptr + off + keys, mask=key_live, other=0.0),
+            tl.load(log_w_ptr + off + keys, mask=key_live, other=0.0),
+            tl.load(k_ptr + off + keys, mask=key_live, other=0.0),
+            tl.load(v_ptr + off + rows, mask=row_live, other=0.0),
+            tl.load(a_ptr + off + keys, mask=key_live, other=0.0),
+            tl.load(b_ptr + off + keys, mask=key_live, other=0.0),
             key_live, row_live)
 
 
@@ -571,7 +574,7 @@ SMALL_GRID_HEADS = 12   # B H of the AOT build's split forward: batch 1 of a 12-
 def aot_kernels():
     """The sequential and chunked forwards (with checkpoints) and backwards at head size 64 and 128, fp32 and bf16
     inputs; the sequential forward also at B H = SMALL_GRID_HEADS, where it splits the state further."""
-    from seqmix.kernels.aot import AotKernel
+    from ..aot import AotKernel
     kernels = []
     for N in (64, 128):
         for dtype in ("fp32", "bf16"):

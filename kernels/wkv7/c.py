@@ -11,7 +11,7 @@ import torch
 
 from .. import native
 from .._common import first_order_only
-from ..native import CHECKPOINT, call, floats, fp32, initial_state, library, sum_rows
+from ..native import CHECKPOINT, call, floats, fp32, initial_state, library
 
 __all__ = ["MAX_HEAD", "Wkv7CFunction", "wkv7", "wkv7_forward", "wkv7_backward"]
 

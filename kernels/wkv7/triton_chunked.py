@@ -14,10 +14,12 @@ Centred factors. Each coupling factors exp(c_i - c_j) as e^{c_i - m} e^{m - c_j}
 path takes m = 0): for decays <= 1, c runs from 0 down to c_L, so both factors lie within e^{+-spread/2}, e^{+-4.9} at
 RWKV-7's strongest decays (spread 0.61 L = 9.7). That keeps fp16 operands normal and far from their 65504 limit.
 
-Tensor cores. With fp16 or bf16 inputs every tl.dot takes its operands in the input dtype and accumulates in fp32
-(mma.sync / wgmma), as fla does (the states and their gradients too, rounded to the input dtype as operands: bf16
-has fp32's range; fp16 assumes them below 65504, as fla does); fp32 inputs keep fp32 products (input_precision="ieee":
-the factors reach e^DECAY_RANGE). An fp16 chunk takes the factored form for spreads up to kernels/wkv7.py's
+Tensor cores. With fp16 or bf16 inputs the couplings, products of the raw inputs (_dot), take their operands in
+the input dtype and accumulate in fp32 (mma.sync / wgmma), as fla does; every other product, which carries a state,
+its gradient, the inverse or a result of other products (_fdot), takes fp32 operands, tf32 on the tensor cores.
+Rounded to fp16 as well, those operands cost the fp16 gradients on correlated keys 30-100x the error that the
+inputs' own rounding explains (review K1). fp32 inputs keep fp32 products (input_precision="ieee": the factors
+reach e^DECAY_RANGE). An fp16 chunk takes the factored form for spreads up to kernels/wkv7.py's
 FP16_DECAY_RANGE = 10, so that e^{c} factors stay in fp16's range; RWKV-7's decays (spread <= 9.7) always do.
 
 Backward: given dY (L, N_v) and G = dL/dS_L (N_v, N_k), reverse-mode through the lines above (the derivation was
@@ -113,6 +115,19 @@ def _dot(x, y, DT: tl.constexpr):
 
 
 @triton.jit
+def _fdot(x, y, DT: tl.constexpr):
+    """x @ y of fp32 operands accumulated in fp32, for every product that carries a state, the inverse or a result of
+    other products: fp32 inputs (DT) take IEEE fp32 products, fp16 / bf16 inputs tf32 ones on the tensor cores.
+    Rounded to fp16 instead, as they were, those operands cost the fp16 gradients on correlated keys (nearly parallel
+    unit keys, weak decays) 30-100x the error the inputs' own rounding explains (review K1: d/db 1.4e-1 against
+    1.1e-3); with tf32 operands, 7e-4."""
+    if DT == tl.float32:
+        return tl.dot(x, y, input_precision="ieee")
+    else:
+        return tl.dot(x, y, input_precision="tf32")
+
+
+@triton.jit
 def _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t, keys, CHUNK: tl.constexpr):
     """One block of keys over one chunk as (CHUNK, len(keys)) fp32 tiles, 0 past T: r, k, a, b and c_i, c_{i-1}, with
     c_L as (1, len(keys))."""
@@ -189,8 +204,8 @@ def _unit_lower_inverse(A, i, DT: tl.constexpr, CHUNK: tl.constexpr):
     inverse = (i[:, None] == i[None, :]).to(tl.float32) + A
     power = A
     for _ in tl.static_range(3):
-        power = _dot(power, power, DT)
-        inverse += _dot(inverse, power, DT)
+        power = _fdot(power, power, DT)
+        inverse += _fdot(inverse, power, DT)
     return inverse
 
 
@@ -273,8 +288,8 @@ def wkv7_chunked_fwd_kernel(
                                                        keys, CHUNK)
             c_hi, c_lo, total = _spread(c_hi, c_lo, total, c, r + k + a + b)
             A_ab, A_ak, Q_rb, Q_rk = _add_couplings(A_ab, A_ak, Q_rb, Q_rk, r, k, a, b, c, c_prev, c_end, DT)
-            aS += _dot(a * tl.exp(c_prev), tl.trans(S), DT)                 # a~ S^T
-            rS += _dot(r * tl.exp(c), tl.trans(S), DT)                      # r~ S^T
+            aS += _fdot(a * tl.exp(c_prev), tl.trans(S), DT)                 # a~ S^T
+            rS += _fdot(r * tl.exp(c), tl.trans(S), DT)                      # r~ S^T
         v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CHUNK)          # (CHUNK, BLOCK_V): this program's rows
         # The factored form needs the chunk's spread of c within MAX_SPREAD and finite inputs; a chunk without them
         # (decays far stronger than RWKV-7's, inf or NaN) takes CHUNK sequential steps, decided here on the device:
@@ -283,8 +298,8 @@ def wkv7_chunked_fwd_kernel(
             A_ak = _lower(A_ak, i, True)
             Q_rb = _lower(Q_rb, i, False)
             Q_rk = _lower(Q_rk, i, False)
-            U = _dot(_unit_lower_inverse(_lower(A_ab, i, True), i, DT, CHUNK), aS + _dot(A_ak, v, DT), DT)  # T_inv Z
-            Y = rS + _dot(Q_rb, U, DT) + _dot(Q_rk, v, DT)                   # rows y_i = S_i r_i
+            U = _fdot(_unit_lower_inverse(_lower(A_ab, i, True), i, DT, CHUNK), aS + _fdot(A_ak, v, DT), DT)  # T_inv Z
+            Y = rS + _fdot(Q_rb, U, DT) + _fdot(Q_rk, v, DT)                   # rows y_i = S_i r_i
             _store_chunk(y_ptr, Y, seq, t0, T, stride_t, rows, CHUNK)
             tl.debug_barrier()                           # every thread has read this chunk's state before it changes
             for k0 in range(0, N, BLOCK_K):              # S <- S diag(d) + U^T B^ + V^T K^
@@ -296,7 +311,7 @@ def wkv7_chunked_fwd_kernel(
                 b_hat = _load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
                 k_hat = _load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
                 S = tl.load(state_ptr + head_state + tile)
-                S = S * decay[None, :] + _dot(tl.trans(U), b_hat, DT) + _dot(tl.trans(v), k_hat, DT)
+                S = S * decay[None, :] + _fdot(tl.trans(U), b_hat, DT) + _fdot(tl.trans(v), k_hat, DT)
                 tl.store(state_ptr + head_state + tile, S)
         else:
             _sequential_chunk(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, y_ptr, state_ptr, head_state, seq,
@@ -358,7 +373,7 @@ def wkv7_chunked_dstate_kernel(
             c_hi, c_lo, total = _spread(c_hi, c_lo, total, c, r + k + a + b)
             # A_ak and Q_rk are not needed here (nor computed: the compiler drops what nothing reads)
             A_ab, _, Q_rb, _ = _add_couplings(A_ab, 0.0, Q_rb, 0.0, r, k, a, b, c, c_prev, c_end, DT)
-            BG += _dot(b * tl.exp(c_end - c), tl.trans(G), DT)
+            BG += _fdot(b * tl.exp(c_end - c), tl.trans(G), DT)
         dy = _load_chunk(dy_ptr, seq, t0, T, stride_t, rows, CHUNK)        # (CHUNK, BLOCK_V)
         v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CHUNK)
         factored = _factored(c_hi, c_lo, total + tl.sum(tl.sum(v, axis=1), axis=0), MAX_SPREAD)
@@ -371,11 +386,11 @@ def wkv7_chunked_dstate_kernel(
                 tile = rows[:, None] * N + keys[None, :]
                 r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T,
                                                            stride_t, keys, CHUNK)
-                W = _dot(T_inv, a * tl.exp(c_prev), DT)                       # T_inv a~
-                R = r * tl.exp(c) + _dot(Q_rb, W, DT)                          # r~ + Q_rb W
+                W = _fdot(T_inv, a * tl.exp(c_prev), DT)                       # T_inv a~
+                R = r * tl.exp(c) + _fdot(Q_rb, W, DT)                          # r~ + Q_rb W
                 # dS_0 = G diag(d) + (B^ G^T)^T W + dY^T R
                 G = tl.load(dstate0_ptr + head_state + tile) * tl.exp(c_end)
-                G += _dot(tl.trans(BG), W, DT) + _dot(tl.trans(dy), R, DT)
+                G += _fdot(tl.trans(BG), W, DT) + _fdot(tl.trans(dy), R, DT)
                 tl.store(dstate0_ptr + head_state + tile, G)
         else:                                        # step by step, G in registers
             keys = tl.arange(0, N)
@@ -454,9 +469,9 @@ def _chunk_sums(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, state0, dstate, seq, t0, 
         A_ab, A_ak, Q_rb, Q_rk = _add_couplings(A_ab, A_ak, Q_rb, Q_rk, r, k, a, b, c, c_prev, c_end, DT)
         G_T = tl.trans(tl.load(dstate + tile))                          # (BLOCK_K, BLOCK_V)
         to_end = tl.exp(c_end - c)                                       # e^{c_L - c_j}
-        aS += _dot(a * tl.exp(c_prev), tl.trans(tl.load(state0 + tile)), DT)
-        BG += _dot(b * to_end, G_T, DT)
-        KG += _dot(k * to_end, G_T, DT)
+        aS += _fdot(a * tl.exp(c_prev), tl.trans(tl.load(state0 + tile)), DT)
+        BG += _fdot(b * to_end, G_T, DT)
+        KG += _fdot(k * to_end, G_T, DT)
     return A_ab, A_ak, Q_rb, Q_rk, aS, BG, KG, c_hi, c_lo, total
 
 
@@ -476,15 +491,15 @@ def _factored_key_gradients(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, dkeys_ptr, st
         S0 = tl.load(state0 + tile)                                       # (BLOCK_V, BLOCK_K)
         G = tl.load(dstate + tile)
         to_end = tl.exp(c_end - c)
-        da = (_dot(dZ, S0, DT) * tl.exp(c_prev)
-              + (_dot(dA_ab, tl.trans(b_c), DT) + _dot(dA_ak, tl.trans(k_c), DT)) * tl.exp(c_prev - m))
-        dr = (_dot(dy, S0, DT) * tl.exp(c)
-              + (_dot(dQ_rb, tl.trans(b_c), DT) + _dot(dQ_rk, tl.trans(k_c), DT)) * tl.exp(c - m))
+        da = (_fdot(dZ, S0, DT) * tl.exp(c_prev)
+              + (_fdot(dA_ab, tl.trans(b_c), DT) + _fdot(dA_ak, tl.trans(k_c), DT)) * tl.exp(c_prev - m))
+        dr = (_fdot(dy, S0, DT) * tl.exp(c)
+              + (_fdot(dQ_rb, tl.trans(b_c), DT) + _fdot(dQ_rk, tl.trans(k_c), DT)) * tl.exp(c - m))
         up = tl.exp(m - c)
-        db_cpl = (_dot(tl.trans(dA_ab), a_c, DT) + _dot(tl.trans(dQ_rb), r_c, DT)) * up
-        dk_cpl = (_dot(tl.trans(dA_ak), a_c, DT) + _dot(tl.trans(dQ_rk), r_c, DT)) * up
-        db_end = _dot(U, G, DT) * to_end
-        dk_end = _dot(v, G, DT) * to_end
+        db_cpl = (_fdot(tl.trans(dA_ab), a_c, DT) + _fdot(tl.trans(dQ_rb), r_c, DT)) * up
+        dk_cpl = (_fdot(tl.trans(dA_ak), a_c, DT) + _fdot(tl.trans(dQ_rk), r_c, DT)) * up
+        db_end = _fdot(U, G, DT) * to_end
+        dk_end = _fdot(v, G, DT) * to_end
         # dlog_w_t = sum_{i>=t} (dr r - db_cpl b - dk_cpl k)_i + sum_{i>t} (da a)_i
         #            + sum_{j<t} (db_end b + dk_end k)_j + dd d,   dd = colsum(G * S_0)
         after = da * a
@@ -541,15 +556,15 @@ def wkv7_chunked_bwd_kernel(
         Q_rb = _lower(Q_rb, i, False)
         Q_rk = _lower(Q_rk, i, False)
         T_inv = _unit_lower_inverse(_lower(A_ab, i, True), i, DT, CHUNK)
-        U = _dot(T_inv, aS + _dot(A_ak, v, DT), DT)                          # T_inv Z
-        dZ = _dot(tl.trans(T_inv), _dot(tl.trans(Q_rb), dy, DT) + BG, DT)    # T_inv^T dU, dU = Q_rb^T dY + B^ G^T
+        U = _fdot(T_inv, aS + _fdot(A_ak, v, DT), DT)                          # T_inv Z
+        dZ = _fdot(tl.trans(T_inv), _fdot(tl.trans(Q_rb), dy, DT) + BG, DT)    # T_inv^T dU, dU = Q_rb^T dY + B^ G^T
         # dV = Q_rk^T dY + K^ G^T + A_ak^T dZ
-        _store_chunk(dv_ptr, _dot(tl.trans(Q_rk), dy, DT) + KG + _dot(tl.trans(A_ak), dZ, DT), seq, t0, T, stride_t,
+        _store_chunk(dv_ptr, _fdot(tl.trans(Q_rk), dy, DT) + KG + _fdot(tl.trans(A_ak), dZ, DT), seq, t0, T, stride_t,
                      rows, CHUNK)
-        dA_ab = _lower(_dot(dZ, tl.trans(U), DT), i, True)
-        dA_ak = _lower(_dot(dZ, tl.trans(v), DT), i, True)
-        dQ_rb = _lower(_dot(dy, tl.trans(U), DT), i, False)
-        dQ_rk = _lower(_dot(dy, tl.trans(v), DT), i, False)
+        dA_ab = _lower(_fdot(dZ, tl.trans(U), DT), i, True)
+        dA_ak = _lower(_fdot(dZ, tl.trans(v), DT), i, True)
+        dQ_rb = _lower(_fdot(dy, tl.trans(U), DT), i, False)
+        dQ_rk = _lower(_fdot(dy, tl.trans(v), DT), i, False)
         _factored_key_gradients(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, dkeys_ptr, state0, dstate, numel, seq, t0, T,
                                 stride_t, rows, U, v, dy, dZ, dA_ab, dA_ak, dQ_rb, dQ_rk, N, BLOCK_K, CHUNK, DT)
     else:

@@ -13,7 +13,7 @@ nor triton: ``seqmix.wkv7(...)`` is ``seqmix.kernels.wkv7.wkv7(...)``.
 """
 import importlib
 
-from seqmix.kernels.registry import REGISTRY
+from .kernels.registry import REGISTRY
 
 __version__ = "0.2.0"
 

@@ -8,8 +8,8 @@ transformers' modeling_rwkv.py:
     block i:  x = pre_ln(x) (i = 0 only);  x += time_mix(ln1(x));  x += channel_mix(ln2(x))
     model:    ln_out(blocks(embeddings[input_ids]));  causal LM: logits = head(...)
 
-Decoding: on a CPU, a call with one token of one sequence and no gradients runs as one C step (models/decode.py,
-models/native/decode.c); any other call runs the torch ops below.
+Decoding: on a CPU, a call with one token of one sequence and no gradients runs as one C step (models/rwkv4/step.py,
+rwkv4_step.c); any other call runs the torch ops below.
 
 State: five tensors of shape (B, C, L), transformers' order: ffn_x_prev, att_x_prev, att_num, att_den, att_max
 (att_* are (B, attention_hidden_size, L)); fp32 (float64 for a float64 model). Unlike transformers, the state
@@ -29,12 +29,13 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from seqmix.kernels.shared import accumulation_dtype, check_tensor
-from seqmix.kernels.wkv4 import INITIAL_MAX, wkv4
-from seqmix.models.base import (STATE_DTYPES, CausalLMMixin, ModelOutput, PretrainedMixin, check_bools,
-                                check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)
-from seqmix.models import decode
-from seqmix.models.layers import Linear, token_shift
+from ...kernels.shared import accumulation_dtype, check_tensor
+from ...kernels.wkv4 import INITIAL_MAX, wkv4
+from ..base import (STATE_DTYPES, CausalLMMixin, ModelOutput, PretrainedMixin, check_bools,
+                    check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)
+from .. import decode
+from . import step
+from ..layers import Linear, token_shift
 
 __all__ = ["RwkvConfig", "RwkvModel", "RwkvForCausalLM", "STATE_NAMES"]
 
@@ -229,8 +230,9 @@ class RwkvModel(PretrainedMixin, nn.Module):
         B, state_dtype = input_ids.shape[0], accumulation_dtype(self.embeddings.weight.dtype)
         state = None if state is None else self._check_state(state, B)
         every = self.config.rescale_every if not self.training else 0
-        if decode.step_path(self, input_ids, state, backend, output_hidden_states=output_hidden_states) == "c":
-            x, state = decode.rwkv4_step(self, input_ids, state, every)
+        if decode.step_path(self, input_ids, state, backend, variant=step.variant(self.config),
+                            limit=step.limit(self.config), output_hidden_states=output_hidden_states) == "c":
+            x, state = step.rwkv4_step(self, input_ids, state, every)
             return ModelOutput(x, state if use_cache else None, None)
         x = self.embeddings(input_ids)
         if state is None:

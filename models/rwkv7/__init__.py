@@ -12,7 +12,7 @@
 
 GPT mode: a call with T tokens runs the whole sequence through the WKV-7 op (kernels/wkv7/) in each layer.
 RNN mode: calls with one token each, the returned state passed back in; both give the same logits. On a CPU, a call
-with one token of one sequence and no gradients runs as one C step (models/decode.py, models/native/).
+with one token of one sequence and no gradients runs as one C step (models/rwkv7/step.py, rwkv7_step.c).
 State: a list of L tuples (att_x_prev (B, C), att_kv (B, H, N, N) fp32 indexed [value, key], ffn_x_prev (B, C)).
 
 Where Rwkv7 differs from RwkvForCausalLM and MambaForCausalLM, on purpose: forward returns the pair (logits, state)
@@ -33,13 +33,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from seqmix.kernels.shared import accumulation_dtype, check_devices, check_tensor
-from seqmix.kernels.wkv7 import wkv7
-from seqmix.models import decode, rwkv7_fla
-from seqmix.models.base import (STATE_DTYPES, GenerateMixin, PretrainedMixin, check_logits_to_keep,
-                                check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)
-from seqmix.models.io import load_state_dict
-from seqmix.models.layers import Linear, token_shift
+from ...kernels.shared import accumulation_dtype, check_devices, check_tensor
+from ...kernels.wkv7 import wkv7
+from .. import decode, rwkv7_fla
+from ..base import (STATE_DTYPES, GenerateMixin, PretrainedMixin, check_logits_to_keep,
+                    check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)
+from ..io import load_state_dict
+from ..layers import Linear, token_shift
+from . import step
 
 __all__ = ["Rwkv7Config", "Rwkv7", "UNUSED_CHECKPOINT_KEYS"]
 
@@ -169,9 +170,9 @@ class TimeMix(nn.Module):
         vl = None if v_first is None else _lora(xv, self.v1, self.v2)
         g = _lora(xg, self.g1, self.g2, torch.sigmoid)
         # on a CPU without gradients: the rest in one C pass (every tensor it reads counts, the state's kv included);
-        # not with the wide in-context rate, which the C pass does not compute (decode.CStep says so)
-        if decode.time_mix_path(self, backend, r, k, v, v_first, wl, al, vl, g, kv) == "c":
-            y, kv = decode.rwkv7_time_mix(self, r, k, v, v_first, wl, al, vl, g, kv)
+        # not with the wide in-context rate, which the C pass does not compute (step.variant says so)
+        if step.time_mix_path(self, backend, r, k, v, v_first, wl, al, vl, g, kv) == "c":
+            y, kv = step.rwkv7_time_mix(self, r, k, v, v_first, wl, al, vl, g, kv)
         else:
             y, kv = self._mix(r, k, v, v_first, wl, al, vl, g, kv, backend)
         return self.output(y), x[:, -1], kv, v if v_first is None else v_first
@@ -366,8 +367,9 @@ class Rwkv7(GenerateMixin, PretrainedMixin, nn.Module):
         check_logits_to_keep(logits_to_keep)
         B = input_ids.shape[0]
         state = None if state is None else self._check_state(state, B)
-        if decode.step_path(self, input_ids, state, backend) == "c":   # one token: one C call
-            x, state = decode.rwkv7_step(self, input_ids, state)
+        if decode.step_path(self, input_ids, state, backend, variant=step.variant(self.config),
+                            limit=step.limit(self.config.head_size)) == "c":   # one token: one C call
+            x, state = step.rwkv7_step(self, input_ids, state)
             return self.head(x), state
         state = self.initial_state(B, dtype=self.kv_dtype) if state is None else state
         x = self.blocks[0].ln0(self.emb(input_ids))

@@ -9,8 +9,8 @@ structure follows transformers' modeling_mamba.py and the Mamba part of the RWKV
     model:  norm_f(blocks(embeddings[input_ids]));  causal LM: logits = lm_head(...) (tied to the embeddings by
             default)
 
-Decoding: on a CPU, a call with one token of one sequence and no gradients runs as one C step (models/decode.py,
-models/native/decode.c); any other call runs the torch ops below.
+Decoding: on a CPU, a call with one token of one sequence and no gradients runs as one C step (models/mamba/step.py,
+mamba_step.c); any other call runs the torch ops below.
 
 State: a list with one (conv window (B, D, K - 1), h (B, D, N)) per block, fp32 (float64 for a float64 model):
 the last K - 1 inputs of the causal convolution and the SSM state. transformers keeps K inputs in its conv cache
@@ -27,12 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqmix.kernels.shared import accumulation_dtype, check_tensor
-from seqmix.kernels.ssm import selective_scan
-from seqmix.models.base import (STATE_DTYPES, CausalLMMixin, ModelOutput, PretrainedMixin, check_bools,
-                                check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)
-from seqmix.models import decode
-from seqmix.models.layers import Linear, linear
+from ...kernels.shared import accumulation_dtype, check_tensor
+from ...kernels.ssm import selective_scan
+from ..base import (STATE_DTYPES, CausalLMMixin, ModelOutput, PretrainedMixin, check_bools,
+                    check_positive_floats, check_positive_ints, check_state_dtype, check_token_ids)
+from .. import decode
+from . import step
+from ..layers import Linear, linear
 
 __all__ = ["MambaConfig", "MambaModel", "MambaForCausalLM"]
 
@@ -230,8 +231,9 @@ class MambaModel(PretrainedMixin, nn.Module):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         B, state_dtype = input_ids.shape[0], accumulation_dtype(self.embeddings.weight.dtype)
         state = None if state is None else self._check_state(state, B)
-        if decode.step_path(self, input_ids, state, backend, output_hidden_states=output_hidden_states) == "c":
-            x, state = decode.mamba_step(self, input_ids, state)
+        if decode.step_path(self, input_ids, state, backend, variant=step.variant(self.config),
+                            limit=step.limit(self.config), output_hidden_states=output_hidden_states) == "c":
+            x, state = step.mamba_step(self, input_ids, state)
             return ModelOutput(x, state if use_cache else None, None)
         x = self.embeddings(input_ids)
         state = self.initial_state(B, x.device, state_dtype) if state is None else state

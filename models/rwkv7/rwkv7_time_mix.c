@@ -1,18 +1,20 @@
-/* RWKV-7's time mix after its matrix products, in C: the CPU path of models/rwkv7.py's TimeMix for prompts without
- * gradients (models/decode.py's rwkv7_time_mix), and the middle of the RWKV-7 decoding step (decode.c's rwkv7_run).
- * The recurrence is kernels/wkv7/wkv7.c's wkv7_forward. Threads: OpenMP's, torch's own (decode.c says why). */
+/* RWKV-7's time mix after its matrix products, in C: the CPU path of models/rwkv7/'s TimeMix for prompts without
+ * gradients (step.py's rwkv7_time_mix), and the middle of the RWKV-7 decoding step (rwkv7_step.c's rwkv7_run).
+ * The recurrence is kernels/wkv7/wkv7.c's wkv7_forward. Threads: OpenMP's, torch's own (models/native/steps.h says
+ * why). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "steps.h"
+#include "rwkv7_step.h"
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-/* RWKV-7's time mix between its matrix products, models/rwkv7.py's TimeMix from r, k, v and the LoRA outputs on:
+/* RWKV-7's time mix between its matrix products, models/rwkv7/'s TimeMix from r, k, v and the LoRA outputs on:
  *     log_w = -e^-0.5 sigmoid(w0 + wl),  v += (v_first - v) sigmoid(v0 + vl) (blocks 1 ...),  a = sigmoid(a0 + al),
  *     kk = normalize(k k_k) per head,  k *= 1 + (a - 1) k_a,  y, state = WKV-7(r, log_w, k, v, -kk, kk a, state),
  *     out = (GroupNorm(y) + (r . k r_k per head) v) g
@@ -20,8 +22,8 @@
  * recurrence). r, k, v, v_first, wl, al, vl, g (B, T, H N) in the activations' dtype (ACT_BF16), v_first and vl
  * NULL in block 0; params: w0, a0, v0, k_k, k_a, r_k (H, N), ln_x weight, bias, each in its own dtype (params_bf16);
  * state (B, H, N, N) fp32, in and out; out (B, T, H N) in the activations' dtype. Returns a status. The prefill
- * calls it (models/decode.py) with the (B, T) of a prompt, the decoding step (decode.c) for its thread's heads.
- * The params' order, MIX_W0 .. MIX_PARAMS, is weights.h's, generated from models/decode.py's TIME_MIX. */
+ * calls it (step.py) with the (B, T) of a prompt, the decoding step (rwkv7_step.c) for its thread's heads.
+ * The params' order, MIX_W0 .. MIX_PARAMS, is weights.h's, generated from step.py's TIME_MIX. */
 
 #define MIX_CHUNK 128      /* tokens at a time: a chunk's 7 arrays of a head stay in the cache */
 
