@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set up and run the project from nothing: needs only Python 3.10+ with pip and venv.
 
-    python3 dev.py lab       JupyterLab over the repository, opened on notebooks/ (the main job)
+    python3 dev.py lab       JupyterLab over the repository, opened on the course's start page (the main job)
     python3 dev.py test      the quick tier (minutes): every test not marked slow, notebook 01 under nbval
     python3 dev.py test --full
                              everything, as CI runs it: the slow tests (compiles, trains, the Lab in a browser, long
@@ -10,7 +10,7 @@
     python3 dev.py constraints
                              write the venv's package versions to constraints.txt (after a green run on newer ones)
     python3 dev.py notebooks [NAME ...]
-                             after editing notebooks/NAME.py (the jupytext source): sync it into NAME.ipynb and
+                             after editing notebooks/sources/NAME.py (the jupytext source): sync it into NAME.ipynb and
                              execute that top to bottom, as nbval and the Lab expect it (default: every notebook)
 
 Each command creates ./.venv on first use and installs the project into it (dependencies: pyproject.toml), at
@@ -110,9 +110,10 @@ def execute_notebooks(names, env):
     paths = ([ROOT / "notebooks" / f"{Path(n).stem}.ipynb" for n in names]
              or sorted((ROOT / "notebooks").glob("*.ipynb")))
     for path in paths:
-        if not path.with_suffix(".py").exists():
-            raise SystemExit(f"no notebook source {path.with_suffix('.py').relative_to(ROOT)}")
-        run(PY, "-m", "jupytext", "--sync", path.with_suffix(".py"), env=env)
+        source = path.parent / "sources" / f"{path.stem}.py"        # pyproject.toml's [tool.jupytext] pairing
+        if not source.exists():
+            raise SystemExit(f"no notebook source {source.relative_to(ROOT)}")
+        run(PY, "-m", "jupytext", "--sync", source, env=env)
         run(PY, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--inplace",
             "--ExecutePreprocessor.timeout=900", "--ExecutePreprocessor.record_timing=False", path, env=env)
         strip_timings(path)
@@ -163,14 +164,25 @@ def main(argv):
 
 def lab_command(extra=()):
     """JupyterLab serving the repository root, so that a notebook's links to ../reference, ../kernels, ../models,
-    ERRATA.md and its images resolve, and opening on notebooks/. Extra arguments go to `jupyter lab`."""
+    ERRATA.md and its images resolve, and opening on the course's start page, notebooks/README.md, rendered.
+    Extra arguments go to `jupyter lab`."""
+    write_lab_settings()
     # Jupyter refuses to run as root unless told; root is common in containers, where this is the only user.
     as_root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
     return [PY, "-m", "jupyter", "lab", f"--ServerApp.root_dir={ROOT}", f"--LabApp.default_url={LAB_HOME}",
             *as_root, *extra]
 
 
-LAB_HOME = "/lab/tree/notebooks"             # where the Lab opens: the file browser on notebooks/
+LAB_HOME = "/lab/tree/notebooks/README.md"   # where the Lab opens: the course's start page
+# The Lab's settings for this venv (JupyterLab reads <prefix>/share/jupyter/lab/settings/overrides.json): a Markdown
+# file opens rendered, so the start page reads as a page, not as its source.
+LAB_SETTINGS = {"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Markdown Preview"}}}
+
+
+def write_lab_settings():
+    path = VENV / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(LAB_SETTINGS, indent=1) + "\n")
 
 
 if __name__ == "__main__":

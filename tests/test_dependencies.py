@@ -63,7 +63,7 @@ def test_package_imports_are_declared():
 @pytest.mark.parametrize("folder, extras", [("tests", ("test",)), ("notebooks", ("test", "lab"))])
 def test_test_and_notebook_imports_are_declared(folder, extras):
     allowed = RUNTIME.union(*(EXTRAS[e] for e in extras))
-    missing = [f"{f.relative_to(ROOT)}: {dist}" for f in (ROOT / folder).glob("*.py")
+    missing = [f"{f.relative_to(ROOT)}: {dist}" for f in (ROOT / folder).rglob("*.py")
                for dist, _ in third_party_imports(f) if dist not in allowed]
     assert not missing, f"imported but not in the runtime or {'/'.join(extras)} dependencies: " + ", ".join(missing)
 

@@ -167,7 +167,7 @@ def server_status(server):
         return None
 
 
-def test_lab_serves_the_repository_and_opens_on_notebooks(lab):
+def test_lab_serves_the_repository_and_opens_on_the_start_page(lab):
     request = urllib.request.Request(f"{lab.url}/", headers={"Authorization": f"token {lab.token}"})
 
     class NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -177,7 +177,7 @@ def test_lab_serves_the_repository_and_opens_on_notebooks(lab):
     with pytest.raises(urllib.error.HTTPError) as redirect:
         urllib.request.build_opener(NoRedirect).open(request, timeout=30)
     assert redirect.value.code == 302
-    assert urllib.parse.urlsplit(redirect.value.headers["Location"]).path == "/lab/tree/notebooks"
+    assert urllib.parse.urlsplit(redirect.value.headers["Location"]).path == "/lab/tree/notebooks/README.md"
     for folder in ("notebooks", "reference", "kernels", "models", "benchmarks"):
         assert lab.get(f"/api/contents/{folder}", "content=0")[0] == 200, folder
 
@@ -284,6 +284,25 @@ def rendered_problems(page, cells):
     if found["images"] < expected_images:
         problems.append(f"{found['images']} images shown, {expected_images} in the notebook")
     return problems
+
+
+def test_the_lab_opens_the_start_page_rendered_beside_the_notebooks_alone(lab, browser):
+    """The Lab's first page is the course's start page as a page (its heading rendered, not its Markdown source),
+    and the file browser beside it lists the notebooks and no .py twin (those sit in notebooks/sources/, their
+    solutions in plain text)."""
+    page = browser.new_page()
+    try:
+        page.goto(f"{lab.url}/lab?reset&token={lab.token}")
+        page.wait_for_function("""() => Array.from(document.querySelectorAll('.jp-RenderedMarkdown h1'))
+            .some(h => h.textContent.includes('Start here'))""", timeout=120_000)
+        page.wait_for_function("() => document.querySelectorAll('.jp-DirListing-item').length > 0", timeout=60_000)
+        listed = page.evaluate("""() => Array.from(document.querySelectorAll('.jp-DirListing-item'))
+            .map(item => item.getAttribute('title') || item.textContent)""")
+        names = [entry.split("\n")[0].split("Name: ")[-1].strip() for entry in listed]
+        assert not [n for n in names if n.endswith(".py")], f"the file browser lists .py twins: {names}"
+        assert sum(n.endswith(".ipynb") for n in names) == len(NOTEBOOKS), names
+    finally:
+        page.close()
 
 
 @pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])

@@ -1,5 +1,5 @@
-"""Each notebook is paired with a jupytext percent-format source (notebooks/NN_name.py), the text a review reads;
-the executed .ipynb beside it is what nbval runs and JupyterLab opens. The two must hold the same cells.
+"""Each notebook is paired with a jupytext percent-format source (notebooks/sources/NN_name.py), the text a review
+reads; the executed .ipynb is what nbval runs and JupyterLab opens. The two must hold the same cells.
 
 After editing a .py source: `python3 dev.py notebooks NN_name` syncs the pair and executes the notebook."""
 import json
@@ -9,7 +9,12 @@ import jupytext
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+SOURCES = NOTEBOOKS / "sources"            # pyproject.toml's [tool.jupytext] pairing: out of the Lab's file list
 IPYNB = sorted(NOTEBOOKS.glob("*.ipynb"))
+
+
+def source_of(path):
+    return SOURCES / f"{path.stem}.py"
 
 
 def cells(notebook):
@@ -19,13 +24,14 @@ def cells(notebook):
 
 def test_every_notebook_has_a_source_and_every_source_a_notebook():
     assert IPYNB
-    assert {p.stem for p in IPYNB} == {p.stem for p in NOTEBOOKS.glob("*.py")}
+    assert {p.stem for p in IPYNB} == {p.stem for p in SOURCES.glob("*.py")}
+    assert not list(NOTEBOOKS.glob("*.py")), "a .py beside the notebooks: sources go in notebooks/sources/"
 
 
 @pytest.mark.parametrize("path", IPYNB, ids=lambda p: p.stem)
 def test_notebook_and_source_hold_the_same_cells(path):
     ipynb = cells(jupytext.read(path))
-    source = cells(jupytext.read(path.with_suffix(".py")))
+    source = cells(jupytext.read(source_of(path)))
     for i, (a, b) in enumerate(zip(ipynb, source)):
         assert a == b, f"cell {i} differs between {path.name} and its .py: run python3 dev.py notebooks {path.stem}"
     assert len(ipynb) == len(source), f"{path.name} and its .py have {len(ipynb)} and {len(source)} cells"
@@ -43,7 +49,7 @@ def test_checked_cells_are_tagged_not_commented(path):
 def test_solution_cells_hide_their_output_too(path):
     """A solution cell (source collapsed) collapses its output as well, or the answer prints in plain sight; both
     the executed notebook and its .py source must say so."""
-    for notebook in (json.loads(path.read_text()), jupytext.read(path.with_suffix(".py"))):
+    for notebook in (json.loads(path.read_text()), jupytext.read(source_of(path))):
         for i, cell in enumerate(notebook["cells"]):
             hidden = cell["metadata"].get("jupyter", {})
             if hidden.get("source_hidden"):
@@ -54,7 +60,7 @@ def test_solution_cells_hide_their_output_too(path):
 def test_every_notebook_has_exercises_with_solutions(path):
     """README says every notebook ends with exercises whose solutions are collapsed cells: a "## Exercises" section
     with at least two solution cells (source hidden, and output: the test above) after its heading."""
-    notebook = jupytext.read(path.with_suffix(".py"))
+    notebook = jupytext.read(source_of(path))
     headings = [i for i, c in enumerate(notebook.cells)
                 if c.cell_type == "markdown" and "## Exercises" in (line.strip() for line in c.source.splitlines())]
     assert headings, f"{path.stem} has no '## Exercises' section"
@@ -74,7 +80,7 @@ def test_trained_model_sections_read_what_the_experiment_ships(stem, tmp_path):
     lm = pytest.importorskip("seqmix.experiments.language_model")
     import torch
 
-    source = (NOTEBOOKS / f"{stem}.py").read_text()
+    source = (SOURCES / f"{stem}.py").read_text()
     assert f'LM_WEIGHTS = REPO / "experiments" / "results" / "weights" / "{lm.NAME}"' in source
     for name in SHOWS_TRAINED[stem]:
         arch = name.split(".")[0]
