@@ -54,7 +54,8 @@ def pytest_addoption(parser):
                      help="the full tier: the slow tests too (compiles, trains, browser, notebooks, long shapes)")
     parser.addoption("--extra-op", action="append", default=[], metavar="MODULE:SPEC",
                      help="register this OpSpec for the whole run, before collection, so that every test that "
-                          "iterates the registry runs it too (ema_op:SPEC, the made-up op of docs/architecture.md)")
+                          "iterates the registry runs it too (helpers.ema_op:SPEC, the made-up op of "
+                          "docs/architecture.md)")
 
 
 def full_tier(config) -> bool:
