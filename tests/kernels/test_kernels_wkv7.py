@@ -312,6 +312,7 @@ def test_triton_chunked_fp16_keeps_factors_in_range(rng, chunked_backward):
 
 
 @needs_triton
+@pytest.mark.slow   # the Triton interpreter beyond tiny shapes (no rule of tests/conftest.py can see it)
 def test_triton_chunked_backward_matches_sequential_and_torch(rng, chunked_backward):
     """The same gradients from the chunked backward, the sequential Triton backward and autograd through the torch
     path's chunked form."""
@@ -339,6 +340,7 @@ def test_triton_chunked_split_sequence_gradients_equal_whole(rng, chunked_backwa
 
 
 @needs_triton
+@pytest.mark.slow   # the Triton interpreter beyond tiny shapes (no rule of tests/conftest.py can see it)
 def test_triton_chunked_backward_steps_through_out_of_range_chunks(rng, chunked_backward):
     """One launch, three chunks: the middle one's decays reach e^{-1e4} (its spread is far beyond DECAY_RANGE: both
     backward kernels take its steps one at a time), the others are factored; every gradient against the truth."""
@@ -349,6 +351,7 @@ def test_triton_chunked_backward_steps_through_out_of_range_chunks(rng, chunked_
 
 
 @needs_triton
+@pytest.mark.slow   # the Triton interpreter beyond tiny shapes (no rule of tests/conftest.py can see it)
 def test_triton_chunked_backward_steps_every_chunk(rng, monkeypatch, chunked_backward):
     """DECAY_RANGE below every spread: every chunk of the forward and both backward kernels goes step by step (two
     row blocks, T not a multiple of the chunk)."""
