@@ -90,8 +90,9 @@ COMMANDS = ("lab", "test", "report", "notebooks", "constraints")
 
 
 def ensure_browser():
-    """Debian's chromium for the Lab's browser tests (tests/test_lab.py), installed with apt-get where it is missing
-    and this user may (root, or sudo without a password); otherwise those tests skip and say why (in CI they fail)."""
+    """Debian's chromium for the Lab's browser tests (tests/repository/test_lab.py), installed with apt-get where it is
+    missing and this user may (root, or sudo without a password); otherwise those tests skip and say why (in CI they
+    fail)."""
     if os.access(CHROMIUM, os.X_OK) or not shutil.which("apt-get"):
         return
     sudo = [] if os.geteuid() == 0 else ["sudo", "-n"] if shutil.which("sudo") else None

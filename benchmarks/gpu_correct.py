@@ -157,7 +157,8 @@ def compile_item(run, op: str, dtype: str) -> dict:
 
 def part_correct(run, emit):
     """The conformance battery on each Triton op, one row per op and dtype."""
-    # fp32 alone on a dry run: the interpreter is slow, and computes bf16 dots wrongly (tests/test_conformance.py
+    # fp32 alone on a dry run: the interpreter is slow, and computes bf16 dots wrongly
+    # (tests/conformance/test_conformance.py
     # runs the Triton ops at fp32 and fp16 there).
     dtypes = ("fp32",) if run.dry else ("fp32", "fp16", "bf16")
     run.each(emit, correct_item, [(name, dtype) for name in BATTERY for dtype in dtypes if run.wants(name)])

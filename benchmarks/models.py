@@ -2,7 +2,7 @@
 the limits of the hardware: ``python -m seqmix.benchmarks.models``.
 
     python -m seqmix.benchmarks.models                  1.5 GB checkpoints; 169M / 130M / 0.1B models (minutes)
-    python -m seqmix.benchmarks.models --quick          tiny checkpoints and models (tests/test_benchmarks.py)
+    python -m seqmix.benchmarks.models --quick          tiny checkpoints and models (tests/benchmarks/)
     python -m seqmix.benchmarks.models --only memory    or --only speed; --out DIR, --threads N
 
 Writes models.md and models.json to --out (default benchmarks/results, or benchmarks/results/quick with --quick).

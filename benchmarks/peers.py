@@ -1,7 +1,7 @@
 """What a user would run instead of seqmix, measured beside it by benchmarks/run.py.
 
 Each peer takes the same tensors as the seqmix op it stands beside and returns that op's output (checked in
-tests/test_benchmarks.py), so the two do the same work:
+tests/benchmarks/test_benchmarks.py), so the two do the same work:
 
 - ``hf_wkv4``: transformers' own CPU loop for RWKV-4, ``rwkv_linear_attention_cpu`` (one Python step per token).
 - ``hf_selective_scan``: transformers' Mamba scan, ``mamba_selective_scan`` in ``modeling_mamba`` (since

@@ -8,7 +8,8 @@
     mamba_step_sizes(model, inputs)           selective copying: the first layer's mean delta_t at each position
     rwkv7_transitions(model, inputs)          state tracking: the eigenvalues of RWKV-7's transition at each step
 
-Each returns arrays a figure can show (experiments.plots draws them); each is checked in tests/test_mechanism.py
+Each returns arrays a figure can show (experiments.plots draws them); each is checked in
+tests/experiments/test_mechanism.py
 against an independent computation (the attention output rebuilt from the weights; the readout of a state built
 by hand).
 """

@@ -14,7 +14,7 @@ does. Each op has an ordered tuple of backends, with its limits, in its package 
   a TypeError, of what is installed here (triton, the interpreter, a C compiler) a RuntimeError. Nothing falls back
   in silence.
 
-``describe(op)`` words the order for the docstrings, which tests/test_backends.py checks against it. The models'
+``describe(op)`` words the order for the docstrings, which tests/kernels/test_backends.py checks against it. The models'
 one-call C paths (models/decode.py) are backends of the same kind, chosen by the same ``dispatch``.
 """
 from __future__ import annotations
@@ -249,7 +249,8 @@ def refusals(call: Call, backends: tuple[Backend, ...] | None = None) -> dict:
 
 def describe(op: str, backends: tuple[Backend, ...] | None = None,
              lead: str = "None runs the first that takes the call") -> str:
-    """The sentence that docstrings carry for ``op`` (tests/test_backends.py checks each): the order backend=None
+    """The sentence that docstrings carry for ``op`` (tests/kernels/test_backends.py checks each): the order
+    backend=None
     tries.
 
     Args:

@@ -3,7 +3,7 @@ writes it), from which ctypes' argtypes and restype are built and by which a cal
 Every entry point returns a status (native.h's enum status, which kernels/native.py's STATUS mirrors) or a size.
 
 A library declares its entry points with ``table(text)``, the text being the prototypes as its header has them
-(kernels/native.py's ENTRIES, models/decode.py's ENTRIES). tests/test_kernels_native.py parses the headers with
+(kernels/native.py's ENTRIES, models/decode.py's ENTRIES). tests/kernels/test_kernels_native.py parses the headers with
 ``prototypes`` and checks that they declare what the tables say, and the C compiler checks each definition against
 its header, so the Python side, the headers and the definitions cannot drift apart.
 """

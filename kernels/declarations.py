@@ -68,7 +68,7 @@ class Op:
     the state's tensors; compare_state / loss_terms: what of a state is compared and weighed in the gradients' loss
     (default: the tensors themselves); interpreter: the Options (max_len, parts) that keep a run of the Triton
     kernels under the interpreter short (the tests' tiny shapes); tiny: the maker's arguments but T of the smallest
-    inputs, with an initial state where the op has one, that the edge-case tests (tests/edge_ops.py) perturb."""
+    inputs, with an initial state where the op has one, that the edge-case tests (tests/helpers/edge_ops.py) perturb."""
     name: str
     positional: tuple
     make: Callable

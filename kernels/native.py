@@ -36,8 +36,8 @@ the bits of the inputs that meet one (the exponents' clamps, WKV-4's running max
 what it reaches (a channel, a head) comes out NaN. Inputs that enter by products and sums only carry a NaN
 themselves. Elsewhere a comparison keeps a NaN by the same bit test (native.h: relu, sigmoid, silu; the steps' e^ of
 a weight and its key norm's clamp), or it would turn NaN into finite logits (`k > 0 ? k : 0` is 0 for a NaN, in IEEE
-arithmetic too); tests/test_models_decode.py puts NaN in the decoding step's states and weights.
-tests/test_kernels_native.py puts a NaN in each input of each op.
+arithmetic too); tests/models/test_models_decode.py puts NaN in the decoding step's states and weights.
+tests/kernels/test_kernels_native.py puts a NaN in each input of each op.
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ __all__ = ["exp", "softplus", "sum_rows", "available", "unavailable_reason", "li
 SOURCE = Path(__file__).with_name("native.c")
 HEADER = SOURCE.with_name("native.h")
 # native.c's entry points: native.h is the one signature table (the compiler checks native.c's definitions against
-# it, tests/test_kernels_native.py that every function native.c exports is declared there); ctypes' argtypes and
+# it, tests/kernels/test_kernels_native.py that every function native.c exports is declared there); ctypes' argtypes and
 # restype come from its prototypes, and the wrappers pass arguments by name through them. Each op's loops have a
 # header of their own in the op's package (kernels/<op>/<op>.h); ENTRIES, below, holds native.h's and theirs.
 SHARED_ENTRIES = c_abi.table(HEADER.read_text())

@@ -9,7 +9,7 @@ the cost model and the tests read it.
 
 What a spec points at is named as ``"module:attribute"`` and imported on first use (``OpSpec.get``), so that
 importing the registry imports neither torch nor triton: ``import seqmix`` reads it. A test may give the objects
-themselves instead (tests/test_registry.py registers a made-up op with ``registered``).
+themselves instead (tests/kernels/test_registry.py registers a made-up op with ``registered``).
 
 Subsets are properties of a spec, never lists of names: ``family`` ("attention": the flash-kernel ops; "recurrence":
 the stateful scans), ``c_entries`` (empty: no C loop), ``module`` (the kernel module, whose stem, "rerope" for both

@@ -2,7 +2,7 @@
 public names: input checks, dtypes and output buffers (``_common``) and the flash kernels' head tile (``_flash``).
 
 The kernels themselves import these from the private modules; another package imports them from here, so that no
-private (``_``) name crosses a package (tests/test_packaging.py checks it).
+private (``_``) name crosses a package (tests/repository/test_packaging.py checks it).
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ that requires one), no variant of the model its C code does not compute and no s
 step.py says which: ``variant`` and ``limit``), and no hidden states asked for. Every other call runs the torch ops
 (``CStep.verify`` says why, ``backends.refusals`` lists it). Both compute the same function: the step here in fp32
 from the weights as stored (a bf16 model's torch ops round to bf16 after each op, so its logits differ by bf16's
-rounding); tests/test_models_decode.py checks each model's step against its torch forward, float64 included.
+rounding); tests/models/test_models_decode.py checks each model's step against its torch forward, float64 included.
 
 The C side is written once per model: its header is the entry points' one signature table, from which their ctypes
 types come and by which the calls pass arguments by name; its ``Layout`` lists its sizes and weights in the order

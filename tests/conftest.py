@@ -52,6 +52,10 @@ def pytest_addoption(parser):
                      help="the Triton interpreter with a GPU's fp32 exp, division and dots (testing.gpu_like_math)")
     parser.addoption("--full", action="store_true",
                      help="the full tier: the slow tests too (compiles, trains, browser, notebooks, long shapes)")
+    parser.addoption("--extra-op", action="append", default=[], metavar="MODULE:SPEC",
+                     help="register this OpSpec for the whole run, before collection, so that every test that "
+                          "iterates the registry runs it too (helpers.ema_op:SPEC, the made-up op of "
+                          "docs/architecture.md)")
 
 
 def full_tier(config) -> bool:
@@ -61,6 +65,9 @@ def full_tier(config) -> bool:
 
 def pytest_configure(config):
     settings.load_profile("full" if full_tier(config) else "quick")
+    from seqmix.kernels import registry
+    for where in config.getoption("--extra-op"):         # before collection: parametrized modules see the op too
+        registry.register(registry.load(where))
     # The project's C libraries are built (or found in the cache) once, before any test: a test that then starts the
     # compiler builds C of its own, which makes it slow (the guard below).
     from seqmix.kernels import native

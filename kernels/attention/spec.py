@@ -53,4 +53,4 @@ ATTENTION = Op(
 # No conditioning rule: a score is rounded to u |s| (1.2e-5 at scores of 200), but where scores are that large the
 # softmax is nearly one-hot and y moves only with the few scores near each row's top; dq and dk, which that
 # rounding does dominate, are not compared there (SATURATED). fla's naive fp32 attention passes the design's budget
-# at every case, scores of 200 included (tests/test_conformance_peers.py). The same holds for ReRoPE below.
+# at every case, scores of 200 included (tests/conformance/test_conformance_peers.py). The same holds for ReRoPE below.

@@ -52,7 +52,7 @@ def _scan_inputs(rng, B, D, N, T, extras=(), softplus=None, delta_scale=1.0):
 
 # No conditioning rule: exp(delta A) is formed from delta A of at most 800 (delta ~50), whose e^-800 is 0 in any
 # arithmetic, or from small products (delta ~1e-4) rounded to u relative; transformers' fp32 scan passes the
-# design's budget at every case (tests/test_conformance_peers.py).
+# design's budget at every case (tests/conformance/test_conformance_peers.py).
 _ALL_EXTRAS = ("D", "z", "delta_bias", "state")
 SELECTIVE_SCAN = Op(
     "selective_scan", ("u", "delta", "A", "B", "C"), _scan_inputs, head="N", conditioning=None,

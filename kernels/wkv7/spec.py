@@ -82,7 +82,7 @@ def _wkv7_inputs(rng, B, T, H, N, decay="mixed", state=False):
 # No conditioning rule: the recurrence multiplies decays rather than subtracting large exponents, so fp32 rounds each
 # step's factor by u relative (T u over a sequence: 4e-6 at T = 70), and the design's budget (1e-4) already allows
 # chunked forms; log_w of -1e4 is a decay of 0 in any arithmetic. rwkv7-hf's and a BlinkDL-style fp32 loop pass it
-# (tests/test_conformance_peers.py).
+# (tests/conformance/test_conformance_peers.py).
 WKV7 = Op(
     "wkv7", ("r", "log_w", "k", "v", "a", "b"), _wkv7_inputs, head="N",
     conditioning=None,

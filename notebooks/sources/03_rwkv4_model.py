@@ -491,7 +491,7 @@ plt.show()
 # same weights under the same names (the state dict of section 0), and its logits and state match the float64
 # reference. The two page errata it embodies show too: its `ln_out` keeps eps 1e-5, and its hidden states hold no
 # embeddings entry. transformers is a test dependency of this project
-# (`tests/test_models_rwkv4.py` makes the same comparison on more configurations). Without it, the cell says so
+# (`tests/models/test_models_rwkv4.py` makes the same comparison on more configurations). Without it, the cell says so
 # and skips.
 
 # %%

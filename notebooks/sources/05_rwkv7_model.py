@@ -605,7 +605,7 @@ check("prompt in GPT mode, then token by token vs GPT mode: state", flat(mixed_s
 # one of the post's side claims: the post says the head size $N$ is "fixed at 64". That is the setting of the
 # released models (erratum 20); the runtime reads $N$ from the checkpoint (the shape of `r_k`), and runs this one,
 # with $N = 8$, as well. The cell skips, with a message, where `rwkv` is not installed (it is a test dependency of
-# this project; `tests/test_models_rwkv7.py` compares the two at length).
+# this project; `tests/models/test_models_rwkv7.py` compares the two at length).
 
 # %%
 import contextlib
@@ -629,7 +629,7 @@ def blinkdl_runtime(params):
 
 if importlib.util.find_spec("rwkv") is None:
     print("the rwkv package is not installed: skipped "
-          "(tests/test_models_rwkv7.py compares against it)")
+          "(tests/models/test_models_rwkv7.py compares against it)")
 else:
     peer = blinkdl_runtime(params)
     with torch.no_grad(), warnings.catch_warnings():

@@ -1028,7 +1028,7 @@ for i, ((w_i, h_i), (rw_i, rh_i)) in enumerate(zip(piece_state, state_end)):
 # **Independent evidence.** The block above and `reference/mamba.py` are two readings of the same sources by the
 # same project. transformers' `MambaModel` is a third, the one most people run; it takes these weights as they are
 # (its fp32 CPU path). The cell skips, with a message, where transformers is not installed (it is a test
-# dependency of this project; `tests/test_models_mamba.py` compares the two at length).
+# dependency of this project; `tests/models/test_models_mamba.py` compares the two at length).
 
 # %%
 try:
@@ -1037,7 +1037,7 @@ try:
         import transformers
 except ImportError:
     transformers = None
-    print("transformers is not installed: skipped (tests/test_models_mamba.py compares against it)")
+    print("transformers is not installed: skipped (tests/models/test_models_mamba.py compares against it)")
 if transformers is not None:
     transformers.logging.set_verbosity_error()
     config = transformers.MambaConfig(vocab_size=V_vocab, hidden_size=C_model, state_size=N_state,

@@ -1,0 +1,229 @@
+"""benchmarks/: the peers compute what the ops compute, the harness runs end to end at tiny shapes and writes its
+report, the memory probe sees torch's allocations, and the cost model's counts match hand counts. No timing is
+asserted: speed is what the benchmarks report, not what tests check."""
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from seqmix.benchmarks import cost_model, peers, run
+from seqmix.kernels.inputs import rwkv7_inputs
+from seqmix.kernels import attention
+from seqmix.kernels.testing import FP32_BUDGET, assert_close, fp32
+from seqmix.reference import attention as ref_attention
+from seqmix.reference import rope as ref_rope
+from seqmix.reference import ssm as ref_ssm
+from seqmix.reference import wkv4 as ref_wkv4
+from seqmix.reference import wkv7 as ref_wkv7
+
+needs_transformers = pytest.mark.skipif(not peers.HAS_TRANSFORMERS, reason="transformers is not installed")
+
+
+@needs_transformers
+def test_hf_wkv4_matches_the_reference(rng):
+    B, T, C = 2, 9, 5
+    w, u = -np.exp(rng.normal(size=C)), rng.normal(size=C)
+    k, v = rng.normal(size=(B, T, C)), rng.normal(size=(B, T, C))
+    expected, _ = ref_wkv4.wkv4(w, u, k, v)
+    assert_close(peers.hf_wkv4(*fp32(w, u, k, v)), expected, FP32_BUDGET, "transformers' RWKV-4 loop")
+
+
+@needs_transformers
+def test_hf_selective_scan_matches_the_reference(rng):
+    B, D, N, T = 2, 3, 4, 7
+    u, delta, z = (rng.normal(size=(B, D, T)) for _ in range(3))
+    A = -np.exp(rng.normal(size=(D, N)))
+    Bm, Cm = rng.normal(size=(B, N, T)), rng.normal(size=(B, N, T))
+    D_skip, delta_bias = rng.normal(size=D), rng.normal(size=D)
+    expected, _ = ref_ssm.selective_scan(u, delta, A, Bm, Cm, D=D_skip, z=z, delta_bias=delta_bias,
+                                         delta_softplus=True)
+    actual = peers.hf_selective_scan(*fp32(u, delta, A, Bm, Cm, D_skip, z, delta_bias))
+    assert_close(actual, expected, FP32_BUDGET, "transformers' Mamba scan")
+
+
+def test_wkv7_per_token_matches_the_reference(rng):
+    x, _ = rwkv7_inputs(rng, 2, 6, 2, 4, state=False)
+    expected, _ = ref_wkv7.wkv7(*x)
+    assert_close(peers.wkv7_per_token(*fp32(*x)), expected, FP32_BUDGET, "per-token WKV-7")
+
+
+@pytest.mark.parametrize("T, window", [(1, 1), (9, 3), (12, 20)])
+def test_rerope_two_pass_matches_the_reference(rng, T, window):
+    q, k, v = (rng.normal(size=(2, 3, T, 8)) for _ in range(3))
+    expected = ref_rope.rerope_attention(q, k, v, window)
+    assert_close(peers.rerope_two_pass(*fp32(q, k, v), window), expected, FP32_BUDGET, "two-pass ReRoPE")
+
+
+def test_sdpa_rope_is_causal_attention_after_rope(rng):
+    T = 11
+    q, k, v = (rng.normal(size=(1, 2, T, 8)) for _ in range(3))
+    pos = np.arange(T)
+    expected = ref_attention.softmax_attention(ref_rope.apply_rope(q, pos), ref_rope.apply_rope(k, pos), v)
+    assert_close(peers.sdpa_rope(*fp32(q, k, v)), expected, FP32_BUDGET, "SDPA + RoPE")
+
+
+def test_streaming_pass_copies_its_first_tensor():
+    x, y = torch.randn(3, 4), torch.randn(5)
+    out = peers.streaming_pass(x, y)
+    assert torch.equal(out, x) and out.data_ptr() != x.data_ptr()
+
+
+def test_peak_memory_sees_a_torch_allocation():
+    """The probe behind the memory column: a call that holds a 64 MiB tensor peaks at 64 MiB above its inputs."""
+    if run.DEVICE.type != "cpu":
+        pytest.skip("the resident-memory probe is the CPU one (CUDA uses torch.cuda's counters)")
+    run.map_large_blocks()                           # as each benchmark worker does
+    size = 64 * 2**20
+    result = run.measure(lambda x: torch.ones(size // 4) + x["a"], {"a": torch.zeros(1)}, 1, 1, 0.0)
+    # torch.ones and the sum: two 64 MiB tensors, the first freed after the add. Linux batches its resident-page
+    # counters per thread (up to 64 pages each), so the figure is good to about a MiB.
+    assert 2 * size - 2**20 <= result["peak_bytes"] < 2 * size + 8 * 2**20, result["peak_bytes"]
+
+
+def test_a_case_slower_than_its_budget_gets_one_timed_run():
+    """The time cap: a case whose warm-up outlasts the budget is timed once; one that fits is timed min_runs times
+    at least."""
+    slow = run.measure(lambda x: time.sleep(0.05), {}, 3, 15, 0.01)
+    fast = run.measure(lambda x: None, {}, 3, 15, 0.01)
+    assert len(slow["times"]) == 1 and slow["times"][0] >= 0.05
+    assert 3 <= len(fast["times"]) <= 15
+
+
+def test_quick_run_writes_the_report(tmp_path):
+    """The whole harness at tiny shapes: every case runs (or is skipped for a stated reason), and the report,
+    the plot and the JSON are written. No number is checked: the timings of a shared CPU mean nothing here."""
+    assert run.main(["--quick", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    errors = [r for r in data["rows"] if r["status"].startswith("error")]
+    assert not errors, errors
+    ops = run.all_ops(quick=True)
+    assert {r["op"] for r in data["rows"]} == {op.name for op in ops}
+    ok = [r for r in data["rows"] if r["status"] == "ok"]
+    assert ok and all(r["runs"] >= 2 and r["median_s"] > 0 and r["peak_bytes"] >= 0 for r in ok)
+    report = (tmp_path / "results.md").read_text()
+    for heading in ("## Headline", "## Training: forward + backward", "## Linear ops", "## Time and memory against T",
+                    "## GPU cost model"):
+        assert heading in report
+    for op in ops:
+        assert f"| {op.title}, {op.shape}, T=" in report
+    assert (tmp_path / "scaling.png").stat().st_size > 10_000
+
+
+def test_cost_model_wkv4_forward_hand_count():
+    """B = 1, T = 2, C = 1, fp32, no saving. Bytes: per step k, v read and y written (12) twice = 24; w, u once
+    (8); the state read (12) and written (12) = 24: 56. FLOPs: per step 13 for the output and 16 for the update,
+    twice = 58, plus 8 for the final max's rounding: 66. Exponentials: 4 per step, twice, plus e^err twice: 10."""
+    c = cost_model.wkv4_fwd(1, 2, 1, "fp32", save=False)
+    assert (c.bytes, c.flops, c.dot_flops, c.transcendentals) == (56, 66, 0, 10)
+
+
+def test_cost_model_attention_forward_hand_count():
+    """One head, T = 2, d = 16, tiles 64 x 64, fp32: one query tile of 2 real rows and one key tile.
+    Bytes: q and O (2 rows x 16 x 4 each = 256), LSE (2 x 4 = 8), k and v (2 rows x 16 x 4 each = 256): 520.
+    Dots: q k^T and p v, each 2 x 64 x 64 x 16 = 131072: 262144 (padded tiles compute in full)."""
+    c = cost_model.attention_fwd(1, 2, 16, "fp32", 64, 64)
+    assert c.bytes == 520 and c.dot_flops == 262144
+
+
+@pytest.mark.parametrize("path", ["attention/__init__.py", "rerope/fused.py", "_flash.py"])
+def test_the_flash_kernels_ask_for_the_dot_precision_the_cost_model_assumes(path):
+    """cost_model.dot_rate prices fp32 dots as IEEE products on the FMA units: every tl.dot takes the DOT
+    constexpr, which the launchers set from the setting: "ieee" for fp32 by default."""
+    source = Path(__file__).resolve().parents[2].joinpath("kernels", path).read_text()
+    calls = re.findall(r"tl\.dot\((.*)", source)
+    assert calls and all("input_precision=DOT" in call for call in calls)
+    assert attention.set_fp32_dot_precision("ieee") == "ieee"
+
+
+def test_roofline_picks_the_binding_resource():
+    hw = cost_model.H100
+    assert cost_model.predict(cost_model.Cost(), "fp32", dram_bytes=hw["bandwidth"]) == (1.0, "memory")
+    # bytes issued beyond the DRAM bytes (re-reads that L2 serves) do not enter the memory time
+    assert cost_model.predict(cost_model.Cost(bytes=10 * hw["bandwidth"]), "fp32", hw["bandwidth"])[0] == 1.0
+    # dots at the rate their compiled instruction reaches: wgmma, mma.sync (also the guess for bf16 without a
+    # build), the FMA units for fp32 IEEE dots
+    assert cost_model.predict(cost_model.Cost(dot_flops=hw["wgmma"]), "bf16", 0.0, mma="wgmma") == \
+        (1.0, "tensor cores (wgmma)")
+    assert cost_model.predict(cost_model.Cost(dot_flops=hw["mma.sync"]), "bf16", 0.0) == \
+        (1.0, "tensor cores (mma.sync)")
+    assert cost_model.predict(cost_model.Cost(dot_flops=hw["fma_dot"]), "fp32", 0.0) == (1.0, "FMA-unit dots")
+    assert hw["wgmma"] < hw["tensor"] and hw["mma.sync"] < hw["wgmma"] and hw["fma_dot"] < hw["fp32"]
+    # an add, multiply, compare or select is one lane-op: half the FMA rate in FLOP/s
+    t, bound = cost_model.predict(cost_model.Cost(flops=hw["fp32"]), "fp32", 0.0)
+    assert bound == "fp32 units" and t == pytest.approx(2.0, rel=0.01)
+    t, bound = cost_model.predict(cost_model.Cost(flops=hw["fp32_ops"], transcendentals=2 * hw["sfu"]), "fp32", 0.0)
+    assert (t, bound) == (2.0, "special functions")
+    assert cost_model.predict(cost_model.Cost(flops=hw["fp32_ops"]), "fp32", 0.0, latency_s=3.0) == (3.0, "latency")
+
+
+def test_latency_of_the_recurrences_hand_count():
+    """WKV-4 forward, B = 4, T = 2048, C = 768: 96 one-warp programs (one wave: an H100 holds 132 x 32), each
+    step a DRAM round trip (0.5 us) and 4 dependent MUFU ops (10 ns each), the loads issued one step ahead so that
+    two round trips overlap: 2048 x (0.5 + 0.04) / 2 us = 553 us, latency-bound (the roofline says 22.6 us; without
+    the prefetch it was 2048 x 0.54 us). 5000 programs take two waves."""
+    fwd = next(m for m in cost_model.wkv4_models(4, 2048, 768) if m.aot_label == "wkv4_fwd C=768 fp32")
+    assert (fwd.programs, fwd.serial_steps, fwd.num_warps) == (96, 2048, 1)
+    assert cost_model.latency(fwd) == pytest.approx(2048 * 0.27e-6)
+    # a step's chain longer than the round trip binds alone; a walk's first load waits in full
+    hw = cost_model.H100
+    assert cost_model.Step(round_trips=1, sfu=60, prefetch=1).seconds(hw) == pytest.approx(0.6e-6)
+    assert cost_model.Step(round_trips=1, reductions=1, prefetch=1, warp_reductions=True, starts=0.5).seconds(hw) \
+        == pytest.approx((0.5 + 0.075) / 2 * 1e-6 + 0.25e-6)
+    assert cost_model.predict(fwd.cost, "fp32", fwd.dram_bytes, latency_s=cost_model.latency(fwd))[1] == "latency"
+    fwd.programs = 5000
+    assert cost_model.latency(fwd) == pytest.approx(2 * 2048 * 0.27e-6)
+
+
+def test_a_small_grid_reaches_its_share_of_the_gpu():
+    """Bytes that take 1 s over the whole GPU take 132 / 4 s on 4 programs (4 SMs); 132 programs or more, 1 s.
+    ReRoPE decode at B H = 4 over 8192 keys: the unsplit kernel's 4 programs against flash-decoding's 256."""
+    hw = cost_model.H100
+    assert cost_model.predict(cost_model.Cost(), "fp32", hw["bandwidth"], programs=4)[0] == pytest.approx(33.0)
+    assert cost_model.predict(cost_model.Cost(), "fp32", hw["bandwidth"], programs=500)[0] == pytest.approx(1.0)
+    decode = next(m for m in cost_model.rerope_models() if m.aot_label == "rerope_decode d=64 bf16")
+    assert decode.programs == 256 and decode.notes.startswith("64 splits of 128 keys")
+
+
+def test_model_benchmarks_quick(tmp_path):
+    """benchmarks/models.py at tiny sizes, end to end: the CI variant of the memory goal (a checkpoint loads in a
+    fresh process within 1.2x of its size until the model is built; all five layouts, sharded included) and a speed
+    table with every runtime, limit and goal row."""
+    from seqmix.benchmarks import models as model_bench
+    assert model_bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "models.json").read_text())
+    assert [r["checkpoint"] for r in results["memory"]] == ["rwkv4", "rwkv4 sharded", "rwkv7", "rwkv7 .pth", "mamba"]
+    for row in results["memory"]:
+        assert row["ratio"] <= model_bench.MEMORY_GOAL, row
+        assert row["dtype"] == "torch.bfloat16"                   # loaded as stored
+    report = (tmp_path / "models.md").read_text()
+    for model in ("rwkv4", "rwkv7", "mamba"):
+        for dtype in ("float32", "bfloat16"):
+            runtimes = {r["runtime"] for r in results["speed"] if r["model"] == f"{model} {dtype}"}
+            assert {"seqmix", "one streaming pass over the weights", "the matmuls alone"} < runtimes
+            assert re.search(rf"\| {model} {dtype} \| [\d.]+x \| [\d.]+x \| (yes|no) \|", report)
+
+
+def test_training_ratios_quick(tmp_path):
+    """benchmarks/training.py at tiny shapes: the three ops ran on the C loops and the torch backend in alternating
+    rounds, and training.json / training.md hold their ratios. No ratio is checked against a target: speed is what
+    the benchmark reports, not what a test asserts."""
+    from seqmix.benchmarks import training
+    assert training.main(["--quick", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "training.json").read_text())
+    assert [r["op"] for r in result["rows"]] == ["wkv4_train", "wkv7_train", "ssm_train"]
+    for row in result["rows"]:
+        for clock in ("wall", "cpu"):
+            times = row[f"times_{clock}"]
+            assert set(times) == {"c", "torch"} and all(len(t) == 2 for t in times.values()), row
+            assert all(x > 0 for x in times["c"] + times["torch"]), row
+            ratios = [t / c for t, c in zip(times["torch"], times["c"])]
+            assert row[f"ratio_{clock}"] == pytest.approx(float(np.median(ratios))), row
+        assert row["met"] == (row["ratio_wall"] >= row["target"])
+    report = (tmp_path / "training.md").read_text()
+    for row in result["rows"]:
+        assert re.search(rf"\| {re.escape(row['title'])}, {re.escape(row['shape'])} \| .* \| "
+                         rf"{row['ratio_wall']:.2f}x \| {row['ratio_cpu']:.2f}x \| >= ", report), row["op"]
