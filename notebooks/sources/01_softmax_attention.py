@@ -15,7 +15,7 @@
 #
 # **Code used.** [`reference/attention.py`](../reference/attention.py): `softmax_attention`, `attention_sums`,
 # `online_softmax_attention` (NumPy, float64: the truth) ·
-# [`kernels/attention/`](../kernels/attention/): `attention` (backend `"torch"`: scaled dot-product attention;
+# [`kernels/attention/`](../kernels/attention/__init__.py): `attention` (backend `"torch"`: scaled dot-product attention;
 # backend `"triton"`: a flash-style kernel) · [`kernels/testing.py`](../kernels/testing.py): `check` and the error
 # budgets (relative RMS error against the float64 reference: 1e-12 between float64 forms, 1e-5 for fp32, 5e-3 for
 # fp16 inputs).
@@ -381,7 +381,7 @@ exercise("Exercise 4", checks_4)
 # The notebook's lesson ends above. This appendix runs the kernels a model uses on the same kind of inputs, and
 # checks them against the float64 reference (nbval checks these cells like the others).
 #
-# [`kernels.attention.attention`](../kernels/attention/) takes `(B, H, T, d)` tensors. Backend `"torch"` calls
+# [`kernels.attention.attention`](../kernels/attention/__init__.py) takes `(B, H, T, d)` tensors. Backend `"torch"` calls
 # torch's scaled dot-product attention; backend `"triton"` is a flash-style kernel: each program owns a tile of
 # query rows and streams over key tiles with exactly the online update of section 5 (here under the Triton
 # interpreter on the CPU, so the shapes are small). $T = 40$ on purpose: past one 32-token tile, so a program

@@ -18,7 +18,7 @@
 #
 # **Code used.** [`reference/wkv4.py`](../reference/wkv4.py): `wkv4_quadratic` (the definition), `wkv4_recurrent`
 # (the numerator/denominator recurrence), `wkv4` (the max-tracked recurrence) ·
-# [`kernels/wkv4/`](../kernels/wkv4/): `wkv4` (backend `"torch"`: a chunked form; backend `"triton"`: the
+# [`kernels/wkv4/`](../kernels/wkv4/__init__.py): `wkv4` (backend `"torch"`: a chunked form; backend `"triton"`: the
 # max-tracked recurrence in a kernel, forward and backward; backend `"c"`: a C loop, forward and backward) ·
 # [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 #
@@ -575,7 +575,7 @@ exercise("Exercise 4", checks_4)
 # The notebook's lesson ends above. This appendix runs the kernels a model uses on the same kind of inputs, and
 # checks them against the float64 reference (nbval checks these cells like the others).
 #
-# [`kernels.wkv4.wkv4`](../kernels/wkv4/) takes `w, u` of shape `(C,)` and `k, v` of shape `(B, T, C)`, and
+# [`kernels.wkv4.wkv4`](../kernels/wkv4/__init__.py) takes `w, u` of shape `(C,)` and `k, v` of shape `(B, T, C)`, and
 # returns `(wkv, (num, den, max))` with the state in Hugging Face's layout (the $\tilde N, \tilde D, M$ above,
 # fp32). Backend `"torch"` cuts time into chunks, runs the recurrence over the offsets of all chunks at once
 # (each chunk scaled by its largest key) and carries the state from chunk to chunk; backend `"triton"`

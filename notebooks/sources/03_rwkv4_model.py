@@ -22,8 +22,8 @@
 #
 # **Code used.** [`reference/rwkv4.py`](../reference/rwkv4.py): `token_shift`, `mix`, `time_mix`, `channel_mix`,
 # `block`, `forward`, `logits` (NumPy, float64: the truth) · [`reference/wkv4.py`](../reference/wkv4.py): `wkv4`
-# (notebook 02) · [`models/rwkv4/`](../models/rwkv4/): `RwkvConfig`, `RwkvModel`,
-# `RwkvForCausalLM` (torch, transformers' parameter names; the WKV from [`kernels/wkv4/`](../kernels/wkv4/) with
+# (notebook 02) · [`models/rwkv4/`](../models/rwkv4/__init__.py): `RwkvConfig`, `RwkvModel`,
+# `RwkvForCausalLM` (torch, transformers' parameter names; the WKV from [`kernels/wkv4/`](../kernels/wkv4/__init__.py) with
 # backend `"torch"` or `"triton"`) · [`models/generation.py`](../models/generation.py): `generate`
 # (greedy or sampled, stop sequences) · [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 #
@@ -665,7 +665,7 @@ print("row 0 equals the single-row run, then is padded with 187:",
 # `experiments/results/language_model.md`, the losses: 1.740 bits per byte on the test split, against 3.570 for a
 # bigram model of the same bytes; 2000 steps of 16 windows of 256 bytes). It ships as transformers writes an `RwkvForCausalLM`: a
 # directory with `config.json`, `model.safetensors` (fp16, the decays kept fp32) and a `tokenizer.json` whose ids
-# are the byte values. [`RwkvForCausalLM.from_pretrained`](../models/rwkv4/) reads it without transformers; the
+# are the byte values. [`RwkvForCausalLM.from_pretrained`](../models/rwkv4/__init__.py) reads it without transformers; the
 # tokenizer found beside the weights becomes `model.tokenizer`.
 #
 # What the WKV of notebook 02 learns is one decay per channel and layer: the past is weighed by $e^{(t-1-i)w}$ with
@@ -1156,7 +1156,7 @@ exercise("Exercise 5", checks_5)
 # The notebook's lesson ends above. This appendix runs the torch model a user runs, with the WKV on each backend,
 # and checks it against the float64 reference (nbval checks these cells like the others).
 #
-# [`RwkvForCausalLM`](../models/rwkv4/) holds the same weights (in fp32) under the same names. Its base
+# [`RwkvForCausalLM`](../models/rwkv4/__init__.py) holds the same weights (in fp32) under the same names. Its base
 # model, `model.rwkv(input_ids, state=None, backend=None)`, returns the hidden states after `ln_out` and the state
 # (five fp32 tensors $(B, C, L)$, transformers' layout); `model(...)` adds the logits. The LayerNorms, mixes and
 # linear layers are torch; `backend` chooses how the WKV runs: the chunked torch path, or the Triton kernel (here

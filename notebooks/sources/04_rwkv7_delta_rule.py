@@ -31,7 +31,7 @@
 #
 # **Code used.** [`reference/wkv7.py`](../reference/wkv7.py): `wkv7` (the recurrence), `wkv7_transition_product`
 # (the non-recursive definition), `wkv7_chunked` (the WY form) (NumPy, float64: the truth) ·
-# [`kernels/wkv7/`](../kernels/wkv7/): `wkv7` (backend `"torch"`: the chunked WY form; backend `"triton"`: the
+# [`kernels/wkv7/`](../kernels/wkv7/__init__.py): `wkv7` (backend `"torch"`: the chunked WY form; backend `"triton"`: the
 # recurrence in a kernel that keeps rows of the state in registers, forward and backward; backend `"c"`: a C loop,
 # forward and backward) · [`reference/rwkv7.py`](../reference/rwkv7.py): `in_context_rate` (section 8) ·
 # [`reference/family.py`](../reference/family.py): the frame's rungs and `as_wkv7` (section 0) ·
@@ -1056,7 +1056,7 @@ exercise("Exercise 5", checks_5)
 # The rest of this notebook is not about the math: it checks that the code people run gives the reference's
 # numbers. nbval runs and checks it like the cells above.
 #
-# [`kernels.wkv7.wkv7`](../kernels/wkv7/) takes `r, log_w, k, v, a, b` of shape `(B, T, H, N)` and an optional state
+# [`kernels.wkv7.wkv7`](../kernels/wkv7/__init__.py) takes `r, log_w, k, v, a, b` of shape `(B, T, H, N)` and an optional state
 # `(B, H, N, N)` (fp32), and returns `(y, state)`. Backend `"torch"` is the chunked WY form of section 6 (chunks of 16,
 # in fp32, with its own budget, 1e-4, for the longer chains of fp32 products); backend `"triton"` runs the recurrence
 # in a kernel, one program per (batch and head, block of value rows), the rows of the state in registers (notebook 08

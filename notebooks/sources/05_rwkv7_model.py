@@ -28,8 +28,8 @@
 #
 # **Code used.** [`reference/rwkv7.py`](../reference/rwkv7.py): `log_decay`, `time_mix`, `channel_mix`, `forward`
 # (GPT mode), `forward_rnn`, `checkpoint_shapes` (NumPy, float64: the truth) ·
-# [`reference/wkv7.py`](../reference/wkv7.py): `wkv7` (notebook 04) · [`models/rwkv7/`](../models/rwkv7/):
-# `Rwkv7Config`, `Rwkv7` (torch, BlinkDL's parameter names; the op from [`kernels/wkv7/`](../kernels/wkv7/)
+# [`reference/wkv7.py`](../reference/wkv7.py): `wkv7` (notebook 04) · [`models/rwkv7/`](../models/rwkv7/__init__.py):
+# `Rwkv7Config`, `Rwkv7` (torch, BlinkDL's parameter names; the op from [`kernels/wkv7/`](../kernels/wkv7/__init__.py)
 # with backend `"torch"` or `"triton"`; `generate`) · [`kernels/testing.py`](../kernels/testing.py): `check` and
 # the error budgets.
 
@@ -1155,7 +1155,7 @@ exercise("Exercise 4", checks_4)
 # The rest of this notebook is not about the math: it checks that the code people run gives the reference's
 # numbers. nbval runs and checks it like the cells above.
 #
-# [`Rwkv7`](../models/rwkv7/) holds the same weights (fp32) under BlinkDL's names:
+# [`Rwkv7`](../models/rwkv7/__init__.py) holds the same weights (fp32) under BlinkDL's names:
 # `model(input_ids, state=None, backend=None)` returns `(logits, state)`, the state a list of per-layer tuples as above
 # (the WKV state in fp32). `backend` chooses how the op runs: the chunked torch path or the Triton kernel (under the
 # interpreter here). Both run on the same ids, after a 3-token prefix that leaves a non-zero state, in GPT mode and in

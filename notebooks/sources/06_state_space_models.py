@@ -29,9 +29,9 @@
 # **Code used.** [`reference/ssm.py`](../reference/ssm.py): `expm`, `discretize_zoh`, `discretize_zoh_diagonal`,
 # `discretize_euler`, `discretize_bilinear`, `ssm_kernel`, `ssm_recurrence`, `causal_convolution`,
 # `selective_scan` · [`reference/mamba.py`](../reference/mamba.py): `rms_norm`, `causal_conv1d`, `mixer`, `forward`
-# (NumPy, float64: the truth) · [`kernels/ssm/`](../kernels/ssm/): `selective_scan` (backend `"torch"`: a
+# (NumPy, float64: the truth) · [`kernels/ssm/`](../kernels/ssm/__init__.py): `selective_scan` (backend `"torch"`: a
 # chunked scan; `"triton"`: a sequential-in-time kernel, forward and backward; `"c"`: a C loop, forward and backward) ·
-# [`models/mamba/`](../models/mamba/): `MambaModel` (torch, transformers' parameter names) ·
+# [`models/mamba/`](../models/mamba/__init__.py): `MambaModel` (torch, transformers' parameter names) ·
 # [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 
 # %%
@@ -1188,7 +1188,7 @@ print("time-invariant: less than 1e-9 of it is left after 20 fillers:",
 # `python -m seqmix.experiments.language_model` (its docstring gives the sizes and the protocol; its report,
 # `experiments/results/language_model.md`, the losses). It ships as transformers writes a `MambaForCausalLM`: a
 # directory with `config.json`, `model.safetensors` (fp16, with $A_{\log}$, $D$ and $\Delta$'s bias kept fp32) and a
-# `tokenizer.json` whose ids are the byte values. [`MambaForCausalLM.from_pretrained`](../models/mamba/) reads it
+# `tokenizer.json` whose ids are the byte values. [`MambaForCausalLM.from_pretrained`](../models/mamba/__init__.py) reads it
 # without transformers; it is checked first against `reference.mamba.forward` on the same stored values.
 #
 # Section 8 showed what a step size can do: $\Delta_t$ large *opens* a channel (the state is mostly replaced by the
@@ -1532,7 +1532,7 @@ exercise("Exercise 4", checks_4)
 #
 # ### A. The selective scan: torch, Triton and C
 #
-# [`kernels.ssm.selective_scan`](../kernels/ssm/) is Mamba's scan (Euler $\bar B$) with all its options: the skip
+# [`kernels.ssm.selective_scan`](../kernels/ssm/__init__.py) is Mamba's scan (Euler $\bar B$) with all its options: the skip
 # $D$, the gate $z$, the bias and softplus of $\Delta$, an initial state, and the last state returned. Backend
 # `"torch"` runs a chunked scan; backend `"triton"` walks time in a kernel with the state in registers (here under
 # the Triton interpreter on the CPU, so the shapes are small). Both are checked against `reference.ssm.selective_scan`
@@ -1630,7 +1630,7 @@ for backend in BACKENDS:
 # %% [markdown]
 # ### B. The torch Mamba model
 #
-# [`models.mamba.MambaModel`](../models/mamba/) is the block of section 7 in torch, on this scan, with
+# [`models.mamba.MambaModel`](../models/mamba/__init__.py) is the block of section 7 in torch, on this scan, with
 # transformers' parameter names: the weights of section 7 load as they are (fp32). Each backend runs the texts of
 # section 7 whole, and in the pieces 5 + 1 + 6 with the state carried, against the float64 stack.
 

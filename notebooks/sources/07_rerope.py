@@ -26,7 +26,7 @@
 # `rectify`, `attention_from_relative_positions` (the definition, pair by pair), `rerope_attention` (the post's two
 # passes), `rerope_decode`, `log_n_scale` (NumPy, float64: the truth) ·
 # [`reference/attention.py`](../reference/attention.py): `softmax_attention` ·
-# [`kernels/rerope/`](../kernels/rerope/): `rerope_attention`, `rerope_decode` (backend `"torch"`: exact
+# [`kernels/rerope/`](../kernels/rerope/__init__.py): `rerope_attention`, `rerope_decode` (backend `"torch"`: exact
 # flash-attention pieces merged by log-sum-exp; backend `"triton"`: one fused kernel, forward, backward and decode)
 # · [`kernels/testing.py`](../kernels/testing.py): `check` and the error budgets.
 
@@ -822,7 +822,7 @@ print(f"pair {first_slow} is slowed by {slowdown:.2f} (the slowest by {s_ntk:g})
 # The rest of this notebook is not about the math: it checks that the code people run gives the definition's
 # numbers. nbval runs and checks it like the cells above.
 #
-# [`kernels.rerope.rerope_attention`](../kernels/rerope/) computes the same attention in $O(T)$ memory, without
+# [`kernels.rerope.rerope_attention`](../kernels/rerope/__init__.py) computes the same attention in $O(T)$ memory, without
 # either $T \times T$ matrix: backend `"torch"` assembles it from exact flash-attention pieces (the far part, the
 # diagonal blocks, the previous blocks) merged by their log-sum-exp; backend `"triton"` is one fused kernel (here
 # under the Triton interpreter on the CPU). Both take `(B, H, T, d)` tensors. They are checked against the float64

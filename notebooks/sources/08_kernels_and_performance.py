@@ -18,8 +18,8 @@
 # https://www.cnblogs.com/Ctrl-cCtrl-v/p/18906192 and arXiv:2503.14456). FlashAttention, arXiv:2205.14135,
 # https://arxiv.org/abs/2205.14135, for why memory traffic rather than arithmetic sets the speed of such kernels.
 #
-# **Code used.** [`kernels/wkv4/`](../kernels/wkv4/): `wkv4_fwd_kernel`, `_launch_config` ·
-# [`kernels/wkv7/`](../kernels/wkv7/): `wkv7_fwd_kernel`, `_step`, `_launch_config` ·
+# **Code used.** [`kernels/wkv4/`](../kernels/wkv4/__init__.py): `wkv4_fwd_kernel`, `_launch_config` ·
+# [`kernels/wkv7/`](../kernels/wkv7/__init__.py): `wkv7_fwd_kernel`, `_step`, `_launch_config` ·
 # [`kernels/aot.py`](../kernels/aot.py): the ahead-of-time GPU build · [`benchmarks/`](../benchmarks/README.md):
 # `run.py`, `cost_model.py` and the stored `results/` · [`reference/wkv4.py`](../reference/wkv4.py),
 # [`reference/wkv7.py`](../reference/wkv7.py): the truth · [`kernels/testing.py`](../kernels/testing.py): `check` and

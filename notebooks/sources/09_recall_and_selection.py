@@ -51,7 +51,7 @@
 # [`experiments/selective_copy.py`](../experiments/selective_copy.py),
 # [`experiments/state_tracking.py`](../experiments/state_tracking.py)
 # · [`reference/ssm.py`](../reference/ssm.py): `ssm_kernel`, `causal_convolution` ·
-# [`kernels/ssm/`](../kernels/ssm/): `selective_scan`.
+# [`kernels/ssm/`](../kernels/ssm/__init__.py): `selective_scan`.
 
 # %%
 import tempfile

@@ -19,7 +19,7 @@
 # [notation crosswalk](notation.md).
 #
 # **Code used.** [`experiments/transformer.py`](../experiments/transformer.py): `PositionScheme`, `Transformer` (on
-# [`kernels/attention/`](../kernels/attention/) and the project's O(T)-memory
+# [`kernels/attention/`](../kernels/attention/__init__.py) and the project's O(T)-memory
 # [`kernels/rerope/`](../kernels/rerope/__init__.py): `apply_rope`, `log_n_scaling`, `rerope_attention`) ·
 # [`experiments/extrapolation.py`](../experiments/extrapolation.py): `schemes`, `POST`, `held_out_samples`,
 # `load_model` · [`experiments/data.py`](../experiments/data.py): `stdlib_corpus`, `long_samples` ·

@@ -13,7 +13,7 @@
 #
 # **Code used.** [`conformance/`](../conformance/README.md): `run`, `Options` (what to run), the checks of each op in
 # `conformance/ops.py`, the gradients' float64 definitions in `conformance/definitions.py`;
-# [`reference/wkv4.py`](../reference/wkv4.py): the truth; [`kernels/wkv4/`](../kernels/wkv4/): the project's
+# [`reference/wkv4.py`](../reference/wkv4.py): the truth; [`kernels/wkv4/`](../kernels/wkv4/__init__.py): the project's
 # kernel, for comparison.
 
 # %%

@@ -29,7 +29,7 @@
 # (arXiv:2102.11174, arXiv:2406.06484), Gated DeltaNet (arXiv:2412.06464), RWKV-7 (arXiv:2503.14456).
 #
 # **Code used.** [`reference/family.py`](../reference/family.py) (the rungs, `as_wkv7`) and
-# [`reference/wkv7.py`](../reference/wkv7.py) (NumPy, float64: the truth) · [`kernels/wkv7/`](../kernels/wkv7/):
+# [`reference/wkv7.py`](../reference/wkv7.py) (NumPy, float64: the truth) · [`kernels/wkv7/`](../kernels/wkv7/__init__.py):
 # the production op, backends `"torch"` (chunked WY form), `"c"` (a C loop), `"triton"` (the recurrence) and
 # `"triton_chunked"` (the chunked form), the Triton ones under the interpreter without a GPU ·
 # [`kernels/testing.py`](../kernels/testing.py): `check`, `exercise` and the error budgets.

@@ -32,6 +32,7 @@ import pytest
 from helpers.markdown_links import markdown_targets
 
 ROOT = Path(__file__).resolve().parents[2]
+LAB_HOME = "/lab/tree/notebooks/README.md"     # dev.py's: the course's start page, where the Lab opens
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 PAGES = sorted((ROOT / "notebooks").glob("*.md"))
 CHROMIUM = "/usr/bin/chromium"
@@ -177,7 +178,7 @@ def test_lab_serves_the_repository_and_opens_on_the_start_page(lab):
     with pytest.raises(urllib.error.HTTPError) as redirect:
         urllib.request.build_opener(NoRedirect).open(request, timeout=30)
     assert redirect.value.code == 302
-    assert urllib.parse.urlsplit(redirect.value.headers["Location"]).path == "/lab/tree/notebooks/README.md"
+    assert urllib.parse.urlsplit(redirect.value.headers["Location"]).path == LAB_HOME
     for folder in ("notebooks", "reference", "kernels", "models", "benchmarks"):
         assert lab.get(f"/api/contents/{folder}", "content=0")[0] == 200, folder
 
@@ -286,15 +287,19 @@ def rendered_problems(page, cells):
     return problems
 
 
-def test_the_lab_opens_the_start_page_rendered_beside_the_notebooks_alone(lab, browser):
+def test_the_lab_opens_the_start_page_rendered_beside_the_notebooks_alone(lab, browser, tmp_path):
     """The Lab's first page is the course's start page as a page (its heading rendered, not its Markdown source),
     and the file browser beside it lists the notebooks and no .py twin (those sit in notebooks/sources/, their
     solutions in plain text)."""
     page = browser.new_page()
     try:
-        page.goto(f"{lab.url}/lab?reset&token={lab.token}")
-        page.wait_for_function("""() => Array.from(document.querySelectorAll('.jp-RenderedMarkdown h1'))
-            .some(h => h.textContent.includes('Start here'))""", timeout=120_000)
+        page.goto(f"{lab.url}{LAB_HOME}?reset&token={lab.token}")           # where "/" sends a student
+        try:
+            page.wait_for_function("""() => Array.from(document.querySelectorAll('.jp-RenderedMarkdown h1'))
+                .some(h => h.textContent.includes('Start here'))""", timeout=120_000)
+        except Exception:
+            page.screenshot(path=str(tmp_path / "start_page.png"))        # what the Lab showed instead
+            raise
         page.wait_for_function("() => document.querySelectorAll('.jp-DirListing-item').length > 0", timeout=60_000)
         listed = page.evaluate("""() => Array.from(document.querySelectorAll('.jp-DirListing-item'))
             .map(item => item.getAttribute('title') || item.textContent)""")
