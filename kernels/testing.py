@@ -217,18 +217,18 @@ def check(what: str, actual, expected, budget: float) -> None:
 NOT_ATTEMPTED = "not attempted yet (fill in the cell above, run it, then run this cell again)"
 
 
-def exercise(name: str, checks) -> bool:
+def exercise(name: str, checks) -> None:
     """Run a notebook exercise's checks on the student's code and say how it went, in one line nbval can compare.
 
     ``checks`` is a function of no arguments that calls the student's code and asserts (``check``,
     ``assert_close``, ``assert``). While the student's cell is still the stub (it raises NotImplementedError) this
-    prints '<name>: not attempted yet ...' and returns False, so a notebook stays green before anyone writes a line;
-    once the checks pass it prints '<name>: correct' and returns True; a wrong answer raises the checks'
-    AssertionError, so the cell fails as a test does and its message says what is off."""
+    prints '<name>: not attempted yet ...', so a notebook stays green before anyone writes a line; once the checks
+    pass it prints '<name>: correct'; a wrong answer raises the checks' AssertionError, so the cell fails as a test
+    does and its message says what is off. Returns nothing, so that a cell ending in exercise(...) shows only that
+    line."""
     try:
         checks()
     except NotImplementedError:
         print(f"{name}: {NOT_ATTEMPTED}")
-        return False
+        return
     print(f"{name}: correct")
-    return True
