@@ -452,15 +452,20 @@ def report(results: Results, setup: Setup, out) -> str:
                   markdown_table(["model", *(f"C = {w}" for w in widths)], rows)]
     long = results.select(phase="long")
     if long:
-        rows = [[r["arch"], r["pairs"], r["seed"], f"{r['lr']:.2g}", r["steps"], fmt(r["test_accuracy"]),
+        stretched = setup.budget.warmup_steps * setup.long_factor
+        rows = [[r["arch"], r["pairs"], r["seed"], f"{r['lr']:.2g}", r["steps"],
+                 r.get("warmup_steps", f"{stretched} (stretched)"), fmt(r["test_accuracy"]),
                  fmt(results.find(phase="test", arch=r["arch"], width=r["width"], pairs=r["pairs"],
                                   seed=r["seed"])["test_accuracy"]), *_looks_text(r)] for r in long]
         lines += [f"\n## Is it the budget? {setup.long_factor} times the steps at C = {c.width}\n\n"
                   f"Each failed run of the control (below {fmt(setup.control_accuracy, 0)}) and the first seed of "
                   f"each other cell at C = {c.width} below {fmt(setup.long_below, 0)}, again at its rate with up to "
-                  f"{setup.long_factor * setup.budget.steps} steps (the schedule stretched to match).\n\n",
+                  f"{setup.long_factor * setup.budget.steps} steps, the cosine stretched to match. The warmup keeps "
+                  f"its {setup.budget.warmup_steps} steps (Budget.longer); rows marked \"stretched\" were made "
+                  f"before that, with the warmup stretched {setup.long_factor}x too, so that they changed the "
+                  f"schedule as well as the budget: what they rescued is not yet told apart from the warmup.\n\n",
                   LOOKS_NOTE,
-                  markdown_table(["model", "N", "seed", "rate", "steps", "test accuracy",
+                  markdown_table(["model", "N", "seed", "rate", "steps", "warmup steps", "test accuracy",
                                   f"at {setup.budget.steps} steps", *LOOKS_COLUMNS],
                                  rows)]
     probes = Results(out, PROBES).select(phase="probe")
