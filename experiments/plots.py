@@ -188,7 +188,7 @@ def language_model(curves, control, path) -> None:
 def lm_context(rows, path) -> None:
     """Bits per byte against the position in the file (log scale), windowed (dashed) and the whole text read with
     the state carried (solid), one colour per model, one panel per text; the best compressor as a grey line."""
-    fig = Figure(figsize=(6 * len(rows), 4.2))
+    fig = Figure(figsize=(5.5 * len(rows), 4.2))                   # at most 1250 px wide at 110 dpi
     for ax, row in zip(fig.subplots(1, len(rows), squeeze=False)[0], rows):
         edges = np.array(row["position_edges"], dtype=float)
         centres = np.sqrt(edges[:-1] * edges[1:])
