@@ -255,8 +255,10 @@ PROBE_SETTINGS = {"channel_mix": ("-nomix", "no channel mix"), "conv_first": ("-
                   "dropout": ("-drop{}", "dropout {}")}
 # The training recipe's settings a probe may change (training.Budget's fields), in the same form: Zoology's recipe
 # is beta2 0.999, no clipping, no warmup, a constant rate (final_lr 1) and weight decay on every parameter.
-RECIPE_SETTINGS = {"beta2": ("-b{}", "beta2 {}"), "clip": ("-clip{}", "clipping at {}"),
-                   "warmup": ("-warm{}", "warmup {}"), "final_lr": ("-final{}", "cosine to {} of the peak"),
+RECIPE_SETTINGS = {"beta2": ("-b{}", "beta2 {}"),
+                   "clip": ("-clip{}", lambda v: "no clipping" if v is None else f"clipping at {v}"),
+                   "warmup": ("-warm{}", lambda v: "no warmup" if v == 0 else f"warmup over {v:g} of the steps"),
+                   "final_lr": ("-final{}", lambda v: "a constant rate" if v == 1 else f"cosine to {v:g} of the peak"),
                    "decay_all": ("-decayall", "decay on every parameter")}
 
 
@@ -349,8 +351,8 @@ def _probe_changes(row: dict, setup: Setup) -> str:
     if row["head_size"] != setup.head_size:
         changes.append(f"one head of {row['head_size']}" if row["head_size"] == row["width"]
                        else f"heads of {row['head_size']}")
-    changes += [words.format(row[name]) for name, (_, words) in {**PROBE_SETTINGS, **RECIPE_SETTINGS}.items()
-                if name in row]
+    changes += [words(row[name]) if callable(words) else words.format(row[name])
+                for name, (_, words) in {**PROBE_SETTINGS, **RECIPE_SETTINGS}.items() if name in row]
     if row["seed"] != 0:
         changes.append(f"seed {row['seed']}")
     if "budget_steps" in row:
