@@ -109,13 +109,14 @@ def _stable_steps(w, u, k, v, num, den, mx):
     nums, dens = [], []
     for tau in range(k.shape[-2]):
         kt, vt = k[..., tau, :], v[..., tau, :]
+        none = kt == -float("inf")                              # e^{-inf} = 0, not the floor's e^-60
         gap = (anchor - kt) + lag * w                           # max - k
         d = gap - u                                             # max - (u + k): past against the current token
-        a, e = _exp(d, 0.0), _exp(-d, 0.0)
+        a, e = _exp(d, 0.0), _exp(-d, 0.0).masked_fill(none, 0.0)
         nums.append(torch.addcmul(e * vt, a, num))
         dens.append(torch.addcmul(e, a, den))
         d = gap + w                                             # (max + w) - k: decayed past against the new key
-        a, e = _exp(d, 0.0), _exp(-d, 0.0)
+        a, e = _exp(d, 0.0), _exp(-d, 0.0).masked_fill(none, 0.0)
         num, den = torch.addcmul(e * vt, a, num), torch.addcmul(e, a, den)
         kept = d >= 0
         anchor, lag = torch.where(kept, anchor, kt), torch.where(kept, lag + 1, 0.0)
@@ -135,8 +136,9 @@ def _torch_chunks(w, u, k, v, num, den, mx):
     # (B, n, 1, C) the chunk's largest key, NaN left out: a NaN key makes its own row and the later ones NaN, not
     # the chunk's earlier rows
     K = k.detach().masked_fill(k.isnan(), -float("inf")).amax(2, keepdim=True)
+    K = K.masked_fill(K == -float("inf"), 0.0)     # keys all -inf (or NaN): any finite reference cancels, -inf's NaNs
     kK = k - K                                                            # (B, n, L, C) k_j - K <= 0
-    E = _exp(kK)                                                          # e^{k_j - K}
+    E = _exp(kK).masked_fill(k == -float("inf"), 0.0)    # e^{k_j - K}; a key of -inf adds nothing (not the floor's)
     XE = torch.stack((E * v, E))                                          # (2, B, n, L, C) the terms of num, den
     # In-chunk sums over j < tau from a zero state: P_0 = 0, P_{tau+1} = e^w P_tau + XE_tau, all chunks at once.
     decay = _exp(w, floor=DECAY_FLOOR)                                    # (C,)
@@ -156,7 +158,8 @@ def _torch_chunks(w, u, k, v, num, den, mx):
     if any_redo:
         bi, ni, ci = redo.nonzero(as_tuple=True)                          # (F,) each: batch, chunk, channel
         column = lambda x: x[bi, ni, :, ci]                               # noqa: E731  (F, L)
-        e = _exp(column(G) - nu_rel[bi, ni, ci, None])                    # (F, L) every term over the largest
+        G_col = column(G)                                                 # -inf for a key of -inf: a zero term
+        e = _exp(G_col - nu_rel[bi, ni, ci, None]).masked_fill(G_col == -float("inf"), 0.0)   # (F, L) over the largest
         totals[:, bi, ni, ci] = torch.stack(((e * column(v)).sum(1), e.sum(1)))
 
     # The maxima at chunk boundaries, HF's: max' = max(max + L w, nu), and (num, den) carried in closed form. nu is
@@ -167,6 +170,7 @@ def _torch_chunks(w, u, k, v, num, den, mx):
     nu = K + nu_rel                                                       # (B, n, C)
     back = nu - K
     nu_err = ((K - (nu - back)) + (nu_rel - back)).detach()               # (K + nu_rel) - nu, exactly
+    nu_err = nu_err.masked_fill(nu == -float("inf"), 0.0)                 # a chunk of -inf keys: nothing to round
     maxima = [mx]
     for i in range(n):
         maxima.append(torch.maximum(maxima[-1] + Lw, nu[:, i]))

@@ -40,6 +40,7 @@ import seqmix
 # without a GPU: TRITON_INTERPRET=1, before triton is imported
 MODE = seqmix.use_interpreter_without_gpu()
 
+import inspect
 import warnings
 
 import matplotlib.pyplot as plt
@@ -1051,9 +1052,10 @@ if transformers is not None:
 
 # %% [markdown]
 # **Handing the state across calls in transformers.** transformers keeps the same two things per block, in a cache
-# object: call the model with `use_cache=True` and it returns `cache_params`; pass that back as `cache_params=` with
-# the next token and the model continues from it, one token per call, as `generate` does. In the release installed
-# here (5.x) `cache_params` is a `DynamicCache` whose per-layer `get_conv_state(layer, state_idx=0)` and
+# object: call the model with `use_cache=True` and it returns `cache` (`cache_params` up to release 5.23; 5.25 still
+# takes the old name with a deprecation warning); pass that back as `cache=` with the next token and the model
+# continues from it, one token per call, as `generate` does. In the 5.x releases the cache is a `DynamicCache` whose
+# per-layer `get_conv_state(layer, state_idx=0)` and
 # `get_recurrent_state(layer, state_idx=0)` are the convolution window and $h$. Releases 4.x named it `MambaCache`,
 # with `conv_states` and `ssm_states`, and also wanted `cache_position` (the position of the next token: 0 for the
 # prompt, then the prompt's length and on), whose first entry told the mixer whether to start a new state or step
@@ -1063,17 +1065,18 @@ if transformers is not None:
 
 # %% tags=["nbval-check-output"]
 if transformers is not None:
+    CACHE = "cache" if "cache" in inspect.signature(peer.forward).parameters else "cache_params"   # the release's name
     with torch.no_grad():
         prompt_run = peer(torch.as_tensor(ids[:, :5]), use_cache=True)
-        cache, steps_out = prompt_run.cache_params, [prompt_run.last_hidden_state]
+        cache, steps_out = getattr(prompt_run, CACHE), [prompt_run.last_hidden_state]
         after_prompt = [(cache.get_conv_state(i, state_idx=0).clone(),          # (B, D, K): the cache is updated
                          cache.get_recurrent_state(i, state_idx=0).clone())     # in place by the calls below
                         for i in range(M_blocks)]
         for t in range(5, T_tok):                                  # then one token a call, the cache handed on
-            step_run = peer(torch.as_tensor(ids[:, t:t + 1]), cache_params=cache, use_cache=True)
-            cache = step_run.cache_params
+            step_run = peer(torch.as_tensor(ids[:, t:t + 1]), **{CACHE: cache}, use_cache=True)
+            cache = getattr(step_run, CACHE)
             steps_out.append(step_run.last_hidden_state)
-    check("transformers, 5 tokens then one at a time with cache_params, vs the stack whole",
+    check("transformers, 5 tokens then one at a time with its cache, vs the stack whole",
           torch.cat(steps_out, dim=1), output, FP32_BUDGET)
     prompt_state = mamba_forward(params, ids[:, :5])[1]           # this notebook's state after the same 5 tokens
     for i, ((window_i, h_i), (theirs_window, theirs_h)) in enumerate(zip(prompt_state, after_prompt)):
@@ -1366,7 +1369,7 @@ for i, layer in enumerate(lm_mamba.backbone.layers):
 #   \mathrm{diag}(e^{\Delta_t A})$, $k_t = \Delta_t B_t$, $q_t = C_t$, $v_t = x_t$; Mamba-2's SSD makes the decay one
 #   scalar per head and step, $G_t = a_t I$ (both checked against `reference.family`). Mamba starts $A$ at S4D-Real's
 #   $-(1, \dots, N)$, a fixed spread of time scales, not at random. transformers hands the same state across calls as
-#   `cache_params` (checked against this notebook's window and $h$).
+#   `cache` (checked against this notebook's window and $h$).
 # - Selection: $\Delta$, $B$, $C$ depend on the token and the $K - 1$ before it; a small $\Delta$ lets the state
 #   skip a token entirely, which no time-invariant SSM can do.
 # - The project's own trained Mamba (a byte-level model of the standard library's sources) loads with

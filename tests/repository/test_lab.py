@@ -141,7 +141,9 @@ def lab(tmp_path_factory):
     python3 = shutil.which("python3") or sys.executable
     command = [python3, "dev.py", "lab", "--no-browser", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
                "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}", "--LabApp.expose_app_in_browser=True",
-               f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={tmp_path_factory.mktemp('ws')}"]
+               f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={tmp_path_factory.mktemp('ws')}",
+               # the checkpoints the Lab makes of each file it opens, outside the checkout (an absolute folder)
+               f"--FileCheckpoints.checkpoint_dir={tmp_path_factory.mktemp('checkpoints')}"]
     with open(log, "w") as out:
         process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = Lab(f"http://127.0.0.1:{port}", token, log)

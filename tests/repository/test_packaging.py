@@ -420,12 +420,15 @@ def test_reference_file_runs_alone_with_numpy(tmp_path, name):
     assert run.returncode == 0 and run.stdout.strip() == "ran", run.stderr
 
 
-STAND_IN = {   # a distribution that owns the top-level package `kernels`, as Hugging Face's does
+# A distribution that owns the top-level package `kernels`, as Hugging Face's does. Its package sits under src/: a
+# `kernels` folder in the directory a wheel is built in would be found by setuptools' plugins before the installed
+# one (Hugging Face's `kernels` registers an egg_info writer, kernels._internals.locking).
+STAND_IN = {
     "pyproject.toml": '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n'
                       '[project]\nname = "kernels-stand-in"\nversion = "1.0"\n'
-                      '[tool.setuptools]\npackages = ["kernels"]\n',
-    "kernels/__init__.py": "from kernels._common import MARK\n",
-    "kernels/_common.py": "MARK = 'stand-in'\n",
+                      '[tool.setuptools]\npackages = ["kernels"]\npackage-dir = {"" = "src"}\n',
+    "src/kernels/__init__.py": "from kernels._common import MARK\n",
+    "src/kernels/_common.py": "MARK = 'stand-in'\n",
 }
 
 
@@ -461,16 +464,19 @@ def test_install_beside_another_kernels_package(tmp_path, editable):
     if not editable:   # build from a copy, so that the checkout gets no build/ folder
         source = tmp_path / "src"
         shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info",
-                                                                     "__pycache__", "notebooks", "tests"))
+                                                                     "__pycache__", "notebooks", "tests",
+                                                                     ".ipynb_checkpoints"))
     _pip(python, "install", "--no-deps", str(_wheel(source, wheels, editable)))
     shutil.rmtree(ROOT / "build", ignore_errors=True) if editable else None
-    # numpy from this environment, behind the scratch venv's own site-packages
-    numpy_dir = Path(sysconfig.get_paths()["purelib"])
+    # numpy from this environment, behind the scratch venv's own site-packages (a .pth file there, not PYTHONPATH,
+    # which would come first: this environment has Hugging Face's kernels, which would win over the stand-in)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    (site / "host_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     check = ("import kernels, seqmix, seqmix.kernels, seqmix.reference.wkv4 as r; "
              "assert kernels.MARK == 'stand-in', kernels.__file__; "
              "assert seqmix.kernels.__file__ != kernels.__file__; "
              "print(seqmix.__version__, r.wkv4.__name__)")
-    env = dict(os.environ, PYTHONPATH=str(numpy_dir))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run = subprocess.run([str(python), "-c", check], cwd=tmp_path, capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr
     _pip(python, "uninstall", "-y", "seqmix")
@@ -590,7 +596,8 @@ def test_the_wheel_ships_the_c_sources_and_runs_a_c_op(tmp_path):
     wheel = _wheel(source, wheels, False)
     with zipfile.ZipFile(wheel) as z:
         shipped = set(z.namelist())
-    c_sources = [f for f in [*(ROOT / "kernels").rglob("*"), *(ROOT / "models").rglob("*")] if f.suffix in (".c", ".h")]
+    c_sources = [f for f in [*(ROOT / "kernels").rglob("*"), *(ROOT / "models").rglob("*")] if f.suffix in (".c", ".h")
+                 and ".ipynb_checkpoints" not in f.parts]     # the Lab's copies of a file it opened, git-ignored
     missing = [str(f.relative_to(ROOT)) for f in c_sources
                if f"seqmix/{f.relative_to(ROOT).as_posix()}" not in shipped]
     assert c_sources and not missing, f"C sources left out of the wheel: {missing}"
