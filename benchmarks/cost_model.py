@@ -248,26 +248,31 @@ def wkv7_bwd(B, T, H, N, dtype, block_v, programs, ck):
     return total
 
 
-def wkv7_chunked_fwd(B, T, H, N, dtype, block_v, block_k, programs, ck, save):
-    """wkv7_chunked_fwd_kernel. Per (chunk of CK = CHUNK steps, program), with BK = block_k, BV = block_v:
-    first loop, per key block: loads the state tile (BV BK fp32; stored again as the checkpoint with SAVE_CKPT) and
-    the (CK, BK) tiles of log_w, a, r, b, k; 3 CK BK exp (e^{-c}, e^{c - log_w}, e^c); products: the four couplings
-    (2 CK CK BK each) and a~ S^T, r~ S^T (2 CK BV BK each); about 7 CK BK elementwise FLOPs (cumsum, differences,
-    the five scalings). Then (I - A)^{-1} (6 products of CK^3, 2 FLOPs a term), U and Y (4 products of 2 CK CK BV);
-    loads v, stores y (CK BV). Second loop, per key block: loads log_w, b, k (CK BK) and the state tile, stores it;
-    BK + CK BK exp; two products of 2 BV CK BK; about 5 CK BK + 3 BV BK elementwise FLOPs. Plus the initial state
-    copied into the output (BV N fp32 read and written per program). The products are fp32 IEEE for fp32 inputs (FMA
-    units), in the input dtype on the tensor cores for bf16 (the AOT build's mma column)."""
+def wkv7_chunked_fwd_prep(T, N, dtype, ck, group, columns):
+    """wkv7_chunked_prep_kernel, per program (a group of ``group`` sub-chunks of CK steps, one head, ``columns`` lines
+    of [P_G; E_G]), per sub-chunk: loads r, log_w, k, a, b (CK, N) and v (CK, columns); 5 CK N exp; products: the four
+    couplings (2 CK CK N each), the inverse's 6 (2 CK^3), W and Q_rb W (2 CK CK N each), U0 (2 of 2 CK CK columns),
+    the output rows R X^T, Q_rb U0, Q_rk V (2 CK N columns + 2 of 2 CK CK columns), the lines' update X W^T, (.) B^,
+    V^T K^ (3 of 2 columns CK N); stores the output rows (CK columns fp32); per group its lines (columns N fp32)."""
     s = DTYPE_BYTES[dtype]
-    blocks = N // block_k
-    tile_k, state_tile = ck * block_k, block_v * block_k * 4
-    first = Cost(bytes=state_tile * (1 + save) + 5 * tile_k * s, transcendentals=3 * tile_k,
-                 dot_flops=4 * 2 * ck * ck * block_k + 2 * 2 * ck * block_v * block_k, flops=7 * tile_k)
-    middle = Cost(bytes=2 * ck * block_v * s, dot_flops=6 * 2 * ck ** 3 + 4 * 2 * ck * ck * block_v)
-    second = Cost(bytes=2 * state_tile + 3 * tile_k * s, transcendentals=block_k + tile_k,
-                  dot_flops=2 * 2 * block_v * ck * block_k, flops=5 * tile_k + 3 * block_v * block_k)
-    per_chunk = blocks * first + middle + blocks * second
-    return (_cdiv(T, ck) * per_chunk + Cost(bytes=2 * block_v * N * 4)) * programs
+    per_sub = Cost(bytes=(5 * N + columns) * ck * s + ck * columns * 4, transcendentals=5 * ck * N, flops=12 * ck * N,
+                   dot_flops=6 * 2 * ck * ck * N + 6 * 2 * ck ** 3 + 4 * 2 * ck * ck * columns
+                   + 4 * 2 * ck * N * columns)
+    return group * per_sub + Cost(bytes=columns * N * 4)
+
+
+def wkv7_chunked_fwd_scan(N, rows):
+    """wkv7_chunked_scan_kernel, per step (a group) and program of ``rows`` rows: loads M_G (N N fp32) and its rows
+    of A_G, stores its rows of the entering state; one product of 2 rows N N."""
+    return Cost(bytes=(N * N + 2 * rows * N) * 4, dot_flops=2 * rows * N * N)
+
+
+def wkv7_chunked_fwd_output(N, dtype, steps, columns):
+    """wkv7_chunked_output_kernel, per program (a group's ``steps`` steps, ``columns`` values): loads R' (steps N fp32),
+    Y0' (steps columns fp32), the group state's rows (columns N fp32), stores y (steps columns); one product of
+    2 steps N columns."""
+    return Cost(bytes=(steps * N + steps * columns + columns * N) * 4 + steps * columns * DTYPE_BYTES[dtype],
+                dot_flops=2 * steps * N * columns)
 
 
 def wkv7_chunked_dstate(B, T, H, N, dtype, block_v, block_k, programs, ck):
@@ -309,8 +314,10 @@ def wkv7_chunked_bwd(B, T, H, N, dtype, block_v, block_k, programs, ck):
 @models_of("wkv7")
 def wkv7_models(B=1, T=2048, H=12, N=64):
     from ..kernels.wkv7 import CHECKPOINT, triton_launch
+    from ..kernels.wkv7.triton_chunked import CHUNK, SCAN_ROWS, group_size
     cfg, grid = triton_launch(B, H, N, "bwd")
-    chunked_cfg, chunked_grid = triton_launch(B, H, N, "chunked")
+    chunked_cfg, chunked_grid = triton_launch(B, H, N, "chunked_bwd")
+    columns = triton_launch(B, H, N, "chunked")[0]["COLUMNS"]
     fwd_cfg, fwd_grid = triton_launch(B, H, N, "fwd")
     block_v, chunked_v, fwd_v = cfg["BLOCK_V"], chunked_cfg["BLOCK_V"], fwd_cfg["BLOCK_V"]
     chunked_k = chunked_cfg["BLOCK_K"]
@@ -330,9 +337,8 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
         # previous step's), then S a and S r, two reductions in a row (within one warp at the split configuration:
         # 4 value rows of N = 64); the backward alternates a recompute step (S a) and a reverse step (S_{t-1} a,
         # dr's sums, q = G b, then G), 1 and 4 reductions: 2.5 on average over its 2 T steps, each of its two walks
-        # per checkpoint run starting with a full round trip. The chunked forward's step is a chunk: two loops of
-        # loads, and about 12 dependent tile products and reductions (the inverse's 6, U, Y, the state update). The
-        # chunked backward's serial pass likewise (the inverse's 6, W, R, G: 9); its second kernel has no chain
+        # per checkpoint run starting with a full round trip. The chunked forward: _wkv7_chunked_forward. The
+        # chunked backward's serial pass (the inverse's 6, W, R, G: 9); its second kernel has no chain
         # between programs: one step of two loops of loads and about 14 dependent products (the inverse, U, dZ, the
         # gradients), once per wave of programs.
         out += [Model("wkv7", f"{fwd_label} N={N} {dtype}", shape, B * T, dtype,
@@ -340,12 +346,6 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
                       7 * seq * s + state, "inference (no checkpoints); the AOT build is of the checkpointing variant",
                       step=Step(1, 2, 1, prefetch=1, warp_reductions=fwd_cfg.num_warps == 1),
                       num_warps=fwd_cfg.num_warps),
-                Model("wkv7", f"wkv7_chunked_fwd N={N} {dtype}", shape, B * T, dtype,
-                      wkv7_chunked_fwd(B, T, H, N, dtype, chunked_v, chunked_k, chunked_programs, CHECKPOINT,
-                                       False),
-                      chunked_programs, n_chunks, False, 7 * seq * s + 2 * state,
-                      "chunked=True, inference; the AOT build is of the checkpointing variant",
-                      step=Step(2, 12, 0), num_warps=chunked_cfg.num_warps),
                 Model("wkv7", f"wkv7_bwd N={N} {dtype}", shape, B * T, dtype,
                       wkv7_bwd(B, T, H, N, dtype, block_v, programs, CHECKPOINT), programs, 2 * T, False,
                       bwd_dram(N // block_v) + state * (n_chunks + 2),
@@ -363,7 +363,32 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
                       bwd_dram(N // chunked_v) + 2 * state * n_chunks,
                       "chunked=True, backward: every chunk at once", step=Step(2, 14, 0),
                       num_warps=chunked_cfg.num_warps)]
+        out += _wkv7_chunked_forward(B, T, H, N, dtype, columns, group_size(AOT_DTYPES[dtype], False), CHUNK,
+                                     SCAN_ROWS, shape)
     return out
+
+
+def _wkv7_chunked_forward(B, T, H, N, dtype, columns, group, ck, rows, shape):
+    """The chunked WKV-7 forward's three kernels at inference (groups of ``group`` sub-chunks: the dtype's), one
+    Model each: the prep's and the output's programs have no serial chain; the scan walks the groups, each step one
+    product whose map was loaded a step ahead (num_stages = 2) and a shared-memory conversion (a reduction's
+    latency, the closest term the Step has)."""
+    n_groups = _cdiv(_cdiv(T, ck), group)
+    seq, state = B * T * H * N * DTYPE_BYTES[dtype], B * H * N * N * 4
+    maps = B * H * n_groups * 2 * N * N * 4
+    rows_bytes = B * H * n_groups * group * ck * 2 * N * 4
+    prep = B * H * n_groups * 2 * N // columns
+    scan = B * H * N // rows
+    output = B * H * n_groups * N // columns
+    return [Model("wkv7", f"wkv7_chunked_fwd_prep N={N} {dtype}", shape, B * T, dtype,
+                  wkv7_chunked_fwd_prep(T, N, dtype, ck, group, columns) * prep, prep, 0, True,
+                  6 * seq + maps + rows_bytes, "the chunked forward's parallel prep"),
+            Model("wkv7", f"wkv7_chunked_fwd_scan N={N} {dtype}", shape, B * T, dtype,
+                  wkv7_chunked_fwd_scan(N, rows) * (scan * n_groups), scan, n_groups, True, maps + 2 * state,
+                  "the chunked forward's serial pass", step=Step(0, 1, 0, prefetch=1)),
+            Model("wkv7", f"wkv7_chunked_fwd_output N={N} {dtype}", shape, B * T, dtype,
+                  wkv7_chunked_fwd_output(N, dtype, group * ck, columns) * output, output, 0, True,
+                  rows_bytes + seq + B * H * n_groups * N * N * 4, "the chunked forward's outputs")]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -53,18 +53,20 @@ make the gradients the same bit for bit in every run, for N / BLOCK_V (4 at N = 
 of the five gradients while the backward runs. T need not be a multiple of anything: steps past T read log_w = 0 and
 zeros elsewhere, which leaves the state unchanged.
 
-Chunked Triton path (wkv7(..., backend="triton_chunked"), kernels/wkv7/triton_chunked.py, whose docstring derives the
-backward): the torch path's factored WY form, one program per (batch, head, 16 value rows), walking chunks of 16
-steps: T / 16 serial steps instead of T, each a few dozen (16, 16) tile products, about 2.4x the arithmetic of the
-sequential kernel at N = 64. The state lives in the output buffer rather than in registers, so that every product is
-of (16, 16) tiles (fp32 products keep whole operand rows in each thread: (16, N) tiles need 168-255 registers and a
-stack). With a gradient wanted, the forward saves the state entering each chunk, and the chunked backward reads
-them. That backward carries dL/dS back chunk by chunk in one serial pass, then takes every chunk's gradients at
-once, in matmul form. With fp16/bf16 inputs the products run on the tensor cores (the couplings of raw inputs
-in the input dtype, the products that carry a state or the inverse in tf32). It takes head sizes from 16 and
-refuses smaller ones (backend="triton", the sequential kernels, runs them). Each chunk picks its form on the device:
-within _factors_in_range's DECAY_RANGE and finite (RWKV-7's decays always are), the factored form; otherwise its 16
-steps one at a time. The wrappers read no values (no host sync: CUDA graphs can capture them).
+Chunked Triton path (wkv7(..., backend="triton_chunked"), kernels/wkv7/triton_chunked.py, whose docstring derives
+it): each 16-step sub-chunk of the torch path's factored WY form becomes an affine map of its entering state,
+S_end = S_0 P + E, computed for every sub-chunk at once in a parallel kernel, whose programs each compose 16 rows of
+a group's map (the grid's column axis), so that no (N, N) matrix sits in one program's registers; the only serial
+pass is S <- S P_G + E_G, one (16, N) x (N, N) product per group of 4 sub-chunks (fp16/bf16 inference) or of one
+(fp32, and whenever a gradient is wanted); the outputs then come from the group states in parallel. The forward
+stores only the state entering each group (fp32). The backward (kernels/wkv7/triton_chunked_bwd.py) is the
+previous design's: it reads the state entering every 16-step chunk, carries dL/dS back chunk by chunk in one serial
+pass, then takes every chunk's gradients at once, in matmul form. With fp16/bf16 inputs the couplings' products take
+the input dtype on the tensor cores, and everything that carries a state or the inverse tf32 operands; fp32 inputs
+tf32x3 in the forward, IEEE fp32 products in the backward. It takes head sizes from 16 to 64 (backend="triton", the
+sequential kernels, runs the others: at N = 128 the fp32 scan's AOT build spills). Each sub-chunk picks its form on
+the device: within _factors_in_range's DECAY_RANGE and finite (RWKV-7's decays always are), the factored form;
+otherwise its 16 steps one at a time. The wrappers read no values (no host sync: CUDA graphs can capture them).
 """
 from __future__ import annotations
 
@@ -79,8 +81,8 @@ from .._common import (Launch, accumulation_dtype, all_finite, check_decay_dtype
                        new_output, rows_per_program, tl, triton)
 from ._triton_common import _checkpoint, _head_offsets, _step
 from ..backends import Call, deprecated_chunked, dispatch
-from .triton_chunked import (CHUNK as TRITON_CHUNK, _chunked_bwd, _chunked_fwd, _chunked_launch_config,
-                             wkv7_chunked_bwd_kernel, wkv7_chunked_dstate_kernel, wkv7_chunked_fwd_kernel)
+from .triton_chunked import MAX_CHUNKED_HEAD, _chunked_fwd, _parallel_launch_config
+from .triton_chunked_bwd import _backward_launch_config, _chunked_bwd, chunked_aot_kernels
 
 __all__ = ["wkv7", "triton_launch"]
 
@@ -388,20 +390,25 @@ def triton_launch(B: int, H: int, N: int, kernel: str) -> tuple[Launch, tuple[in
 
     Args:
         B: batch. H: heads. N: head size.
-        kernel: "fwd" (the sequential forward, fewer rows a program when the grid is small), "bwd" (its backward)
-            or "chunked" (the "triton_chunked" backend's kernels).
+        kernel: "fwd" (the sequential forward, fewer rows a program when the grid is small), "bwd" (its backward),
+            "chunked" (the "triton_chunked" backend's parallel forward kernels: per group, its grid's second axis;
+            the scan's is its own) or "chunked_bwd" (that backend's backward kernels, per chunk of 16 steps).
 
     Returns:
-        (launch, grid): the tile sizes and compiler options, and the programs per grid axis.
+        (launch, grid): the tile sizes and compiler options, and the programs per grid axis (per group or chunk on
+        the first axis for the chunked kernels: B H).
     """
     if kernel == "fwd":
         cfg = _launch_config(N, B * H)
     elif kernel == "bwd":
         cfg = _launch_config(N)
     elif kernel == "chunked":
-        cfg = _chunked_launch_config(N)
+        cfg = _parallel_launch_config(N)
+        return cfg, (B * H, 2 * N // cfg["COLUMNS"])
+    elif kernel == "chunked_bwd":
+        cfg = _backward_launch_config(N)
     else:
-        raise ValueError(f'kernel must be "fwd", "bwd" or "chunked", got {kernel!r}')
+        raise ValueError(f'kernel must be "fwd", "bwd", "chunked" or "chunked_bwd", got {kernel!r}')
     return cfg, _grid(B, H, N, cfg)
 
 
@@ -419,7 +426,7 @@ def wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
     y = new_output((B, T, H, N), r.dtype, r.device)
     state = new_output((B, H, N, N), torch.float32, r.device)
     if chunked:
-        return y, state, _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, save_checkpoints, _max_spread(r.dtype))
+        return y, state, _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, _max_spread(r.dtype), save_checkpoints)
     ckpt = (new_output((B * H, triton.cdiv(T, CHECKPOINT), N, N), torch.float32, r.device) if save_checkpoints
             else state)                              # not written without SAVE_CKPT
     cfg = _launch_config(N, B * H)
@@ -507,13 +514,14 @@ def wkv7(r, log_w, k, v, a, b, state=None, *, backend=None, chunked=False):
             Default: zeros.
         backend (str or None): "torch" (the chunked WY form), "triton" (the recurrence step by step, N a power of
             two >= 4; on CPU tensors it needs TRITON_INTERPRET=1 before triton is imported), "triton_chunked" (the
-            chunked WY form on Triton, T / 16 serial steps of (16, 16) tile products instead of T steps, about 2.4x
-            the arithmetic at N = 64, for N a power of two >= 16; the backward is chunked too, a serial pass over
-            chunks, then every chunk at once; fp16/bf16 products on the tensor cores; a chunk whose log decays
-            spread beyond DECAY_RANGE, never with RWKV-7's, or that holds inf or NaN takes its 16 steps one at a
-            time, decided on the device), "c" (kernels/wkv7/wkv7.c, CPU, N <= 256) or None. None runs the first that
-            takes the call, in this order: "triton" (CUDA tensors, N a power of two >= 4), "triton_chunked" (CUDA
-            tensors, N a power of two >= 16), "c" (CPU tensors in fp32, fp16 or bf16, N <= 256, where the C loops
+            chunked WY form on Triton, for N a power of two from 16 to 64: every 16-step sub-chunk's map of the
+            state in parallel, a serial pass of one product per group of 64 steps (fp16/bf16 inference; 16 steps
+            for fp32 and with a gradient), the outputs in parallel; the backward a serial pass over chunks of 16,
+            then every chunk at once; the products on the tensor cores; a sub-chunk whose log decays spread beyond
+            DECAY_RANGE, never with RWKV-7's, or that holds inf or NaN takes its 16 steps one at a time, decided on
+            the device), "c" (kernels/wkv7/wkv7.c, CPU, N <= 256) or None. None runs the first that takes the
+            call, in this order: "triton" (CUDA tensors, N a power of two >= 4), "triton_chunked" (CUDA tensors, N
+            a power of two from 16 to 64), "c" (CPU tensors in fp32, fp16 or bf16, N <= 256, where the C loops
             build), "torch" (any other call). A backend named here that cannot take the call raises with its
             reason (kernels/backends.py). Default: None.
         chunked (bool): deprecated, to be removed in the next version: use backend="triton_chunked". True turns
@@ -572,27 +580,25 @@ SMALL_GRID_HEADS = 12   # B H of the AOT build's split forward: batch 1 of a 12-
 
 
 def aot_kernels():
-    """The sequential and chunked forwards (with checkpoints) and backwards at head size 64 and 128, fp32 and bf16
-    inputs; the sequential forward also at B H = SMALL_GRID_HEADS, where it splits the state further."""
+    """The sequential forward (with checkpoints) and backward, and the chunked kernels, at head size 64 and 128, fp32
+    and bf16 inputs; the sequential forward also at B H = SMALL_GRID_HEADS, where it splits the state further."""
     from ..aot import AotKernel
     kernels = []
     for N in (64, 128):
         for dtype in ("fp32", "bf16"):
-            # pointers in the input dtype; the others are fp32 (states, checkpoints, partial sums of gradients)
+            # pointers in the input dtype; the others are fp32 (states, the chunked maps, partial sums of gradients)
             types = {**{a: f"*{dtype}" for a in ("r_ptr", "log_w_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "y_ptr",
-                                                 "dy_ptr")}, "T": "i32", "H": "i32"}
+                                                 "dy_ptr")}, "T": "i32", "H": "i32", "n_groups": "i32"}
             forward = {"HAS_STATE0": True, "SAVE_CKPT": True}
-            chunks = {"CHUNK": TRITON_CHUNK, "MAX_SPREAD": DECAY_RANGE}
-            for fn, label, flags, cfg in (
-                    (wkv7_fwd_kernel, "wkv7_fwd", {**forward, "CHECKPOINT": CHECKPOINT}, _launch_config(N)),
-                    (wkv7_fwd_kernel, f"wkv7_fwd B*H={SMALL_GRID_HEADS}", {**forward, "CHECKPOINT": CHECKPOINT},
-                     _launch_config(N, SMALL_GRID_HEADS)),
-                    (wkv7_chunked_fwd_kernel, "wkv7_chunked_fwd", {**forward, **chunks}, _chunked_launch_config(N)),
-                    (wkv7_bwd_kernel, "wkv7_bwd", {"HAS_DSTATE": True, "CHECKPOINT": CHECKPOINT}, _launch_config(N)),
-                    (wkv7_chunked_dstate_kernel, "wkv7_chunked_dstate", {"HAS_DSTATE": True, **chunks},
-                     _chunked_launch_config(N)),
-                    (wkv7_chunked_bwd_kernel, "wkv7_chunked_bwd", chunks, _chunked_launch_config(N))):
-                constexprs = {"N": N, **cfg.blocks, **flags}
+            for fn, label, constexprs, cfg in (
+                    (wkv7_fwd_kernel, "wkv7_fwd", {"N": N, **forward, "CHECKPOINT": CHECKPOINT}, _launch_config(N)),
+                    (wkv7_fwd_kernel, f"wkv7_fwd B*H={SMALL_GRID_HEADS}",
+                     {"N": N, **forward, "CHECKPOINT": CHECKPOINT}, _launch_config(N, SMALL_GRID_HEADS)),
+                    (wkv7_bwd_kernel, "wkv7_bwd", {"N": N, "HAS_DSTATE": True, "CHECKPOINT": CHECKPOINT},
+                     _launch_config(N))):
+                constexprs = {**cfg.blocks, **constexprs}
                 kernels.append(AotKernel(f"{label} N={N} {dtype}", fn, constexprs, types, "*fp32", cfg.num_warps,
                                          cfg.num_stages))
+            if N <= MAX_CHUNKED_HEAD:   # the chunked backend refuses larger heads (kernels/wkv7/spec.py)
+                kernels += chunked_aot_kernels(N, dtype, types, DECAY_RANGE)
     return kernels

@@ -14,7 +14,7 @@ from ..declarations import Case, Inputs, Op
 from ..registry import Benchmark
 from ..testing import FP32_CHUNKED_WKV7_BUDGET
 from .c import MAX_HEAD
-from .triton_chunked import CHUNKED_BLOCK_K
+from .triton_chunked import CHUNKED_BLOCK_K, MAX_CHUNKED_HEAD
 
 __all__ = ["WKV7", "BACKENDS", "BENCHMARK"]
 
@@ -31,6 +31,9 @@ def _chunked_heads(call):
     if N < CHUNKED_BLOCK_K or N & (N - 1):
         return (f"needs a head size N that is a power of two >= {CHUNKED_BLOCK_K} (tl.dot's smallest tile), got "
                 f"N = {N}; backend='triton' runs smaller heads step by step")
+    if N > MAX_CHUNKED_HEAD:   # its kernels' AOT builds spill at larger heads (docs/gpu.md)
+        return (f"takes head sizes N <= {MAX_CHUNKED_HEAD} (larger heads spill registers), got N = {N}; "
+                "backend='triton' runs them step by step")
     return None
 
 
@@ -43,7 +46,8 @@ def _c_heads(call):
 
 BACKENDS = (Triton(_triton_heads, "CUDA tensors, N a power of two >= 4"),
             # after "triton", whose heads include its own: None picks it only where "triton" refuses
-            Triton(_chunked_heads, f"CUDA tensors, N a power of two >= {CHUNKED_BLOCK_K}", name="triton_chunked"),
+            Triton(_chunked_heads, f"CUDA tensors, N a power of two in [{CHUNKED_BLOCK_K}, {MAX_CHUNKED_HEAD}]",
+                   name="triton_chunked"),
             CLoops(_c_heads, f"CPU tensors in fp32, fp16 or bf16, N <= {MAX_HEAD}, where the C loops build"),
             Torch())
 

@@ -1,98 +1,118 @@
-"""RWKV-7's WKV in chunks, on Triton: the forward and the backward of the chunked WY form (kernels/wkv7.py's
-``wkv7(..., backend="triton_chunked")``), beside the recurrent (sequential) kernels of kernels/wkv7.py, as fla keeps
-fused_recurrent beside chunk. Private: kernels/wkv7.py dispatches here.
+"""RWKV-7's WKV in chunks, on Triton: the forward of ``wkv7(..., backend="triton_chunked")`` (issue 46's design) and
+the pieces its backward (kernels/wkv7/triton_chunked_bwd.py) shares, beside the recurrent (sequential) kernels of
+kernels/wkv7/__init__.py, as fla keeps fused_recurrent beside chunk. Private: kernels/wkv7/__init__.py dispatches here.
 
-Glossary (kernels/wkv7.py's module docstring derives the forward): a chunk is L = CHUNK = 16 steps; S_0 its entering
-state (N_v, N_k) = (value, key); c_i = log_w_1 + ... + log_w_i (c_0 = 0) its cumulative log decays, d = e^{c_L};
-a~_i = a_i e^{c_{i-1}}, r~_i = r_i e^{c_i} (rows of (L, N) matrices), B^_j = b_j e^{c_L - c_j}, K^ alike; the couplings
-A_ab = tril_{j<i}(a~ (b e^{-c})^T), A_ak alike with k, Q_rb = tril_{j<=i}(r~ (b e^{-c})^T), Q_rk alike;
-T_inv = (I - A_ab)^{-1}, W = T_inv a~, Z = a~ S_0^T + A_ak V, U = T_inv Z (rows u_i = S_{i-1} a_i), and
+Glossary (kernels/wkv7/__init__.py's docstring derives the WY form): a sub-chunk is L = CHUNK = 16 steps; S_0 the
+state (N_v, N_k) = (value, key) entering it; c_i = log_w_1 + ... + log_w_i (c_0 = 0) its cumulative log decays,
+d = e^{c_L}; a~_i = a_i e^{c_{i-1}}, r~_i = r_i e^{c_i} (rows of (L, N) matrices), B^_j = b_j e^{c_L - c_j}, K^ alike;
+the couplings A_ab = tril_{j<i}(a~ (b e^{-c})^T), A_ak alike with k, Q_rb = tril_{j<=i}(r~ (b e^{-c})^T), Q_rk alike;
+T_inv = (I - A_ab)^{-1}, W = T_inv a~, U0 = T_inv A_ak V. A sub-chunk is then an affine map of its entering state:
 
-    Y = r~ S_0^T + Q_rb U + Q_rk V,      S_L = S_0 diag(d) + U^T B^ + V^T K^.
+    S_L = S_0 P + E,   P = diag(d) + W^T B^,   E = U0^T B^ + V^T K^          (N, N) each
+    Y = R S_0^T + Y0,  R = r~ + Q_rb W,        Y0 = Q_rb U0 + Q_rk V          (L, N) each
 
-Centred factors. Each coupling factors exp(c_i - c_j) as e^{c_i - m} e^{m - c_j} with m = c_L / 2 per key (the torch
-path takes m = 0): for decays <= 1, c runs from 0 down to c_L, so both factors lie within e^{+-spread/2}, e^{+-4.9} at
-RWKV-7's strongest decays (spread 0.61 L = 9.7). That keeps fp16 operands normal and far from their 65504 limit.
+GROUP = 4 sub-chunks compose into a 64-step group: P_G = P_1 P_2 P_3 P_4, E_G = ((E_1 P_2 + E_2) P_3 + E_3) P_4 + E_4,
+and sub-chunk s's outputs read the group's entering state S_G through R'_s = R_s (P_1 ... P_{s-1})^T and
+Y0'_s = Y0_s + R_s (E_1 ... composed up to s - 1)^T: Y_s = R'_s S_G^T + Y0'_s. Three kernels, one of them serial:
 
-Tensor cores. With fp16 or bf16 inputs the couplings, products of the raw inputs (_dot), take their operands in
-the input dtype and accumulate in fp32 (mma.sync / wgmma), as fla does; every other product, which carries a state,
-its gradient, the inverse or a result of other products (_fdot), takes fp32 operands, tf32 on the tensor cores.
-Rounded to fp16 as well, those operands cost the fp16 gradients on correlated keys 30-100x the error that the
-inputs' own rounding explains (review K1). fp32 inputs keep fp32 products (input_precision="ieee": the factors
-reach e^DECAY_RANGE). An fp16 chunk takes the factored form for spreads up to kernels/wkv7.py's
-FP16_DECAY_RANGE = 10, so that e^{c} factors stay in fp16's range; RWKV-7's decays (spread <= 9.7) always do.
+- wkv7_chunked_prep_kernel, grid (groups x B H, 2 N / COLUMNS): every sub-chunk's maps, in parallel, composed.
+- wkv7_chunked_scan_kernel, grid (B H, N / SCAN_ROWS): S <- S P_G + E_G, one product per group (T / 64 serial
+  steps), storing the fp32 state entering each group; the backward reads those, and nothing else of the forward.
+- wkv7_chunked_output_kernel, grid (groups x B H, N / COLUMNS): Y = R' S_G^T + Y0', one (64, N) x (N, COLUMNS)
+  product a program.
 
-Backward: given dY (L, N_v) and G = dL/dS_L (N_v, N_k), reverse-mode through the lines above (the derivation was
-checked in float64 against autograd of the step-by-step recurrence; the tests check the kernels against it):
+Stored: [P_G; E_G] (B H, groups, 2 N, N) and the rows [R' | Y0'] (B H, steps, 2 N), fp32, while the forward runs;
+after it, only the fp32 state entering each group. GROUP = 4 is for fp16/bf16 inference; fp32 inputs, and every
+call that wants a gradient, take groups of one sub-chunk (group_size: the backward reads the state entering every
+16-step chunk, and the fp32 prep with four sub-chunks a program needed an 8-byte stack on sm_80).
 
-    dU = Q_rb^T dY + B^ G^T,   dZ = T_inv^T dU,   dV = Q_rk^T dY + K^ G^T + A_ak^T dZ
-    dA_ab = tril_{j<i}(dZ U^T)   (from d(M^{-1}) = -M^{-1} dM M^{-1}: T_inv^T dU Z^T T_inv^T = dZ U^T)
-    dA_ak = tril_{j<i}(dZ V^T),   dQ_rb = tril_{j<=i}(dY U^T),   dQ_rk = tril_{j<=i}(dY V^T)
-    dS_0 = G diag(d) + dY^T r~ + dZ^T a~ = G diag(d) + (B^ G^T)^T W + dY^T (r~ + Q_rb W)
+The column split. P_G and E_G are N x N, and (N, N) fp32 tiles do not fit one program's registers beside the
+sub-chunk's (16, N) tiles: the first form of this kernel, with all of P, E, P_G, E_G in one program, needed 0.2-1.8 KB
+stack frames at N = 64. But composing maps is a product from the left: a block X of rows of the partial
+composition goes through each sub-chunk alone, X <- X P_s + E_s[rows], and P_s is diag(d) plus a rank-16 term, so
 
-and into the inputs (the couplings' parts through the centred factors):
+    X P_s = X diag(d) + (X W^T) B^        ((COLUMNS, N) x (N, 16), then (COLUMNS, 16) x (16, N))
 
-    da_i = e^{c_{i-1}} (dZ S_0)_i + e^{c_{i-1}} (dA_ab b e^{-c} + dA_ak k e^{-c})_i
-    dr_i = e^{c_i} (dY S_0)_i + e^{c_i} (dQ_rb b e^{-c} + dQ_rk k e^{-c})_i
-    db_j = e^{-c_j} (dA_ab^T a~ + dQ_rb^T r~)_j + e^{c_L - c_j} (U G)_j        (coupling part + end part)
-    dk_j = e^{-c_j} (dA_ak^T a~ + dQ_rk^T r~)_j + e^{c_L - c_j} (V G)_j
+never forms P_s. Rows of P_G are such a walk from rows of the identity without input; rows of E_G a walk from zero
+with the input term E_s[rows] = U0[:, rows]^T B^ + V[:, rows]^T K^, whose U0[:, rows] = T_inv A_ak V[:, rows] needs
+those value columns only. So the prep kernel stacks [P_G; E_G] (2 N, N) and gives each program COLUMNS of its rows
+(its "lines"): a P line starts at e_i, an E line at 0 with V's column. The same walk gives the output rows: the P
+lines' R_s X^T are R'_s's columns, the E lines' R_s X^T + Y0_s[:, rows] Y0'_s's. Every program recomputes its
+group's couplings and inverse (the (16, N) x (N, 16) products and the inverse's six (16, 16) ones): 2 N / COLUMNS
+times the sub-chunk work of a program that took all lines, traded for (COLUMNS, N) tiles in registers and
+2 N / COLUMNS times the programs. A sub-chunk out of the factored form's range (below) takes its 16 steps one at a
+time on the lines: X <- X diag(w) + (X a) b^T (+ v[rows] k^T on E lines), reading X r_j after step j.
 
-Every exponential above meets its input as x e^{+-c}, so the log decays' gradient needs only products with the raw
-inputs: log_w_t enters c_i for i >= t (within its chunk; the next chunk sees it through d), c_{i-1} of a~_i for i > t,
-and -c_j of B^, K^ for j >= t, whose c_L cancels it: their share is the sum over j < t. With dd = colsum(G * S_0):
+Centred factors. Each coupling factors exp(c_i - c_j) as e^{c_i - m} e^{m - c_j} with m = c_L / 2 per key: for
+decays <= 1, c runs from 0 down to c_L, so both factors lie within e^{+-spread/2}, e^{+-4.9} at RWKV-7's strongest
+decays (spread 0.61 L = 9.7). A sub-chunk whose spread of c passes MAX_SPREAD (kernels/wkv7's DECAY_RANGE = 20,
+FP16_DECAY_RANGE = 10 for fp16 inputs), or that holds an inf or a NaN in what a program reads of it, takes its 16 steps
+one at a time, decided on the device: its non-finite values then reach only the steps after them, as in the
+step-by-step rule. The check sums the inputs (a NaN or inf makes the sum non-finite), because tl.max and tl.min drop
+NaN. A non-finite output or final state is stored as NaN: the products add a non-finite state's terms in another
+order than the steps, so where the steps make inf - inf = NaN they may make +-inf.
 
-    dlog_w_t = sum_{i>=t} (dr r - db_cpl b - dk_cpl k)_i + sum_{i>t} (da a)_i + sum_{j<t} (db_end b + dk_end k)_j
-               + dd d
+Precision. The couplings, products of raw inputs (_dot), take their operands in the input dtype on the tensor cores
+for fp16/bf16 inputs; everything that carries a state or the inverse (_fdot) takes fp32 operands, tf32 for fp16/bf16
+inputs (fp16 operands there cost the fp16 gradients on correlated keys 30-100x their conditioning, review K1). fp32
+inputs take tf32x3 in every product (three tf32 MMAs: fp32's accuracy on the tensor cores; one tf32 product misses
+WKV-7's fp32 budget of 1e-4 at T = 2048, per the GPU review's rounding experiment).
 
-Two kernels. wkv7_chunked_dstate_kernel is the only serial pass: per (batch, head, 16 value rows) it walks the
-chunks from the last, storing each chunk's G and taking dS_0 by the last line above (it needs W and r~ + Q_rb W:
-nothing of the states). wkv7_chunked_bwd_kernel then takes every (chunk, batch, head, 16 value rows) at once: the
-chunk's S_0 is the one the forward saved, its G the first kernel's; nothing left is serial. dv is complete per
-program; the key-vector gradients (dr, dlog_w, dk, da, db) are sums over value rows, stored per row block in a
-(N / 16, 5, B, T, H, N) buffer and summed once by the wrapper, as the sequential backward does (no atomics).
-
-A chunk whose decays spread beyond the factored form's range (_factors_in_range's DECAY_RANGE) or that holds an
-inf or NaN takes its steps one at a time in both kernels, decided on the device: G is stepped back by
-G <- (G + dy r^T) diag(w) + (G + dy r^T) b a^T, and the gradients follow wkv7_bwd_kernel's step, each step's
-entering state re-run from S_0 (a chunk's L (L - 1) / 2 steps: such chunks are rare, the recompute saves a scratch
-buffer), in registers: these paths have no products, so (16, N) tiles fit.
-
-Chunk size 16: (16, 16) is tl.dot's smallest tile, and the forward's tiles stay (16, 16); at RWKV-7's strongest
-decays a 16-step chunk spreads 9.7 (every chunk factored, centred factors within e^{+-4.9}), a 64-step chunk 39,
-beyond DECAY_RANGE. fla's chunk_rwkv7 takes chunks of 16 too unless its caller passes a lower bound on the log
-decays (its own layer passes -e^-0.5 with chunk_size=64, centring the factors at mid-chunk, e^{+-20} at that bound).
-
-What an H100 measured (benchmarks/README.md, runs 4-6): this forward walks T / 16 = 128 chunks at 9.6 us each in
-bf16, fla's default state pass the same 128 chunks at 2.0 us. The cost is the serial step's, not the number of
-steps: every chunk's couplings, triangular solve and products sit on the serial path (repeated by each of a head's
-N / 16 programs), 216 registers at 8 warps leave one program per SM (48 of 132 SMs busy at B 1, H 12), every tile
-is 16 x 16, about 70 layout conversions a chunk, and the key-block loads wait in the iteration that issues them.
+fla's default chunk_rwkv7 takes chunks of 16 and walks T / 16 of them serially; its layer's form (safe_gate,
+lower_bound, chunk_size 64) walks T / 64. Nothing here is timed on a GPU yet.
 """
 from __future__ import annotations
 
 import torch
 
 from .._common import Launch, new_output, tl, triton
-from ._triton_common import _checkpoint, _head_offsets, _step
+from ._triton_common import _checkpoint, _head_offsets
 
-__all__ = []   # private: the op is kernels/wkv7.py's wkv7 (backend="triton_chunked")
+__all__ = []   # private: the op is kernels/wkv7's wkv7 (backend="triton_chunked")
 
-CHUNK = 16                # steps per chunk; the forward saves each chunk's entering state for the backward
-CHUNKED_BLOCK_K = 16      # keys per step of the loops over keys
+CHUNK = 16                # steps per sub-chunk: tl.dot's smallest tile
+GROUP = 4                 # sub-chunks per group: the serial pass takes one product per GROUP * CHUNK steps
+CHUNKED_BLOCK_K = 16      # the least head size the chunked kernels take (tl.dot's smallest tile)
+MAX_CHUNKED_HEAD = 64     # the largest: at N = 128 the AOT builds spill (docs/gpu.md), so the backend refuses it
+COLUMNS = 16              # lines of [P_G; E_G] (and columns of y) per program of the parallel kernels
+SCAN_ROWS = 16            # rows of the state per program of the scan
+PARALLEL_WARPS = 4        # warps of the parallel kernels' programs: (16, N) tiles of 8 registers a thread at N = 64
+
+
+@triton.jit
+def _dot(x, y, DT: tl.constexpr, PRECISION: tl.constexpr):
+    """x @ y of raw inputs, accumulated in fp32: fp16 / bf16 inputs (DT) take their operands rounded to DT, on the
+    tensor cores; fp32 inputs the fp32 products' PRECISION."""
+    if DT == tl.float32:
+        return tl.dot(x, y, input_precision=PRECISION)
+    else:
+        return tl.dot(x.to(DT), y.to(DT), out_dtype=tl.float32)
+
+
+@triton.jit
+def _fdot(x, y, PRECISION: tl.constexpr):
+    """x @ y with fp32 operands (states, the inverse, the composition): PRECISION "tf32x3" (fp32 inputs) or "tf32"."""
+    return tl.dot(x, y, input_precision=PRECISION)
+
+
+@triton.jit
+def _nan_unless_finite(x):
+    """x with every inf as NaN (module docstring)."""
+    return tl.where(tl.abs(x) < float("inf"), x, float("nan"))
 
 
 @triton.jit
 def _load_chunk(ptr, off, t0, T, stride_t, cols, CHUNK: tl.constexpr):
-    """Steps t0 .. t0 + CHUNK - 1 of one head at columns cols, as a (CHUNK, len(cols)) fp32 tile; steps past T read
-    0."""
+    """Steps t0 .. t0 + CHUNK - 1 of one head at columns cols, as a (CHUNK, len(cols)) fp32 tile; steps past T and
+    columns below 0 read 0."""
     steps = t0 + tl.arange(0, CHUNK)
-    live = (steps < T)[:, None] & (cols[None, :] >= 0)          # a full-shape mask: the interpreter wants one
+    live = (steps < T)[:, None] & (cols[None, :] >= 0)
     return tl.load(ptr + off + steps[:, None] * stride_t + cols[None, :], mask=live, other=0.0).to(tl.float32)
 
 
 @triton.jit
 def _store_chunk(ptr, x, off, t0, T, stride_t, cols, CHUNK: tl.constexpr):
-    """Stores the (CHUNK, len(cols)) tile x at steps t0 .. t0 + CHUNK - 1 (those before T), columns cols."""
+    """Stores the (CHUNK, len(cols)) tile x at steps t0 .. t0 + CHUNK - 1 (those before T), columns cols >= 0."""
     steps = t0 + tl.arange(0, CHUNK)
     tl.store(ptr + off + steps[:, None] * stride_t + cols[None, :], x.to(ptr.dtype.element_ty),
              mask=(steps < T)[:, None] & (cols[None, :] >= 0))
@@ -100,37 +120,14 @@ def _store_chunk(ptr, x, off, t0, T, stride_t, cols, CHUNK: tl.constexpr):
 
 @triton.jit
 def _vector(ptr, off, cols, t, T):
-    """Step t's values at cols as fp32 (0 from T on): the step-by-step paths' loads."""
-    return tl.load(ptr + off + cols, mask=cols * 0 + t < T, other=0.0).to(tl.float32)   # a tensor mask (interpreter)
-
-
-@triton.jit
-def _dot(x, y, DT: tl.constexpr):
-    """x @ y accumulated in fp32. fp32 inputs (DT): fp32 products (no TF32: the factored couplings carry factors up
-    to e^DECAY_RANGE); fp16 / bf16: operands rounded to DT, on the tensor cores."""
-    if DT == tl.float32:
-        return tl.dot(x, y, input_precision="ieee")
-    else:
-        return tl.dot(x.to(DT), y.to(DT), out_dtype=tl.float32)
-
-
-@triton.jit
-def _fdot(x, y, DT: tl.constexpr):
-    """x @ y of fp32 operands accumulated in fp32, for every product that carries a state, the inverse or a result of
-    other products: fp32 inputs (DT) take IEEE fp32 products, fp16 / bf16 inputs tf32 ones on the tensor cores.
-    Rounded to fp16 instead, as they were, those operands cost the fp16 gradients on correlated keys (nearly parallel
-    unit keys, weak decays) 30-100x the error the inputs' own rounding explains (review K1: d/db 1.4e-1 against
-    1.1e-3); with tf32 operands, 7e-4."""
-    if DT == tl.float32:
-        return tl.dot(x, y, input_precision="ieee")
-    else:
-        return tl.dot(x, y, input_precision="tf32")
+    """Step t's values at cols as fp32 (0 from T on, and at columns below 0): the step-by-step paths' loads."""
+    return tl.load(ptr + off + cols, mask=(cols >= 0) & (cols * 0 + t < T), other=0.0).to(tl.float32)
 
 
 @triton.jit
 def _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t, keys, CHUNK: tl.constexpr):
-    """One block of keys over one chunk as (CHUNK, len(keys)) fp32 tiles, 0 past T: r, k, a, b and c_i, c_{i-1}, with
-    c_L as (1, len(keys))."""
+    """One sub-chunk's key-side inputs as (CHUNK, N) fp32 tiles, 0 past T: r, k, a, b and c_i, c_{i-1}, with c_L as
+    (1, N)."""
     log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)
     c = tl.cumsum(log_w, axis=0)
     r = _load_chunk(r_ptr, seq, t0, T, stride_t, keys, CHUNK)
@@ -142,50 +139,42 @@ def _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t, key
 
 @triton.jit
 def _centred(r, k, a, b, c, c_prev, c_end):
-    """The couplings' factors, centred at m = c_L / 2: a_i e^{c_{i-1} - m}, r_i e^{c_i - m} (CHUNK, K) and
-    (b_j e^{m - c_j})^T, (k_j e^{m - c_j})^T (K, CHUNK)."""
+    """The couplings' factors from the raw inputs, centred at m = c_L / 2: a_i e^{c_{i-1} - m}, r_i e^{c_i - m}
+    (CHUNK, N) and (b_j e^{m - c_j})^T, (k_j e^{m - c_j})^T (N, CHUNK)."""
     m = 0.5 * c_end
     up = tl.exp(m - c)
     return a * tl.exp(c_prev - m), r * tl.exp(c - m), tl.trans(b * up), tl.trans(k * up)
 
 
 @triton.jit
-def _start_rows(dst, src, rows, COPY: tl.constexpr, N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """This program's rows of an (N, N) matrix copied from src into the working buffer dst (zeros without COPY),
-    BLOCK_K keys at a time."""
-    for k0 in range(0, N, BLOCK_K):
-        tile = rows[:, None] * N + (k0 + tl.arange(0, BLOCK_K))[None, :]
-        if COPY:
-            tl.store(dst + tile, tl.load(src + tile))
-        else:
-            tl.store(dst + tile, tl.zeros((rows.shape[0], BLOCK_K), dtype=tl.float32))
+def _hats(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t, keys, MAX_SPREAD: tl.constexpr,
+          CHUNK: tl.constexpr):
+    """One sub-chunk's key side as the factored form uses it, (CHUNK, N) fp32 tiles, 0 past T: r~, a~, B^, K^, with
+    d = e^{c_L} and e^{-m} = e^{-c_L / 2} as (1, N); and whether its spread of c is within MAX_SPREAD, and the sum of
+    its inputs (non-finite if one is; _factored). The centred factors are the tiles times e^{-m}: a_i e^{c_{i-1} - m},
+    r_i e^{c_i - m}, b_j e^{m - c_j} = B^_j e^{-m} (m - c_L = -m), k_j e^{m - c_j}. Only these four tiles stay live,
+    not the raw inputs and c besides."""
+    log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)
+    c = tl.cumsum(log_w, axis=0)
+    c_end = tl.sum(log_w, axis=0)[None, :]
+    c_hi = tl.maximum(tl.max(tl.max(c, axis=1), axis=0), 0.0)
+    c_lo = tl.minimum(tl.min(tl.min(c, axis=1), axis=0), 0.0)
+    r = _load_chunk(r_ptr, seq, t0, T, stride_t, keys, CHUNK)
+    k = _load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK)
+    a = _load_chunk(a_ptr, seq, t0, T, stride_t, keys, CHUNK)
+    b = _load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK)
+    total = _total(r + k + a + b + c)
+    to_end = tl.exp(c_end - c)                                                 # e^{c_L - c_j}
+    return (r * tl.exp(c), a * tl.exp(c - log_w), b * to_end, k * to_end, tl.exp(c_end), tl.exp(-0.5 * c_end),
+            c_hi - c_lo <= MAX_SPREAD, total)
 
 
 @triton.jit
-def _add_couplings(A_ab, A_ak, Q_rb, Q_rk, r, k, a, b, c, c_prev, c_end, DT: tl.constexpr):
-    """The couplings plus this key block's share (before their triangles are taken): a~ (b e^{-c})^T,
-    a~ (k e^{-c})^T, r~ (b e^{-c})^T, r~ (k e^{-c})^T, each a product of centred factors."""
-    a_c, r_c, b_c, k_c = _centred(r, k, a, b, c, c_prev, c_end)
-    return (A_ab + _dot(a_c, b_c, DT), A_ak + _dot(a_c, k_c, DT), Q_rb + _dot(r_c, b_c, DT),
-            Q_rk + _dot(r_c, k_c, DT))
-
-
-@triton.jit
-def _spread(c_hi, c_lo, total, c, x):
-    """Running max(c, 0), min(c, 0) and a sum that is finite only while every input is (inf - inf = NaN): x's and c's,
-    which sums log_w. The sum is the only NaN test: tl.max and tl.min drop NaN (maxnum on a GPU, fmax in the
-    interpreter), so a NaN log_w (or +inf, which finite_log_decay makes NaN) passed the spread as in range, and its
-    key's centring made the whole chunk NaN (review F1)."""
-    c_hi = tl.maximum(c_hi, tl.max(tl.max(c, axis=1), axis=0))
-    c_lo = tl.minimum(c_lo, tl.min(tl.min(c, axis=1), axis=0))
-    return c_hi, c_lo, total + tl.sum(tl.sum(x + c, axis=1), axis=0)
-
-
-@triton.jit
-def _factored(c_hi, c_lo, total, MAX_SPREAD: tl.constexpr):
-    """Whether a chunk takes the factored form: c spreads at most MAX_SPREAD (_factors_in_range) and every input is
-    finite (0 * NaN in a chunk's products would reach its earlier steps)."""
-    return (c_hi - c_lo <= MAX_SPREAD) & (total - total == 0.0)
+def _factored(spread_ok, total):
+    """Whether a sub-chunk takes the factored form: its c spreads at most MAX_SPREAD (with 0: kernels/wkv7's
+    _factors_in_range) and ``total``, the sum of what the program reads of it, is finite (inf - inf is NaN). The sum
+    is the NaN test: tl.max and tl.min drop NaN (maxnum on a GPU, fmax in the interpreter)."""
+    return spread_ok & (total - total == 0.0)
 
 
 @triton.jit
@@ -198,419 +187,268 @@ def _lower(A, i, STRICT: tl.constexpr):
 
 
 @triton.jit
-def _unit_lower_inverse(A, i, DT: tl.constexpr, CHUNK: tl.constexpr):
-    """(I - A)^{-1} = (I + A)(I + A^2)(I + A^4)(I + A^8) for strictly lower-triangular A (CHUNK, CHUNK): A^16 = 0."""
+def _unit_lower_inverse(A, i, PRECISION: tl.constexpr, CHUNK: tl.constexpr):
+    """(I - A)^{-1} = (I + A)(I + A^2)(I + A^4)(I + A^8) for strictly lower-triangular A (CHUNK, CHUNK): A^16 = 0.
+    fp32 operands: the inverse carries every row of the sub-chunk's solve."""
     tl.static_assert(CHUNK == 16, "four factors (I + A^(2^m)) invert I - A only while A^16 = 0")
     inverse = (i[:, None] == i[None, :]).to(tl.float32) + A
     power = A
     for _ in tl.static_range(3):
-        power = _fdot(power, power, DT)
-        inverse += _fdot(inverse, power, DT)
+        power = _fdot(power, power, PRECISION)
+        inverse += _fdot(inverse, power, PRECISION)
     return inverse
 
 
 @triton.jit
-def _sequential_chunk(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, y_ptr, state_ptr, head_state, seq, stride_t,
-                      rows, t0, T, N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr):
-    """Steps t0 .. t0 + CHUNK - 1 one at a time, as wkv7_fwd_kernel takes them, on this program's rows of the state
-    in state_ptr, BLOCK_K keys at a time: S a first (it needs every key), then S diag(w) + (S a) b^T + v k^T and
-    y = S r."""
+def _total(x):
+    """The sum of a 2-D tile's entries."""
+    return tl.sum(tl.sum(x, axis=1), axis=0)
+
+
+@triton.jit
+def _wy(r_t, a_t, b_hat, k_hat, e_m, DT: tl.constexpr, PRECISION: tl.constexpr, CHUNK: tl.constexpr):
+    """A factored sub-chunk's couplings A_ak, Q_rb, Q_rk (CHUNK, CHUNK), T_inv = (I - A_ab)^{-1} and W = T_inv a~
+    (CHUNK, N), from _hats' tiles."""
+    i = tl.arange(0, CHUNK)
+    a_c, r_c = a_t * e_m, r_t * e_m
+    b_c, k_c = tl.trans(b_hat * e_m), tl.trans(k_hat * e_m)
+    # the four couplings before the inverse: their (CHUNK, N) operands, the largest of the kernel's, die together
+    A_ab = _lower(_dot(a_c, b_c, DT, PRECISION), i, True)
+    A_ak = _lower(_dot(a_c, k_c, DT, PRECISION), i, True)
+    Q_rb = _lower(_dot(r_c, b_c, DT, PRECISION), i, False)
+    Q_rk = _lower(_dot(r_c, k_c, DT, PRECISION), i, False)
+    T_inv = _unit_lower_inverse(A_ab, i, PRECISION, CHUNK)
+    return A_ak, Q_rb, Q_rk, T_inv, _fdot(T_inv, a_t, PRECISION)
+
+
+@triton.jit
+def _lines_factored(X, r_t, a_t, b_hat, k_hat, d, e_m, v, DT: tl.constexpr, PRECISION: tl.constexpr,
+                    CHUNK: tl.constexpr):
+    """One factored sub-chunk on lines X (COLUMNS, N) of the partial composition, v (CHUNK, COLUMNS) their value
+    columns (0 on P lines): returns (X P + E[lines], the output rows R X^T + Y0[:, lines] (CHUNK, COLUMNS))."""
+    A_ak, Q_rb, Q_rk, T_inv, W = _wy(r_t, a_t, b_hat, k_hat, e_m, DT, PRECISION, CHUNK)
+    U0 = _fdot(T_inv, _fdot(A_ak, v, PRECISION), PRECISION)                    # T_inv A_ak V[:, lines]
+    R = r_t + _fdot(Q_rb, W, PRECISION)                                        # r~ + Q_rb W
+    out = _fdot(R, tl.trans(X), PRECISION) + _fdot(Q_rb, U0, PRECISION) + _fdot(Q_rk, v, PRECISION)
+    # X P + E[lines] = X diag(d) + (X W^T + U0^T) B^ + V^T K^
+    X = (X * d + _fdot(_fdot(X, tl.trans(W), PRECISION) + tl.trans(U0), b_hat, PRECISION)
+         + _fdot(tl.trans(v), k_hat, PRECISION))
+    return X, out
+
+
+@triton.jit
+def _lines_stepwise(X, log_w_ptr, r_ptr, k_ptr, a_ptr, b_ptr, v_ptr, seq, t0, T, stride_t, keys, values,
+                    CHUNK: tl.constexpr):
+    """One sub-chunk's steps one at a time on lines X (COLUMNS, N): X <- X diag(w) + (X a) b^T + v[values] k^T
+    (values < 0 on P lines: no input), the output row j = X r_j read after step j. Returns (X, rows (CHUNK,
+    COLUMNS))."""
+    i = tl.arange(0, CHUNK)
+    out = tl.zeros((CHUNK, values.shape[0]), dtype=tl.float32)
     for j in range(CHUNK):
-        off = seq + (t0 + j) * stride_t
-        sa = tl.zeros(rows.shape, dtype=tl.float32)                    # S_{t-1} a_t
-        for k0 in range(0, N, BLOCK_K):
-            keys = k0 + tl.arange(0, BLOCK_K)
-            a = _vector(a_ptr, off, keys, t0 + j, T)
-            sa += tl.sum(tl.load(state_ptr + head_state + rows[:, None] * N + keys[None, :]) * a[None, :], axis=1)
-        tl.debug_barrier()                           # every thread has read S_{t-1} before it changes
-        y = tl.zeros(rows.shape, dtype=tl.float32)
-        for k0 in range(0, N, BLOCK_K):
-            keys = k0 + tl.arange(0, BLOCK_K)
-            tile = state_ptr + head_state + rows[:, None] * N + keys[None, :]
-            S = (tl.load(tile) * tl.exp(_vector(log_w_ptr, off, keys, t0 + j, T))[None, :]
-                 + sa[:, None] * _vector(b_ptr, off, keys, t0 + j, T)[None, :]
-                 + _vector(v_ptr, off, rows, t0 + j, T)[:, None] * _vector(k_ptr, off, keys, t0 + j, T)[None, :])
-            tl.store(tile, S)
-            y += tl.sum(S * _vector(r_ptr, off, keys, t0 + j, T)[None, :], axis=1)
-        tl.store(y_ptr + off + rows, y.to(y_ptr.dtype.element_ty), mask=rows * 0 + t0 + j < T)
-        tl.debug_barrier()                           # S_t stored by all threads before the next step reads it
-
-
-@triton.jit
-def wkv7_chunked_fwd_kernel(
-    r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs, contiguous, one float dtype
-    state0_ptr,          # (B, H, N, N) fp32 initial state, read when HAS_STATE0
-    y_ptr,               # (B, T, H, N) output, input dtype
-    state_ptr,           # (B, H, N, N) fp32: the state as it advances (each program its rows), the final state
-    ckpt_ptr,            # (B * H, cdiv(T, CHUNK), N, N) fp32: states entering steps 0, CHUNK, ... (SAVE_CKPT)
-    T, H,                # sequence length, heads
-    N: tl.constexpr,         # head size, a power of two >= 16
-    BLOCK_V: tl.constexpr,   # value rows (of S) per program, 16: tl.dot's smallest tile
-    BLOCK_K: tl.constexpr,   # keys per step of the loops over keys, 16
-    CHUNK: tl.constexpr,     # steps per chunk, 16
-    MAX_SPREAD: tl.constexpr,  # the widest spread of c that a chunk takes in the factored form
-    HAS_STATE0: tl.constexpr,  # start from state0 (else from zeros)
-    SAVE_CKPT: tl.constexpr,   # write the checkpoints (a gradient will be wanted)
-):
-    """The chunked WY form (module docstring), one chunk of CHUNK steps per iteration; a chunk whose spread of c
-    passes MAX_SPREAD, or with a non-finite input, takes its steps one at a time instead (_sequential_chunk). Per
-    chunk, a first loop over blocks of BLOCK_K keys sums the couplings and the products of a~ and r~ with the state;
-    then T_inv, U and Y; a second loop over keys updates the state. The state lives in state_ptr, not in registers,
-    so that every product is of (16, 16) tiles: a register tile of the whole (16, N) block would not fit (the fp32
-    products keep whole rows of their operands in each thread)."""
-    DT: tl.constexpr = r_ptr.dtype.element_ty        # the dots' operand dtype
-    pid_bh = tl.program_id(0)
-    pid_v = tl.program_id(1)
-    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    head_state, seq, stride_t = _head_offsets(pid_bh, T, H, N)
-    _start_rows(state_ptr + head_state, state0_ptr + head_state, rows, HAS_STATE0, N, BLOCK_K)   # S_0
-    i = tl.arange(0, CHUNK)
-    n_chunks = tl.cdiv(T, CHUNK)
-    for chunk in range(n_chunks):
-        t0 = chunk * CHUNK
-        tl.debug_barrier()                           # the state stored by all threads is read below
-        A_ab = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)  # couplings, summed over key blocks
-        A_ak = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-        Q_rb = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-        Q_rk = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-        aS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # rows a~_i S^T
-        rS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # rows r~_i S^T
-        c_hi = 0.0                                           # max(c, 0) and min(c, 0) over the chunk's keys
-        c_lo = 0.0
-        total = 0.0                                          # the chunk's inputs summed: finite or not
-        for k0 in range(0, N, BLOCK_K):
-            keys = k0 + tl.arange(0, BLOCK_K)
-            tile = rows[:, None] * N + keys[None, :]
-            S = tl.load(state_ptr + head_state + tile)                      # (BLOCK_V, BLOCK_K)
-            if SAVE_CKPT:
-                tl.store(_checkpoint(ckpt_ptr, pid_bh, n_chunks, chunk, N) + tile, S)
-            r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t,
-                                                       keys, CHUNK)
-            c_hi, c_lo, total = _spread(c_hi, c_lo, total, c, r + k + a + b)
-            A_ab, A_ak, Q_rb, Q_rk = _add_couplings(A_ab, A_ak, Q_rb, Q_rk, r, k, a, b, c, c_prev, c_end, DT)
-            aS += _fdot(a * tl.exp(c_prev), tl.trans(S), DT)                 # a~ S^T
-            rS += _fdot(r * tl.exp(c), tl.trans(S), DT)                      # r~ S^T
-        v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CHUNK)          # (CHUNK, BLOCK_V): this program's rows
-        # The factored form needs the chunk's spread of c within MAX_SPREAD and finite inputs; a chunk without them
-        # (decays far stronger than RWKV-7's, inf or NaN) takes CHUNK sequential steps, decided here on the device:
-        # no host sync and no scan of log_w before the launch.
-        if _factored(c_hi, c_lo, total + tl.sum(tl.sum(v, axis=1), axis=0), MAX_SPREAD):
-            A_ak = _lower(A_ak, i, True)
-            Q_rb = _lower(Q_rb, i, False)
-            Q_rk = _lower(Q_rk, i, False)
-            U = _fdot(_unit_lower_inverse(_lower(A_ab, i, True), i, DT, CHUNK), aS + _fdot(A_ak, v, DT), DT)  # T_inv Z
-            Y = rS + _fdot(Q_rb, U, DT) + _fdot(Q_rk, v, DT)                   # rows y_i = S_i r_i
-            _store_chunk(y_ptr, Y, seq, t0, T, stride_t, rows, CHUNK)
-            tl.debug_barrier()                           # every thread has read this chunk's state before it changes
-            for k0 in range(0, N, BLOCK_K):              # S <- S diag(d) + U^T B^ + V^T K^
-                keys = k0 + tl.arange(0, BLOCK_K)
-                tile = rows[:, None] * N + keys[None, :]
-                log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)
-                decay = tl.exp(tl.sum(log_w, axis=0))                           # d = e^{c_L}
-                to_end = decay[None, :] * tl.exp(-tl.cumsum(log_w, axis=0))     # e^{c_L - c_j}
-                b_hat = _load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
-                k_hat = _load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end
-                S = tl.load(state_ptr + head_state + tile)
-                S = S * decay[None, :] + _fdot(tl.trans(U), b_hat, DT) + _fdot(tl.trans(v), k_hat, DT)
-                tl.store(state_ptr + head_state + tile, S)
-        else:
-            _sequential_chunk(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, y_ptr, state_ptr, head_state, seq,
-                              stride_t, rows, t0, T, N, BLOCK_K, CHUNK)
-
-
-@triton.jit
-def _step_back(G, r, w, a, b, dy):
-    """dL/dS_{t-1} from G = dL/dS_t (rows of both): y_t = S_t r_t adds dy r^T, then S_t = S_{t-1} diag(w) +
-    (S_{t-1} a) b^T + v k^T gives (G + dy r^T)(diag(w) + b a^T). Returns (it, G + dy r^T, (G + dy r^T) b)."""
-    G += dy[:, None] * r[None, :]
-    q = tl.sum(G * b[None, :], axis=1)                                  # G b_t = dL/d(S_{t-1} a_t)
-    return G * w[None, :] + q[:, None] * a[None, :], G, q
-
-
-@triton.jit
-def wkv7_chunked_dstate_kernel(
-    r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs of the forward, contiguous
-    dy_ptr,              # (B, T, H, N) gradient of y, contiguous, input dtype
-    dstate_ptr,          # (B, H, N, N) fp32 gradient of the final state, read when HAS_DSTATE
-    dstates_ptr,         # (B * H, cdiv(T, CHUNK), N, N) fp32: dL/dS at each chunk's end
-    dstate0_ptr,         # (B, H, N, N) fp32: G as it walks back (each program its rows), then dL/dS_0
-    T, H,                # sequence length, heads
-    N: tl.constexpr,         # head size, a power of two >= 16
-    BLOCK_V: tl.constexpr,   # value rows per program, 16
-    BLOCK_K: tl.constexpr,   # keys per step of the loops over keys, 16
-    CHUNK: tl.constexpr,     # steps per chunk, 16: the forward's checkpoint interval
-    MAX_SPREAD: tl.constexpr,  # the widest spread of c that a chunk takes in the factored form
-    HAS_DSTATE: tl.constexpr,  # the final state has a gradient (else it is zero)
-):
-    """The serial pass of the chunked backward: G = dL/dS walked back chunk by chunk, dS_0 = G diag(d) +
-    (B^ G^T)^T W + dY^T (r~ + Q_rb W) (module docstring), each chunk's G stored on the way. Like the forward, G lives
-    in dstate0_ptr so that every product is of (16, 16) tiles."""
-    DT: tl.constexpr = r_ptr.dtype.element_ty
-    pid_bh = tl.program_id(0)
-    pid_v = tl.program_id(1)
-    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    head_state, seq, stride_t = _head_offsets(pid_bh, T, H, N)
-    _start_rows(dstate0_ptr + head_state, dstate_ptr + head_state, rows, HAS_DSTATE, N, BLOCK_K)   # dL/dS_T
-    i = tl.arange(0, CHUNK)
-    n_chunks = tl.cdiv(T, CHUNK)
-    for back in range(n_chunks):
-        chunk = n_chunks - 1 - back
-        t0 = chunk * CHUNK
-        tl.debug_barrier()                           # G stored by all threads is read below
-        A_ab = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-        Q_rb = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-        BG = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # B^ G^T
-        c_hi = 0.0
-        c_lo = 0.0
-        total = 0.0
-        for k0 in range(0, N, BLOCK_K):
-            keys = k0 + tl.arange(0, BLOCK_K)
-            tile = rows[:, None] * N + keys[None, :]
-            G = tl.load(dstate0_ptr + head_state + tile)                    # (BLOCK_V, BLOCK_K)
-            tl.store(_checkpoint(dstates_ptr, pid_bh, n_chunks, chunk, N) + tile, G)
-            r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t,
-                                                       keys, CHUNK)
-            c_hi, c_lo, total = _spread(c_hi, c_lo, total, c, r + k + a + b)
-            # A_ak and Q_rk are not needed here (nor computed: the compiler drops what nothing reads)
-            A_ab, _, Q_rb, _ = _add_couplings(A_ab, 0.0, Q_rb, 0.0, r, k, a, b, c, c_prev, c_end, DT)
-            BG += _fdot(b * tl.exp(c_end - c), tl.trans(G), DT)
-        dy = _load_chunk(dy_ptr, seq, t0, T, stride_t, rows, CHUNK)        # (CHUNK, BLOCK_V)
-        v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CHUNK)
-        factored = _factored(c_hi, c_lo, total + tl.sum(tl.sum(v, axis=1), axis=0), MAX_SPREAD)
-        tl.debug_barrier()                           # every thread has read G before it changes
-        if factored:
-            T_inv = _unit_lower_inverse(_lower(A_ab, i, True), i, DT, CHUNK)
-            Q_rb = _lower(Q_rb, i, False)
-            for k0 in range(0, N, BLOCK_K):
-                keys = k0 + tl.arange(0, BLOCK_K)
-                tile = rows[:, None] * N + keys[None, :]
-                r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T,
-                                                           stride_t, keys, CHUNK)
-                W = _fdot(T_inv, a * tl.exp(c_prev), DT)                       # T_inv a~
-                R = r * tl.exp(c) + _fdot(Q_rb, W, DT)                          # r~ + Q_rb W
-                # dS_0 = G diag(d) + (B^ G^T)^T W + dY^T R
-                G = tl.load(dstate0_ptr + head_state + tile) * tl.exp(c_end)
-                G += _fdot(tl.trans(BG), W, DT) + _fdot(tl.trans(dy), R, DT)
-                tl.store(dstate0_ptr + head_state + tile, G)
-        else:                                        # step by step, G in registers
-            keys = tl.arange(0, N)
-            tile = rows[:, None] * N + keys[None, :]
-            G = tl.load(dstate0_ptr + head_state + tile)
-            for jj in range(CHUNK):
-                t = t0 + CHUNK - 1 - jj
-                off = seq + t * stride_t
-                G, _, _ = _step_back(G, _vector(r_ptr, off, keys, t, T), tl.exp(_vector(log_w_ptr, off, keys, t, T)),
-                                     _vector(a_ptr, off, keys, t, T), _vector(b_ptr, off, keys, t, T),
-                                     _vector(dy_ptr, off, rows, t, T))
-            tl.store(dstate0_ptr + head_state + tile, G)
-
-
-@triton.jit
-def _step_forward(S, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, off, keys, rows, t, T):
-    """Step t on rows S (BLOCK_V, N) of the state, from memory."""
-    return _step(S, tl.exp(_vector(log_w_ptr, off, keys, t, T)), _vector(k_ptr, off, keys, t, T),
-                 _vector(v_ptr, off, rows, t, T), _vector(a_ptr, off, keys, t, T), _vector(b_ptr, off, keys, t, T))
-
-
-@triton.jit
-def _stepwise_gradients(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr, dkeys_ptr, dv_ptr, S0, G, numel, seq,
-                        stride_t, rows, t0, T, N: tl.constexpr, CHUNK: tl.constexpr):
-    """The gradients of steps t0 .. t0 + CHUNK - 1 one at a time, walking back from G = dL/dS at the chunk's end,
-    as wkv7_bwd_kernel takes them (its formulas); each step's entering state S_{t-1} is re-run from S0 (this
-    program's rows, (BLOCK_V, N) in registers)."""
-    keys = tl.arange(0, N)
-    for jj in range(CHUNK):
-        t = t0 + CHUNK - 1 - jj
-        S_prev = S0
-        for s in range(t0, t):
-            S_prev = _step_forward(S_prev, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, seq + s * stride_t, keys, rows, s, T)
+        t = t0 + j
         off = seq + t * stride_t
-        w = tl.exp(_vector(log_w_ptr, off, keys, t, T))
-        k, v = _vector(k_ptr, off, keys, t, T), _vector(v_ptr, off, rows, t, T)
         a, b = _vector(a_ptr, off, keys, t, T), _vector(b_ptr, off, keys, t, T)
-        dy = _vector(dy_ptr, off, rows, t, T)
-        sa = tl.sum(S_prev * a[None, :], axis=1)                      # S_{t-1} a_t
-        # dr = S_t^T dy, with S_t = S_{t-1} diag(w) + sa b^T + v k^T expanded
-        dr = w * tl.sum(S_prev * dy[:, None], axis=0) + b * tl.sum(sa * dy) + k * tl.sum(v * dy)
-        G_prev, G, q = _step_back(G, _vector(r_ptr, off, keys, t, T), w, a, b, dy)   # G: dL/dS_t, with dy r^T
-        # dr, dlog_w = w colsum(G S_{t-1}), dk = G^T v, da = S_{t-1}^T q, db = G^T (S_{t-1} a): this row block's share
-        live = keys * 0 + t < T
-        tl.store(dkeys_ptr + off + keys, dr, mask=live)
-        tl.store(dkeys_ptr + numel + off + keys, w * tl.sum(G * S_prev, axis=0), mask=live)
-        tl.store(dkeys_ptr + 2 * numel + off + keys, tl.sum(G * v[:, None], axis=0), mask=live)
-        tl.store(dkeys_ptr + 3 * numel + off + keys, tl.sum(S_prev * q[:, None], axis=0), mask=live)
-        tl.store(dkeys_ptr + 4 * numel + off + keys, tl.sum(G * sa[:, None], axis=0), mask=live)
-        tl.store(dv_ptr + off + rows, tl.sum(G * k[None, :], axis=1), mask=rows * 0 + t < T)
-        G = G_prev
+        xa = tl.sum(X * a[None, :], axis=1)
+        X = (X * tl.exp(_vector(log_w_ptr, off, keys, t, T))[None, :] + xa[:, None] * b[None, :]
+             + _vector(v_ptr, off, values, t, T)[:, None] * _vector(k_ptr, off, keys, t, T)[None, :])
+        read = tl.sum(X * _vector(r_ptr, off, keys, t, T)[None, :], axis=1)
+        out = tl.where(i[:, None] == j, read[None, :], out)
+    return X, out
 
 
 @triton.jit
-def _chunk_sums(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, state0, dstate, seq, t0, T, stride_t, rows, N: tl.constexpr,
-                BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, DT: tl.constexpr):
-    """wkv7_chunked_bwd_kernel's first loop over key blocks: the couplings A_ab, A_ak, Q_rb, Q_rk (CHUNK, CHUNK);
-    a~ S_0^T, B^ G^T and K^ G^T (CHUNK, BLOCK_V) for this program's rows (state0, dstate: the chunk's entering state
-    and the gradient of its final state); and the spread of c (c_hi, c_lo, total) that decides the factored form."""
-    A_ab = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-    A_ak = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-    Q_rb = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-    Q_rk = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-    aS = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # a~ S_0^T
-    BG = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # B^ G^T
-    KG = tl.zeros((CHUNK, BLOCK_V), dtype=tl.float32)   # K^ G^T
-    c_hi = 0.0
-    c_lo = 0.0
-    total = 0.0
-    for k0 in range(0, N, BLOCK_K):
-        keys = k0 + tl.arange(0, BLOCK_K)
-        tile = rows[:, None] * N + keys[None, :]
-        r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t, keys,
-                                                   CHUNK)
-        c_hi, c_lo, total = _spread(c_hi, c_lo, total, c, r + k + a + b)
-        A_ab, A_ak, Q_rb, Q_rk = _add_couplings(A_ab, A_ak, Q_rb, Q_rk, r, k, a, b, c, c_prev, c_end, DT)
-        G_T = tl.trans(tl.load(dstate + tile))                          # (BLOCK_K, BLOCK_V)
-        to_end = tl.exp(c_end - c)                                       # e^{c_L - c_j}
-        aS += _fdot(a * tl.exp(c_prev), tl.trans(tl.load(state0 + tile)), DT)
-        BG += _fdot(b * to_end, G_T, DT)
-        KG += _fdot(k * to_end, G_T, DT)
-    return A_ab, A_ak, Q_rb, Q_rk, aS, BG, KG, c_hi, c_lo, total
-
-
-@triton.jit
-def _factored_key_gradients(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, dkeys_ptr, state0, dstate, numel, seq, t0, T,
-                            stride_t, rows, U, v, dy, dZ, dA_ab, dA_ak, dQ_rb, dQ_rk, N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, DT: tl.constexpr):
-    """wkv7_chunked_bwd_kernel's second loop over key blocks, in the factored form: from U, v, dy, dZ and the
-    couplings' gradients, this program's rows' share of dr, dlog_w, dk, da, db, stored into dkeys_ptr."""
-    for k0 in range(0, N, BLOCK_K):
-        keys = k0 + tl.arange(0, BLOCK_K)
-        tile = rows[:, None] * N + keys[None, :]
-        r, k, a, b, c, c_prev, c_end = _chunk_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T, stride_t,
-                                                   keys, CHUNK)
-        a_c, r_c, b_c, k_c = _centred(r, k, a, b, c, c_prev, c_end)
-        m = 0.5 * c_end
-        S0 = tl.load(state0 + tile)                                       # (BLOCK_V, BLOCK_K)
-        G = tl.load(dstate + tile)
-        to_end = tl.exp(c_end - c)
-        da = (_fdot(dZ, S0, DT) * tl.exp(c_prev)
-              + (_fdot(dA_ab, tl.trans(b_c), DT) + _fdot(dA_ak, tl.trans(k_c), DT)) * tl.exp(c_prev - m))
-        dr = (_fdot(dy, S0, DT) * tl.exp(c)
-              + (_fdot(dQ_rb, tl.trans(b_c), DT) + _fdot(dQ_rk, tl.trans(k_c), DT)) * tl.exp(c - m))
-        up = tl.exp(m - c)
-        db_cpl = (_fdot(tl.trans(dA_ab), a_c, DT) + _fdot(tl.trans(dQ_rb), r_c, DT)) * up
-        dk_cpl = (_fdot(tl.trans(dA_ak), a_c, DT) + _fdot(tl.trans(dQ_rk), r_c, DT)) * up
-        db_end = _fdot(U, G, DT) * to_end
-        dk_end = _fdot(v, G, DT) * to_end
-        # dlog_w_t = sum_{i>=t} (dr r - db_cpl b - dk_cpl k)_i + sum_{i>t} (da a)_i
-        #            + sum_{j<t} (db_end b + dk_end k)_j + dd d,   dd = colsum(G * S_0)
-        after = da * a
-        before = db_end * b + dk_end * k
-        dlog_w = (tl.cumsum(dr * r - db_cpl * b - dk_cpl * k + after, axis=0, reverse=True) - after
-                  + tl.cumsum(before, axis=0) - before + (tl.sum(G * S0, axis=0)[None, :] * tl.exp(c_end)))
-        _store_chunk(dkeys_ptr, dr, seq, t0, T, stride_t, keys, CHUNK)
-        _store_chunk(dkeys_ptr + numel, dlog_w, seq, t0, T, stride_t, keys, CHUNK)
-        _store_chunk(dkeys_ptr + 2 * numel, dk_cpl + dk_end, seq, t0, T, stride_t, keys, CHUNK)
-        _store_chunk(dkeys_ptr + 3 * numel, da, seq, t0, T, stride_t, keys, CHUNK)
-        _store_chunk(dkeys_ptr + 4 * numel, db_cpl + db_end, seq, t0, T, stride_t, keys, CHUNK)
-
-
-@triton.jit
-def wkv7_chunked_bwd_kernel(
-    r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs of the forward, contiguous
-    dy_ptr,              # (B, T, H, N) gradient of y, contiguous, input dtype
-    ckpt_ptr,            # (B * H, cdiv(T, CHUNK), N, N) fp32: the state entering each chunk (the forward's)
-    dstates_ptr,         # (B * H, cdiv(T, CHUNK), N, N) fp32: dL/dS at each chunk's end (wkv7_chunked_dstate_kernel)
-    dkeys_ptr,           # (N / BLOCK_V, 5, B, T, H, N) fp32: dr, dlog_w, dk, da, db, this program's rows' share
-    dv_ptr,              # (B, T, H, N) fp32 gradient of v
-    T, H,                # sequence length, heads
-    N: tl.constexpr,         # head size, a power of two >= 16
-    BLOCK_V: tl.constexpr,   # value rows per program, 16
-    BLOCK_K: tl.constexpr,   # keys per step of the loops over keys, 16
-    CHUNK: tl.constexpr,     # steps per chunk, 16: the forward's checkpoint interval
-    MAX_SPREAD: tl.constexpr,  # the widest spread of c that a chunk takes in the factored form
-):
-    """One chunk's gradients (module docstring) from its entering state and the gradient of its final state: one
-    program per (chunk, batch, head) on axis 0 (no grid limit of 65,535) and per 16 value rows on axis 1. A first
-    loop over key blocks sums the couplings, a~ S_0^T, B^ G^T and K^ G^T; then U, dU, dZ, dV and the couplings'
-    gradients; a second loop over key blocks takes the key-vector gradients."""
-    DT: tl.constexpr = r_ptr.dtype.element_ty
-    n_chunks = tl.cdiv(T, CHUNK)
-    pid = tl.program_id(0)                           # (batch * H + head) * n_chunks + chunk
-    pid_bh = pid // n_chunks
-    chunk = pid % n_chunks
-    pid_v = tl.program_id(1)
-    t0 = chunk * CHUNK
-    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    _, seq, stride_t = _head_offsets(pid_bh, T, H, N)
-    numel = (tl.num_programs(0) // n_chunks).to(tl.int64) * T * N   # B * T * H * N
-    dkeys_ptr += pid_v * 5 * numel                                    # this row block's partial sums
-    state0 = _checkpoint(ckpt_ptr, pid_bh, n_chunks, chunk, N)
-    dstate = _checkpoint(dstates_ptr, pid_bh, n_chunks, chunk, N)
-    i = tl.arange(0, CHUNK)
-    A_ab, A_ak, Q_rb, Q_rk, aS, BG, KG, c_hi, c_lo, total = _chunk_sums(
-        r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, state0, dstate, seq, t0, T, stride_t, rows, N, BLOCK_V, BLOCK_K, CHUNK,
-        DT)
-    v = _load_chunk(v_ptr, seq, t0, T, stride_t, rows, CHUNK)              # (CHUNK, BLOCK_V)
-    dy = _load_chunk(dy_ptr, seq, t0, T, stride_t, rows, CHUNK)
-    if _factored(c_hi, c_lo, total + tl.sum(tl.sum(v, axis=1), axis=0), MAX_SPREAD):
-        A_ak = _lower(A_ak, i, True)
-        Q_rb = _lower(Q_rb, i, False)
-        Q_rk = _lower(Q_rk, i, False)
-        T_inv = _unit_lower_inverse(_lower(A_ab, i, True), i, DT, CHUNK)
-        U = _fdot(T_inv, aS + _fdot(A_ak, v, DT), DT)                          # T_inv Z
-        dZ = _fdot(tl.trans(T_inv), _fdot(tl.trans(Q_rb), dy, DT) + BG, DT)    # T_inv^T dU, dU = Q_rb^T dY + B^ G^T
-        # dV = Q_rk^T dY + K^ G^T + A_ak^T dZ
-        _store_chunk(dv_ptr, _fdot(tl.trans(Q_rk), dy, DT) + KG + _fdot(tl.trans(A_ak), dZ, DT), seq, t0, T, stride_t,
-                     rows, CHUNK)
-        dA_ab = _lower(_fdot(dZ, tl.trans(U), DT), i, True)
-        dA_ak = _lower(_fdot(dZ, tl.trans(v), DT), i, True)
-        dQ_rb = _lower(_fdot(dy, tl.trans(U), DT), i, False)
-        dQ_rk = _lower(_fdot(dy, tl.trans(v), DT), i, False)
-        _factored_key_gradients(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, dkeys_ptr, state0, dstate, numel, seq, t0, T,
-                                stride_t, rows, U, v, dy, dZ, dA_ab, dA_ak, dQ_rb, dQ_rk, N, BLOCK_K, CHUNK, DT)
+def _subchunk_lines(X, r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, seq, t0, T, stride_t, keys, values,
+                    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr, CHUNK: tl.constexpr):
+    """The sub-chunk at t0 on lines X: factored, or step by step where _factored says no. Returns (X, out rows)."""
+    r_t, a_t, b_hat, k_hat, d, e_m, spread_ok, total = _hats(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, seq, t0, T,
+                                                              stride_t, keys, MAX_SPREAD, CHUNK)
+    v = _load_chunk(v_ptr, seq, t0, T, stride_t, values, CHUNK)              # 0 on P lines (values < 0)
+    if _factored(spread_ok, total + _total(v)):
+        X, out = _lines_factored(X, r_t, a_t, b_hat, k_hat, d, e_m, v, DT, PRECISION, CHUNK)
     else:
-        keys = tl.arange(0, N)
-        tile = rows[:, None] * N + keys[None, :]
-        _stepwise_gradients(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr, dkeys_ptr, dv_ptr,
-                            tl.load(state0 + tile), tl.load(dstate + tile), numel, seq, stride_t, rows, t0, T, N,
-                            CHUNK)
+        X, out = _lines_stepwise(X, log_w_ptr, r_ptr, k_ptr, a_ptr, b_ptr, v_ptr, seq, t0, T, stride_t, keys, values,
+                                 CHUNK)
+    return X, out
 
 
-def _chunked_launch_config(N) -> Launch:
-    """The chunked kernels': 16 value rows per program, tl.dot's smallest tile; its tiles are (16, 16), one element
-    a thread over 8 warps (fp32 inputs at 4 warps need 168-255 registers and a stack)."""
-    return Launch({"BLOCK_V": 16, "BLOCK_K": CHUNKED_BLOCK_K}, num_warps=8)
+@triton.jit
+def _program_group(T, CHUNK: tl.constexpr, GROUP: tl.constexpr):
+    """(head b H + h, group, groups per head) of a program whose grid's first axis is (B H groups)."""
+    n_groups = tl.cdiv(T, CHUNK * GROUP)
+    pid = tl.program_id(0)
+    return pid // n_groups, pid % n_groups, n_groups
 
 
-def _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, save_checkpoints, max_spread):
-    """Launches the chunked forward into y and state; returns the chunks' entering states (B * H, T / CHUNK, N, N)
-    with ``save_checkpoints`` (else the state, unwritten). max_spread: the widest spread of c a chunk takes in the
-    factored form."""
+@triton.jit
+def _group_map(maps_ptr, pid_bh, n_groups, g, N: tl.constexpr):
+    """Group g's stacked (2 N, N) map of head pid_bh in a (B * H, n_groups, 2 N, N) buffer."""
+    return maps_ptr + (pid_bh.to(tl.int64) * n_groups + g) * 2 * N * N
+
+
+@triton.jit
+def _lines(N: tl.constexpr, COLUMNS: tl.constexpr):
+    """This program's lines of the stacked [P_G; E_G] (2 N, N), the grid's second axis counting blocks of COLUMNS,
+    and their value indices (line - N: below 0 on P lines)."""
+    lines = tl.program_id(1) * COLUMNS + tl.arange(0, COLUMNS)
+    return lines, lines - N
+
+
+@triton.jit
+def wkv7_chunked_prep_kernel(
+    r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs, contiguous, one float dtype (log_w fp32 or it)
+    maps_ptr,            # (B * H, n_groups, 2 N, N) fp32 out: each group's [P_G; E_G]
+    rows_ptr,            # (B * H, n_groups * GROUP * CHUNK, 2 N) fp32 out: each step's [R' | Y0'] row
+    T, H,                # sequence length, heads
+    N: tl.constexpr,           # head size, a power of two >= 16
+    COLUMNS: tl.constexpr,     # lines per program (the grid's second axis: 2 N / COLUMNS)
+    CHUNK: tl.constexpr,       # steps per sub-chunk, 16
+    GROUP: tl.constexpr,       # sub-chunks per group
+    MAX_SPREAD: tl.constexpr,  # the widest spread of c that a sub-chunk takes in the factored form
+    PRECISION: tl.constexpr,   # the fp32 products': "tf32x3" (fp32 inputs) or "tf32"
+):
+    """One (group, head, block of COLUMNS lines) per program: the lines walk the group's sub-chunks in order,
+    X <- X P_s + E_s[lines] from e_i (P lines) or 0 (E lines); before sub-chunk s, R_s X^T (+ Y0_s) are the columns
+    of its output rows [R'_s | Y0'_s]; after the last, X is the lines of [P_G; E_G]."""
+    DT: tl.constexpr = r_ptr.dtype.element_ty
+    pid_bh, g, n_groups = _program_group(T, CHUNK, GROUP)
+    _, seq, stride_t = _head_offsets(pid_bh, T, H, N)
+    keys = tl.arange(0, N)
+    lines, values = _lines(N, COLUMNS)
+    X = (lines[:, None] == keys[None, :]).to(tl.float32)                       # e_i on P lines, 0 on E lines
+    steps = tl.arange(0, CHUNK)
+    row0 = (pid_bh.to(tl.int64) * n_groups + g) * GROUP * CHUNK
+    for s in range(GROUP):
+        X, out = _subchunk_lines(X, r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, seq, (g * GROUP + s) * CHUNK, T,
+                                 stride_t, keys, values, MAX_SPREAD, DT, PRECISION, CHUNK)
+        tl.store(rows_ptr + (row0 + s * CHUNK + steps[:, None]) * 2 * N + lines[None, :], out)
+    tl.store(_group_map(maps_ptr, pid_bh, n_groups, g, N) + lines[:, None] * N + keys[None, :], X)
+
+
+@triton.jit
+def wkv7_chunked_scan_kernel(
+    maps_ptr,            # (B * H, n_groups, 2 N, N) fp32: each group's [M_G; A_G], X_out = X M_G + A_G
+    init_ptr,            # (B, H, N, N) fp32: X entering the walk, read when HAS_INIT (else zeros)
+    states_ptr,          # (B * H, n_groups, N, N) fp32 out: X where the walk enters each group
+    final_ptr,           # (B, H, N, N) fp32 out: X after the walk
+    n_groups,            # groups per head
+    N: tl.constexpr,           # head size
+    ROWS: tl.constexpr,        # rows of X per program (the grid's second axis: N / ROWS)
+    HAS_INIT: tl.constexpr,    # whether init_ptr holds X's start
+    REVERSE: tl.constexpr,     # walk from the last group (the backward's dL/dS)
+    PRECISION: tl.constexpr,   # "tf32x3" or "tf32"
+):
+    """The only serial pass: X <- X M_G + A_G over the groups, rows of X evolving independently. The forward walks
+    S <- S P_G + E_G; the backward, from the last group, G <- G P_G^T + F_G (its prep stores P_G^T as M_G). One
+    product a step; M_G is loaded in its own step, which the compiler pipelines (num_stages = 2: the load of the
+    next step's M_G goes to shared memory while this step multiplies); A_G, the product's accumulator, which the
+    compiler does not pipeline, is loaded a step ahead by hand."""
+    pid_bh = tl.program_id(0)
+    n_groups = tl.cast(n_groups, tl.int64)   # the groups' offsets in 64 bits, as every offset here
+    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    keys = tl.arange(0, N)
+    tile = rows[:, None] * N + keys[None, :]
+    square = keys[:, None] * N + keys[None, :]
+    head = pid_bh.to(tl.int64) * N * N
+    if HAS_INIT:
+        X = tl.load(init_ptr + head + tile)
+    else:
+        X = tl.zeros((ROWS, N), dtype=tl.float32)
+    first = n_groups - 1 if REVERSE else 0
+    A = tl.load(_group_map(maps_ptr, pid_bh, n_groups, first, N) + N * N + tile)
+    for step in range(n_groups):
+        g = n_groups - 1 - step if REVERSE else step
+        after = g - 1 if REVERSE else g + 1
+        A_next = tl.load(_group_map(maps_ptr, pid_bh, n_groups, after, N) + N * N + tile,
+                         mask=tile * 0 + step + 1 < n_groups, other=0.0)   # a tensor mask (interpreter)
+        M = tl.load(_group_map(maps_ptr, pid_bh, n_groups, g, N) + square)
+        tl.store(_checkpoint(states_ptr, pid_bh, n_groups, g, N) + tile, X)
+        X = _fdot(X, M, PRECISION) + A
+        A = A_next
+    tl.store(final_ptr + head + tile, _nan_unless_finite(X))
+
+
+@triton.jit
+def wkv7_chunked_output_kernel(
+    rows_ptr,            # (B * H, n_groups * GROUP * CHUNK, 2 N) fp32: the prep kernel's [R' | Y0'] rows
+    states_ptr,          # (B * H, n_groups, N, N) fp32: the state entering each group
+    y_ptr,               # (B, T, H, N) out, the input dtype
+    T, H,                # sequence length, heads
+    N: tl.constexpr,           # head size
+    COLUMNS: tl.constexpr,     # columns of y per program (the grid's second axis: N / COLUMNS)
+    CHUNK: tl.constexpr,       # steps per sub-chunk
+    GROUP: tl.constexpr,       # sub-chunks per group: a program's rows are the group's GROUP * CHUNK steps
+    PRECISION: tl.constexpr,   # "tf32x3" or "tf32"
+):
+    """One (group, head, block of COLUMNS values) per program: Y[:, values] = R' S_G[values]^T + Y0'[:, values]."""
+    pid_bh, g, n_groups = _program_group(T, CHUNK, GROUP)
+    _, seq, stride_t = _head_offsets(pid_bh, T, H, N)
+    keys = tl.arange(0, N)
+    values = tl.program_id(1) * COLUMNS + tl.arange(0, COLUMNS)
+    steps = tl.arange(0, GROUP * CHUNK)
+    row = ((pid_bh.to(tl.int64) * n_groups + g) * GROUP * CHUNK + steps[:, None]) * 2 * N
+    S = tl.load(_checkpoint(states_ptr, pid_bh, n_groups, g, N) + values[:, None] * N + keys[None, :])
+    Y = _fdot(tl.load(rows_ptr + row + keys[None, :]), tl.trans(S), PRECISION) + tl.load(rows_ptr + row + N
+                                                                                         + values[None, :])
+    _store_chunk(y_ptr, _nan_unless_finite(Y), seq, g * GROUP * CHUNK, T, stride_t, values, GROUP * CHUNK)
+
+
+def _precision(dtype) -> str:
+    """The fp32 products' input precision: tf32x3 for fp32 inputs (fp32's accuracy on the tensor cores; one tf32
+    product misses their budget, 1e-4), tf32 for fp16 and bf16 (inside their budgets with room)."""
+    return "tf32x3" if dtype == torch.float32 else "tf32"
+
+
+def _parallel_launch_config(N) -> Launch:
+    """The parallel kernels' (prep, output): COLUMNS lines or values a program, PARALLEL_WARPS warps."""
+    return Launch({"COLUMNS": min(COLUMNS, N)}, num_warps=PARALLEL_WARPS)
+
+
+def group_size(dtype, grad) -> int:
+    """Sub-chunks per group: GROUP for fp16/bf16 inputs without a gradient; 1 with a gradient (the backward reads the
+    state entering every 16-step chunk) and for fp32 inputs (their prep kernel with GROUP sub-chunks a program needs
+    an 8-byte stack on sm_80: its tf32x3 products split every operand in two; with one, none)."""
+    return 1 if grad or dtype == torch.float32 else GROUP
+
+
+def _scan_launch_config(N) -> Launch:
+    """The scan's: SCAN_ROWS rows of the state a program, 4 warps, two stages (the next group's map loads while this
+    one multiplies)."""
+    return Launch({"ROWS": min(SCAN_ROWS, N)}, num_warps=4, num_stages=2)
+
+
+def _sizes(T, group):
+    """(sub-chunks, groups) of a sequence of T steps, ``group`` sub-chunks a group."""
+    n_sub = triton.cdiv(T, CHUNK)
+    return n_sub, triton.cdiv(n_sub, group)
+
+
+def _scan(maps, init, states, final, n_groups, reverse, precision):
+    """Launches the scan over maps (B * H, n_groups, 2 N, N) from init (or zeros), into states and final."""
+    N = maps.shape[-1]
+    cfg = _scan_launch_config(N)
+    wkv7_chunked_scan_kernel[(maps.shape[0], N // cfg["ROWS"])](
+        maps, init if init is not None else final, states, final, n_groups, N=N, **cfg.blocks,
+        HAS_INIT=init is not None, REVERSE=reverse, PRECISION=precision, **cfg.options)
+
+
+def _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, max_spread, grad):
+    """Launches the chunked forward into y and state; returns the state entering each group (B * H, groups, N, N),
+    which the output kernel reads; with ``grad``, groups of one sub-chunk (group_size), whose states the backward
+    (kernels/wkv7/triton_chunked_bwd.py) reads. max_spread: the widest spread of c a sub-chunk takes in the factored
+    form."""
     B, T, H, N = r.shape
-    cfg = _chunked_launch_config(N)
-    ckpt = (new_output((B * H, triton.cdiv(T, CHUNK), N, N), torch.float32, r.device) if save_checkpoints
-            else state)                              # not written without SAVE_CKPT
-    wkv7_chunked_fwd_kernel[(B * H, N // cfg["BLOCK_V"])](
-        r, log_w, k, v, a, b, state0 if state0 is not None else state, y, state, ckpt, T, H,
-        N=N, **cfg.blocks, CHUNK=CHUNK, MAX_SPREAD=max_spread, HAS_STATE0=state0 is not None,
-        SAVE_CKPT=save_checkpoints, **cfg.options)
-    return ckpt
-
-
-def _chunked_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate, max_spread):
-    """The chunked backward from the forward's chunk states: the serial pass over chunks, then every chunk's
-    gradients at once; returns dkeys (N / 16, 5, B, T, H, N): per row block dr, dlog_w, dk, da, db, and dv, dS_0."""
-    B, T, H, N = r.shape
-    cfg = _chunked_launch_config(N)
-    n_chunks = triton.cdiv(T, CHUNK)
-    blocks = N // cfg["BLOCK_V"]
-    shared = dict(N=N, **cfg.blocks, CHUNK=CHUNK, MAX_SPREAD=max_spread, **cfg.options)
-    dstates = new_output((B * H, n_chunks, N, N), torch.float32, r.device)
-    dstate0 = new_output((B, H, N, N), torch.float32, r.device)
-    wkv7_chunked_dstate_kernel[(B * H, blocks)](
-        r, log_w, k, v, a, b, dy, dstate if dstate is not None else dstate0, dstates, dstate0, T, H,
-        HAS_DSTATE=dstate is not None, **shared)
-    dkeys = new_output((blocks, 5, B, T, H, N), torch.float32, r.device)
-    dv = new_output((B, T, H, N), torch.float32, r.device)
-    wkv7_chunked_bwd_kernel[(B * H * n_chunks, blocks)](r, log_w, k, v, a, b, dy, ckpt, dstates, dkeys, dv, T, H,
-                                                        **shared)
-    return dkeys, dv, dstate0
+    cfg = _parallel_launch_config(N)
+    group = group_size(r.dtype, grad)
+    _, n_groups = _sizes(T, group)
+    precision = _precision(r.dtype)
+    shared = dict(N=N, CHUNK=CHUNK, GROUP=group, PRECISION=precision, **cfg.blocks)
+    maps = new_output((B * H, n_groups, 2 * N, N), torch.float32, r.device)                # [P_G; E_G]
+    rows = new_output((B * H, n_groups * group * CHUNK, 2 * N), torch.float32, r.device)  # [R' | Y0']
+    states = new_output((B * H, n_groups, N, N), torch.float32, r.device)
+    wkv7_chunked_prep_kernel[(B * H * n_groups, 2 * N // cfg["COLUMNS"])](r, log_w, k, v, a, b, maps, rows, T, H,
+                                                                        MAX_SPREAD=max_spread, **shared,
+                                                                        **cfg.options)
+    _scan(maps, state0, states, state, n_groups, False, precision)
+    wkv7_chunked_output_kernel[(B * H * n_groups, N // cfg["COLUMNS"])](rows, states, y, T, H, **shared,
+                                                                      **cfg.options)
+    return states

@@ -8,8 +8,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import seqmix.kernels.wkv7 as kw
+import seqmix.kernels.wkv7.triton_chunked as chunked_kernels
 from helpers.kernel_cases import needs_triton, spy
 from seqmix.kernels.wkv7 import naive as definitions
+from seqmix.kernels.backends import Call, deprecated_chunked, refusals
 from seqmix.kernels.inputs import in_pieces, rwkv7_inputs, split_bounds
 from seqmix.kernels.testing import (FP16_BUDGET, FP32_BUDGET, FP32_CHUNKED_WKV7_BUDGET, REFERENCE_BUDGET,
                                     accumulation_dtype, assert_all_close, assert_close, fp32)
@@ -219,6 +221,80 @@ def test_triton_chunked_forward_mixes_factored_and_stepwise_chunks(rng):
     y_ref, S_ref = reference_wkv7(*(z.double().numpy() for z in x), state=S0.double().numpy())
     assert_close(y, y_ref, FP32_BUDGET, "y")
     assert_close(S, S_ref, FP32_BUDGET, "state")
+
+
+BOUNDARY_LENGTHS = [1, 15, 16, 17, 63, 64, 65, 130]   # around one sub-chunk (16), one group (64); 130: 2 groups + 2
+
+
+@needs_triton
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero state", "initial state"])
+@pytest.mark.parametrize("T", [T if T in (1, 17, 65) else pytest.param(T, marks=pytest.mark.slow)
+                               for T in BOUNDARY_LENGTHS])
+def test_triton_chunked_inference_at_sub_chunk_and_group_boundaries(rng, monkeypatch, T, with_state):
+    """Without a gradient the chunked forward composes GROUP = 4 sub-chunks of 16 steps into each step of its serial
+    pass (fp16/bf16 inputs; fp32 inputs here too, as the fp16 ones would, so that the composition is measured at
+    fp32's accuracy; the spy counts the groups); y and the final state against the float64 reference, within the
+    chunked WKV-7 budget. The quick tier takes 1, 17 and 65 (the interpreter: 5 s a case here)."""
+    monkeypatch.setattr(chunked_kernels, "group_size", lambda dtype, grad: 1 if grad else chunked_kernels.GROUP)
+    groups = spy(monkeypatch, kw, "_chunked_fwd")
+    x_np, S0_np = rwkv7_inputs(rng, 1, T, 2, 16)
+    x = fp32(*x_np)
+    S0 = fp32(S0_np)[0] if with_state else None
+    y, S = kw.wkv7(*x, state=S0, backend="triton_chunked")
+    y_ref, S_ref = reference_wkv7(*x_np, state=S0_np if with_state else None)
+    assert_close(y, y_ref, FP32_CHUNKED_WKV7_BUDGET, "y")
+    assert_close(S, S_ref, FP32_CHUNKED_WKV7_BUDGET, "state")
+    (states,) = groups
+    assert states.shape == (2, -(-T // 64), 16, 16)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype, budget, steps", [(torch.float16, FP16_BUDGET, 64), (torch.float32,
+                                                                                    FP32_CHUNKED_WKV7_BUDGET, 16)])
+def test_triton_chunked_inference_groups_by_dtype(rng, monkeypatch, dtype, budget, steps):
+    """As the launcher chooses: fp16/bf16 inputs take groups of 64 steps, fp32 inputs of 16 (group_size says why);
+    T = 70 spans two groups either way."""
+    groups = spy(monkeypatch, kw, "_chunked_fwd")
+    x_np, S0_np = rwkv7_inputs(rng, 1, 70, 1, 16)
+    x_np = [np.asarray(torch.tensor(z).to(dtype).double()) for z in x_np]      # the reference takes the same inputs
+    y, S = kw.wkv7(*(torch.tensor(z, dtype=dtype) for z in x_np), state=fp32(S0_np)[0], backend="triton_chunked")
+    y_ref, S_ref = reference_wkv7(*x_np, state=S0_np)
+    assert_close(y, y_ref, budget, "y")
+    assert_close(S, S_ref, budget, "state")
+    (states,) = groups
+    assert states.shape == (1, -(-70 // steps), 16, 16)
+
+
+@needs_triton
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero state", "initial state"])
+@pytest.mark.parametrize("T", [pytest.param(T, marks=pytest.mark.slow) if T > 17 else T for T in BOUNDARY_LENGTHS])
+def test_triton_chunked_gradients_at_sub_chunk_and_group_boundaries(rng, monkeypatch, T, with_state):
+    """With a gradient the forward's groups are single sub-chunks (the backward reads the state entering each);
+    y, the final state and every gradient, the initial state's too, against autograd of the float64 recurrence.
+    Lengths past 17 are slow (the interpreter)."""
+    groups = spy(monkeypatch, kw, "_chunked_fwd")
+    check_against_truth(rng, (1, T, 1, 16), "mixed", with_state, torch.float32, "triton_chunked",
+                        FP32_CHUNKED_WKV7_BUDGET)
+    (states,) = groups
+    assert states.shape == (1, -(-T // 16), 16, 16)
+
+
+@needs_triton
+def test_triton_chunked_refuses_heads_past_its_largest():
+    """N = 128: the chunked kernels' AOT builds spill there (docs/gpu.md), so backend="triton_chunked" refuses it by
+    name, backend=None never picks it there (the sequential kernels take the call) and the deprecated chunked=True
+    keeps "triton"; at N = 64 it still turns "triton" into "triton_chunked"."""
+    x = [torch.zeros(1, 2, 1, 2 * kw.MAX_CHUNKED_HEAD) for _ in range(6)]
+    with pytest.raises(ValueError, match=rf"^backend='triton_chunked' takes head sizes N <= {kw.MAX_CHUNKED_HEAD} "
+                                         rf"\(larger heads spill registers\), got N = {2 * kw.MAX_CHUNKED_HEAD}; "):
+        kw.wkv7(*x, backend="triton_chunked")
+    cuda = torch.device("cuda")
+    call = Call("wkv7", cuda, torch.float32, {"N": 2 * kw.MAX_CHUNKED_HEAD})
+    says = refusals(call)
+    assert says["triton"] is None and "N <= 64" in says["triton_chunked"]
+    assert deprecated_chunked(call, "triton") == "triton"
+    assert deprecated_chunked(Call("wkv7", cuda, torch.float32, {"N": kw.MAX_CHUNKED_HEAD}), "triton") == \
+        "triton_chunked"
 
 
 @needs_triton
