@@ -46,7 +46,7 @@ def _c_heads(call):
 
 BACKENDS = (Triton(_triton_heads, "CUDA tensors, N a power of two >= 4"),
             # after "triton", whose heads include its own: None picks it only where "triton" refuses
-            Triton(_chunked_heads, f"CUDA tensors, N a power of two in [{CHUNKED_BLOCK_K}, {MAX_CHUNKED_HEAD}]",
+            Triton(_chunked_heads, f"CUDA tensors, N a power of two from {CHUNKED_BLOCK_K} to {MAX_CHUNKED_HEAD}",
                    name="triton_chunked"),
             CLoops(_c_heads, f"CPU tensors in fp32, fp16 or bf16, N <= {MAX_HEAD}, where the C loops build"),
             Torch())

@@ -257,8 +257,8 @@ def test_fla_s_fastest_form_is_timed_and_fp32_rows_name_their_products(tmp_path)
 @needs_triton
 @pytest.mark.timeout(600)
 def test_the_profile_part_walks_on_a_dry_run(tmp_path):
-    """Without CUDA the profile part records our chunked WKV-7 kernels' launch grids at the dry shape (one program per
-    batch, head and 16 value rows; the backward's per chunk too), says that the CUDA times need a GPU, and skips fla;
+    """Without CUDA the profile part records our chunked WKV-7 kernels' launch grids at the dry shape (the forward's
+    prep, scan and output, the backward's serial pass and per-chunk kernel, each with its programs), says that the CUDA times need a GPU, and skips fla;
     the launches' recorder leaves Triton as it found it."""
     from triton.runtime.interpreter import InterpretedFunction
     run_before = InterpretedFunction.__dict__["run"]
@@ -266,13 +266,18 @@ def test_the_profile_part_walks_on_a_dry_run(tmp_path):
     (part,) = _record(tmp_path)["parts"]
     assert part["name"] == "profile" and part["status"] == "ok"
     s = gpu_timing.DRY_SHAPES["wkv7 chunked"]
-    programs = str(s["B"] * s["H"] * s["N"] // 16 * -(-s["T"] // 16))
+    heads, groups = s["B"] * s["H"], -(-s["T"] // 16)                  # fp32: groups of one 16-step sub-chunk
+    programs = {"prep": heads * groups * 2 * s["N"] // 16, "scan": heads * s["N"] // 16,
+                "output": heads * groups * s["N"] // 16, "dstate": heads * s["N"] // 16,
+                "bwd": heads * groups * s["N"] // 16}
     ours = [r for r in part["rows"] if r["impl"] == "seqmix wkv7 chunked"]
+    forward = {f"wkv7_chunked_{k}_kernel" for k in ("prep", "scan", "output")}
     assert {(r["mode"], r["kernel"]) for r in ours} == {
-        ("forward", "wkv7_chunked_fwd_kernel"), *(("forward+backward", f"wkv7_chunked_{k}_kernel")
-                                                  for k in ("fwd", "dstate", "bwd"))}
-    assert all(r["op"] == "wkv7" and r["dtype"] == "fp32" and r["calls_per_step"] == 1 and r["programs"] == programs
-               and r["grid"] and "need" in r["cuda_s"] for r in ours), ours
+        *(("forward", k) for k in forward),
+        *(("forward+backward", k) for k in forward | {"wkv7_chunked_dstate_kernel", "wkv7_chunked_bwd_kernel"})}
+    assert all(r["op"] == "wkv7" and r["dtype"] == "fp32" and r["calls_per_step"] == 1 and r["grid"]
+               and r["programs"] == str(programs[r["kernel"].split("_")[2]]) and "need" in r["cuda_s"]
+               for r in ours), ours
     for form in ("fla chunk_rwkv7", "fla chunk_rwkv7 layer form"):     # fla's default form and its layer's
         fla = [r for r in part["rows"] if r["impl"] == form]
         assert {r["mode"] for r in fla} == {"forward", "forward+backward"} and all("GPU" in r["skipped"] for r in fla)
