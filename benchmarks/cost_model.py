@@ -114,9 +114,10 @@ class Step:
     warps, or within one warp when ``warp_reductions``), dependent special-function ops, dependent tile products
     (``dots``: each an MMA's latency and a conversion through shared memory), and ``work`` done by one program on
     its SM (a flash kernel's tile: its dots at ``dot_rate`` FLOP/s, the whole GPU's, its other FLOPs and
-    transcendentals at the GPU's rates too, each on one SM's share of them, one after the other). With ``prefetch`` = P the loads are issued P steps ahead: P + 1
-    round trips overlap, and a step takes max(chain, (round trips + chain) / (P + 1)). ``starts``: pipeline starts
-    per step (a walk's first load waits in full: the backwards start two walks per checkpoint run)."""
+    transcendentals at the GPU's rates too, each on one SM's share of them, one after the other). With ``prefetch``
+    = P the loads are issued P steps ahead: P + 1 round trips overlap, and a step takes max(chain, (round trips +
+    chain) / (P + 1)). ``starts``: pipeline starts per step (a walk's first load waits in full: the backwards start
+    two walks per checkpoint run)."""
     round_trips: float = 0.0
     reductions: float = 0.0
     sfu: float = 0.0
@@ -698,7 +699,8 @@ def _rerope_query_tile(c, T, d, dtype, bm, bn, w, keys=(0, None)):
 def _rerope_tiles(c, T, w, bm, bn, keys=(0, None)):
     """Key tiles the query tile at c walks (its three runs; in decode only the split's slice of keys)."""
     first, last = keys[0], T if keys[1] is None else keys[1]
-    return sum(_key_tiles(max(lo, first), min(hi, last), bn, T)[0] for lo, hi, _, _ in _rerope_key_runs(c, T, w, bm, bn))
+    runs = _rerope_key_runs(c, T, w, bm, bn)
+    return sum(_key_tiles(max(lo, first), min(hi, last), bn, T)[0] for lo, hi, _, _ in runs)
 
 
 def rerope_fwd(BH, T, d, dtype, bm, bn, w):
