@@ -155,14 +155,14 @@ def test_any_program_order_gives_the_same_bits(rng, monkeypatch, small_tiles):
 def test_gradients_are_the_triton_backends(rng, small_tiles):
     """The backward recomputes the "triton" forward's O and LSE and runs its backward kernels: its gradients to the
     bit, and the float64 definition's within the budget."""
-    q, k, v = qkv_inputs(rng, (2, 1, 37, 16))
-    do = torch.tensor(rng.standard_normal((2, 1, 1, 16)))
+    q, k, v = qkv_inputs(rng, (1, 1, 23, 16))
+    do = torch.tensor(rng.standard_normal((1, 1, 1, 16)))
     opts = dict(leaky_k=4.0, train_length=16)
     inputs = (q[:, :, -1:].float(), k.float(), v.float())
-    out, grads = output_and_grads(lambda *a: rerope.rerope_decode(*a, 20, backend="triton_merged", **opts), inputs, do)
-    _, grads_triton = output_and_grads(lambda *a: rerope.rerope_decode(*a, 20, backend="triton", **opts), inputs, do)
+    out, grads = output_and_grads(lambda *a: rerope.rerope_decode(*a, 9, backend="triton_merged", **opts), inputs, do)
+    _, grads_triton = output_and_grads(lambda *a: rerope.rerope_decode(*a, 9, backend="triton", **opts), inputs, do)
     assert all(torch.equal(a, b) for a, b in zip(grads, grads_triton))
-    _, grads_e = output_and_grads(lambda *a: definition(*a, 20, **opts)[:, :, -1:], (q, k, v), do)
+    _, grads_e = output_and_grads(lambda *a: definition(*a, 9, **opts)[:, :, -1:], (q, k, v), do)
     assert_all_close(("dq", "dk", "dv"), grads, (grads_e[0][:, :, -1:], *grads_e[1:]), FP32_BUDGET, "decode")
 
 
