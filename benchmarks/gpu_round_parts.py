@@ -186,10 +186,15 @@ def part_decode(run, emit):
     op = "rerope_decode"
     spec = gpu_timing.ENTRIES[op][0]
     backends = [b.name for b in spec.get("backends") if b.name.startswith("triton")]
-    predicted = {}          # per dtype, the sum over the call's kernels (the split one, a merge if modelled apart)
+    # per (backend, dtype), the sum over the call's kernels: each backend's by its forward's label prefix
+    # (Benchmark.kernels: "rerope_decode_merged" for "triton_merged", "rerope_decode " for "triton")
+    prefixes = spec.get("benchmark").kernels
+    predicted = {}
     for m in gpu_timing._models(cost_model, op, run.shapes[op]):
-        if m.aot_label.startswith(op):
-            predicted[m.dtype] = predicted.get(m.dtype, 0.0) + gpu_timing._predict(cost_model, m, None)
+        for backend in backends:
+            if m.aot_label.startswith(prefixes[backend][0]):
+                key = (backend, m.dtype)
+                predicted[key] = predicted.get(key, 0.0) + gpu_timing._predict(cost_model, m, None)
     for dtype in ("bf16", "fp32"):
         make = inputs_at(run, op, dtype)
         options = spec.get("benchmark").options(run.shapes[op])
@@ -199,9 +204,10 @@ def part_decode(run, emit):
                 call = DRY_BF16
             row = _time(run, {"op": op, "shape": gpu_timing._shape_text(run, op), "dtype": dtype,
                               "impl": f"seqmix {backend}", "mode": "forward"}, make, call, "forward")
-            if backend != "torch" and dtype in predicted:
+            if (backend, dtype) in predicted:
                 measured = row.get("gpu_s", row.get("median_s"))
-                row.update(predicted_s=predicted[dtype], ratio=measured / predicted[dtype] if measured else None)
+                row.update(predicted_s=predicted[backend, dtype],
+                           ratio=measured / predicted[backend, dtype] if measured else None)
             emit(row)
             if "median_s" in row and backend != "torch":
                 _profile_rows(run, emit, {k: row[k] for k in ("op", "dtype", "impl")}, call, make, "forward")

@@ -6,6 +6,8 @@ of the merge's loop); fp32 and fp16 (the interpreter has no bf16); the arrival c
 dispatcher's choice. Non-finite inputs: tests/kernels/test_edges_kernels.py runs every backend of the registry,
 this one included. The AOT build: tests/kernels/test_aot_rerope.py.
 Tiles are 16 keys (monkeypatched) so that short caches span several tiles and slices."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -13,7 +15,6 @@ from helpers.kernel_cases import needs_triton, spy
 from helpers.qkv_check import output_and_grads, qkv_inputs
 from test_kernels_gpu_limits import programs_backwards  # noqa: F401 (a fixture)
 from seqmix.kernels import backends, rerope
-from seqmix.kernels._common import Launch
 from seqmix.kernels.rerope import decode, fused
 from seqmix.kernels.rerope.naive import rerope_attention as definition
 from seqmix.kernels.testing import FP16_BUDGET, FP32_BUDGET, assert_all_close, assert_close
@@ -28,7 +29,9 @@ TILE = 16
 def small_tiles(monkeypatch):
     """16-key tiles; returns a function that sets the SMs decode_splits aims at (two programs each) and the slices
     the merge reads per step."""
-    monkeypatch.setattr(decode, "launch_config", lambda d, dtype: Launch({"BLOCK_N": TILE}, 4, 2))
+    chosen = decode.launch_config
+    monkeypatch.setattr(decode, "launch_config",
+                        lambda d, dtype: dataclasses.replace(chosen(d, dtype), blocks={"BLOCK_N": TILE}))
 
     def use(sms=132, merge_splits=decode.MERGE_SPLITS):
         monkeypatch.setattr(fused, "GPU_SMS", sms)
@@ -145,9 +148,9 @@ def test_any_program_order_gives_the_same_bits(rng, monkeypatch, small_tiles):
     of arrival changes from run to run)."""
     q, k, v = qkv_inputs(rng, (1, 2, 40, 16))
     backwards = _decode(q, k, v, 9, leaky_k=2.0)
+    tiles = decode.launch_config
     monkeypatch.undo()                                  # grid order again, the same 16-key tiles
-    small_tiles()
-    monkeypatch.setattr(decode, "launch_config", lambda d, dtype: Launch({"BLOCK_N": TILE}, 4, 2))
+    monkeypatch.setattr(decode, "launch_config", tiles)
     chosen = spy(monkeypatch, decode, "decode_splits")
     assert torch.equal(_decode(q, k, v, 9, leaky_k=2.0), backwards) and [s for _, s in chosen] == [3]
 
