@@ -44,7 +44,7 @@ def positive_scale(q, scale: float):
 # on tensor cores: each operand x split into a tf32 high part x_h = tf32(x) and a remainder x_l = x - x_h that the
 # tensor cores read as tf32, a b ~ a_h b_l + a_l b_h + a_h b_h (three tf32 products summed in fp32; a_l b_l, of
 # relative size 2^-22, is dropped). "auto", the default, leaves the choice to each op: attention's forward takes
-# tf32x3 on Hopper (sm_90 and later, kernels/attention), every other flash kernel "ieee". 16-bit inputs always take
+# tf32x3 on Hopper (sm_90, kernels/attention), every other flash kernel "ieee". 16-bit inputs always take
 # their own tensor-core products.
 FP32_DOT_PRECISIONS = ("auto", "ieee", "tf32x3")
 _fp32_dots = "auto"
@@ -54,7 +54,7 @@ def set_fp32_dot_precision(precision: str) -> str:
     """Choose the products of fp32 dots in the attention and ReRoPE Triton kernels, for the calls that follow.
 
     Args:
-        precision (str): "auto" (the default: attention's forward "tf32x3" on sm_90 and later, on tiles that
+        precision (str): "auto" (the default: attention's forward "tf32x3" on sm_90, on tiles that
             Hopper's wgmma takes; "ieee" everywhere else), "ieee" (fp32 products on the FMA units, the fp32 budget
             1e-5 on any GPU) or "tf32x3" (three tf32 tensor-core products per product; emulated on the tests' shapes
             it keeps the fp32 budget, errors of about 1e-7 against float64 as "ieee"; one tf32 product alone gives

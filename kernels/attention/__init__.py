@@ -18,8 +18,8 @@ One kernel gives each program a key tile and accumulates its dK, dV over the que
 each program a query tile and accumulates its dQ. Neither needs atomics.
 
 Dots take the input dtype with fp32 accumulation. fp32 inputs multiply in one of two ways (kernels/_flash.py), both
-within the fp32 budget (1e-5) against float64; TF32 alone (10-bit mantissa) would not be. On Hopper (sm_90 and
-later) the forward's dots are "tf32x3" by default: three tf32 tensor-core products per product, SDPA's own fp32
+within the fp32 budget (1e-5) against float64; TF32 alone (10-bit mantissa) would not be. On Hopper (sm_90) the
+forward's dots are "tf32x3" by default: three tf32 tensor-core products per product, SDPA's own fp32
 arithmetic, on tiles of 64 query rows (one warpgroup's wgmma) that build without a stack (TF32X3_TILES). Elsewhere,
 and in the backwards, IEEE fp32 products on the FMA units (input_precision="ieee"); set_fp32_dot_precision picks
 either everywhere. Under the interpreter every dot is plain fp32, whatever the precision asked for.
@@ -47,9 +47,10 @@ __all__ = ["attention", "set_fp32_dot_precision", "launch_config"]
 
 KERNELS = ("fwd", "dq", "dkdv")   # the three kernels, each with its own launch configuration
 
-# The first architecture whose fp32 forward takes tf32x3 on TF32X3_TILES by default: Hopper's wgmma multiplies a
+# The architecture whose fp32 forward takes tf32x3 on TF32X3_TILES by default: Hopper's wgmma multiplies a
 # warpgroup's 64 rows at once. On sm_80 the d = 128 tiles build with a 240-416 byte stack (mma.sync, 255 registers),
-# so Ampere keeps IEEE products by default and the IEEE tiles when tf32x3 is asked for.
+# so Ampere keeps IEEE products by default and the IEEE tiles when tf32x3 is asked for; so do the architectures no
+# build has checked (sm_100 and later, whose tensor cores Triton drives otherwise).
 TF32X3_ARCH = 90
 # The fp32 forward's tiles with tf32x3 on sm_90, by the head size they serve up to, as (BLOCK_M, BLOCK_N, warps,
 # stages): the largest that build without a stack there (triton 3.9, aligned tensors). d <= 64: 64 x 32, 174
@@ -67,8 +68,8 @@ def device_arch(device: torch.device) -> int | None:
 
 def kernel_dots(kernel: str, dtype: torch.dtype, arch: int | None) -> str:
     """The DOT constexpr of ``kernel`` for inputs of ``dtype`` on sm_<arch> (None: the interpreter) under the
-    current set_fp32_dot_precision: "auto" gives the fp32 forward tf32x3 from TF32X3_ARCH on, "ieee" below it."""
-    auto = "tf32x3" if arch is not None and arch >= TF32X3_ARCH else "ieee"
+    current set_fp32_dot_precision: "auto" gives the fp32 forward tf32x3 on TF32X3_ARCH, "ieee" elsewhere."""
+    auto = "tf32x3" if arch == TF32X3_ARCH else "ieee"
     return dot_precision(dtype, kernel, auto)
 
 
@@ -82,7 +83,7 @@ def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype, dot: str = "i
     16-32 rows.
     """
     if dtype == torch.float32:
-        if kernel == "fwd" and dot == "tf32x3" and (arch is None or arch >= TF32X3_ARCH):
+        if kernel == "fwd" and dot == "tf32x3" and arch in (None, TF32X3_ARCH):
             return flash_launch(*TF32X3_TILES[64 if head_dim <= 64 else 128])
         if head_dim <= 64:
             return flash_launch(32, 32, 8, 1)
@@ -351,7 +352,7 @@ def _aot_variants(kernel: str, head_dim: int, dtype: torch.dtype) -> list[tuple[
         return [ieee]
     below = [arch for arch in TARGETS if arch < TF32X3_ARCH]
     return [ieee, (" tf32x3", "tf32x3", _launch_config(kernel, head_dim, dtype, "tf32x3", TF32X3_ARCH),
-                   tuple(arch for arch in TARGETS if arch >= TF32X3_ARCH)),
+                   (TF32X3_ARCH,)),
             (" tf32x3 ieee-tiles", "tf32x3", _launch_config(kernel, head_dim, dtype, "tf32x3", below[0]),
              tuple(below))]
 

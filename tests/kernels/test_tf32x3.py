@@ -121,12 +121,13 @@ def test_bad_precision():
     assert attention.set_fp32_dot_precision("auto") == "auto"      # the default, left unchanged
 
 
-def test_auto_takes_tf32x3_for_the_fp32_forward_from_sm90_on():
-    """"auto" (the default): attention's fp32 forward on Hopper's tiles with tf32x3, IEEE below sm_90, on the CPU and
-    in the backwards; ReRoPE keeps IEEE; an explicit setting applies on every architecture."""
+def test_auto_takes_tf32x3_for_the_fp32_forward_on_sm90():
+    """"auto" (the default): attention's fp32 forward on Hopper's tiles with tf32x3; IEEE on sm_80, on architectures
+    no build has checked, on the CPU and in the backwards; ReRoPE keeps IEEE; an explicit setting applies on every
+    architecture (on sm_90's tiles only there)."""
     f32 = torch.float32
     assert [attention.kernel_dots("fwd", f32, arch) for arch in (None, 80, 86, 90, 100)] == \
-        ["ieee", "ieee", "ieee", "tf32x3", "tf32x3"]
+        ["ieee", "ieee", "ieee", "tf32x3", "ieee"]
     assert [attention.kernel_dots(k, f32, 90) for k in ("dq", "dkdv")] == ["ieee", "ieee"]
     assert attention.kernel_dots("fwd", torch.bfloat16, 90) == "ieee"
     assert fused.dot_precision(f32, "fwd") == "ieee"
