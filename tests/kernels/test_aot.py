@@ -176,7 +176,8 @@ def test_fp32_forward_builds_on_wgmma_without_stack_on_sm90(build, d):
     assert int(row["regs"]) <= 255
 
 
-MMA = re.compile(r"\b(?:wgmma\.mma_async|mma\.sync)\.aligned\.\S+")
+# wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 (sm_90), mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32
+MMA = re.compile(r"\b(?:wgmma\.mma_async\.sync|mma\.sync)\.aligned\.\S+")
 
 
 @needs_build
@@ -195,7 +196,7 @@ def test_tf32x3_dots_are_three_tf32_mma_per_product(build):
               "from seqmix.kernels.aot import collect, compile_one\n"
               "k = next(k for k in collect() if k.label == 'attention_fwd d=64 fp32 tf32x3')\n"
               "one = dataclasses.replace(k, constexprs={**k.constexprs, 'DOT': 'tf32'})\n"
-              "print(len(re.findall(r'\\b(?:wgmma\\.mma_async|mma\\.sync)\\.aligned', compile_one(one, 90)['ptx'])))\n")
+              f"print(len(re.findall({MMA.pattern!r}, compile_one(one, 90)['ptx'])))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
