@@ -167,27 +167,23 @@ def _wait_part(proc: subprocess.Popen, name: str, until: float, out: Path, refre
 # ---------------------------------------------------------------------------------------------------- fla's warm-up
 
 
-def warm_fla(impl: str, dtype: str, shapes: list) -> None:
-    """fla's first calls of one form in one dtype at each WKV-7 shape, forward and forward + backward (gpu_timing.
-    warm_peer): its autotuner keeps its choices on disk, where the fla part then finds them."""
-    from . import gpu_timing
-    for shape in shapes:
-        gpu_timing.warm_peer(impl, dtype, "cuda", {**gpu_timing.SHAPES, "wkv7": shape})
-
-
 class Warmers:
-    """One spawned process per (fla form, dtype), started with the run; ``stop`` waits for them until ``until``
-    (wall clock), ends the rest, and returns a row per process."""
+    """One spawned process per call, started with the run; ``stop`` waits for them until ``until`` (wall clock), ends
+    the rest, and returns a row per process. ``calls``: {(impl, dtype): (function, args)}, by default
+    gpu_round_parts.warm_fla on each (fla form, dtype) of ``cases`` at each of ``shapes``."""
 
-    def __init__(self, cases: list, shapes: list):
+    def __init__(self, cases: list, shapes: list, calls: dict | None = None):
         import multiprocessing
+
+        from .gpu_round_parts import warm_fla
+        if calls is None:
+            calls = {case: (warm_fla, (*case, shapes)) for case in cases}
         self.started = time.time()
         self.procs = {}
-        for impl, dtype in cases:
-            proc = multiprocessing.get_context("spawn").Process(target=warm_fla, args=(impl, dtype, shapes),
-                                                                daemon=True)
+        for case, (function, call_args) in calls.items():
+            proc = multiprocessing.get_context("spawn").Process(target=function, args=call_args, daemon=True)
             proc.start()
-            self.procs[(impl, dtype)] = proc
+            self.procs[case] = proc
 
     def stop(self, until: float) -> list:
         rows = []

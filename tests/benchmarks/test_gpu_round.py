@@ -132,6 +132,26 @@ def test_the_plan_gives_each_part_its_share_and_ends_phase_1_at_the_warm_up():
     assert set(TIMED_PARTS) == set(gpu_round.PHASE2)
 
 
+@pytest.mark.slow       # 8 s: the end of phase 1 leaves a spawned process room to start on a loaded machine
+def test_fla_s_warm_up_processes_end_at_the_end_of_phase_1():
+    """A quick one is done, one past the end of phase 1 is ended there, a failing one says so."""
+    calls = {("quick", "fp32"): (time.sleep, (0.1,)), ("slow", "bf16"): (time.sleep, (60,)),
+             ("bad", "fp32"): (time.sleep, ("not a number",))}
+    warmers = gpu_round.Warmers([], [], calls)
+    rows = {r["impl"]: r for r in warmers.stop(warmers.started + 8)}
+    assert time.time() - warmers.started < 30
+    assert rows["quick"]["status"] == "done" and rows["slow"]["status"].startswith("ended at --warm-wait-s")
+    assert rows["slow"]["seconds_from_start"] >= 8 and rows["bad"]["status"] == "failed (exit code 1)"
+
+
+def test_the_earlier_record_in_the_folder_is_kept(tmp_path):
+    (tmp_path / "gpu_round.json").write_text('{"started": "2026-12-06T07:00:00+00:00"}')
+    (tmp_path / "gpu_round.md").write_text("earlier")
+    gpu_round._keep_earlier_record(tmp_path)
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == ["gpu_round.2026-12-06T07-00-00-00-00.json", "gpu_round.2026-12-06T07-00-00-00-00.md"]
+
+
 def test_without_cuda_it_prints_the_plan_and_exits_0(capsys):
     assert gpu_round.main([]) == 0
     out = capsys.readouterr().out
