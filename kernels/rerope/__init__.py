@@ -21,7 +21,11 @@ only: a band of width w along the diagonal is "near" (RoPE), everything below it
 
 * Triton (fused.py, flash style): a program owns a tile of queries and walks the key tiles in three runs classified
   from the tile corners (far only, the band that straddles i - j = w, near only); the cost is one attention plus a
-  band of about two tiles per row, and nothing T x T exists. Decode is the same kernel with one query row.
+  band of about two tiles per row, and nothing T x T exists. Decode ("triton") is the same kernel with one query
+  row, its slices of the cache merged in torch.
+* Triton decode in one launch (decode.py, backend "triton_merged", what None runs on CUDA tensors): one query row
+  scored by fp32 products summed over d, the cache split across programs, the slices merged by the last program of
+  each head in the same kernel.
 * torch (piecewise.py): the far part and the near band are ordinary attentions on blocks of rows ("pieces"), each
   one call of a flash-attention kernel that also returns its log-sum-exp, merged exactly by their log-sum-exp.
   Decode rotates the cache in chunks of keys.
