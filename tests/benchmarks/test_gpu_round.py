@@ -60,7 +60,7 @@ def _events(tmp_path):
 def test_a_run_killed_part_way_keeps_the_rows_it_had(tmp_path, how):
     """Killed once its last part began: by the device command's ``timeout`` (SIGTERM to the run alone), it ends the
     running part's processes, writes its record and exits 1; by the device's own limit (SIGKILL to everything), the
-    JSON, rewritten as rows come, still holds the first part whole, and the row log every row written until then."""
+    JSON, rewritten as rows come, still holds the parts that ended and the running part's rows so far."""
     proc = subprocess.Popen(_dry(tmp_path, "--parts", "chain,decode,attn32"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -73,8 +73,11 @@ def test_a_run_killed_part_way_keeps_the_rows_it_had(tmp_path, how):
             proc.send_signal(how)
             assert proc.wait(timeout=120) == 1
             assert "Stopped: signal SIGTERM" in proc.stdout.read()
-        else:
-            time.sleep(2)   # the parent's refresh (every second) folds the ended parts into the JSON
+        else:   # once the running part has a row: the parent's refresh (every second) folds it into the JSON
+            while time.time() < deadline and not any(e["event"] == "row" and e["part"] == "attn32"
+                                                     for e in _events(tmp_path)):
+                time.sleep(0.2)
+            time.sleep(2.5)
             os.killpg(proc.pid, how)
     finally:
         os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
@@ -91,6 +94,8 @@ def test_a_run_killed_part_way_keeps_the_rows_it_had(tmp_path, how):
     assert chain["name"] == "chain" and chain["status"] == "ok" and not record["finished"]
     assert chain["rows"] == [e["row"] for e in _events(tmp_path) if e["event"] == "row" and e["part"] == "chain"]
     assert any("per_step_s" in r for r in chain["rows"])
+    if how == signal.SIGKILL:   # the running part's rows as far as they had come
+        assert record["parts"][-1]["name"] == "attn32" and record["parts"][-1]["rows"]
     if how == signal.SIGTERM:
         assert record["stopped"].startswith("signal SIGTERM") and not running
         assert [p["status"] for p in record["parts"]] == ["ok", "ok", "killed: the run was stopped"]
