@@ -259,8 +259,8 @@ def test_fla_s_fastest_form_is_timed_and_fp32_rows_name_their_products(tmp_path)
 @pytest.mark.timeout(600)
 def test_the_profile_part_walks_on_a_dry_run(tmp_path):
     """Without CUDA the profile part records our chunked WKV-7 kernels' launch grids at the dry shape (the forward's
-    prep, scan and output, the backward's serial pass and per-chunk kernel, each with its programs), says that the CUDA times need a GPU, and skips fla;
-    the launches' recorder leaves Triton as it found it."""
+    prep, scan and output, the backward's serial pass and per-chunk kernel, each with its programs), says that the
+    CUDA times need a GPU, and skips fla; the launches' recorder leaves Triton as it found it."""
     from triton.runtime.interpreter import InterpretedFunction
     run_before = InterpretedFunction.__dict__["run"]
     assert _main(tmp_path, "--parts", "profile", "--ops", "wkv7 chunked") == 0
