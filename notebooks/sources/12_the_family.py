@@ -327,7 +327,7 @@ plt.show()
 #
 # | mechanism | state per head | sequential steps | parallel form | recall, 4 pairs ($C$ = 64 / 128) | selection | parity past 64 (at 256) | extrapolation (1x / 8x) | test bits per byte |
 # |---|---|---|---|---|---|---|---|---|
-# | softmax attention | every $k_s, v_s$: $2tN$, growing | 1 (all positions at once; $O(T^2 N)$ work) | itself (flash: key blocks) | 74.8% (3 seeds, 26.3-99.4%) / 99.3% | by content, exactly | 49.8% | RoPE 60.4% / 32.5%; ReRoPE (w = 64) 60.5% / 59.4% (8x: repeated text) | 1.905 |
+# | softmax attention | every $k_s, v_s$: $2tN$, growing | 1 (all positions at once; $O(T^2 N)$ work) | itself (flash: key blocks) | 74.8% (3 seeds, 26.3-99.4%) / 99.3% | by content, exactly | 49.8% | RoPE 60.4% / 32.5%; ReRoPE (w = 64) 60.5% / 59.4% (8x: repeated text) | 1.917 |
 # | linear attention ($I$) | $N^2$ | $T$, or $T / L$ chunked | quadratic, chunked | not run | none (adds only) | not run (no sign flip) | not run | not run |
 # | retention ($\gamma I$) | $N^2$ | $T$, or $T / L$ | quadratic, chunked | not run | by age only | not run (no sign flip) | not run | not run |
 # | GLA ($\mathrm{diag}(g_t)$) | $N^2$ | $T$, or $T / L$ | chunked | not run | per channel and token | not run (no sign flip) | not run | not run |
