@@ -347,6 +347,33 @@ plt.show()
 # trained models beat the bigram control (3.570 bits per byte), RWKV-7 first; notebook 09 and docs/experiments.md
 # say how far one seed and a CPU budget carry these numbers.
 #
+# ### The rungs trained
+#
+# The rows behind the rung cells above: each rung as a model ([`experiments/rungs.py`](../experiments/rungs.py):
+# RWKV-7's frame, embedding, norms, token shift, gate, channel mix and training start, with the rung's transition
+# in its time mix, run by the production op), trained by
+# [`experiments/family_tasks.py`](../experiments/family_tasks.py) on recall's MQAR and state tracking's parity with
+# their data, budgets and training code, one rate per cell (the one the published RWKV-7 chose there, no sweep).
+# This cell reads the committed [`family_tasks.json`](../experiments/results/family_tasks.json); it trains nothing.
+
+# %% tags=["nbval-check-output"]
+from seqmix.experiments import family_tasks
+from seqmix.experiments.records import RESULTS, Results
+
+family_rows = Results(RESULTS, "family_tasks").select(phase="test")
+print(f"{'task':12s} {'model':17s} {'seed':>4s} {'rate':>7s} {'steps':>5s} {'test':>7s} {'past 64 at 256':>15s} "
+      f"{'at 1024':>8s}")
+for r in family_rows:
+    parity = r["task"] == family_tasks.PARITY
+    task = "parity" if parity else f"MQAR N = {r['pairs']}"
+    past = [f"{100 * r[f'accuracy_past_train_at_{n}']:.1f}%" if parity else "-" for n in (256, 1024)]
+    print(f"{task:12s} {r['arch']:17s} {r['seed']:4d} {r['lr']:7.2g} {r['steps']:5d} {100 * r['test_accuracy']:6.1f}% "
+          f"{past[0]:>15s} {past[1]:>8s}")
+for task in (family_tasks.MQAR, family_tasks.PARITY):
+    print(f"positive control, {task}:", family_tasks.control_holds(Results(RESULTS, "family_tasks"),
+                                                                  family_tasks.FULL, task))
+
+# %% [markdown]
 # ## Summary
 #
 # - Every mechanism of the series is $S_t = S_{t-1} G_t + v_t k_t^\top$, $y_t = S_t q_t$ with its own $G_t$, and

@@ -32,8 +32,9 @@ def _layer(arch, shift=0.3, a0=None):
     with torch.no_grad():
         for p in att.parameters():
             p.add_(shift * torch.randn_like(p))
-        if a0 is not None:
+        if a0 is not None:                    # beta = beta_max sigmoid(a0) at every step: the LoRA's part zeroed
             att.a0.fill_(a0)
+            att.a2.zero_()
     return att, torch.randn(2, 20, 32), torch.randn(2, 32)
 
 
@@ -104,12 +105,12 @@ def test_gla_decays_each_key_channel_in_rwkv7s_range():
 
 @pytest.mark.parametrize("arch, beta_max", [("delta_rule", 1.0), ("delta_rule_wide", 2.0)])
 def test_the_delta_rules_beta_spans_its_range(arch, beta_max):
-    """beta in (0, beta_max): near beta_max with the in-context rate's bias at +12, near 0 at -12 (sigmoid(12) is
-    below 1 in fp32); the op gets a = -k, b = beta k, v -> beta v, and no decay."""
-    for a0, edge in ((12.0, beta_max), (-12.0, 0.0)):
+    """beta = beta_max sigmoid(.) in (0, beta_max): with the in-context rate's bias at +8, beta_max (1 - 3.4e-4),
+    at -8 beta_max 3.4e-4; the op gets a = -k, b = beta k, v -> beta v, and no decay."""
+    for a0, edge in ((8.0, beta_max), (-8.0, 0.0)):
         (_, k, v, (beta,)), (_, log_w, k7, v7, a, b) = _wkv7_arguments(arch, a0=a0)
         assert (beta > 0).all() and (beta < beta_max).all()
-        assert (beta - edge).abs().max() < 1e-2
+        assert_close(beta, torch.full(beta.shape, edge + (-1 if edge else 1) * beta_max * 3.3535e-4), 1e-5, arch)
         assert (log_w == 0).all() and torch.equal(a, -k) and torch.equal(k7, k)
         assert torch.equal(b, beta[..., None] * k) and torch.equal(v7, beta[..., None] * v)
 
@@ -118,12 +119,12 @@ def test_the_delta_rules_beta_spans_its_range(arch, beta_max):
 def test_the_delta_rules_transition_eigenvalues(arch, lowest):
     """G = diag(w) + a b^T = I - beta k k^T has the eigenvalue 1 - beta along k and 1 on the rest: in (0, 1] with
     beta in (0, 1), down to -1 with beta in (0, 2) (Grazzi et al.)."""
-    (_, _, _, (beta,)), (_, log_w, _, _, a, b) = _wkv7_arguments(arch, a0=12.0)
+    (_, _, _, (beta,)), (_, log_w, _, _, a, b) = _wkv7_arguments(arch, a0=8.0)
     G = torch.diag_embed(torch.exp(log_w[0, 3, 1])).double() + a[0, 3, 1, :, None].double() * b[0, 3, 1, None].double()
     eigenvalues = torch.linalg.eigvalsh(G)
     expected = torch.tensor([1 - beta[0, 3, 1].item(), *[1.0] * 7], dtype=torch.float64)
     assert_close(eigenvalues, expected.sort().values.numpy(), 1e-6, arch)
-    assert abs(eigenvalues.min().item() - lowest) < 1e-2
+    assert abs(eigenvalues.min().item() - lowest) < 1e-3
 
 
 def test_the_gated_delta_rule_decays_each_head_and_writes_with_beta():
