@@ -653,6 +653,7 @@ def rerope_models(B=1, H=4, T=8192, d=64, w=512):
         # the rotation table (paths NEAR and FAR_Q, cos and sin, T x d/2 fp32) is read once for all heads
         out += _flash_models("rerope", shape, B, H, T, d, dtype, cfgs, 2 * 2 * T * (d // 2) * 4, costs)
         out.append(_rerope_decode_model(B, H, T, d, dtype, w))
+        out.append(_rerope_decode_merged_model(B, H, T, d, dtype, w))
     return out
 
 
@@ -671,6 +672,46 @@ def _rerope_decode_model(B, H, T, d, dtype, w):
     return Model("rerope", f"rerope_decode d={d} {dtype}", f"B={B} H={H} T_k={T} d={d} w={w}", B, dtype, cost,
                  B * H * splits, 0, True, dram, f"{splits} splits of {per_split} keys; unsplit: {_us(unsplit)} us",
                  num_warps=cfg.num_warps)
+
+
+def rerope_decode_merged(BH, T, d, dtype, bn, w, per_split):
+    """rerope_decode_merged_kernel (kernels/rerope/decode.py; ReRoPE, not leaky): per program of a slice of per_split
+    keys, q loaded, log-n (1 log), q rotated twice; per key tile of its runs k and v loaded, k rotated for the near
+    path, per path d products and d adds per key (no tl.dot: one row), the band's select, the online softmax (max,
+    subtract, sum: 4 per key, 1 exp) and p v (2 per key and column); O_s (fp32) and LSE_s (1 log) stored, one atomic.
+    The last program of each head merges: LSE_s read twice, O_s once, 3 FLOPs and 1 exp per slice and column."""
+    s, bd = DTYPE_BYTES[dtype], block_d(d)
+    splits = _cdiv(T, per_split)
+    total = Cost()
+    for lo in range(0, T, per_split):
+        total += Cost(bytes=d * s + (d + 1) * 4 + 4, flops=3 * d + 4, transcendentals=2) + 2 * _rotation(1, d)
+        for run_lo, run_hi, near, far in _rerope_key_runs(T - 1, T, w, 1, bn):
+            tiles, loaded = _key_tiles(max(run_lo, lo), min(run_hi, lo + per_split), bn, T)
+            per_tile = Cost(flops=bn * (2 * d * (near + far) + (near and far) + 4) + 2 * bn * bd + bd,
+                            transcendentals=bn + 1) + (_rotation(bn, d) if near else Cost())
+            total += tiles * per_tile + Cost(bytes=2 * loaded * d * s)
+    total += Cost(bytes=splits * (d + 2) * 4 + d * s, flops=3 * splits * d, transcendentals=splits)
+    return total * BH
+
+
+def _rerope_decode_merged_model(B, H, T, d, dtype, w):
+    """Decode on the backend "triton_merged": one launch that reads K and V once, the splits' merge in the same
+    kernel. DRAM: K and V, the query and the output, the table rows the near band and the query read, the slices'
+    O_s and LSE_s written and read back once. No serial chain is modelled (the 2 key tiles a program walks at the
+    benchmark's shape, the merge's dependent loads and the launch itself, about 2 us, are not in the prediction: the
+    first GPU run of this kernel measures how far they take it from bytes / bandwidth)."""
+    from ..kernels.rerope.decode import launch_config
+    from ..kernels.rerope.fused import decode_splits
+    bn = launch_config(d, AOT_DTYPES[dtype])["BLOCK_N"]
+    per_split, splits = decode_splits(T, B * H, bn)
+    s = DTYPE_BYTES[dtype]
+    dram = (B * H * (2 * T * d * s + 2 * d * s + 2 * splits * (d + 1) * 4)
+            + 2 * 2 * (w + bn) * (d // 2) * 4)
+    cost = rerope_decode_merged(B * H, T, d, dtype, bn, w, per_split)
+    return Model("rerope", f"rerope_decode_merged d={d} {dtype}", f"B={B} H={H} T_k={T} d={d} w={w}", B, dtype, cost,
+                 B * H * splits, 0, True, dram,
+                 f"one launch: {splits} splits of {per_split} keys, merged in the kernel",
+                 num_warps=launch_config(d, AOT_DTYPES[dtype]).num_warps, dot_unit="none")
 
 
 # ----------------------------------------------------------------------------------------------------------------

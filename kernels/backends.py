@@ -163,7 +163,7 @@ RECURRENCES = (Triton(), CLoops(), Torch())
 
 
 BACKENDS: Mapping[str, tuple[Backend, ...]] = registry.view("backends")
-NAMES = ("torch", "triton", "triton_chunked", "c")
+NAMES = ("torch", "triton", "triton_chunked", "triton_merged", "c")
 
 
 def dispatch(call: Call, backend: str | None = None, backends: tuple[Backend, ...] | None = None) -> str:

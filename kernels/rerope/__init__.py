@@ -21,7 +21,11 @@ only: a band of width w along the diagonal is "near" (RoPE), everything below it
 
 * Triton (fused.py, flash style): a program owns a tile of queries and walks the key tiles in three runs classified
   from the tile corners (far only, the band that straddles i - j = w, near only); the cost is one attention plus a
-  band of about two tiles per row, and nothing T x T exists. Decode is the same kernel with one query row.
+  band of about two tiles per row, and nothing T x T exists. Decode ("triton") is the same kernel with one query
+  row, its slices of the cache merged in torch.
+* Triton decode in one launch (decode.py, backend "triton_merged", what None runs on CUDA tensors): one query row
+  scored by fp32 products summed over d, the cache split across programs, the slices merged by the last program of
+  each head in the same kernel.
 * torch (piecewise.py): the far part and the near band are ordinary attentions on blocks of rows ("pieces"), each
   one call of a flash-attention kernel that also returns its log-sum-exp, merged exactly by their log-sum-exp.
   Decode rotates the cache in chunks of keys.
@@ -37,6 +41,7 @@ import torch
 from .._common import accumulation_dtype, check_devices, check_same_dtype, check_tensor
 from .._flash import positive_scale, set_fp32_dot_precision
 from ..backends import Call, dispatch
+from .decode import rerope_decode_merged
 from .fused import rerope_triton
 from .piecewise import rerope_decode_torch, rerope_torch
 from .rotation import cos_sin, log_n, rotate
@@ -73,6 +78,8 @@ def _checked_run(op, torch_path, q, k, v, window, leaky_k, scale, train_length, 
     scale = _check_options(window, leaky_k, scale, train_length, base, d)
     if backend == "triton":
         return rerope_triton(q, k, v, int(window), leaky_k, scale, train_length, base)
+    if backend == "triton_merged":
+        return rerope_decode_merged(q, k, v, int(window), leaky_k, scale, train_length, base)
     q, scale = positive_scale(q, scale)
     return torch_path(q, k, v, int(window), leaky_k, scale, train_length, base)
 
@@ -122,11 +129,14 @@ def rerope_decode(q, k_cache, v_cache, window, *, leaky_k=None, scale=None, trai
         k_cache, v_cache (torch.Tensor): (B, H, T, d), T >= 1, the keys before RoPE; the cache includes the
             query's own key.
         window, leaky_k, scale, train_length, base: as in ``rerope_attention``.
-        backend (str or None): "torch" (the cache rotated piecewise.DECODE_CHUNK keys at a time, no rotated copy of
-            the whole cache), "triton" (the fused kernel with one query row, keys rotated in registers, 16 <= d <=
-            128) or None. None runs the first that takes the call, in this order: "triton" (CUDA tensors, 16 <= d <=
-            128), "torch" (any other call). A backend named here that cannot take the call raises with its reason
-            (kernels/backends.py). Default: None.
+        backend (str or None): "triton_merged" (decode.py: one launch, the cache split across programs and the
+            splits merged by the last program of each head; keys rotated in registers, d <= 128), "triton" (the
+            prefill's kernel with one query row, the splits merged by torch, 16 <= d <= 128), "torch" (the cache
+            rotated piecewise.DECODE_CHUNK keys at a time, no rotated copy of the whole cache) or None. None runs the
+            first that takes the call, in this order: "triton_merged" (CUDA tensors, d <= 128), "triton" (CUDA
+            tensors, 16 <= d <= 128), "torch" (any other call). A backend named here that cannot take the call raises
+            with its reason (kernels/backends.py). Gradients: "triton_merged" takes the "triton" backward (it
+            recomputes that forward's O and LSE). Default: None.
     Returns:
         torch.Tensor: (B, H, 1, d), in the input dtype.
 

@@ -22,7 +22,8 @@ Decode is the same forward kernel with one query row at position T - 1, in a til
 the other rows are masked), split across the cache as flash-decoding does: program (b h, 0, s) walks the s-th slice
 of keys (_decode_splits: enough slices for two programs per SM, each a whole number of key tiles) and writes its own
 softmax, O_s and LSE_s in fp32; _merge_splits combines them, O = sum_s e^{LSE_s - LSE} O_s with LSE = logsumexp_s
-LSE_s, in a fixed order. Each cached (pre-RoPE) key is rotated on the fly in registers and no rotated copy of the
+LSE_s, in a fixed order, in torch (backend "triton"; decode.py's "triton_merged", which backend=None runs, merges
+inside its kernel instead). Each cached (pre-RoPE) key is rotated on the fly in registers and no rotated copy of the
 cache is written (the backward, when asked for, is a prefill's). The cos/sin table is built once per (head dim,
 window, leaky_k, base, device) and grown by doubling (rotation.cached_rotation_table): every layer and step shares
 it; the kernels take its length (rot_len) apart from T_k.
@@ -53,8 +54,10 @@ def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
     largest tried that compile without spills or stack on sm_80 and sm_90 (Leaky ReRoPE, the larger variant). Each query
     and key tile is held in two rotations and the backward keeps two gradient accumulators per tile, hence smaller tiles
     than attention's; tiles of 64 query rows compile to wgmma on sm_90."""
-    if kernel == "decode":   # one live query row: tl.dot's smallest tile; fp32 as its forward at d <= 64
-        return flash_launch(16, 32, 8, 1) if dtype == torch.float32 else flash_launch(16, 64, 4, 2)
+    # decode: one live query row, tl.dot's smallest tile; fp32 with its forward's tiles at d <= 64 but two stages (the
+    # GPU review's advice: the next key tile loads while this one is used; built without spills up to 251 registers)
+    if kernel == "decode":
+        return flash_launch(16, 32, 8, 2) if dtype == torch.float32 else flash_launch(16, 64, 4, 2)
     if dtype == torch.float32:
         if kernel == "fwd":
             return flash_launch(16, 32, 8, 1) if head_dim <= 64 else flash_launch(32, 32, 8, 1)

@@ -9,13 +9,28 @@ from __future__ import annotations
 import torch
 
 from .. import inputs as make
-from .._flash import FLASH, SATURATED
+from .._flash import FLASH, MAX_TRITON_HEAD_DIM, SATURATED
+from ..backends import Triton
 from ..declarations import Case, Inputs, Op, given
 from ..registry import Benchmark
 
-__all__ = ["REROPE_ATTENTION", "REROPE_DECODE", "BACKENDS", "PREFILL_BENCHMARK", "DECODE_BENCHMARK"]
+__all__ = ["REROPE_ATTENTION", "REROPE_DECODE", "BACKENDS", "DECODE_BACKENDS", "PREFILL_BENCHMARK",
+           "DECODE_BENCHMARK"]
 
 BACKENDS = FLASH
+
+
+def _merged_head_dim(call):
+    d = call.facts.get("d", MAX_TRITON_HEAD_DIM)      # not given (default_backend): taken as met
+    if d > MAX_TRITON_HEAD_DIM:   # a key tile and a value tile of d columns in registers, built up to 128
+        return f"takes head dims d <= {MAX_TRITON_HEAD_DIM}, got d = {d}"
+    return None
+
+
+# Decode's: first the one-launch kernel (decode.py: no tl.dot, so any even d up to 128), then the prefill's
+# kernels with one query row ("triton", which None no longer picks where "triton_merged" takes the call), then torch
+DECODE_BACKENDS = (Triton(_merged_head_dim, f"CUDA tensors, d <= {MAX_TRITON_HEAD_DIM}", name="triton_merged"),
+                   *FLASH)
 # The benchmark shapes (benchmarks/README.md, the cost model's defaults), and tiny ones for gpu_check --dry-run: one
 # for both ops, which share their kernels' module
 _SHAPES = dict(shape=dict(B=1, H=4, T=8192, d=64, w=512), dry_shape=dict(B=1, H=2, T=32, d=16, w=8))
@@ -46,8 +61,9 @@ def _checked_decode(rng, T, width):
 
 PREFILL_BENCHMARK = Benchmark(**_SHAPES, kernels={"triton": ("rerope_fwd", ("rerope_fwd", "rerope_bwd"))},
                               inputs=_timed_prefill, check=_checked_prefill, options=_window)
-DECODE_BENCHMARK = Benchmark(**_SHAPES, kernels={"triton": ("rerope_decode", ())}, inputs=_timed_decode,
-                             check=_checked_decode, options=_window)
+DECODE_BENCHMARK = Benchmark(**_SHAPES, kernels={"triton_merged": ("rerope_decode_merged", ()),
+                                                  "triton": ("rerope_decode ", ())},
+                             inputs=_timed_decode, check=_checked_decode, options=_window)
 
 def _rerope_inputs(rng, B, H, T, d, window, leaky_k=None, train_length=None, spread=1.0, decode=False):
     q, k, v = make.qkv_inputs(rng, (B, H, T, d), spread)

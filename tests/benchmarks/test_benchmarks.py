@@ -188,6 +188,22 @@ def test_a_small_grid_reaches_its_share_of_the_gpu():
     assert decode.programs == 256 and decode.notes.startswith("64 splits of 128 keys")
 
 
+def test_the_one_launch_decode_is_modelled_as_k_and_v_read_once():
+    """ReRoPE decode on "triton_merged" (kernels/rerope/decode.py): one launch of B H x splits programs whose DRAM
+    traffic is K and V once plus under 0.5 MB (query, output, the fp32 table rows of the near band, the slices'
+    partial results: 64 x 65 fp32 per head), priced as bytes / bandwidth; its label is one the AOT build makes, so
+    the table shows its registers."""
+    from seqmix.kernels.rerope.decode import aot_kernels
+    labels = {k.label for k in aot_kernels()}
+    for dtype, size in (("fp32", 4), ("bf16", 2)):
+        m = next(m for m in cost_model.rerope_models() if m.aot_label == f"rerope_decode_merged d=64 {dtype}")
+        kv = 2 * 4 * 8192 * 64 * size
+        assert m.aot_label in labels and m.programs == 256 and m.forward and m.serial_steps == 0
+        assert kv < m.dram_bytes < kv + 0.5e6
+        assert cost_model.predict(m.cost, dtype, m.dram_bytes, mma=m.dot_unit, programs=m.programs) == \
+            (pytest.approx(m.dram_bytes / cost_model.H100["bandwidth"]), "memory")
+
+
 def test_model_benchmarks_quick(tmp_path):
     """benchmarks/models.py at tiny sizes, end to end: the CI variant of the memory goal (a checkpoint loads in a
     fresh process within 1.2x of its size until the model is built; all five layouts, sharded included) and a speed

@@ -43,7 +43,7 @@ def names(op):
 # The place of each kind of backend in an order: the device's kernels first (Triton's forms take CUDA tensors only
 # with backend=None), then the C loops, then torch, which takes every call. Each op's own order is its spec's (and the
 # architecture page's table, checked below, spells each out).
-RANK = {"triton": 0, "triton_chunked": 0, "c": 1, "torch": 2}
+RANK = {"triton": 0, "triton_chunked": 0, "triton_merged": 0, "c": 1, "torch": 2}
 
 
 def test_every_op_has_its_order():
@@ -102,7 +102,8 @@ def test_a_refusal_names_the_argument_and_gives_the_reason():
         kw.wkv7(*x, backend="c")
     with pytest.raises(ValueError, match=r"^backend='triton_chunked' exists for wkv7 only, not wkv4$"):
         wkv4(torch.zeros(3) - 1, torch.zeros(3), torch.zeros(1, 2, 3), torch.zeros(1, 2, 3), backend="triton_chunked")
-    with pytest.raises(ValueError, match=r"backend must be one of \('torch', 'triton', 'triton_chunked', 'c'\)"):
+    with pytest.raises(ValueError,
+                       match=r"backend must be one of \('torch', 'triton', 'triton_chunked', 'triton_merged', 'c'\)"):
         kw.wkv7(*x, backend="chunked")
     with pytest.raises(TypeError, match=r"^backend='c' takes dtypes \['torch.float32', 'torch.float16', "):
         kw.wkv7(*wkv7_inputs(4, dtype=torch.float64), backend="c")
