@@ -250,7 +250,7 @@ def figure(results: Results, setup: Setup, path) -> None:
     mqar_pairs = sorted({j.pairs for j in setup.jobs if j.task == MQAR})
     panels = [(MQAR, p) for p in mqar_pairs] + [(PARITY, None)]
     order = [setup.recall.control.arch, state_tracking.CONTROL[0], *rungs.RUNGS]
-    fig = Figure(figsize=(4.4 * len(panels), 3.8))
+    fig = Figure(figsize=(3.7 * len(panels), 3.8))          # at most 1250 px wide at 110 dpi (three panels)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     far = f"accuracy_past_train_at_{4 * setup.tracking.train_len}"
     for ax, (task, pairs) in zip(axes, panels):
@@ -269,7 +269,7 @@ def figure(results: Results, setup: Setup, path) -> None:
         ax.set_xticks(range(len(archs)), archs, rotation=45, ha="right", fontsize=8)
         ax.set(title=f"MQAR, N = {pairs}" if pairs else "parity", ylim=(-0.02, 1.02))
         if archs:
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=8, loc="lower left")
     axes[0].set_ylabel("accuracy")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
