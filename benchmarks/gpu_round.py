@@ -141,9 +141,35 @@ def _spawn_part(args, name: str, until: float) -> subprocess.Popen:
     return subprocess.Popen(argv, start_new_session=True)     # its own group: killed with its worker processes
 
 
+def _ended(out: Path, name: str) -> bool:
+    return any(e["event"] == "end" and e["part"] == name for e in read_rows(out))
+
+
+class Stopped(Exception):
+    """The run was told to stop (SIGTERM: the device command's ``timeout``)."""
+
+
+def _stop(signum, frame):
+    raise Stopped(f"signal {signal.Signals(signum).name}")
+
+
 def _wait_part(proc: subprocess.Popen, name: str, until: float, out: Path, refresh) -> None:
     """Wait for a part's process until its mark plus GRACE_S, re-rendering the record as its rows come; past that,
-    kill its process group and record it as killed."""
+    or when the run is stopped, kill its process group and record it as killed."""
+    try:
+        _watch(proc, name, until, out, refresh)
+    except Stopped as e:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if not _ended(out, name):       # (a part that had ended, its process not yet gone, keeps its end)
+            append_row(out, {"event": "end", "part": name, "time": _now(), "status": "killed: the run was stopped",
+                             "error": f"{e}: its process group was killed"})
+        raise
+    finally:
+        refresh()
+
+
+def _watch(proc: subprocess.Popen, name: str, until: float, out: Path, refresh) -> None:
     size = -1
     while proc.poll() is None:
         if time.time() > until + GRACE_S:
@@ -158,36 +184,31 @@ def _wait_part(proc: subprocess.Popen, name: str, until: float, out: Path, refre
             refresh()
         time.sleep(1.0)
     else:   # ended by itself: a crash before its end event still gets one
-        if not any(e["event"] == "end" and e["part"] == name for e in read_rows(out)):
+        if not _ended(out, name):
             append_row(out, {"event": "end", "part": name, "time": _now(), "status": "error",
                              "error": f"its process exited with code {proc.returncode} before ending the part"})
-    refresh()
 
 
 # ---------------------------------------------------------------------------------------------------- fla's warm-up
 
 
-def warm_fla(impl: str, dtype: str, shapes: list) -> None:
-    """fla's first calls of one form in one dtype at each WKV-7 shape, forward and forward + backward (gpu_timing.
-    warm_peer): its autotuner keeps its choices on disk, where the fla part then finds them."""
-    from . import gpu_timing
-    for shape in shapes:
-        gpu_timing.warm_peer(impl, dtype, "cuda", {**gpu_timing.SHAPES, "wkv7": shape})
-
-
 class Warmers:
-    """One spawned process per (fla form, dtype), started with the run; ``stop`` waits for them until ``until``
-    (wall clock), ends the rest, and returns a row per process."""
+    """One spawned process per call, started with the run; ``stop`` waits for them until ``until`` (wall clock), ends
+    the rest, and returns a row per process. ``calls``: {(impl, dtype): (function, args)}, by default
+    gpu_round_parts.warm_fla on each (fla form, dtype) of ``cases`` at each of ``shapes``."""
 
-    def __init__(self, cases: list, shapes: list):
+    def __init__(self, cases: list, shapes: list, calls: dict | None = None):
         import multiprocessing
+
+        from .gpu_round_parts import warm_fla
+        if calls is None:
+            calls = {case: (warm_fla, (*case, shapes)) for case in cases}
         self.started = time.time()
         self.procs = {}
-        for impl, dtype in cases:
-            proc = multiprocessing.get_context("spawn").Process(target=warm_fla, args=(impl, dtype, shapes),
-                                                                daemon=True)
+        for case, (function, call_args) in calls.items():
+            proc = multiprocessing.get_context("spawn").Process(target=function, args=call_args, daemon=True)
             proc.start()
-            self.procs[(impl, dtype)] = proc
+            self.procs[case] = proc
 
     def stop(self, until: float) -> list:
         rows = []
@@ -306,7 +327,9 @@ def render(record: dict) -> str:
     lines = ["# GPU run (issue 46)", "", f"Device: {env.get('device')}; versions {env.get('versions')}", "",
              f"Command: `{record['command']}`; started {record['started']}"
              + (f", finished {record['finished']}" if record.get("finished") else " (not finished)")
-             + f"; budget {record['budget_s']} s, phase 1 until {record['warm_wait_s']} s", "",
+             + f"; budget {record['budget_s']} s, "
+             + (f"phase 1 until {record['warm_wait_s']} s" if record["warm_wait_s"] else "no fla warm-up")
+             + (f"; **stopped**: {record['stopped']}" if record.get("stopped") else ""), "",
              "Times: `gpu_s` is the GPU's own time per call (calls queued behind a sleep), `median_s` one call's "
              "with its launch; ratios are taken on `gpu_s`, both sides measured in this run.", "",
              "## Environment", "", *_table([{"fact": k, "value": v} for k, v in env.items()]),
@@ -334,7 +357,8 @@ def summary(record: dict) -> str:
     """The end of the output (a device reply carries its last 12,000 characters): each part, then the goals."""
     lines = [f"{'part':<12} {'status':<24} {'seconds':>8} {'rows':>5} {'not ok':>6}"]
     for p in record["parts"]:
-        bad = sum(1 for r in p["rows"] if r.get("ok") is False or "stopped" in r or "error" in r)
+        bad = sum(1 for r in p["rows"]    # (a determinism row's "error" is a number: its error against float64)
+                  if r.get("ok") is False or "stopped" in r or isinstance(r.get("error"), str))
         lines.append(f"{p['name']:<12} {p['status'][:24]:<24} {p['seconds'] or 0:>8.1f} {len(p['rows']):>5} {bad:>6}")
     lines += ["", "goals:"] + [f"  {g['goal']}, {g['case']}: " + ("not measured (" + g.get("why", "") + ")"
                                                                     if g["met"] is None else
@@ -378,21 +402,26 @@ def orchestrate(args, parts: list) -> dict:
     record.update(warm_wait_s=warm_s, plan=marks(parts, args.budget_s, warm_s),
                   **({"warm_up_skipped": why} if why else {}))
     print(plan_text(record["plan"], args.budget_s, warm_s), flush=True)
+    signal.signal(signal.SIGTERM, _stop)     # the device command's timeout: stop the part, write, summarize
     warmers = Warmers(cases, [s for s in _wkv7_shapes(args.dry)]) if cases else None
     _write(args.out, record)
-    for name in parts:
-        if warmers and name in PHASE2:
-            record["warm_up"] = warmers.stop(start + warm_s)
-            warmers = None
-        until = start + record["plan"][name]
-        if time.time() >= until:
-            append_row(args.out, {"event": "end", "part": name, "time": _now(), "status": "not started: no time left"})
-            continue
-        print(f"== {name}: until {until - start:.0f} s from the start", flush=True)
-        _wait_part(_spawn_part(args, name, until), name, until, args.out, lambda: _write(args.out, record))
+    try:
+        for name in parts:
+            if warmers and name in PHASE2:
+                record["warm_up"] = warmers.stop(start + warm_s)
+                warmers = None
+            until = start + record["plan"][name]
+            if time.time() >= until:
+                append_row(args.out, {"event": "end", "part": name, "time": _now(),
+                                      "status": "not started: no time left"})
+                continue
+            print(f"== {name}: until {until - start:.0f} s from the start", flush=True)
+            _wait_part(_spawn_part(args, name, until), name, until, args.out, lambda: _write(args.out, record))
+        record["finished"] = _now()
+    except Stopped as e:
+        record["stopped"] = f"{e} at {_now()}, {time.time() - start:.0f} s from the start"
     if warmers:
         record["warm_up"] = warmers.stop(time.time())
-    record["finished"] = _now()
     return _write(args.out, record)
 
 
@@ -464,8 +493,9 @@ def main(argv=None) -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     record = orchestrate(args, parts)
-    print(f"\n{summary(record)}\nWrote {', '.join(str(args.out / f) for f in FILES)}", flush=True)
-    return 0
+    print(f"\n{summary(record)}\nWrote {', '.join(str(args.out / f) for f in FILES)}"
+          + (f"\nStopped: {record['stopped']}" if record.get("stopped") else ""), flush=True)
+    return 1 if record.get("stopped") else 0
 
 
 if __name__ == "__main__":

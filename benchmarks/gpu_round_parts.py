@@ -23,7 +23,7 @@ from . import gpu_profile, gpu_timing
 from .gpu_timing import backward, describe, inputs_at, seqmix_call, time_step
 
 __all__ = ["PARTS", "WKV7_SHAPES", "FLASH_RATE_SHAPES", "at_shapes", "fla_forms", "part_attn32", "part_chain",
-           "part_decode", "part_fla", "part_flash_rate", "part_profile", "warm_chain", "wkv7_shapes"]
+           "part_decode", "part_fla", "part_flash_rate", "part_profile", "warm_chain", "warm_fla", "wkv7_shapes"]
 
 # The issue's two WKV-7 shapes (N = 64), and gpu_round --dry's tiny ones
 WKV7_SHAPES = {"B1 T2048 H12": dict(B=1, T=2048, H=12, N=64), "B4 T4096 H32": dict(B=4, T=4096, H=32, N=64)}
@@ -32,7 +32,7 @@ DRY_WKV7_SHAPES = {"B1 T16 H2": dict(B=1, T=16, H=2, N=16), "B2 T32 H2": dict(B=
 FLASH_RATE_SHAPES = {"attention": dict(B=4, H=32, T=4096, d=64), "attention d=128": dict(B=4, H=32, T=4096, d=128)}
 DRY_BF16 = "a dry run's Triton interpreter computes bf16 tl.dot wrongly (benchmarks/README.md)"
 DRY_SEQUENTIAL = "a dry run leaves the sequential kernel out: the interpreter walks its T steps at seconds a call"
-FP32_PRECISIONS = ("ieee", "tf32x3")    # set_fp32_dot_precision's settings
+FP32_PRECISIONS = ("ieee", "tf32x3")    # set_fp32_dot_precision's explicit settings, timed beside the default
 
 
 def wkv7_shapes(run) -> dict:
@@ -128,6 +128,14 @@ def _errors(run, call, dtype: str) -> dict:
         return {"error": describe(e)}
 
 
+def warm_fla(impl: str, dtype: str, shapes: list) -> None:
+    """fla's first calls of one form in one dtype at each WKV-7 shape, forward and forward + backward (gpu_timing.
+    warm_peer), in a process gpu_round starts for it: fla's autotuner keeps its choices on disk, where the fla part
+    then finds them."""
+    for shape in shapes:
+        gpu_timing.warm_peer(impl, dtype, "cuda", {**gpu_timing.SHAPES, "wkv7": shape})
+
+
 def part_chain(run, emit):
     """The chain probe: each variant at two lengths (the redesign's 32 serial steps of T 2048 / 64, and 128),
     B H = 12 and 128 heads (the two WKV-7 shapes), N = 64; per-step time from the difference; error vs float64."""
@@ -185,16 +193,15 @@ def part_decode(run, emit):
     from . import cost_model
     op = "rerope_decode"
     spec = gpu_timing.ENTRIES[op][0]
-    backends = [b.name for b in spec.get("backends") if b.name.startswith("triton")]
-    # per (backend, dtype), the sum over the call's kernels: each backend's by its forward's label prefix
-    # (Benchmark.kernels: "rerope_decode_merged" for "triton_merged", "rerope_decode " for "triton")
-    prefixes = spec.get("benchmark").kernels
-    predicted = {}
-    for m in gpu_timing._models(cost_model, op, run.shapes[op]):
-        for backend in backends:
-            if m.aot_label.startswith(prefixes[backend][0]):
+    kernels = spec.get("benchmark").kernels        # {Triton backend: (its forward's model label prefix, ...)}
+    models = gpu_timing._models(cost_model, op, run.shapes[op])
+    predicted = {}          # (backend, dtype): the sum over the models of the backend's kernels
+    for backend, (prefix, _) in kernels.items():
+        for m in models:
+            if m.aot_label.startswith(prefix):
                 key = (backend, m.dtype)
                 predicted[key] = predicted.get(key, 0.0) + gpu_timing._predict(cost_model, m, None)
+    backends = list(kernels)
     for dtype in ("bf16", "fp32"):
         make = inputs_at(run, op, dtype)
         options = spec.get("benchmark").options(run.shapes[op])
@@ -205,9 +212,8 @@ def part_decode(run, emit):
             row = _time(run, {"op": op, "shape": gpu_timing._shape_text(run, op), "dtype": dtype,
                               "impl": f"seqmix {backend}", "mode": "forward"}, make, call, "forward")
             if (backend, dtype) in predicted:
-                measured = row.get("gpu_s", row.get("median_s"))
-                row.update(predicted_s=predicted[backend, dtype],
-                           ratio=measured / predicted[backend, dtype] if measured else None)
+                measured, model = row.get("gpu_s", row.get("median_s")), predicted[(backend, dtype)]
+                row.update(predicted_s=model, ratio=measured / model if measured else None)
             emit(row)
             if "median_s" in row and backend != "torch":
                 _profile_rows(run, emit, {k: row[k] for k in ("op", "dtype", "impl")}, call, make, "forward")
@@ -228,9 +234,12 @@ def part_attn32(run, emit):
     SDPA's default fp32 backend (CUTLASS's three-tf32 products); each row names the forward's tiles as the launcher
     picks them under that setting."""
     from ..kernels.attention import launch_config, set_fp32_dot_precision
+    default = set_fp32_dot_precision("ieee")       # the setting in force, read by setting it back at once
+    set_fp32_dot_precision(default)
     for entry in ("attention", "attention d=128"):
         shape, make = run.shapes[entry], inputs_at(run, entry, "fp32")
-        impls = {f"seqmix triton ({p})": (p, seqmix_call(run, entry, "triton")) for p in FP32_PRECISIONS}
+        impls = {f"seqmix triton ({p}{', the default' if p == default else ''})": (p, seqmix_call(run, entry, "triton"))
+                 for p in dict.fromkeys((default, *FP32_PRECISIONS))}
         impls["torch SDPA (default backend)"] = (None, _sdpa)
         for impl, (precision, call) in impls.items():
             for mode in ("forward", "forward+backward"):
@@ -238,13 +247,22 @@ def part_attn32(run, emit):
                        "mode": mode, "fp32_products": precision or "3xtf32"}
                 previous = set_fp32_dot_precision(precision) if precision else None
                 try:
-                    if precision:
-                        row["launch"] = str(launch_config("fwd", shape["d"], torch.float32))
+                    if precision:       # what the setting resolves to on this device ("auto": tf32x3 on sm_90)
+                        row["fp32_products"] = gpu_timing.fp32_products("seqmix triton", entry)
+                        row["launch"] = _launch(launch_config, shape["d"])
                     emit(_time(run, row, make, call, mode))
                 finally:
                     if previous:
                         set_fp32_dot_precision(previous)
             run.check_context(f"attn32 {entry} {impl}")
+
+
+def _launch(launch_config, d: int) -> str:
+    """The fp32 forward's tiles at head size d under the setting in force (the launcher's public choice)."""
+    try:
+        return str(launch_config("fwd", d, torch.float32))
+    except Exception as e:
+        return describe(e)
 
 
 def part_flash_rate(run, emit):

@@ -828,7 +828,9 @@ print(f"pair {first_slow} is slowed by {slowdown:.2f} (the slowest by {s_ntk:g})
 # under the Triton interpreter on the CPU). Both take `(B, H, T, d)` tensors. They are checked against the float64
 # *definition* (`attention_from_relative_positions`, the per-pair rotation), not against the two-pass form they
 # replace. $T = 160$ with $w = 40$ makes the Triton kernel meet all three kinds of key tiles of section 9 (far only,
-# near only, straddling the window's edge).
+# near only, straddling the window's edge). Decode has a third backend, `"triton_merged"` (what `backend=None`
+# runs on a GPU): one launch in which programs take slices of the cache and the last one of each head merges them by
+# their log-sum-exp.
 
 # %%
 from seqmix.kernels.rerope import rerope_attention as rerope_kernel
@@ -876,6 +878,10 @@ for backend in BACKENDS:
           expected_leaky_logn[:, :, -1:], FP32_BUDGET)
     check(f"{backend} fp16 ReRoPE", run(backend, q16, k16, v16, dtype=torch.float16),
           definition(q16, k16, v16), FP16_BUDGET)
+check("triton_merged fp32 decode (ReRoPE)", run_decode("triton_merged", q64, k64, v64),
+      expected[:, :, -1:], FP32_BUDGET)
+check("triton_merged fp32 decode (Leaky + log-n)", run_decode("triton_merged", q64, k64, v64, **leaky_logn),
+      expected_leaky_logn[:, :, -1:], FP32_BUDGET)
 
 
 # %% [markdown]

@@ -56,31 +56,49 @@ def _events(tmp_path):
 
 @needs_triton
 @pytest.mark.timeout(900)
-def test_a_run_killed_part_way_keeps_the_rows_it_had(tmp_path):
-    """Killed (the device's time limit) after its first part ended: the JSON, rewritten as rows come, holds that
-    part whole, and the row log every row written until the kill."""
-    proc = subprocess.Popen(_dry(tmp_path, "--parts", "chain,decode,attn32"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_a_run_killed_part_way_keeps_the_rows_it_had(tmp_path, how):
+    """Killed once its last part began: by the device command's ``timeout`` (SIGTERM to the run alone), it ends the
+    running part's processes, writes its record and exits 1; by the device's own limit (SIGKILL to everything), the
+    JSON, rewritten as rows come, still holds the parts that ended and the running part's rows so far."""
+    proc = subprocess.Popen(_dry(tmp_path, "--parts", "chain,decode,attn32"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.time() + 800
-        while time.time() < deadline and not any(e["event"] == "end" for e in _events(tmp_path)):
+        while time.time() < deadline and not any(e["event"] == "begin" and e["part"] == "attn32"
+                                                 for e in _events(tmp_path)):
             assert proc.poll() is None, "the run ended before it could be killed"
-            time.sleep(0.5)
-        time.sleep(3)   # the parent's refresh (every second) folds the ended part into the JSON
+            time.sleep(0.2)
+        if how == signal.SIGTERM:
+            proc.send_signal(how)
+            assert proc.wait(timeout=120) == 1
+            assert "Stopped: signal SIGTERM" in proc.stdout.read()
+        else:   # once the running part has a row: the parent's refresh (every second) folds it into the JSON
+            while time.time() < deadline and not any(e["event"] == "row" and e["part"] == "attn32"
+                                                     for e in _events(tmp_path)):
+                time.sleep(0.2)
+            time.sleep(2.5)
+            os.killpg(proc.pid, how)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
         proc.wait()
-        for e in _events(tmp_path):     # each part's process leads a session of its own: end it too
-            if e["event"] == "begin":
-                try:
-                    os.killpg(e["pid"], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        running = [e["pid"] for e in _events(tmp_path) if e["event"] == "begin"
+                   and not any(f["event"] == "end" and f["part"] == e["part"] for f in _events(tmp_path))]
+        for pid in running:     # each part's process leads a session of its own: end it too
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     record = json.loads((tmp_path / "gpu_round.json").read_text())
     chain = record["parts"][0]
     assert chain["name"] == "chain" and chain["status"] == "ok" and not record["finished"]
     assert chain["rows"] == [e["row"] for e in _events(tmp_path) if e["event"] == "row" and e["part"] == "chain"]
     assert any("per_step_s" in r for r in chain["rows"])
+    if how == signal.SIGKILL:   # the running part's rows as far as they had come
+        assert record["parts"][-1]["name"] == "attn32" and record["parts"][-1]["rows"]
+    if how == signal.SIGTERM:
+        assert record["stopped"].startswith("signal SIGTERM") and not running
+        assert [p["status"] for p in record["parts"]] == ["ok", "ok", "killed: the run was stopped"]
 
 
 def test_a_line_cut_short_by_a_kill_is_left_out(tmp_path):
@@ -130,6 +148,26 @@ def test_the_plan_gives_each_part_its_share_and_ends_phase_1_at_the_warm_up():
     some = gpu_round.marks(["chain", "decode"], 100.0, None)
     assert some["decode"] == pytest.approx(100.0) and some["chain"] == pytest.approx(50.0)
     assert set(TIMED_PARTS) == set(gpu_round.PHASE2)
+
+
+@pytest.mark.slow       # 8 s: the end of phase 1 leaves a spawned process room to start on a loaded machine
+def test_fla_s_warm_up_processes_end_at_the_end_of_phase_1():
+    """A quick one is done, one past the end of phase 1 is ended there, a failing one says so."""
+    calls = {("quick", "fp32"): (time.sleep, (0.1,)), ("slow", "bf16"): (time.sleep, (60,)),
+             ("bad", "fp32"): (time.sleep, ("not a number",))}
+    warmers = gpu_round.Warmers([], [], calls)
+    rows = {r["impl"]: r for r in warmers.stop(warmers.started + 8)}
+    assert time.time() - warmers.started < 30
+    assert rows["quick"]["status"] == "done" and rows["slow"]["status"].startswith("ended at --warm-wait-s")
+    assert rows["slow"]["seconds_from_start"] >= 8 and rows["bad"]["status"] == "failed (exit code 1)"
+
+
+def test_the_earlier_record_in_the_folder_is_kept(tmp_path):
+    (tmp_path / "gpu_round.json").write_text('{"started": "2026-12-06T07:00:00+00:00"}')
+    (tmp_path / "gpu_round.md").write_text("earlier")
+    gpu_round._keep_earlier_record(tmp_path)
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == ["gpu_round.2026-12-06T07-00-00-00-00.json", "gpu_round.2026-12-06T07-00-00-00-00.md"]
 
 
 def test_without_cuda_it_prints_the_plan_and_exits_0(capsys):
