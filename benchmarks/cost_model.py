@@ -14,20 +14,30 @@ What is counted, for one launch at the shape given:
 
 Predicted time = the largest of three bounds, and the table says which binds:
 - memory: DRAM bytes / 3.35 TB/s;
-- compute, the largest of: dot FLOPs at the rate the compiled instruction reaches (``dot_rate``: wgmma 75% of
-  990 TFLOP/s, what FlashAttention-3 measures on an H100; mma.sync 35%, what FlashAttention-2 reaches there; Triton's
-  FMA lowering of fp32 IEEE dots 25% of the 67 TFLOP/s FMA peak, its operands re-read from shared memory: assumed,
-  to be measured); other FLOPs / 33.5 T/s (an add, multiply, compare or select is one lane-op, not half an FMA);
-  transcendentals / 4.2 T/s (16 per SM per clock, 132 SMs, 1.98 GHz);
+- compute, the largest of: dot FLOPs at the rate the compiled instruction reaches (``dot_rate``: 35% of the 990
+  TFLOP/s bf16 peak on wgmma and on mma.sync alike, FlashAttention-2's class, where Triton's flash kernels sit (the
+  FlashAttention-3 paper's H100 chart at d = 128, 8k: Triton 392, FA2 370 TFLOP/s; FA3's 75% takes warp
+  specialization that these kernels lack); fp32 dots with tf32x3 at the same share of the tf32 peak (495 TFLOP/s)
+  divided by their three products; Triton's FMA lowering of fp32 IEEE dots 25% of the 67 TFLOP/s FMA peak, its
+  operands re-read from shared memory: assumed, to be measured); other FLOPs / 33.5 T/s (an add, multiply, compare
+  or select is one lane-op, not half an FMA); transcendentals / 4.2 T/s (16 per SM per clock, 132 SMs, 1.98 GHz);
 - latency: serial steps x the time one step waits (``Step``: its dependent chain, reductions across warps about
-  0.1 us, within one warp about 0.075 us, a dependent special-function op about 10 ns; and a DRAM round trip, about
-  0.5 us, for its loads), times the waves of programs when there are more than the GPU holds at once. The recurrent
-  kernels prefetch: step t + 1's loads are issued before step t's arithmetic, so two round trips overlap and a step
-  takes max(chain, (round trip + chain) / 2) rather than round trip + chain; what remains is half a round trip per
-  step (a deeper prefetch would hide more) and the chain itself. The recurrent kernels (few programs, T steps each)
-  are bound by it at the benchmark's shapes.
+  0.1 us, within one warp about 0.075 us, a dependent special-function op about 10 ns, a dependent tile product
+  its MMA latency plus a conversion through shared memory, about 0.07 us; and a DRAM round trip, about 0.5 us, for
+  its loads), times the waves of programs when there are more than the GPU holds at once (by warps, and by
+  registers where the AOT build gives them). The recurrent kernels prefetch: step t + 1's loads are issued before
+  step t's arithmetic, so two round trips overlap and a step takes max(chain, (round trip + chain) / 2) rather than
+  round trip + chain; what remains is half a round trip per step (a deeper prefetch would hide more) and the chain
+  itself. The recurrent kernels (few programs, T steps each) are bound by it at the benchmark's shapes. The chunked
+  WKV-7's step is a chunk: its dependent tile products, its reductions across warps and the key-block loads that it
+  uses in the iteration that issues them (not pipelined: a round trip each). The flash kernels' serial steps are the
+  key (or query) tiles of their longest program (under a causal mask the last query tile walks every key tile):
+  each tile's work at one SM's share of the rates above, one unit after the other (scores, softmax and the value
+  product depend on each other), its loads num_stages - 1 tiles ahead;
 - a grid of fewer programs than SMs reaches only that share of the bandwidth and compute (an SM per program: the
-  unsplit ReRoPE decode at B H = 4 had 4 programs on 132 SMs).
+  unsplit ReRoPE decode at B H = 4 had 4 programs on 132 SMs);
+- every kernel launch takes at least the launch floor, 1.9 us of GPU time (an empty kernel, measured on the H100):
+  a call's further launches (ReRoPE decode's merge of its splits, torch operations) add one floor each.
 The constants marked "assumed" are estimates from the GPU's documented latencies, not measurements:
 ``python -m seqmix.benchmarks.gpu_check`` measures them the day a GPU is at hand.
 """
@@ -48,7 +58,11 @@ H100 = {"name": "H100 SXM", "bandwidth": 3.35e12,
         "fp32": 67e12,                   # FLOP/s, an FMA counted as 2: 132 SMs x 128 lanes x 2 x 1.98 GHz
         "fp32_ops": 132 * 128 * 1.98e9,  # other lane-ops per second (add, multiply, compare, select): half of that
         "tensor": 990e12,                # dense bf16/fp16 peak (NVIDIA's figure)
-        "wgmma": 0.75 * 990e12,          # reached by wgmma: FlashAttention-3's 740 TFLOP/s (arXiv:2407.08608)
+        "tf32_tensor": 495e12,           # dense tf32 peak: half the 16-bit one
+        # Reached by Triton's flash kernels on wgmma: FlashAttention-2's class, 35% (arXiv:2407.08608's H100 chart,
+        # d = 128, 8k: Triton 392, FA2 370 TFLOP/s); FA3's 75% (740) takes warp specialization. On the H100 (run 5)
+        # seqmix's bf16 forward and SDPA's flash backend both took 218 us at B H = 4: the tile chain binds there.
+        "wgmma": 0.35 * 990e12,
         "mma.sync": 0.35 * 990e12,       # reached by mma.sync on sm_90: FlashAttention-2's 35% there (same paper)
         "fma_dot": 0.25 * 67e12,         # Triton's FMA lowering of fp32 dots (assumed: shared-memory bound)
         "sfu": 16 * 132 * 1.98e9,
@@ -56,7 +70,11 @@ H100 = {"name": "H100 SXM", "bandwidth": 3.35e12,
         "dram_latency": 0.5e-6,          # a dependent load's round trip from DRAM under load (assumed)
         "reduce_latency": 0.1e-6,        # a reduction across warps: shuffles, shared memory, a barrier (assumed)
         "warp_reduce_latency": 0.075e-6,  # a reduction within one warp: 5 shuffle rounds of ~30 cycles (assumed)
-        "sfu_latency": 10e-9}            # one dependent MUFU op (ex2, rcp) with its FMAs (assumed)
+        "sfu_latency": 10e-9,            # one dependent MUFU op (ex2, rcp) with its FMAs (assumed)
+        # one dependent tile product: an mma.sync's latency (about 35 cycles) and its operands' conversion through
+        # shared memory (a store, a barrier and a load, about 100 cycles) (assumed; the chain probe measures it)
+        "dot_latency": 0.07e-6,
+        "launch_floor": 1.9e-6}          # an empty kernel's GPU time (measured, run 4)
 ARCH = 90
 DTYPE_BYTES = {name: dtype.itemsize for name, dtype in AOT_DTYPES.items()}
 
@@ -93,20 +111,28 @@ class Cost:
 @dataclass
 class Step:
     """What one serial step of a recurrent kernel waits for: DRAM round trips for its loads, reductions (across
-    warps, or within one warp when ``warp_reductions``), dependent special-function ops. With ``prefetch`` = P the
-    loads are issued P steps ahead: P + 1 round trips overlap, and a step takes max(chain, (round trips + chain) /
-    (P + 1)). ``starts``: pipeline starts per step (a walk's first load waits in full: the backwards start two walks
-    per checkpoint run)."""
+    warps, or within one warp when ``warp_reductions``), dependent special-function ops, dependent tile products
+    (``dots``: each an MMA's latency and a conversion through shared memory), and ``work`` done by one program on
+    its SM (a flash kernel's tile: its dots at ``dot_rate`` FLOP/s, the whole GPU's, its other FLOPs and
+    transcendentals at the GPU's rates too, each on one SM's share of them, one after the other). With ``prefetch``
+    = P the loads are issued P steps ahead: P + 1 round trips overlap, and a step takes max(chain, (round trips +
+    chain) / (P + 1)). ``starts``: pipeline starts per step (a walk's first load waits in full: the backwards start
+    two walks per checkpoint run)."""
     round_trips: float = 0.0
     reductions: float = 0.0
     sfu: float = 0.0
     prefetch: int = 0
     warp_reductions: bool = False
     starts: float = 0.0
+    dots: float = 0.0
+    work: Cost = None
 
-    def seconds(self, hw) -> float:
+    def seconds(self, hw, dot_rate: float | None = None) -> float:
         reduce = hw["warp_reduce_latency" if self.warp_reductions else "reduce_latency"]
-        chain = self.reductions * reduce + self.sfu * hw["sfu_latency"]
+        chain = self.reductions * reduce + self.sfu * hw["sfu_latency"] + self.dots * hw["dot_latency"]
+        if self.work is not None:
+            chain += hw["sms"] * (self.work.dot_flops / dot_rate + self.work.flops / hw["fp32_ops"]
+                                  + self.work.transcendentals / hw["sfu"])
         memory = self.round_trips * hw["dram_latency"]
         return max(chain, (memory + chain) / (self.prefetch + 1)) + self.starts * hw["dram_latency"]
 
@@ -128,39 +154,79 @@ class Model:
     step: Step = None       # what each serial step waits for (None: no serial chain)
     num_warps: int = 4      # per program: how many programs the GPU holds at once
     dot_unit: str = None    # the dots' instruction where it does not follow the dtype ("none": FMA units)
+    dots: str = None        # "tf32x3": fp32 dots as three tf32 products (attention's forward on sm_90)
+    launches: int = 1       # kernel launches per call, each at least the launch floor
 
 
-def dot_rate(dtype: str, mma: str | None = None, hw=H100) -> tuple[float, str]:
-    """FLOP/s that the kernels' tl.dot reaches and the instruction it runs on: ``mma`` as the AOT build reports it
-    (wgmma, mma.sync or none: FMA units); without it, from the dtype: fp32 (input_precision="ieee", as attention.py
-    and rerope/fused.py ask) on the FMA units, bf16/fp16 taken as mma.sync (the smaller tiles' instruction)."""
+def _mma(dtype: str, mma: str | None, dots: str | None = None) -> str:
+    """The instruction: ``mma`` as the AOT build reports it (wgmma, mma.sync or none: FMA units); without it, from
+    the dtype: fp32 IEEE dots on the FMA units, bf16/fp16 and fp32 with tf32x3 taken as mma.sync (the smaller
+    tiles')."""
     if mma is None:
-        mma = "none" if dtype == "fp32" else "mma.sync"
+        return "none" if dtype == "fp32" and dots != "tf32x3" else "mma.sync"
+    return mma
+
+
+def _products(dtype: str, dots: str | None) -> int:
+    """Tensor-core products per product of the dots: 3 for fp32 with tf32x3, else 1."""
+    return 3 if dtype == "fp32" and dots == "tf32x3" else 1
+
+
+def dot_rate(dtype: str, mma: str | None = None, hw=H100, dots: str | None = None) -> tuple[float, str]:
+    """FLOP/s that the kernels' tl.dot reaches and the instruction it runs on (``_mma``). fp32 dots on tensor cores
+    take tf32 operands, at the tf32 peak's share, and ``dots`` = "tf32x3" three products per product."""
+    mma = _mma(dtype, mma, dots)
     if mma == "none":
         return hw["fma_dot"], "FMA-unit dots"
+    if dtype == "fp32":
+        return (hw[mma] * hw["tf32_tensor"] / hw["tensor"] / _products(dtype, dots),
+                f"tensor cores ({mma}, {dots or 'tf32'})")
     return hw[mma], f"tensor cores ({mma})"
 
 
-def latency(m: Model, hw=H100) -> float:
-    """Seconds the serial chain takes: steps x one step's wait, once per wave of programs."""
+def latency(m: Model, hw=H100, mma: str | None = None, regs: int | None = None) -> float:
+    """Seconds the serial chain takes: steps x one step's wait, once per wave of programs. The GPU holds as many
+    programs per SM as its warps allow, and its 65,536 registers where ``regs`` (per thread, from the AOT build)
+    is given. A flash kernel's chain (a Step with ``work``) is its longest program's, once: the other programs are
+    shorter and fill the other slots meanwhile (the compute bound counts them all)."""
     if m.step is None or not m.serial_steps:
         return 0.0
+    if m.step.work is not None:
+        return m.serial_steps * m.step.seconds(hw, dot_rate(m.dtype, m.dot_unit or mma, hw, m.dots)[0])
     per_sm = min(hw["programs_per_sm"], hw["warps_per_sm"] // m.num_warps)
-    return m.serial_steps * m.step.seconds(hw) * _cdiv(m.programs, hw["sms"] * per_sm)
+    if regs:
+        per_sm = max(1, min(per_sm, 65536 // (regs * 32 * m.num_warps)))
+    step = m.step.seconds(hw, dot_rate(m.dtype, m.dot_unit or mma, hw, m.dots)[0])
+    return m.serial_steps * step * _cdiv(m.programs, hw["sms"] * per_sm)
 
 
 def predict(cost: Cost, dtype: str, dram_bytes: float, hw=H100, mma: str | None = None,
-            latency_s: float = 0.0, programs: int | None = None) -> tuple[float, str]:
+            latency_s: float = 0.0, programs: int | None = None, dots: str | None = None,
+            launches: int = 0) -> tuple[float, str]:
     """Predicted time in seconds and what binds it: memory (DRAM bytes; re-reads beyond them hit L2), a compute
-    unit (dots at ``dot_rate``, other ops, special functions) or latency (``latency_s``, the serial chain). A grid
-    of ``programs`` < SMs reaches that share of the GPU's bandwidth and compute."""
-    rate, unit = dot_rate(dtype, mma, hw)
+    unit (dots at ``dot_rate``, other ops, special functions), latency (``latency_s``, the serial chain) or the
+    launch floors. A grid of ``programs`` < SMs reaches that share of the GPU's bandwidth and compute. ``launches``
+    kernel launches (0: none counted, the roofline) take at least one launch floor each: the first kernel's time is
+    at least one, each further launch adds one."""
+    rate, unit = dot_rate(dtype, mma, hw, dots)
     share = min(1.0, programs / hw["sms"]) if programs else 1.0
     throughput = {"memory": dram_bytes / hw["bandwidth"], "fp32 units": cost.flops / hw["fp32_ops"],
                   "special functions": cost.transcendentals / hw["sfu"], unit: cost.dot_flops / rate}
     times = {**{what: t / share for what, t in throughput.items()}, "latency": latency_s}
     bound = max(times, key=times.get)
-    return times[bound], bound
+    if not launches:
+        return times[bound], bound
+    floor = hw["launch_floor"]
+    total = max(times[bound], floor) + (launches - 1) * floor
+    return total, "launch floors" if launches * floor > times[bound] else bound
+
+
+def predicted(m: Model, mma: str | None = None, regs: int | None = None, hw=H100) -> tuple[float, str]:
+    """What the table predicts for one model: ``mma`` and ``regs`` as the AOT build reports them for sm_90
+    (None: the model's own instruction, or the dtype's); its serial chain, grid, dot precision and launches."""
+    mma = m.dot_unit or mma
+    return predict(m.cost, m.dtype, m.dram_bytes, hw, mma, latency(m, hw, mma, regs), m.programs, m.dots,
+                   m.launches)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -314,6 +380,7 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
     fwd_cfg, fwd_grid = triton_launch(B, H, N, "fwd")
     block_v, chunked_v, fwd_v = cfg["BLOCK_V"], chunked_cfg["BLOCK_V"], fwd_cfg["BLOCK_V"]
     chunked_k = chunked_cfg["BLOCK_K"]
+    key_loads = 2 * (N // chunked_k)               # the chunked kernels' unpipelined key-block loads per chunk
     programs, fwd_programs = math.prod(grid), math.prod(fwd_grid)
     fwd_label = "wkv7_fwd" if fwd_cfg == cfg else f"wkv7_fwd B*H={B * H}"   # kernels/wkv7/ aot_kernels
     chunked_programs = math.prod(chunked_grid)
@@ -330,11 +397,14 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
         # previous step's), then S a and S r, two reductions in a row (within one warp at the split configuration:
         # 4 value rows of N = 64); the backward alternates a recompute step (S a) and a reverse step (S_{t-1} a,
         # dr's sums, q = G b, then G), 1 and 4 reductions: 2.5 on average over its 2 T steps, each of its two walks
-        # per checkpoint run starting with a full round trip. The chunked forward's step is a chunk: two loops of
-        # loads, and about 12 dependent tile products and reductions (the inverse's 6, U, Y, the state update). The
-        # chunked backward's serial pass likewise (the inverse's 6, W, R, G: 9); its second kernel has no chain
-        # between programs: one step of two loops of loads and about 14 dependent products (the inverse, U, dZ, the
-        # gradients), once per wave of programs.
+        # per checkpoint run starting with a full round trip. The chunked forward's step is a chunk (the GPU
+        # review's reading of its sm_90 build): two loops over the N / BLOCK_K key blocks whose loads are used in the
+        # iteration that issues them (a round trip each, not pipelined), about 34 reductions across warps (6 per key
+        # block for the spread and finiteness checks alone) and about 10 dependent tile products (the inverse's 6,
+        # U, Y, the state update), each waiting for its MMA and a conversion through shared memory. The chunked
+        # backward's serial pass likewise (9 dependent products: the inverse's 6, W, R, G); its second kernel has no
+        # chain between programs: one step of the same loads and about 14 dependent products (the inverse, U, dZ,
+        # the gradients), once per wave of programs. Their reductions are taken as the forward's (the same checks).
         out += [Model("wkv7", f"{fwd_label} N={N} {dtype}", shape, B * T, dtype,
                       wkv7_fwd(B, T, H, N, dtype, fwd_v, fwd_programs, CHECKPOINT, False), fwd_programs, T, True,
                       7 * seq * s + state, "inference (no checkpoints); the AOT build is of the checkpointing variant",
@@ -345,7 +415,7 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
                                        False),
                       chunked_programs, n_chunks, False, 7 * seq * s + 2 * state,
                       "chunked=True, inference; the AOT build is of the checkpointing variant",
-                      step=Step(2, 12, 0), num_warps=chunked_cfg.num_warps),
+                      step=Step(key_loads, 34, dots=10), num_warps=chunked_cfg.num_warps),
                 Model("wkv7", f"wkv7_bwd N={N} {dtype}", shape, B * T, dtype,
                       wkv7_bwd(B, T, H, N, dtype, block_v, programs, CHECKPOINT), programs, 2 * T, False,
                       bwd_dram(N // block_v) + state * (n_chunks + 2),
@@ -354,14 +424,14 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
                       wkv7_chunked_dstate(B, T, H, N, dtype, chunked_v, chunked_k, chunked_programs,
                                           CHECKPOINT),
                       chunked_programs, n_chunks, False, 7 * seq * s + state * (n_chunks + 2),
-                      "chunked=True, backward: the serial pass of dL/dS", step=Step(2, 9, 0),
+                      "chunked=True, backward: the serial pass of dL/dS", step=Step(key_loads, 34, dots=9),
                       num_warps=chunked_cfg.num_warps),
                 Model("wkv7", f"wkv7_chunked_bwd N={N} {dtype}", shape, B * T, dtype,
                       wkv7_chunked_bwd(B, T, H, N, dtype, chunked_v, chunked_k, chunked_programs * n_chunks,
                                        CHECKPOINT),
                       chunked_programs * n_chunks, 1, False,
                       bwd_dram(N // chunked_v) + 2 * state * n_chunks,
-                      "chunked=True, backward: every chunk at once", step=Step(2, 14, 0),
+                      "chunked=True, backward: every chunk at once", step=Step(key_loads, 34, dots=14),
                       num_warps=chunked_cfg.num_warps)]
     return out
 
@@ -460,70 +530,107 @@ def _softmax_tile(bm, bn, bd):
     return Cost(flops=bm * bn * SCORE_FLOPS + bm * bd + 2 * bm, transcendentals=bm * bn * SCORE_EXP + bm)
 
 
-def attention_fwd(BH, T, d, dtype, bm, bn):
-    """attention_fwd_kernel, causal: a program per BLOCK_M queries loads q, walks key tiles [0, end) loading k, v;
-    per tile 2 dots (q k^T and p v) of BLOCK_M x BLOCK_N x BLOCK_D; stores O and LSE (1 log per row)."""
+def tf32x3_split(dots, *shapes) -> Cost:
+    """The elementwise work of tf32x3 dots of (M, K) x (K, N) ``shapes`` (Triton's lowering, its PTX read in
+    tests/kernels/test_aot.py): per operand element a cvt.rna.tf32 and the remainder's subtraction (2); per output
+    element the NaN check and select of the middle sum and the accumulator's add (3). Counted for every dot of every
+    tile (an operand the compiler hoists out of the loop, q, would be split once). Nothing for other dots."""
+    if dots != "tf32x3":
+        return Cost()
+    return Cost(flops=sum(2 * (m * k + k * n) + 3 * m * n for m, k, n in shapes))
+
+
+def _attention_fwd_program(start, T, d, dtype, bm, bn, dots):
+    """One program of attention_fwd_kernel, causal, for the query tile at ``start``: (its Cost, its key tiles)."""
     s, bd = DTYPE_BYTES[dtype], block_d(d)
-    total = Cost()
-    for start in range(0, T, bm):
-        rows = _rows(start, start + bm, T)
-        tiles, keys = _key_tiles(0, min(start + bm, T), bn, T)
-        total += Cost(bytes=2 * rows * d * s + rows * 4 + 2 * keys * d * s, flops=rows * d, transcendentals=bm)
-        total += tiles * (Cost(dot_flops=2 * 2 * bm * bn * bd) + _softmax_tile(bm, bn, bd))
-    return total * BH
+    rows = _rows(start, start + bm, T)
+    tiles, keys = _key_tiles(0, min(start + bm, T), bn, T)
+    per_tile = (Cost(dot_flops=2 * 2 * bm * bn * bd) + _softmax_tile(bm, bn, bd)
+                + tf32x3_split(dots, (bm, bd, bn), (bm, bn, bd)))
+    once = Cost(bytes=2 * rows * d * s + rows * 4 + 2 * keys * d * s, flops=rows * d, transcendentals=bm)
+    return once + tiles * per_tile, tiles
+
+
+def attention_fwd(BH, T, d, dtype, bm, bn, dots=None):
+    """attention_fwd_kernel, causal: a program per BLOCK_M queries loads q, walks key tiles [0, end) loading k, v;
+    per tile 2 dots (q k^T and p v) of BLOCK_M x BLOCK_N x BLOCK_D (with tf32x3, their operands split:
+    tf32x3_split); stores O and LSE (1 log per row)."""
+    return sum((_attention_fwd_program(start, T, d, dtype, bm, bn, dots)[0] for start in range(0, T, bm)),
+               Cost()) * BH
+
+
+def _attention_dq_program(start, T, d, dtype, bm, bn):
+    s, bd = DTYPE_BYTES[dtype], block_d(d)
+    rows = _rows(start, start + bm, T)
+    tiles, keys = _key_tiles(0, min(start + bm, T), bn, T)
+    per_tile = Cost(dot_flops=3 * 2 * bm * bn * bd, flops=bm * bn * (SCORE_FLOPS + 3), transcendentals=bm * bn)
+    return Cost(bytes=3 * rows * d * s + 8 * rows + 2 * keys * d * s, flops=rows * d) + tiles * per_tile, tiles
 
 
 def attention_bwd_dq(BH, T, d, dtype, bm, bn):
     """attention_bwd_dq_kernel: per query tile loads q, dO, LSE, D; per key tile loads k, v and does 3 dots
     (q k^T, dO v^T, dS k); P = exp(S - LSE) and dS = P (dP - D): 8 + 3 FLOPs and 1 exp per score; stores dq."""
+    return sum((_attention_dq_program(start, T, d, dtype, bm, bn)[0] for start in range(0, T, bm)), Cost()) * BH
+
+
+def _attention_dkdv_program(start, T, d, dtype, bm, bn):
     s, bd = DTYPE_BYTES[dtype], block_d(d)
-    total = Cost()
-    for start in range(0, T, bm):
-        rows = _rows(start, start + bm, T)
-        tiles, keys = _key_tiles(0, min(start + bm, T), bn, T)
-        total += Cost(bytes=3 * rows * d * s + 8 * rows + 2 * keys * d * s, flops=rows * d)
-        total += tiles * Cost(dot_flops=3 * 2 * bm * bn * bd, flops=bm * bn * (SCORE_FLOPS + 3),
-                              transcendentals=bm * bn)
-    return total * BH
+    keys = _rows(start, start + bn, T)
+    tiles, rows = _key_tiles((start // bm) * bm, T, bm, T)
+    per_tile = Cost(dot_flops=4 * 2 * bm * bn * bd, flops=bm * bn * (SCORE_FLOPS + 3), transcendentals=bm * bn)
+    return Cost(bytes=4 * keys * d * s + 2 * rows * d * s + 8 * rows, flops=2 * keys * d) + tiles * per_tile, tiles
 
 
 def attention_bwd_dkdv(BH, T, d, dtype, bm, bn):
     """attention_bwd_dkdv_kernel: per key tile loads k, v; per query tile from the diagonal on loads q, dO, LSE, D
     and does 4 dots (q k^T, dO v^T, P^T dO, dS^T q); stores dk, dv."""
-    s, bd = DTYPE_BYTES[dtype], block_d(d)
-    total = Cost()
-    for start in range(0, T, bn):
-        keys = _rows(start, start + bn, T)
-        first = (start // bm) * bm
-        tiles, rows = _key_tiles(first, T, bm, T)
-        total += Cost(bytes=4 * keys * d * s + 2 * rows * d * s + 8 * rows, flops=2 * keys * d)
-        total += tiles * Cost(dot_flops=4 * 2 * bm * bn * bd, flops=bm * bn * (SCORE_FLOPS + 3),
-                              transcendentals=bm * bn)
-    return total * BH
+    return sum((_attention_dkdv_program(start, T, d, dtype, bm, bn)[0] for start in range(0, T, bn)), Cost()) * BH
+
+
+def _last_tile(T: int, block: int) -> int:
+    """Where the last tile of ``block`` rows starts."""
+    return (_cdiv(T, block) - 1) * block
+
+
+def tile_chain(program: tuple[Cost, int], cfg) -> tuple[int, Step]:
+    """(serial steps, Step) of a flash kernel from its longest program (its Cost, its tiles): each tile that
+    program's work per tile, its loads issued num_stages - 1 tiles ahead (a round trip each)."""
+    cost, tiles = program
+    return tiles, Step(round_trips=1, prefetch=cfg.num_stages - 1, work=cost * (1 / max(tiles, 1)))
 
 
 def _flash_configs(op, d, dtype):
-    """The launch configurations (fwd, bwd_dq, bwd_dkdv) the op's dispatcher picks for head size d and this dtype."""
+    """The launch configurations (fwd, bwd_dq, bwd_dkdv) the op's dispatcher picks for head size d and this dtype
+    on an H100 (sm_90), and the forward's fp32 dots there (attention: tf32x3 by default; ReRoPE: IEEE)."""
     torch_dtype = AOT_DTYPES[dtype]
     if op == "rerope":
         from ..kernels.rerope import fused as module
+        dots = None
     else:
         from ..kernels import attention as module
-    return tuple(module.launch_config(kernel, d, torch_dtype) for kernel in module.KERNELS)
+        dots = module.kernel_dots("fwd", torch_dtype, ARCH) if dtype == "fp32" else None
+    return tuple(module.launch_config(kernel, d, torch_dtype) for kernel in module.KERNELS), dots
 
 
-def _flash_models(op, shape, B, H, T, d, dtype, cfgs, table_bytes, costs):
+def _flash_models(op, shape, B, H, T, d, dtype, cfgs, table_bytes, costs, chains=(None, None, None), dots=None):
     """fwd, bwd_dq, bwd_dkdv of a flash-style op. DRAM: each of q, k, v, O (fwd), q, k, v, dO, dq (dq),
     q, k, v, dO, dk, dv (dkdv) once, the fp32 LSE and D rows, and any table: the K and V tiles that every query
-    tile reads again (T d per head: a few MB) come from L2."""
+    tile reads again (T d per head: a few MB) come from L2. ``chains``: each kernel's longest program (its Cost and
+    tiles: tile_chain), or None; ``dots``: the forward's fp32 dots ("tf32x3" labels its build so)."""
     s, seq, rows = DTYPE_BYTES[dtype], B * H * T * d, B * H * T * 4
     fwd, dq, dkdv = cfgs
     kinds = (("fwd", fwd["BLOCK_M"], True, 4 * seq * s + rows),
              ("bwd_dq", dq["BLOCK_M"], False, 5 * seq * s + 2 * rows),
              ("bwd_dkdv", dkdv["BLOCK_N"], False, 6 * seq * s + 2 * rows))
-    return [Model(op, f"{op}_{kind} d={d} {dtype}", shape, B * T, dtype, cost, B * H * _cdiv(T, block), 0, forward,
-                  dram + table_bytes, num_warps=cfg.num_warps)
-            for (kind, block, forward, dram), cost, cfg in zip(kinds, costs, cfgs)]
+    out = []
+    for (kind, block, forward, dram), cost, cfg, chain in zip(kinds, costs, cfgs, chains):
+        steps, step = tile_chain(chain, cfg) if chain else (0, None)
+        kernel_dots = dots if forward else None
+        suffix = f" {kernel_dots}" if kernel_dots == "tf32x3" else ""
+        out.append(Model(op, f"{op}_{kind} d={d} {dtype}{suffix}", shape, B * T, dtype, cost,
+                         B * H * _cdiv(T, block), steps, forward, dram + table_bytes, step=step,
+                         num_warps=cfg.num_warps, dots=kernel_dots))
+    return out
 
 
 @models_of("attention")
@@ -531,10 +638,16 @@ def attention_models(B=1, H=4, T=8192, d=64):
     shape = f"B={B} H={H} T={T} d={d}"
     out = []
     for dtype in ("fp32", "bf16"):
-        cfgs = _flash_configs("attention", d, dtype)
-        costs = [fn(B * H, T, d, dtype, c["BLOCK_M"], c["BLOCK_N"])
-                 for fn, c in zip((attention_fwd, attention_bwd_dq, attention_bwd_dkdv), cfgs)]
-        out += _flash_models("attention", shape, B, H, T, d, dtype, cfgs, 0, costs)
+        cfgs, dots = _flash_configs("attention", d, dtype)
+        fwd, dq, dkdv = ((c["BLOCK_M"], c["BLOCK_N"]) for c in cfgs)
+        costs = [attention_fwd(B * H, T, d, dtype, *fwd, dots), attention_bwd_dq(B * H, T, d, dtype, *dq),
+                 attention_bwd_dkdv(B * H, T, d, dtype, *dkdv)]
+        # the longest programs: the last query tile (causal: it walks every key tile), the first key tile (every
+        # query tile sees it)
+        chains = (_attention_fwd_program(_last_tile(T, fwd[0]), T, d, dtype, *fwd, dots),
+                  _attention_dq_program(_last_tile(T, dq[0]), T, d, dtype, *dq),
+                  _attention_dkdv_program(0, T, d, dtype, *dkdv))
+        out += _flash_models("attention", shape, B, H, T, d, dtype, cfgs, 0, costs, chains, dots)
     return out
 
 
@@ -581,6 +694,13 @@ def _rerope_query_tile(c, T, d, dtype, bm, bn, w, keys=(0, None)):
             per_tile += _rotation(bn, d)
         total += tiles * per_tile + Cost(bytes=2 * loaded * d * s)
     return total
+
+
+def _rerope_tiles(c, T, w, bm, bn, keys=(0, None)):
+    """Key tiles the query tile at c walks (its three runs; in decode only the split's slice of keys)."""
+    first, last = keys[0], T if keys[1] is None else keys[1]
+    runs = _rerope_key_runs(c, T, w, bm, bn)
+    return sum(_key_tiles(max(lo, first), min(hi, last), bn, T)[0] for lo, hi, _, _ in runs)
 
 
 def rerope_fwd(BH, T, d, dtype, bm, bn, w):
@@ -647,11 +767,15 @@ def rerope_models(B=1, H=4, T=8192, d=64, w=512):
     shape = f"B={B} H={H} T={T} d={d} w={w}"
     out = []
     for dtype in ("fp32", "bf16"):
-        cfgs = _flash_configs("rerope", d, dtype)
+        cfgs, _ = _flash_configs("rerope", d, dtype)
         costs = [fn(B * H, T, d, dtype, c["BLOCK_M"], c["BLOCK_N"], w)
                  for fn, c in zip((rerope_fwd, rerope_bwd_dq, rerope_bwd_dkdv), cfgs)]
+        # the forward's longest program: the last query tile, over every key tile (the backwards: not modelled yet)
+        bm, bn = cfgs[0]["BLOCK_M"], cfgs[0]["BLOCK_N"]
+        c = _last_tile(T, bm)
+        chains = ((_rerope_query_tile(c, T, d, dtype, bm, bn, w), _rerope_tiles(c, T, w, bm, bn)), None, None)
         # the rotation table (paths NEAR and FAR_Q, cos and sin, T x d/2 fp32) is read once for all heads
-        out += _flash_models("rerope", shape, B, H, T, d, dtype, cfgs, 2 * 2 * T * (d // 2) * 4, costs)
+        out += _flash_models("rerope", shape, B, H, T, d, dtype, cfgs, 2 * 2 * T * (d // 2) * 4, costs, chains)
         out.append(_rerope_decode_model(B, H, T, d, dtype, w))
         out.append(_rerope_decode_merged_model(B, H, T, d, dtype, w))
     return out
@@ -666,12 +790,24 @@ def _rerope_decode_model(B, H, T, d, dtype, w):
     per_split, splits = decode_splits(T, B * H, cfg["BLOCK_N"])
     s = DTYPE_BYTES[dtype]
     dram = B * H * (2 * T * d * s + splits * (d + 1) * 4) + 2 * 2 * (w + cfg["BLOCK_N"]) * (d // 2) * 4
-    cost = rerope_decode(B * H, T, d, dtype, cfg["BLOCK_M"], cfg["BLOCK_N"], w, per_split)
-    unsplit = predict(rerope_decode(B * H, T, d, dtype, cfg["BLOCK_M"], cfg["BLOCK_N"], w, T), dtype, dram,
-                      programs=B * H)[0]
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    cost = rerope_decode(B * H, T, d, dtype, bm, bn, w, per_split)
+    unsplit = predict(rerope_decode(B * H, T, d, dtype, bm, bn, w, T), dtype, dram, programs=B * H)[0]
+    # the longest split: the last (it holds the near band); its tiles wait on their loads num_stages - 1 ahead
+    lo = (splits - 1) * per_split
+    steps, step = tile_chain((_rerope_query_tile(T - 1, T, d, dtype, bm, bn, w, (lo, lo + per_split)),
+                              _rerope_tiles(T - 1, T, w, bm, bn, (lo, lo + per_split))), cfg)
     return Model("rerope", f"rerope_decode d={d} {dtype}", f"B={B} H={H} T_k={T} d={d} w={w}", B, dtype, cost,
-                 B * H * splits, 0, True, dram, f"{splits} splits of {per_split} keys; unsplit: {_us(unsplit)} us",
-                 num_warps=cfg.num_warps)
+                 B * H * splits, steps, True, dram,
+                 f"{splits} splits of {per_split} keys, {decode_launches(dtype, splits)} launches; unsplit: "
+                 f"{_us(unsplit)} us", step=step, num_warps=cfg.num_warps, launches=decode_launches(dtype, splits))
+
+
+def decode_launches(dtype: str, splits: int) -> int:
+    """Kernel launches of one ReRoPE decode call: the split kernel, then (with more than one split) fused._merge_splits
+    in torch: torch.logsumexp's 9 (amax, abs, eq, masked_fill, sub, exp, sum, log, add: ATen's
+    logsumexp_out_impl), then sub, exp, mul and sum, and the cast to a 16-bit dtype (the GPU review's count)."""
+    return 1 + (9 + 4 + (dtype != "fp32") if splits > 1 else 0)
 
 
 def rerope_decode_merged(BH, T, d, dtype, bn, w, per_split):
@@ -698,8 +834,9 @@ def _rerope_decode_merged_model(B, H, T, d, dtype, w):
     """Decode on the backend "triton_merged": one launch that reads K and V once, the splits' merge in the same
     kernel. DRAM: K and V, the query and the output, the table rows the near band and the query read, the slices'
     O_s and LSE_s written and read back once. No serial chain is modelled (the 2 key tiles a program walks at the
-    benchmark's shape, the merge's dependent loads and the launch itself, about 2 us, are not in the prediction: the
-    first GPU run of this kernel measures how far they take it from bytes / bandwidth)."""
+    benchmark's shape and the merge's dependent loads are not in the prediction: the first GPU run of this kernel
+    measures how far they take it from bytes / bandwidth); its one launch takes at least the launch floor, as every
+    kernel's."""
     from ..kernels.rerope.decode import launch_config
     from ..kernels.rerope.fused import decode_splits
     bn = launch_config(d, AOT_DTYPES[dtype])["BLOCK_N"]
@@ -789,9 +926,10 @@ def report(compile_aot: bool = True, measured: list[dict] | None = None) -> dict
     for m in mods:
         figures = aot.get(m.aot_label) or {}
         mma = figures.get("mma", m.dot_unit) if m.dot_unit is None else m.dot_unit
-        wait = latency(m)
-        t, bound = predict(m.cost, m.dtype, m.dram_bytes, mma=mma, latency_s=wait, programs=m.programs)
-        roofline, _ = predict(m.cost, m.dtype, m.dram_bytes, mma=mma)
+        regs = figures.get("regs")
+        wait = latency(m, mma=mma, regs=regs)
+        t, bound = predicted(m, mma, regs)
+        roofline, _ = predict(m.cost, m.dtype, m.dram_bytes, mma=mma, dots=m.dots)
         c = m.cost
         row = {"op": m.op, "kernel": m.aot_label, "shape": m.shape, "dtype": m.dtype, "forward": m.forward,
                "bytes_per_token": c.bytes / m.tokens, "dram_bytes_per_token": m.dram_bytes / m.tokens,
@@ -808,12 +946,16 @@ def report(compile_aot: bool = True, measured: list[dict] | None = None) -> dict
         rows.append(row)
     lines = [f"Predicted for an {H100['name']}: {H100['bandwidth'] / 1e12:.3g} TB/s; dots at "
              f"{H100['wgmma'] / 1e12:.0f} TFLOP/s (wgmma), {H100['mma.sync'] / 1e12:.0f} (mma.sync), "
+             f"{dot_rate('fp32', 'wgmma', dots='tf32x3')[0] / 1e12:.1f} (fp32 with tf32x3), "
              f"{H100['fma_dot'] / 1e12:.1f} (FMA units: fp32 IEEE dots); other fp32 ops {H100['fp32_ops'] / 1e12:.1f} "
              f"T/s; special functions {H100['sfu'] / 1e12:.1f} T/s; latency per serial step from a DRAM round trip "
-             f"({H100['dram_latency'] * 1e6:.2g} us), reductions across warps ({H100['reduce_latency'] * 1e6:.2g} us) "
-             f"and dependent special-function ops. Predicted = the largest of memory, compute and latency; roofline = "
-             f"without latency. MMA, registers, spills, stack and shared memory from `kernels.aot` for sm_{ARCH}. "
-             f"Per token = per (batch, position).", "",
+             f"({H100['dram_latency'] * 1e6:.2g} us), reductions across warps ({H100['reduce_latency'] * 1e6:.2g} us), "
+             f"dependent tile products ({H100['dot_latency'] * 1e6:.2g} us) and special-function ops; a flash "
+             f"kernel's serial steps are its longest program's tiles, each at one SM's share. Predicted = the "
+             f"largest of memory, compute and latency, at least a launch floor ({H100['launch_floor'] * 1e6:.2g} us) "
+             f"per launch; roofline = without latency and launches. MMA, registers (they set the waves of programs), "
+             f"spills, stack and shared memory from `kernels.aot` for sm_{ARCH}. Per token = per (batch, position).",
+             "",
              "| kernel | shape | bytes/token: issued, DRAM | FLOP/token (dot + other) | exp, log /token | "
              "FLOP/DRAM byte | roofline | latency | predicted | bound | programs x serial steps | mma | regs | "
              "spill B | stack B | shared B |" + (" measured / predicted |" if measured else ""),

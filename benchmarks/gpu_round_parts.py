@@ -247,7 +247,8 @@ def part_attn32(run, emit):
                        "mode": mode, "fp32_products": precision or "3xtf32"}
                 previous = set_fp32_dot_precision(precision) if precision else None
                 try:
-                    if precision:
+                    if precision:       # what the setting resolves to on this device ("auto": tf32x3 on sm_90)
+                        row["fp32_products"] = gpu_timing.fp32_products("seqmix triton", entry)
                         row["launch"] = _launch(launch_config, shape["d"])
                     emit(_time(run, row, make, call, mode))
                 finally:

@@ -101,16 +101,20 @@ def fp32_products(impl: str, op: str) -> str:
     dtype compare unequal accuracy: fla's Triton kernels leave tl.dot at Triton's default input precision, TF32
     (fla-core 0.6.0; its safe-gate form says so too); SDPA's fp32 default backend (memory-efficient) multiplies with
     CUTLASS's OpMultiplyAddFastF32, three TF32 products per product; seqmix's WKV-7 and recurrences take IEEE fp32
-    products, its flash kernels the precision set_fp32_dot_precision chose."""
+    products, its flash kernels' forwards what they take on this device under set_fp32_dot_precision (attention's:
+    tf32x3 on sm_90 by default)."""
     if impl.startswith("fla"):
         return "tf32"
     if impl.startswith("torch SDPA") and "default" in impl:
         return "3xtf32"
     if impl.startswith("seqmix triton") and op.startswith(("attention", "rerope")):
-        from ..kernels.attention import set_fp32_dot_precision
-        current = set_fp32_dot_precision("ieee")      # the setting in force, read by setting it back at once
-        set_fp32_dot_precision(current)
-        return current
+        from ..kernels import attention
+        from ..kernels.rerope.fused import dot_precision
+        # the forward's DOT on this device under the setting in force ("auto": tf32x3 for attention on sm_90)
+        arch = attention.device_arch(torch.device("cuda")) if torch.cuda.is_available() else None
+        if op.startswith("attention"):
+            return attention.kernel_dots("fwd", torch.float32, arch)
+        return dot_precision(torch.float32, "fwd")
     return "ieee"
 
 
@@ -171,8 +175,7 @@ def _models(cost_model, op: str, shape: dict) -> list:
 def _predict(cost_model, m, mma: str | None) -> float:
     """Seconds as cost_model.report predicts them: the MMA instruction as the AOT build reports it, else the
     model's own (m.dot_unit, or the dtype's default: FMA units for fp32, mma.sync below)."""
-    return cost_model.predict(m.cost, m.dtype, m.dram_bytes, mma=m.dot_unit or mma, latency_s=cost_model.latency(m),
-                              programs=m.programs)[0]
+    return cost_model.predicted(m, mma)[0]
 
 
 def _aot_mma(run, cost_model) -> dict:

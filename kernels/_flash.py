@@ -40,22 +40,25 @@ def positive_scale(q, scale: float):
     return (-q, -scale) if scale < 0 else (q * 0, 1.0)
 
 
-# How the flash kernels (attention, ReRoPE) multiply fp32 tiles: "ieee", fp32 products on the FMA units (the
-# default), or "tf32x3", on tensor cores: each operand x split into a tf32 high part x_h = tf32(x) and a tf32
-# remainder x_l = tf32(x - x_h), a b ~ a_h b_l + a_l b_h + a_h b_h (three tf32 products summed in fp32; a_l b_l, of
-# relative size 2^-22, is dropped). 16-bit inputs always take their own tensor-core products.
-FP32_DOT_PRECISIONS = ("ieee", "tf32x3")
-_fp32_dots = "ieee"
+# How the flash kernels (attention, ReRoPE) multiply fp32 tiles: "ieee", fp32 products on the FMA units, or "tf32x3",
+# on tensor cores: each operand x split into a tf32 high part x_h = tf32(x) and a remainder x_l = x - x_h that the
+# tensor cores read as tf32, a b ~ a_h b_l + a_l b_h + a_h b_h (three tf32 products summed in fp32; a_l b_l, of
+# relative size 2^-22, is dropped). "auto", the default, leaves the choice to each op: attention's forward takes
+# tf32x3 on Hopper (sm_90, kernels/attention), every other flash kernel "ieee". 16-bit inputs always take
+# their own tensor-core products.
+FP32_DOT_PRECISIONS = ("auto", "ieee", "tf32x3")
+_fp32_dots = "auto"
 
 
 def set_fp32_dot_precision(precision: str) -> str:
     """Choose the products of fp32 dots in the attention and ReRoPE Triton kernels, for the calls that follow.
 
     Args:
-        precision (str): "ieee" (default: fp32 products on the FMA units, the fp32 budget 1e-5 on any GPU) or
-            "tf32x3" (three tf32 tensor-core products per product; emulated in torch on the tests' shapes it keeps
-            the fp32 budget, errors of about 1e-7 against float64 as "ieee"; one tf32 product alone gives 4e-4).
-            The forward kernels take it (attention; ReRoPE's forward and decode at head sizes up to 64,
+        precision (str): "auto" (the default: attention's forward "tf32x3" on sm_90, on tiles that
+            Hopper's wgmma takes; "ieee" everywhere else), "ieee" (fp32 products on the FMA units, the fp32 budget
+            1e-5 on any GPU) or "tf32x3" (three tf32 tensor-core products per product; emulated on the tests' shapes
+            it keeps the fp32 budget, errors of about 1e-7 against float64 as "ieee"; one tf32 product alone gives
+            4e-4). The forward kernels take it (attention; ReRoPE's forward and decode at head sizes up to 64,
             rerope.fused.TF32X3_HEAD_DIM: larger ones would need a stack); the backwards keep "ieee".
     Returns:
         str: the previous setting, to restore it.
@@ -67,11 +70,14 @@ def set_fp32_dot_precision(precision: str) -> str:
     return previous
 
 
-def dot_precision(dtype: torch.dtype, kernel: str) -> str:
+def dot_precision(dtype: torch.dtype, kernel: str, auto: str = "ieee") -> str:
     """The DOT constexpr of flash kernel ``kernel`` ("fwd", "decode", "dq", "dkdv") for inputs of ``dtype``: the
-    setting for the fp32 forwards; "ieee" for the backwards (with tf32x3 ReRoPE's dK dV kernel needs a stack, and
-    training keeps one rule) and for 16-bit inputs (unused there: so that the setting compiles no new variants)."""
-    return _fp32_dots if dtype == torch.float32 and kernel in ("fwd", "decode") else "ieee"
+    setting for the fp32 forwards (``auto``, the op's own choice, where it is "auto"); "ieee" for the backwards (with
+    tf32x3 ReRoPE's dK dV kernel needs a stack, and training keeps one rule) and for 16-bit inputs (unused there: so
+    that the setting compiles no new variants)."""
+    if dtype != torch.float32 or kernel not in ("fwd", "decode"):
+        return "ieee"
+    return auto if _fp32_dots == "auto" else _fp32_dots
 
 
 def flash_launch(block_m: int, block_n: int, num_warps: int, num_stages: int) -> Launch:

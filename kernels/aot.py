@@ -76,6 +76,9 @@ class AotKernel:
     # Every offset formed in 64 bits (a 32-bit one, see narrow_offsets, fails the build). The flash kernels say
     # False: their offsets inside one head are 32-bit by design, which limits T d below 2^31 (README: shape limits).
     wide_offsets: bool = True
+    # The targets it is built for: a configuration that only one architecture launches (the fp32 attention forward
+    # with tf32x3 on sm_90's wgmma tiles) names it.
+    targets: tuple = TARGETS
 
     @property
     def signature(self) -> dict:
@@ -208,7 +211,7 @@ def main(argv=None) -> int:
     for k in collect():
         if args.filter and not any(text in k.label for text in args.filter):
             continue
-        for arch in TARGETS:
+        for arch in k.targets:
             try:
                 r = compile_one(k, arch)
             except Exception as e:  # a compile error is a result to report, then fail on

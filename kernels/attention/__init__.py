@@ -17,10 +17,12 @@ Backward: with P = e^{S - LSE} recomputed tile by tile and D_i = sum_c dO_ic O_i
 One kernel gives each program a key tile and accumulates its dK, dV over the query tiles that see it; another gives
 each program a query tile and accumulates its dQ. Neither needs atomics.
 
-Dots take the input dtype with fp32 accumulation. fp32 inputs use IEEE fp32 products (input_precision="ieee"), so
-that the fp32 error budget (1e-5) holds on a GPU too; TF32 (10-bit mantissa) would not. set_fp32_dot_precision
-("tf32x3") moves the forward's to tensor cores, three tf32 products each, within the fp32 budget (kernels/_flash.py;
-the backwards keep IEEE products). Under the interpreter every dot is plain fp32, whatever the precision asked for.
+Dots take the input dtype with fp32 accumulation. fp32 inputs multiply in one of two ways (kernels/_flash.py), both
+within the fp32 budget (1e-5) against float64; TF32 alone (10-bit mantissa) would not be. On Hopper (sm_90) the
+forward's dots are "tf32x3" by default: three tf32 tensor-core products per product, SDPA's own fp32
+arithmetic, on tiles of 64 query rows (one warpgroup's wgmma) that build without a stack (TF32X3_TILES). Elsewhere,
+and in the backwards, IEEE fp32 products on the FMA units (input_precision="ieee"); set_fp32_dot_precision picks
+either everywhere. Under the interpreter every dot is plain fp32, whatever the precision asked for.
 """
 from __future__ import annotations
 
@@ -45,14 +47,44 @@ __all__ = ["attention", "set_fp32_dot_precision", "launch_config"]
 
 KERNELS = ("fwd", "dq", "dkdv")   # the three kernels, each with its own launch configuration
 
+# The architecture whose fp32 forward takes tf32x3 on TF32X3_TILES by default: Hopper's wgmma multiplies a
+# warpgroup's 64 rows at once. On sm_80 the d = 128 tiles build with a 240-416 byte stack (mma.sync, 255 registers),
+# so Ampere keeps IEEE products by default and the IEEE tiles when tf32x3 is asked for; so do the architectures no
+# build has checked (sm_100 and later, whose tensor cores Triton drives otherwise).
+TF32X3_ARCH = 90
+# The fp32 forward's tiles with tf32x3 on sm_90, by the head size they serve up to, as (BLOCK_M, BLOCK_N, warps,
+# stages): the largest that build without a stack there (triton 3.9, aligned tensors). d <= 64: 64 x 32, 174
+# registers (64 x 64 needs 24 B of stack); d <= 128: 64 x 16, 225 registers (64 x 32 needs 48 B).
+TF32X3_TILES = {64: (64, 32, 4, 3), 128: (64, 16, 4, 2)}
 
-def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
-    """Tiles of ``kernel`` (one of KERNELS) for head size ``head_dim`` and inputs of ``dtype``, chosen on the build
-    the JIT makes for aligned tensors (``python -m seqmix.kernels.aot``): the largest tried that compile without
-    spills or stack on sm_80 and sm_90. fp16/bf16 tiles of 64 rows and more compile to Hopper's wgmma on sm_90
-    (mma.sync on sm_80); fp32 operands (IEEE products on the FMA units) take twice the registers, hence 16-32 rows.
+
+def device_arch(device: torch.device) -> int | None:
+    """The sm_ number of a CUDA device (80 for an A100, 90 for an H100); None for a CPU (the interpreter)."""
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+def kernel_dots(kernel: str, dtype: torch.dtype, arch: int | None) -> str:
+    """The DOT constexpr of ``kernel`` for inputs of ``dtype`` on sm_<arch> (None: the interpreter) under the
+    current set_fp32_dot_precision: "auto" gives the fp32 forward tf32x3 on TF32X3_ARCH, "ieee" elsewhere."""
+    auto = "tf32x3" if arch == TF32X3_ARCH else "ieee"
+    return dot_precision(dtype, kernel, auto)
+
+
+def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype, dot: str = "ieee", arch: int | None = None
+                   ) -> Launch:
+    """Tiles of ``kernel`` (one of KERNELS) for head size ``head_dim``, inputs of ``dtype`` and dots ``dot`` on
+    sm_<arch> (None: the interpreter, which takes sm_90's), chosen on the build the JIT makes for aligned tensors
+    (``python -m seqmix.kernels.aot``): the largest tried that compile without spills or stack. fp16/bf16 tiles of
+    64 rows and more compile to Hopper's wgmma on sm_90 (mma.sync on sm_80), and so do the fp32 forward's with
+    tf32x3 (TF32X3_TILES); IEEE fp32 operands on the FMA units take twice the registers of 16-bit ones, hence
+    16-32 rows.
     """
     if dtype == torch.float32:
+        if kernel == "fwd" and dot == "tf32x3" and arch in (None, TF32X3_ARCH):
+            return flash_launch(*TF32X3_TILES[64 if head_dim <= 64 else 128])
         if head_dim <= 64:
             return flash_launch(32, 32, 8, 1)
         return flash_launch(16, 16, 8, 1) if kernel == "dkdv" else flash_launch(16, 32, 8, 1)
@@ -63,17 +95,18 @@ def _launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
     return flash_launch(64, 64, 8, 2)
 
 
-def launch_config(kernel: str, head_dim: int, dtype: torch.dtype) -> Launch:
-    """The tiles and compiler options of one Triton kernel, as its launcher picks them; the cost model
-    (benchmarks/cost_model.py) reads them.
+def launch_config(kernel: str, head_dim: int, dtype: torch.dtype, arch: int = TF32X3_ARCH) -> Launch:
+    """The tiles and compiler options of one Triton kernel, as its launcher picks them on sm_<arch> under the
+    current set_fp32_dot_precision; the cost model (benchmarks/cost_model.py) reads them.
 
     Args:
-        kernel: one of KERNELS ("fwd", "dq", "dkdv"). head_dim: d. dtype: the inputs' dtype.
+        kernel: one of KERNELS ("fwd", "dq", "dkdv"). head_dim: d. dtype: the inputs' dtype. arch: the GPU's sm_
+            number (default 90, the H100 the cost model prices).
 
     Returns:
         The Launch (tile sizes by constexpr name, num_warps, num_stages).
     """
-    return _launch_config(kernel, head_dim, dtype)
+    return _launch_config(kernel, head_dim, dtype, kernel_dots(kernel, dtype, arch), arch)
 
 
 @triton.jit
@@ -194,34 +227,41 @@ def attention_bwd_dq_kernel(
     store_tile(dq_ptr + seq, dq * scale, rows, T, dims, HEAD_DIM)
 
 
-def _constexprs(kernel: str, head_dim: int, cfg: Launch, causal: bool, dtype: torch.dtype) -> dict:
-    return dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), **cfg.blocks, CAUSAL=causal,
-                DOT=dot_precision(dtype, kernel))
+def _constexprs(head_dim: int, cfg: Launch, causal: bool, dot: str) -> dict:
+    return dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), **cfg.blocks, CAUSAL=causal, DOT=dot)
+
+
+def _launch(kernel: str, q: torch.Tensor, causal: bool) -> tuple[Launch, dict]:
+    """The launch configuration and constexprs of ``kernel`` for q's head size, dtype and device."""
+    arch = device_arch(q.device)
+    dot = kernel_dots(kernel, q.dtype, arch)
+    cfg = _launch_config(kernel, q.shape[-1], q.dtype, dot, arch)
+    return cfg, _constexprs(q.shape[-1], cfg, causal, dot)
 
 
 def attention_fwd(q, k, v, causal, scale):
     """Runs the forward kernel on contiguous (B, H, T, d) q, k, v; returns O and each row's log-sum-exp."""
-    B, H, T, d = q.shape
-    cfg = _launch_config("fwd", d, q.dtype)
+    B, H, T = q.shape[:3]
+    cfg, constexprs = _launch("fwd", q, causal)
     o = new_output(q.shape, q.dtype, q.device)
     lse = new_output((B, H, T), torch.float32, q.device)
     attention_fwd_kernel[flash_grid(T, cfg["BLOCK_M"], B * H)](
-        q, k, v, o, lse, T, scale, **_constexprs("fwd", d, cfg, causal, q.dtype), **cfg.options)
+        q, k, v, o, lse, T, scale, **constexprs, **cfg.options)
     return o, lse
 
 
 def attention_bwd(q, k, v, o, lse, do, causal, scale):
     """Runs the two backward kernels; returns dq, dk, dv."""
-    B, H, T, d = q.shape
+    B, H, T = q.shape[:3]
     do = do.contiguous()
     delta = flash_delta(o, do)                                   # D_i = sum_c dO_ic O_ic, (B, H, T) fp32
     dq, dk, dv = (new_output(q.shape, q.dtype, q.device) for _ in range(3))
-    cfg = _launch_config("dkdv", d, q.dtype)
+    cfg, constexprs = _launch("dkdv", q, causal)
     attention_bwd_dkdv_kernel[flash_grid(T, cfg["BLOCK_N"], B * H)](
-        q, k, v, do, lse, delta, dk, dv, T, scale, **_constexprs("dkdv", d, cfg, causal, q.dtype), **cfg.options)
-    cfg = _launch_config("dq", d, q.dtype)
+        q, k, v, do, lse, delta, dk, dv, T, scale, **constexprs, **cfg.options)
+    cfg, constexprs = _launch("dq", q, causal)
     attention_bwd_dq_kernel[flash_grid(T, cfg["BLOCK_M"], B * H)](
-        q, k, v, do, lse, delta, dq, T, scale, **_constexprs("dq", d, cfg, causal, q.dtype), **cfg.options)
+        q, k, v, do, lse, delta, dq, T, scale, **constexprs, **cfg.options)
     return dq, dk, dv
 
 
@@ -302,18 +342,33 @@ def attention(q, k, v, *, causal=True, scale=None, backend=None):
 # Ahead-of-time build (python -m seqmix.kernels.aot)
 # ----------------------------------------------------------------------------------------------------------------
 
+def _aot_variants(kernel: str, head_dim: int, dtype: torch.dtype) -> list[tuple[str, str, Launch, tuple]]:
+    """(label suffix, DOT, launch, targets) of one kernel's builds: as launched on sm_80 (and by "ieee" anywhere);
+    for the fp32 forward also with tf32x3, on sm_90's tiles (its default there: built for sm_90 only) and on the IEEE
+    tiles that sm_80 takes for it."""
+    from ..aot import TARGETS
+    ieee = ("", "ieee", _launch_config(kernel, head_dim, dtype, "ieee", 80), TARGETS)
+    if dtype != torch.float32 or kernel != "fwd":
+        return [ieee]
+    below = [arch for arch in TARGETS if arch < TF32X3_ARCH]
+    return [ieee, (" tf32x3", "tf32x3", _launch_config(kernel, head_dim, dtype, "tf32x3", TF32X3_ARCH),
+                   (TF32X3_ARCH,)),
+            (" tf32x3 ieee-tiles", "tf32x3", _launch_config(kernel, head_dim, dtype, "tf32x3", below[0]),
+             tuple(below))]
+
+
 def aot_kernels():
-    """The three kernels at head size 64 and 128 in fp32, fp16 and bf16; the fp32 forward also with tf32x3 dots."""
-    from ..aot import AOT_DTYPES, FLASH_ARG_TYPES, AotKernel, fp32_dot_variants
+    """The three kernels at head size 64 and 128 in fp32, fp16 and bf16; the fp32 forward also with tf32x3 dots, on
+    sm_90's tiles (for sm_90) and on the IEEE tiles (for sm_80)."""
+    from ..aot import AOT_DTYPES, FLASH_ARG_TYPES, AotKernel
     kernels = []
     for d in (64, 128):
         for dtype, torch_dtype in AOT_DTYPES.items():
             fns = (attention_fwd_kernel, attention_bwd_dq_kernel, attention_bwd_dkdv_kernel)
             for kernel, fn in zip(KERNELS, fns):
-                cfg = _launch_config(kernel, d, torch_dtype)
-                constexprs = _constexprs(kernel, d, cfg, True, torch_dtype)
                 label = f"{fn.__name__.removesuffix('_kernel')} d={d} {dtype}"
-                kernels += [AotKernel(label + suffix, fn, {**constexprs, **dot}, FLASH_ARG_TYPES, "*" + dtype,
-                                      cfg.num_warps, cfg.num_stages, wide_offsets=False)
-                            for suffix, dot in fp32_dot_variants(kernel, dtype)]
+                kernels += [AotKernel(label + suffix, fn, _constexprs(d, cfg, True, dot), FLASH_ARG_TYPES,
+                                      "*" + dtype, cfg.num_warps, cfg.num_stages, wide_offsets=False,
+                                      targets=targets)
+                            for suffix, dot, cfg, targets in _aot_variants(kernel, d, torch_dtype)]
     return kernels

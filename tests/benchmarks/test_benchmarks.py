@@ -129,14 +129,105 @@ def test_cost_model_attention_forward_hand_count():
     assert c.bytes == 520 and c.dot_flops == 262144
 
 
+def test_cost_model_tf32x3_split_hand_count():
+    """The same tile with tf32x3 dots: the same dot FLOPs, and the split's elementwise work. q k^T is (64, 16) x
+    (16, 64): 2 x (64 x 16 + 16 x 64) = 4096 (a cvt.rna.tf32 and a subtraction per operand element) + 3 x 64 x 64 =
+    12288 (the middle sum's NaN check and select, the accumulator's add, per output element) = 16384; p v is
+    (64, 64) x (64, 16): 2 x (64 x 64 + 64 x 16) = 10240 + 3 x 64 x 16 = 3072 = 13312; 29696 in all."""
+    ieee = cost_model.attention_fwd(1, 2, 16, "fp32", 64, 64)
+    tf32x3 = cost_model.attention_fwd(1, 2, 16, "fp32", 64, 64, "tf32x3")
+    assert tf32x3.dot_flops == ieee.dot_flops and tf32x3.flops - ieee.flops == 29696
+
+
+def _attention_model(label):
+    return next(m for m in cost_model.attention_models(1, 4, 8192, 64) if m.aot_label == label)
+
+
+def test_bf16_flash_forward_is_bound_by_its_longest_tile_chain():
+    """B 1, H 4, T 8192, d 64, bf16; tiles 128 x 64 at 8 warps, 3 stages (kernels/attention). The last query tile
+    walks 8192 / 64 = 128 key tiles. Per tile: 2 dots of 2 x 128 x 64 x 64 = 2,097,152 FLOP at one SM's share of
+    35% of 990 TFLOP/s (346.5 / 132 = 2.625 TFLOP/s); 128 x 64 x 8 (scores) + 128 x 64 (the rescale) + 2 x 128, plus
+    the program's one division per output (128 x 64) spread over its 128 tiles: 74,048 lane-ops at one SM's
+    128 x 1.98 G/s; 128 x 64 + 128 exp, plus the program's 128 logs / 128 tiles: 8321 at 16 x 1.98 G/s; the loads,
+    3 stages ahead, hide under it. The roofline: query tile i walks 2 (i + 1) key tiles, i = 0 .. 63, in 4 heads:
+    16,640 tiles, 34.9 GFLOP at 346.5 TFLOP/s, 101 us, under the chain's 173 us."""
+    m = _attention_model("attention_fwd d=64 bf16")
+    sm = cost_model.H100["sms"]
+    per_tile = (2_097_152 / (0.35 * 990e12 / sm) + 74_048 / (128 * 1.98e9) + 8321 / (16 * 1.98e9))
+    assert (m.programs, m.serial_steps) == (4 * 8192 // 128, 128)
+    assert cost_model.latency(m, mma="wgmma") == pytest.approx(128 * per_tile)
+    t, bound = cost_model.predicted(m, mma="wgmma", regs=114)
+    assert bound == "latency" and t == pytest.approx(128 * per_tile)
+    # key tiles walked: query tile i (128 rows) walks 2 (i + 1) tiles of 64 keys, i = 0 .. 63, in 4 heads
+    tiles = 4 * sum(2 * (i + 1) for i in range(64))
+    assert m.cost.dot_flops == tiles * 2_097_152
+    assert cost_model.predict(m.cost, "bf16", m.dram_bytes, mma="wgmma")[0] == \
+        pytest.approx(tiles * 2_097_152 / (0.35 * 990e12))
+    # the H100 (run 5) took 218 us for this call, seqmix's kernel and SDPA's flash backend alike: within 2x
+    assert 0.5 < 218e-6 / t < 2
+
+
+def test_fp32_flash_forward_on_sm90_is_priced_as_tf32x3_on_wgmma():
+    """fp32 on an H100: tf32x3 on 64 x 32 tiles (the default there). Dots: query tile i (64 rows) walks 2 (i + 1)
+    key tiles of 32, i = 0 .. 127, in 4 heads, each 2 x 2 x 64 x 32 x 64 = 524,288 FLOP, at 35% of the 495 TFLOP/s
+    tf32 peak over 3 products = 57.75 TFLOP/s: compute-bound there. The last query tile walks 256 key tiles."""
+    m = _attention_model("attention_fwd d=64 fp32 tf32x3")
+    assert (m.dots, m.programs, m.serial_steps) == ("tf32x3", 4 * 8192 // 64, 256)
+    tiles = 4 * sum(2 * (i + 1) for i in range(128))
+    assert m.cost.dot_flops == tiles * 524_288
+    t, bound = cost_model.predicted(m, mma="wgmma", regs=174)
+    assert bound == "tensor cores (wgmma, tf32x3)"
+    assert t == pytest.approx(tiles * 524_288 / (0.35 * 495e12 / 3))
+    # IEEE (the setting "ieee", and below sm_90): the FMA units' 25% of 67 TFLOP/s on 32 x 32 tiles
+    previous = attention.set_fp32_dot_precision("ieee")
+    try:
+        ieee = _attention_model("attention_fwd d=64 fp32")
+    finally:
+        attention.set_fp32_dot_precision(previous)
+    assert ieee.dots == "ieee" and cost_model.predicted(ieee, mma="none")[1] == "FMA-unit dots"
+
+
+def test_chunked_wkv7_step_is_its_loads_reductions_and_dependent_products():
+    """Chunked WKV-7, B 1, T 2048, H 12, N 64: 2048 / 16 = 128 chunks, 12 heads x 64 / 16 value-row blocks = 48
+    programs (one wave). A chunk: two loops over 64 / 16 = 4 key blocks whose loads the same iteration uses (8
+    round trips of 0.5 us), 34 reductions across warps (0.1 us each) and 10 dependent tile products (0.07 us each):
+    8.1 us, 1.04 ms for the forward (the H100 took 1.23 ms in bf16, run 5; the old model, a chunk as 2 round trips
+    and 12 reductions, said 0.28). The backward's parallel kernel: 6144 programs of 8 warps at 234 registers (run 5's
+    build) hold one per SM (234 x 32 x 8 = 59,904 of 65,536 registers): 47 waves of one step of 8 x 0.5 + 34 x 0.1 +
+    14 x 0.07 = 8.38 us."""
+    models = {m.aot_label: m for m in cost_model.wkv7_models(1, 2048, 12, 64)}
+    fwd, bwd = models["wkv7_chunked_fwd N=64 bf16"], models["wkv7_chunked_bwd N=64 bf16"]
+    assert (fwd.programs, fwd.serial_steps, bwd.programs, bwd.num_warps) == (48, 128, 6144, 8)
+    assert cost_model.latency(fwd) == pytest.approx(128 * (8 * 0.5 + 34 * 0.1 + 10 * 0.07) * 1e-6)
+    assert cost_model.latency(bwd, regs=234) == pytest.approx(47 * (8 * 0.5 + 34 * 0.1 + 14 * 0.07) * 1e-6)
+    # by warps alone 8 programs fit an SM: 6144 / (132 x 8) -> 6 waves
+    assert cost_model.latency(bwd) == pytest.approx(6 * (8 * 0.5 + 34 * 0.1 + 14 * 0.07) * 1e-6)
+
+
+def test_decode_pays_a_launch_floor_per_kernel():
+    """ReRoPE decode, B H = 4, 8192 keys, d 64, bf16: the split kernel and the torch merge's 14 kernels
+    (torch.logsumexp's 9, sub, exp, mul, sum, the cast to bf16), each at least 1.9 us. DRAM: K and V (2 x 8192 x 64
+    x 2 bytes) and the 64 splits' O and LSE (64 x 65 x 4) per head, 4 heads, + the table rows ((512 + 64) keys x 32
+    x 4 bytes, cos and sin, 2 paths) = 8,750,080 bytes, 2.61 us: the floors bind, 2.61 + 14 x 1.9 us. fp32 has no
+    cast: 14 launches."""
+    decode = next(m for m in cost_model.rerope_models() if m.aot_label == "rerope_decode d=64 bf16")
+    assert decode.launches == 15 and decode.dram_bytes == 8_750_080
+    t, bound = cost_model.predicted(decode, mma="mma.sync")
+    assert bound == "launch floors" and t == pytest.approx(8_750_080 / 3.35e12 + 14 * 1.9e-6)
+    assert cost_model.decode_launches("fp32", 64) == 14 and cost_model.decode_launches("bf16", 1) == 1
+
+
 @pytest.mark.parametrize("path", ["attention/__init__.py", "rerope/fused.py", "_flash.py"])
 def test_the_flash_kernels_ask_for_the_dot_precision_the_cost_model_assumes(path):
-    """cost_model.dot_rate prices fp32 dots as IEEE products on the FMA units: every tl.dot takes the DOT
-    constexpr, which the launchers set from the setting: "ieee" for fp32 by default."""
+    """cost_model prices fp32 dots as the launchers ask for them (tf32x3 for attention's forward on sm_90, IEEE
+    products on the FMA units elsewhere): every tl.dot takes the DOT constexpr, which the launchers set from the
+    setting, "auto" by default."""
     source = Path(__file__).resolve().parents[2].joinpath("kernels", path).read_text()
     calls = re.findall(r"tl\.dot\((.*)", source)
     assert calls and all("input_precision=DOT" in call for call in calls)
-    assert attention.set_fp32_dot_precision("ieee") == "ieee"
+    previous = attention.set_fp32_dot_precision("ieee")
+    attention.set_fp32_dot_precision(previous)
+    assert previous == "auto"
 
 
 def test_roofline_picks_the_binding_resource():
@@ -145,13 +236,16 @@ def test_roofline_picks_the_binding_resource():
     # bytes issued beyond the DRAM bytes (re-reads that L2 serves) do not enter the memory time
     assert cost_model.predict(cost_model.Cost(bytes=10 * hw["bandwidth"]), "fp32", hw["bandwidth"])[0] == 1.0
     # dots at the rate their compiled instruction reaches: wgmma, mma.sync (also the guess for bf16 without a
-    # build), the FMA units for fp32 IEEE dots
-    assert cost_model.predict(cost_model.Cost(dot_flops=hw["wgmma"]), "bf16", 0.0, mma="wgmma") == \
-        (1.0, "tensor cores (wgmma)")
-    assert cost_model.predict(cost_model.Cost(dot_flops=hw["mma.sync"]), "bf16", 0.0) == \
-        (1.0, "tensor cores (mma.sync)")
+    # build), the FMA units for fp32 IEEE dots; 35% of 990 TFLOP/s on either tensor-core instruction (FA2's class)
+    assert cost_model.predict(cost_model.Cost(dot_flops=346.5e12), "bf16", 0.0, mma="wgmma") == \
+        (pytest.approx(1.0), "tensor cores (wgmma)")
+    assert cost_model.predict(cost_model.Cost(dot_flops=346.5e12), "bf16", 0.0) == \
+        (pytest.approx(1.0), "tensor cores (mma.sync)")
     assert cost_model.predict(cost_model.Cost(dot_flops=hw["fma_dot"]), "fp32", 0.0) == (1.0, "FMA-unit dots")
-    assert hw["wgmma"] < hw["tensor"] and hw["mma.sync"] < hw["wgmma"] and hw["fma_dot"] < hw["fp32"]
+    # fp32 with tf32x3: 35% of the 495 TFLOP/s tf32 peak, three products per product: 57.75 TFLOP/s
+    assert cost_model.predict(cost_model.Cost(dot_flops=57.75e12), "fp32", 0.0, mma="wgmma", dots="tf32x3") == \
+        (pytest.approx(1.0), "tensor cores (wgmma, tf32x3)")
+    assert hw["wgmma"] < hw["tensor"] and hw["mma.sync"] <= hw["wgmma"] and hw["fma_dot"] < hw["fp32"]
     # an add, multiply, compare or select is one lane-op: half the FMA rate in FLOP/s
     t, bound = cost_model.predict(cost_model.Cost(flops=hw["fp32"]), "fp32", 0.0)
     assert bound == "fp32 units" and t == pytest.approx(2.0, rel=0.01)

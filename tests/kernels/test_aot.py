@@ -10,7 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from seqmix.kernels.aot import TARGETS, collect, loads_used_in_their_step, mma_kind, narrow_offsets
+import torch
+
+from seqmix.kernels import attention
+from seqmix.kernels.aot import collect, loads_used_in_their_step, mma_kind, narrow_offsets
 from seqmix.kernels.testing import HAS_TRITON
 
 needs_build = pytest.mark.skipif(not HAS_TRITON, reason="triton has no wheel for this platform")
@@ -78,7 +81,7 @@ def test_every_kernel_builds_for_sm80_and_sm90_without_spills(build):
     assert "not written yet" not in run.stdout, run.stdout
     rows = [line for line in run.stdout.splitlines() if re.search(r"\bsm_\d\d\b", line)]
     for kernel in collect():
-        for arch in TARGETS:
+        for arch in kernel.targets:
             assert any(r.startswith(kernel.label + " ") and f"sm_{arch}" in r.split() for r in rows), \
                 f"{kernel.label} was not built for sm_{arch}"
     assert all(r.split()[-2] in ("wgmma", "mma.sync", "none") for r in rows), "a row names no MMA kind"
@@ -134,21 +137,66 @@ def test_recurrent_steps_do_not_wait_for_their_loads(build, prefix):
         assert loads_used_in_their_step(ttgir) == [], f"{name}: {loads_used_in_their_step(ttgir)}"
 
 
+# A row of the build's table: label, arch, regs, spill B, stack B, shared B, mma, i32 offs
+BUILD_ROW = re.compile(r"^(?P<label>.+?)\s+sm_(?P<arch>\d+)\s+(?P<regs>\d+)\s+(?P<spill>\d+)\s+(?P<stack>\d+)\s+"
+                       r"(?P<shared>\d+)\s+(?P<mma>\S+)\s+\d+")
+
+
+def build_rows(stdout: str) -> dict:
+    """{(label, arch): the row's fields} of the build's table."""
+    return {(m["label"], int(m["arch"])): m.groupdict() for line in stdout.splitlines() if (m := BUILD_ROW.match(line))}
+
+
+def test_build_rows_reads_a_label_with_spaces():
+    line = "attention_fwd d=64 fp32 tf32x3 ieee-tiles    sm_80   128        0        8     24576 mma.sync        0"
+    row = build_rows(line)[("attention_fwd d=64 fp32 tf32x3 ieee-tiles", 80)]
+    assert (row["regs"], row["spill"], row["stack"], row["mma"]) == ("128", "0", "8", "mma.sync")
+
+
+@pytest.mark.parametrize("d, tiles", [(64, {"BLOCK_M": 64, "BLOCK_N": 32}), (128, {"BLOCK_M": 64, "BLOCK_N": 16})])
+def test_the_fp32_forward_on_sm90_is_the_tf32x3_build(d, tiles):
+    """What the dispatcher launches for fp32 on an H100 by default (tf32x3 on sm_90's tiles) is the build
+    "attention_fwd d=<d> fp32 tf32x3", made for sm_90 alone (sm_80 builds these tiles with a stack)."""
+    cfg = attention.launch_config("fwd", d, torch.float32, arch=90)
+    assert cfg.blocks == tiles
+    built = next(k for k in collect() if k.label == f"attention_fwd d={d} fp32 tf32x3")
+    assert built.constexprs == dict(HEAD_DIM=d, BLOCK_D=d, **tiles, CAUSAL=True, DOT="tf32x3")
+    assert (built.num_warps, built.num_stages, built.targets) == (cfg.num_warps, cfg.num_stages, (90,))
+
+
+@needs_build
+@pytest.mark.timeout(1900)
+@pytest.mark.parametrize("d", [64, 128])
+def test_fp32_forward_builds_on_wgmma_without_stack_on_sm90(build, d):
+    """The review (gpu-round-2 3b) found tf32x3 tiles that Hopper's tensor cores take without a stack: 64 x 32 at 4
+    warps for d = 64, 64 x 16 for d = 128 (64 x 64 and 64 x 32 there need 24-48 B of stack). The sm_90 build of each
+    has no spill, no stack, and its dots are wgmma."""
+    row = build_rows(build[0].stdout)[(f"attention_fwd d={d} fp32 tf32x3", 90)]
+    assert (row["spill"], row["stack"], row["mma"]) == ("0", "0", "wgmma"), row
+    assert int(row["regs"]) <= 255
+
+
+# wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 (sm_90), mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32
+MMA = re.compile(r"\b(?:wgmma\.mma_async\.sync|mma\.sync)\.aligned\.\S+")
+
+
 @needs_build
 @pytest.mark.timeout(1900)
 def test_tf32x3_dots_are_three_tf32_mma_per_product(build):
-    """The fp32 forwards built with set_fp32_dot_precision("tf32x3") multiply on tensor cores, every MMA on tf32
-    operands, three per product: three times the MMAs of the same kernel built with one tf32 product (compiled here,
-    in a process without the interpreter). The interpreter computes such dots as plain fp32 and cannot show it."""
+    """The fp32 forwards built with tf32x3 multiply on tensor cores (wgmma on sm_90's tiles, mma.sync on the IEEE
+    tiles and in ReRoPE), every MMA on tf32 operands, three per product: three times the MMAs of the same kernel built
+    with one tf32 product (compiled here, in a process without the interpreter). The interpreter computes such dots
+    as plain fp32 and cannot show it."""
     ptx = _asm(build[1], "attention_fwd_d_64_fp32_tf32x3", "ptx")
     ptx.update(_asm(build[1], "rerope_", "ptx"))
-    tf32x3 = {name: re.findall(r"\bmma\.sync\.aligned\.\S+", text) for name, text in ptx.items() if "tf32x3" in name}
-    assert tf32x3 and all(mmas and all(".tf32.tf32." in m for m in mmas) for mmas in tf32x3.values()), tf32x3
+    tf32x3 = {name: MMA.findall(text) for name, text in ptx.items() if "tf32x3" in name}
+    assert tf32x3 and all(mmas and all(".tf32.tf32" in m for m in mmas) for mmas in tf32x3.values()), tf32x3
+    assert all(m.startswith("wgmma") for m in tf32x3["attention_fwd_d_64_fp32_tf32x3_sm90.ptx"])
     script = ("import dataclasses, re\n"
               "from seqmix.kernels.aot import collect, compile_one\n"
               "k = next(k for k in collect() if k.label == 'attention_fwd d=64 fp32 tf32x3')\n"
               "one = dataclasses.replace(k, constexprs={**k.constexprs, 'DOT': 'tf32'})\n"
-              "print(len(re.findall(r'\\bmma\\.sync\\.aligned', compile_one(one, 90)['ptx'])))\n")
+              f"print(len(re.findall({MMA.pattern!r}, compile_one(one, 90)['ptx'])))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
