@@ -233,7 +233,7 @@ def report(results: Results, setup: Setup, out) -> str:
         lines += [f"## MQAR, N = {pairs} (T = {r.seq_len[pairs]}; chance {fmt(1 / pairs)})\n\n",
                   _table(setup, rows, MQAR) if rows else "(not run yet)\n", "\n"]
     rows = rows_of(results, PARITY)
-    lines += [f"## Parity (chance 50%)\n\n", _table(setup, rows, PARITY) if rows else "(not run yet)\n", "\n"]
+    lines += ["## Parity (chance 50%)\n\n", _table(setup, rows, PARITY) if rows else "(not run yet)\n", "\n"]
     left = pending(results, setup)
     lines.append("## Not run yet\n\n" + ("".join(f"- {j.task}{'' if j.pairs is None else f' N = {j.pairs}'} "
                                                  f"{j.arch} seed {j.seed} rate {j.lr:.2g}\n" for j in left)
