@@ -245,8 +245,7 @@ def environment(dry: bool) -> dict:
     import torch
 
     from .gpu_check import _versions
-    facts = {"versions": _versions(), "cpus": os.cpu_count(), "platform": platform.platform(),
-             "triton_interpret": os.environ.get("TRITON_INTERPRET")}
+    facts = {"versions": _versions(), "cpus": os.cpu_count(), "platform": platform.platform()}
     if dry:
         return {**facts, "device": "CPU (dry run: Triton interpreter, CPU timer)"}
     p = torch.cuda.get_device_properties(0)

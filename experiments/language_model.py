@@ -14,7 +14,8 @@ counts agree within 10% (0.92M to 0.98M; the quick run's tiny models do not: its
     rwkv7      models.rwkv7.Rwkv7 (BlinkDL's names, BlinkDL's training init; head size 64, BlinkDL's and fla's)
     mamba      models.mamba.MambaForCausalLM (transformers' names, Mamba's training init; twice the layers, as
                Mamba pairs one mixer block against a transformer's attention + MLP)
-    attention  experiments.transformer.Transformer (RoPE); reported, not shipped (no ecosystem format)
+    attention  experiments.transformer.Transformer (RoPE), shipped in transformers' GPT-NeoX layout
+               (experiments.transformer_neox)
 
 Data: experiments.data.stdlib_corpus() (the running Python's Lib/*.py, split by file name; its manifest with every
 file's SHA-256 is written to stdlib_corpus.json). Training samples random windows of the train split; the
@@ -47,6 +48,8 @@ number of the report measured on exactly these stored values:
     mamba/           a transformers MambaForCausalLM directory
     rwkv7/           a flash-linear-attention RWKV7ForCausalLM directory
     rwkv7.pth        the same RWKV-7 as a BlinkDL checkpoint; tokenizer.json beside it
+    attention/       the transformer as a transformers GPTNeoXForCausalLM directory (experiments.transformer_neox;
+                     read back into a Transformer by its load_neox)
 Another --seed k writes its own language_model-seed<k>.md, .png and weights/language_model-seed<k>/ (rows of every
 seed share language_model.json, keyed by seed), so it never replaces seed 0's committed files.
 tokenizer.json (the `tokenizers` library): a byte-level BPE without merges whose ids are the 256 byte values; no
@@ -70,6 +73,7 @@ import torch
 
 from . import data, plots, zoo
 from .records import Results, command_line, environment, markdown_table, setup_label
+from .transformer_neox import save_neox
 from .training import Budget, Run, decay_groups, evaluate, extend_to_interior, torch_settings
 from ..models.base import kept_name
 from ..models.cli import load_model
@@ -84,7 +88,7 @@ __all__ = ["Setup", "FULL", "QUICK", "ARCHS", "KEEP_FP32", "BigramModel", "byte_
 
 NAME = "language_model"
 ARCHS = ("rwkv4", "rwkv7", "mamba", "attention")
-SHIPPED = ("rwkv4", "rwkv7", "mamba")
+SHIPPED = ARCHS
 VOCAB = 256
 LN2 = math.log(2)
 # Parameters stored fp32 beside the fp16 rest, as the peers keep them: each model's own keep_in_fp32 (RWKV-4's decay
@@ -226,7 +230,10 @@ def ship(model, arch: str, folder: Path) -> list:
     folder.mkdir(parents=True, exist_ok=True)
     stored = as_stored(model, arch)
     tokenizer = byte_tokenizer()
-    stored.save_pretrained(folder / arch)
+    if arch == "attention":                              # no save_pretrained of its own: GPT-NeoX's layout
+        save_neox(stored, folder / arch)
+    else:
+        stored.save_pretrained(folder / arch)
     _save_tokenizer(tokenizer, folder / arch / "tokenizer.json")
     written = [folder / arch]
     if arch == "rwkv7":                                  # BlinkDL's .pth: the model's own names, torch's format
@@ -387,7 +394,7 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
                    "train_tokens_per_cpu_second": round(final.tokens / max(final.cpu_seconds, 1e-9))}
             if arch in SHIPPED:
                 row["shipped"] = [str(p.relative_to(out)) for p in ship(model, arch, weights)]
-            shipped = weights / arch if arch in SHIPPED else model
+            shipped = weights / arch if arch != "attention" else model   # models.cli reads the recurrent three
             row["generation"] = generation_speed(shipped, arch, "def ", setup.generate_tokens)
             results.add({**row, "env": env})
         report(results, setup, out, seed)

@@ -101,8 +101,8 @@ def _held_out(setup: Setup, task: Task, split: int, size: int, length: int):
                             modulus=task.modulus)
 
 
-def _make_run(setup: Setup, out, task: Task, arch: str, seed: int, lr: float) -> Run:
-    checkpoint = (out / "checkpoints" / NAME /
+def _make_run(setup: Setup, out, task: Task, arch: str, seed: int, lr: float, folder: str = NAME) -> Run:
+    checkpoint = (out / "checkpoints" / folder /
                   f"{arch}-m{task.modulus}-C{setup.width}-lr{lr:.3g}-s{seed}-{setup.budget.steps}.pt")
     return Run(build=partial(build, arch, vocab_size=task.modulus, width=setup.width, layers=setup.layers,
                              train_length=setup.train_len),

@@ -7,6 +7,9 @@
     "mamba_lti"   the same Mamba with delta, B and C held constant  a time-invariant (LTI) SSM, same state
     "mamba_ungated", "mamba_lti_ungated"   the two without the block's gate (MambaConfig.gate = False): the
                   Mamba paper's "no gate" pair, S6 and S4 in its Table 1
+    "linear_attention", "retention", "gla", "delta_rule", "delta_rule_wide", "gated_delta_rule"
+                  the rungs of the family (experiments.rungs): RWKV-7 with a rung's transition in its time mix,
+                  run by the WKV-7 op; state C * head_size, as RWKV-7's
 
 The time-invariant model is the project's Mamba with one change: each block's x_proj, which makes (delta, B, C)
 from the input at every step, is replaced by learned constants. The selective scan then runs the ZOH-discretized
@@ -18,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import rungs
 from .transformer import Transformer, TransformerConfig
 from ..models.mamba import MambaConfig, MambaForCausalLM
 from ..models.rwkv4 import RwkvConfig, RwkvForCausalLM
@@ -28,7 +32,7 @@ __all__ = ["ARCHITECTURES", "TimeInvariantProjection", "time_invariant_system", 
 
 _MAMBAS = {"mamba": (True, True), "mamba_lti": (False, True), "mamba_ungated": (True, False),
            "mamba_lti_ungated": (False, False)}    # arch -> (selective, gated)
-ARCHITECTURES = ("attention", "rwkv4", "rwkv7", *_MAMBAS)
+ARCHITECTURES = ("attention", "rwkv4", "rwkv7", *_MAMBAS, *rungs.RUNGS)
 
 
 class TimeInvariantProjection(nn.Module):
@@ -111,7 +115,7 @@ def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size:
     Args:
         arch: one of ARCHITECTURES.
         vocab_size, width (C), layers: as the names say; equal across architectures.
-        head_size: attention's and RWKV-7's head size (C / head_size heads).
+        head_size: attention's, RWKV-7's and the rungs' head size (C / head_size heads).
         state_size: Mamba's N.
         train_length: the transformer's training length (RoPE's log-n maxlen; unused at evaluation = training).
         channel_mix: False leaves out the transformer's MLP (attention alone in each block, as Zoology's models);
@@ -144,6 +148,10 @@ def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size:
     if arch == "rwkv7":
         return rwkv7_training_init(Rwkv7(Rwkv7Config(vocab_size=vocab_size, n_embd=width, n_layer=layers,
                                                      head_size=head_size)))
+    if arch in rungs.RUNGS:                 # RWKV-7's training start, then the rung takes over its time mixes
+        return rungs.as_rung(rwkv7_training_init(Rwkv7(rungs.RungConfig(vocab_size=vocab_size, n_embd=width,
+                                                                        n_layer=layers, head_size=head_size,
+                                                                        rung=arch))))
     if arch in _MAMBAS:
         selective, gated = _MAMBAS[arch]
         model = mamba_training_init(MambaForCausalLM(MambaConfig(vocab_size=vocab_size, hidden_size=width,
@@ -186,6 +194,7 @@ def state_size(arch: str, *, width: int, head_size: int = 16, state_size: int = 
     (2 C T at length T), WKV-4's numerator and denominator (2 C), WKV-7's matrices (C * head_size), Mamba's SSM
     state (2 C * N; the conv window adds 2 C * 3)."""
     sizes = {"attention": 2 * width * seq_len, "rwkv4": 2 * width, "rwkv7": width * head_size,
+             **{arch: width * head_size for arch in rungs.RUNGS},
              **{arch: 2 * width * state_size for arch in _MAMBAS}}
     if arch not in sizes:
         raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")

@@ -42,7 +42,7 @@ from ..io import load_state_dict
 from ..layers import Linear, token_shift
 from . import step
 
-__all__ = ["Rwkv7Config", "Rwkv7", "UNUSED_CHECKPOINT_KEYS"]
+__all__ = ["Rwkv7Config", "Rwkv7", "UNUSED_CHECKPOINT_KEYS", "log_decay"]
 
 # Some BlinkDL checkpoints carry a value-residual LoRA for block 0, which makes v_first and never uses it.
 UNUSED_CHECKPOINT_KEYS = ("blocks.0.att.v0", "blocks.0.att.v1", "blocks.0.att.v2")
@@ -125,6 +125,13 @@ class Rwkv7Config:
                    v_lora=shape("blocks.1.att.v1")[1] if n_layer > 1 else None)
 
 
+def log_decay(w0, wl):
+    """RWKV-7's log decay per channel from w0 and the decay LoRA's product wl = tanh(xw w1) w2:
+    w = -softplus(-(w0 + wl)) - 0.5, soft-clamped to (-inf, -0.5); the decay is exp(-exp(w)), so
+    log_w = -exp(w) = -exp(-0.5) sigmoid(w0 + wl), since exp(-softplus(-z)) = sigmoid(z). In (-0.61, 0)."""
+    return -math.exp(-0.5) * torch.sigmoid(w0 + wl)
+
+
 def _channel_vector(C: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(1, 1, C))
 
@@ -184,9 +191,7 @@ class TimeMix(nn.Module):
         B, T, C = r.shape
         H, N = self.r_k.shape
         heads = lambda z: z.reshape(B, T, H, N)                               # noqa: E731
-        # w = -softplus(-(w0 + tanh(xw w1) w2)) - 0.5, soft-clamped to (-inf, -0.5); the decay is exp(-exp(w)), so
-        # log_w = -exp(w) = -exp(-0.5) sigmoid(w0 + tanh(xw w1) w2), since exp(-softplus(-z)) = sigmoid(z)
-        log_w = -math.exp(-0.5) * torch.sigmoid(self.w0 + wl)
+        log_w = log_decay(self.w0, wl)
         if vl is not None:                                                    # layer 0's v is v_first itself
             v = v + (v_first - v) * torch.sigmoid(self.v0 + vl)
         a = torch.sigmoid(self.a0 + al)                                       # in-context learning rate

@@ -51,6 +51,8 @@ TIME_MIX_PATH = decode.PART      # the time mix: "c" (rwkv7_time_mix) or "ops" (
 
 def variant(config) -> str | None:
     """Why the C code does not compute this configuration (None: it does)."""
+    if getattr(config, "time_mix_variant", None):           # another time mix on RWKV-7's frame (experiments)
+        return f"computes RWKV-7's own time mix, not {config.time_mix_variant}"
     if getattr(config, "wide_in_context_rate", False):
         return "computes the published RWKV-7 only, not wide_in_context_rate"
     return None

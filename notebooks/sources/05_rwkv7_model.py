@@ -980,7 +980,7 @@ for name, bpb in sorted(test_bpb.items(), key=lambda item: item[1]):
 # Read the list from the top. RWKV-7, the best of the four models of about a million parameters, needs 1.685 bits
 # per byte, less than half the bigram's 3.57: it has learned far more than which byte follows which. But `xz -9`
 # does slightly better (1.673 on this split), `bzip2 -9` about as well (1.690), and RWKV-4 (1.740), Mamba (1.809)
-# and attention (1.905) sit between those and `gzip -9` (1.959). At this size and budget (8 million training bytes,
+# and attention (1.917) sit between those and `gzip -9` (1.959). At this size and budget (8 million training bytes,
 # minutes of CPU), a neural model of code predicts about as well as a good compressor, not better. Models a hundred
 # to a thousand times larger, trained far longer, beat compressors by a wide margin; these are teaching models, and
 # the comparison keeps them honest.

@@ -4,8 +4,9 @@ tokenizer, and the shipped weights, read back by the project's loaders and by ea
 One --quick run (tiny models, 150 steps each) trains into a temporary folder; the tests of the shipped weights read
 what it wrote and, a second time, the full run's committed models (experiments/results/weights/language_model/):
 the loaders' first test on trained weights.
-Peers, where installed: transformers' RwkvForCausalLM and MambaForCausalLM, flash-linear-attention's
-RWKV7ForCausalLM (on its CPU reference ops, tests/helpers/fla_peer.py), BlinkDL's `rwkv` package for the .pth.
+Peers, where installed: transformers' RwkvForCausalLM, MambaForCausalLM and GPTNeoXForCausalLM (the transformer),
+flash-linear-attention's RWKV7ForCausalLM (on its CPU reference ops, tests/helpers/fla_peer.py), BlinkDL's `rwkv`
+package for the .pth.
 """
 import json
 import math
@@ -21,6 +22,7 @@ from helpers import blinkdl_peer
 from helpers import fla_peer
 from seqmix.experiments import language_model as lm
 from seqmix.experiments.records import RESULTS, Results
+from seqmix.experiments.transformer_neox import load_neox
 from seqmix.kernels.testing import FP32_BUDGET, REFERENCE_BUDGET, assert_close
 from seqmix.models import cli
 from seqmix.models.io import load_pretrained_dir, load_state_dict
@@ -213,6 +215,20 @@ def test_transformers_reads_the_shipped_directory(weights, arch):
     with torch.no_grad():
         theirs = peer(IDS).logits
     assert_close(_ours(weights, arch), theirs, FP32_BUDGET, f"{arch}: ours vs transformers")
+
+
+def test_transformers_reads_the_shipped_transformer(weights):
+    """The transformer's GPT-NeoX directory (experiments.transformer_neox): every tensor stored fp16, its byte
+    tokenizer beside it, and transformers' GPTNeoXForCausalLM and the project's Transformer (read back by load_neox)
+    give the same logits from the same stored values, in fp32."""
+    transformers = pytest.importorskip("transformers")
+    folder = weights / "attention"
+    assert {t.dtype for t in load_pretrained_dir(folder)[1].values()} == {torch.float16}
+    assert load_tokenizer(str(folder / "tokenizer.json")).encode("def é") == list("def é".encode())
+    peer = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    assert type(peer).__name__ == "GPTNeoXForCausalLM"
+    with torch.no_grad():
+        assert_close(load_neox(folder)(IDS), peer(IDS).logits, FP32_BUDGET, "attention: ours vs transformers")
 
 
 def test_fla_reads_the_shipped_directory(weights):
