@@ -305,14 +305,16 @@ def test_a_profiled_case_gives_a_row_per_kernel_with_its_grid(monkeypatch):
     run = gpu_check.Run(None, True, None, (), {"parts": []})
     call = gpu_timing.seqmix_call(run, "wkv7 chunked", "triton")
     make = gpu_timing.inputs_at(run, "wkv7 chunked", "fp32")
-    fake = {"wkv7_chunked_fwd_kernel": (5, 3e-3), "void at::native::fill_kernel": (10, 1e-3)}
+    fake = {"wkv7_chunked_scan_kernel": (5, 3e-3), "void at::native::fill_kernel": (10, 1e-3)}
     monkeypatch.setattr(gpu_profile, "_profiled", lambda step: (step(), fake)[1])
     run.dry = False                                   # past the dry run's return: the GPU's path, on the CPU
     monkeypatch.setattr(run, "sync", lambda: None)
     ours, fill, total = gpu_profile.profile_case(run, call, make, "forward")
     assert ours.pop("mean_s") == pytest.approx(6e-4)
-    assert ours == {"kernel": "wkv7_chunked_fwd_kernel", "calls": 5, "calls_per_step": 1, "total_s": 3e-3,
-                    "share": 0.75, "grid": "2x1", "programs": "2"}
+    s = gpu_timing.DRY_SHAPES["wkv7 chunked"]                         # the serial pass: a head's 16 value rows each
+    heads, row_blocks = s["B"] * s["H"], s["N"] // 16
+    assert ours == {"kernel": "wkv7_chunked_scan_kernel", "calls": 5, "calls_per_step": 1, "total_s": 3e-3,
+                    "share": 0.75, "grid": f"{heads}x{row_blocks}", "programs": str(heads * row_blocks)}
     assert fill["grid"] is None and fill["calls_per_step"] == 2 and fill["share"] == 0.25
     assert total["kernel"] == "(all kernels)" and total["calls"] == 15 and total["per_step_s"] == pytest.approx(8e-4)
     monkeypatch.setattr(gpu_profile, "_profiled", lambda step: {})
