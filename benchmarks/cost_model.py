@@ -441,8 +441,8 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
 def _wkv7_chunked_forward(B, T, H, N, dtype, columns, group, ck, rows, shape):
     """The chunked WKV-7 forward's three kernels at inference (groups of ``group`` sub-chunks: the dtype's), one
     Model each: the prep's and the output's programs have no serial chain; the scan walks the groups, each step one
-    product (an MMA's latency and a conversion through shared memory) whose map was loaded a step ahead
-    (num_stages = 2)."""
+    product (an MMA's latency and a conversion through shared memory) and one round trip for the next group's map,
+    issued a step ahead (num_stages = 2): a step's product is too short to hide more than its own share of it."""
     n_groups = _cdiv(_cdiv(T, ck), group)
     seq, state = B * T * H * N * DTYPE_BYTES[dtype], B * H * N * N * 4
     maps = B * H * n_groups * 2 * N * N * 4
@@ -455,7 +455,7 @@ def _wkv7_chunked_forward(B, T, H, N, dtype, columns, group, ck, rows, shape):
                   6 * seq + maps + rows_bytes, "the chunked forward's parallel prep"),
             Model("wkv7", f"wkv7_chunked_fwd_scan N={N} {dtype}", shape, B * T, dtype,
                   wkv7_chunked_fwd_scan(N, rows) * (scan * n_groups), scan, n_groups, True, maps + 2 * state,
-                  "the chunked forward's serial pass", step=Step(dots=1, prefetch=1)),
+                  "the chunked forward's serial pass", step=Step(1, dots=1, prefetch=1)),
             Model("wkv7", f"wkv7_chunked_fwd_output N={N} {dtype}", shape, B * T, dtype,
                   wkv7_chunked_fwd_output(N, dtype, group * ck, columns) * output, output, 0, True,
                   rows_bytes + seq + B * H * n_groups * N * N * 4, "the chunked forward's outputs")]

@@ -188,17 +188,21 @@ def test_fp32_flash_forward_on_sm90_is_priced_as_tf32x3_on_wgmma():
 
 
 def test_chunked_wkv7_step_is_its_loads_reductions_and_dependent_products():
-    """Chunked WKV-7, B 1, T 2048, H 12, N 64: 2048 / 16 = 128 chunks, 12 heads x 64 / 16 value-row blocks = 48
-    programs (one wave). A chunk: two loops over 64 / 16 = 4 key blocks whose loads the same iteration uses (8
-    round trips of 0.5 us), 34 reductions across warps (0.1 us each) and 10 dependent tile products (0.07 us each):
-    8.1 us, 1.04 ms for the forward (the H100 took 1.23 ms in bf16, run 5; the old model, a chunk as 2 round trips
-    and 12 reductions, said 0.28). The backward's parallel kernel: 6144 programs of 8 warps at 234 registers (run 5's
-    build) hold one per SM (234 x 32 x 8 = 59,904 of 65,536 registers): 47 waves of one step of 8 x 0.5 + 34 x 0.1 +
-    14 x 0.07 = 8.38 us."""
+    """Chunked WKV-7, B 1, T 2048, H 12, N 64. The forward's serial pass (the scan) walks groups of 4 sub-chunks of
+    16 steps in bf16 inference (2048 / 64 = 32 groups; fp32: groups of one, 128), one program per 16 rows of a head's
+    state (12 x 64 / 16 = 48, one wave); a step is one dependent product (0.07 us) and the next group's map, loaded a
+    step ahead: one DRAM round trip (0.5 us) over two steps, (0.5 + 0.07) / 2 = 0.285 us. Its prep and outputs have
+    no serial chain. The backward's parallel kernel: 6144 programs of 8 warps at 234 registers (run 5's build) hold
+    one per SM (234 x 32 x 8 = 59,904 of 65,536 registers): 47 waves of one step of 8 x 0.5 + 34 x 0.1 + 14 x 0.07
+    = 8.38 us."""
     models = {m.aot_label: m for m in cost_model.wkv7_models(1, 2048, 12, 64)}
-    fwd, bwd = models["wkv7_chunked_fwd N=64 bf16"], models["wkv7_chunked_bwd N=64 bf16"]
-    assert (fwd.programs, fwd.serial_steps, bwd.programs, bwd.num_warps) == (48, 128, 6144, 8)
-    assert cost_model.latency(fwd) == pytest.approx(128 * (8 * 0.5 + 34 * 0.1 + 10 * 0.07) * 1e-6)
+    scan, bwd = models["wkv7_chunked_fwd_scan N=64 bf16"], models["wkv7_chunked_bwd N=64 bf16"]
+    assert (scan.programs, scan.serial_steps, bwd.programs, bwd.num_warps) == (48, 32, 6144, 8)
+    assert models["wkv7_chunked_fwd_scan N=64 fp32"].serial_steps == 128
+    assert cost_model.latency(scan) == pytest.approx(32 * (0.5 + 0.07) / 2 * 1e-6)
+    for part in ("prep", "output"):
+        m = models[f"wkv7_chunked_fwd_{part} N=64 bf16"]
+        assert not m.serial_steps and cost_model.latency(m) == 0.0
     assert cost_model.latency(bwd, regs=234) == pytest.approx(47 * (8 * 0.5 + 34 * 0.1 + 14 * 0.07) * 1e-6)
     # by warps alone 8 programs fit an SM: 6144 / (132 x 8) -> 6 waves
     assert cost_model.latency(bwd) == pytest.approx(6 * (8 * 0.5 + 34 * 0.1 + 14 * 0.07) * 1e-6)

@@ -54,6 +54,15 @@ def _events(tmp_path):
     return gpu_round.read_rows(tmp_path)
 
 
+def _json_rows(tmp_path, part):
+    """The rows gpu_round.json holds for ``part`` (none while the file is absent or being rewritten)."""
+    try:
+        record = json.loads((tmp_path / "gpu_round.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+    return [row for p in record.get("parts", []) if p["name"] == part for row in p["rows"]]
+
+
 @needs_triton
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
@@ -73,11 +82,15 @@ def test_a_run_killed_part_way_keeps_the_rows_it_had(tmp_path, how):
             proc.send_signal(how)
             assert proc.wait(timeout=120) == 1
             assert "Stopped: signal SIGTERM" in proc.stdout.read()
-        else:   # once the running part has a row: the parent's refresh (every second) folds it into the JSON
+        else:   # once the running part has a row, it is paused (a dry part ends within 2 s, the kill must find
+            # it running) and the parent's refresh (every second) folds its rows into the JSON
             while time.time() < deadline and not any(e["event"] == "row" and e["part"] == "attn32"
                                                      for e in _events(tmp_path)):
                 time.sleep(0.2)
-            time.sleep(2.5)
+            os.kill(next(e["pid"] for e in _events(tmp_path) if e["event"] == "begin" and e["part"] == "attn32"),
+                    signal.SIGSTOP)
+            while time.time() < deadline and not _json_rows(tmp_path, "attn32"):
+                time.sleep(0.2)
             os.killpg(proc.pid, how)
     finally:
         os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None

@@ -27,19 +27,15 @@ GRID_AXIS_LIMITS = (2**31 - 1, 65535, 65535)   # CUDA's maximum grid size per ax
 
 
 def _kernel_modules():
-    """The modules that hold the ops' Triton kernels: those the registry names for the AOT build, and the modules
-    their kernels come from (wkv7_chunked's, launched from its own module)."""
+    """The modules that hold the ops' Triton kernels: those the registry names for the AOT build and every module of
+    seqmix.kernels they import (wkv7's chunked kernels live in modules of their own, imported by its launchers)."""
     import importlib
     import sys
-    found = {}
     for name in (m for op in REGISTRY for m in op.aot_modules):
-        module = importlib.import_module(name)
-        found[name] = module
-        for attr in dir(module):
-            kernel = getattr(module, attr)
-            if attr.endswith("_kernel") and hasattr(kernel, "fn"):
-                found.setdefault(kernel.fn.__module__, sys.modules[kernel.fn.__module__])
-    return list(found.values())
+        importlib.import_module(name)
+    return [module for name, module in list(sys.modules.items())
+            if name.startswith("seqmix.kernels.") and module is not None
+            and any(attr.endswith("_kernel") and hasattr(getattr(module, attr), "fn") for attr in dir(module))]
 
 
 @pytest.fixture
