@@ -79,7 +79,8 @@ class Setup:
     positions: str = "rope"               # attention's positions: RoPE, or "learned" (a probe; Zoology's)
     freeze_embedding: bool = False        # attention's token embedding kept at its random start (a probe)
     tie_head: bool = False                # attention's output head tied to its embedding (a probe; Zoology's)
-    dropout: float = 0.0                  # attention's dropout (a probe; Zoology's 0.1)
+    dropout: float = 0.0                  # attention's dropout on embedding and residuals (a probe; GPT-2's places)
+    attention_dropout: float = 0.0        # attention's dropout on its weights (a probe; Zoology's 0.1)
     long_factor: int = 4                  # "is it the budget?": failed cells at the control's width, this much longer
     long_below: float = 0.9               # ... when their test accuracy is below this
     control_accuracy: float = 0.98        # the test accuracy the positive control must reach, every seed
@@ -155,7 +156,7 @@ def _builder(setup: Setup, arch: str, width: int, pairs: int):
     return partial(zoo.build, arch, vocab_size=setup.vocab_size, width=width, train_length=setup.seq_len[pairs],
                    head_size=setup.head_size, channel_mix=setup.channel_mix, conv_first=setup.conv_first,
                    positions=setup.positions, freeze_embedding=setup.freeze_embedding, tie_head=setup.tie_head,
-                   dropout=setup.dropout)
+                   dropout=setup.dropout, attention_dropout=setup.attention_dropout)
 
 
 def _finish(setup: Setup, out, first_seed: int, run: Run, key: dict) -> dict:
@@ -252,7 +253,8 @@ PROBES = "recall_probes"
 PROBE_SETTINGS = {"channel_mix": ("-nomix", "no channel mix"), "conv_first": ("-conv", "block 0 a short convolution"),
                   "positions": ("-{}", "{} positions"), "vocab_size": ("-V{}", "vocabulary {}"),
                   "freeze_embedding": ("-frozen", "embedding frozen"), "tie_head": ("-tied", "head tied"),
-                  "dropout": ("-drop{}", "dropout {}")}
+                  "dropout": ("-drop{}", "dropout {} (embedding, residuals)"),
+                  "attention_dropout": ("-adrop{}", "dropout {} on the attention weights")}
 # The training recipe's settings a probe may change (training.Budget's fields), in the same form: Zoology's recipe
 # is beta2 0.999, no clipping, no warmup, a constant rate (final_lr 1) and weight decay on every parameter.
 RECIPE_SETTINGS = {"beta2": ("-b{}", "beta2 {}"),
@@ -264,13 +266,15 @@ RECIPE_SETTINGS = {"beta2": ("-b{}", "beta2 {}"),
 
 def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_len: int, head_size: int, lr: float,
           channel_mix: bool = True, conv_first: bool = False, positions: str = "rope", vocab_size: int | None = None,
-          freeze_embedding: bool = False, tie_head: bool = False, dropout: float = 0.0, recipe: dict | None = None,
+          freeze_embedding: bool = False, tie_head: bool = False, dropout: float = 0.0,
+          attention_dropout: float = 0.0, recipe: dict | None = None,
           steps: int | None = None, seed: int = 0, threads: int = 1, progress: bool = True) -> dict:
     """Why did a cell fail? One run outside the grid: the grid's data, budget and training for (arch, width,
     pairs), with the sequence length, the head size, attention's channel mix, its first block (conv_first: a gated
     short convolution, as the Based paper's Zoology attention model), its positions (positions="learned", as
     Zoology's attention), the vocabulary (vocab_size; Zoology's is 8192), attention's token embedding
-    (freeze_embedding: kept at its random start), its head tied to the embedding (tie_head), its dropout, the
+    (freeze_embedding: kept at its random start), its head tied to the embedding (tie_head), its dropout (on the
+    embedding and residual branches; attention_dropout: on the attention weights, Zoology's place), the
     training recipe (recipe: training.Budget's fields of RECIPE_SETTINGS, e.g. {"beta2": 0.999, "clip": None}), the
     seed or the budget (steps: at most this many steps; the warmup keeps its length in steps, the cosine stretches)
     changed. Its row (phase "probe") goes to <out>/recall_probes.json, beside the grid's
@@ -279,7 +283,7 @@ def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_le
     base = setup or FULL
     asked = dict(channel_mix=channel_mix, conv_first=conv_first, positions=positions,
                  vocab_size=vocab_size or base.vocab_size, freeze_embedding=freeze_embedding, tie_head=tie_head,
-                 dropout=dropout)
+                 dropout=dropout, attention_dropout=attention_dropout)
     changed = {name: value for name, value in asked.items() if value != getattr(base, name)}
     unknown = set(recipe or {}) - set(RECIPE_SETTINGS)
     if unknown:

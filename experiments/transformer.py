@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,7 @@ from torch import nn
 from ..kernels.attention import attention
 from ..kernels.rerope import apply_rope, log_n_scaling, rerope_attention
 
-__all__ = ["SCHEME_KINDS", "POSITIONS", "PositionScheme", "TransformerConfig", "Transformer"]
+__all__ = ["SCHEME_KINDS", "POSITIONS", "PositionScheme", "TransformerConfig", "Transformer", "dropped_attention"]
 
 SCHEME_KINDS = ("rope", "pi", "ntk", "rerope", "leaky_rerope")
 POSITIONS = ("rope", "learned")      # how a Transformer is told positions in training (TransformerConfig.positions)
@@ -78,18 +79,30 @@ class PositionScheme:
             parts.append(f"k{self.leaky_k:g}")
         return "-".join(parts) + ("-log n†" if self.log_n else "")
 
-    def attend(self, q, k, v, train_length: int, base: float):
-        """Causal attention of (B, H, T, d) q, k, v under this scheme -> (B, H, T, d)."""
+    def attend(self, q, k, v, train_length: int, base: float, mix=attention):
+        """Causal attention of (B, H, T, d) q, k, v under this scheme -> (B, H, T, d); ``mix``: the attention of
+        the rotated q, k and v (dropped_attention in training with attention_dropout; the rectified kinds take
+        only the default)."""
         T, d = q.shape[-2:]
         if self.log_n:
             q = log_n_scaling(q, train_length)
         if self.kind in ("rerope", "leaky_rerope"):
+            if mix is not attention:
+                raise ValueError(f"{self.name} attends with its own kernel; attention_dropout is for training under "
+                                 f"RoPE or learned positions")
             return rerope_attention(q, k, v, self.window, leaky_k=self.leaky_k, base=base)
         s = max(1.0, T / train_length)
         positions = torch.arange(T, dtype=torch.float64) / (s if self.kind == "pi" else 1.0)
         if self.kind == "ntk":
             base = base * s ** (d / (d - 2))
-        return attention(apply_rope(q, positions, base=base), apply_rope(k, positions, base=base), v)
+        return mix(apply_rope(q, positions, base=base), apply_rope(k, positions, base=base), v)
+
+
+def dropped_attention(q, k, v, p: float):
+    """Causal softmax attention of (B, H, T, d) q, k, v with dropout at rate ``p`` on its weights, as GPT-2's and
+    Zoology's attention in training (attn_pdrop): softmax(q k^T / sqrt(d)) has each entry zeroed with probability p
+    and the rest scaled by 1 / (1 - p), then multiplies v. torch's SDPA draws the mask; at p = 0 it is attention."""
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
 
 
 @dataclass
@@ -102,7 +115,8 @@ class TransformerConfig:
     positions: "rope" (rotary, the default) or "learned" (absolute, one vector per position up to train_length,
     added to the embedding; Zoology's attention); tie_head: the output head shares the token embedding's matrix
     (Zoology's and GPT-2's); dropout: the rate of dropout on the embedding and on each residual branch's output
-    (GPT-2's places; Zoology drops the embedding and the attention weights at 0.1)."""
+    (GPT-2's resid_pdrop and embd_pdrop); attention_dropout: the rate of dropout on the attention weights, in
+    training (GPT-2's attn_pdrop; Zoology drops the embedding and the attention weights at 0.1)."""
     vocab_size: int
     hidden_size: int = 128
     num_layers: int = 2
@@ -115,6 +129,7 @@ class TransformerConfig:
     positions: str = "rope"
     tie_head: bool = False
     dropout: float = 0.0
+    attention_dropout: float = 0.0
 
     def __post_init__(self):
         if self.intermediate_size is None:
@@ -129,8 +144,9 @@ class TransformerConfig:
             raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         if self.positions == "learned" and self.log_n:
             raise ValueError("log_n scales RoPE's attention; a model with positions='learned' has no RoPE")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
 
 
 class _GatedShortConv(nn.Module):
@@ -212,13 +228,16 @@ class Transformer(nn.Module):
                 raise ValueError(f"input_ids has {input_ids.shape[1]} positions; a model with positions='learned' "
                                  f"has {c.train_length} (its train_length)")
 
+        dropped = self.training and c.attention_dropout > 0
+        mix = partial(dropped_attention, p=c.attention_dropout) if dropped else attention
+
         def attend(q, k, v):
             if self.pos_emb is not None:
-                return attention(q, k, v)
+                return mix(q, k, v)
             if c.log_n:   # the entropy-invariant factor ln n / ln L at every position n = 1 .. T
                 n = torch.arange(1, q.shape[-2] + 1, dtype=torch.float64)
                 q = q * (torch.log(n) / math.log(c.train_length)).to(q.dtype)[:, None]
-            return scheme.attend(q, k, v, c.train_length, c.base)
+            return scheme.attend(q, k, v, c.train_length, c.base, mix)
 
         x = self.emb(input_ids)                                             # (B, T, C)
         if self.pos_emb is not None:

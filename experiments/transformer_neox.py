@@ -17,8 +17,8 @@ GPT-NeoX is the transformers architecture whose layer is this one term by term, 
   GPT-NeoX's MLP always has biases, written as zeros (load_neox refuses a checkpoint where they are not zero).
 - W_qkv's rows: the Transformer reads them as (3, H, d) (q of every head, then k, then v), GPT-NeoX as (H, 3, d)
   (q, k, v of head 0, then head 1, ...): the rows are permuted, nothing else changes.
-- Dropout: the Transformer's one rate acts where GPT-NeoX's hidden_dropout does (the embedding and each branch's
-  output); attention_dropout is 0 in both.
+- Dropout: the Transformer's dropout acts where GPT-NeoX's hidden_dropout does (the embedding and each branch's
+  output), its attention_dropout where GPT-NeoX's does (the attention weights).
 - A tied head (tie_head) is tie_word_embeddings; max_position_embeddings is train_length (RoPE itself has no limit).
 What GPT-NeoX cannot express is refused with a ValueError naming the setting: a convolution block (conv_first),
 learned positions (positions="learned"), log n scaling (log_n), a block without an MLP (intermediate_size=0).
@@ -72,7 +72,7 @@ def neox_config(config: TransformerConfig) -> dict:
             "use_parallel_residual": False, "attention_bias": False, "max_position_embeddings": config.train_length,
             "rope_parameters": {"rope_type": "default", "rope_theta": config.base, "partial_rotary_factor": 1.0},
             "rotary_pct": 1.0, "rotary_emb_base": config.base, "tie_word_embeddings": config.tie_head,
-            "hidden_dropout": config.dropout, "attention_dropout": 0.0, "initializer_range": 0.02,
+            "hidden_dropout": config.dropout, "attention_dropout": config.attention_dropout, "initializer_range": 0.02,
             "bos_token_id": 0, "eos_token_id": 0, "use_cache": True}
 
 
@@ -98,7 +98,8 @@ def config_from_neox(config: dict) -> TransformerConfig:
                              head_size=C // heads, intermediate_size=config["intermediate_size"],
                              train_length=config["max_position_embeddings"], base=float(rope["rope_theta"]),
                              tie_head=bool(config.get("tie_word_embeddings", False)),
-                             dropout=float(config.get("hidden_dropout", 0.0)))
+                             dropout=float(config.get("hidden_dropout", 0.0)),
+                             attention_dropout=float(config.get("attention_dropout", 0.0)))
 
 
 def _qkv_rows(weight: torch.Tensor, heads: int, to_neox: bool) -> torch.Tensor:

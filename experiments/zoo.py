@@ -109,7 +109,7 @@ def mamba_training_init(model: MambaForCausalLM) -> MambaForCausalLM:
 def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size: int = 16, state_size: int = 16,
           train_length: int = 64, channel_mix: bool = True, conv_first: bool = False,
           positions: str = "rope", freeze_embedding: bool = False, tie_head: bool = False,
-          dropout: float = 0.0) -> nn.Module:
+          dropout: float = 0.0, attention_dropout: float = 0.0) -> nn.Module:
     """A freshly initialized model (seed torch first for a reproducible one).
 
     Args:
@@ -126,20 +126,22 @@ def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size:
             TransformerConfig.positions); attention only.
         freeze_embedding: True keeps the transformer's token embedding at its random start (it takes no gradient,
             and AdamW skips it); attention only.
-        tie_head, dropout: the transformer's head tied to its embedding, and its dropout rate
-            (TransformerConfig); attention only.
+        tie_head, dropout, attention_dropout: the transformer's head tied to its embedding, its dropout rate on
+            the embedding and the residual branches, and on the attention weights (TransformerConfig); attention
+            only.
     """
     for changed, setting in ((not channel_mix, "channel_mix=False"), (conv_first, "conv_first=True"),
                              (positions != "rope", f"positions={positions!r}"),
                              (freeze_embedding, "freeze_embedding"), (tie_head, "tie_head=True"),
-                             (dropout != 0.0, f"dropout={dropout!r}")):
+                             (dropout != 0.0, f"dropout={dropout!r}"),
+                             (attention_dropout != 0.0, f"attention_dropout={attention_dropout!r}")):
         if changed and arch != "attention":
             raise ValueError(f"{setting} is for attention only, got arch {arch!r}")
     if arch == "attention":
         model = Transformer(TransformerConfig(vocab_size, hidden_size=width, num_layers=layers, head_size=head_size,
                                               train_length=train_length, intermediate_size=None if channel_mix else 0,
                                               conv_first=conv_first, positions=positions, tie_head=tie_head,
-                                              dropout=dropout))
+                                              dropout=dropout, attention_dropout=attention_dropout))
         model.emb.weight.requires_grad_(not freeze_embedding)
         return model
     if arch == "rwkv4":

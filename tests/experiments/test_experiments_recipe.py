@@ -1,11 +1,15 @@
 """The training recipe's settings the MQAR probes vary (issue 45: attention at N = 8, width 64): Zoology's optimizer
-settings in training.Budget, the transformer's tied head and dropout, and a longer run keeping its warmup in steps."""
+settings in training.Budget, the transformer's tied head, its dropout (on the residual branches, and on the attention
+weights as Zoology's), and a longer run keeping its warmup in steps."""
 import numpy as np
 import pytest
 import torch
 
 from seqmix.experiments import recall, zoo
 from seqmix.experiments.data import mqar
+from seqmix.experiments.transformer import PositionScheme, dropped_attention
+from seqmix.kernels.attention import attention
+from seqmix.reference.attention import softmax_attention
 from seqmix.experiments.training import Budget, Run
 
 
@@ -59,15 +63,65 @@ def test_a_tied_head_reads_the_embedding_and_dropout_is_off_in_evaluation():
     assert not torch.equal(tied(ids), tied(ids))              # training: dropped at random
 
 
-@pytest.mark.parametrize("setting", [dict(tie_head=True), dict(dropout=0.1)])
+@pytest.mark.parametrize("setting", [dict(tie_head=True), dict(dropout=0.1), dict(attention_dropout=0.1)])
 def test_the_transformers_settings_are_attention_only(setting):
     with pytest.raises(ValueError, match="attention only"):
         zoo.build("rwkv4", vocab_size=16, width=16, **setting)
 
 
-def test_dropout_out_of_range_is_refused():
-    with pytest.raises(ValueError, match="dropout must be in"):
-        zoo.build("attention", vocab_size=16, width=16, dropout=1.0)
+@pytest.mark.parametrize("name", ["dropout", "attention_dropout"])
+def test_dropout_out_of_range_is_refused(name):
+    with pytest.raises(ValueError, match=f"^{name} must be in"):
+        zoo.build("attention", vocab_size=16, width=16, **{name: 1.0})
+
+
+def _qkv(B=2, H=2, T=7, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, T, d, generator=g, dtype=torch.float64) for _ in range(3)]
+
+
+def test_dropped_attention_at_rate_zero_is_causal_attention():
+    """Against the float64 reference (an independent softmax), within the fp32 budget's scale in float64."""
+    q, k, v = _qkv()
+    want = torch.from_numpy(softmax_attention(q.numpy(), k.numpy(), v.numpy()))
+    assert torch.allclose(dropped_attention(q, k, v, 0.0), want, rtol=0, atol=1e-12)
+
+
+def test_dropped_attention_is_unbiased_and_drops_whole_weights():
+    """Inverted dropout on the weights: the mean over many masks is the undropped output (the standard error of a
+    mean of 4000 draws bounds the gap); one draw at p = 0.5 at the first position (a single weight, 1) gives v_0 / 0.5
+    or 0, nothing between."""
+    q, k, v = _qkv()
+    torch.manual_seed(0)
+    draws = torch.stack([dropped_attention(q, k, v, 0.3) for _ in range(4000)])
+    exact = attention(q, k, v)
+    stderr = draws.std(0) / 4000 ** 0.5
+    assert ((draws.mean(0) - exact).abs() <= 5 * stderr + 1e-12).all()
+    assert not torch.equal(draws[0], draws[1])
+    first = torch.stack([dropped_attention(q, k, v, 0.5)[..., 0, :] for _ in range(200)])   # (200, B, H, d)
+    kept = (first == 2 * v[..., 0, :]).all(-1)
+    assert (kept | (first == 0).all(-1)).all() and 0 < kept.float().mean() < 1
+
+
+def test_attention_dropout_acts_in_training_only():
+    """Evaluation: the same logits as the model without it (same weights); training: masks drawn on the weights."""
+    torch.manual_seed(0)
+    dropped = zoo.build("attention", vocab_size=16, width=16, attention_dropout=0.5)
+    plain = zoo.build("attention", vocab_size=16, width=16)
+    plain.load_state_dict(dropped.state_dict())
+    ids = torch.randint(0, 16, (2, 8))
+    dropped.eval(), plain.eval()
+    assert torch.equal(dropped(ids), plain(ids))
+    dropped.train(), plain.train()
+    assert torch.equal(plain(ids), plain(ids)) and not torch.equal(dropped(ids), dropped(ids))
+    learned = zoo.build("attention", vocab_size=16, width=16, positions="learned", attention_dropout=0.5).train()
+    assert not torch.equal(learned(ids), learned(ids))
+
+
+def test_a_rectified_scheme_refuses_dropped_weights():
+    q, k, v = _qkv(d=8)
+    with pytest.raises(ValueError, match="attention_dropout"):
+        PositionScheme("rerope", window=4).attend(q, k, v, 8, 10000.0, mix=lambda *a: dropped_attention(*a, 0.1))
 
 
 def test_a_probe_refuses_an_unknown_recipe_setting(tmp_path):

@@ -47,7 +47,8 @@ def exported_and_compared(tmp_path, model, ids, what):
 @pytest.mark.parametrize("fields", [
     dict(hidden_size=48, num_layers=2, head_size=16, train_length=64),
     dict(hidden_size=48, num_layers=2, head_size=24, train_length=64, base=500.0, tie_head=True),
-    dict(hidden_size=32, num_layers=1, head_size=8, intermediate_size=40, train_length=16, dropout=0.1),
+    dict(hidden_size=32, num_layers=1, head_size=8, intermediate_size=40, train_length=16, dropout=0.1,
+         attention_dropout=0.2),
 ])
 def test_transformers_runs_the_exported_transformer(tmp_path, fields):
     """Logits within the fp32 budget on random bytes, past the training length too (RoPE has no limit)."""
