@@ -409,9 +409,11 @@ def test_a_control_seed_that_needs_the_long_run_is_named():
     results = Results.__new__(Results)
     results.rows = [{**key, "phase": "test", "seed": s, "test_accuracy": a} for s, a in enumerate([0.99, 0.995, 0.26])]
     assert recall.control_holds(results, setup) is False                  # no long run yet
-    results.rows.append({**key, "phase": "long", "seed": 2, "test_accuracy": 0.997})
+    results.rows.append({**key, "phase": "long", "seed": 2, "test_accuracy": 0.997})   # its warmup stretched
+    assert recall.control_holds(results, setup) is False                  # a stretched row rescues nothing
+    results.rows.append({**key, "phase": "long", "seed": 2, "test_accuracy": 0.991, "warmup_steps": 50})
     assert recall.control_holds(results, setup) is True
-    assert "seed 2 only with 4x the steps" in recall._control_note(results, setup)
+    assert "seed 2 only with 4x the steps, the warmup kept" in recall._control_note(results, setup)
     results.rows[-1]["test_accuracy"] = 0.5
     assert recall.control_holds(results, setup) is False
     assert "seed 2 not even with 4x" in recall._control_note(results, setup)
