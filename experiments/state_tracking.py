@@ -19,8 +19,8 @@ Models: "attention" (the project's RoPE transformer), "rwkv4", "mamba", "rwkv7" 
 2 layers of width 64. Positive control: rwkv7_wide on parity, which must learn it (99% test accuracy at the training
 length) and keep it at 4x the length (90%), as Grazzi et al.'s extended-range linear RNNs do. Each model's rate is
 chosen on a validation set at the training length (full-length runs; the grid extended past an edge winner); three
-seeds for the control, one elsewhere. A control seed that misses trains 4x the steps at its rate (long_runs, rows of
-phase "long"): the control holds when every seed meets it, within the budget or with the longer run, and the
+seeds for the control, one elsewhere. A control seed that misses trains 4x the steps at its rate, the warmup kept in
+steps (long_runs, rows of phase "long"): the control holds when every seed meets it, within the budget or with the longer run, and the
 results file names the seeds that needed it.
 
 Writes state_tracking.json, state_tracking.md (the table, the published claims beside it), state_tracking.png
@@ -166,16 +166,19 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
 
 
 def long_runs(results: Results, setup: Setup, out, env: dict, task: Task, progress: bool = True) -> None:
-    """Is it the budget? Each seed of the control that misses it trains LONG_FACTOR times longer at its rate (the
-    schedule stretched to match) and is measured as the final runs are: rows of phase "long"."""
-    budget = replace(setup.budget, steps=LONG_FACTOR * setup.budget.steps)
+    """Is it the budget? Each seed of the control that misses it trains LONG_FACTOR times longer at its rate, the
+    warmup kept in steps and the cosine stretched (Budget.longer), and is measured as the final runs are: rows of
+    phase "long". A row without "warmup_steps" was made before, its warmup stretched too (a change of schedule as
+    well as of budget): it rescues nothing, and the seed is run again."""
+    budget = setup.budget.longer(LONG_FACTOR)
     for row in results.select(phase="test", arch=CONTROL[0], task=task.name):
         key = dict(arch=CONTROL[0], task=task.name, width=setup.width, seed=row["seed"])
-        if _control_passes(setup, row) or results.find(phase="long", **key):
+        if _control_passes(setup, row) or results.find(phase="long", **key, warmup_steps=budget.warmup_steps):
             continue
         run = _make_run(replace(setup, budget=budget), out, task, CONTROL[0], row["seed"], row["lr"])
         run.train_to(budget.steps, progress)
-        results.add({**key, "phase": "long", **run.summary(), **_measure(setup, task, run), "env": env})
+        results.add({**key, "phase": "long", "warmup_steps": budget.warmup_steps, **run.summary(),
+                     **_measure(setup, task, run), "env": env})
 
 
 def _control_passes(setup: Setup, row: dict) -> bool:
@@ -191,7 +194,13 @@ def _control_rows(results: Results, setup: Setup):
     rows = results.select(phase="test", arch=CONTROL[0], task=task.name)
     if len(rows) < task.seeds.get(CONTROL[0], 1):
         return None
-    return [(r, results.find(phase="long", arch=CONTROL[0], task=task.name, seed=r["seed"])) for r in rows]
+    return [(r, _kept_long(results, task, r["seed"])) for r in rows]
+
+
+def _kept_long(results: Results, task: Task, seed: int) -> dict | None:
+    """The control seed's longer run with the warmup kept in steps (None: not run); stretched rows do not count."""
+    return next((r for r in results.select(phase="long", arch=CONTROL[0], task=task.name, seed=seed)
+                 if "warmup_steps" in r), None)
 
 
 def control_holds(results: Results, setup: Setup) -> bool | None:
@@ -207,7 +216,7 @@ def control_holds(results: Results, setup: Setup) -> bool | None:
 def _control_note(results: Results, setup: Setup) -> str:
     """Which seeds met the control only with the longer run, or missed it both ways."""
     notes = [f"seed {r['seed']} {'only' if long and _control_passes(setup, long) else 'not even'} with "
-             f"{LONG_FACTOR}x the steps" for r, long in _control_rows(results, setup) or []
+             f"{LONG_FACTOR}x the steps, the warmup kept" for r, long in _control_rows(results, setup) or []
              if not _control_passes(setup, r)]
     return ", " + "; ".join(notes) if notes else ""
 
@@ -248,11 +257,16 @@ def report(results: Results, setup: Setup, out) -> str:
     long = results.select(phase="long")
     if long:
         n = 4 * setup.train_len
-        heading = f"\n## Is it the budget? The control's missed seeds with {LONG_FACTOR}x the steps\n\n"
+        heading = (f"\n## Is it the budget? The control's missed seeds with {LONG_FACTOR}x the steps\n\n"
+                   f"The warmup keeps its {setup.budget.warmup_steps} steps (Budget.longer); a row marked "
+                   f"\"stretched\" was made before that, its warmup stretched {LONG_FACTOR}x too (a change of schedule "
+                   f"as well as of budget), and the control's verdict does not count it.\n\n")
+        stretched = f"{LONG_FACTOR * setup.budget.warmup_steps} (stretched)"
         text += (heading + markdown_table(
-            ["model", "task", "seed", "rate", "steps", f"1-{setup.train_len}",
+            ["model", "task", "seed", "rate", "steps", "warmup steps", f"1-{setup.train_len}",
              *(f"past {setup.train_len}, at {m}" for m in setup.test_lens), f"at {n} after {setup.budget.steps} steps"],
-            [[r["arch"], r["task"], r["seed"], f"{r['lr']:.2g}", r["steps"], fmt(r["test_accuracy"]),
+            [[r["arch"], r["task"], r["seed"], f"{r['lr']:.2g}", r["steps"], r.get("warmup_steps", stretched),
+              fmt(r["test_accuracy"]),
               *(fmt(r[f"accuracy_past_train_at_{m}"]) for m in setup.test_lens),
               fmt(results.find(phase="test", arch=r["arch"], task=r["task"], seed=r["seed"])[
                   f"accuracy_past_train_at_{n}"])] for r in long]))

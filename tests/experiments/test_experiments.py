@@ -427,9 +427,11 @@ def test_a_control_seed_that_needs_the_long_run_is_named():
                 f"accuracy_past_train_at_{n}": past}
     results.rows = [row("test", 0, 1.0, 0.97), row("test", 1, 1.0, 0.99), row("test", 2, 1.0, 0.83)]
     assert state_tracking.control_holds(results, setup) is False
-    results.rows.append(row("long", 2, 1.0, 0.95))
+    results.rows.append(row("long", 2, 1.0, 0.95))                       # its warmup stretched: rescues nothing
+    assert state_tracking.control_holds(results, setup) is False
+    results.rows.append({**row("long", 2, 1.0, 0.95), "warmup_steps": setup.budget.warmup_steps})
     assert state_tracking.control_holds(results, setup) is True
-    assert "seed 2 only with 4x" in state_tracking._control_note(results, setup)
+    assert "seed 2 only with 4x the steps, the warmup kept" in state_tracking._control_note(results, setup)
 
 
 def test_failed_cells_at_the_controls_width_get_the_long_run_at_every_n(tmp_path, monkeypatch):

@@ -156,7 +156,7 @@ def _parity_rows(tmp_path, test, long=None, seeds=3):
         key = {"arch": "rwkv7_wide", "task": setup.tasks[0].name, "seed": seed}
         results.add({**key, "phase": "test", "test_accuracy": test, far: test})
         if long is not None:
-            results.add({**key, "phase": "long", "test_accuracy": long, far: long})
+            results.add({**key, "phase": "long", "test_accuracy": long, far: long, "warmup_steps": 75})
     return results, setup
 
 
