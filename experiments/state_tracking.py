@@ -20,8 +20,8 @@ Models: "attention" (the project's RoPE transformer), "rwkv4", "mamba", "rwkv7" 
 length) and keep it at 4x the length (90%), as Grazzi et al.'s extended-range linear RNNs do. Each model's rate is
 chosen on a validation set at the training length (full-length runs; the grid extended past an edge winner); three
 seeds for the control, one elsewhere. A control seed that misses trains 4x the steps at its rate, the warmup kept in
-steps (long_runs, rows of phase "long"): the control holds when every seed meets it, within the budget or with the longer run, and the
-results file names the seeds that needed it.
+steps (long_runs, rows of phase "long"): the control holds when every seed meets it, within the budget or with the
+longer run, and the results file names the seeds that needed it.
 
 Writes state_tracking.json, state_tracking.md (the table, the published claims beside it), state_tracking.png
 (accuracy against position, a panel per task) and the first seed's weights in weights/state_tracking/.
