@@ -82,7 +82,7 @@ from .._common import (Launch, accumulation_dtype, all_finite, check_decay_dtype
 from ._triton_common import _checkpoint, _head_offsets, _step
 from ..backends import Call, deprecated_chunked, dispatch
 from .triton_chunked import MAX_CHUNKED_HEAD, _chunked_fwd, _parallel_launch_config
-from .triton_chunked_bwd import _backward_launch_config, _chunked_bwd, chunked_aot_kernels
+from .triton_chunked_bwd import _chunked_bwd, chunked_aot_kernels
 
 __all__ = ["wkv7", "triton_launch"]
 
@@ -392,7 +392,8 @@ def triton_launch(B: int, H: int, N: int, kernel: str) -> tuple[Launch, tuple[in
         B: batch. H: heads. N: head size.
         kernel: "fwd" (the sequential forward, fewer rows a program when the grid is small), "bwd" (its backward),
             "chunked" (the "triton_chunked" backend's parallel forward kernels: per group, its grid's second axis;
-            the scan's is its own) or "chunked_bwd" (that backend's backward kernels, per chunk of 16 steps).
+            the scan's is its own) or "chunked_bwd" (that backend's gradient kernel: one program per group and head;
+            its prep and sub-chunk states kernels take the "chunked" launch, its scan the forward's).
 
     Returns:
         (launch, grid): the tile sizes and compiler options, and the programs per grid axis (per group or chunk on
@@ -406,7 +407,7 @@ def triton_launch(B: int, H: int, N: int, kernel: str) -> tuple[Launch, tuple[in
         cfg = _parallel_launch_config(N)
         return cfg, (B * H, 2 * N // cfg["COLUMNS"])
     elif kernel == "chunked_bwd":
-        cfg = _backward_launch_config(N)
+        return _parallel_launch_config(N), (B * H, 1)
     else:
         raise ValueError(f'kernel must be "fwd", "bwd", "chunked" or "chunked_bwd", got {kernel!r}')
     return cfg, _grid(B, H, N, cfg)
@@ -426,7 +427,7 @@ def wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
     y = new_output((B, T, H, N), r.dtype, r.device)
     state = new_output((B, H, N, N), torch.float32, r.device)
     if chunked:
-        return y, state, _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, _max_spread(r.dtype), save_checkpoints)
+        return y, state, _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, _max_spread(r.dtype))
     ckpt = (new_output((B * H, triton.cdiv(T, CHECKPOINT), N, N), torch.float32, r.device) if save_checkpoints
             else state)                              # not written without SAVE_CKPT
     cfg = _launch_config(N, B * H)
@@ -452,13 +453,12 @@ def wkv7_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate):
     wkv7_bwd_kernel[grid](
         r, log_w, k, v, a, b, dy, dstate if dstate is not None else dstate0, ckpt, scratch, dkeys, dv, dstate0, T, H,
         N=N, **cfg.blocks, CHECKPOINT=CHECKPOINT, HAS_DSTATE=dstate is not None, **cfg.options)
-    return _gradients(dkeys, dv, dstate0, r.dtype, log_w.dtype)
+    return _gradients(dkeys.sum(0), dv, dstate0, r.dtype, log_w.dtype)   # the row blocks' shares, in a fixed order
 
 
-def _gradients(dkeys, dv, dstate0, dtype, log_w_dtype):
-    """The gradients of (r, log_w, k, v, a, b) and the initial state from a backward's buffers: the row blocks' shares
-    dkeys (blocks, 5, B, T, H, N) of dr, dlog_w, dk, da, db, summed once in a fixed order; dv; dS_0."""
-    keys = dkeys.sum(0)
+def _gradients(keys, dv, dstate0, dtype, log_w_dtype):
+    """The gradients of (r, log_w, k, v, a, b) and the initial state from a backward's buffers: keys (5, B, T, H, N),
+    dr, dlog_w, dk, da, db; dv; dS_0."""
     # keys[i] one by one: indexing with a list makes an index tensor on the host, whose copy to the GPU (from
     # pageable memory) blocks the host until the GPU is idle, once per backward (the first GPU run measured it)
     dr, dk, da, db = (keys[i].to(dtype) for i in (0, 2, 3, 4))

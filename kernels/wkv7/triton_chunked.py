@@ -403,11 +403,12 @@ def _parallel_launch_config(N) -> Launch:
     return Launch({"COLUMNS": min(COLUMNS, N)}, num_warps=PARALLEL_WARPS)
 
 
-def group_size(dtype, grad) -> int:
-    """Sub-chunks per group: GROUP for fp16/bf16 inputs without a gradient; 1 with a gradient (the backward reads the
-    state entering every 16-step chunk) and for fp32 inputs (their prep kernel with GROUP sub-chunks a program needs
-    an 8-byte stack on sm_80: its tf32x3 products split every operand in two; with one, none)."""
-    return 1 if grad or dtype == torch.float32 else GROUP
+def group_size(dtype) -> int:
+    """Sub-chunks per group, the forward's and the backward's: GROUP for fp16/bf16 inputs; 1 for fp32 inputs (their
+    prep kernel with GROUP sub-chunks a program needs an 8-byte stack on sm_80, the backward's prep 56 bytes and its
+    sub-chunk states kernel 104 on sm_90: their tf32x3 products split every operand in two; with one, none, and the
+    forward's group states are the backward's sub-chunk states)."""
+    return 1 if dtype == torch.float32 else GROUP
 
 
 def _scan_launch_config(N) -> Launch:
@@ -431,14 +432,13 @@ def _scan(maps, init, states, final, n_groups, reverse, precision):
         HAS_INIT=init is not None, REVERSE=reverse, PRECISION=precision, **cfg.options)
 
 
-def _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, max_spread, grad):
+def _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, max_spread):
     """Launches the chunked forward into y and state; returns the state entering each group (B * H, groups, N, N),
-    which the output kernel reads; with ``grad``, groups of one sub-chunk (group_size), whose states the backward
-    (kernels/wkv7/triton_chunked_bwd.py) reads. max_spread: the widest spread of c a sub-chunk takes in the factored
-    form."""
+    which the output kernel reads, and the backward (kernels/wkv7/triton_chunked_bwd.py) after it. max_spread: the
+    widest spread of c a sub-chunk takes in the factored form."""
     B, T, H, N = r.shape
     cfg = _parallel_launch_config(N)
-    group = group_size(r.dtype, grad)
+    group = group_size(r.dtype)
     _, n_groups = _sizes(T, group)
     precision = _precision(r.dtype)
     shared = dict(N=N, CHUNK=CHUNK, GROUP=group, PRECISION=precision, **cfg.blocks)

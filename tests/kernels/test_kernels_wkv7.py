@@ -235,7 +235,7 @@ def test_triton_chunked_inference_at_sub_chunk_and_group_boundaries(rng, monkeyp
     pass (fp16/bf16 inputs; fp32 inputs here too, as the fp16 ones would, so that the composition is measured at
     fp32's accuracy; the spy counts the groups); y and the final state against the float64 reference, within the
     chunked WKV-7 budget. The quick tier takes 1, 17 and 65 (the interpreter: 5 s a case here)."""
-    monkeypatch.setattr(chunked_kernels, "group_size", lambda dtype, grad: 1 if grad else chunked_kernels.GROUP)
+    monkeypatch.setattr(chunked_kernels, "group_size", lambda dtype: chunked_kernels.GROUP)
     groups = spy(monkeypatch, kw, "_chunked_fwd")
     x_np, S0_np = rwkv7_inputs(rng, 1, T, 2, 16)
     x = fp32(*x_np)
