@@ -119,6 +119,38 @@ def _lines_back(X, r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, dy_ptr, seq, t0, T, st
 
 
 @triton.jit
+def wkv7_chunked_dstates_kernel(
+    r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs of the forward, contiguous (v is not needed)
+    dy_ptr,              # (B, T, H, N) gradient of y, contiguous, the input dtype
+    dstates_ptr,         # (B * H, n_groups, N, N) fp32: dL/dS at each group's end (the reversed scan's)
+    dsub_ptr,            # (B * H, n_groups * GROUP, N, N) fp32 out: dL/dS at each sub-chunk's end
+    T, H,                # sequence length, heads
+    N: tl.constexpr,           # head size
+    COLUMNS: tl.constexpr,     # value rows per program (the grid's second axis: N / COLUMNS)
+    CHUNK: tl.constexpr,       # steps per sub-chunk
+    GROUP: tl.constexpr,       # sub-chunks per group
+    MAX_SPREAD: tl.constexpr,  # the widest spread of c that a sub-chunk takes in the factored form
+    PRECISION: tl.constexpr,   # "tf32x3" or "tf32"
+):
+    """One (group, head, block of COLUMNS value rows) per program, wkv7_chunked_states_kernel's mirror: from dL/dS
+    at the group's end, G <- G P_s^T + dY_s[:, rows]^T R_s over its sub-chunks from the last (_lines_back), storing G
+    at each sub-chunk's end."""
+    DT: tl.constexpr = r_ptr.dtype.element_ty
+    pid_bh, g, n_groups = _program_group(T, CHUNK, GROUP)
+    _, seq, stride_t = _head_offsets(pid_bh, T, H, N)
+    keys = tl.arange(0, N)
+    values = tl.program_id(1) * COLUMNS + tl.arange(0, COLUMNS)
+    tile = values[:, None] * N + keys[None, :]
+    X = tl.load(_checkpoint(dstates_ptr, pid_bh, n_groups, g, N) + tile)
+    for back in range(GROUP - 1):
+        s = g * GROUP + GROUP - 1 - back
+        tl.store(_checkpoint(dsub_ptr, pid_bh, n_groups * GROUP, s, N) + tile, X)
+        X = _lines_back(X, r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, dy_ptr, seq, s * CHUNK, T, stride_t, keys, values,
+                        MAX_SPREAD, DT, PRECISION, CHUNK)
+    tl.store(_checkpoint(dsub_ptr, pid_bh, n_groups * GROUP, g * GROUP, N) + tile, X)
+
+
+@triton.jit
 def wkv7_chunked_bwd_prep_kernel(
     r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs of the forward, contiguous (v is not needed)
     dy_ptr,              # (B, T, H, N) gradient of y, contiguous, the input dtype
@@ -270,25 +302,6 @@ def _block_shares(v_ptr, dy_ptr, S_ptr, G_ptr, dkeys_ptr, numel, seq, t0, T, str
 
 
 @triton.jit
-def _block_ds0(T_inv, Q_rb, r_ptr, log_w_ptr, a_ptr, dy_ptr, G_ptr, out_ptr, keep, dkeys_ptr, numel, seq, t0, T,
-               stride_t, values, N: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
-    """One block of value rows of dS_0 = G diag(d) + (B^ G^T)^T W + dY^T (r~ + Q_rb W), over blocks of CHUNK keys
-    (W and r~ of the key block made again from the inputs), stored at out_ptr where ``keep`` > 0."""
-    dy_T = tl.trans(_load_chunk(dy_ptr, seq, t0, T, stride_t, values, CHUNK))
-    BG_T = tl.trans(_load_chunk(dkeys_ptr + 7 * numel, seq, t0, T, stride_t, values, CHUNK))
-    for k0 in range(0, N, CHUNK):
-        keys = k0 + tl.arange(0, CHUNK)
-        tile = values[:, None] * N + keys[None, :]
-        log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)
-        c = tl.cumsum(log_w, axis=0)
-        W = _fdot(T_inv, _load_chunk(a_ptr, seq, t0, T, stride_t, keys, CHUNK) * tl.exp(c - log_w), PRECISION)
-        R = _load_chunk(r_ptr, seq, t0, T, stride_t, keys, CHUNK) * tl.exp(c) + _fdot(Q_rb, W, PRECISION)
-        dS0 = (tl.load(G_ptr + tile) * tl.exp(tl.sum(log_w, axis=0))[None, :] + _fdot(BG_T, W, PRECISION)
-               + _fdot(dy_T, R, PRECISION))
-        tl.store(out_ptr + tile, dS0, mask=tile * 0 + keep > 0)
-
-
-@triton.jit
 def _coupling_gradients(v_ptr, dy_ptr, dkeys_ptr, numel, seq, t0, T, stride_t, N: tl.constexpr, CHUNK: tl.constexpr,
                         PRECISION: tl.constexpr):
     """The couplings' gradients dZ U^T, dZ V^T, dY U^T, dY V^T (before their triangles), summed over the blocks of
@@ -376,11 +389,11 @@ def _finish_keys(r_ptr, log_w_ptr, k_ptr, a_ptr, b_ptr, dkeys_ptr, numel, seq, t
 
 @triton.jit
 def _factored_gradients(A_ab, A_ak, Q_rb, Q_rk, r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr, S_ptr, G_ptr,
-                        out_ptr, keep, dkeys_ptr, dv_ptr, numel, seq, t0, T, stride_t, N: tl.constexpr,
+                        dkeys_ptr, dv_ptr, numel, seq, t0, T, stride_t, N: tl.constexpr,
                         CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     """A factored sub-chunk's gradients from its couplings (_couplings'), in passes over the blocks of CHUNK value
     rows (and, inside, of CHUNK keys) that each keep few (CHUNK, CHUNK) tiles live: U, then dZ and dv; the shares
-    summed in the slots; dS_0; the couplings' gradients; then the key-vector gradients, one a pass. Between passes a
+    summed in the slots; the couplings' gradients; then the key-vector gradients, one a pass. Between passes a
     barrier: each reads what the one before stored."""
     i = tl.arange(0, CHUNK)
     T_inv = _unit_lower_inverse(_lower(A_ab, i, True), i, PRECISION, CHUNK)
@@ -396,10 +409,6 @@ def _factored_gradients(A_ab, A_ak, Q_rb, Q_rk, r_ptr, log_w_ptr, k_ptr, v_ptr, 
         tl.debug_barrier()                       # the slots' zeros, the scratch and earlier blocks' sums are stored
         _block_shares(v_ptr, dy_ptr, S_ptr, G_ptr, dkeys_ptr, numel, seq, t0, T, stride_t, v0 + tl.arange(0, CHUNK), N,
                       CHUNK, PRECISION)
-    tl.debug_barrier()                           # every S_0 read before dS_0 overwrites it
-    for v0 in range(0, N, CHUNK):
-        _block_ds0(T_inv, _lower(Q_rb, i, False), r_ptr, log_w_ptr, a_ptr, dy_ptr, G_ptr, out_ptr, keep, dkeys_ptr,
-                   numel, seq, t0, T, stride_t, v0 + tl.arange(0, CHUNK), N, CHUNK, PRECISION)
     dA_ab, dA_ak, dQ_rb, dQ_rk = _coupling_gradients(v_ptr, dy_ptr, dkeys_ptr, numel, seq, t0, T, stride_t, N, CHUNK,
                                                      PRECISION)
     tl.debug_barrier()
@@ -463,90 +472,82 @@ def _stepwise_block(S0, G, log_w_ptr, r_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr,
 
 
 @triton.jit
-def _stepwise_gradients(log_w_ptr, r_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr, S_ptr, G_ptr, out_ptr, keep, dkeys_ptr,
-                        dv_ptr, numel, seq, t0, T, stride_t, N: tl.constexpr, CHUNK: tl.constexpr):
+def _stepwise_gradients(log_w_ptr, r_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr, S_ptr, G_ptr, dkeys_ptr, dv_ptr, numel,
+                        seq, t0, T, stride_t, N: tl.constexpr, CHUNK: tl.constexpr):
     """A stepped sub-chunk's gradients, its value rows CHUNK at a time (_stepwise_block), the key-vector gradients
-    summed over the blocks in the slots; dS_0's rows stored at out_ptr where ``keep`` > 0."""
+    summed over the blocks in the slots."""
     keys = tl.arange(0, N)
     for v0 in range(0, N, CHUNK):
         values = v0 + tl.arange(0, CHUNK)
         tile = values[:, None] * N + keys[None, :]
         tl.debug_barrier()                       # the slots' zeros and earlier blocks' sums are stored
-        G = _stepwise_block(tl.load(S_ptr + tile), tl.load(G_ptr + tile), log_w_ptr, r_ptr, k_ptr, v_ptr, a_ptr,
-                            b_ptr, dy_ptr, dv_ptr, dkeys_ptr, numel, seq, t0, T, stride_t, keys, values, CHUNK)
-        tl.debug_barrier()                       # every thread has read S0 from out_ptr's slot before any overwrites it
-        tl.store(out_ptr + tile, G, mask=tile * 0 + keep > 0)
+        _stepwise_block(tl.load(S_ptr + tile), tl.load(G_ptr + tile), log_w_ptr, r_ptr, k_ptr, v_ptr, a_ptr, b_ptr,
+                        dy_ptr, dv_ptr, dkeys_ptr, numel, seq, t0, T, stride_t, keys, values, CHUNK)
 
 
 @triton.jit
 def wkv7_chunked_bwd_kernel(
     r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # (B, T, H, N) inputs of the forward, contiguous
     dy_ptr,              # (B, T, H, N) gradient of y, contiguous, the input dtype
-    sub_ptr,             # (B * H, n_groups * GROUP, N, N) fp32: the state entering each sub-chunk; with GROUP > 1 a
-                         # scratch that the program overwrites with dL/dS there once read (not at a group's first)
-    dstates_ptr,         # (B * H, n_groups, N, N) fp32: dL/dS at each group's end (the reversed scan's)
+    sub_ptr,             # (B * H, n_groups * GROUP, N, N) fp32: the state entering each sub-chunk
+    dsub_ptr,            # (B * H, n_groups * GROUP, N, N) fp32: dL/dS at each sub-chunk's end
     dkeys_ptr,           # (8, B, T, H, N) fp32 out: dr, dlog_w, dk, da, db (running sums while the program runs),
-                         # then a scratch: U, dZ, B^ G^T of the sub-chunk being taken, by step and value row
+                         # then a scratch: U, dZ, B^ G^T of the program's sub-chunk, by step and value row
     dv_ptr,              # (B, T, H, N) fp32 out: the gradient of v
     T, H,                # sequence length, heads
     N: tl.constexpr,           # head size, a power of two from 16 to 64
     CHUNK: tl.constexpr,       # steps per sub-chunk, 16: also the value rows and keys of every tile
-    GROUP: tl.constexpr,       # sub-chunks per group
+    GROUP: tl.constexpr,       # sub-chunks per group: sub_ptr and dsub_ptr hold whole groups of a head
     MAX_SPREAD: tl.constexpr,  # the widest spread of c that a sub-chunk takes in the factored form
     PRECISION: tl.constexpr,   # "tf32x3" or "tf32"
 ):
-    """One (group, head) per program, its sub-chunks from the last: each one's gradients from its entering state
-    and G = dL/dS at its end (the reversed scan's for the last, then the slot the sub-chunk after left it in); its
-    dS_0 overwrites its own slot, read as G by the sub-chunk before. Every tile is (CHUNK, CHUNK) but the stepwise
-    path's rows of the state (CHUNK, N)."""
+    """One (sub-chunk, head) per program, no chain between them: its gradients from its entering state S_0 and
+    G = dL/dS at its end. Every tile is (CHUNK, CHUNK) but the stepwise path's rows of the state (CHUNK, N)."""
     DT: tl.constexpr = r_ptr.dtype.element_ty
-    pid_bh, g, n_groups = _program_group(T, CHUNK, GROUP)
+    pid_bh, s, n_sub = _program_group(T, CHUNK, 1)
     _, seq, stride_t = _head_offsets(pid_bh, T, H, N)
-    numel = (tl.num_programs(0) // n_groups).to(tl.int64) * T * N   # B * T * H * N
-    G_ptr = _checkpoint(dstates_ptr, pid_bh, n_groups, g, N)
-    for back in range(GROUP):
-        s = g * GROUP + GROUP - 1 - back
-        t0 = s * CHUNK
-        S_ptr = _checkpoint(sub_ptr, pid_bh, n_groups * GROUP, s, N)
-        keep = GROUP - 1 - back            # 0 at the group's first sub-chunk, whose dS_0 is the scan's
-        A_ab, A_ak, Q_rb, Q_rk, factored = _couplings(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr, dkeys_ptr,
-                                                      numel, seq, t0, T, stride_t, N, MAX_SPREAD, CHUNK, DT, PRECISION)
-        if factored:
-            _factored_gradients(A_ab, A_ak, Q_rb, Q_rk, r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr, S_ptr,
-                                G_ptr, S_ptr, keep, dkeys_ptr, dv_ptr, numel, seq, t0, T, stride_t, N, CHUNK,
-                                PRECISION)
-        else:
-            _stepwise_gradients(log_w_ptr, r_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr, S_ptr, G_ptr, S_ptr, keep,
-                                dkeys_ptr, dv_ptr, numel, seq, t0, T, stride_t, N, CHUNK)
-        tl.debug_barrier()               # this sub-chunk's dS_0 is stored before the one before reads it
-        G_ptr = S_ptr
+    numel = (tl.num_programs(0) // n_sub).to(tl.int64) * T * N   # B * T * H * N
+    slots = tl.cdiv(n_sub, GROUP) * GROUP
+    S_ptr = _checkpoint(sub_ptr, pid_bh, slots, s, N)
+    G_ptr = _checkpoint(dsub_ptr, pid_bh, slots, s, N)
+    t0 = s * CHUNK
+    A_ab, A_ak, Q_rb, Q_rk, factored = _couplings(r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr, dkeys_ptr,
+                                                  numel, seq, t0, T, stride_t, N, MAX_SPREAD, CHUNK, DT, PRECISION)
+    if factored:
+        _factored_gradients(A_ab, A_ak, Q_rb, Q_rk, r_ptr, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr, S_ptr, G_ptr,
+                            dkeys_ptr, dv_ptr, numel, seq, t0, T, stride_t, N, CHUNK, PRECISION)
+    else:
+        _stepwise_gradients(log_w_ptr, r_ptr, k_ptr, v_ptr, a_ptr, b_ptr, dy_ptr, S_ptr, G_ptr, dkeys_ptr, dv_ptr,
+                            numel, seq, t0, T, stride_t, N, CHUNK)
 
 
 def _chunked_bwd(r, log_w, k, v, a, b, states, dy, dstate, max_spread):
-    """The chunked backward from the forward's group states (groups of group_size sub-chunks): the sub-chunk states
-    (with groups of one, the forward's own: the gradient kernel then overwrites none) and the parallel prep, the
-    reversed scan, every group's gradients at once. Returns dkeys (5, B, T, H, N): dr, dlog_w, dk, da, db; dv; dS_0
-    (all fp32)."""
+    """The chunked backward from the forward's group states (groups of group_size sub-chunks): the parallel prep, the
+    reversed scan, with groups of several sub-chunks the state entering each and dL/dS at each one's end (with groups
+    of one, the forward's and the scan's own), then every sub-chunk's gradients at once. Returns dkeys
+    (5, B, T, H, N): dr, dlog_w, dk, da, db; dv; dS_0 (all fp32)."""
     B, T, H, N = r.shape
     cfg = _parallel_launch_config(N)
     group = group_size(r.dtype)
-    _, n_groups = _sizes(T, group)
+    n_sub, n_groups = _sizes(T, group)
     precision = _precision(r.dtype)
     shared = dict(N=N, CHUNK=CHUNK, GROUP=group, MAX_SPREAD=max_spread, PRECISION=precision, **cfg.options)
-    sub = states
-    if group > 1:
-        sub = new_output((B * H, n_groups * group, N, N), torch.float32, r.device)
-        wkv7_chunked_states_kernel[(B * H * n_groups, N // cfg["COLUMNS"])](r, log_w, k, v, a, b, states, sub, T, H,
-                                                                          **shared, **cfg.blocks)
+    walks = (B * H * n_groups, N // cfg["COLUMNS"])
     maps = new_output((B * H, n_groups, 2 * N, N), torch.float32, r.device)            # [P_G^T; F_G]
     wkv7_chunked_bwd_prep_kernel[(B * H * n_groups, 2 * N // cfg["COLUMNS"])](r, log_w, k, a, b, dy, maps, T, H,
                                                                             **shared, **cfg.blocks)
     dstates = new_output((B * H, n_groups, N, N), torch.float32, r.device)
     dstate0 = new_output((B, H, N, N), torch.float32, r.device)
     _scan(maps, dstate, dstates, dstate0, n_groups, True, precision)
+    sub, dsub = states, dstates
+    if group > 1:
+        sub = new_output((B * H, n_groups * group, N, N), torch.float32, r.device)
+        wkv7_chunked_states_kernel[walks](r, log_w, k, v, a, b, states, sub, T, H, **shared, **cfg.blocks)
+        dsub = new_output((B * H, n_groups * group, N, N), torch.float32, r.device)
+        wkv7_chunked_dstates_kernel[walks](r, log_w, k, a, b, dy, dstates, dsub, T, H, **shared, **cfg.blocks)
     dkeys = new_output((8, B, T, H, N), torch.float32, r.device)           # the five gradients, then a scratch
     dv = new_output((B, T, H, N), torch.float32, r.device)
-    wkv7_chunked_bwd_kernel[(B * H * n_groups,)](r, log_w, k, v, a, b, dy, sub, dstates, dkeys, dv, T, H, **shared)
+    wkv7_chunked_bwd_kernel[(B * H * n_sub,)](r, log_w, k, v, a, b, dy, sub, dsub, dkeys, dv, T, H, **shared)
     return dkeys[:5], dv, dstate0
 
 
@@ -570,6 +571,7 @@ def chunked_aot_kernels(N, dtype, types, max_spread):
               ("wkv7_chunked_bwd_scan", wkv7_chunked_scan_kernel, {**scans, "REVERSE": True}, scan),
               ("wkv7_chunked_bwd_grads", wkv7_chunked_bwd_kernel, {**common, "MAX_SPREAD": max_spread}, parallel)]
     if common["GROUP"] > 1:
-        builds.append(("wkv7_chunked_bwd_states", wkv7_chunked_states_kernel, walks, parallel))
+        builds += [("wkv7_chunked_bwd_states", wkv7_chunked_states_kernel, walks, parallel),
+                   ("wkv7_chunked_bwd_dstates", wkv7_chunked_dstates_kernel, walks, parallel)]
     return [AotKernel(f"{label} N={N} {dtype}", fn, constexprs, types, "*fp32", cfg.num_warps, cfg.num_stages)
             for label, fn, constexprs, cfg in builds]
