@@ -242,44 +242,41 @@ def _store_keys(dkeys_ptr, numel, dr, dlog_w, dk, da, db, seq, t0, T, stride_t, 
 
 
 @triton.jit
-def _solve_u(T_inv, A_ak, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, S_ptr, G_ptr, dkeys_ptr, dv_ptr, numel, seq, t0, T,
-             stride_t, values, N: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
-    """One block of value rows: a~ S_0^T, B^ G^T and K^ G^T (CHUNK steps, CHUNK rows) summed over blocks of CHUNK
-    keys, then U = T_inv (a~ S_0^T + A_ak V); U and B^ G^T go to the scratch slots 5 and 7, K^ G^T to dv (its first
-    term)."""
+def _solve_u(T_inv, A_ak, log_w_ptr, v_ptr, a_ptr, S_ptr, dkeys_ptr, numel, seq, t0, T, stride_t, values,
+             N: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+    """One block of value rows: a~ S_0^T (CHUNK steps, CHUNK rows) summed over blocks of CHUNK keys, then
+    U = T_inv (a~ S_0^T + A_ak V), stored in the scratch slot 5."""
     aS = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+    for k0 in range(0, N, CHUNK):
+        keys = k0 + tl.arange(0, CHUNK)
+        log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)
+        a_t = _load_chunk(a_ptr, seq, t0, T, stride_t, keys, CHUNK) * tl.exp(tl.cumsum(log_w, axis=0) - log_w)
+        aS += _fdot(a_t, tl.trans(tl.load(S_ptr + values[:, None] * N + keys[None, :])), PRECISION)
+    U = _fdot(T_inv, aS + _fdot(A_ak, _load_chunk(v_ptr, seq, t0, T, stride_t, values, CHUNK), PRECISION), PRECISION)
+    _store_chunk(dkeys_ptr + 5 * numel, U, seq, t0, T, stride_t, values, CHUNK)
+
+
+@triton.jit
+def _solve_dz(T_inv, A_ak, Q_rb, Q_rk, log_w_ptr, k_ptr, b_ptr, dy_ptr, G_ptr, dkeys_ptr, dv_ptr, numel, seq, t0, T,
+              stride_t, values, N: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+    """One block of value rows: B^ G^T and K^ G^T (CHUNK steps, CHUNK rows) summed over blocks of CHUNK keys, then
+    dZ = T_inv^T (Q_rb^T dY + B^ G^T) and dv = Q_rk^T dY + K^ G^T + A_ak^T dZ (stored); dZ and B^ G^T go to the
+    scratch slots 6 and 7."""
     BG = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
     KG = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
     for k0 in range(0, N, CHUNK):
         keys = k0 + tl.arange(0, CHUNK)
-        tile = values[:, None] * N + keys[None, :]
         log_w = _load_chunk(log_w_ptr, seq, t0, T, stride_t, keys, CHUNK)
-        c = tl.cumsum(log_w, axis=0)
-        to_end = tl.exp(tl.sum(log_w, axis=0)[None, :] - c)                    # e^{c_L - c_j}
-        G_T = tl.trans(tl.load(G_ptr + tile))
-        a_t = _load_chunk(a_ptr, seq, t0, T, stride_t, keys, CHUNK) * tl.exp(c - log_w)
-        aS += _fdot(a_t, tl.trans(tl.load(S_ptr + tile)), PRECISION)
+        to_end = tl.exp(tl.sum(log_w, axis=0)[None, :] - tl.cumsum(log_w, axis=0))     # e^{c_L - c_j}
+        G_T = tl.trans(tl.load(G_ptr + values[:, None] * N + keys[None, :]))
         BG += _fdot(_load_chunk(b_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end, G_T, PRECISION)
         KG += _fdot(_load_chunk(k_ptr, seq, t0, T, stride_t, keys, CHUNK) * to_end, G_T, PRECISION)
-    U = _fdot(T_inv, aS + _fdot(A_ak, _load_chunk(v_ptr, seq, t0, T, stride_t, values, CHUNK), PRECISION), PRECISION)
-    _store_chunk(dkeys_ptr + 5 * numel, U, seq, t0, T, stride_t, values, CHUNK)
-    _store_chunk(dkeys_ptr + 7 * numel, BG, seq, t0, T, stride_t, values, CHUNK)
-    _store_chunk(dv_ptr, KG, seq, t0, T, stride_t, values, CHUNK)
-
-
-@triton.jit
-def _solve_dz(T_inv, A_ak, Q_rb, Q_rk, dy_ptr, dkeys_ptr, dv_ptr, numel, seq, t0, T, stride_t, values,
-              CHUNK: tl.constexpr, PRECISION: tl.constexpr):
-    """One block of value rows: dZ = T_inv^T (Q_rb^T dY + B^ G^T) to the scratch slot 6, and dv = K^ G^T (_solve_u's)
-    + Q_rk^T dY + A_ak^T dZ."""
     dy = _load_chunk(dy_ptr, seq, t0, T, stride_t, values, CHUNK)
-    BG = _load_chunk(dkeys_ptr + 7 * numel, seq, t0, T, stride_t, values, CHUNK)
     dZ = _fdot(tl.trans(T_inv), _fdot(tl.trans(Q_rb), dy, PRECISION) + BG, PRECISION)
-    dv = (_load_chunk(dv_ptr, seq, t0, T, stride_t, values, CHUNK) + _fdot(tl.trans(Q_rk), dy, PRECISION)
-          + _fdot(tl.trans(A_ak), dZ, PRECISION))
+    _store_chunk(dv_ptr, KG + _fdot(tl.trans(Q_rk), dy, PRECISION) + _fdot(tl.trans(A_ak), dZ, PRECISION), seq, t0,
+                 T, stride_t, values, CHUNK)
     _store_chunk(dkeys_ptr + 6 * numel, dZ, seq, t0, T, stride_t, values, CHUNK)
-    tl.debug_barrier()                           # every thread has read dv's first term before any overwrites it
-    _store_chunk(dv_ptr, dv, seq, t0, T, stride_t, values, CHUNK)
+    _store_chunk(dkeys_ptr + 7 * numel, BG, seq, t0, T, stride_t, values, CHUNK)
 
 
 @triton.jit
@@ -399,12 +396,11 @@ def _factored_gradients(A_ab, A_ak, Q_rb, Q_rk, r_ptr, log_w_ptr, k_ptr, v_ptr, 
     T_inv = _unit_lower_inverse(_lower(A_ab, i, True), i, PRECISION, CHUNK)
     A_ak = _lower(A_ak, i, True)
     for v0 in range(0, N, CHUNK):
-        _solve_u(T_inv, A_ak, log_w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, S_ptr, G_ptr, dkeys_ptr, dv_ptr, numel, seq, t0, T,
-                 stride_t, v0 + tl.arange(0, CHUNK), N, CHUNK, PRECISION)
-    tl.debug_barrier()
+        _solve_u(T_inv, A_ak, log_w_ptr, v_ptr, a_ptr, S_ptr, dkeys_ptr, numel, seq, t0, T, stride_t,
+                 v0 + tl.arange(0, CHUNK), N, CHUNK, PRECISION)
     for v0 in range(0, N, CHUNK):
-        _solve_dz(T_inv, A_ak, _lower(Q_rb, i, False), _lower(Q_rk, i, False), dy_ptr, dkeys_ptr, dv_ptr, numel, seq,
-                  t0, T, stride_t, v0 + tl.arange(0, CHUNK), CHUNK, PRECISION)
+        _solve_dz(T_inv, A_ak, _lower(Q_rb, i, False), _lower(Q_rk, i, False), log_w_ptr, k_ptr, b_ptr, dy_ptr, G_ptr,
+                  dkeys_ptr, dv_ptr, numel, seq, t0, T, stride_t, v0 + tl.arange(0, CHUNK), N, CHUNK, PRECISION)
     for v0 in range(0, N, CHUNK):
         tl.debug_barrier()                       # the slots' zeros, the scratch and earlier blocks' sums are stored
         _block_shares(v_ptr, dy_ptr, S_ptr, G_ptr, dkeys_ptr, numel, seq, t0, T, stride_t, v0 + tl.arange(0, CHUNK), N,
