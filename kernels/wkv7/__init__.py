@@ -581,7 +581,8 @@ SMALL_GRID_HEADS = 12   # B H of the AOT build's split forward: batch 1 of a 12-
 
 def aot_kernels():
     """The sequential forward (with checkpoints) and backward, and the chunked kernels, at head size 64 and 128, fp32
-    and bf16 inputs; the sequential forward also at B H = SMALL_GRID_HEADS, where it splits the state further."""
+    and bf16 inputs (the chunked kernels at N = 64 only, and for fp16 too); the sequential forward also at
+    B H = SMALL_GRID_HEADS, where it splits the state further."""
     from ..aot import AotKernel
     kernels = []
     for N in (64, 128):
@@ -601,4 +602,7 @@ def aot_kernels():
                                          cfg.num_stages))
             if N <= MAX_CHUNKED_HEAD:   # the chunked backend refuses larger heads (kernels/wkv7/spec.py)
                 kernels += chunked_aot_kernels(N, dtype, types, DECAY_RANGE)
+                if dtype == "bf16":     # fp16: the chunked kernels again, at fp16's MAX_SPREAD
+                    fp16 = {name: "*fp16" if kind == "*bf16" else kind for name, kind in types.items()}
+                    kernels += chunked_aot_kernels(N, "fp16", fp16, FP16_DECAY_RANGE)
     return kernels
