@@ -57,13 +57,13 @@ Chunked Triton path (wkv7(..., backend="triton_chunked"), kernels/wkv7/triton_ch
 it): each 16-step sub-chunk of the torch path's factored WY form becomes an affine map of its entering state,
 S_end = S_0 P + E, computed for every sub-chunk at once in a parallel kernel, whose programs each compose 16 rows of
 a group's map (the grid's column axis), so that no (N, N) matrix sits in one program's registers; the only serial
-pass is S <- S P_G + E_G, one (16, N) x (N, N) product per group of 4 sub-chunks (fp16/bf16 inference) or of one
-(fp32, and whenever a gradient is wanted); the outputs then come from the group states in parallel. The forward
-stores only the state entering each group (fp32). The backward (kernels/wkv7/triton_chunked_bwd.py) is the
-previous design's: it reads the state entering every 16-step chunk, carries dL/dS back chunk by chunk in one serial
-pass, then takes every chunk's gradients at once, in matmul form. With fp16/bf16 inputs the couplings' products take
-the input dtype on the tensor cores, and everything that carries a state or the inverse tf32 operands; fp32 inputs
-tf32x3 in the forward, IEEE fp32 products in the backward. It takes head sizes from 16 to 64 (backend="triton", the
+pass is S <- S P_G + E_G, one (16, N) x (N, N) product per group of 4 sub-chunks (fp16/bf16) or of one (fp32); the
+outputs then come from the group states in parallel. The forward stores only the state entering each group (fp32).
+The backward (kernels/wkv7/triton_chunked_bwd.py) mirrors it: a parallel prep of the maps dL/dS_start = dL/dS_end
+P_G^T + F_G, the same serial scan reversed (one product per group), then every 16-step sub-chunk's gradients at
+once, in (16, 16) tiles. With fp16/bf16 inputs the couplings' products take the input dtype on the tensor cores, and
+everything that carries a state or the inverse tf32 operands; fp32 inputs tf32x3 (three tf32 products) in every
+product, forward and backward. It takes head sizes from 16 to 64 (backend="triton", the
 sequential kernels, runs the others: at N = 128 the fp32 scan's AOT build spills). Each sub-chunk picks its form on
 the device: within _factors_in_range's DECAY_RANGE and finite (RWKV-7's decays always are), the factored form;
 otherwise its 16 steps one at a time. The wrappers read no values (no host sync: CUDA graphs can capture them).

@@ -22,9 +22,10 @@ Y0'_s = Y0_s + R_s (E_1 ... composed up to s - 1)^T: Y_s = R'_s S_G^T + Y0'_s. T
   product a program.
 
 Stored: [P_G; E_G] (B H, groups, 2 N, N) and the rows [R' | Y0'] (B H, steps, 2 N), fp32, while the forward runs;
-after it, only the fp32 state entering each group. GROUP = 4 is for fp16/bf16 inference; fp32 inputs, and every
-call that wants a gradient, take groups of one sub-chunk (group_size: the backward reads the state entering every
-16-step chunk, and the fp32 prep with four sub-chunks a program needed an 8-byte stack on sm_80).
+after it, only the fp32 state entering each group. GROUP = 4 is for fp16/bf16 inputs, with or without a gradient
+(the backward, kernels/wkv7/triton_chunked_bwd.py, walks the state and dL/dS over each group's sub-chunks itself);
+fp32 inputs take groups of one sub-chunk (group_size: the fp32 prep with four sub-chunks a program needed an 8-byte
+stack on sm_80, the backward's walks over a group 56-104 bytes on sm_90).
 
 The column split. P_G and E_G are N x N, and (N, N) fp32 tiles do not fit one program's registers beside the
 sub-chunk's (16, N) tiles: the first form of this kernel, with all of P, E, P_G, E_G in one program, needed 0.2-1.8 KB

@@ -26,24 +26,39 @@ log_w_t enters c_i for i >= t (within its sub-chunk; the next sees it through d)
                + dd d
 
 Over a group, G enters the last sub-chunk as dL/dS at the group's end and leaves each as its dS_0 (G P_s^T + dY_s^T
-R_s); composed, dL/dS_G = G_end P_G^T + F_G with F_G = ((dY_4^T R_4) P_3^T + dY_3^T R_3) P_2^T ... Four kernels:
+R_s); composed, dL/dS_G = G_end P_G^T + F_G with F_G = ((dY_4^T R_4) P_3^T + dY_3^T R_3) P_2^T ... The groups are
+the forward's (group_size: GROUP sub-chunks for fp16/bf16 inputs, one for fp32). Kernels:
 
-- wkv7_chunked_states_kernel, grid (groups x B H, N / COLUMNS): the state entering every sub-chunk, walked forward
-  from the stored group state on COLUMNS value rows (the forward prep's walk on its E lines, from S_G instead of 0),
-  into a scratch the backward alone holds (B H, sub-chunks, N, N);
 - wkv7_chunked_bwd_prep_kernel, grid (groups x B H, 2 N / COLUMNS): the lines of [P_G^T; F_G], walking the group's
   sub-chunks from the last, X <- X P_s^T + dY_s[:, lines]^T R_s, with X P_s^T = X diag(d) + (X B^^T) W (the
   forward's low-rank trick, transposed; P lines start at e_i without input, F lines at 0);
 - wkv7_chunked_scan_kernel (the forward's), reversed: G <- G P_G^T + F_G from dL/dS_T, one product per group,
   storing dL/dS at each group's end; its last G is dS_0;
-- wkv7_chunked_bwd_kernel, grid (groups x B H): each group's sub-chunks from the last, all value rows in one program
-  taken COLUMNS at a time (the sums over value rows, dA, dZ S_0, dY S_0, U G, V G, colsum(G S_0), accumulate in the
-  program: the gradients are complete where they are stored, no partial-sum buffer, no reduce); each block's
-  dS_0 rows, the G of the sub-chunk before, go to the scratch slot of the state just read.
+- with groups of several sub-chunks, wkv7_chunked_states_kernel and wkv7_chunked_dstates_kernel, grid
+  (groups x B H, N / COLUMNS): the state entering every sub-chunk, walked forward from the stored group state on
+  COLUMNS value rows (the forward prep's walk on its E lines, from S_G instead of 0), and dL/dS at every sub-chunk's
+  end, walked back from the scan's (the prep's walk on value rows), into two scratch buffers (B H, sub-chunks, N, N).
+  With groups of one the forward's group states and the scan's are these, and neither kernel runs;
+- wkv7_chunked_bwd_kernel, grid (sub-chunks x B H): each sub-chunk's gradients from its S_0 and G, no chain between
+  programs. Every tile is (16, 16): the couplings summed over blocks of 16 keys, then passes over blocks of 16 value
+  rows, each with a loop over the key blocks inside: U = T_inv (a~ S_0^T + A_ak V); dZ and dv; the sums over value
+  rows of dY S_0, colsum(G * S_0), V G, dZ S_0 and U G, kept as running sums in the rows of the five gradients'
+  own buffer (no partial-sum buffer, no reduce; every thread loads a tile before any stores it: a barrier); dA and
+  dQ (16, 16) in registers; then one loop over the key blocks per key-vector gradient, turning its running sum into
+  it in place, dlog_w gathering its four shares. U, dZ and B^ G^T go from one pass to the next through three scratch
+  slots of that buffer. No pass keeps more than a few tiles live: the first form of this kernel, one program per
+  group with all value rows and (16, N) tiles, needed a 0.6-1.1 KB stack in fp32 at N = 64, and a walk over the
+  group's sub-chunks inside the program made the compiler keep every loop-invariant tile live across it (0.5 KB).
 
-A sub-chunk out of range or not finite (the forward's rule, dy counted among its inputs) takes its steps one at a
-time: G <- (G + dy r^T) diag(w) + (G + dy r^T) b a^T, and the gradients follow wkv7_bwd_kernel's step, each step's
-entering state re-run from S_0 on the block's rows (L (L - 1) / 2 steps: such sub-chunks are rare).
+A sub-chunk out of range or not finite (the forward's rule, v and dy counted among its inputs) takes its steps one
+at a time: G <- (G + dy r^T) diag(w) + (G + dy r^T) b a^T, and the gradients follow wkv7_bwd_kernel's step, each
+step's entering state re-run from S_0 on a block of 16 value rows (L (L - 1) / 2 steps: such sub-chunks are rare),
+each step's shares added to the running sums.
+
+AOT builds (triton 3.9, N = 64, 4 warps, registers / spill / stack bytes; tests/kernels/test_aot_wkv7_chunked.py):
+the gradient kernel fp32 228 / 0 / 0 (sm_80), 225 / 0 / 0 (sm_90), bf16 and fp16 168 / 0 / 0; the prep fp32
+214 / 0 / 0 and 231 / 0 / 0, bf16 and fp16 159-168 / 0 / 0; the state and dL/dS walks (bf16, fp16) 161-207 / 0 / 0;
+the scan 96-130 / 0 / 0. Nothing here is timed on a GPU yet.
 """
 from __future__ import annotations
 
