@@ -392,8 +392,8 @@ def triton_launch(B: int, H: int, N: int, kernel: str) -> tuple[Launch, tuple[in
         B: batch. H: heads. N: head size.
         kernel: "fwd" (the sequential forward, fewer rows a program when the grid is small), "bwd" (its backward),
             "chunked" (the "triton_chunked" backend's parallel forward kernels: per group, its grid's second axis;
-            the scan's is its own) or "chunked_bwd" (that backend's gradient kernel: one program per group and head;
-            its prep and sub-chunk states kernels take the "chunked" launch, its scan the forward's).
+            the scan's is its own) or "chunked_bwd" (that backend's gradient kernel: one program per sub-chunk and
+            head; its prep and its walks over a group take the "chunked" launch, its scan the forward's).
 
     Returns:
         (launch, grid): the tile sizes and compiler options, and the programs per grid axis (per group or chunk on

@@ -334,8 +334,8 @@ def test_triton_gradient_of_final_state_only(rng, chunked):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Triton chunked backward (kernels/wkv7/triton_chunked.py): every test counts its launches, so that none passes on the
-# sequential backward
+# Triton chunked backward (kernels/wkv7/triton_chunked_bwd.py): every test counts its launches, so that none
+# passes on the sequential backward
 # ----------------------------------------------------------------------------------------------------------------
 
 @pytest.fixture
