@@ -424,6 +424,13 @@ def _sizes(T, group):
     return n_sub, triton.cdiv(n_sub, group)
 
 
+def _grouping(T, dtype):
+    """(sub-chunks per group, sub-chunks, groups) of T steps of inputs of ``dtype``, the forward's and the backward's
+    (group_size, looked up here when called: tests replace it)."""
+    group = group_size(dtype)
+    return (group, *_sizes(T, group))
+
+
 def _scan(maps, init, states, final, n_groups, reverse, precision):
     """Launches the scan over maps (B * H, n_groups, 2 N, N) from init (or zeros), into states and final."""
     N = maps.shape[-1]
@@ -439,8 +446,7 @@ def _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, max_spread):
     widest spread of c a sub-chunk takes in the factored form."""
     B, T, H, N = r.shape
     cfg = _parallel_launch_config(N)
-    group = group_size(r.dtype)
-    _, n_groups = _sizes(T, group)
+    group, _, n_groups = _grouping(T, r.dtype)
     precision = _precision(r.dtype)
     shared = dict(N=N, CHUNK=CHUNK, GROUP=group, PRECISION=precision, **cfg.blocks)
     maps = new_output((B * H, n_groups, 2 * N, N), torch.float32, r.device)                # [P_G; E_G]

@@ -67,9 +67,8 @@ import torch
 from .._common import new_output, tl, triton
 from ._triton_common import _checkpoint, _head_offsets, _step
 from .triton_chunked import (CHUNK, _centred, _chunk_keys, _dot, _factored, _fdot, _group_map, _hats, _lines,
-                             _load_chunk, _lower, _parallel_launch_config, _precision, _program_group, _scan, _sizes,
+                             _load_chunk, _lower, _grouping, _parallel_launch_config, _precision, _program_group, _scan,
                              _store_chunk, _subchunk_lines, _total, _unit_lower_inverse, _vector, _wy)
-from . import triton_chunked
 
 __all__ = []   # private: the op is kernels/wkv7's wkv7 (backend="triton_chunked")
 
@@ -540,8 +539,7 @@ def _chunked_bwd(r, log_w, k, v, a, b, states, dy, dstate, max_spread):
     (5, B, T, H, N): dr, dlog_w, dk, da, db; dv; dS_0 (all fp32)."""
     B, T, H, N = r.shape
     cfg = _parallel_launch_config(N)
-    group = triton_chunked.group_size(r.dtype)      # the forward's, looked up as it does
-    n_sub, n_groups = _sizes(T, group)
+    group, n_sub, n_groups = _grouping(T, r.dtype)                 # the forward's
     assert states.shape[1] == n_groups, "the forward's groups are not the backward's"
     precision = _precision(r.dtype)
     shared = dict(N=N, CHUNK=CHUNK, GROUP=group, MAX_SPREAD=max_spread, PRECISION=precision, **cfg.options)
@@ -570,12 +568,12 @@ def chunked_aot_kernels(N, dtype, types, max_spread):
     labels start "wkv7_chunked_fwd" (the forward's three) or "wkv7_chunked_bwd" (the backward's four: three with
     groups of one, whose sub-chunk states are the forward's)."""
     from ..aot import AotKernel
-    from .triton_chunked import (_scan_launch_config, wkv7_chunked_output_kernel, wkv7_chunked_prep_kernel,
+    from .triton_chunked import (_scan_launch_config, group_size, wkv7_chunked_output_kernel, wkv7_chunked_prep_kernel,
                                  wkv7_chunked_scan_kernel)
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     parallel, scan = _parallel_launch_config(N), _scan_launch_config(N)
     common = {"N": N, "PRECISION": _precision(torch_dtype), "CHUNK": CHUNK,
-              "GROUP": triton_chunked.group_size(torch_dtype)}
+              "GROUP": group_size(torch_dtype)}
     walks = {**common, **parallel.blocks, "MAX_SPREAD": max_spread}
     scans = {"N": N, "PRECISION": common["PRECISION"], **scan.blocks, "HAS_INIT": True}
     builds = [("wkv7_chunked_fwd_prep", wkv7_chunked_prep_kernel, walks, parallel),
