@@ -341,40 +341,58 @@ def wkv7_chunked_fwd_output(N, dtype, steps, columns):
                 dot_flops=2 * steps * N * columns)
 
 
-def wkv7_chunked_dstate(B, T, H, N, dtype, block_v, block_k, programs, ck):
-    """wkv7_chunked_dstate_kernel, the chunked backward's serial pass. Per (chunk, program), BK = block_k,
-    BV = block_v: first loop, per key block: loads G (BV BK fp32) and stores it as the chunk's dL/dS, loads the
-    (CK, BK) tiles of log_w, r, k, a, b; 4 CK BK exp (three centred factors, e^{c_L - c}); products A_ab, Q_rb
-    (2 CK CK BK each) and B^ G^T (2 CK BV BK); about 8 CK BK elementwise FLOPs. Then loads dy, v (CK BV) and
-    (I - A)^{-1} (6 products of CK^3). Second loop, per key block: the same five tiles, 2 CK BK + BK exp; W, Q_rb W
-    (2 CK CK BK each), (B^ G^T)^T W and dY^T R (2 BV CK BK each); G loaded and stored; about 6 CK BK FLOPs."""
+def wkv7_chunked_bwd_prep(T, N, dtype, ck, group, columns):
+    """wkv7_chunked_bwd_prep_kernel, per program (a group of ``group`` sub-chunks, one head, ``columns`` lines of
+    [P_G^T; F_G]), per sub-chunk: loads r, log_w, k, a, b (CK, N) and dy (CK, columns); 5 CK N exp; products: two
+    couplings (A_ab, Q_rb: 2 CK CK N each), the inverse's 6 (2 CK^3), W and Q_rb W (2 CK CK N each), the lines'
+    update X B^^T, (.) W, dY^T R (3 of 2 columns CK N); per group stores its lines (columns N fp32)."""
     s = DTYPE_BYTES[dtype]
-    blocks, tile_k, state_tile = N // block_k, ck * block_k, block_v * block_k * 4
-    first = Cost(bytes=2 * state_tile + 5 * tile_k * s, transcendentals=4 * tile_k, flops=8 * tile_k,
-                 dot_flops=2 * 2 * ck * ck * block_k + 2 * ck * block_v * block_k)
-    middle = Cost(bytes=2 * ck * block_v * s, dot_flops=6 * 2 * ck ** 3)
-    second = Cost(bytes=2 * state_tile + 5 * tile_k * s, transcendentals=2 * tile_k + block_k, flops=6 * tile_k,
-                  dot_flops=2 * 2 * ck * ck * block_k + 2 * 2 * block_v * ck * block_k)
-    return (_cdiv(T, ck) * (blocks * (first + second) + middle) + Cost(bytes=2 * block_v * N * 4)) * programs
+    per_sub = Cost(bytes=(5 * N + columns) * ck * s, transcendentals=5 * ck * N, flops=12 * ck * N,
+                   dot_flops=4 * 2 * ck * ck * N + 6 * 2 * ck ** 3 + 3 * 2 * ck * N * columns)
+    return group * per_sub + Cost(bytes=columns * N * 4)
 
 
-def wkv7_chunked_bwd(B, T, H, N, dtype, block_v, block_k, programs, ck):
-    """wkv7_chunked_bwd_kernel: one program per (chunk, batch, head, BV value rows), ``programs`` of them, no
-    serial chain between them. First loop, per key block: loads S_0 and G (BV BK fp32 each) and the (CK, BK) tiles
-    of log_w, r, k, a, b; 5 CK BK exp; the four couplings (2 CK CK BK each), a~ S_0^T, B^ G^T, K^ G^T
-    (2 CK BV BK each); about 10 CK BK FLOPs. Then loads v, dy, stores dv (CK BV); (I - A)^{-1} (6 products of
-    CK^3) and ten products of 2 CK CK BV (U, dU, dZ, dV, the four couplings' gradients). Second loop, per key block:
-    the same loads, 8 CK BK + BK exp; eight products of 2 CK CK BK (the couplings' parts of da, dr, db, dk) and four
-    of 2 CK BV BK (dZ S_0, dY S_0, U G, V G); stores the five key-vector gradients (CK BK fp32 each); about
-    30 CK BK FLOPs (scalings, the sums over i >= t, i > t, j < t of dlog_w)."""
+def wkv7_chunked_bwd_states(T, N, dtype, ck, group, columns):
+    """wkv7_chunked_states_kernel (groups of several sub-chunks), per program (a group, one head, ``columns`` value
+    rows): loads the group's state rows (columns N fp32); per sub-chunk stores the rows entering it (columns N fp32),
+    loads r, log_w, k, a, b (CK, N) and v (CK, columns); 5 CK N exp; products: two couplings (A_ab, A_ak), the
+    inverse's 6, W (2 CK CK N), U0 (2 of 2 CK CK columns), X W^T, (.) B^, V^T K^ (3 of 2 columns CK N)."""
     s = DTYPE_BYTES[dtype]
-    blocks, tile_k, state_tile = N // block_k, ck * block_k, block_v * block_k * 4
-    first = Cost(bytes=2 * state_tile + 5 * tile_k * s, transcendentals=5 * tile_k, flops=10 * tile_k,
-                 dot_flops=4 * 2 * ck * ck * block_k + 3 * 2 * ck * block_v * block_k)
-    middle = Cost(bytes=2 * ck * block_v * s + ck * block_v * 4, dot_flops=6 * 2 * ck ** 3 + 10 * 2 * ck * ck * block_v)
-    second = Cost(bytes=2 * state_tile + 5 * tile_k * s + 5 * tile_k * 4, transcendentals=8 * tile_k + block_k,
-                  flops=30 * tile_k, dot_flops=8 * 2 * ck * ck * block_k + 4 * 2 * ck * block_v * block_k)
-    return (blocks * (first + second) + middle) * programs
+    per_sub = Cost(bytes=(5 * N + columns) * ck * s + columns * N * 4, transcendentals=5 * ck * N, flops=12 * ck * N,
+                   dot_flops=3 * 2 * ck * ck * N + 6 * 2 * ck ** 3 + 2 * 2 * ck * ck * columns
+                   + 3 * 2 * ck * N * columns)
+    return group * per_sub + Cost(bytes=columns * N * 4)
+
+
+def wkv7_chunked_bwd_grads(N, dtype, ck):
+    """wkv7_chunked_bwd_kernel, per program (one sub-chunk of CK steps, one head), b = N / CK blocks of keys and of
+    value rows, every tile (CK, CK), a "product" 2 CK^3 FLOPs. Its passes: the couplings (per key block loads r,
+    log_w, k, a, b, v, dy, zeroes the five slots' tiles, 3 tile exps, 4 products), the inverse (6 products); U (per
+    value block and key block loads log_w, a, S_0, 1 exp, 1 product; per value block v, 2 products, stores U); dZ and
+    dv (per value and key block loads log_w, b, k, G, 1 exp, 2 products; per value block dy, 4 products, stores dv,
+    dZ, B^ G^T); the shares (per value block loads v, dy, U, dZ; per value and key block S_0, G, the 5 slots' tiles
+    loaded and stored, 4 products and a column sum); the couplings' gradients (per value block the same four loads,
+    4 products); the key-vector gradients (4 loops over the key blocks, each loading r, log_w, k, a, b and two slots,
+    storing two, 2 products, about 4 tile exps and 12 FLOPs an element). About 10 FLOPs an element of a tile per
+    key block (couplings), 15 per value and key block (scalings, the slots' sums), 48 per key block (the gradients'
+    scalings and sums)."""
+    s, b, tile = DTYPE_BYTES[dtype], N // ck, ck * ck
+    loads = (b * (7 * s + 5 * 4) + b * b * (2 * s + 4) + b * (s + 4) + b * b * (3 * s + 4) + b * (s + 3 * 4)
+             + b * (2 * s + 2 * 4) + b * b * (2 * 4 + 10 * 4) + b * (2 * s + 2 * 4) + 4 * b * (5 * s + 4 * 4))
+    products = 7 * b * b + 22 * b + 6
+    return Cost(bytes=loads * tile, transcendentals=(2 * b * b + 19 * b) * tile, flops=(15 * b * b + 58 * b) * tile,
+                dot_flops=products * 2 * ck ** 3)
+
+
+def wkv7_chunked_bwd_step(N, ck):
+    """The gradient kernel's one step (its whole program; the programs have no chain between them, so it waits once
+    per wave): a DRAM round trip per iteration of each loop over blocks (b = N / CK: the couplings' b, U's, dZ's and
+    the shares' b (b + 1), the couplings' gradients' b, the key-vector gradients' 4 b: 3 b^2 + 9 b; the AOT build at
+    N = 64 pipelines some of their loads, this counts none), reductions across warps (the spread check's 6 per key
+    block, a column sum per value and key block: 6 b + b^2) and dependent products (the accumulations' chains and
+    the inverse: 3 b^2 + 11 b + 6)."""
+    b = N // ck
+    return Step(round_trips=3 * b * b + 9 * b, reductions=6 * b + b * b, dots=3 * b * b + 11 * b + 6)
 
 
 @models_of("wkv7")
@@ -382,15 +400,12 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
     from ..kernels.wkv7 import CHECKPOINT, triton_launch
     from ..kernels.wkv7.triton_chunked import CHUNK, SCAN_ROWS, group_size
     cfg, grid = triton_launch(B, H, N, "bwd")
-    chunked_cfg, chunked_grid = triton_launch(B, H, N, "chunked_bwd")
     columns = triton_launch(B, H, N, "chunked")[0]["COLUMNS"]
+    grads_warps = triton_launch(B, H, N, "chunked_bwd")[0].num_warps
     fwd_cfg, fwd_grid = triton_launch(B, H, N, "fwd")
-    block_v, chunked_v, fwd_v = cfg["BLOCK_V"], chunked_cfg["BLOCK_V"], fwd_cfg["BLOCK_V"]
-    chunked_k = chunked_cfg["BLOCK_K"]
-    key_loads = 2 * (N // chunked_k)               # the chunked kernels' unpipelined key-block loads per chunk
+    block_v, fwd_v = cfg["BLOCK_V"], fwd_cfg["BLOCK_V"]
     programs, fwd_programs = math.prod(grid), math.prod(fwd_grid)
     fwd_label = "wkv7_fwd" if fwd_cfg == cfg else f"wkv7_fwd B*H={B * H}"   # kernels/wkv7/ aot_kernels
-    chunked_programs = math.prod(chunked_grid)
     shape = f"B={B} T={T} H={H} N={N}"
     n_chunks = _cdiv(T, CHECKPOINT)
     out = []
@@ -398,19 +413,13 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
         s, seq, state = DTYPE_BYTES[dtype], B * T * H * N, B * H * N * N * 4
         # DRAM: the six inputs and y; bwd also dy, dv, the five key gradients' N / BLOCK_V partial slices (written,
         # read by the wrapper's sum) and their sum, the checkpoints; the scratch buffer (64 KB per program) stays in L2
-        # one backward's DRAM bytes, its key gradients in `slices` partial slices
-        bwd_dram = lambda slices: seq * (7 * s + 4 + 5 * 4 * (2 * slices + 1))      # noqa: E731
+        bwd_dram = seq * (7 * s + 4 + 5 * 4 * (2 * (N // block_v) + 1))
         # Steps: the sequential forward loads its step's vectors one step ahead (a round trip overlapping the
         # previous step's), then S a and S r, two reductions in a row (within one warp at the split configuration:
         # 4 value rows of N = 64); the backward alternates a recompute step (S a) and a reverse step (S_{t-1} a,
         # dr's sums, q = G b, then G), 1 and 4 reductions: 2.5 on average over its 2 T steps, each of its two walks
-        # per checkpoint run starting with a full round trip. The chunked forward: _wkv7_chunked_forward. The
-        # chunked backward's serial step is a chunk (the GPU review's reading of the previous forward's sm_90 build,
-        # which it resembles): two loops over the N / BLOCK_K key blocks whose loads are used in the iteration that
-        # issues them (a round trip each, not pipelined), about 34 reductions across warps (the spread and finiteness
-        # checks) and 9 dependent products (the inverse's 6, W, R, G), each waiting for its MMA and a conversion
-        # through shared memory; its second kernel has no chain between programs: one step of the same loads and about
-        # 14 dependent products (the inverse, U, dZ, the gradients), once per wave of programs.
+        # per checkpoint run starting with a full round trip. The chunked kernels: _wkv7_chunked_forward and
+        # _wkv7_chunked_backward.
         out += [Model("wkv7", f"{fwd_label} N={N} {dtype}", shape, B * T, dtype,
                       wkv7_fwd(B, T, H, N, dtype, fwd_v, fwd_programs, CHECKPOINT, False), fwd_programs, T, True,
                       7 * seq * s + state, "inference (no checkpoints); the AOT build is of the checkpointing variant",
@@ -418,23 +427,49 @@ def wkv7_models(B=1, T=2048, H=12, N=64):
                       num_warps=fwd_cfg.num_warps),
                 Model("wkv7", f"wkv7_bwd N={N} {dtype}", shape, B * T, dtype,
                       wkv7_bwd(B, T, H, N, dtype, block_v, programs, CHECKPOINT), programs, 2 * T, False,
-                      bwd_dram(N // block_v) + state * (n_chunks + 2),
-                      step=Step(1, 2.5, 1, prefetch=1, starts=1 / CHECKPOINT), num_warps=cfg.num_warps),
-                Model("wkv7", f"wkv7_chunked_dstate N={N} {dtype}", shape, B * T, dtype,
-                      wkv7_chunked_dstate(B, T, H, N, dtype, chunked_v, chunked_k, chunked_programs,
-                                          CHECKPOINT),
-                      chunked_programs, n_chunks, False, 7 * seq * s + state * (n_chunks + 2),
-                      "chunked=True, backward: the serial pass of dL/dS", step=Step(key_loads, 34, dots=9),
-                      num_warps=chunked_cfg.num_warps),
-                Model("wkv7", f"wkv7_chunked_bwd N={N} {dtype}", shape, B * T, dtype,
-                      wkv7_chunked_bwd(B, T, H, N, dtype, chunked_v, chunked_k, chunked_programs * n_chunks,
-                                       CHECKPOINT),
-                      chunked_programs * n_chunks, 1, False,
-                      bwd_dram(N // chunked_v) + 2 * state * n_chunks,
-                      "chunked=True, backward: every chunk at once", step=Step(key_loads, 34, dots=14),
-                      num_warps=chunked_cfg.num_warps)]
-        out += _wkv7_chunked_forward(B, T, H, N, dtype, columns, group_size(AOT_DTYPES[dtype], False), CHUNK,
-                                     SCAN_ROWS, shape)
+                      bwd_dram + state * (n_chunks + 2),
+                      step=Step(1, 2.5, 1, prefetch=1, starts=1 / CHECKPOINT), num_warps=cfg.num_warps)]
+        group = group_size(AOT_DTYPES[dtype])
+        out += _wkv7_chunked_forward(B, T, H, N, dtype, columns, group, CHUNK, SCAN_ROWS, shape)
+        out += _wkv7_chunked_backward(B, T, H, N, dtype, columns, group, CHUNK, SCAN_ROWS, shape, grads_warps)
+    return out
+
+
+def _wkv7_chunked_backward(B, T, H, N, dtype, columns, group, ck, rows, shape, grads_warps):
+    """The chunked WKV-7 backward's kernels (groups of ``group`` sub-chunks, the forward's), one Model each: the prep
+    of [P_G^T; F_G], the reversed scan (the forward's kernel: its step one product and a round trip a step ahead),
+    with groups of several sub-chunks the walks of the state and of dL/dS over each group, and the gradient kernel,
+    one program per sub-chunk and head: its serial chain is one step (wkv7_chunked_bwd_step), once per wave. Their
+    DRAM: the inputs (and dy) each reads, the maps, the states they read and write; the gradient kernel's dv and
+    five gradients, its running sums and its scratch (U, dZ, B^ G^T) in L2."""
+    n_sub = _cdiv(T, ck)
+    n_groups = _cdiv(n_sub, group)
+    seq, state = B * T * H * N * DTYPE_BYTES[dtype], B * H * N * N * 4
+    maps = B * H * n_groups * 2 * N * N * 4
+    prep = B * H * n_groups * 2 * N // columns
+    scan = B * H * N // rows
+    grads = B * H * n_sub
+    out = [Model("wkv7", f"wkv7_chunked_bwd_prep N={N} {dtype}", shape, B * T, dtype,
+                 wkv7_chunked_bwd_prep(T, N, dtype, ck, group, columns) * prep, prep, 0, False, 6 * seq + maps,
+                 "the chunked backward's parallel prep"),
+           Model("wkv7", f"wkv7_chunked_bwd_scan N={N} {dtype}", shape, B * T, dtype,
+                 wkv7_chunked_fwd_scan(N, rows) * (scan * n_groups), scan, n_groups, False, maps + 2 * state,
+                 "the chunked backward's serial pass", step=Step(1, dots=1, prefetch=1))]
+    if group > 1:
+        walks = B * H * n_groups * N // columns
+        # the dL/dS walk: the prep's work on value rows over all but a group's first sub-chunk, storing every one's
+        dstates = (wkv7_chunked_bwd_prep(T, N, dtype, ck, group - 1, columns)
+                   + Cost(bytes=(group - 1) * columns * N * 4))
+        for label, cost in (("states", wkv7_chunked_bwd_states(T, N, dtype, ck, group, columns)),
+                            ("dstates", dstates)):
+            out.append(Model("wkv7", f"wkv7_chunked_bwd_{label} N={N} {dtype}", shape, B * T, dtype, cost * walks,
+                             walks, 0, False, 6 * seq + n_groups * state + n_groups * group * state,
+                             "the chunked backward's walk over each group's sub-chunks"))
+    out.append(Model("wkv7", f"wkv7_chunked_bwd_grads N={N} {dtype}", shape, B * T, dtype,
+                     wkv7_chunked_bwd_grads(N, dtype, ck) * grads, grads, 1, False,
+                     7 * seq + B * T * H * N * 4 * 6 + 2 * n_groups * group * state,
+                     "the chunked backward's gradients, every sub-chunk at once", step=wkv7_chunked_bwd_step(N, ck),
+                     num_warps=grads_warps))
     return out
 
 

@@ -57,13 +57,13 @@ Chunked Triton path (wkv7(..., backend="triton_chunked"), kernels/wkv7/triton_ch
 it): each 16-step sub-chunk of the torch path's factored WY form becomes an affine map of its entering state,
 S_end = S_0 P + E, computed for every sub-chunk at once in a parallel kernel, whose programs each compose 16 rows of
 a group's map (the grid's column axis), so that no (N, N) matrix sits in one program's registers; the only serial
-pass is S <- S P_G + E_G, one (16, N) x (N, N) product per group of 4 sub-chunks (fp16/bf16 inference) or of one
-(fp32, and whenever a gradient is wanted); the outputs then come from the group states in parallel. The forward
-stores only the state entering each group (fp32). The backward (kernels/wkv7/triton_chunked_bwd.py) is the
-previous design's: it reads the state entering every 16-step chunk, carries dL/dS back chunk by chunk in one serial
-pass, then takes every chunk's gradients at once, in matmul form. With fp16/bf16 inputs the couplings' products take
-the input dtype on the tensor cores, and everything that carries a state or the inverse tf32 operands; fp32 inputs
-tf32x3 in the forward, IEEE fp32 products in the backward. It takes head sizes from 16 to 64 (backend="triton", the
+pass is S <- S P_G + E_G, one (16, N) x (N, N) product per group of 4 sub-chunks (fp16/bf16) or of one (fp32); the
+outputs then come from the group states in parallel. The forward stores only the state entering each group (fp32).
+The backward (kernels/wkv7/triton_chunked_bwd.py) mirrors it: a parallel prep of the maps dL/dS_start = dL/dS_end
+P_G^T + F_G, the same serial scan reversed (one product per group), then every 16-step sub-chunk's gradients at
+once, in (16, 16) tiles. With fp16/bf16 inputs the couplings' products take the input dtype on the tensor cores, and
+everything that carries a state or the inverse tf32 operands; fp32 inputs tf32x3 (three tf32 products) in every
+product, forward and backward. It takes head sizes from 16 to 64 (backend="triton", the
 sequential kernels, runs the others: at N = 128 the fp32 scan's AOT build spills). Each sub-chunk picks its form on
 the device: within _factors_in_range's DECAY_RANGE and finite (RWKV-7's decays always are), the factored form;
 otherwise its 16 steps one at a time. The wrappers read no values (no host sync: CUDA graphs can capture them).
@@ -82,7 +82,7 @@ from .._common import (Launch, accumulation_dtype, all_finite, check_decay_dtype
 from ._triton_common import _checkpoint, _head_offsets, _step
 from ..backends import Call, deprecated_chunked, dispatch
 from .triton_chunked import MAX_CHUNKED_HEAD, _chunked_fwd, _parallel_launch_config
-from .triton_chunked_bwd import _backward_launch_config, _chunked_bwd, chunked_aot_kernels
+from .triton_chunked_bwd import _chunked_bwd, chunked_aot_kernels
 
 __all__ = ["wkv7", "triton_launch"]
 
@@ -392,7 +392,8 @@ def triton_launch(B: int, H: int, N: int, kernel: str) -> tuple[Launch, tuple[in
         B: batch. H: heads. N: head size.
         kernel: "fwd" (the sequential forward, fewer rows a program when the grid is small), "bwd" (its backward),
             "chunked" (the "triton_chunked" backend's parallel forward kernels: per group, its grid's second axis;
-            the scan's is its own) or "chunked_bwd" (that backend's backward kernels, per chunk of 16 steps).
+            the scan's is its own) or "chunked_bwd" (that backend's gradient kernel: one program per sub-chunk and
+            head; its prep and its walks over a group take the "chunked" launch, its scan the forward's).
 
     Returns:
         (launch, grid): the tile sizes and compiler options, and the programs per grid axis (per group or chunk on
@@ -406,7 +407,7 @@ def triton_launch(B: int, H: int, N: int, kernel: str) -> tuple[Launch, tuple[in
         cfg = _parallel_launch_config(N)
         return cfg, (B * H, 2 * N // cfg["COLUMNS"])
     elif kernel == "chunked_bwd":
-        cfg = _backward_launch_config(N)
+        return _parallel_launch_config(N), (B * H, 1)
     else:
         raise ValueError(f'kernel must be "fwd", "bwd", "chunked" or "chunked_bwd", got {kernel!r}')
     return cfg, _grid(B, H, N, cfg)
@@ -426,7 +427,7 @@ def wkv7_fwd(r, log_w, k, v, a, b, state0, save_checkpoints, chunked):
     y = new_output((B, T, H, N), r.dtype, r.device)
     state = new_output((B, H, N, N), torch.float32, r.device)
     if chunked:
-        return y, state, _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, _max_spread(r.dtype), save_checkpoints)
+        return y, state, _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, _max_spread(r.dtype))
     ckpt = (new_output((B * H, triton.cdiv(T, CHECKPOINT), N, N), torch.float32, r.device) if save_checkpoints
             else state)                              # not written without SAVE_CKPT
     cfg = _launch_config(N, B * H)
@@ -452,13 +453,12 @@ def wkv7_bwd(r, log_w, k, v, a, b, ckpt, dy, dstate):
     wkv7_bwd_kernel[grid](
         r, log_w, k, v, a, b, dy, dstate if dstate is not None else dstate0, ckpt, scratch, dkeys, dv, dstate0, T, H,
         N=N, **cfg.blocks, CHECKPOINT=CHECKPOINT, HAS_DSTATE=dstate is not None, **cfg.options)
-    return _gradients(dkeys, dv, dstate0, r.dtype, log_w.dtype)
+    return _gradients(dkeys.sum(0), dv, dstate0, r.dtype, log_w.dtype)   # the row blocks' shares, in a fixed order
 
 
-def _gradients(dkeys, dv, dstate0, dtype, log_w_dtype):
-    """The gradients of (r, log_w, k, v, a, b) and the initial state from a backward's buffers: the row blocks' shares
-    dkeys (blocks, 5, B, T, H, N) of dr, dlog_w, dk, da, db, summed once in a fixed order; dv; dS_0."""
-    keys = dkeys.sum(0)
+def _gradients(keys, dv, dstate0, dtype, log_w_dtype):
+    """The gradients of (r, log_w, k, v, a, b) and the initial state from a backward's buffers: keys (5, B, T, H, N),
+    dr, dlog_w, dk, da, db; dv; dS_0."""
     # keys[i] one by one: indexing with a list makes an index tensor on the host, whose copy to the GPU (from
     # pageable memory) blocks the host until the GPU is idle, once per backward (the first GPU run measured it)
     dr, dk, da, db = (keys[i].to(dtype) for i in (0, 2, 3, 4))
@@ -581,7 +581,8 @@ SMALL_GRID_HEADS = 12   # B H of the AOT build's split forward: batch 1 of a 12-
 
 def aot_kernels():
     """The sequential forward (with checkpoints) and backward, and the chunked kernels, at head size 64 and 128, fp32
-    and bf16 inputs; the sequential forward also at B H = SMALL_GRID_HEADS, where it splits the state further."""
+    and bf16 inputs (the chunked kernels at N = 64 only, and for fp16 too); the sequential forward also at
+    B H = SMALL_GRID_HEADS, where it splits the state further."""
     from ..aot import AotKernel
     kernels = []
     for N in (64, 128):
@@ -601,4 +602,7 @@ def aot_kernels():
                                          cfg.num_stages))
             if N <= MAX_CHUNKED_HEAD:   # the chunked backend refuses larger heads (kernels/wkv7/spec.py)
                 kernels += chunked_aot_kernels(N, dtype, types, DECAY_RANGE)
+                if dtype == "bf16":     # fp16: the chunked kernels again, at fp16's MAX_SPREAD
+                    fp16 = {name: "*fp16" if kind == "*bf16" else kind for name, kind in types.items()}
+                    kernels += chunked_aot_kernels(N, "fp16", fp16, FP16_DECAY_RANGE)
     return kernels

@@ -22,9 +22,10 @@ Y0'_s = Y0_s + R_s (E_1 ... composed up to s - 1)^T: Y_s = R'_s S_G^T + Y0'_s. T
   product a program.
 
 Stored: [P_G; E_G] (B H, groups, 2 N, N) and the rows [R' | Y0'] (B H, steps, 2 N), fp32, while the forward runs;
-after it, only the fp32 state entering each group. GROUP = 4 is for fp16/bf16 inference; fp32 inputs, and every
-call that wants a gradient, take groups of one sub-chunk (group_size: the backward reads the state entering every
-16-step chunk, and the fp32 prep with four sub-chunks a program needed an 8-byte stack on sm_80).
+after it, only the fp32 state entering each group. GROUP = 4 is for fp16/bf16 inputs, with or without a gradient
+(the backward, kernels/wkv7/triton_chunked_bwd.py, walks the state and dL/dS over each group's sub-chunks itself);
+fp32 inputs take groups of one sub-chunk (group_size: the fp32 prep with four sub-chunks a program needed an 8-byte
+stack on sm_80, the backward's walks over a group 56-104 bytes on sm_90).
 
 The column split. P_G and E_G are N x N, and (N, N) fp32 tiles do not fit one program's registers beside the
 sub-chunk's (16, N) tiles: the first form of this kernel, with all of P, E, P_G, E_G in one program, needed 0.2-1.8 KB
@@ -403,11 +404,12 @@ def _parallel_launch_config(N) -> Launch:
     return Launch({"COLUMNS": min(COLUMNS, N)}, num_warps=PARALLEL_WARPS)
 
 
-def group_size(dtype, grad) -> int:
-    """Sub-chunks per group: GROUP for fp16/bf16 inputs without a gradient; 1 with a gradient (the backward reads the
-    state entering every 16-step chunk) and for fp32 inputs (their prep kernel with GROUP sub-chunks a program needs
-    an 8-byte stack on sm_80: its tf32x3 products split every operand in two; with one, none)."""
-    return 1 if grad or dtype == torch.float32 else GROUP
+def group_size(dtype) -> int:
+    """Sub-chunks per group, the forward's and the backward's: GROUP for fp16/bf16 inputs; 1 for fp32 inputs (their
+    prep kernel with GROUP sub-chunks a program needs an 8-byte stack on sm_80, the backward's prep 56 bytes and its
+    sub-chunk states kernel 104 on sm_90: their tf32x3 products split every operand in two; with one, none, and the
+    forward's group states are the backward's sub-chunk states)."""
+    return 1 if dtype == torch.float32 else GROUP
 
 
 def _scan_launch_config(N) -> Launch:
@@ -422,6 +424,13 @@ def _sizes(T, group):
     return n_sub, triton.cdiv(n_sub, group)
 
 
+def _grouping(T, dtype):
+    """(sub-chunks per group, sub-chunks, groups) of T steps of inputs of ``dtype``, the forward's and the backward's
+    (group_size, looked up here when called: tests replace it)."""
+    group = group_size(dtype)
+    return (group, *_sizes(T, group))
+
+
 def _scan(maps, init, states, final, n_groups, reverse, precision):
     """Launches the scan over maps (B * H, n_groups, 2 N, N) from init (or zeros), into states and final."""
     N = maps.shape[-1]
@@ -431,15 +440,13 @@ def _scan(maps, init, states, final, n_groups, reverse, precision):
         HAS_INIT=init is not None, REVERSE=reverse, PRECISION=precision, **cfg.options)
 
 
-def _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, max_spread, grad):
+def _chunked_fwd(r, log_w, k, v, a, b, state0, y, state, max_spread):
     """Launches the chunked forward into y and state; returns the state entering each group (B * H, groups, N, N),
-    which the output kernel reads; with ``grad``, groups of one sub-chunk (group_size), whose states the backward
-    (kernels/wkv7/triton_chunked_bwd.py) reads. max_spread: the widest spread of c a sub-chunk takes in the factored
-    form."""
+    which the output kernel reads, and the backward (kernels/wkv7/triton_chunked_bwd.py) after it. max_spread: the
+    widest spread of c a sub-chunk takes in the factored form."""
     B, T, H, N = r.shape
     cfg = _parallel_launch_config(N)
-    group = group_size(r.dtype, grad)
-    _, n_groups = _sizes(T, group)
+    group, _, n_groups = _grouping(T, r.dtype)
     precision = _precision(r.dtype)
     shared = dict(N=N, CHUNK=CHUNK, GROUP=group, PRECISION=precision, **cfg.blocks)
     maps = new_output((B * H, n_groups, 2 * N, N), torch.float32, r.device)                # [P_G; E_G]

@@ -189,23 +189,32 @@ def test_fp32_flash_forward_on_sm90_is_priced_as_tf32x3_on_wgmma():
 
 def test_chunked_wkv7_step_is_its_loads_reductions_and_dependent_products():
     """Chunked WKV-7, B 1, T 2048, H 12, N 64. The forward's serial pass (the scan) walks groups of 4 sub-chunks of
-    16 steps in bf16 inference (2048 / 64 = 32 groups; fp32: groups of one, 128), one program per 16 rows of a head's
-    state (12 x 64 / 16 = 48, one wave); a step is one dependent product (0.07 us) and the next group's map, loaded a
-    step ahead: one DRAM round trip (0.5 us) over two steps, (0.5 + 0.07) / 2 = 0.285 us. Its prep and outputs have
-    no serial chain. The backward's parallel kernel: 6144 programs of 8 warps at 234 registers (run 5's build) hold
-    one per SM (234 x 32 x 8 = 59,904 of 65,536 registers): 47 waves of one step of 8 x 0.5 + 34 x 0.1 + 14 x 0.07
-    = 8.38 us."""
+    16 steps in bf16 (2048 / 64 = 32 groups; fp32: groups of one, 128), one program per 16 rows of a head's state
+    (12 x 64 / 16 = 48, one wave); a step is one dependent product (0.07 us) and the next group's map, loaded a step
+    ahead: one DRAM round trip (0.5 us) over two steps, (0.5 + 0.07) / 2 = 0.285 us. The backward's scan is the same
+    kernel over the same groups, reversed. The preps, the outputs and the backward's walks over a group have no
+    serial chain. The gradient kernel: one program of 4 warps per sub-chunk and head (128 x 12 = 1536), one step
+    each of b = 4 key (and value) blocks: 3 b^2 + 9 b = 84 round trips, 6 b + b^2 = 40 reductions and
+    3 b^2 + 11 b + 6 = 98 dependent products, 84 x 0.5 + 40 x 0.1 + 98 x 0.07 = 52.86 us; at its build's 168
+    registers three programs fit an SM (168 x 32 x 4 = 21,504 of 65,536 registers): 1536 / (132 x 3) -> 4 waves."""
     models = {m.aot_label: m for m in cost_model.wkv7_models(1, 2048, 12, 64)}
-    scan, bwd = models["wkv7_chunked_fwd_scan N=64 bf16"], models["wkv7_chunked_bwd N=64 bf16"]
-    assert (scan.programs, scan.serial_steps, bwd.programs, bwd.num_warps) == (48, 32, 6144, 8)
+    scan, grads = models["wkv7_chunked_fwd_scan N=64 bf16"], models["wkv7_chunked_bwd_grads N=64 bf16"]
+    back = models["wkv7_chunked_bwd_scan N=64 bf16"]
+    assert (scan.programs, scan.serial_steps, grads.programs, grads.num_warps) == (48, 32, 1536, 4)
+    assert (back.programs, back.serial_steps) == (48, 32)
     assert models["wkv7_chunked_fwd_scan N=64 fp32"].serial_steps == 128
+    assert models["wkv7_chunked_bwd_scan N=64 fp32"].serial_steps == 128
     assert cost_model.latency(scan) == pytest.approx(32 * (0.5 + 0.07) / 2 * 1e-6)
-    for part in ("prep", "output"):
-        m = models[f"wkv7_chunked_fwd_{part} N=64 bf16"]
-        assert not m.serial_steps and cost_model.latency(m) == 0.0
-    assert cost_model.latency(bwd, regs=234) == pytest.approx(47 * (8 * 0.5 + 34 * 0.1 + 14 * 0.07) * 1e-6)
-    # by warps alone 8 programs fit an SM: 6144 / (132 x 8) -> 6 waves
-    assert cost_model.latency(bwd) == pytest.approx(6 * (8 * 0.5 + 34 * 0.1 + 14 * 0.07) * 1e-6)
+    assert cost_model.latency(back) == cost_model.latency(scan)
+    parallel = [f"wkv7_chunked_{part} N=64 bf16" for part in ("fwd_prep", "fwd_output", "bwd_prep", "bwd_states",
+                                                              "bwd_dstates")]
+    for label in parallel:
+        assert not models[label].serial_steps and cost_model.latency(models[label]) == 0.0
+    assert "wkv7_chunked_bwd_states N=64 fp32" not in models     # fp32: groups of one, the forward's states
+    step = (84 * 0.5 + 40 * 0.1 + 98 * 0.07) * 1e-6
+    assert cost_model.latency(grads, regs=168) == pytest.approx(4 * step)
+    # by warps alone 16 programs fit an SM: 1536 / (132 x 16) -> one wave
+    assert cost_model.latency(grads) == pytest.approx(step)
 
 
 def test_decode_pays_a_launch_floor_per_kernel():

@@ -16,8 +16,11 @@ pytestmark = [pytest.mark.skipif(not HAS_TRITON, reason="triton has no wheel for
               pytest.mark.timeout(1200)]
 
 REGISTERS_PER_SM = 65536   # sm_80 and sm_90
-PARALLEL = ("wkv7_chunked_fwd_prep", "wkv7_chunked_fwd_output")   # one program per group (and block of columns)
-SCAN = "wkv7_chunked_fwd_scan"                                     # the forward's only serial pass
+# one program per group (and block of columns), or per sub-chunk (the gradients): no chain between them
+PARALLEL = ("wkv7_chunked_fwd_prep", "wkv7_chunked_fwd_output", "wkv7_chunked_bwd_prep", "wkv7_chunked_bwd_states",
+            "wkv7_chunked_bwd_dstates", "wkv7_chunked_bwd_grads")
+SCANS = ("wkv7_chunked_fwd_scan", "wkv7_chunked_bwd_scan")   # the only serial passes: the forward's, the backward's
+DTYPES = ("fp32", "bf16", "fp16")
 ROW = re.compile(r"^(?P<label>\S.*?)\s+sm_(?P<arch>\d\d)\s+(?P<regs>\d+)\s+(?P<spill>\d+)\s+(?P<stack>\d+)\s+"
                  r"(?P<shared>\d+)\s+(?P<mma>\S+)\s+(?P<narrow>\d+)")
 
@@ -41,9 +44,16 @@ def _text(asm, label, arch, ext):
 
 
 def test_every_chunked_kernel_builds_without_spills_or_stack(build):
+    """Every chunked kernel, forward and backward, at every input dtype: fp32 takes groups of one sub-chunk (its
+    backward then has no states or dL/dS walks: the forward's group states are its sub-chunk states), fp16 and bf16
+    groups of GROUP, fp16 with its own MAX_SPREAD."""
     rows, kernels, _ = build
-    assert {label.split(" N=")[0] for label in kernels} >= {*PARALLEL, SCAN, "wkv7_chunked_dstate",
-                                                              "wkv7_chunked_bwd"}
+    names = {label.split(" N=")[0] for label in kernels}
+    assert names == {*PARALLEL, *SCANS}, names
+    for dtype in DTYPES:
+        walks = {label.split(" N=")[0] for label in kernels if label.endswith(dtype)} & {"wkv7_chunked_bwd_states",
+                                                                                           "wkv7_chunked_bwd_dstates"}
+        assert len(walks) == (0 if dtype == "fp32" else 2), (dtype, walks)
     for label in kernels:
         for arch in TARGETS:
             row = rows[(label, arch)]
@@ -64,23 +74,20 @@ def test_the_parallel_kernels_fit_two_programs_per_sm(build):
 
 
 def test_every_product_runs_on_the_tensor_cores(build):
-    """Each kernel's tl.dot instruction kind, read in the PTX: the forward's products are tf32x3 (fp32 inputs), tf32
-    or bf16 (bf16 inputs) on the tensor cores, mma.sync, or wgmma where a tile is 64 rows (the output kernel at
-    sm_90 with four sub-chunks a program); never the FMA units. The backward kept from the old design takes IEEE
-    products for fp32 inputs (FMA: "none") and the tensor cores for bf16."""
+    """Each kernel's tl.dot instruction kind, read in the PTX: the products are tf32x3 (fp32 inputs), tf32, bf16 or
+    fp16 (fp16/bf16 inputs) on the tensor cores, mma.sync, or wgmma where a tile is 64 rows (the output kernel at
+    sm_90 with four sub-chunks a program); never the FMA units, the backward's included."""
     rows, kernels, asm = build
     for label in kernels:
         for arch in TARGETS:
             mma = rows[(label, arch)]["mma"]
             ptx = _text(asm, label, arch, "ptx")
-            if label.startswith(("wkv7_chunked_dstate", "wkv7_chunked_bwd")) and label.endswith("fp32"):
-                expected = {"none"}
-            elif arch == 90 and label.startswith("wkv7_chunked_fwd_output N=") and label.endswith("bf16"):
+            if arch == 90 and label.startswith("wkv7_chunked_fwd_output N=") and label.endswith(("bf16", "fp16")):
                 expected = {"wgmma"}
             else:
                 expected = {"mma.sync", "wgmma"}
             assert mma in expected, (label, arch, mma)
-            if mma != "none" and label.endswith("fp32"):     # tf32x3: every MMA on tf32 operands
+            if label.endswith("fp32"):                        # tf32x3: every MMA on tf32 operands
                 mmas = re.findall(r"\b(?:mma\.sync|wgmma\.mma_async)\.\S+", ptx)
                 assert mmas and all("tf32" in m for m in mmas), (label, arch, mmas[:3])
             print(f"{label} sm_{arch}: {mma}")
@@ -89,9 +96,10 @@ def test_every_product_runs_on_the_tensor_cores(build):
 def test_the_serial_pass_pipelines_its_loads(build):
     """The scan's step is one product: its map M_G must not wait a memory round trip. M_G is loaded in its own step
     and pipelined by the compiler (num_stages = 2: asynchronous copies into shared memory, cp.async in the PTX), the
-    accumulator A_G loaded a step ahead by hand; no load of the loop is used in the step that issues it."""
+    accumulator A_G loaded a step ahead by hand; no load of the loop is used in the step that issues it. The same
+    kernel walks the forward's groups and, reversed, the backward's."""
     rows, kernels, asm = build
-    scans = [label for label in kernels if label.startswith(SCAN)]
+    scans = [label for label in kernels if label.startswith(SCANS)]
     assert scans and all(kernels[label].num_stages >= 2 for label in scans)
     for label in scans:
         for arch in TARGETS:

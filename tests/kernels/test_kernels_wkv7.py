@@ -235,7 +235,7 @@ def test_triton_chunked_inference_at_sub_chunk_and_group_boundaries(rng, monkeyp
     pass (fp16/bf16 inputs; fp32 inputs here too, as the fp16 ones would, so that the composition is measured at
     fp32's accuracy; the spy counts the groups); y and the final state against the float64 reference, within the
     chunked WKV-7 budget. The quick tier takes 1, 17 and 65 (the interpreter: 5 s a case here)."""
-    monkeypatch.setattr(chunked_kernels, "group_size", lambda dtype, grad: 1 if grad else chunked_kernels.GROUP)
+    monkeypatch.setattr(chunked_kernels, "group_size", lambda dtype: chunked_kernels.GROUP)
     groups = spy(monkeypatch, kw, "_chunked_fwd")
     x_np, S0_np = rwkv7_inputs(rng, 1, T, 2, 16)
     x = fp32(*x_np)
@@ -267,16 +267,22 @@ def test_triton_chunked_inference_groups_by_dtype(rng, monkeypatch, dtype, budge
 
 @needs_triton
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero state", "initial state"])
-@pytest.mark.parametrize("T", [pytest.param(T, marks=pytest.mark.slow) if T > 17 else T for T in BOUNDARY_LENGTHS])
-def test_triton_chunked_gradients_at_sub_chunk_and_group_boundaries(rng, monkeypatch, T, with_state):
-    """With a gradient the forward's groups are single sub-chunks (the backward reads the state entering each);
-    y, the final state and every gradient, the initial state's too, against autograd of the float64 recurrence.
-    Lengths past 17 are slow (the interpreter)."""
+@pytest.mark.parametrize("T, group", [
+    pytest.param(T, group, id=f"{T}-groups of {group}",
+                 marks=() if T in (1, 17) or (group > 1 and T == 65) else pytest.mark.slow)
+    for group in (1, chunked_kernels.GROUP) for T in BOUNDARY_LENGTHS])
+def test_triton_chunked_gradients_at_sub_chunk_and_group_boundaries(rng, monkeypatch, T, group, with_state):
+    """y, the final state and every gradient, the initial state's too, against autograd of the float64 recurrence,
+    with the forward's groups (and so the backward's) of one sub-chunk (fp32's, group_size) and of GROUP (fp16's and
+    bf16's: the backward then walks the state and dL/dS over each group's sub-chunks in its own kernels), both at
+    fp32's accuracy here; the spy counts the groups. The quick tier takes T = 1 and 17, and 65 with groups of GROUP
+    (a whole group and one step; the interpreter: 5-10 s a case)."""
+    monkeypatch.setattr(chunked_kernels, "group_size", lambda dtype: group)
     groups = spy(monkeypatch, kw, "_chunked_fwd")
     check_against_truth(rng, (1, T, 1, 16), "mixed", with_state, torch.float32, "triton_chunked",
                         FP32_CHUNKED_WKV7_BUDGET)
     (states,) = groups
-    assert states.shape == (1, -(-T // 16), 16, 16)
+    assert states.shape == (1, -(-T // (16 * group)), 16, 16)
 
 
 @needs_triton
@@ -328,8 +334,8 @@ def test_triton_gradient_of_final_state_only(rng, chunked):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Triton chunked backward (kernels/wkv7/triton_chunked.py): every test counts its launches, so that none passes on the
-# sequential backward
+# Triton chunked backward (kernels/wkv7/triton_chunked_bwd.py): every test counts its launches, so that none
+# passes on the sequential backward
 # ----------------------------------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -369,11 +375,15 @@ def test_triton_chunked_backward(rng, chunked_backward, shape, decay, with_state
 
 @pytest.mark.parametrize("shape, decay", [((1, 37, 1, 32), "strong"), ((2, 19, 1, 16), "mixed")])
 @needs_triton
-def test_triton_chunked_backward_fp16(rng, chunked_backward, shape, decay):
+def test_triton_chunked_backward_fp16(rng, monkeypatch, chunked_backward, shape, decay):
     """fp16 inputs: every product on the tensor cores' path (operands rounded to fp16, fp32 sums; the interpreter
-    rounds them the same way), within the fp16 budget."""
+    rounds them the same way), within the fp16 budget; the forward's groups, and so the backward's, of GROUP
+    sub-chunks (group_size), as without a gradient."""
+    groups = spy(monkeypatch, kw, "_chunked_fwd")
     check_against_truth(rng, shape, decay, True, torch.float16, "triton", FP16_BUDGET, chunked=True)
     assert len(chunked_backward) == 1
+    (states,) = groups
+    assert states.shape[1] == -(-shape[1] // (16 * chunked_kernels.GROUP))
 
 
 @needs_triton
@@ -417,9 +427,13 @@ def test_triton_chunked_split_sequence_gradients_equal_whole(rng, chunked_backwa
 
 @needs_triton
 @pytest.mark.slow   # the Triton interpreter beyond tiny shapes (no rule of tests/conftest.py can see it)
-def test_triton_chunked_backward_steps_through_out_of_range_chunks(rng, chunked_backward):
-    """One launch, three chunks: the middle one's decays reach e^{-1e4} (its spread is far beyond DECAY_RANGE: both
-    backward kernels take its steps one at a time), the others are factored; every gradient against the truth."""
+@pytest.mark.parametrize("group", [1, chunked_kernels.GROUP], ids=["groups of one", "groups of GROUP"])
+def test_triton_chunked_backward_steps_through_out_of_range_chunks(rng, monkeypatch, chunked_backward, group):
+    """One launch, three chunks: the middle one's decays reach e^{-1e4} (its spread is far beyond DECAY_RANGE: every
+    backward kernel takes its steps one at a time), the others are factored; every gradient against the truth, with
+    groups of one sub-chunk and of GROUP (the middle one then inside a group: the walks of the state and of dL/dS
+    over the group step through it too)."""
+    monkeypatch.setattr(chunked_kernels, "group_size", lambda dtype: group)
     x_np, S0_np = rwkv7_inputs(rng, 1, 40, 2, 16)
     x_np[1][:, 16:32] *= 1e4
     check_inputs_against_truth(x_np, S0_np, True, torch.float32, "triton", FP32_CHUNKED_WKV7_BUDGET, chunked=True)
@@ -428,10 +442,12 @@ def test_triton_chunked_backward_steps_through_out_of_range_chunks(rng, chunked_
 
 @needs_triton
 @pytest.mark.slow   # the Triton interpreter beyond tiny shapes (no rule of tests/conftest.py can see it)
-def test_triton_chunked_backward_steps_every_chunk(rng, monkeypatch, chunked_backward):
-    """DECAY_RANGE below every spread: every chunk of the forward and both backward kernels goes step by step (two
-    row blocks, T not a multiple of the chunk)."""
+@pytest.mark.parametrize("group", [1, chunked_kernels.GROUP], ids=["groups of one", "groups of GROUP"])
+def test_triton_chunked_backward_steps_every_chunk(rng, monkeypatch, chunked_backward, group):
+    """DECAY_RANGE below every spread: every chunk of the forward and of every backward kernel goes step by step (two
+    row blocks, T not a multiple of the chunk), in groups of one sub-chunk and of GROUP."""
     monkeypatch.setattr(kw, "DECAY_RANGE", -1.0)
+    monkeypatch.setattr(chunked_kernels, "group_size", lambda dtype: group)
     check_against_truth(rng, (1, 21, 1, 32), "mixed", True, torch.float32, "triton", FP32_CHUNKED_WKV7_BUDGET,
                         chunked=True)
     assert len(chunked_backward) == 1
