@@ -303,6 +303,7 @@ def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_le
     done = results.find(**key, lr=lr)
     if done is not None:
         return done
+    env = environment(threads)            # the checkout the run starts from (a long run may outlive its commit)
     with torch_settings(threads):
         tags = {**PROBE_SETTINGS, **RECIPE_SETTINGS}
         tag = f"-T{seq_len}-head{head_size}" + "".join(tags[name][0].format(value)
@@ -312,7 +313,7 @@ def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_le
         found = evaluate(zoo.logits, run.model, *_held_out(setup, TEST, pairs, setup.test_size))
         return results.add({**key, **run.summary(), "test_accuracy": found["accuracy"],
                             "test_queries": found["count"], **_looks_of(setup, run.model, arch, pairs),
-                            "env": environment(threads)})
+                            "env": env})
 
 
 def attention_looks(setup: Setup, model, pairs: int, sequences: int = 200) -> dict:
