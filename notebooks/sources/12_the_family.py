@@ -346,7 +346,9 @@ plt.show()
 # eigenvalue (RWKV-7 with the wide rate) keeps parity past the training length where positive decays cannot; and an
 # input-dependent decay (Mamba) selects what a time-invariant one cannot. On real text at this size all four
 # trained models beat the bigram control (3.570 bits per byte), RWKV-7 first; notebook 09 and docs/experiments.md
-# say how far one seed and a CPU budget carry these numbers.
+# say how far one seed and a CPU budget carry these numbers. One limit to keep in view: recall's positive control
+# fails today (attention's third seed stays at chance even with four times the steps once the warmup is kept at
+# its length), so the recall column is what the runs measured, not yet a verdict on the mechanisms.
 #
 # ### The rungs trained
 #
