@@ -18,6 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+try:
+    import fcntl                    # POSIX: Results.add locks its file; elsewhere, one writer at a time is the user's
+except ImportError:
+    fcntl = None
+
 import numpy as np
 import torch
 
@@ -72,10 +77,16 @@ class Results:
         return [row for row in self.rows if all(row.get(k) == v for k, v in key.items())]
 
     def add(self, row: dict) -> dict:
+        """Append ``row`` to the file as it is now: under a lock, the rows another process wrote since this one read
+        the file are read again first (two probes running side by side each kept the rows they started with, and
+        the one that ended last wrote the other's row away)."""
         row = Row({**row, "setup": self.setup} if self.setup is not None else row, self.path)
-        self.rows.append(row)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(self.path, json.dumps({"experiment": self.name, "rows": self.rows}, indent=1) + "\n")
+        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            self.rows = (self._read() if self.path.exists() else []) + [row]
+            write_text_atomically(self.path, json.dumps({"experiment": self.name, "rows": self.rows}, indent=1) + "\n")
         return row
 
 

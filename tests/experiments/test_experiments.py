@@ -400,6 +400,15 @@ def test_results_file_appends_and_reloads(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_two_writers_keep_each_others_rows(tmp_path):
+    """Two runs that opened the file before either added (two probes side by side) both keep their rows."""
+    first, second = Results(tmp_path, "x"), Results(tmp_path, "x")
+    first.add({"a": 1})
+    second.add({"a": 2})
+    first.add({"a": 3})
+    assert [r["a"] for r in Results(tmp_path, "x").rows] == [1, 2, 3] == [r["a"] for r in first.rows]
+
+
 def test_a_control_seed_that_needs_the_long_run_is_named():
     """The controls hold when every seed meets them within the budget or with the longer run, and the results
     say which seed needed it; a seed that misses both ways fails the control."""
