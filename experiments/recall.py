@@ -300,7 +300,9 @@ def probe(out, setup: Setup = None, *, arch: str, width: int, pairs: int, seq_le
     if steps is not None:                 # the grid's budget otherwise; the warmup kept in steps (earlier probes
         key["budget_steps"] = steps       # stretched it with the budget and lack this field)
         key["warmup_steps"] = budget.warmup_steps
-    done = results.find(**key, lr=lr)
+    # a row is this probe's only if it changed exactly these settings (find alone takes a row that changed more)
+    names = {*PROBE_SETTINGS, *RECIPE_SETTINGS, "budget_steps", "warmup_steps"}
+    done = next((r for r in results.select(**key, lr=lr) if all(r.get(n) == key.get(n) for n in names)), None)
     if done is not None:
         return done
     env = environment(threads)            # the checkout the run starts from (a long run may outlive its commit)

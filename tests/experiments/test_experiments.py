@@ -524,6 +524,17 @@ def test_a_recall_probe_changes_one_setting_and_the_report_lists_it(tmp_path):
         recall.probe(tmp_path, recall.QUICK, **{**kwargs, "arch": "rwkv7"}, steps=20, freeze_embedding=True)
 
 
+def test_a_probe_is_not_taken_for_one_that_changed_more(tmp_path):
+    """A probe already in the file is found again only if it changed exactly the same settings: one that changed
+    these and more (a tied head besides the attention weights' dropout) is another probe, run in its own right."""
+    kwargs = dict(arch="attention", width=32, pairs=2, seq_len=16, head_size=16, lr=3e-3, steps=5, progress=False)
+    more = recall.probe(tmp_path, recall.QUICK, **kwargs, tie_head=True, attention_dropout=0.1)
+    fewer = recall.probe(tmp_path, recall.QUICK, **kwargs, attention_dropout=0.1)
+    assert more["tie_head"] and "tie_head" not in fewer and fewer["attention_dropout"] == 0.1
+    assert len(Results(tmp_path, recall.PROBES).rows) == 2
+    assert recall.probe(tmp_path, recall.QUICK, **kwargs, attention_dropout=0.1) == fewer
+
+
 def test_a_frozen_embedding_stays_as_initialized_and_the_rest_trains(tmp_path):
     """Setup.freeze_embedding (a probe's): the run's token embedding takes no gradient and ends equal to a fresh
     model's of the same seed, while the other weights move."""
