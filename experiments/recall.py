@@ -37,8 +37,8 @@ import numpy as np
 
 from . import data, mechanism, plots, zoo
 from .data import TEST, VALID
-from .records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
-                      setup_label)
+from .records import (Results, command_line, control_verdict, environment, fmt, kept_long_runs, markdown_table,
+                      setup_label, warmup_cell)
 from .training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                        sweep_then_seeds)
 from ..models.io import load_state_dict, write_text_atomically
@@ -234,7 +234,7 @@ def long_runs(results: Results, setup: Setup, out, env: dict, cell: Cell, seed: 
         key = dict(arch=cell.arch, width=cell.width, pairs=cell.pairs, seed=s)
         test = results.find(phase="test", **key)
         if (test is None or test["test_accuracy"] >= threshold
-                or results.find(phase="long", **key, warmup_steps=budget.warmup_steps)):
+                or kept_long_runs(results, **key)):
             continue
         lr = _long_rate(results, cell, seed, test["lr"])
         run = _make_run(replace(setup, budget=budget), out, cell.arch, cell.width, cell.pairs, s, lr)
@@ -404,9 +404,8 @@ def control_holds(results: Results, setup: Setup) -> bool | None:
 def _long_accuracy(results: Results, row: dict) -> float:
     """The test accuracy of ``row``'s longer run with the warmup kept in steps (-1: none). A "stretched" row (no
     "warmup_steps": its warmup stretched with the budget) changed the schedule too, and rescues nothing."""
-    kept = [r["test_accuracy"] for r in results.select(phase="long", arch=row["arch"], width=row["width"],
-                                                       pairs=row["pairs"], seed=row["seed"]) if "warmup_steps" in r]
-    return max(kept, default=-1.0)
+    kept = kept_long_runs(results, arch=row["arch"], width=row["width"], pairs=row["pairs"], seed=row["seed"])
+    return max((r["test_accuracy"] for r in kept), default=-1.0)
 
 
 def _control_note(results: Results, setup: Setup) -> str:
@@ -473,9 +472,8 @@ def report(results: Results, setup: Setup, out) -> str:
     long = sorted(results.select(phase="long"), key=lambda r: (r["pairs"], order.get(r["arch"], len(order)), r["seed"],
                                                                "warmup_steps" in r))
     if long:
-        stretched = setup.budget.warmup_steps * setup.long_factor
         rows = [[r["arch"], r["pairs"], r["seed"], f"{r['lr']:.2g}", r["steps"],
-                 r.get("warmup_steps", f"{stretched} (stretched)"), fmt(r["test_accuracy"]),
+                 warmup_cell(r, setup.budget.warmup_steps, setup.long_factor), fmt(r["test_accuracy"]),
                  fmt(results.find(phase="test", arch=r["arch"], width=r["width"], pairs=r["pairs"],
                                   seed=r["seed"])["test_accuracy"]), *_looks_text(r)] for r in long]
         lines += [f"\n## Is it the budget? {setup.long_factor} times the steps at C = {c.width}\n\n"

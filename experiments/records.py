@@ -29,7 +29,8 @@ import torch
 from .. import __version__
 from ..models.io import write_text_atomically
 
-__all__ = ["RESULTS", "Results", "environment", "markdown_table", "parse_args", "output_dir", "command_line", "fmt",
+__all__ = ["RESULTS", "Results", "kept_long_runs", "warmup_cell", "environment", "markdown_table", "parse_args",
+           "output_dir", "command_line", "fmt",
            "control_verdict", "row_setup", "setup_label", "Row"]
 
 RESULTS = Path(__file__).resolve().parent / "results"      # committed; RESULTS / "quick" is git-ignored
@@ -88,6 +89,18 @@ class Results:
             self.rows = (self._read() if self.path.exists() else []) + [row]
             write_text_atomically(self.path, json.dumps({"experiment": self.name, "rows": self.rows}, indent=1) + "\n")
         return row
+
+
+def kept_long_runs(results: Results, **key) -> list:
+    """The longer runs ("is it the budget?", phase "long") matching ``key`` that kept their warmup in steps
+    (Budget.longer). A row without "warmup_steps" was made before that rule, its warmup stretched with the steps,
+    which changed the schedule as well as the budget: it rescues no control."""
+    return [row for row in results.select(phase="long", **key) if "warmup_steps" in row]
+
+
+def warmup_cell(row: dict, warmup_steps: int, factor: int):
+    """A long run's warmup for a report's table: its steps, or the stretched warmup of a row made before the rule."""
+    return row.get("warmup_steps", f"{factor * warmup_steps} (stretched)")
 
 
 def row_setup(row: dict) -> str:

@@ -37,8 +37,8 @@ import torch
 
 from . import data, mechanism, plots, zoo
 from .data import TEST, VALID
-from .records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
-                      setup_label)
+from .records import (Results, command_line, control_verdict, environment, fmt, kept_long_runs, markdown_table,
+                      setup_label, warmup_cell)
 from .training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                        sweep_then_seeds)
 from ..models.io import load_state_dict, write_text_atomically
@@ -173,7 +173,7 @@ def long_runs(results: Results, setup: Setup, out, env: dict, task: Task, progre
     budget = setup.budget.longer(LONG_FACTOR)
     for row in results.select(phase="test", arch=CONTROL[0], task=task.name):
         key = dict(arch=CONTROL[0], task=task.name, width=setup.width, seed=row["seed"])
-        if _control_passes(setup, row) or results.find(phase="long", **key, warmup_steps=budget.warmup_steps):
+        if _control_passes(setup, row) or kept_long_runs(results, **key):
             continue
         run = _make_run(replace(setup, budget=budget), out, task, CONTROL[0], row["seed"], row["lr"])
         run.train_to(budget.steps, progress)
@@ -194,13 +194,8 @@ def _control_rows(results: Results, setup: Setup):
     rows = results.select(phase="test", arch=CONTROL[0], task=task.name)
     if len(rows) < task.seeds.get(CONTROL[0], 1):
         return None
-    return [(r, _kept_long(results, task, r["seed"])) for r in rows]
-
-
-def _kept_long(results: Results, task: Task, seed: int) -> dict | None:
-    """The control seed's longer run with the warmup kept in steps (None: not run); stretched rows do not count."""
-    return next((r for r in results.select(phase="long", arch=CONTROL[0], task=task.name, seed=seed)
-                 if "warmup_steps" in r), None)
+    return [(r, next(iter(kept_long_runs(results, arch=CONTROL[0], task=task.name, seed=r["seed"])), None))
+            for r in rows]
 
 
 def control_holds(results: Results, setup: Setup) -> bool | None:
@@ -261,12 +256,11 @@ def report(results: Results, setup: Setup, out) -> str:
                    f"The warmup keeps its {setup.budget.warmup_steps} steps (Budget.longer); a row marked "
                    f"\"stretched\" was made before that, its warmup stretched {LONG_FACTOR}x too (a change of schedule "
                    f"as well as of budget), and the control's verdict does not count it.\n\n")
-        stretched = f"{LONG_FACTOR * setup.budget.warmup_steps} (stretched)"
         text += (heading + markdown_table(
             ["model", "task", "seed", "rate", "steps", "warmup steps", f"1-{setup.train_len}",
              *(f"past {setup.train_len}, at {m}" for m in setup.test_lens), f"at {n} after {setup.budget.steps} steps"],
-            [[r["arch"], r["task"], r["seed"], f"{r['lr']:.2g}", r["steps"], r.get("warmup_steps", stretched),
-              fmt(r["test_accuracy"]),
+            [[r["arch"], r["task"], r["seed"], f"{r['lr']:.2g}", r["steps"],
+              warmup_cell(r, setup.budget.warmup_steps, LONG_FACTOR), fmt(r["test_accuracy"]),
               *(fmt(r[f"accuracy_past_train_at_{m}"]) for m in setup.test_lens),
               fmt(results.find(phase="test", arch=r["arch"], task=r["task"], seed=r["seed"])[
                   f"accuracy_past_train_at_{n}"])] for r in long]))
