@@ -167,13 +167,14 @@ class _Block(nn.Module):
     def __init__(self, c: TransformerConfig, conv: bool = False):
         super().__init__()
         C, self.head_size = c.hidden_size, c.head_size
-        self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.ln1 = nn.LayerNorm(C)
         self.short_conv = _GatedShortConv(C) if conv else None
         if not conv:
             self.qkv = nn.Linear(C, 3 * C, bias=False)
             self.out = nn.Linear(C, C, bias=False)
         self.channel_mix = c.intermediate_size > 0
-        if self.channel_mix:
+        if self.channel_mix:                                        # its norm too: an unused one takes no gradient
+            self.ln2 = nn.LayerNorm(C)
             self.up = nn.Linear(C, c.intermediate_size, bias=False)
             self.down = nn.Linear(c.intermediate_size, C, bias=False)
         self.drop = nn.Dropout(c.dropout)                           # on each branch's output (identity at 0)

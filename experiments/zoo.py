@@ -1,6 +1,8 @@
 """The models the experiments train, at one width and depth, from the project's own modules:
 
     "attention"   experiments.transformer.Transformer (RoPE)        a KV cache that grows with T
+    "attention_zoology"  the same Transformer in Zoology's shape (ZOOLOGY_ATTENTION): one head, no MLP, learned
+                  positions, the head tied, dropout 0.1 on the attention weights
     "rwkv4"       models.rwkv4.RwkvForCausalLM                       WKV-4: a decayed sum, state 2 C (+ C maxima)
     "rwkv7"       models.rwkv7.Rwkv7 (BlinkDL's training start)      WKV-7: the delta rule, state C * head_size
     "mamba"       models.mamba.MambaForCausalLM (Mamba's training start) selective scan, state 2 C * state_size
@@ -27,12 +29,20 @@ from ..models.mamba import MambaConfig, MambaForCausalLM
 from ..models.rwkv4 import RwkvConfig, RwkvForCausalLM
 from ..models.rwkv7 import Rwkv7, Rwkv7Config
 
-__all__ = ["ARCHITECTURES", "TimeInvariantProjection", "time_invariant_system", "rwkv7_training_init",
-           "mamba_training_init", "build", "logits", "num_parameters", "state_size"]
+__all__ = ["ARCHITECTURES", "ZOOLOGY_ATTENTION", "TimeInvariantProjection", "time_invariant_system",
+           "rwkv7_training_init", "mamba_training_init", "build", "logits", "num_parameters", "state_size"]
 
 _MAMBAS = {"mamba": (True, True), "mamba_lti": (False, True), "mamba_ungated": (True, False),
            "mamba_lti_ungated": (False, False)}    # arch -> (selective, gated)
-ARCHITECTURES = ("attention", "rwkv4", "rwkv7", *_MAMBAS, *rungs.RUNGS)
+ARCHITECTURES = ("attention", "attention_zoology", "rwkv4", "rwkv7", *_MAMBAS, *rungs.RUNGS)
+# "attention_zoology": the attention model of Zoology's MQAR experiments (Arora et al. 2023; zoology/mixers/attention.py
+# and its figure-2 configs), as far as the project's Transformer has its settings: one head as wide as the model,
+# attention alone in each block (no MLP), learned absolute positions, the output head tied to the token embedding,
+# dropout 0.1 on the attention weights. Left out: its biases, and its dropout 0.1 on the embedding alone (the
+# Transformer's `dropout` drops the residual branches too). Issue 45's probes (experiments/results/recall_probes.json,
+# N = 8, C = 64) measured two of these as needed there: without the attention weights' dropout, or with RoPE for the
+# learned positions, the model stays at chance.
+ZOOLOGY_ATTENTION = dict(channel_mix=False, positions="learned", tie_head=True, attention_dropout=0.1)
 
 
 class TimeInvariantProjection(nn.Module):
@@ -113,7 +123,8 @@ def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size:
     """A freshly initialized model (seed torch first for a reproducible one).
 
     Args:
-        arch: one of ARCHITECTURES.
+        arch: one of ARCHITECTURES ("attention_zoology" takes none of the attention-only settings below, and
+            ignores head_size: its one head is as wide as the model).
         vocab_size, width (C), layers: as the names say; equal across architectures.
         head_size: attention's, RWKV-7's and the rungs' head size (C / head_size heads).
         state_size: Mamba's N.
@@ -137,6 +148,9 @@ def build(arch: str, *, vocab_size: int, width: int, layers: int = 2, head_size:
                              (attention_dropout != 0.0, f"attention_dropout={attention_dropout!r}")):
         if changed and arch != "attention":
             raise ValueError(f"{setting} is for attention only, got arch {arch!r}")
+    if arch == "attention_zoology":         # one head of the model's width; ZOOLOGY_ATTENTION's settings
+        return build("attention", vocab_size=vocab_size, width=width, layers=layers, head_size=width,
+                     train_length=train_length, **ZOOLOGY_ATTENTION)
     if arch == "attention":
         model = Transformer(TransformerConfig(vocab_size, hidden_size=width, num_layers=layers, head_size=head_size,
                                               train_length=train_length, intermediate_size=None if channel_mix else 0,
@@ -195,7 +209,8 @@ def state_size(arch: str, *, width: int, head_size: int = 16, state_size: int = 
     """Numbers of recurrent state per layer that carry information about the past: attention's keys and values
     (2 C T at length T), WKV-4's numerator and denominator (2 C), WKV-7's matrices (C * head_size), Mamba's SSM
     state (2 C * N; the conv window adds 2 C * 3)."""
-    sizes = {"attention": 2 * width * seq_len, "rwkv4": 2 * width, "rwkv7": width * head_size,
+    sizes = {"attention": 2 * width * seq_len, "attention_zoology": 2 * width * seq_len, "rwkv4": 2 * width,
+             "rwkv7": width * head_size,
              **{arch: width * head_size for arch in rungs.RUNGS},
              **{arch: 2 * width * state_size for arch in _MAMBAS}}
     if arch not in sizes:

@@ -67,6 +67,22 @@ def test_a_tied_head_reads_the_embedding_and_dropout_is_off_in_evaluation():
 def test_the_transformers_settings_are_attention_only(setting):
     with pytest.raises(ValueError, match="attention only"):
         zoo.build("rwkv4", vocab_size=16, width=16, **setting)
+    with pytest.raises(ValueError, match="attention only"):          # the Zoology preset fixes its own settings
+        zoo.build("attention_zoology", vocab_size=16, width=16, **setting)
+
+
+def test_zoology_attention_is_the_transformer_in_zoologys_shape():
+    """recall's control: one head as wide as the model, no MLP, learned positions, the head tied to the embedding,
+    dropout 0.1 on the attention weights and nowhere else; head_size does not change it."""
+    model = zoo.build("attention_zoology", vocab_size=16, width=24, layers=2, head_size=8, train_length=12)
+    c = model.config
+    assert (c.hidden_size // c.head_size, c.head_size, c.intermediate_size, c.positions) == (1, 24, 0, "learned")
+    assert (c.tie_head, c.dropout, c.attention_dropout, c.num_layers) == (True, 0.0, 0.1, 2)
+    assert model.head.weight is model.emb.weight
+    same = zoo.build("attention", vocab_size=16, width=24, layers=2, head_size=24, train_length=12,
+                     **zoo.ZOOLOGY_ATTENTION)
+    assert zoo.num_parameters(model) == zoo.num_parameters(same)
+    assert zoo.state_size("attention_zoology", width=24, seq_len=12) == 2 * 24 * 12
 
 
 @pytest.mark.parametrize("name", ["dropout", "attention_dropout"])
