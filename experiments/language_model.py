@@ -84,7 +84,7 @@ from ..models.rwkv7 import Rwkv7
 
 __all__ = ["Setup", "FULL", "QUICK", "ARCHS", "KEEP_FP32", "BigramModel", "byte_tokenizer", "build", "bpb",
            "keeps_fp32", "as_stored", "round_as_stored", "ship", "consecutive_windows", "measure_speed",
-           "generation_speed", "run", "report", "main"]
+           "generation_speed", "run", "probe", "report", "main"]
 
 NAME = "language_model"
 ARCHS = ("rwkv4", "rwkv7", "mamba", "attention")
@@ -349,6 +349,24 @@ def _pilot(results, setup, spec, make_run, seed, env, progress) -> float:
     return row["chosen_lr"]
 
 
+def _held_out(setup: Setup, corpus) -> dict:
+    """The final measurement's windows of each held-out split (consecutive_windows)."""
+    return {s: consecutive_windows(corpus.split(s), setup.seq_len, setup.eval_bytes) for s in ("validation", "test")}
+
+
+def _valid_curve(setup: Setup, corpus):
+    """The fixed random windows of the validation split that every run's validation curve is measured on."""
+    return data.lm_windows(corpus.split("validation"), data.held_out_rng(data.VALID), setup.valid_windows,
+                           setup.seq_len)
+
+
+def _final_metrics(model, arch: str, held_out: dict) -> dict:
+    """Bits per byte of each held-out split, measured on the weights as shipped (rounded in place first)."""
+    round_as_stored(model, arch)
+    model.eval()
+    return {f"{s}_bpb": bpb(evaluate(_forward, model, *held_out[s], batch_size=16)["loss"]) for s in held_out}
+
+
 def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = True) -> Results:
     out = Path(out)
     with torch_settings(threads):
@@ -357,8 +375,7 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
         write_text_atomically(out / "stdlib_corpus.json", json.dumps(corpus.manifest(), indent=1) + "\n")
         results = Results(out, NAME, setup_label(setup, FULL, QUICK))
         env = environment(threads)
-        held_out = {s: consecutive_windows(corpus.split(s), setup.seq_len, setup.eval_bytes)
-                    for s in ("validation", "test")}
+        held_out = _held_out(setup, corpus)
         if results.find(phase="bigram") is None:
             bigram = BigramModel(corpus.split("train"))
             results.add({"phase": "bigram", "alpha": 1.0,
@@ -375,8 +392,7 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
                 results.add({"phase": "speed", "arch": arch, **measure_speed(setup, spec, corpus), "env": env})
         for row in results.select(phase="size"):
             print(f"{row['arch']:>9}: {row['parameters']:,} parameters (C {row['width']}, {row['layers']} layers)")
-        valid = data.lm_windows(corpus.split("validation"), data.held_out_rng(data.VALID), setup.valid_windows,
-                                setup.seq_len)
+        valid = _valid_curve(setup, corpus)
         for spec in setup.models:
             arch = spec[0]
             if results.find(phase="final", arch=arch, seed=seed) is not None:
@@ -385,10 +401,8 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
             weights = out / "weights" / per_seed(NAME, seed)
             lr = _pilot(results, setup, spec, make_run, seed, env, progress)
             final = make_run("final", lr).train_to(setup.budget.steps, progress)
-            round_as_stored(final.model, arch)
-            model = final.model.eval()
-            metrics = {f"{s}_bpb": bpb(evaluate(_forward, model, *held_out[s], batch_size=16)["loss"])
-                       for s in held_out}
+            metrics = _final_metrics(final.model, arch, held_out)
+            model = final.model
             row = {"phase": "final", "arch": arch, "seed": seed, **final.summary(), **metrics,
                    "train_tokens": final.tokens,
                    "train_tokens_per_cpu_second": round(final.tokens / max(final.cpu_seconds, 1e-9))}
@@ -399,6 +413,37 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
             results.add({**row, "env": env})
         report(results, setup, out, seed)
         return results
+
+
+PROBES = "language_model_probes"
+
+
+def probe(out, *, arch: str, lr: float, seed: int = 0, setup: Setup | None = None, threads: int = 1,
+          progress: bool = True) -> dict:
+    """Why does one model trail another? A final run of ``arch`` (setup's size, data, budget and measurement) at a
+    rate of one's choosing instead of its pilot's, so that two models can be compared at the same rate. Its row
+    (phase "probe": validation and test bits per byte, the validation curve) goes to <out>/language_model_probes.json
+    and the report lists it; a probe already there is returned, not run again (a stopped one resumes from its
+    checkpoint, which a final run at the same rate and seed shares). Nothing is shipped."""
+    setup = setup or FULL
+    spec = next((m for m in setup.models if m[0] == arch), None)
+    if spec is None:
+        raise ValueError(f"arch must be one of {[m[0] for m in setup.models]}, got {arch!r}")
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, got {lr!r}")
+    out = Path(out)
+    results = Results(out, PROBES, setup_label(setup, FULL, QUICK))
+    key = dict(phase="probe", arch=arch, lr=lr, seed=seed)
+    done = results.find(**key)
+    if done is not None:
+        return done
+    env = environment(threads)
+    with torch_settings(threads):
+        corpus = data.stdlib_corpus()
+        run = _make_run(setup, spec, corpus, _valid_curve(setup, corpus), out, seed, "final", lr)
+        run.train_to(setup.budget.steps, progress)
+        metrics = _final_metrics(run.model, arch, _held_out(setup, corpus))
+        return results.add({**key, **run.summary(), **metrics, "train_tokens": run.tokens, "env": env})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -479,6 +524,17 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
     if samples:
         text += "\nGreedy continuations of \"def \":\n\n" + "\n".join(samples) + "\n"
     text += "\n## Against the papers\n\n" + _literature_paragraph(finals) + "\n"
+    probes = Results(out, PROBES).select(phase="probe", seed=seed)
+    if probes:
+        rows = [[r["arch"], f"{r['lr']:.3g}", f"{finals[r['arch']]['lr']:.3g}" if r["arch"] in finals else "-",
+                 f"{r['validation_bpb']:.3f}", f"{r['test_bpb']:.3f}"] for r in probes]
+        rows += [[a, f"{f['lr']:.3g}", f"{f['lr']:.3g}", f"{f['validation_bpb']:.3f}", f"{f['test_bpb']:.3f}"]
+                 for a, f in finals.items() if any(r["arch"] != a and r["lr"] == f["lr"] for r in probes)]
+        text += ("\n## Probes: a model at another model's rate\n\n"
+                 f"Outside the table (`language_model.probe`; rows in {PROBES}.json): the same size, data, budget and "
+                 "measurement, the rate set by hand instead of by the pilot; with the final runs at the same rates "
+                 "beside them, so that models can be compared at equal rates.\n\n"
+                 + markdown_table(["model", "rate", "its pilot's rate", "validation bpb", "test bpb"], rows))
     write_text_atomically(out / f"{per_seed(NAME, seed)}.md", text)
     curves = {a: [(step * tps, bpb(loss)) for step, _, _, loss in finals[a]["history"] if loss is not None]
               for a in ARCHS if a in finals}

@@ -108,6 +108,28 @@ def test_a_rerun_resumes_without_training(quick):
     assert Results(quick, lm.NAME).rows == before
 
 
+def test_a_rate_probe_is_a_final_run_at_a_rate_set_by_hand(quick, monkeypatch):
+    """language_model.probe: one model's final run at another rate than its pilot's, measured as the finals are; at
+    the final's own rate and seed it is that run (it resumes from its checkpoint: the same numbers); a second call
+    trains nothing; the report lists it beside the final runs at that rate; a bad arch or rate is refused."""
+    final = rows(quick, phase="final", arch="rwkv4")[0]
+    other = next(lr for lr in lm.QUICK.lrs if lr != final["lr"])
+    row = lm.probe(quick, arch="rwkv4", lr=other, setup=lm.QUICK, progress=False)
+    assert (row["phase"], row["lr"], row["steps"]) == ("probe", other, lm.QUICK.budget.steps)
+    assert 0 < row["test_bpb"] < 8 and row["test_bpb"] != final["test_bpb"]
+    same = lm.probe(quick, arch="rwkv4", lr=final["lr"], setup=lm.QUICK, progress=False)
+    assert (same["validation_bpb"], same["test_bpb"]) == (final["validation_bpb"], final["test_bpb"])
+    monkeypatch.setattr(lm.LmRun, "train_to", lambda *a, **k: pytest.fail("a probe ran again"))
+    assert lm.probe(quick, arch="rwkv4", lr=other, setup=lm.QUICK, progress=False) == row
+    text = lm.report(Results(quick, lm.NAME), lm.QUICK, quick)
+    probes = text.split("## Probes: a model at another model's rate")[1]
+    assert f"| rwkv4 | {other:.3g} | {final['lr']:.3g} | {row['validation_bpb']:.3f} | {row['test_bpb']:.3f} |" in probes
+    with pytest.raises(ValueError, match="arch must be one of"):
+        lm.probe(quick, arch="lstm", lr=1e-3, setup=lm.QUICK)
+    with pytest.raises(ValueError, match="lr must be positive"):
+        lm.probe(quick, arch="rwkv4", lr=0.0, setup=lm.QUICK)
+
+
 def test_a_command_line_mistake_is_one_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
         lm.main(["--threads", "0"])
