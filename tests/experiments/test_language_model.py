@@ -123,7 +123,8 @@ def test_a_rate_probe_is_a_final_run_at_a_rate_set_by_hand(quick, monkeypatch):
     assert lm.probe(quick, arch="rwkv4", lr=other, setup=lm.QUICK, progress=False) == row
     text = lm.report(Results(quick, lm.NAME), lm.QUICK, quick)
     probes = text.split("## Probes: a model at another model's rate")[1]
-    assert f"| rwkv4 | {other:.3g} | {final['lr']:.3g} | {row['validation_bpb']:.3f} | {row['test_bpb']:.3f} |" in probes
+    line = f"| rwkv4 | {other:.3g} | {final['lr']:.3g} | {row['validation_bpb']:.3f} | {row['test_bpb']:.3f} |"
+    assert line in probes
     with pytest.raises(ValueError, match="arch must be one of"):
         lm.probe(quick, arch="lstm", lr=1e-3, setup=lm.QUICK)
     with pytest.raises(ValueError, match="lr must be positive"):
