@@ -171,18 +171,24 @@ class Run:
         torch.manual_seed(self.seed)
         self.model = self.build()
         self.rng = np.random.default_rng([self.seed, 1])            # the training data stream
+        # torch's own random draws in training (dropout) come from this run's generator state, swapped in for each
+        # step (_own_torch_rng): not from whatever the global generator holds when the run trains, which depends
+        # on what the process built or ran before (a sweep builds its runs before training them) and is lost on
+        # a resume
+        self.torch_rng = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, 2])
+                                                           .generate_state(1)[0])).get_state()
         groups = ([{"params": list(self.model.parameters()), "weight_decay": self.budget.weight_decay}]
                   if self.budget.decay_all else decay_groups(self.model, self.budget.weight_decay))
         self.optimizer = torch.optim.AdamW(groups, lr=self.lr, betas=(0.9, self.budget.beta2))
         if self.checkpoint is not None and Path(self.checkpoint).exists():
             self._load(Path(self.checkpoint))
 
-    _RESUMED = ("step", "stopped", "diverged", "seconds", "cpu_seconds", "tokens", "history")
+    _RESUMED = ("step", "stopped", "diverged", "seconds", "cpu_seconds", "tokens", "history", "torch_rng")
 
     def _save(self) -> None:
         """Model, optimizer, data stream and progress, written through a temporary file and a rename (a run stopped
         mid-write keeps its previous checkpoint). Resuming from it continues the same run: the same next batch,
-        the same update, hence the same bits at the same thread count."""
+        the same dropout, the same update, hence the same bits at the same thread count."""
         path = Path(self.checkpoint)
         path.parent.mkdir(parents=True, exist_ok=True)
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -197,6 +203,8 @@ class Run:
         except Exception as e:                   # torch raises EOFError, RuntimeError, UnpicklingError, ...
             raise ValueError(f"checkpoint {path}: cannot be read ({type(e).__name__}: {e}); remove it to start the "
                              f"run afresh") from None
+        if isinstance(state, dict) and "history" in state and "torch_rng" not in state:
+            state["torch_rng"] = self.torch_rng   # a checkpoint from before the run kept torch's stream: from here
         missing = [k for k in ("model", "optimizer", "rng", "lr", "seed", *self._RESUMED)
                    if not isinstance(state, dict) or k not in state]
         if missing:
@@ -224,9 +232,10 @@ class Run:
             for group in self.optimizer.param_groups:
                 group["lr"] = self.budget.lr_at(self.step, self.lr)
             self.model.train()
-            loss, _ = _loss_and_hits(self.forward(self.model, x), y)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            with self._own_torch_rng():
+                loss, _ = _loss_and_hits(self.forward(self.model, x), y)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
             if self.budget.clip is not None:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.budget.clip)
             self.optimizer.step()
@@ -248,6 +257,15 @@ class Run:
                             val=f"{self.history[-1][2]:.3f}" if self.history else "-")
         bar.close()
         return self
+
+    @contextmanager
+    def _own_torch_rng(self):
+        """torch's global CPU generator set to this run's state for the block, the run's state advanced by what it
+        drew, and the global state put back after."""
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self.torch_rng)
+            yield
+            self.torch_rng = torch.get_rng_state()
 
     def _validate(self, loss: float | None) -> None:
         metrics = evaluate(self.forward, self.model, *self.valid)

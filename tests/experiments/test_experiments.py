@@ -331,6 +331,39 @@ def test_a_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path):
     assert all(torch.equal(p, q) for p, q in zip(again.model.parameters(), straight.model.parameters()))
 
 
+def _dropped_run(seed, lr=1e-2):
+    return Run(build=lambda: zoo.build("attention", vocab_size=16, width=16, layers=1, train_length=12,
+                                       attention_dropout=0.3, dropout=0.2),
+               forward=zoo.logits, sample=lambda rng, n: mqar(rng, n, seq_len=12, num_pairs=2, vocab_size=16),
+               lr=lr, budget=Budget(steps=6, batch_size=4, eval_every=3), seed=seed,
+               valid=mqar(np.random.default_rng(9), 8, seq_len=12, num_pairs=2, vocab_size=16))
+
+
+def test_a_run_with_dropout_is_its_seed_alone_and_resumes_as_if_never_stopped(tmp_path):
+    """Dropout draws from the run's own generator state: a run built after others (a sweep builds its runs first)
+    or after the global generator was used trains as one built alone, and a resumed run continues the same draws.
+    Without the run's own state both differ (the draws came from whatever the global generator held)."""
+    straight = _dropped_run(0).train_to(6, False)
+    later, _ = _dropped_run(0), _dropped_run(1)            # the second build reseeded the global generator
+    torch.rand(7)
+    later.train_to(6, False)
+    assert later.history == straight.history
+    assert all(torch.equal(p, q) for p, q in zip(later.model.parameters(), straight.model.parameters()))
+    path = tmp_path / "run.pt"
+    first = _dropped_run(0)
+    first.checkpoint = path
+    first.train_to(3, False)
+    torch.rand(5)
+    again = _dropped_run(0)
+    again.checkpoint = path
+    again.__post_init__()
+    again.train_to(6, False)
+    assert again.history == straight.history
+    assert all(torch.equal(p, q) for p, q in zip(again.model.parameters(), straight.model.parameters()))
+    other = _dropped_run(1).train_to(6, False)             # the dropout really draws: another seed, other numbers
+    assert other.history != straight.history
+
+
 def test_a_checkpoint_of_another_rate_is_refused(tmp_path):
     run = _tiny_run(0, 1e-2)
     run.checkpoint = tmp_path / "run.pt"
