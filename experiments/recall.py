@@ -545,9 +545,11 @@ def load_model(setup: Setup, out, arch: str, width: int, pairs: int):
 
 def mechanism_figure(setup: Setup, out, sequences: int = 200) -> None:
     """recall_mechanism.png: where the trained attention looks from each query, and what RWKV-7's state returns
-    when read at a query (experiments.mechanism), on held-out sequences of the control's setting."""
+    when read at a query (experiments.mechanism), on held-out sequences of the control's setting (C and N). The
+    attention shown is the project's ("attention"): in the full grid its first seed learned that cell within the
+    budget, while the control's needed the longer run, whose weights are not kept (the saved ones are at chance)."""
     c = setup.control
-    attention, rwkv7 = (load_model(setup, out, arch, c.width, c.pairs) for arch in (c.arch, "rwkv7"))
+    attention, rwkv7 = (load_model(setup, out, arch, c.width, c.pairs) for arch in ("attention", "rwkv7"))
     if attention is None and rwkv7 is None:
         return
     inputs, targets = _held_out(setup, TEST, c.pairs, sequences)
