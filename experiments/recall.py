@@ -408,17 +408,22 @@ def test_accuracies(results: Results, **setting) -> list:
 
 def control_holds(results: Results, setup: Setup) -> bool | None:
     """Whether the positive control reached setup.control_accuracy with every seed of each of its cells (every N),
-    within the budget or with long_factor times the steps, the warmup kept (long_runs) (None: not run yet; False as
-    soon as a finished cell fails)."""
+    within the budget or with long_factor times the steps, the warmup kept (long_runs) (None: a run, or a missed
+    seed's long run, has not run yet; False once a seed missed both ways)."""
     verdicts = [_cell_holds(results, setup, c) for c in setup.controls]
     return False if False in verdicts else None if None in verdicts else True
 
 
 def _cell_holds(results: Results, setup: Setup, c: Cell) -> bool | None:
+    """Every seed of the cell met the bar itself or with its kept long run (None: a seed or a missed seed's kept long
+    run has not run yet)."""
     rows = results.select(phase="test", arch=c.arch, width=c.width, pairs=c.pairs)
     if len(rows) < c.seeds:
         return None
-    return all(max(_long_accuracy(results, r), r["test_accuracy"]) >= setup.control_accuracy for r in rows)
+    verdicts = [r["test_accuracy"] >= setup.control_accuracy or
+                (None if _long_accuracy(results, r) < 0 else _long_accuracy(results, r) >= setup.control_accuracy)
+                for r in rows]
+    return False if False in verdicts else None if None in verdicts else True
 
 
 def _long_accuracy(results: Results, row: dict) -> float:
@@ -430,8 +435,10 @@ def _long_accuracy(results: Results, row: dict) -> float:
 
 def _control_note(results: Results, setup: Setup) -> str:
     """Which seeds met the control only with the longer run, or missed it both ways."""
-    notes = [f"N = {c.pairs} seed {r['seed']} "
-             f"{'only' if _long_accuracy(results, r) >= setup.control_accuracy else 'not even'} "
+    def how(r):
+        long = _long_accuracy(results, r)
+        return "not yet" if long < 0 else "only" if long >= setup.control_accuracy else "not even"
+    notes = [f"N = {c.pairs} seed {r['seed']} {how(r)} "
              f"with {setup.long_factor}x the steps, the warmup kept ({fmt(r['test_accuracy'])} at "
              f"{setup.budget.steps})"
              for c in setup.controls for r in results.select(phase="test", arch=c.arch, width=c.width, pairs=c.pairs)

@@ -468,9 +468,10 @@ def test_a_control_seed_that_needs_the_long_run_is_named():
     key = dict(arch=four.arch, width=four.width, pairs=four.pairs)
     results = Results.__new__(Results)
     results.rows = [{**key, "phase": "test", "seed": s, "test_accuracy": a} for s, a in enumerate([0.99, 0.995, 0.26])]
-    assert recall.control_holds(results, setup) is False                  # no long run yet (and N = 8 not run)
+    assert recall.control_holds(results, setup) is None                   # no long run yet (and N = 8 not run)
     results.rows.append({**key, "phase": "long", "seed": 2, "test_accuracy": 0.997})   # its warmup stretched
-    assert recall.control_holds(results, setup) is False                  # a stretched row rescues nothing
+    assert recall.control_holds(results, setup) is None                   # a stretched row rescues nothing
+    assert "N = 4 seed 2 not yet with 4x" in recall._control_note(results, setup)
     results.rows.append({**key, "phase": "long", "seed": 2, "test_accuracy": 0.991, "warmup_steps": 50})
     assert recall.control_holds(results, setup) is None                   # N = 4 holds; N = 8 has not run
     results.rows += [{"arch": eight.arch, "width": eight.width, "pairs": 8, "phase": "test", "seed": s,
@@ -481,8 +482,13 @@ def test_a_control_seed_that_needs_the_long_run_is_named():
     assert recall.control_holds(results, setup) is True
     assert "N = 4 seed 2 only with 4x the steps, the warmup kept" in recall._control_note(results, setup)
     results.rows[-1]["test_accuracy"] = 0.97                              # N = 8's third seed misses, no long run
+    assert recall.control_holds(results, setup) is None
+    assert "N = 8 seed 2 not yet with 4x" in recall._control_note(results, setup)
+    results.rows.append({"arch": eight.arch, "width": eight.width, "pairs": 8, "phase": "long", "seed": 2,
+                         "test_accuracy": 0.2, "warmup_steps": 50})
     assert recall.control_holds(results, setup) is False
     assert "N = 8 seed 2 not even with 4x" in recall._control_note(results, setup)
+    results.rows.pop()
     results.rows[-1]["test_accuracy"] = 0.985
     results.rows[4]["test_accuracy"] = 0.5                                # N = 4's long run misses too
     assert recall.control_holds(results, setup) is False
