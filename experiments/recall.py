@@ -483,7 +483,7 @@ def report(results: Results, setup: Setup, out) -> str:
     cells = "; ".join(f"N = {cell.pairs}: {_cell_text(results, cell.arch, cell.width, cell.pairs)}"
                       for cell in setup.controls)
     verdict = (control_verdict(holds, f"FAILS (below {fmt(setup.control_accuracy, 0)})")
-               + (_control_note(results, setup) if holds is not None else ""))
+               + _control_note(results, setup))
     lines = [f"# Multi-query associative recall (MQAR)\n\nTest accuracy on {setup.test_size} held-out sequences "
              f"per cell (vocabulary {setup.vocab_size}, 2 layers, {setup.spacing.replace('_', '-')} query spacing; "
              f"sequence length {', '.join(f'{t} at N = {n}' for n, t in setup.seq_len.items())}): mean over seeds "
