@@ -337,8 +337,7 @@ def test_reference_imports_numpy_and_its_siblings_only():
             mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
             for m in mods:
-                assert m.split(".")[0] in stdlib | {"numpy"} or m.startswith("seqmix.reference") or \
-                    (m == "seqmix.checkout" and path.name == "__init__.py"), f"{path}: {m}"   # the step-aside
+                assert m.split(".")[0] in stdlib | {"numpy"} or m.startswith("seqmix.reference"), f"{path}: {m}"
 
 
 def project_files():
