@@ -42,7 +42,8 @@ from matplotlib.figure import Figure
 
 from . import recall, rungs, state_tracking, zoo
 from .data import TEST
-from .records import Results, command_line, control_verdict, environment, fmt, markdown_table, setup_label
+from .records import (Results, command_line, control_verdict, environment, fmt, kept_long_runs, markdown_table,
+                      rescue_note, rescued, setup_label)
 from .training import evaluate, round_to_fp16, torch_settings
 from ..models.io import write_text_atomically
 
@@ -167,7 +168,7 @@ def long_runs(results: Results, setup: Setup, out, env: dict, seed: int = 0, pro
         job = replace(job, seed=job.seed + seed)
         row = results.find(phase="test", **job.key)
         if (not _is_control(setup, job) or row is None or _control_passes(setup, row)
-                or results.find(phase="long", **job.key) is not None):
+                or kept_long_runs(results, **job.key)):
             continue
         factor = LONG_FACTOR
         trained = _make_run(setup, out, job, factor).train_to(factor * _budget(setup, job).steps, progress)
@@ -213,21 +214,22 @@ def _seed_holds(results: Results, setup: Setup, job: Job) -> bool | None:
     row = results.find(phase="test", **job.key)
     if row is None:
         return None
-    if _control_passes(setup, row):
-        return True
-    long = results.find(phase="long", **job.key)
-    return None if long is None else _control_passes(setup, long)
+    return _control_passes(setup, row) or _rescued(results, setup, job)
+
+
+def _rescued(results: Results, setup: Setup, job: Job) -> bool | None:
+    """records.rescued for a control job: its kept longer run, held to the control's rule."""
+    return rescued(kept_long_runs(results, **job.key), lambda r: _control_passes(setup, r))
 
 
 def _control_note(results: Results, setup: Setup, task: str, pairs: int | None) -> str:
     """The control seeds that met the rule only with the long run, or missed it both ways."""
     notes = []
     for job in (j for j in setup.jobs if j.task == task and _is_control(setup, j) and j.pairs == pairs):
-        row, long = results.find(phase="test", **job.key), results.find(phase="long", **job.key)
+        row = results.find(phase="test", **job.key)
         if row is None or _control_passes(setup, row):
             continue
-        verdict = ("not yet" if long is None else "only" if _control_passes(setup, long) else "not even")
-        notes.append(f"seed {job.seed} {verdict} with {LONG_FACTOR}x the steps, the warmup kept")
+        notes.append(rescue_note(f"seed {job.seed}", _rescued(results, setup, job), LONG_FACTOR))
     return "; " + "; ".join(notes) if notes else ""
 
 

@@ -41,7 +41,7 @@ import numpy as np
 from . import data, mechanism, plots, zoo
 from .data import TEST, VALID
 from .records import (Results, command_line, control_verdict, environment, fmt, kept_long_runs, markdown_table,
-                      setup_label, warmup_cell)
+                      rescue_note, rescued, setup_label, warmup_cell)
 from .training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                        sweep_then_seeds)
 from ..models.io import load_state_dict, write_text_atomically
@@ -420,10 +420,14 @@ def _cell_holds(results: Results, setup: Setup, c: Cell) -> bool | None:
     rows = results.select(phase="test", arch=c.arch, width=c.width, pairs=c.pairs)
     if len(rows) < c.seeds:
         return None
-    verdicts = [r["test_accuracy"] >= setup.control_accuracy or
-                (None if _long_accuracy(results, r) < 0 else _long_accuracy(results, r) >= setup.control_accuracy)
-                for r in rows]
+    verdicts = [r["test_accuracy"] >= setup.control_accuracy or _rescued(results, setup, r) for r in rows]
     return False if False in verdicts else None if None in verdicts else True
+
+
+def _rescued(results: Results, setup: Setup, row: dict) -> bool | None:
+    """records.rescued for a control row: its kept longer run, held to setup.control_accuracy."""
+    kept = kept_long_runs(results, arch=row["arch"], width=row["width"], pairs=row["pairs"], seed=row["seed"])
+    return rescued(kept, lambda r: r["test_accuracy"] >= setup.control_accuracy)
 
 
 def _long_accuracy(results: Results, row: dict) -> float:
@@ -435,12 +439,8 @@ def _long_accuracy(results: Results, row: dict) -> float:
 
 def _control_note(results: Results, setup: Setup) -> str:
     """Which seeds met the control only with the longer run, or missed it both ways."""
-    def how(r):
-        long = _long_accuracy(results, r)
-        return "not yet" if long < 0 else "only" if long >= setup.control_accuracy else "not even"
-    notes = [f"N = {c.pairs} seed {r['seed']} {how(r)} "
-             f"with {setup.long_factor}x the steps, the warmup kept ({fmt(r['test_accuracy'])} at "
-             f"{setup.budget.steps})"
+    notes = [rescue_note(f"N = {c.pairs} seed {r['seed']}", _rescued(results, setup, r), setup.long_factor)
+             + f" ({fmt(r['test_accuracy'])} at {setup.budget.steps})"
              for c in setup.controls for r in results.select(phase="test", arch=c.arch, width=c.width, pairs=c.pairs)
              if r["test_accuracy"] < setup.control_accuracy]
     return ", " + "; ".join(notes) if notes else ""

@@ -29,9 +29,9 @@ import torch
 from .. import __version__
 from ..models.io import write_text_atomically
 
-__all__ = ["RESULTS", "Results", "kept_long_runs", "warmup_cell", "environment", "markdown_table", "parse_args",
-           "output_dir", "command_line", "fmt",
-           "control_verdict", "row_setup", "setup_label", "Row"]
+__all__ = ["RESULTS", "Results", "kept_long_runs", "rescued", "rescue_note", "warmup_cell", "environment",
+           "markdown_table", "parse_args", "output_dir", "command_line", "fmt", "control_verdict", "row_setup",
+           "setup_label", "Row"]
 
 RESULTS = Path(__file__).resolve().parent / "results"      # committed; RESULTS / "quick" is git-ignored
 
@@ -96,6 +96,18 @@ def kept_long_runs(results: Results, **key) -> list:
     (Budget.longer). A row without "warmup_steps" was made before that rule, its warmup stretched with the steps,
     which changed the schedule as well as the budget: it rescues no control."""
     return [row for row in results.select(phase="long", **key) if "warmup_steps" in row]
+
+
+def rescued(long_rows: list, passes) -> bool | None:
+    """A control seed that missed its rule within the budget: None while its longer run with the warmup kept has not
+    run (kept_long_runs' rows), else whether that run meets the rule (``passes``: row -> bool)."""
+    return None if not long_rows else any(passes(row) for row in long_rows)
+
+
+def rescue_note(seed_label: str, rescue: bool | None, factor: int) -> str:
+    """A report's words for a missed control seed and its longer run (rescued's verdict)."""
+    how = {None: "not yet", True: "only", False: "not even"}[rescue]
+    return f"{seed_label} {how} with {factor}x the steps, the warmup kept"
 
 
 def warmup_cell(row: dict, warmup_steps: int, factor: int):

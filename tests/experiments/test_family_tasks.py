@@ -45,7 +45,7 @@ def test_family_control_rule_can_fail(quick_family):
     far = f"accuracy_past_train_at_{4 * QUICK.tracking.train_len}"
     row[far] = 0.5
     assert family_tasks.control_holds(results, QUICK, family_tasks.PARITY) is None
-    results.rows.append({**row, "phase": "long", far: 0.6})
+    results.rows.append({**row, "phase": "long", far: 0.6, "warmup_steps": QUICK.tracking.budget.warmup_steps})
     assert family_tasks.control_holds(results, QUICK, family_tasks.PARITY) is False
     assert "seed 0 not even with 4x" in family_tasks._control_note(results, QUICK, family_tasks.PARITY, None)
     results.rows[-1][far] = 0.95
