@@ -64,7 +64,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -418,32 +418,56 @@ def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = Tru
 PROBES = "language_model_probes"
 
 
-def probe(out, *, arch: str, lr: float, seed: int = 0, setup: Setup | None = None, threads: int = 1,
-          progress: bool = True) -> dict:
-    """Why does one model trail another? A final run of ``arch`` (setup's size, data, budget and measurement) at a
-    rate of one's choosing instead of its pilot's, so that two models can be compared at the same rate. Its row
-    (phase "probe": validation and test bits per byte, the validation curve) goes to <out>/language_model_probes.json
-    and the report lists it; a probe already there is returned, not run again (a stopped one resumes from its
-    checkpoint, which a final run at the same rate and seed shares). Nothing is shipped."""
+def probe(out, *, arch: str, lr: float | None = None, factor: int = 1, seed: int = 0, setup: Setup | None = None,
+          threads: int = 1, progress: bool = True) -> dict:
+    """Why does one model trail another, and what does a longer run buy? A final run of ``arch`` (setup's size,
+    data and measurement) at a rate of one's choosing (None: its final run's, the pilot's choice), over ``factor``
+    times the budget's steps with the warmup kept in steps (Budget.longer), so that two models can be compared at the
+    same rate, or one model at a larger budget. Its row (phase "probe", or "long" with its factor: validation and
+    test bits per byte, the validation curve) goes to <out>/language_model_probes.json and the report lists it; a
+    row already there is returned, not run again (a stopped run resumes from its checkpoint, which a final run at the
+    same rate, seed and steps shares). A longer run is shipped as the finals are, into
+    weights/language_model-<factor>x/ (weights/language_model-seed<k>-<factor>x/ for another seed), where
+    lm_context reads it whole; a probe at 1x ships nothing."""
     setup = setup or FULL
     spec = next((m for m in setup.models if m[0] == arch), None)
     if spec is None:
         raise ValueError(f"arch must be one of {[m[0] for m in setup.models]}, got {arch!r}")
+    if not (isinstance(factor, int) and factor >= 1):
+        raise ValueError(f"factor must be a whole number >= 1, got {factor!r}")
+    out = Path(out)
+    if lr is None:
+        final = Results(out, NAME).find(phase="final", arch=arch, seed=seed)
+        if final is None:
+            raise ValueError(f"lr=None takes {arch}'s final rate, and {out / NAME}.json has no final run of seed "
+                             f"{seed}: give lr")
+        lr = final["lr"]
     if not lr > 0:
         raise ValueError(f"lr must be positive, got {lr!r}")
-    out = Path(out)
     results = Results(out, PROBES, setup_label(setup, FULL, QUICK))
-    key = dict(phase="probe", arch=arch, lr=lr, seed=seed)
+    key = dict(phase="probe", arch=arch, lr=lr, seed=seed) if factor == 1 else dict(
+        phase="long", arch=arch, lr=lr, seed=seed, factor=factor)
     done = results.find(**key)
     if done is not None:
         return done
     env = environment(threads)
+    longer = replace(setup, budget=setup.budget.longer(factor))
     with torch_settings(threads):
         corpus = data.stdlib_corpus()
-        run = _make_run(setup, spec, corpus, _valid_curve(setup, corpus), out, seed, "final", lr)
-        run.train_to(setup.budget.steps, progress)
-        metrics = _final_metrics(run.model, arch, _held_out(setup, corpus))
-        return results.add({**key, **run.summary(), **metrics, "train_tokens": run.tokens, "env": env})
+        run = _make_run(longer, spec, corpus, _valid_curve(setup, corpus), out, seed, "final", lr)
+        run.train_to(longer.budget.steps, progress)
+        row = {**key, **run.summary(), **_final_metrics(run.model, arch, _held_out(setup, corpus)),
+               "warmup_steps": longer.budget.warmup_steps, "train_tokens": run.tokens,
+               "train_tokens_per_cpu_second": round(run.tokens / max(run.cpu_seconds, 1e-9))}
+        if factor > 1:
+            folder = longer_weights(out, seed, factor)
+            row["shipped"] = [str(p.relative_to(out)) for p in ship(run.model, arch, folder)]
+        return results.add({**row, "env": env})
+
+
+def longer_weights(out, seed: int, factor: int) -> Path:
+    """The folder a run of ``factor`` times the steps is shipped into (probe)."""
+    return Path(out) / "weights" / f"{per_seed(NAME, seed)}-{factor}x"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -535,6 +559,18 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
                  "measurement, the rate set by hand instead of by the pilot; with the final runs at the same rates "
                  "beside them, so that models can be compared at equal rates.\n\n"
                  + markdown_table(["model", "rate", "its pilot's rate", "validation bpb", "test bpb"], rows))
+    longs = Results(out, PROBES).select(phase="long", seed=seed)
+    if longs:
+        rows = [[r["arch"], f"{r['lr']:.3g}", f"{r['factor']}x: {r['steps']:,}", f"{r['warmup_steps']:,}",
+                 f"{r['train_tokens']:,}", f"{r['validation_bpb']:.3f}", f"{r['test_bpb']:.3f}",
+                 f"{finals[r['arch']]['validation_bpb']:.3f} / {finals[r['arch']]['test_bpb']:.3f}"
+                 if r["arch"] in finals else "-"] for r in longs]
+        text += ("\n## Longer runs: what more steps buy\n\n"
+                 f"Outside the table (`language_model.probe` with a factor; rows in {PROBES}.json, weights in "
+                 f"weights/{per_seed(NAME, seed)}-<factor>x/, which lm_context reads whole): the same size, data and "
+                 "measurement, more steps, the warmup kept at the table's length in steps, the cosine stretched.\n\n"
+                 + markdown_table(["model", "rate", "steps", "warmup steps", "tokens", "validation bpb", "test bpb",
+                                   "at the table's steps (validation / test)"], rows))
     write_text_atomically(out / f"{per_seed(NAME, seed)}.md", text)
     curves = {a: [(step * tps, bpb(loss)) for step, _, _, loss in finals[a]["history"] if loss is not None]
               for a in ARCHS if a in finals}

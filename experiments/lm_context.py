@@ -48,7 +48,7 @@ from seqmix.models.cli import load_model
 from seqmix.models.rwkv7 import Rwkv7
 
 __all__ = ["Setup", "FULL", "QUICK", "HELD_OUT", "COMPRESSORS", "compressed_bpb", "stream_nll", "window_nll",
-           "positions_in_files", "held_out_files", "run", "report", "main"]
+           "positions_in_files", "held_out_files", "run", "report", "merged", "main"]
 
 NAME = "lm_context"
 LN2 = math.log(2)
@@ -61,17 +61,21 @@ SHIPPED = ("rwkv4", "rwkv7", "mamba")
 @dataclass(frozen=True)
 class Setup:
     """models: the folder of the shipped model directories (None: tiny untrained stand-ins, the quick run's);
-    window: the report's evaluation window (the training length); chunk: bytes per forward when the text is read
-    whole (the state carried across); max_bytes: at most this many bytes of each text (None: all of it);
-    held_out_bytes: the held-out set's size (files in name order until it is reached)."""
+    more: (folder, label) of other shipped models (language_model.probe's longer runs), read where the folder
+    exists, each of its model directories listed as "<arch> (<label>)"; window: the report's evaluation window (the
+    training length); chunk: bytes per forward when the text is read whole (the state carried across); max_bytes:
+    at most this many bytes of each text (None: all of it); held_out_bytes: the held-out set's size (files in name
+    order until it is reached)."""
     models: Path | None
+    more: tuple = ()
     window: int = 256
     chunk: int = 2048
     max_bytes: int | None = None
     held_out_bytes: int = 200_000
 
 
-FULL = Setup(models=RESULTS / "weights" / "language_model")
+FULL = Setup(models=RESULTS / "weights" / "language_model",
+             more=((RESULTS / "weights" / "language_model-3x", "3x the steps"),))
 QUICK = Setup(models=None, window=32, chunk=48, max_bytes=3000, held_out_bytes=3000)
 
 
@@ -197,14 +201,23 @@ def _cut(files: list, limit: int | None) -> list:
 # The run and its report
 # ---------------------------------------------------------------------------------------------------------------
 
-def _models(setup: Setup) -> dict:
-    """arch -> model in fp32, eval mode: the shipped directories, or (quick) tiny untrained models."""
-    if setup.models is None:
+def _sources(setup: Setup) -> list:
+    """[(weights, label, folder)]: the shipped models (label None; folder None: the quick run's untrained ones), then
+    each folder of setup.more that exists. ``weights`` (the folder's name) keys the rows."""
+    first = [(setup.models.name if setup.models else "untrained", None, setup.models)]
+    return first + [(folder.name, label, folder) for folder, label in setup.more if folder.is_dir()]
+
+
+def _models(setup: Setup, folder: Path | None) -> dict:
+    """arch -> model in fp32, eval mode: the model directories in ``folder`` (setup.models' must hold every one of
+    SHIPPED), or (None) tiny untrained models, the quick run's."""
+    if folder is None:
         from seqmix.experiments import language_model
         torch.manual_seed(0)
         return {arch: language_model.build(arch, *spec, seq_len=setup.window).eval()
                 for arch, *spec in language_model.QUICK.models if arch in SHIPPED}
-    return {arch: load_model(setup.models / arch, "float32").eval() for arch in SHIPPED}
+    archs = SHIPPED if folder == setup.models else [a for a in SHIPPED if (folder / a).is_dir()]
+    return {arch: load_model(folder / arch, "float32").eval() for arch in archs}
 
 
 def _bpb_by_position(nll: np.ndarray, positions: np.ndarray, edges: np.ndarray) -> list:
@@ -214,35 +227,44 @@ def _bpb_by_position(nll: np.ndarray, positions: np.ndarray, edges: np.ndarray) 
 
 
 def run(setup: Setup, out, seed: int = 0, threads: int = 1, progress: bool = True) -> Results:
-    """Every text of _texts not yet in <out>/lm_context.json: the compressors, then each model both ways."""
+    """Every (text, folder of models) not yet in <out>/lm_context.json: the compressors, then each model both
+    ways."""
     out = Path(out)
     texts = {"stdlib test split": _stdlib_test_files(), f"held out: {HELD_OUT}": held_out_files(setup.held_out_bytes)}
     results = Results(out, NAME)
     with torch_settings(threads):
-        models = None
-        for name, files in texts.items():
-            files = _cut(files, setup.max_bytes)
-            text = SEPARATOR.join(raw for _, raw in files)
-            key = dict(text=name, bytes=len(text), window=setup.window, chunk=setup.chunk)
-            if results.find(**key):
-                continue
-            models = models or _models(setup)
-            positions = positions_in_files([len(raw) for _, raw in files])
-            edges = np.unique(np.geomspace(1, max(2, positions.max() + 1), 24).astype(int))
-            row = {**key, "compressors": compressed_bpb(text), "position_edges": edges.tolist(), "models": {}}
-            for arch, model in models.items():
-                if progress:
-                    print(f"lm_context: {arch} on {name} ({len(text):,} bytes)", flush=True)
-                windowed, whole = window_nll(model, text, setup.window), stream_nll(model, text, setup.chunk)
-                row["models"][arch] = {"window_bpb": float(windowed.mean() / LN2),
-                                       "stream_bpb": float(whole.mean() / LN2),
-                                       "window_by_position": _bpb_by_position(windowed, positions, edges),
-                                       "stream_by_position": _bpb_by_position(whole, positions, edges)}
-            row["files"] = [{"name": n, "size": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
-                            for n, raw in files]
-            results.add({**row, "env": environment(threads)})
+        for weights, label, folder in _sources(setup):
+            _read_texts(setup, results, texts, weights, label, folder, threads, progress)
     report(results, setup, out)
     return results
+
+
+def _read_texts(setup: Setup, results: Results, texts: dict, weights: str, label: str | None, folder: Path | None,
+                threads: int, progress: bool) -> None:
+    """One folder's models on every text not yet read with them (models loaded only if one is missing)."""
+    models = None
+    for name, files in texts.items():
+        files = _cut(files, setup.max_bytes)
+        text = SEPARATOR.join(raw for _, raw in files)
+        key = dict(text=name, bytes=len(text), window=setup.window, chunk=setup.chunk, weights=weights)
+        if results.find(**key):
+            continue
+        models = models or _models(setup, folder)
+        positions = positions_in_files([len(raw) for _, raw in files])
+        edges = np.unique(np.geomspace(1, max(2, positions.max() + 1), 24).astype(int))
+        row = {**key, "label": label, "compressors": compressed_bpb(text), "position_edges": edges.tolist(),
+               "models": {}}
+        for arch, model in models.items():
+            if progress:
+                print(f"lm_context: {arch} on {name} ({len(text):,} bytes)", flush=True)
+            windowed, whole = window_nll(model, text, setup.window), stream_nll(model, text, setup.chunk)
+            row["models"][arch] = {"window_bpb": float(windowed.mean() / LN2),
+                                   "stream_bpb": float(whole.mean() / LN2),
+                                   "window_by_position": _bpb_by_position(windowed, positions, edges),
+                                   "stream_by_position": _bpb_by_position(whole, positions, edges)}
+        row["files"] = [{"name": n, "size": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+                        for n, raw in files]
+        results.add({**row, "env": environment(threads)})
 
 
 def report(results: Results, setup: Setup, out) -> str:
@@ -251,8 +273,10 @@ def report(results: Results, setup: Setup, out) -> str:
              f"Bits per byte on the same bytes. Windowed: consecutive windows of {setup.window} bytes, each from the "
              f"initial state (language_model.md's protocol); whole text: read in chunks of {setup.chunk} bytes with "
              f"the state carried, so every byte is predicted from everything before it, as a compressor reads. "
-             f"Compressors: 8 x compressed size / size.\n"]
-    for row in results.rows:
+             f"Compressors: 8 x compressed size / size. A model with a label in brackets is another run's "
+             f"(language_model.md's longer runs).\n"]
+    texts = merged(results.rows)
+    for row in texts:
         best = min((row["compressors"][c], c) for c in COMPRESSORS if row["compressors"][c] is not None)
         table = [[arch, f"{m['window_bpb']:.3f}", f"{m['stream_bpb']:.3f}",
                   "yes" if m["stream_bpb"] < best[0] else "no"] for arch, m in row["models"].items()]
@@ -263,8 +287,24 @@ def report(results: Results, setup: Setup, out) -> str:
                                   f"beats {best[1]} ({best[0]:.3f})"], table)]
     text = "".join(lines)
     Path(out, f"{NAME}.md").write_text(text)
-    plots.lm_context(results.rows, Path(out, f"{NAME}.png"))
+    plots.lm_context(texts, Path(out, f"{NAME}.png"))
     return text
+
+
+def merged(rows: list) -> list:
+    """One row per text: the first folder's row (its compressors) with every other folder's models added as
+    "<arch> (<label>)"; the rows of one text must have read the same files (names, sizes, SHA-256)."""
+    texts = {}
+    for row in rows:
+        key, label = (row["text"], row["bytes"]), row.get("label")
+        models = {arch if label is None else f"{arch} ({label})": m for arch, m in row["models"].items()}
+        if key not in texts:
+            texts[key] = {**row, "models": models}
+        elif row["files"] != texts[key]["files"]:
+            raise ValueError(f"{row['text']}: the rows of two folders read different files")
+        else:
+            texts[key]["models"].update(models)
+    return list(texts.values())
 
 
 def main(argv=None) -> None:

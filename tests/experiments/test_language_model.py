@@ -131,6 +131,32 @@ def test_a_rate_probe_is_a_final_run_at_a_rate_set_by_hand(quick, monkeypatch):
         lm.probe(quick, arch="rwkv4", lr=0.0, setup=lm.QUICK)
 
 
+def test_a_longer_run_keeps_the_warmup_and_ships_what_it_measured(quick):
+    """language_model.probe with a factor: the final's rate (lr=None), twice the steps with the warmup's steps kept,
+    a row of phase "long"; the shipped weights, read back by the loaders, give the row's test bits per byte; the
+    report lists the run beside the final; a bad factor is refused."""
+    final = rows(quick, phase="final", arch="rwkv4")[0]
+    row = lm.probe(quick, arch="rwkv4", factor=2, setup=lm.QUICK, progress=False)
+    assert (row["phase"], row["lr"], row["factor"]) == ("long", final["lr"], 2)
+    assert row["steps"] == 2 * lm.QUICK.budget.steps and row["train_tokens"] == 2 * final["train_tokens"]
+    assert row["warmup_steps"] == lm.QUICK.budget.warmup_steps > 0
+    assert row["history"][-1][0] == 2 * lm.QUICK.budget.steps
+    assert row["test_bpb"] != final["test_bpb"]
+    folder = lm.longer_weights(quick, 0, 2)
+    assert row["shipped"] == [str((folder / "rwkv4").relative_to(quick))]
+    model = lm.load_model(folder / "rwkv4", "float32").eval()
+    test = lm.evaluate(lm._forward, model, *lm._held_out(lm.QUICK, lm.data.stdlib_corpus())["test"], batch_size=16)
+    assert abs(lm.bpb(test["loss"]) - row["test_bpb"]) <= 1e-5 * row["test_bpb"]
+    text = lm.report(Results(quick, lm.NAME), lm.QUICK, quick)
+    longer = text.split("## Longer runs: what more steps buy")[1]
+    assert (f"| rwkv4 | {final['lr']:.3g} | 2x: {row['steps']:,} | {row['warmup_steps']:,} | {row['train_tokens']:,} "
+            f"| {row['validation_bpb']:.3f} | {row['test_bpb']:.3f} | {final['validation_bpb']:.3f} / "
+            f"{final['test_bpb']:.3f} |") in longer
+    for factor in (0, 1.5):
+        with pytest.raises(ValueError, match="factor must be"):
+            lm.probe(quick, arch="rwkv4", factor=factor, setup=lm.QUICK)
+
+
 def test_a_command_line_mistake_is_one_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
         lm.main(["--threads", "0"])

@@ -68,3 +68,29 @@ def test_the_quick_run_writes_its_rows_and_report(tmp_path):
         assert len(row["models"]["rwkv7"]["stream_by_position"]) == len(row["position_edges"]) - 1
     assert (tmp_path / "lm_context.png").stat().st_size > 0
     assert "beats" in (tmp_path / "lm_context.md").read_text()
+
+
+def test_another_folders_models_join_each_texts_table(tmp_path):
+    """Setup.more: the models of another folder (here the quick run's own untrained RWKV-7, shipped, so fp16) are
+    read on the same texts as rows of their own, keyed by the folder, and each text's table lists them as
+    "<arch> (<label>)" beside the first folder's; a folder that does not exist is passed over; rows of one text that
+    read different files are refused."""
+    from dataclasses import replace
+    folder = tmp_path / "weights" / "again"
+    language_model.ship(lm_context._models(lm_context.QUICK, None)["rwkv7"], "rwkv7", folder)
+    setup = replace(lm_context.QUICK, more=((folder, "again"), (tmp_path / "absent", "never")))
+    lm_context.run(setup, tmp_path / "out", progress=False)
+    rows = json.loads((tmp_path / "out" / "lm_context.json").read_text())["rows"]
+    assert [(r["weights"], r["label"]) for r in rows] == [("untrained", None)] * 2 + [("again", "again")] * 2
+    assert all(set(r["models"]) == {"rwkv7"} for r in rows[2:])
+    text = (tmp_path / "out" / "lm_context.md").read_text()
+    for base, other in zip(rows[:2], rows[2:]):
+        table = text.split(f"## {base['text']}")[1].split("##")[0]
+        found, shipped = base["models"]["rwkv7"], other["models"]["rwkv7"]
+        assert (f"| rwkv7 (again) | {shipped['window_bpb']:.3f} | {shipped['stream_bpb']:.3f} |" in table
+                and "| rwkv4 |" in table and "never" not in table)
+        for way in ("window_bpb", "stream_bpb"):          # the same model, its weights rounded to fp16
+            assert shipped[way] != found[way] and abs(shipped[way] - found[way]) < 1e-3 * found[way]
+    other = {**rows[2], "files": rows[2]["files"][1:]}
+    with pytest.raises(ValueError, match="read different files"):
+        lm_context.merged([rows[0], other])
