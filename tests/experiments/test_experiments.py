@@ -244,14 +244,16 @@ def test_the_committed_results_hold_their_positive_controls(experiment):
 
 def test_the_committed_recall_report_states_its_controls_verdict():
     """recall.md's verdict is control_holds on the committed rows, so that no reader takes the grid's other rows
-    for verdicts before the control (Zoology's attention, N = 4 and 8) holds; and the project's RoPE attention, the
-    control until issue 45, keeps its record: its third seed at N = 4 stays at chance with 4x the steps once the
-    warmup keeps its length (its earlier rescue had been the stretched warmup's)."""
+    for verdicts before the control (Zoology's attention, N = 4 and 8, each N on its own) holds; and the project's
+    RoPE attention, the control until issue 45, keeps its record: its third seed at N = 4 stays at chance with 4x
+    the steps once the warmup keeps its length (its earlier rescue had been the stretched warmup's)."""
     results = Results(RESULTS, recall.NAME)
-    holds = recall.control_holds(results, recall.FULL)
     report = (RESULTS / f"{recall.NAME}.md").read_text()
-    verdict = control_verdict(holds, "FAILS")
-    assert f"{verdict.split(':')[0]}" in report.split("**Positive control**")[1].split("\n")[0]
+    lines = report.split("**Positive control**")[1].split("\n\n## ")[0].split("\n- ")[1:]
+    assert [line.split(":")[0] for line in lines] == [f"N = {c.pairs}" for c in recall.FULL.controls]
+    for cell, line in zip(recall.FULL.controls, lines):
+        verdict = control_verdict(recall.control_holds(results, recall.FULL, cell.pairs), "FAILS")
+        assert f": {verdict.split(':')[0]}" in line, (cell, line)
     third = results.find(phase="test", arch="attention", width=64, pairs=4, seed=2)
     assert third["test_accuracy"] < 0.3 and recall._long_accuracy(results, third) < 0.3
 
@@ -488,6 +490,9 @@ def test_a_control_seed_that_needs_the_long_run_is_named():
                          "test_accuracy": 0.2, "warmup_steps": 50})
     assert recall.control_holds(results, setup) is False
     assert "N = 8 seed 2 not even with 4x" in recall._control_note(results, setup)
+    assert recall.control_holds(results, setup, 4) is True              # each N on its own: N = 4 still holds
+    assert recall.control_holds(results, setup, 8) is False
+    assert "N = 8" not in recall._control_note(results, setup, 4)
     results.rows.pop()
     results.rows[-1]["test_accuracy"] = 0.985
     results.rows[4]["test_accuracy"] = 0.5                                # N = 4's long run misses too
