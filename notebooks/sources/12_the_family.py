@@ -347,10 +347,10 @@ plt.show()
 # input-dependent decay (Mamba) selects what a time-invariant one cannot. On real text at this size all four
 # trained models beat the bigram control (3.570 bits per byte), RWKV-7 first; notebook 09 and docs/experiments.md
 # say how far one seed and a CPU budget carry these numbers. One limit to keep in view: recall's positive control
-# (Zoology's attention, since the project's own attention failed it) has not finished (one seed at $N = 8$ awaits
-# its longer run), so the recall column is what the runs measured, not yet a verdict on the mechanisms. The
-# softmax attention row's recall cell is the project's transformer; Zoology's shape learns $N = 4$ on every seed
-# (the third with 4x the steps) and $N = 8$ on two of three.
+# (Zoology's attention, since the project's own attention failed it) holds at $N = 4$ and fails at $N = 8$ (one
+# seed of three stays at chance with 4x the steps), so the recall column reads $N = 4$ as verdicts and $N = 8$ as
+# what the runs measured. The softmax attention row's recall cell is the project's transformer; Zoology's shape
+# learns $N = 4$ on every seed (the third with 4x the steps) and $N = 8$ on two of three.
 #
 # ### The rungs trained
 #
