@@ -172,6 +172,18 @@ def test_state_tracking_control_is_not_finished_with_one_of_three_seeds(tmp_path
     assert state_tracking.control_holds(*_parity_rows(tmp_path, 1.0, seeds=1)) is None
 
 
+def test_state_tracking_control_waits_for_a_missed_seeds_longer_run(tmp_path):
+    """A seed that missed the rule and whose longer run (the warmup kept) has not run leaves the verdict open (it read
+    as failed), as recall's and the family's do; the report names the seed."""
+    results, setup = _parity_rows(tmp_path, 1.0)
+    results.rows[-1] = {**results.rows[-1], "test_accuracy": 0.5}         # seed 2 misses, no long run
+    assert state_tracking.control_holds(results, setup) is None
+    assert "seed 2 not yet with 4x the steps" in state_tracking._control_note(results, setup)
+    results.rows.append({**results.rows[-1], "phase": "long", "warmup_steps": 75})    # its longer run misses too
+    assert state_tracking.control_holds(results, setup) is False
+    assert "seed 2 not even with 4x the steps" in state_tracking._control_note(results, setup)
+
+
 def test_the_language_model_pilot_ranks_the_lowest_validation_loss_first():
     """L4: the rate chosen by the worst validation loss."""
     runs = []
