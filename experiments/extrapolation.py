@@ -33,7 +33,7 @@ from functools import partial
 import numpy as np
 
 from . import data, plots
-from .records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
+from .records import (Results, command_line, control_verdict, environment, fmt, markdown_table, provenance,
                       setup_label)
 from .training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                        successive_halving)
@@ -252,6 +252,7 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
                             "post 4096 non-repeated (same w/L)"], post_rows)
     text += "\n## Every length\n\n" + markdown_table(
         ["scheme", *(f"{kind} {f}x" for kind in KINDS for f in setup.factors)], all_rows)
+    text += provenance(results.select(seed=seed), lambda r: f"{r['model']} ({r['phase']})")
     write_text_atomically(out / f"{NAME}.md", text)
     for variants, suffix, title in (({"plain", "log n†"}, "", "trained without log n (dashed: log n† at test)"),
                                     ({"log n"}, "_log_n", "trained with log n")):

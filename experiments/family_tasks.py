@@ -43,7 +43,7 @@ from matplotlib.figure import Figure
 from . import recall, rungs, state_tracking, zoo
 from .data import TEST
 from .records import (Results, command_line, control_verdict, environment, fmt, kept_long_runs, markdown_table,
-                      rescue_note, rescued, setup_label)
+                      provenance, rescue_note, rescued, setup_label)
 from .training import evaluate, round_to_fp16, torch_settings
 from ..models.io import write_text_atomically
 
@@ -233,6 +233,11 @@ def _control_note(results: Results, setup: Setup, task: str, pairs: int | None) 
     return "; " + "; ".join(notes) if notes else ""
 
 
+def _row_name(row: dict) -> str:
+    pairs = "" if row["pairs"] is None else f" N = {row['pairs']}"
+    return f"{row['task']}{pairs} {row['arch']} ({row['phase']})"
+
+
 def pending(results: Results, setup: Setup) -> list:
     """The jobs of the plan that have no row yet (at seed offset 0)."""
     return [job for job in setup.jobs if results.find(phase="test", **job.key) is None]
@@ -309,6 +314,7 @@ def report(results: Results, setup: Setup, out) -> str:
     lines.append("## Not run yet\n\n" + ("".join(f"- {j.task}{'' if j.pairs is None else f' N = {j.pairs}'} "
                                                  f"{j.arch} seed {j.seed} rate {j.lr:.2g}\n" for j in left)
                                          if left else "Nothing: every job of the plan has its row.\n"))
+    lines.append(provenance(results.rows, _row_name))
     text = "".join(lines)
     write_text_atomically(out / f"{NAME}.md", text)
     figure(results, setup, out / f"{NAME}.png")

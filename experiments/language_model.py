@@ -72,7 +72,7 @@ import numpy as np
 import torch
 
 from . import data, plots, zoo
-from .records import Results, command_line, environment, markdown_table, setup_label
+from .records import Results, command_line, environment, made_on, markdown_table, provenance, setup_label
 from .transformer_neox import save_neox
 from .training import Budget, Run, decay_groups, evaluate, extend_to_interior, torch_settings
 from ..models.base import kept_name
@@ -551,9 +551,9 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
     probes = Results(out, PROBES).select(phase="probe", seed=seed)
     if probes:
         rows = [[r["arch"], f"{r['lr']:.3g}", f"{finals[r['arch']]['lr']:.3g}" if r["arch"] in finals else "-",
-                 f"{r['validation_bpb']:.3f}", f"{r['test_bpb']:.3f}", _made_on(r)] for r in probes]
+                 f"{r['validation_bpb']:.3f}", f"{r['test_bpb']:.3f}", made_on(r)] for r in probes]
         rows += [[a, f"{f['lr']:.3g}", f"{f['lr']:.3g}", f"{f['validation_bpb']:.3f}", f"{f['test_bpb']:.3f}",
-                  _made_on(f)] for a, f in finals.items() if any(r["arch"] != a and r["lr"] == f["lr"] for r in probes)]
+                  made_on(f)] for a, f in finals.items() if any(r["arch"] != a and r["lr"] == f["lr"] for r in probes)]
         text += ("\n## Probes: a model at another model's rate\n\n"
                  f"Outside the table (`language_model.probe`; rows in {PROBES}.json): the same size, data, budget and "
                  "measurement, the rate set by hand instead of by the pilot; with the final runs at the same rates "
@@ -574,16 +574,13 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
                  "measurement, more steps, the warmup kept at the table's length in steps, the cosine stretched.\n\n"
                  + markdown_table(["model", "rate", "steps", "warmup steps", "tokens", "validation bpb", "test bpb",
                                    "at the table's steps (validation / test)"], rows))
+    text += provenance([r for r in results.rows if r.get("seed", seed) == seed] + probes + longs,
+                       lambda r: f"{r['arch']} ({r['phase']})")
     write_text_atomically(out / f"{per_seed(NAME, seed)}.md", text)
     curves = {a: [(step * tps, bpb(loss)) for step, _, _, loss in finals[a]["history"] if loss is not None]
               for a in ARCHS if a in finals}
     plots.language_model(curves, bigram["validation_bpb"] if bigram else None, out / f"{per_seed(NAME, seed)}.png")
     return text
-
-
-def _made_on(row: dict) -> str:
-    env = row.get("env", {})
-    return f"{env.get('cpu', '?')}, {str(env.get('commit', '?'))[:7]}"
 
 
 def main(argv=None) -> int:

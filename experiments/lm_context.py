@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from seqmix.experiments import data, plots
-from seqmix.experiments.records import RESULTS, Results, command_line, environment, markdown_table
+from seqmix.experiments.records import RESULTS, Results, command_line, environment, markdown_table, provenance
 from seqmix.experiments.training import torch_settings
 from seqmix.models.cli import load_model
 from seqmix.models.rwkv7 import Rwkv7
@@ -285,6 +285,7 @@ def report(results: Results, setup: Setup, out) -> str:
         lines += [f"\n## {row['text']} ({row['bytes']:,} bytes, {len(row['files'])} files)\n\n",
                   markdown_table(["model or compressor", f"windowed ({setup.window})", "whole text",
                                   f"beats {best[1]} ({best[0]:.3f})"], table)]
+    lines.append(provenance(results.rows, lambda r: f"{r['text']} ({r.get('weights', 'language_model')})"))
     text = "".join(lines)
     Path(out, f"{NAME}.md").write_text(text)
     plots.lm_context(texts, Path(out, f"{NAME}.png"))

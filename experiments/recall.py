@@ -40,8 +40,8 @@ import numpy as np
 
 from . import data, mechanism, plots, zoo
 from .data import TEST, VALID
-from .records import (Results, command_line, control_verdict, environment, fmt, kept_long_runs, markdown_table,
-                      rescue_note, rescued, setup_label, warmup_cell)
+from .records import (Results, command_line, control_verdict, environment, fmt, kept_long_runs, made_on,
+                      markdown_table, provenance, rescue_note, rescued, setup_label, warmup_cell)
 from .training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                        sweep_then_seeds)
 from ..models.io import load_state_dict, write_text_atomically
@@ -524,17 +524,18 @@ def report(results: Results, setup: Setup, out) -> str:
     probes = Results(out, PROBES).select(phase="probe")
     if probes:
         rows = [[r["arch"], r["width"], r["pairs"], _probe_changes(r, setup), f"{r['lr']:.2g}", r["steps"],
-                 fmt(r["test_accuracy"]), *_looks_text(r)] for r in probes]
+                 fmt(r["test_accuracy"]), *_looks_text(r), made_on(r)] for r in probes]
         lines += ["\n## Probes: settings changed, to ask why a cell failed\n\n"
                   f"Outside the grid (`recall.probe`; rows in {PROBES}.json): the grid's data, model, training and "
                   "budget but for what the fourth column names.\n\n",
                   "The last three columns as in the table above.\n\n" if long else LOOKS_NOTE,
                   markdown_table(["model", "C", "N", "changed from the grid", "rate", "steps", "test accuracy",
-                                  *LOOKS_COLUMNS], rows)]
+                                  *LOOKS_COLUMNS, "made on (CPU, commit)"], rows)]
     differences = (f"vocabulary {setup.vocab_size} (Zoology: 8192)", f"batch {setup.budget.batch_size} and at most "
                    f"{setup.budget.steps} steps (Zoology: batch 512, 64 epochs of 100k sequences, about 12.5k steps)",
                    *DIFFERENCES)
-    lines += ["\n## What differs from Zoology's figure 2\n\n", *(f"- {d}\n" for d in differences)]
+    lines += ["\n## What differs from Zoology's figure 2\n\n", *(f"- {d}\n" for d in differences),
+              provenance(results.rows, lambda r: f"{r['arch']} C = {r['width']} N = {r['pairs']} ({r['phase']})")]
     text = "".join(lines)
     write_text_atomically(out / f"{NAME}.md", text)
     plots.recall(results, setup.archs, {p: sorted({cl.width for cl in setup.cells if cl.pairs == p})

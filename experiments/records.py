@@ -31,7 +31,7 @@ from ..models.io import write_text_atomically
 
 __all__ = ["RESULTS", "Results", "kept_long_runs", "rescued", "rescue_note", "warmup_cell", "environment",
            "markdown_table", "parse_args", "output_dir", "command_line", "fmt", "control_verdict", "row_setup",
-           "setup_label", "Row"]
+           "setup_label", "made_on", "provenance", "Row"]
 
 RESULTS = Path(__file__).resolve().parent / "results"      # committed; RESULTS / "quick" is git-ignored
 
@@ -160,6 +160,34 @@ def environment(threads: int) -> dict:
     return {"commit": _commit(), "seqmix": __version__, "python": platform.python_version(),
             "torch": torch.__version__, "numpy": np.__version__, "cpu": _cpu(), "cpu_count": os.cpu_count(),
             "threads": threads, "platform": platform.platform()}
+
+
+def made_on(row: dict) -> str:
+    """Where a row was measured, for a report: the CPU's short name and the commit (7 digits), "with uncommitted
+    changes" where the checkout differed from it ("-" for a row without an environment: computed, not trained)."""
+    env = row.get("env")
+    if not env:
+        return "-"
+    cpu = env.get("cpu", "unknown CPU").replace("(R)", "").replace(" Processor", "").strip()
+    commit = str(env.get("commit", "unknown"))
+    changed = commit.endswith("+changes")
+    return f"{cpu}, {commit.removesuffix('+changes')[:7]}{' with uncommitted changes' if changed else ''}"
+
+
+def provenance(rows: list, label) -> str:
+    """A report's closing section: where its rows were made (made_on), each place with the rows made there
+    (``label``: row -> a short name; each name once), so that rows from two CPUs, commits or uncommitted code are
+    told apart where they are read."""
+    places = {}
+    for row in rows:
+        if row.get("env"):
+            places.setdefault(made_on(row), {}).setdefault(label(row), None)
+    if not places:
+        return ""
+    table = [[place, "; ".join(names)] for place, names in places.items()]
+    return ("\n## Where the rows were made\n\nThe CPU and commit each row records (bits differ across CPUs and "
+            "commits: a row is evidence beside the rows made with it).\n\n"
+            + markdown_table(["CPU, commit", "rows made there"], table))
 
 
 def fmt(x, digits: int = 1) -> str:

@@ -30,8 +30,8 @@ import torch
 
 from . import data, mechanism, plots, zoo
 from .data import TEST, VALID
-from .records import (Results, command_line, control_verdict, environment, fmt, markdown_table,
-                      setup_label)
+from .records import (Results, command_line, control_verdict, environment, fmt, made_on, markdown_table,
+                      provenance, setup_label)
 from .training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                        sweep_then_seeds)
 from ..models.io import load_state_dict, write_text_atomically
@@ -217,11 +217,12 @@ def report(results: Results, setup: Setup, out) -> str:
     probes = Results(out, PROBES).select(phase="probe")
     if probes:
         rows = [[r["arch"], r["regime"], r["seed"], f"{r['lr']:.2g}", r["steps"], fmt(r["test_accuracy"]),
-                 _grid_run(results, r)] for r in probes]
+                 _grid_run(results, r), made_on(r)] for r in probes]
         text += (f"\n## Probes: a seed at another rate\n\nOutside the grid (`selective_copy.probe`; rows in "
                  f"{PROBES}.json): the grid's data, model, budget and training, one seed at the rate named.\n\n"
                  + markdown_table(["model", "regime", "seed", "rate", "steps", "test accuracy",
-                                   "the grid's run of that seed"], rows))
+                                   "the grid's run of that seed", "made on (CPU, commit)"], rows))
+    text += provenance(results.rows, lambda r: f"{r['arch']}, {r['regime']} ({r['phase']})")
     write_text_atomically(out / f"{NAME}.md", text)
     plots.selective_copy(histories, out / f"{NAME}.png")
     step_size_figure(setup, out)

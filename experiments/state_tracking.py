@@ -38,7 +38,7 @@ import torch
 from . import data, mechanism, plots, zoo
 from .data import TEST, VALID
 from .records import (Results, command_line, control_verdict, environment, fmt, kept_long_runs, markdown_table,
-                      rescue_note, rescued, setup_label, warmup_cell)
+                      provenance, rescue_note, rescued, setup_label, warmup_cell)
 from .training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                        sweep_then_seeds)
 from ..models.io import load_state_dict, write_text_atomically
@@ -266,6 +266,7 @@ def report(results: Results, setup: Setup, out) -> str:
                   f"accuracy_past_train_at_{n}"])] for r in long]))
     text += ("\nChance is 1/m. Published: diagonal transitions in [0, 1] (Mamba; RWKV-4's decay) fail parity, "
              "extended to [-1, 1] they learn it and extrapolate (Grazzi et al., arXiv:2411.12537).\n")
+    text += provenance(results.rows, lambda r: f"{r['arch']}, {r['task']} ({r['phase']})")
     write_text_atomically(out / f"{NAME}.md", text)
     plots.state_tracking(results, setup, out / f"{NAME}.png")
     transition_figure(setup, out)

@@ -212,3 +212,29 @@ def test_round_as_stored_rounds_all_but_the_kept_parameters():
 def test_bits_per_byte_of_ln_2_nats_is_one():
     """L6: nats / ln 10."""
     assert lm.bpb(float(np.log(2))) == pytest.approx(1.0, rel=1e-15)
+
+
+def test_made_on_names_the_cpu_the_commit_and_uncommitted_code():
+    row = {"env": {"cpu": "Intel(R) Xeon(R) Processor", "commit": "4ca5cf7" + "0" * 33 + "+changes"}}
+    assert records.made_on(row) == "Intel Xeon, 4ca5cf7 with uncommitted changes"
+    assert records.made_on({"env": {"cpu": "AMD EPYC", "commit": "501ec48" + "1" * 33}}) == "AMD EPYC, 501ec48"
+    assert records.made_on({"phase": "bigram"}) == "-"
+    rows = [{**row, "name": "a"}, {**row, "name": "a"}, {"env": {"cpu": "AMD EPYC", "commit": "abc"}, "name": "b"},
+            {"name": "computed"}]
+    section = records.provenance(rows, lambda r: r["name"])
+    assert "| Intel Xeon, 4ca5cf7 with uncommitted changes | a |" in section and "| AMD EPYC, abc | b |" in section
+    assert "computed" not in section and records.provenance([{"name": "x"}], lambda r: r["name"]) == ""
+
+
+@pytest.mark.parametrize("name", ["recall", "recall_probes", "selective_copy", "selective_copy_probes",
+                                  "state_tracking", "family_tasks", "extrapolation", "language_model",
+                                  "language_model_probes", "lm_context"])
+def test_every_committed_report_says_where_each_row_was_made(name):
+    """The issue's rule: rows from another CPU or from uncommitted code are marked where they are read. Every
+    committed row that records its environment has its place (CPU, commit, uncommitted changes) in its report."""
+    report = {"recall_probes": "recall", "selective_copy_probes": "selective_copy",
+              "language_model_probes": "language_model"}.get(name, name)
+    text = (RESULTS / f"{report}.md").read_text()
+    places = {records.made_on(r) for r in Results(RESULTS, name).rows if r.get("env")}
+    assert places, name
+    assert all(place in text for place in places), sorted(p for p in places if p not in text)
