@@ -549,31 +549,8 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
         text += "\nGreedy continuations of \"def \":\n\n" + "\n".join(samples) + "\n"
     text += "\n## Against the papers\n\n" + _literature_paragraph(finals) + "\n"
     probes = Results(out, PROBES).select(phase="probe", seed=seed)
-    if probes:
-        rows = [[r["arch"], f"{r['lr']:.3g}", f"{finals[r['arch']]['lr']:.3g}" if r["arch"] in finals else "-",
-                 f"{r['validation_bpb']:.3f}", f"{r['test_bpb']:.3f}", made_on(r)] for r in probes]
-        rows += [[a, f"{f['lr']:.3g}", f"{f['lr']:.3g}", f"{f['validation_bpb']:.3f}", f"{f['test_bpb']:.3f}",
-                  made_on(f)] for a, f in finals.items() if any(r["arch"] != a and r["lr"] == f["lr"] for r in probes)]
-        text += ("\n## Probes: a model at another model's rate\n\n"
-                 f"Outside the table (`language_model.probe`; rows in {PROBES}.json): the same size, data, budget and "
-                 "measurement, the rate set by hand instead of by the pilot; with the final runs at the same rates "
-                 "beside them, so that models can be compared at equal rates. Two rows made on different CPUs or "
-                 "commits (last column) also differ by what a same-seed rerun moves, beside the rate's effect (the "
-                 "transformer's same-seed rerun moved test bits per byte by 0.012).\n\n"
-                 + markdown_table(["model", "rate", "its pilot's rate", "validation bpb", "test bpb",
-                                   "made on (CPU, commit)"], rows))
     longs = Results(out, PROBES).select(phase="long", seed=seed)
-    if longs:
-        rows = [[r["arch"], f"{r['lr']:.3g}", f"{r['factor']}x: {r['steps']:,}", f"{r['warmup_steps']:,}",
-                 f"{r['train_tokens']:,}", f"{r['validation_bpb']:.3f}", f"{r['test_bpb']:.3f}",
-                 f"{finals[r['arch']]['validation_bpb']:.3f} / {finals[r['arch']]['test_bpb']:.3f}"
-                 if r["arch"] in finals else "-"] for r in longs]
-        text += ("\n## Longer runs: what more steps buy\n\n"
-                 f"Outside the table (`language_model.probe` with a factor; rows in {PROBES}.json, weights in "
-                 f"weights/{per_seed(NAME, seed)}-<factor>x/, which lm_context reads whole): the same size, data and "
-                 "measurement, more steps, the warmup kept at the table's length in steps, the cosine stretched.\n\n"
-                 + markdown_table(["model", "rate", "steps", "warmup steps", "tokens", "validation bpb", "test bpb",
-                                   "at the table's steps (validation / test)"], rows))
+    text += _probes_section(probes, finals) + _longs_section(longs, finals, seed)
     text += provenance([r for r in results.rows if r.get("seed", seed) == seed] + probes + longs,
                        lambda r: f"{r['arch']} ({r['phase']})")
     write_text_atomically(out / f"{per_seed(NAME, seed)}.md", text)
@@ -581,6 +558,40 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
               for a in ARCHS if a in finals}
     plots.language_model(curves, bigram["validation_bpb"] if bigram else None, out / f"{per_seed(NAME, seed)}.png")
     return text
+
+
+def _probes_section(probes: list, finals: dict) -> str:
+    """The report's section of the rate probes, beside the final runs at the same rates ("" without probes)."""
+    if not probes:
+        return ""
+    rows = [[r["arch"], f"{r['lr']:.3g}", f"{finals[r['arch']]['lr']:.3g}" if r["arch"] in finals else "-",
+            f"{r['validation_bpb']:.3f}", f"{r['test_bpb']:.3f}", made_on(r)] for r in probes]
+    rows += [[a, f"{f['lr']:.3g}", f"{f['lr']:.3g}", f"{f['validation_bpb']:.3f}", f"{f['test_bpb']:.3f}",
+              made_on(f)] for a, f in finals.items() if any(r["arch"] != a and r["lr"] == f["lr"] for r in probes)]
+    return ("\n## Probes: a model at another model's rate\n\n"
+            f"Outside the table (`language_model.probe`; rows in {PROBES}.json): the same size, data, budget and "
+            "measurement, the rate set by hand instead of by the pilot; with the final runs at the same rates "
+            "beside them, so that models can be compared at equal rates. Two rows made on different CPUs or "
+            "commits (last column) also differ by what a same-seed rerun moves, beside the rate's effect (the "
+            "transformer's same-seed rerun moved test bits per byte by 0.012).\n\n"
+            + markdown_table(["model", "rate", "its pilot's rate", "validation bpb", "test bpb",
+                              "made on (CPU, commit)"], rows))
+
+
+def _longs_section(longs: list, finals: dict, seed: int) -> str:
+    """The report's section of the longer runs, beside the final runs at the table's steps ("" without any)."""
+    if not longs:
+        return ""
+    rows = [[r["arch"], f"{r['lr']:.3g}", f"{r['factor']}x: {r['steps']:,}", f"{r['warmup_steps']:,}",
+            f"{r['train_tokens']:,}", f"{r['validation_bpb']:.3f}", f"{r['test_bpb']:.3f}",
+             f"{finals[r['arch']]['validation_bpb']:.3f} / {finals[r['arch']]['test_bpb']:.3f}"
+             if r["arch"] in finals else "-"] for r in longs]
+    return ("\n## Longer runs: what more steps buy\n\n"
+            f"Outside the table (`language_model.probe` with a factor; rows in {PROBES}.json, weights in "
+            f"weights/{per_seed(NAME, seed)}-<factor>x/, which lm_context reads whole): the same size, data and "
+            "measurement, more steps, the warmup kept at the table's length in steps, the cosine stretched.\n\n"
+            + markdown_table(["model", "rate", "steps", "warmup steps", "tokens", "validation bpb", "test bpb",
+                              "at the table's steps (validation / test)"], rows))
 
 
 def main(argv=None) -> int:
