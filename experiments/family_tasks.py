@@ -42,8 +42,8 @@ from matplotlib.figure import Figure
 
 from . import recall, rungs, state_tracking, zoo
 from .data import TEST
-from .records import (Results, command_line, control_verdict, environment, fmt, kept_long_runs, markdown_table,
-                      provenance, rescue_note, rescued, setup_label)
+from .records import (Results, all_hold, command_line, control_verdict, environment, fmt, kept_long_runs,
+                      markdown_table, provenance, rescue_note, rescued, setup_label)
 from .training import evaluate, round_to_fp16, torch_settings
 from ..models.io import write_text_atomically
 
@@ -207,7 +207,7 @@ def control_holds(results: Results, setup: Setup, task: str, pairs: int | None =
     with its long run (None: not all have run, and none has failed yet)."""
     jobs = [j for j in setup.jobs if j.task == task and _is_control(setup, j) and pairs in (None, j.pairs)]
     verdicts = [_seed_holds(results, setup, j) for j in jobs]
-    return False if False in verdicts else None if None in verdicts or not verdicts else True
+    return all_hold(verdicts)
 
 
 def _seed_holds(results: Results, setup: Setup, job: Job) -> bool | None:

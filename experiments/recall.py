@@ -40,7 +40,7 @@ import numpy as np
 
 from . import data, mechanism, plots, zoo
 from .data import TEST, VALID
-from .records import (Results, command_line, control_verdict, environment, fmt, kept_long_runs, made_on,
+from .records import (Results, all_hold, command_line, control_verdict, environment, fmt, kept_long_runs, made_on,
                       markdown_table, provenance, rescue_note, rescued, setup_label, warmup_cell)
 from .training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                        sweep_then_seeds)
@@ -412,7 +412,7 @@ def control_holds(results: Results, setup: Setup, pairs: int | None = None) -> b
     (None: a run, or a missed seed's long run, has not run yet; False once a seed missed both ways). Each N is read
     on its own: a control that fails at N = 8 leaves N = 4's rows readable."""
     verdicts = [_cell_holds(results, setup, c) for c in setup.controls if pairs in (None, c.pairs)]
-    return False if False in verdicts else None if None in verdicts else True
+    return all_hold(verdicts)
 
 
 def _cell_holds(results: Results, setup: Setup, c: Cell) -> bool | None:
@@ -422,7 +422,7 @@ def _cell_holds(results: Results, setup: Setup, c: Cell) -> bool | None:
     if len(rows) < c.seeds:
         return None
     verdicts = [r["test_accuracy"] >= setup.control_accuracy or _rescued(results, setup, r) for r in rows]
-    return False if False in verdicts else None if None in verdicts else True
+    return all_hold(verdicts)
 
 
 def _rescued(results: Results, setup: Setup, row: dict) -> bool | None:

@@ -31,7 +31,7 @@ from ..models.io import write_text_atomically
 
 __all__ = ["RESULTS", "Results", "kept_long_runs", "rescued", "rescue_note", "warmup_cell", "environment",
            "markdown_table", "parse_args", "output_dir", "command_line", "fmt", "control_verdict", "row_setup",
-           "setup_label", "made_on", "provenance", "Row"]
+           "setup_label", "made_on", "provenance", "all_hold", "Row"]
 
 RESULTS = Path(__file__).resolve().parent / "results"      # committed; RESULTS / "quick" is git-ignored
 
@@ -102,6 +102,13 @@ def rescued(long_rows: list, passes) -> bool | None:
     """A control seed that missed its rule within the budget: None while its longer run with the warmup kept has not
     run (kept_long_runs' rows), else whether that run meets the rule (``passes``: row -> bool)."""
     return None if not long_rows else any(passes(row) for row in long_rows)
+
+
+def all_hold(verdicts) -> bool | None:
+    """A control's verdict from its seeds' (True, False, or None: not run yet): False once one failed, else None
+    while one is open (or there are none), else True."""
+    verdicts = list(verdicts)
+    return False if False in verdicts else None if None in verdicts or not verdicts else True
 
 
 def rescue_note(seed_label: str, rescue: bool | None, factor: int) -> str:

@@ -37,8 +37,8 @@ import torch
 
 from . import data, mechanism, plots, zoo
 from .data import TEST, VALID
-from .records import (Results, command_line, control_verdict, environment, fmt, kept_long_runs, markdown_table,
-                      provenance, rescue_note, rescued, setup_label, warmup_cell)
+from .records import (Results, all_hold, command_line, control_verdict, environment, fmt, kept_long_runs,
+                      markdown_table, provenance, rescue_note, rescued, setup_label, warmup_cell)
 from .training import (Budget, Run, evaluate, round_to_fp16, save_fp16, torch_settings,
                        sweep_then_seeds)
 from ..models.io import load_state_dict, write_text_atomically
@@ -206,7 +206,7 @@ def control_holds(results: Results, setup: Setup) -> bool | None:
     if pairs is None:
         return None
     verdicts = [_control_passes(setup, r) or rescued(long, partial(_control_passes, setup)) for r, long in pairs]
-    return False if False in verdicts else None if None in verdicts else True
+    return all_hold(verdicts)
 
 
 def _control_note(results: Results, setup: Setup) -> str:
