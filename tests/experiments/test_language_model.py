@@ -56,6 +56,18 @@ def weights(request):
     return request.getfixturevalue("quick") / "weights" / lm.NAME
 
 
+LONGER = lm.longer_weights(RESULTS, 0, 3)          # the committed RWKV-7 trained 3x the steps (docs: beating xz)
+
+
+@pytest.fixture(scope="module", params=["quick", "committed", "committed 3x"])
+def rwkv7_weights(request):
+    """The folders that ship an RWKV-7: the quick run's, the full run's and the full run's 3x longer one."""
+    if request.param == "committed 3x":
+        assert (LONGER / "rwkv7").is_dir(), f"the 3x run's RWKV-7 is not committed in {LONGER}"
+        return LONGER
+    return COMMITTED if request.param == "committed" else request.getfixturevalue("quick") / "weights" / lm.NAME
+
+
 def rows(out, **key):
     return Results(out, lm.NAME).select(**key)
 
@@ -217,6 +229,25 @@ def _file_tensors(path):
 def test_shipped_files_keep_fp16_and_fp32_decays(weights, arch, name):
     """Mixed dtypes on disk: the decays (KEEP_FP32) fp32, every other tensor fp16; and a load in fp32 gives the
     stored values exactly."""
+    _assert_stored_dtypes(weights, arch, name)
+
+
+@pytest.mark.parametrize("name", ["rwkv7", "rwkv7.pth"])
+def test_the_longer_run_ships_fp16_and_fp32_decays_too(name):
+    _assert_stored_dtypes(LONGER, "rwkv7", name)
+
+
+def test_the_longer_runs_row_names_its_folder_and_beats_the_final():
+    """The committed 3x row: the folder the tests read is the one it shipped, with its final's rate and seed, 3x the
+    steps, the warmup kept, and lower test bits per byte than the 2000-step final (1.685)."""
+    row = Results(RESULTS, lm.PROBES).find(phase="long", arch="rwkv7", factor=3)
+    final = Results(RESULTS, lm.NAME).find(phase="final", arch="rwkv7")
+    assert str((LONGER / "rwkv7").relative_to(RESULTS)) in row["shipped"]
+    assert (row["lr"], row["seed"], row["steps"]) == (final["lr"], final["seed"], 3 * final["steps"])
+    assert row["warmup_steps"] == lm.FULL.budget.warmup_steps and row["test_bpb"] < final["test_bpb"]
+
+
+def _assert_stored_dtypes(weights, arch, name):
     tensors = _file_tensors(weights / name)
     to_ours = fla_to_blink if name == "rwkv7" else (lambda sd: sd)
     for key, t in to_ours(tensors).items():
@@ -242,9 +273,9 @@ def test_saving_keeps_mixed_dtypes_bit_for_bit(tmp_path):
         assert t.dtype == stored[key].dtype and torch.equal(t, stored[key]), key
 
 
-def test_pth_and_fla_directory_hold_the_same_rwkv7(weights):
-    a = Rwkv7.from_checkpoint(weights / "rwkv7.pth", dtype="float32")
-    b = Rwkv7.from_pretrained(weights / "rwkv7", dtype="float32")
+def test_pth_and_fla_directory_hold_the_same_rwkv7(rwkv7_weights):
+    a = Rwkv7.from_checkpoint(rwkv7_weights / "rwkv7.pth", dtype="float32")
+    b = Rwkv7.from_pretrained(rwkv7_weights / "rwkv7", dtype="float32")
     with torch.no_grad():
         assert torch.equal(a(IDS, backend="torch")[0], b(IDS, backend="torch")[0])
 
@@ -280,19 +311,19 @@ def test_transformers_reads_the_shipped_transformer(weights):
         assert_close(load_neox(folder)(IDS), peer(IDS).logits, FP32_BUDGET, "attention: ours vs transformers")
 
 
-def test_fla_reads_the_shipped_directory(weights):
+def test_fla_reads_the_shipped_directory(rwkv7_weights):
     pytest.importorskip("fla.models.rwkv7")
     from fla.models.rwkv7 import RWKV7ForCausalLM
     with fla_peer.cpu_reference_ops():
-        peer = RWKV7ForCausalLM.from_pretrained(weights / "rwkv7", dtype=torch.float32, fuse_norm=False,
+        peer = RWKV7ForCausalLM.from_pretrained(rwkv7_weights / "rwkv7", dtype=torch.float32, fuse_norm=False,
                                                 fuse_cross_entropy=False).eval()
-    assert_close(_ours(weights, "rwkv7"), fla_peer.logits(peer, IDS), FP32_BUDGET, "ours vs fla")
+    assert_close(_ours(rwkv7_weights, "rwkv7"), fla_peer.logits(peer, IDS), FP32_BUDGET, "ours vs fla")
 
 
-def test_blinkdl_runtime_reads_the_shipped_pth(weights):
-    peer = blinkdl_peer.rwkv7_class()(model=str(weights / "rwkv7.pth")[:-len(".pth")], strategy="cpu fp32")
+def test_blinkdl_runtime_reads_the_shipped_pth(rwkv7_weights):
+    peer = blinkdl_peer.rwkv7_class()(model=str(rwkv7_weights / "rwkv7.pth")[:-len(".pth")], strategy="cpu fp32")
     theirs, _ = peer.forward(IDS[0].tolist(), None, full_output=True)
-    ours = Rwkv7.from_checkpoint(weights / "rwkv7.pth", dtype="float32")
+    ours = Rwkv7.from_checkpoint(rwkv7_weights / "rwkv7.pth", dtype="float32")
     with torch.no_grad():
         mine = ours(IDS, backend="torch")[0][0]
     assert_close(mine, theirs, FP32_BUDGET, "ours vs BlinkDL's runtime")
