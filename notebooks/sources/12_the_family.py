@@ -323,7 +323,7 @@ plt.show()
 # only); bits per byte is the test split of ~1M-parameter byte-level models on the standard library's sources
 # ([`language_model.md`](../experiments/results/language_model.md)). The rungs in between (linear attention,
 # retention, GLA, the delta rules) were trained as RWKV-7's frame with the rung's transition
-# ([`family_tasks.md`](../experiments/results/family_tasks.md), one seed each, the table after this one): recall at
+# ([`family_tasks.md`](../experiments/results/family_tasks.md), one to three seeds, the table after this one): recall at
 # $C = 64$ and parity where they ran; SSD and the other cells were not run, and say so rather than guess.
 #
 # | mechanism | state per head | sequential steps | parallel form | recall, 4 pairs ($C$ = 64 / 128) | selection | parity past 64 (at 256) | extrapolation (1x / 8x) | test bits per byte |
@@ -335,7 +335,7 @@ plt.show()
 # | RWKV-4 (diagonal, no query, a head per channel) | 2 numbers per channel (3 stored, with the running max) | $T$ | chunked (notebook 02) | 25.6% (3 seeds) / 54.3% | none (a fixed decay per channel) | 50.1% | - | 1.740 |
 # | SSD, Mamba-2 ($a_t I$) | $N^2$ | $T$, or $T / L$ | chunked (SSD), scan | not run | per token | not run (no sign flip) | not run | not run |
 # | Mamba's scan (diagonal, a head per channel) | $N$ per channel | $T$, or $\log T$ (parallel scan) | parallel scan (notebook 06) | 26.3% / 99.2% | 99.5% (time-invariant: 69.8%) | 50.0% | - | 1.809 |
-# | delta rule ($I - \beta k k^\top$) | $N^2$ | $T$, or $T / L$ | chunked (WY) | $\beta < 1$: 99.6%, $\beta < 2$: 99.8% (1 seed each) / not run | overwrites by key | $\beta < 1$: 49.8%; $\beta < 2$: 100.0% (1 seed each; the control holds here, two seeds with 4x the steps) | not run | not run |
+# | delta rule ($I - \beta k k^\top$) | $N^2$ | $T$, or $T / L$ | chunked (WY) | $\beta < 1$: 99.6%, $\beta < 2$: 99.8% (1 seed each) / not run | overwrites by key | $\beta < 1$: 49.7% (3 seeds, 49.5-49.9%); $\beta < 2$: 91.9% (3 seeds, 75.9-100.0%; the control holds here, two seeds with 4x the steps) | not run | not run |
 # | gated delta rule | $N^2$ | $T$, or $T / L$ | chunked (WY) | 99.9% (1 seed) / not run | overwrites and forgets | 50.0% (1 seed; $\beta < 1$) | not run | not run |
 # | RWKV-7 ($\mathrm{diag}(w) + a b^\top$) | $N^2$ | $T$, or $T / 16$ (`triton_chunked`) | chunked (WY, notebook 04) | 99.7% (3 seeds) / 100.0% | not run | 54.8% as published (3 seeds, 50.3-63.3%); wide rate 93.1% (82.9-98.9%) | - | 1.685 |
 #
