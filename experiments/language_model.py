@@ -51,10 +51,11 @@ number of the report measured on exactly these stored values:
     attention/       the transformer as a transformers GPTNeoXForCausalLM directory (experiments.transformer_neox;
                      read back into a Transformer by its load_neox)
 Another --seed k writes its own language_model-seed<k>.md, .png and weights/language_model-seed<k>/ (rows of every
-seed share language_model.json, keyed by seed), so it never replaces seed 0's committed files.
+seed share language_model.json, keyed by seed), so it never replaces seed 0's committed files; seed 0's report
+(language_model.md) reads every seed whose four final runs have run in "The ranking over seeds".
 tokenizer.json (the `tokenizers` library): a byte-level BPE without merges whose ids are the 256 byte values; no
 special tokens (the configs' bos/eos/pad id 0 is the NUL byte, which no .py file of the corpus contains).
-Try one (the full run's results are not committed yet: after a run; --quick writes under results/quick/):
+Try one (the full run's weights are committed; --quick writes under results/quick/):
 python -m seqmix.generate experiments/results/weights/language_model/rwkv7 --prompt "def "
 """
 from __future__ import annotations
@@ -498,6 +499,33 @@ def _literature_paragraph(finals: dict) -> str:
     return "\n".join(lines)
 
 
+def _seeds_section(results: Results) -> str:
+    """The ranking over seeds: each model's test bits per byte on every seed whose four final runs have all run
+    (its rate beside it: each seed's pilot chooses its own), their mean and spread, the ranking per seed, and each
+    paper's claim counted over the seeds ("" with fewer than two such seeds)."""
+    by_seed = {}
+    for r in results.select(phase="final"):                 # a later row of a seed and model replaces an earlier one
+        by_seed.setdefault(r["seed"], {})[r["arch"]] = r
+    seeds = sorted(s for s, finals in by_seed.items() if set(finals) == set(ARCHS))
+    if len(seeds) < 2:
+        return ""
+    test = {a: [by_seed[s][a]["test_bpb"] for s in seeds] for a in ARCHS}
+    rows = [[a, *(f"{b:.3f} ({by_seed[s][a]['lr']:.3g})" for s, b in zip(seeds, test[a])),
+             f"{np.mean(test[a]):.3f}", f"{max(test[a]) - min(test[a]):.3f}"]
+            for a in sorted(ARCHS, key=lambda a: np.mean(test[a]))]
+    orders = [f"seed {s}: {' < '.join(sorted(ARCHS, key=lambda a: by_seed[s][a]['test_bpb']))}" for s in seeds]
+    agreeing = {(b, w): sum(by_seed[s][b]["test_bpb"] < by_seed[s][w]["test_bpb"] for s in seeds) for b, w, _ in CLAIMS}
+    claims = [f"- {source}: agrees on {agreeing[b, w]} of {len(seeds)} seeds." for b, w, source in CLAIMS]
+    places = [f"seed {s}: {'; '.join(sorted({made_on(by_seed[s][a]) for a in ARCHS}))}" for s in seeds]
+    return ("\n## The ranking over seeds\n\n"
+            f"Every seed runs the whole protocol (its own pilots, hence possibly its own rates, in brackets) with the "
+            f"same data and budget; test bits per byte of seeds {', '.join(map(str, seeds))}, their mean and their "
+            f"spread (max - min), best mean first.\n\n"
+            + markdown_table(["model", *(f"seed {s} (rate)" for s in seeds), "mean", "spread"], rows)
+            + "\nRanking per seed (best first): " + "; ".join(orders) + ".\n\nThe papers' claims (above), per seed:\n"
+            + "\n".join(claims) + "\n\nMade on (CPU, commit): " + "; ".join(places) + ".\n")
+
+
 def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
     """language_model.md (the table and the literature slot) and language_model.png (validation curves), of
     ``seed``'s runs (another seed's: language_model-seed<k>.md and .png, per_seed)."""
@@ -548,6 +576,8 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
     if samples:
         text += "\nGreedy continuations of \"def \":\n\n" + "\n".join(samples) + "\n"
     text += "\n## Against the papers\n\n" + _literature_paragraph(finals) + "\n"
+    if seed == 0:                                           # the committed report reads every seed's finals
+        text += _seeds_section(results)
     probes = Results(out, PROBES).select(phase="probe", seed=seed)
     longs = Results(out, PROBES).select(phase="long", seed=seed)
     text += _probes_section(probes, finals) + _longs_section(longs, finals, seed)

@@ -169,6 +169,42 @@ def test_a_longer_run_keeps_the_warmup_and_ships_what_it_measured(quick):
             lm.probe(quick, arch="rwkv4", factor=factor, setup=lm.QUICK)
 
 
+def test_the_ranking_over_seeds_reads_every_seed_whose_four_models_ran(tmp_path):
+    """Hand-made finals: seeds 0-2 complete, seed 3 missing Mamba (left out), seed 1's RWKV-4 run twice (the later
+    row counts). Means, spreads, orders and claim counts below are worked out by hand from the numbers."""
+    results = Results(tmp_path, lm.NAME)
+    env = {"cpu": "AMD EPYC", "commit": "a" * 40}
+    test_bpb = {0: dict(rwkv7=1.60, rwkv4=1.70, mamba=1.80, attention=1.90),
+                1: dict(rwkv7=1.70, rwkv4=1.50, mamba=1.75, attention=1.95),   # rwkv4 first, at its second run
+                2: dict(rwkv7=1.65, rwkv4=1.72, mamba=1.71, attention=1.60),
+                3: dict(rwkv7=1.00, rwkv4=1.00, attention=1.00)}
+    for seed, bpbs in test_bpb.items():
+        for arch, bpb in bpbs.items():
+            if (seed, arch) == (1, "rwkv4"):
+                results.add({"phase": "final", "arch": arch, "seed": seed, "lr": 0.009, "test_bpb": 9.9, "env": env})
+            results.add({"phase": "final", "arch": arch, "seed": seed, "lr": 0.003, "test_bpb": bpb, "env": env})
+    text = lm._seeds_section(results)
+    assert "| model | seed 0 (rate) | seed 1 (rate) | seed 2 (rate) | mean | spread |" in text      # no seed 3
+    table = [line for line in text.splitlines() if line.startswith("| ") and "seed 0" not in line]
+    assert table == ["| rwkv4 | 1.700 (0.003) | 1.500 (0.003) | 1.720 (0.003) | 1.640 | 0.220 |",
+                     "| rwkv7 | 1.600 (0.003) | 1.700 (0.003) | 1.650 (0.003) | 1.650 | 0.100 |",
+                     "| mamba | 1.800 (0.003) | 1.750 (0.003) | 1.710 (0.003) | 1.753 | 0.090 |",
+                     "| attention | 1.900 (0.003) | 1.950 (0.003) | 1.600 (0.003) | 1.817 | 0.350 |"]
+    assert "seed 1: rwkv4 < rwkv7 < mamba < attention" in text
+    assert "seed 2: attention < rwkv7 < mamba < rwkv4" in text
+    counts = [line.rsplit(": agrees on ", 1)[1] for line in text.splitlines() if ": agrees on " in line]
+    assert counts == ["2 of 3 seeds.", "1 of 3 seeds.", "2 of 3 seeds."]     # mamba < attention, < rwkv4, rwkv7 < rwkv4
+    assert "seed 0: AMD EPYC, aaaaaaa" in text
+
+
+def test_the_ranking_over_seeds_needs_two_complete_seeds(tmp_path):
+    results = Results(tmp_path, lm.NAME)
+    for arch in lm.ARCHS:
+        results.add({"phase": "final", "arch": arch, "seed": 0, "lr": 0.003, "test_bpb": 1.7})
+    results.add({"phase": "final", "arch": "rwkv7", "seed": 1, "lr": 0.003, "test_bpb": 1.7})
+    assert lm._seeds_section(results) == ""
+
+
 def test_a_command_line_mistake_is_one_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
         lm.main(["--threads", "0"])
