@@ -26,8 +26,9 @@ digit) and another commit, so a control is evidence only for the rows made besid
 The rate: no sweep (this CPU cannot afford one per rung). Every rung trains at the rate the published RWKV-7 (the
 same frame with its own transition) chose in the same cell of the committed experiments: MQAR N = 4 1e-2, N = 8
 2.2e-3, parity 1e-2. The plan (FULL.jobs) runs one seed of every cell first, in the order that tests the claims
-soonest, then seeds 2 and 3 of the cells the claims rest on, and the parity claim again at 1e-3 (the rate the wide
-RWKV-7 chose), so that a cut-short run reads the most; the report lists what of the plan has not run.
+soonest, then seeds 1 and 2 (the second and third) of the cells the claims rest on, and the parity claim again at
+1e-3 (the rate the wide RWKV-7 chose), so that a cut-short run reads the most; the report lists what of the plan
+has not run.
 
 Writes family_tasks.json (a row per run, with the environment), family_tasks.md and family_tasks.png. Each run
 checkpoints itself under checkpoints/family_tasks/ (git-ignored), so a stopped run resumes where it stopped.
@@ -90,11 +91,11 @@ CLAIMS = {MQAR: ("delta_rule", "gla", "linear_attention", "retention"), PARITY: 
 
 
 def _plan(recall_setup: recall.Setup, pairs_order: tuple, claim_rate: float) -> tuple:
-    """One seed of every cell (the claims' rungs first on each task), then seeds 2 and 3 of the parity claim, the
-    parity claim at the wide RWKV-7's rate, seeds 2 and 3 of MQAR N = 4's claims. Parity's control runs first;
-    MQAR's after the claims' rungs of N = 4: its committed three seeds hold in recall.json (the same data, budget
-    and training), and at the CPU share this machine gave (a quarter of a core) it would have taken the session's
-    MQAR time alone."""
+    """One seed of every cell (the claims' rungs first on each task), then seeds 1 and 2 of the parity claim, the
+    parity claim at the wide RWKV-7's rate, seeds 1 and 2 of MQAR's claims and control at each N. Parity's control
+    runs first; MQAR's after the claims' rungs of N = 4: its committed three seeds hold in recall.json (the same
+    data, budget and training), and at the CPU share this machine gave (a quarter of a core) it would have taken
+    the session's MQAR time alone."""
     first = ("delta_rule", "delta_rule_wide", "linear_attention", "gla", "retention", "gated_delta_rule")
     control = recall_setup.control.arch
     parity_control = [Job(PARITY, state_tracking.CONTROL[0], CONTROL_RATE[PARITY], seed=s) for s in (0, 1, 2)]
@@ -107,7 +108,7 @@ def _plan(recall_setup: recall.Setup, pairs_order: tuple, claim_rate: float) -> 
             jobs += [Job(PARITY, a, RWKV7_RATE[PARITY]) for a in first]
     jobs += [Job(PARITY, a, RWKV7_RATE[PARITY], seed=s) for s in (1, 2) for a in CLAIMS[PARITY]]
     jobs += [Job(PARITY, a, claim_rate) for a in CLAIMS[PARITY]]
-    for pairs in pairs_order:                          # the claims' seeds 2 and 3 on MQAR, and the control's
+    for pairs in pairs_order:                          # the claims' seeds 1 and 2 on MQAR, and the control's
         jobs += [Job(MQAR, a, RWKV7_RATE[pairs], seed=s, pairs=pairs) for s in (1, 2) for a in CLAIMS[MQAR]]
         jobs += [Job(MQAR, control, CONTROL_RATE[pairs], seed=s, pairs=pairs) for s in (1, 2)]
     return tuple(dict.fromkeys(jobs))                  # each once, in the order of first appearance
