@@ -231,10 +231,13 @@ def test_made_on_names_the_cpu_the_commit_and_uncommitted_code():
                                   "language_model_probes", "lm_context"])
 def test_every_committed_report_says_where_each_row_was_made(name):
     """The issue's rule: rows from another CPU or from uncommitted code are marked where they are read. Every
-    committed row that records its environment has its place (CPU, commit, uncommitted changes) in its report."""
+    committed row that records its environment has its place (CPU, commit, uncommitted changes) in its report: a
+    language-model row in its seed's report (lm.per_seed)."""
     report = {"recall_probes": "recall", "selective_copy_probes": "selective_copy",
               "language_model_probes": "language_model"}.get(name, name)
-    text = (RESULTS / f"{report}.md").read_text()
-    places = {records.made_on(r) for r in Results(RESULTS, name).rows if r.get("env")}
-    assert places, name
-    assert all(place in text for place in places), sorted(p for p in places if p not in text)
+    rows = [r for r in Results(RESULTS, name).rows if r.get("env")]
+    assert rows, name
+    for seed in sorted({r.get("seed", 0) for r in rows} if report == "language_model" else {0}):
+        text = (RESULTS / f"{lm.per_seed(report, seed)}.md").read_text()
+        places = {records.made_on(r) for r in rows if report != "language_model" or r.get("seed", 0) == seed}
+        assert all(place in text for place in places), (seed, sorted(p for p in places if p not in text))
