@@ -485,6 +485,17 @@ CLAIMS = (
 )
 
 
+def final_runs(results: Results, seed: int = 0) -> dict:
+    """Each model's final run of ``seed`` (model -> row; a later row of a model replaces an earlier one): the rows
+    the report of that seed reads. Rows of every seed share language_model.json, so a reader names its seed."""
+    return {r["arch"]: r for r in results.select(phase="final", seed=seed)}
+
+
+def _agrees(finals: dict, better: str, worse: str) -> bool:
+    """Whether a paper's claim (``better`` below ``worse`` in test bits per byte) holds in ``finals``."""
+    return finals[better]["test_bpb"] < finals[worse]["test_bpb"]
+
+
 def _literature_paragraph(finals: dict) -> str:
     if set(finals) != set(ARCHS):
         return ("*Placeholder: the comparison with the Mamba and RWKV-7 papers' language-modelling results is "
@@ -493,8 +504,7 @@ def _literature_paragraph(finals: dict) -> str:
     lines = [f"Measured ranking by test bits per byte (best first): {' < '.join(order)}. Against the papers, which "
              f"train models 100 to 1000 times larger on far more tokens:"]
     for better, worse, source in CLAIMS:
-        agrees = finals[better]["test_bpb"] < finals[worse]["test_bpb"]
-        lines.append(f"- {source}: {'agrees' if agrees else 'disagrees'} here ({better} "
+        lines.append(f"- {source}: {'agrees' if _agrees(finals, better, worse) else 'disagrees'} here ({better} "
                      f"{finals[better]['test_bpb']:.3f} vs {worse} {finals[worse]['test_bpb']:.3f} bits per byte).")
     return "\n".join(lines)
 
@@ -503,10 +513,8 @@ def _seeds_section(results: Results) -> str:
     """The ranking over seeds: each model's test bits per byte on every seed whose four final runs have all run
     (its rate beside it: each seed's pilot chooses its own), their mean and spread, the ranking per seed, and each
     paper's claim counted over the seeds ("" with fewer than two such seeds)."""
-    by_seed = {}
-    for r in results.select(phase="final"):                 # a later row of a seed and model replaces an earlier one
-        by_seed.setdefault(r["seed"], {})[r["arch"]] = r
-    seeds = sorted(s for s, finals in by_seed.items() if set(finals) == set(ARCHS))
+    by_seed = {s: final_runs(results, s) for s in {r["seed"] for r in results.select(phase="final")}}
+    seeds = sorted(s for s, rows in by_seed.items() if set(rows) == set(ARCHS))
     if len(seeds) < 2:
         return ""
     test = {a: [by_seed[s][a]["test_bpb"] for s in seeds] for a in ARCHS}
@@ -514,8 +522,8 @@ def _seeds_section(results: Results) -> str:
              f"{np.mean(test[a]):.3f}", f"{max(test[a]) - min(test[a]):.3f}"]
             for a in sorted(ARCHS, key=lambda a: np.mean(test[a]))]
     orders = [f"seed {s}: {' < '.join(sorted(ARCHS, key=lambda a: by_seed[s][a]['test_bpb']))}" for s in seeds]
-    agreeing = {(b, w): sum(by_seed[s][b]["test_bpb"] < by_seed[s][w]["test_bpb"] for s in seeds) for b, w, _ in CLAIMS}
-    claims = [f"- {source}: agrees on {agreeing[b, w]} of {len(seeds)} seeds." for b, w, source in CLAIMS]
+    claims = [f"- {source}: agrees on {sum(_agrees(by_seed[s], b, w) for s in seeds)} of {len(seeds)} seeds."
+              for b, w, source in CLAIMS]
     places = [f"seed {s}: {'; '.join(sorted({made_on(by_seed[s][a]) for a in ARCHS}))}" for s in seeds]
     return ("\n## The ranking over seeds\n\n"
             f"Every seed runs the whole protocol (its own pilots, hence possibly its own rates, in brackets) with the "
@@ -533,7 +541,7 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
     bigram = results.find(phase="bigram")
     sizes = {r["arch"]: r for r in results.select(phase="size")}
     speeds = {r["arch"]: r for r in results.select(phase="speed")}
-    finals = {r["arch"]: r for r in results.select(phase="final", seed=seed)}
+    finals = final_runs(results, seed)
     pilots = {r["arch"]: r for r in results.select(phase="pilot", seed=seed)}
     tps = setup.tokens_per_step()
     rows = []

@@ -959,11 +959,12 @@ import json
 import lzma
 
 from seqmix.experiments import data as lm_data
+from seqmix.experiments import language_model
+from seqmix.experiments.records import Results
 
-lm_report = json.loads((REPO / "experiments" / "results" / "language_model.json").read_text())
-test_bpb = {r["arch"]: r["test_bpb"] for r in lm_report["rows"]        # seed 0's: the table's and the shipped weights'
-            if r["phase"] == "final" and r.get("seed", 0) == 0}
-test_bpb["bigram (add-one)"] = next(r["test_bpb"] for r in lm_report["rows"] if r["phase"] == "bigram")
+lm_rows = Results(REPO / "experiments" / "results", language_model.NAME)
+test_bpb = {arch: r["test_bpb"] for arch, r in language_model.final_runs(lm_rows, seed=0).items()}  # the table's seed
+test_bpb["bigram (add-one)"] = lm_rows.find(phase="bigram")["test_bpb"]
 corpus = lm_data.stdlib_corpus()
 committed = json.loads((REPO / "experiments" / "results" / "stdlib_corpus.json").read_text())
 test_bytes = corpus.split("test").tobytes()

@@ -235,9 +235,11 @@ def test_every_committed_report_says_where_each_row_was_made(name):
     language-model row in its seed's report (lm.per_seed)."""
     report = {"recall_probes": "recall", "selective_copy_probes": "selective_copy",
               "language_model_probes": "language_model"}.get(name, name)
-    rows = [r for r in Results(RESULTS, name).rows if r.get("env")]
-    assert rows, name
-    for seed in sorted({r.get("seed", 0) for r in rows} if report == "language_model" else {0}):
-        text = (RESULTS / f"{lm.per_seed(report, seed)}.md").read_text()
-        places = {records.made_on(r) for r in rows if report != "language_model" or r.get("seed", 0) == seed}
-        assert all(place in text for place in places), (seed, sorted(p for p in places if p not in text))
+    places = {}                                               # report file -> the places of the rows it reads
+    for r in (r for r in Results(RESULTS, name).rows if r.get("env")):
+        seed = r.get("seed", 0) if report == "language_model" else 0
+        places.setdefault(lm.per_seed(report, seed), set()).add(records.made_on(r))
+    assert places, name
+    for file, wanted in places.items():
+        text = (RESULTS / f"{file}.md").read_text()
+        assert all(place in text for place in wanted), (file, sorted(p for p in wanted if p not in text))

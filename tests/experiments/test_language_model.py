@@ -277,7 +277,7 @@ def test_the_longer_runs_row_names_its_folder_and_beats_the_final():
     """The committed 3x row: the folder the tests read is the one it shipped, with its final's rate and seed, 3x the
     steps, the warmup kept, and lower test bits per byte than the 2000-step final (1.685)."""
     row = Results(RESULTS, lm.PROBES).find(phase="long", arch="rwkv7", factor=3)
-    final = Results(RESULTS, lm.NAME).find(phase="final", arch="rwkv7", seed=0)
+    final = lm.final_runs(Results(RESULTS, lm.NAME), seed=0)["rwkv7"]
     assert str((LONGER / "rwkv7").relative_to(RESULTS)) in row["shipped"]
     assert (row["lr"], row["seed"], row["steps"]) == (final["lr"], final["seed"], 3 * final["steps"])
     assert row["warmup_steps"] == lm.FULL.budget.warmup_steps and row["test_bpb"] < final["test_bpb"]
