@@ -491,6 +491,11 @@ def final_runs(results: Results, seed: int = 0) -> dict:
     return {r["arch"]: r for r in results.select(phase="final", seed=seed)}
 
 
+def _ranking(finals: dict) -> str:
+    """The models of ``finals`` by test bits per byte, best first: "rwkv7 < rwkv4 < ..."."""
+    return " < ".join(sorted(finals, key=lambda a: finals[a]["test_bpb"]))
+
+
 def _agrees(finals: dict, better: str, worse: str) -> bool:
     """Whether a paper's claim (``better`` below ``worse`` in test bits per byte) holds in ``finals``."""
     return finals[better]["test_bpb"] < finals[worse]["test_bpb"]
@@ -500,8 +505,7 @@ def _literature_paragraph(finals: dict) -> str:
     if set(finals) != set(ARCHS):
         return ("*Placeholder: the comparison with the Mamba and RWKV-7 papers' language-modelling results is "
                 "written once all four models have measured results.*")
-    order = sorted(finals, key=lambda a: finals[a]["test_bpb"])
-    lines = [f"Measured ranking by test bits per byte (best first): {' < '.join(order)}. Against the papers, which "
+    lines = [f"Measured ranking by test bits per byte (best first): {_ranking(finals)}. Against the papers, which "
              f"train models 100 to 1000 times larger on far more tokens:"]
     for better, worse, source in CLAIMS:
         lines.append(f"- {source}: {'agrees' if _agrees(finals, better, worse) else 'disagrees'} here ({better} "
@@ -521,7 +525,7 @@ def _seeds_section(results: Results) -> str:
     rows = [[a, *(f"{b:.3f} ({by_seed[s][a]['lr']:.3g})" for s, b in zip(seeds, test[a])),
              f"{np.mean(test[a]):.3f}", f"{max(test[a]) - min(test[a]):.3f}"]
             for a in sorted(ARCHS, key=lambda a: np.mean(test[a]))]
-    orders = [f"seed {s}: {' < '.join(sorted(ARCHS, key=lambda a: by_seed[s][a]['test_bpb']))}" for s in seeds]
+    orders = [f"seed {s}: {_ranking(by_seed[s])}" for s in seeds]
     claims = [f"- {source}: agrees on {sum(_agrees(by_seed[s], b, w) for s in seeds)} of {len(seeds)} seeds."
               for b, w, source in CLAIMS]
     places = [f"seed {s}: {'; '.join(sorted({made_on(by_seed[s][a]) for a in ARCHS}))}" for s in seeds]
