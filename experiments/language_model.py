@@ -513,10 +513,11 @@ def _literature_paragraph(finals: dict) -> str:
     return "\n".join(lines)
 
 
-def _seeds_section(results: Results) -> str:
+def _seeds_section(results: Results, probes: list = ()) -> str:
     """The ranking over seeds: each model's test bits per byte on every seed whose four final runs have all run
-    (its rate beside it: each seed's pilot chooses its own), their mean and spread, the ranking per seed, and each
-    paper's claim counted over the seeds ("" with fewer than two such seeds)."""
+    (its rate beside it: each seed's pilot chooses its own), their mean and spread, the ranking per seed, each
+    paper's claim counted over the seeds, and its gap per seed at equal rates (``probes``: rate-probe rows of any
+    seed); "" with fewer than two such seeds."""
     by_seed = {s: final_runs(results, s) for s in {r["seed"] for r in results.select(phase="final")}}
     seeds = sorted(s for s, rows in by_seed.items() if set(rows) == set(ARCHS))
     if len(seeds) < 2:
@@ -535,7 +536,29 @@ def _seeds_section(results: Results) -> str:
             f"spread (max - min), best mean first.\n\n"
             + markdown_table(["model", *(f"seed {s} (rate)" for s in seeds), "mean", "spread"], rows)
             + "\nRanking per seed (best first): " + "; ".join(orders) + ".\n\nThe papers' claims (above), per seed:\n"
-            + "\n".join(claims) + "\n\nMade on (CPU, commit): " + "; ".join(places) + ".\n")
+            + "\n".join(claims) + "\n" + _equal_rates(by_seed, probes, seeds)
+            + "\nMade on (CPU, commit): " + "; ".join(places) + ".\n")
+
+
+def _equal_rates(by_seed: dict, probes: list, seeds: list) -> str:
+    """Each paper's claim per seed at every rate where both of its models have a row of that seed (a final run or a
+    rate probe): the gap, worse minus better in test bits per byte, so that a positive gap is the paper's order."""
+    runs = {(s, a, round(r["lr"], 12)): r for s in seeds for a, r in by_seed[s].items()}
+    runs.update({(r["seed"], r["arch"], round(r["lr"], 12)): r for r in probes if r["seed"] in seeds})
+    rows = []
+    for better, worse, _ in CLAIMS:
+        for lr in sorted({lr for _, a, lr in runs if a == better} & {lr for _, a, lr in runs if a == worse}):
+            gaps = [runs[s, worse, lr]["test_bpb"] - runs[s, better, lr]["test_bpb"]
+                    if (s, better, lr) in runs and (s, worse, lr) in runs else None for s in seeds]
+            if any(g is not None for g in gaps):
+                rows.append([f"{better} below {worse}", f"{lr:.3g}",
+                             *("-" if g is None else f"{g:+.3f}" if round(g, 3) else "0.000" for g in gaps)])
+    if not rows:
+        return ""
+    return (f"\nThe same claims at equal rates (per seed, the final runs and the rate probes of {PROBES}.json): the "
+            "gap, worse minus better in test bits per byte, positive in the paper's order; a gap within about 0.01 "
+            "is within what a same-seed rerun moves.\n\n"
+            + markdown_table(["claim", "rate", *(f"seed {s}" for s in seeds)], rows))
 
 
 def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
@@ -589,7 +612,7 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
         text += "\nGreedy continuations of \"def \":\n\n" + "\n".join(samples) + "\n"
     text += "\n## Against the papers\n\n" + _literature_paragraph(finals) + "\n"
     if seed == 0:                                           # the committed report reads every seed's finals
-        text += _seeds_section(results)
+        text += _seeds_section(results, Results(out, PROBES).select(phase="probe"))
     probes = Results(out, PROBES).select(phase="probe", seed=seed)
     longs = Results(out, PROBES).select(phase="long", seed=seed)
     text += _probes_section(probes, finals) + _longs_section(longs, finals, seed)

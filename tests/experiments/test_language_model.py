@@ -185,7 +185,8 @@ def test_the_ranking_over_seeds_reads_every_seed_whose_four_models_ran(tmp_path)
             results.add({"phase": "final", "arch": arch, "seed": seed, "lr": 0.003, "test_bpb": bpb, "env": env})
     text = lm._seeds_section(results)
     assert "| model | seed 0 (rate) | seed 1 (rate) | seed 2 (rate) | mean | spread |" in text      # no seed 3
-    table = [line for line in text.splitlines() if line.startswith("| ") and "seed 0" not in line]
+    table = [line for line in text.splitlines() if line.startswith("| ") and "seed 0" not in line
+             and " below " not in line]
     assert table == ["| rwkv4 | 1.700 (0.003) | 1.500 (0.003) | 1.720 (0.003) | 1.640 | 0.220 |",
                      "| rwkv7 | 1.600 (0.003) | 1.700 (0.003) | 1.650 (0.003) | 1.650 | 0.100 |",
                      "| mamba | 1.800 (0.003) | 1.750 (0.003) | 1.710 (0.003) | 1.753 | 0.090 |",
@@ -195,6 +196,34 @@ def test_the_ranking_over_seeds_reads_every_seed_whose_four_models_ran(tmp_path)
     counts = [line.rsplit(": agrees on ", 1)[1] for line in text.splitlines() if ": agrees on " in line]
     assert counts == ["2 of 3 seeds.", "1 of 3 seeds.", "2 of 3 seeds."]     # mamba < attention, < rwkv4, rwkv7 < rwkv4
     assert "seed 0: AMD EPYC, aaaaaaa" in text
+    at_equal_rates = [line for line in text.splitlines() if line.startswith("| ") and " below " in line]
+    assert at_equal_rates == ["| mamba below attention | 0.003 | +0.100 | +0.200 | -0.110 |",
+                              "| mamba below rwkv4 | 0.003 | -0.100 | -0.250 | +0.010 |",
+                              "| rwkv7 below rwkv4 | 0.003 | +0.100 | -0.200 | +0.070 |"]
+
+
+def test_the_claims_at_equal_rates_read_the_probes_beside_the_finals(tmp_path):
+    """Seeds 0 and 1 complete at hand-made rates; rate probes put Mamba at RWKV-4's rate on seed 0 (9e-3), RWKV-4
+    at Mamba's on seed 1 (3e-3) and Mamba at RWKV-4's on seed 1 (2.7e-2); seed 5's probe has no complete seed and is
+    left out. Gaps worked out by hand."""
+    results = Results(tmp_path, lm.NAME)
+    finals = {0: dict(rwkv7=(0.003, 1.68), rwkv4=(0.009, 1.74), mamba=(0.003, 1.81), attention=(0.003, 1.92)),
+              1: dict(rwkv7=(0.003, 1.67), rwkv4=(0.027, 1.75), mamba=(0.003, 1.78), attention=(0.003, 1.91))}
+    for seed, runs in finals.items():
+        for arch, (lr, bpb) in runs.items():
+            results.add({"phase": "final", "arch": arch, "seed": seed, "lr": lr, "test_bpb": bpb})
+    probes = [{"phase": "probe", "arch": "mamba", "seed": 0, "lr": 0.009, "test_bpb": 1.73},
+              {"phase": "probe", "arch": "rwkv4", "seed": 1, "lr": 0.003, "test_bpb": 1.77},
+              {"phase": "probe", "arch": "mamba", "seed": 1, "lr": 0.027, "test_bpb": 1.7504},    # level: no sign
+              {"phase": "probe", "arch": "rwkv4", "seed": 5, "lr": 0.003, "test_bpb": 1.00}]
+    text = lm._seeds_section(results, probes)
+    assert "| claim | rate | seed 0 | seed 1 |" in text
+    assert [line for line in text.splitlines() if line.startswith("| ") and " below " in line] == [
+        "| mamba below attention | 0.003 | +0.110 | +0.130 |",
+        "| mamba below rwkv4 | 0.003 | - | -0.010 |",       # seed 0 has no RWKV-4 at 3e-3
+        "| mamba below rwkv4 | 0.009 | +0.010 | - |",
+        "| mamba below rwkv4 | 0.027 | - | 0.000 |",
+        "| rwkv7 below rwkv4 | 0.003 | - | +0.100 |"]
 
 
 def test_the_ranking_over_seeds_needs_two_complete_seeds(tmp_path):
