@@ -540,11 +540,17 @@ def _seeds_section(results: Results, probes: list = ()) -> str:
             + "\nMade on (CPU, commit): " + "; ".join(places) + ".\n")
 
 
+def _rate(row: dict) -> float:
+    """A row's rate as the reports compare it: rates computed on a grid (9e-3 * 3 = 0.026999999999999996) and rates
+    typed by hand (0.027) are the same rate."""
+    return round(row["lr"], 12)
+
+
 def _equal_rates(by_seed: dict, probes: list, seeds: list) -> str:
     """Each paper's claim per seed at every rate where both of its models have a row of that seed (a final run or a
     rate probe): the gap, worse minus better in test bits per byte, so that a positive gap is the paper's order."""
-    runs = {(s, a, round(r["lr"], 12)): r for s in seeds for a, r in by_seed[s].items()}
-    runs.update({(r["seed"], r["arch"], round(r["lr"], 12)): r for r in probes if r["seed"] in seeds})
+    runs = {(s, a, _rate(r)): r for s in seeds for a, r in by_seed[s].items()}
+    runs.update({(r["seed"], r["arch"], _rate(r)): r for r in probes if r["seed"] in seeds})
     rows = []
     for better, worse, _ in CLAIMS:
         for lr in sorted({lr for _, a, lr in runs if a == better} & {lr for _, a, lr in runs if a == worse}):
@@ -611,10 +617,11 @@ def report(results: Results, setup: Setup, out, seed: int = 0) -> str:
     if samples:
         text += "\nGreedy continuations of \"def \":\n\n" + "\n".join(samples) + "\n"
     text += "\n## Against the papers\n\n" + _literature_paragraph(finals) + "\n"
+    probe_rows = Results(out, PROBES)
     if seed == 0:                                           # the committed report reads every seed's finals
-        text += _seeds_section(results, Results(out, PROBES).select(phase="probe"))
-    probes = Results(out, PROBES).select(phase="probe", seed=seed)
-    longs = Results(out, PROBES).select(phase="long", seed=seed)
+        text += _seeds_section(results, probe_rows.select(phase="probe"))
+    probes = probe_rows.select(phase="probe", seed=seed)
+    longs = probe_rows.select(phase="long", seed=seed)
     text += _probes_section(probes, finals) + _longs_section(longs, finals, seed)
     text += provenance([r for r in results.rows if r.get("seed", seed) == seed] + probes + longs,
                        lambda r: f"{r['arch']} ({r['phase']})")
@@ -632,7 +639,7 @@ def _probes_section(probes: list, finals: dict) -> str:
     rows = [[r["arch"], f"{r['lr']:.3g}", f"{finals[r['arch']]['lr']:.3g}" if r["arch"] in finals else "-",
             f"{r['validation_bpb']:.3f}", f"{r['test_bpb']:.3f}", made_on(r)] for r in probes]
     rows += [[a, f"{f['lr']:.3g}", f"{f['lr']:.3g}", f"{f['validation_bpb']:.3f}", f"{f['test_bpb']:.3f}",
-              made_on(f)] for a, f in finals.items() if any(r["arch"] != a and r["lr"] == f["lr"] for r in probes)]
+              made_on(f)] for a, f in finals.items() if any(r["arch"] != a and _rate(r) == _rate(f) for r in probes)]
     return ("\n## Probes: a model at another model's rate\n\n"
             f"Outside the table (`language_model.probe`; rows in {PROBES}.json): the same size, data, budget and "
             "measurement, the rate set by hand instead of by the pilot; with the final runs at the same rates "
